@@ -1,0 +1,38 @@
+# The README's two commands: `make test` and `make demo`. Both create the virtual
+# environment first (only Python 3.11, pip and gcc are needed on the machine).
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+PYTEST_ARGS ?=
+
+.PHONY: venv test test-slow test-all demo demo-tiny lock clean
+
+$(STAMP): pyproject.toml requirements.lock
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --disable-pip-version-check -c requirements.lock -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+# Fast tier: everything not marked slow (well under 30 minutes on 2 cores).
+test: venv
+	OMP_NUM_THREADS=2 $(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# Slow tier: learning runs, the real SmolLM2 model, long end-to-end runs.
+test-slow: venv
+	OMP_NUM_THREADS=2 $(BIN)/python -m pytest -q -m slow $(PYTEST_ARGS)
+
+test-all: venv
+	OMP_NUM_THREADS=2 $(BIN)/python -m pytest -q -m "" $(PYTEST_ARGS)
+
+# The main job on the embedded default (no hub, no GPU).
+demo: venv
+	OMP_NUM_THREADS=2 $(BIN)/hybridflow demo $(DEMO_ARGS)
+
+# Pin the exact versions of everything the venv holds (run after changing dependencies).
+lock: venv
+	$(BIN)/python -m pip freeze --exclude-editable | sed 's/^torch==2.13.0+cpu/torch==2.13.0/' > requirements.lock
+
+clean:
+	rm -rf $(VENV) .pytest_cache

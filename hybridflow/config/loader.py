@@ -1,0 +1,296 @@
+"""Compose a config: schema defaults <- a user YAML file <- ``key=value`` overrides.
+
+The override grammar is the part of Hydra's that verl users type:
+
+* ``a.b=value``   set a known key (value parsed as YAML: numbers, bools, null, [lists], {dicts})
+* ``+a.b=value``  add a key under a free-form dict (e.g. ``+actor_rollout_ref.model.override_config.x=1``);
+  on a key the schema knows it behaves like ``a.b=value``
+* ``++a.b=value`` same as ``+``
+* ``~a.b``        delete a key from a free-form dict
+* ``${x.y}``      interpolation, resolved after all overrides
+
+Every key is checked against the dataclass schema first: an unknown key is an error that
+names the nearest valid key, a value of the wrong type is an error that names the key,
+the expected type and the value given. verl 0.9's ``reward.*`` spelling is accepted and
+rewritten to the classic ``reward_model.*`` / ``custom_reward_function.*`` sections.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import re
+import typing
+from typing import Any, Iterable
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue, OmegaConfBaseException
+
+from hybridflow.errors import ConfigError
+
+# (prefix in verl 0.9 spelling, prefix in the schema); first match wins, longest first.
+KEY_ALIASES: tuple[tuple[str, str], ...] = (
+    ("reward.custom_reward_function.", "custom_reward_function."),
+    ("reward.reward_manager.name", "reward_model.reward_manager"),
+    ("reward.reward_manager", "reward_model.reward_manager"),
+    ("reward.reward_model.", "reward_model."),
+    ("reward.", "reward_model."),
+)
+
+_FLOAT_RE = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)$")
+
+
+def canonical_key(key: str) -> str:
+    """Rewrite an aliased (verl 0.9) key to its schema spelling."""
+    for alias, target in KEY_ALIASES:
+        if key == alias.rstrip(".") or key.startswith(alias):
+            return target + key[len(alias) :]
+    return key
+
+
+# --------------------------------------------------------------------------- schema walk
+def _unwrap_optional(tp: Any) -> Any:
+    if typing.get_origin(tp) is typing.Union:
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return args[0] if len(args) == 1 else Any
+    return tp
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: _unwrap_optional(hints[f.name]) for f in dataclasses.fields(cls)}
+
+
+def schema_keys(schema: type) -> dict[str, Any]:
+    """All dotted keys of a dataclass schema -> their (Optional-unwrapped) type."""
+    keys: dict[str, Any] = {}
+
+    def walk(cls: type, prefix: str) -> None:
+        for name, tp in _field_types(cls).items():
+            full = prefix + name
+            keys[full] = tp
+            if dataclasses.is_dataclass(tp):
+                walk(tp, full + ".")
+
+    walk(schema, "")
+    return keys
+
+
+def _is_open(tp: Any) -> bool:
+    """A free-form mapping (Dict[str, Any]) or Any: keys below it are not checked."""
+    return tp is Any or typing.get_origin(tp) in (dict, typing.Dict)
+
+
+def _open_ancestor(keys: dict[str, Any], key: str) -> str | None:
+    parts = key.split(".")
+    for i in range(1, len(parts)):
+        prefix = ".".join(parts[:i])
+        if prefix in keys and _is_open(keys[prefix]):
+            return prefix
+    return None
+
+
+def suggest_key(keys: Iterable[str], key: str) -> str | None:
+    """The valid key a user most likely meant: the same field name in another section,
+    a close spelling in the same section, or a close spelling anywhere."""
+    keys = list(keys)
+    parent, _, last = key.rpartition(".")
+    moved = [k for k in keys if k.rpartition(".")[2] == last]
+    if moved:  # prefer the candidate nearest in the tree, then the shortest
+        return max(moved, key=lambda k: (len(os.path.commonprefix([k, key]).split(".")), -len(k)))
+    siblings = [k.rpartition(".")[2] for k in keys if k.rpartition(".")[0] == parent]
+    close = difflib.get_close_matches(last, siblings, n=1, cutoff=0.6)
+    if close:
+        return f"{parent}.{close[0]}" if parent else close[0]
+    close = difflib.get_close_matches(key, keys, n=1, cutoff=0.75)
+    return close[0] if close else None
+
+
+def check_key(keys: dict[str, Any], key: str, *, origin: str) -> None:
+    """Raise ConfigError if ``key`` is not in the schema (and not under a free-form dict)."""
+    if key in keys or _open_ancestor(keys, key):
+        return
+    hint = suggest_key(keys, key)
+    where = f" (from {origin})" if origin else ""
+    did_you_mean = f"; did you mean '{hint}'?" if hint else "; run `hybridflow config show --doc` to list the keys"
+    raise ConfigError(f"unknown config key '{key}'{where}{did_you_mean}")
+
+
+def _type_name(tp: Any) -> str:
+    if dataclasses.is_dataclass(tp):
+        return f"a section ({tp.__name__})"
+    if typing.get_origin(tp) in (list, typing.List):
+        return "a list, e.g. [a,b]"
+    if typing.get_origin(tp) in (dict, typing.Dict):
+        return "a mapping, e.g. {k: v}"
+    return getattr(tp, "__name__", str(tp))
+
+
+# --------------------------------------------------------------------------- values
+def parse_value(text: str) -> Any:
+    """Parse an override value as YAML (Hydra-like): ``1e-6`` is a float, ``[a,b]`` a list."""
+    if text == "":
+        return ""
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    if isinstance(value, str) and _FLOAT_RE.match(value):
+        return float(value)
+    return value
+
+
+def parse_override(item: str) -> tuple[str, str, Any]:
+    """``[+|++|~]key[=value]`` -> (op, key, value) with op in {'set', 'add', 'delete'}."""
+    if item.startswith("~"):
+        return "delete", canonical_key(item[1:].split("=", 1)[0]), None
+    if "=" not in item:
+        raise ConfigError(f"override '{item}' has no '=': write key=value (e.g. data.train_batch_size=8)")
+    key, value = item.split("=", 1)
+    op = "add" if key.startswith("+") else "set"
+    key = key.lstrip("+").strip()
+    if not key:
+        raise ConfigError(f"override '{item}' has an empty key")
+    return op, canonical_key(key), parse_value(value)
+
+
+def flatten(tree: dict, keys: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    """Nested dict from a YAML file -> [(dotted key, leaf value)]; free-form dicts stay whole."""
+    items = []
+    for name, value in tree.items():
+        full = canonical_key(prefix + str(name))
+        tp = keys.get(full)
+        if isinstance(value, dict) and not (tp is not None and _is_open(tp)) and value:
+            items.extend(flatten(value, keys, full + "."))
+        else:
+            items.append((full, value))
+    return items
+
+
+# --------------------------------------------------------------------------- compose
+def _assign(cfg: DictConfig, keys: dict[str, Any], key: str, value: Any, *, origin: str) -> None:
+    check_key(keys, key, origin=origin)
+    tp = keys.get(key)
+    if dataclasses.is_dataclass(tp) and not isinstance(value, dict):
+        raise ConfigError(f"'{key}' is a section, not a value: set one of its keys, e.g. {key}.<name>=...")
+    try:
+        OmegaConf.update(cfg, key, value, merge=True, force_add=_open_ancestor(keys, key) is not None)
+    except OmegaConfBaseException as err:
+        expected = _type_name(tp) if tp is not None else "a value"
+        raise ConfigError(
+            f"{key}: expected {expected}, got {type(value).__name__} {value!r} (from {origin})"
+        ) from err
+
+
+def _delete(cfg: DictConfig, keys: dict[str, Any], key: str) -> None:
+    parent, _, last = key.rpartition(".")
+    if _open_ancestor(keys, key) is None:
+        raise ConfigError(f"~{key}: only entries of free-form mappings can be deleted; set {key}=null instead")
+    node = OmegaConf.select(cfg, parent)
+    if node is None or last not in node:
+        raise ConfigError(f"~{key}: there is no such entry to delete")
+    del node[last]
+
+
+def read_yaml_file(path: str) -> dict:
+    """Load a user YAML config; Hydra ``defaults`` lists naming shipped configs are skipped."""
+    if not os.path.isfile(path):
+        raise ConfigError(f"config file '{path}' does not exist (check --config-path/--config-name)")
+    try:
+        with open(path) as fh:
+            tree = yaml.safe_load(fh) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"config file '{path}' is not valid YAML: {str(err).splitlines()[0]}") from err
+    if not isinstance(tree, dict):
+        raise ConfigError(f"config file '{path}' must hold a mapping of sections, not {type(tree).__name__}")
+    tree.pop("defaults", None)
+    tree.pop("hydra", None)
+    return tree
+
+
+def compose(schema: type, overrides: Iterable[str] = (), config_file: str | None = None) -> DictConfig:
+    """Defaults of ``schema`` <- ``config_file`` <- ``overrides``; interpolations left unresolved."""
+    cfg = OmegaConf.structured(schema)
+    keys = schema_keys(schema)
+    if config_file:
+        for key, value in flatten(read_yaml_file(config_file), keys):
+            _assign(cfg, keys, key, value, origin=os.path.basename(config_file))
+    for item in overrides:
+        op, key, value = parse_override(item)
+        if op == "delete":
+            _delete(cfg, keys, key)
+        else:
+            _assign(cfg, keys, key, value, origin=f"override '{item}'")
+    return cfg
+
+
+def to_object(cfg: DictConfig) -> Any:
+    """Resolve interpolations and build the dataclass instances; missing values are named."""
+    try:
+        return OmegaConf.to_object(cfg)
+    except MissingMandatoryValue as err:
+        key = getattr(err, "full_key", "") or "?"
+        raise ConfigError(f"{key} is not set: pass {key}=... on the command line or in your YAML") from err
+    except InterpolationResolutionError as err:
+        key = getattr(err, "full_key", "") or "?"
+        raise ConfigError(f"{key}: cannot resolve interpolation ({str(err).splitlines()[0]})") from err
+
+
+def load_config(schema: type, overrides: Iterable[str] = (), config_file: str | None = None) -> Any:
+    """Compose and resolve: the typed config object a trainer runs with."""
+    return to_object(compose(schema, overrides, config_file))
+
+
+# --------------------------------------------------------------------------- command line
+SHIPPED_CONFIG_DIR = os.path.dirname(os.path.abspath(__file__))
+_PATH_FLAGS = ("--config-path", "-cp")
+_NAME_FLAGS = ("--config-name", "-cn")
+_FILE_FLAGS = ("--config",)
+
+
+def _take_flag(argv: list[str], i: int) -> tuple[str, str, int]:
+    """argv[i] is ``--flag=value`` or ``--flag value`` -> (flag, value, next index)."""
+    arg = argv[i]
+    if "=" in arg and arg.startswith("-"):
+        flag, value = arg.split("=", 1)
+        return flag, value, i + 1
+    if i + 1 >= len(argv):
+        raise ConfigError(f"{arg} needs a value")
+    return arg, argv[i + 1], i + 2
+
+
+def split_config_args(argv: list[str]) -> tuple[str | None, list[str]]:
+    """Separate Hydra-style ``--config-path DIR --config-name NAME`` (or ``--config FILE``)
+    from the ``key=value`` overrides. Returns (config file or None, overrides)."""
+    path = name = file = None
+    overrides: list[str] = []
+    i = 0
+    while i < len(argv):
+        head = argv[i].split("=", 1)[0]
+        if head in _PATH_FLAGS + _NAME_FLAGS + _FILE_FLAGS:
+            flag, value, i = _take_flag(argv, i)
+            path = value if flag in _PATH_FLAGS else path
+            name = value if flag in _NAME_FLAGS else name
+            file = value if flag in _FILE_FLAGS else file
+            continue
+        if argv[i].startswith("-"):
+            raise ConfigError(f"unknown option '{argv[i]}': pass config values as key=value")
+        overrides.append(argv[i])
+        i += 1
+    return file or _resolve_config_name(path, name), overrides
+
+
+def _resolve_config_name(path: str | None, name: str | None) -> str | None:
+    if name is None:
+        if path is not None:
+            raise ConfigError("--config-path given without --config-name: name the YAML file too")
+        return None
+    filename = name if name.endswith((".yaml", ".yml")) else name + ".yaml"
+    base = os.path.expanduser(path) if path else SHIPPED_CONFIG_DIR
+    full = os.path.join(base, filename)
+    if not os.path.isfile(full):
+        shipped = sorted(f[:-5] for f in os.listdir(SHIPPED_CONFIG_DIR) if f.endswith(".yaml"))
+        raise ConfigError(f"config '{filename}' not found in '{base}' (shipped configs: {', '.join(shipped)})")
+    return full

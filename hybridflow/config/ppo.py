@@ -1,0 +1,650 @@
+"""The PPO / GRPO trainer's config: verl's keys, meanings and (where sensible) defaults.
+
+This file is the single source of truth. ``hybridflow/config/ppo_trainer.yaml`` is
+generated from it (``hybridflow config dump ppo``) and a test keeps the two equal.
+Fields written ``II("...")`` are interpolations resolved after overrides, as in verl.
+"""
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from omegaconf import II, MISSING
+
+from hybridflow.config.common import CheckpointContentsConfig, FSDPConfig, OptimConfig
+
+
+# --------------------------------------------------------------------------- data
+@dataclass
+class CustomClassConfig:
+    """A user class loaded from a file: ``path`` to a .py file, ``name`` of the class."""
+
+    path: Optional[str] = None
+    """Python file that defines the class."""
+    name: Optional[str] = None
+    """Class name inside that file."""
+
+
+@dataclass
+class DataConfig:
+    """Prompt data (verl's ``data.*``). Rows: prompt (chat messages), data_source, ability, reward_model, extra_info."""
+
+    tokenizer: Optional[str] = None
+    """Tokenizer path; null uses the actor model's tokenizer."""
+    train_files: Any = "~/data/gsm8k/train.parquet"
+    """Training parquet/jsonl file or list of files."""
+    val_files: Any = "~/data/gsm8k/test.parquet"
+    """Validation parquet/jsonl file or list of files; null disables validation."""
+    prompt_key: str = "prompt"
+    """Column holding the prompt as a list of chat messages."""
+    reward_fn_key: str = "data_source"
+    """Column used to route each row to its reward function."""
+    max_prompt_length: int = 512
+    """Prompt length limit in tokens (after the chat template)."""
+    max_response_length: int = 512
+    """Maximum number of generated tokens per response."""
+    train_batch_size: int = 1024
+    """Prompts per training step (each is sampled ``rollout.n`` times)."""
+    val_batch_size: Optional[int] = None
+    """Prompts per validation generation batch; null = the whole validation set at once."""
+    return_raw_input_ids: bool = False
+    """Keep the unpadded prompt ids (needed when the reward model uses another tokenizer)."""
+    return_raw_chat: bool = False
+    """Keep the raw chat messages in the batch."""
+    return_full_prompt: bool = False
+    """Keep the templated prompt text in the batch."""
+    shuffle: bool = True
+    """Shuffle the training set each epoch (reproducibly from ``seed`` and the epoch)."""
+    seed: int = 1
+    """Seed of the training-set shuffle."""
+    dataloader_num_workers: int = 0
+    """Worker processes of the DataLoader (0 = in the main process; tokenisation is done up front)."""
+    validation_shuffle: bool = False
+    """Shuffle the validation set."""
+    filter_overlong_prompts: bool = False
+    """Drop rows whose templated prompt is longer than ``max_prompt_length``."""
+    filter_overlong_prompts_workers: int = 1
+    """Accepted for verl compatibility (filtering is a single pass)."""
+    truncation: str = "error"
+    """What to do with a prompt that is still too long: ``error``, ``left``, ``right`` or ``middle``."""
+    max_samples: int = -1
+    """Use at most this many training rows (-1 = all)."""
+    train_max_samples: int = -1
+    """Newer verl spelling of ``max_samples`` for the training set."""
+    val_max_samples: int = -1
+    """Use at most this many validation rows (-1 = all)."""
+    trust_remote_code: bool = False
+    """Allow a tokenizer with custom code."""
+    custom_cls: CustomClassConfig = field(default_factory=CustomClassConfig)
+    """A user dataset class (path + name) instead of the built-in RL dataset."""
+    apply_chat_template_kwargs: Dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments for ``tokenizer.apply_chat_template`` (e.g. enable_thinking)."""
+    use_shm: bool = False
+    """Accepted for verl compatibility; no effect."""
+
+
+# --------------------------------------------------------------------------- model
+@dataclass
+class ModelConfig:
+    """The policy model (verl's ``actor_rollout_ref.model.*``)."""
+
+    path: str = MISSING
+    """Local HF folder or hub id of the model to train (``hybridflow models tiny DIR`` makes a test model)."""
+    custom_chat_template: Optional[str] = None
+    """A Jinja chat template that replaces the tokenizer's."""
+    external_lib: Optional[str] = None
+    """Python module to import before loading (registers custom architectures)."""
+    override_config: Dict[str, Any] = field(default_factory=dict)
+    """Entries that override the model's HF config (e.g. attn_implementation, dropout)."""
+    enable_gradient_checkpointing: bool = False
+    """Recompute activations in backward to save memory (verl defaults to true; off is faster on CPU)."""
+    enable_activation_offload: bool = False
+    """Accepted for verl compatibility; no effect."""
+    use_remove_padding: bool = False
+    """Accepted for verl compatibility: log-probs are computed on the response slice only."""
+    lora_rank: int = 0
+    """LoRA rank; 0 trains the full model."""
+    lora_alpha: int = 16
+    """LoRA scaling numerator (scale = alpha / rank)."""
+    target_modules: Any = "all-linear"
+    """Modules that get LoRA adapters: ``all-linear`` or a list of module names."""
+    exclude_modules: Optional[Any] = None
+    """Modules excluded from LoRA."""
+    use_liger: bool = False
+    """Accepted for verl compatibility; no effect."""
+    use_fused_kernels: bool = False
+    """Accepted for verl compatibility; no effect."""
+    trust_remote_code: bool = False
+    """Allow models with custom code."""
+    dtype: Optional[str] = None
+    """Parameter dtype for training; null = fp32 on CPU, bf16 mixed precision on GPU."""
+    attn_implementation: Optional[str] = None
+    """HF attention implementation (``eager``, ``sdpa``, ``flash_attention_2``); null = transformers' default."""
+
+
+# --------------------------------------------------------------------------- actor
+@dataclass
+class PolicyLossConfig:
+    """Which policy loss the actor uses and its mode-specific knobs."""
+
+    loss_mode: str = "vanilla"
+    """Registered policy loss: vanilla, gspo, gpg, clip_cov, kl_cov, cispo (``hybridflow.algos.list_policy_losses()``)."""
+    clip_cov_ratio: float = 0.0002
+    """clip_cov: fraction of tokens whose gradient is detached."""
+    clip_cov_lb: float = 1.0
+    """clip_cov: lower bound of the covariance window."""
+    clip_cov_ub: float = 5.0
+    """clip_cov: upper bound of the covariance window."""
+    kl_cov_ratio: float = 0.0002
+    """kl_cov: fraction of tokens that get the KL penalty."""
+    ppo_kl_coef: float = 0.1
+    """kl_cov: coefficient of the per-token KL penalty."""
+
+
+@dataclass
+class ActorConfig:
+    """The trained policy (verl's ``actor_rollout_ref.actor.*``)."""
+
+    strategy: str = "fsdp"
+    """Training backend: ``fsdp``/``fsdp2`` (FSDP2 ``fully_shard``; world size 1 runs it unsharded)."""
+    ppo_mini_batch_size: int = 256
+    """Prompts per optimizer step (multiplied by rollout.n internally, as in verl)."""
+    ppo_micro_batch_size: Optional[int] = None
+    """Deprecated global micro-batch size; use ppo_micro_batch_size_per_gpu."""
+    ppo_micro_batch_size_per_gpu: Optional[int] = None
+    """Sequences per forward/backward on each worker; null = the whole mini-batch shard."""
+    use_dynamic_bsz: bool = False
+    """Pack micro-batches up to ``ppo_max_token_len_per_gpu`` tokens instead of a fixed count."""
+    ppo_max_token_len_per_gpu: int = 16384
+    """Token budget of one micro-batch when use_dynamic_bsz."""
+    clip_ratio: float = 0.2
+    """PPO clip epsilon (both sides unless clip_ratio_low/high are set)."""
+    clip_ratio_low: Optional[float] = None
+    """Lower clip epsilon; null = clip_ratio."""
+    clip_ratio_high: Optional[float] = None
+    """Upper clip epsilon (DAPO clip-higher uses 0.28); null = clip_ratio."""
+    policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
+    """Policy loss mode and its parameters."""
+    clip_ratio_c: float = 3.0
+    """Dual-clip bound for negative advantages (arXiv 1912.09729); must be > 1."""
+    loss_agg_mode: str = "token-mean"
+    """token-mean, token-sum, seq-mean-token-sum, seq-mean-token-mean or seq-mean-token-sum-norm."""
+    entropy_coeff: float = 0.0
+    """Weight of the entropy bonus in the actor loss."""
+    use_kl_loss: bool = False
+    """Add KL(actor || reference) to the loss (GRPO style) instead of to the reward."""
+    use_torch_compile: bool = False
+    """torch.compile the log-prob/entropy computation."""
+    kl_loss_coef: float = 0.001
+    """Weight of the KL loss."""
+    kl_loss_type: str = "low_var_kl"
+    """KL estimator of the loss: kl/k1, abs, mse/k2, low_var_kl/k3, or a '+' variant (straight-through k2 gradient)."""
+    ppo_epochs: int = 1
+    """Passes over each rollout batch."""
+    shuffle: bool = False
+    """Shuffle sequences between mini-batches."""
+    checkpoint: CheckpointContentsConfig = field(default_factory=CheckpointContentsConfig)
+    """What actor checkpoints hold."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """Optimizer and schedule."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this value (<= 0 disables)."""
+    ulysses_sequence_parallel_size: int = 1
+    """Sequence parallelism degree; only 1 is supported."""
+    entropy_from_logits_with_chunking: bool = False
+    """Compute entropy in chunks (always done; accepted for verl compatibility)."""
+    entropy_checkpointing: bool = False
+    """Recompute entropy in backward to save memory."""
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    """FSDP2 settings."""
+
+
+@dataclass
+class RefConfig:
+    """The frozen reference policy (verl's ``actor_rollout_ref.ref.*``)."""
+
+    strategy: str = II("actor_rollout_ref.actor.strategy")
+    """Backend; follows the actor."""
+    use_torch_compile: bool = II("actor_rollout_ref.actor.use_torch_compile")
+    """torch.compile the log-prob computation."""
+    log_prob_micro_batch_size: Optional[int] = None
+    """Deprecated; use log_prob_micro_batch_size_per_gpu."""
+    log_prob_micro_batch_size_per_gpu: Optional[int] = None
+    """Sequences per reference forward on each worker; null = all at once."""
+    log_prob_use_dynamic_bsz: bool = II("actor_rollout_ref.actor.use_dynamic_bsz")
+    """Token-budget micro-batches for the reference forward."""
+    log_prob_max_token_len_per_gpu: int = II("actor_rollout_ref.actor.ppo_max_token_len_per_gpu")
+    """Token budget when log_prob_use_dynamic_bsz."""
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    """FSDP2 settings of the reference."""
+    ulysses_sequence_parallel_size: int = 1
+    """Only 1 is supported."""
+
+
+@dataclass
+class SamplingConfig:
+    """Sampling used for validation (verl's ``rollout.val_kwargs``)."""
+
+    top_k: int = -1
+    """Top-k (-1 = off)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass."""
+    temperature: float = 0.0
+    """0 means greedy."""
+    n: int = 1
+    """Samples per validation prompt (metrics are reported as mean@n)."""
+    do_sample: bool = False
+    """False forces greedy decoding."""
+
+
+@dataclass
+class RolloutConfig:
+    """The generation engine (verl's ``actor_rollout_ref.rollout.*``)."""
+
+    name: str = "native"
+    """Engine: ``native`` (built-in PyTorch engine, CPU/GPU), ``hf`` (model.generate) or ``vllm``."""
+    mode: str = "sync"
+    """Accepted for verl compatibility; generation is synchronous."""
+    temperature: float = 1.0
+    """Sampling temperature of training rollouts."""
+    top_k: int = -1
+    """Top-k (-1 = off)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass."""
+    prompt_length: int = II("data.max_prompt_length")
+    """Prompt length limit; follows data.max_prompt_length."""
+    response_length: int = II("data.max_response_length")
+    """Generated tokens limit; follows data.max_response_length."""
+    dtype: str = "bfloat16"
+    """Engine dtype on GPU (fp32 is always used on CPU)."""
+    gpu_memory_utilization: float = 0.5
+    """Fraction of GPU memory the engine may use for weights + KV cache."""
+    ignore_eos: bool = False
+    """Keep generating after EOS (benchmarking only)."""
+    enforce_eager: bool = True
+    """vllm: disable CUDA graphs."""
+    free_cache_engine: bool = True
+    """Release the KV cache between rollouts (hybrid engine memory sharing)."""
+    load_format: str = "dummy_dtensor"
+    """Accepted for verl compatibility: weights always come from the actor in memory."""
+    layered_summon: bool = False
+    """Accepted for verl compatibility; no effect."""
+    tensor_model_parallel_size: int = 1
+    """vllm tensor parallel degree (the native engine is single-device)."""
+    max_num_batched_tokens: int = 8192
+    """Engine token budget per forward (prefill chunking)."""
+    max_model_len: Optional[int] = None
+    """Context limit of the engine; null = prompt_length + response_length."""
+    max_num_seqs: int = 1024
+    """Most sequences decoded at once (KV-cache slots)."""
+    log_prob_micro_batch_size: Optional[int] = None
+    """Deprecated; use log_prob_micro_batch_size_per_gpu."""
+    log_prob_micro_batch_size_per_gpu: Optional[int] = None
+    """Sequences per old-log-prob forward on each worker; null = all at once."""
+    log_prob_use_dynamic_bsz: bool = II("actor_rollout_ref.actor.use_dynamic_bsz")
+    """Token-budget micro-batches for the old-log-prob forward."""
+    log_prob_max_token_len_per_gpu: int = II("actor_rollout_ref.actor.ppo_max_token_len_per_gpu")
+    """Token budget when log_prob_use_dynamic_bsz."""
+    disable_log_stats: bool = True
+    """vllm: silence its statistics."""
+    enable_chunked_prefill: bool = True
+    """vllm: chunked prefill."""
+    do_sample: bool = True
+    """False makes training rollouts greedy."""
+    n: int = 1
+    """Responses sampled per prompt (GRPO's group size)."""
+    seed: int = 0
+    """Base seed of rollout sampling (mixed with the step number)."""
+    engine_kwargs: Dict[str, Any] = field(default_factory=lambda: {"vllm": {}, "sglang": {}, "native": {}})
+    """Backend-specific keyword arguments, keyed by backend name."""
+    val_kwargs: SamplingConfig = field(default_factory=SamplingConfig)
+    """Sampling used for validation."""
+    calculate_log_probs: bool = False
+    """Record the engine's log-probs (for the rollout/training mismatch metric); the native engine always does."""
+    update_weights_bucket_megabytes: int = 512
+    """Size of the buckets weights are synced in."""
+
+
+@dataclass
+class ActorRolloutRefConfig:
+    """Actor, rollout and reference: colocated in one worker group by default (the hybrid engine)."""
+
+    hybrid_engine: bool = True
+    """Colocate actor, rollout and reference in the same workers; weights resharded in memory."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The policy model."""
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    """Training of the policy."""
+    ref: RefConfig = field(default_factory=RefConfig)
+    """Reference policy for the KL term."""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """Generation."""
+    nccl_timeout: int = 600
+    """Collective time-out in seconds."""
+
+
+# --------------------------------------------------------------------------- critic
+@dataclass
+class CriticModelConfig:
+    """The value model: a causal-LM backbone with a scalar head."""
+
+    path: Optional[str] = II("actor_rollout_ref.model.path")
+    """Model to initialise the critic from; follows the actor's model."""
+    tokenizer_path: Optional[str] = II("actor_rollout_ref.model.path")
+    """Tokenizer; follows the actor's model."""
+    override_config: Dict[str, Any] = field(default_factory=dict)
+    """Entries that override the model's HF config."""
+    external_lib: Optional[str] = None
+    """Python module to import before loading."""
+    trust_remote_code: bool = False
+    """Allow models with custom code."""
+    enable_gradient_checkpointing: bool = False
+    """Recompute activations in backward."""
+    enable_activation_offload: bool = False
+    """Accepted for verl compatibility; no effect."""
+    use_remove_padding: bool = False
+    """Accepted for verl compatibility; no effect."""
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    """FSDP2 settings."""
+    lora_rank: int = 0
+    """LoRA rank of the critic; 0 = full."""
+    lora_alpha: int = 16
+    """LoRA alpha."""
+    target_modules: Any = "all-linear"
+    """LoRA target modules."""
+    use_shm: bool = False
+    """Accepted for verl compatibility; no effect."""
+
+
+@dataclass
+class CriticConfig:
+    """The critic (verl's ``critic.*``), used when ``algorithm.adv_estimator=gae``."""
+
+    enable: Optional[bool] = None
+    """Force the critic on/off; null = on exactly when adv_estimator is gae."""
+    rollout_n: int = II("actor_rollout_ref.rollout.n")
+    """Follows rollout.n."""
+    strategy: str = "fsdp"
+    """Training backend."""
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5, min_lr_ratio=None))
+    """Optimizer of the value model."""
+    model: CriticModelConfig = field(default_factory=CriticModelConfig)
+    """The value model."""
+    ppo_mini_batch_size: int = II("actor_rollout_ref.actor.ppo_mini_batch_size")
+    """Prompts per critic optimizer step; follows the actor."""
+    ppo_micro_batch_size: Optional[int] = None
+    """Deprecated; use ppo_micro_batch_size_per_gpu."""
+    ppo_micro_batch_size_per_gpu: Optional[int] = None
+    """Sequences per critic forward/backward on each worker; null = the whole mini-batch shard."""
+    forward_micro_batch_size: Optional[int] = None
+    """Deprecated; use forward_micro_batch_size_per_gpu."""
+    forward_micro_batch_size_per_gpu: Optional[int] = None
+    """Sequences per value forward; null = all at once."""
+    use_dynamic_bsz: bool = II("actor_rollout_ref.actor.use_dynamic_bsz")
+    """Token-budget micro-batches."""
+    ppo_max_token_len_per_gpu: int = 32768
+    """Token budget of one training micro-batch when use_dynamic_bsz."""
+    forward_max_token_len_per_gpu: int = 32768
+    """Token budget of one forward micro-batch when use_dynamic_bsz."""
+    ppo_epochs: int = II("actor_rollout_ref.actor.ppo_epochs")
+    """Passes over each batch; follows the actor."""
+    shuffle: bool = II("actor_rollout_ref.actor.shuffle")
+    """Shuffle between mini-batches; follows the actor."""
+    cliprange_value: float = 0.5
+    """Value clipping range around the old values."""
+    loss_agg_mode: str = II("actor_rollout_ref.actor.loss_agg_mode")
+    """Aggregation of the value loss; follows the actor."""
+    grad_clip: float = 1.0
+    """Global gradient-norm clip."""
+    ulysses_sequence_parallel_size: int = 1
+    """Only 1 is supported."""
+    checkpoint: CheckpointContentsConfig = field(default_factory=CheckpointContentsConfig)
+    """What critic checkpoints hold."""
+
+
+# --------------------------------------------------------------------------- rewards
+@dataclass
+class RewardModelModelConfig:
+    """A sequence-classification reward model."""
+
+    input_tokenizer: Optional[str] = II("actor_rollout_ref.model.path")
+    """Tokenizer of the policy (responses are decoded with it and re-templated for the RM)."""
+    path: Optional[str] = None
+    """Reward model folder or hub id."""
+    external_lib: Optional[str] = None
+    """Python module to import before loading."""
+    trust_remote_code: bool = False
+    """Allow models with custom code."""
+    use_remove_padding: bool = False
+    """Accepted for verl compatibility; no effect."""
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    """FSDP2 settings."""
+
+
+@dataclass
+class SandboxConfig:
+    """Code-execution rewards."""
+
+    url: Optional[str] = None
+    """A remote sandbox service; null runs code in a local sandboxed subprocess."""
+    max_concurrent: int = 64
+    """Programs run at once."""
+    memory_limit_mb: int = 1024
+    """Address-space limit of one program."""
+    timeout_s: float = 10.0
+    """Wall-clock limit of one program."""
+
+
+@dataclass
+class OverlongBufferConfig:
+    """DAPO's soft overlong punishment (arXiv 2503.14476, Eq. 13)."""
+
+    enable: bool = False
+    """Apply the linear length penalty inside the buffer before max_response_length."""
+    len: int = 0
+    """Buffer length in tokens."""
+    penalty_factor: float = 1.0
+    """Penalty at the maximum length."""
+    log: bool = False
+    """Log the penalty as a metric."""
+
+
+@dataclass
+class RewardModelConfig:
+    """Model- and rule-based rewards (verl's ``reward_model.*``; verl 0.9's ``reward.*`` maps here)."""
+
+    enable: bool = False
+    """Score with a reward model (in addition to / instead of rule-based scoring)."""
+    strategy: str = "fsdp"
+    """Backend of the reward model."""
+    model: RewardModelModelConfig = field(default_factory=RewardModelModelConfig)
+    """The reward model."""
+    micro_batch_size: Optional[int] = None
+    """Deprecated; use micro_batch_size_per_gpu."""
+    micro_batch_size_per_gpu: Optional[int] = None
+    """Sequences per reward-model forward."""
+    max_length: Optional[int] = None
+    """Truncate re-templated inputs of the reward model to this length."""
+    use_dynamic_bsz: bool = II("critic.use_dynamic_bsz")
+    """Token-budget micro-batches."""
+    forward_max_token_len_per_gpu: int = II("critic.forward_max_token_len_per_gpu")
+    """Token budget when use_dynamic_bsz."""
+    reward_manager: str = "naive"
+    """How rule-based scores are computed: ``naive`` (sequential), ``parallel`` (process pool), ``dapo`` (with overlong penalty)."""
+    num_workers: int = 2
+    """Processes of the parallel reward manager."""
+    timeout_s: float = 30.0
+    """Per-sample time limit of a scorer; a hung scorer gets ``failure_score``."""
+    failure_score: float = 0.0
+    """Score of a sample whose scorer raised, hung or returned NaN/inf."""
+    launch_reward_fn_async: bool = False
+    """Accepted for verl compatibility; scoring runs synchronously."""
+    sandbox_fusion: SandboxConfig = field(default_factory=SandboxConfig)
+    """Code execution settings."""
+    overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
+    """DAPO overlong reward shaping."""
+    reward_kwargs: Dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments passed to the reward function."""
+    ulysses_sequence_parallel_size: int = 1
+    """Only 1 is supported."""
+
+
+@dataclass
+class CustomRewardFunctionConfig:
+    """A user reward function ``compute_score(data_source, solution_str, ground_truth, extra_info=None)``."""
+
+    path: Optional[str] = None
+    """Python file that defines the function; null uses the built-in scorers routed by data_source."""
+    name: str = "compute_score"
+    """Function name inside the file."""
+
+
+# --------------------------------------------------------------------------- algorithm
+@dataclass
+class KLControlConfig:
+    """Coefficient of the in-reward KL penalty (Ziegler et al. 2019, arXiv 1909.08593)."""
+
+    type: str = "fixed"
+    """``fixed`` or ``adaptive``."""
+    kl_coef: float = 0.001
+    """(Initial) KL coefficient."""
+    horizon: int = 10000
+    """Adaptive controller horizon."""
+    target_kl: float = 0.1
+    """Adaptive controller target KL."""
+
+
+@dataclass
+class FilterGroupsConfig:
+    """DAPO dynamic sampling: drop groups whose responses all score the same."""
+
+    enable: bool = False
+    """Keep sampling until the batch is filled with groups that have signal."""
+    metric: Optional[str] = None
+    """Metric that must vary within a group: ``acc``, ``score`` or ``seq_reward``."""
+    max_num_gen_batches: int = 0
+    """Give up after this many generation batches (0 = no limit)."""
+
+
+@dataclass
+class AlgorithmConfig:
+    """Advantage estimation and KL-in-reward (verl's ``algorithm.*``)."""
+
+    gamma: float = 1.0
+    """Discount factor."""
+    lam: float = 1.0
+    """GAE lambda."""
+    adv_estimator: str = "gae"
+    """Registered advantage estimator: gae, grpo, rloo, remax, reinforce_plus_plus, ... (``hybridflow.algos.list_advantages()``)."""
+    norm_adv_by_std_in_grpo: bool = True
+    """GRPO: divide by the group std (false = Dr.GRPO)."""
+    use_kl_in_reward: bool = False
+    """Subtract kl_coef * KL(actor || ref) from the token rewards."""
+    kl_penalty: str = "kl"
+    """KL estimator in the reward: kl/k1, abs, mse/k2, low_var_kl/k3."""
+    kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
+    """KL coefficient controller."""
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+    """DAPO dynamic sampling."""
+
+
+# --------------------------------------------------------------------------- trainer
+@dataclass
+class TrainerConfig:
+    """The loop, logging and checkpoints (verl's ``trainer.*``)."""
+
+    balance_batch: bool = True
+    """Equalise tokens per data-parallel rank (Karmarkar-Karp partitioning)."""
+    total_epochs: int = 30
+    """Passes over the training set."""
+    total_training_steps: Optional[int] = None
+    """Stop after this many steps (overrides total_epochs when smaller)."""
+    project_name: str = "hybridflow"
+    """Tracker project name."""
+    experiment_name: str = "run"
+    """Tracker run name."""
+    logger: Any = field(default_factory=lambda: ["console"])
+    """Trackers: any of console, file, tensorboard, wandb, mlflow."""
+    log_val_generations: int = 0
+    """Validation samples (prompt, response, score) to log as text."""
+    rollout_data_dir: Optional[str] = None
+    """Dump every rollout (prompt, response, score) as JSONL here."""
+    validation_data_dir: Optional[str] = None
+    """Dump validation generations as JSONL here."""
+    nnodes: int = 1
+    """Nodes in the Ray cluster."""
+    n_gpus_per_node: int = 1
+    """GPUs per node (on a CPU run: worker processes per node)."""
+    save_freq: int = -1
+    """Checkpoint every N steps (-1 = only never; the final step is saved when > 0)."""
+    resume_mode: str = "auto"
+    """``auto`` (latest checkpoint if any), ``disable``, or ``resume_path``."""
+    resume_from_path: Optional[str] = None
+    """global_step_N folder to resume from when resume_mode=resume_path."""
+    val_before_train: bool = True
+    """Validate once before the first step."""
+    val_only: bool = False
+    """Validate and exit."""
+    test_freq: int = -1
+    """Validate every N steps (-1 = never)."""
+    critic_warmup: int = 0
+    """Steps during which only the critic is updated."""
+    default_hdfs_dir: Optional[str] = None
+    """Accepted for verl compatibility; no effect."""
+    del_local_ckpt_after_load: bool = False
+    """Delete the local checkpoint after loading it."""
+    default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
+    """Checkpoint root: global_step_N/{actor,critic} and latest_checkpointed_iteration.txt."""
+    max_actor_ckpt_to_keep: Optional[int] = None
+    """Keep only the newest N actor checkpoints (null = all)."""
+    max_critic_ckpt_to_keep: Optional[int] = None
+    """Keep only the newest N critic checkpoints (null = all)."""
+    ray_wait_register_center_timeout: int = 300
+    """Seconds to wait for Ray workers to register."""
+    device: str = "auto"
+    """``auto`` (cuda when available, else cpu), ``cpu`` or ``cuda``."""
+    seed: int = 42
+    """Global seed (model init of heads, dropout, sampling)."""
+    backend: str = "local"
+    """Worker-group backend: ``local`` (in-process) or ``ray``."""
+
+
+@dataclass
+class RayInitConfig:
+    """Arguments of ``ray.init``."""
+
+    num_cpus: Optional[float] = None
+    """CPUs Ray may use; null = all."""
+    address: Optional[str] = None
+    """An existing cluster's address (``auto`` or host:port); null starts a local one (RAY_ADDRESS also works)."""
+    timeline_json_file: Optional[str] = None
+    """Write a Ray timeline here at the end."""
+
+
+@dataclass
+class RayKwargsConfig:
+    """Ray settings (verl's ``ray_kwargs``)."""
+
+    ray_init: RayInitConfig = field(default_factory=RayInitConfig)
+    """Arguments of ``ray.init``."""
+
+
+@dataclass
+class PPOConfig:
+    """Everything ``python -m hybridflow.trainer.main_ppo`` reads."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    """Prompt data."""
+    actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
+    """Policy, generation and reference."""
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    """Value model (gae only)."""
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    """Reward computation."""
+    custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
+    """A user reward function."""
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    """Advantage estimation."""
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """Loop, logging, checkpoints."""
+    ray_kwargs: RayKwargsConfig = field(default_factory=RayKwargsConfig)
+    """Ray settings."""

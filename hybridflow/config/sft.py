@@ -1,0 +1,179 @@
+"""The SFT trainer's config: verl's ``sft_trainer.yaml`` keys.
+
+Single source of truth; ``hybridflow/config/sft_trainer.yaml`` is generated from it.
+"""
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from hybridflow.config.common import CheckpointContentsConfig, FSDPConfig
+
+
+@dataclass
+class MultiturnConfig:
+    """Multi-turn conversations stored as a list of chat messages."""
+
+    enable: bool = False
+    """Read ``messages_key`` instead of prompt_key/response_key."""
+    messages_key: str = "messages"
+    """Column with the list of {role, content} messages."""
+    tools_key: str = "tools"
+    """Column with tool schemas passed to the chat template."""
+    enable_thinking_key: str = "enable_thinking"
+    """Column with a per-row enable_thinking flag for the chat template."""
+
+
+@dataclass
+class SFTDataConfig:
+    """Supervised data (verl's SFT ``data.*``)."""
+
+    train_batch_size: int = 256
+    """Sequences per optimizer step (global, across data-parallel ranks)."""
+    micro_batch_size_per_gpu: int = 4
+    """Sequences per forward/backward on each rank."""
+    train_files: Any = "~/data/gsm8k/train.parquet"
+    """Training parquet/jsonl file(s)."""
+    val_files: Any = None
+    """Validation parquet/jsonl file(s); null disables the validation loss."""
+    prompt_key: str = "question"
+    """Column with the prompt (a string or a list of messages)."""
+    response_key: str = "answer"
+    """Column with the response string."""
+    prompt_dict_keys: Optional[List[str]] = None
+    """Nested keys to reach the prompt inside a dict column (e.g. [question] for extra_info.question)."""
+    response_dict_keys: Optional[List[str]] = None
+    """Nested keys to reach the response inside a dict column."""
+    multiturn: MultiturnConfig = field(default_factory=MultiturnConfig)
+    """Multi-turn data."""
+    max_length: int = 1024
+    """Longest tokenised example (prompt + response)."""
+    truncation: str = "error"
+    """Longer examples: ``error``, ``left`` or ``right``."""
+    balance_dp_token: bool = False
+    """Equalise tokens across data-parallel ranks."""
+    chat_template: Optional[str] = None
+    """A Jinja chat template that replaces the tokenizer's."""
+    use_packing: bool = False
+    """Pack several examples into one row of max_length tokens (no padding waste)."""
+    max_samples: int = -1
+    """Use at most this many rows (-1 = all)."""
+    shuffle: bool = True
+    """Shuffle each epoch."""
+    seed: int = 1
+    """Shuffle seed."""
+    custom_cls: Dict[str, Any] = field(default_factory=lambda: {"path": None, "name": None})
+    """A user dataset class (path + name)."""
+    use_shm: bool = False
+    """Accepted for verl compatibility; no effect."""
+
+
+@dataclass
+class SFTModelConfig:
+    """The model being fine-tuned."""
+
+    partial_pretrain: Optional[str] = None
+    """Model folder or hub id (verl's name)."""
+    path: Optional[str] = None
+    """Alias of partial_pretrain (wins when both are set)."""
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    """FSDP2 settings."""
+    external_lib: Optional[str] = None
+    """Python module to import before loading."""
+    enable_gradient_checkpointing: bool = False
+    """Recompute activations in backward."""
+    trust_remote_code: bool = False
+    """Allow models with custom code."""
+    lora_rank: int = 0
+    """LoRA rank; 0 trains the full model."""
+    lora_alpha: int = 16
+    """LoRA alpha."""
+    target_modules: Any = "all-linear"
+    """LoRA target modules."""
+    use_liger: bool = False
+    """Accepted for verl compatibility; no effect."""
+    strategy: str = "fsdp2"
+    """Training backend."""
+    override_config: Dict[str, Any] = field(default_factory=dict)
+    """Entries that override the model's HF config."""
+
+
+@dataclass
+class SFTOptimConfig:
+    """AdamW + schedule with verl's SFT names and defaults (lr 1e-5, betas 0.9/0.95, cosine, 10% warm-up)."""
+
+    lr: float = 1e-5
+    """Peak learning rate."""
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.95])
+    """AdamW (beta1, beta2)."""
+    eps: float = 1e-8
+    """AdamW epsilon."""
+    weight_decay: float = 0.01
+    """AdamW decoupled weight decay."""
+    warmup_steps_ratio: float = 0.1
+    """Linear warm-up length as a fraction of the total steps."""
+    clip_grad: float = 1.0
+    """Global gradient-norm clip (<= 0 disables)."""
+    lr_scheduler: str = "cosine"
+    """``cosine`` or ``constant`` after warm-up."""
+    min_lr_ratio: float = 0.0
+    """Floor of the cosine schedule as a fraction of lr."""
+    num_cycles: float = 0.5
+    """Cosine cycles over training."""
+
+
+@dataclass
+class SFTTrainerConfig:
+    """Loop, logging and checkpoints of SFT."""
+
+    default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
+    """Checkpoint root."""
+    default_hdfs_dir: Optional[str] = None
+    """Accepted for verl compatibility; no effect."""
+    project_name: str = "hybridflow-sft"
+    """Tracker project name."""
+    experiment_name: str = "sft"
+    """Tracker run name."""
+    total_epochs: int = 4
+    """Passes over the training set."""
+    total_training_steps: Optional[int] = None
+    """Stop after this many steps."""
+    logger: Any = field(default_factory=lambda: ["console"])
+    """Trackers: console, file, tensorboard, wandb, mlflow."""
+    seed: int = 1
+    """Global seed."""
+    save_freq: int = -1
+    """Checkpoint every N steps (-1 = at the end only)."""
+    test_freq: int = -1
+    """Validation loss every N steps (-1 = each epoch end)."""
+    nnodes: int = 1
+    """Nodes."""
+    n_gpus_per_node: int = 1
+    """Devices (or CPU processes) per node."""
+    max_ckpt_to_keep: Optional[int] = None
+    """Keep only the newest N checkpoints."""
+    resume_mode: str = "auto"
+    """``auto``, ``disable`` or ``resume_path``."""
+    resume_from_path: Optional[str] = None
+    """Checkpoint to resume from when resume_mode=resume_path."""
+    checkpoint: CheckpointContentsConfig = field(default_factory=CheckpointContentsConfig)
+    """What checkpoints hold."""
+    device: str = "auto"
+    """``auto``, ``cpu`` or ``cuda``."""
+
+
+@dataclass
+class SFTConfig:
+    """Everything ``python -m hybridflow.trainer.sft_trainer`` reads."""
+
+    data: SFTDataConfig = field(default_factory=SFTDataConfig)
+    """Supervised data."""
+    model: SFTModelConfig = field(default_factory=SFTModelConfig)
+    """Model to fine-tune."""
+    optim: SFTOptimConfig = field(default_factory=SFTOptimConfig)
+    """Optimizer."""
+    ulysses_sequence_parallel_size: int = 1
+    """Only 1 is supported."""
+    use_remove_padding: bool = False
+    """Accepted for verl compatibility; use data.use_packing for padding-free training."""
+    trainer: SFTTrainerConfig = field(default_factory=SFTTrainerConfig)
+    """Loop, logging, checkpoints."""

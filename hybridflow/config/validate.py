@@ -1,0 +1,227 @@
+"""Cross-field checks that run before any model is loaded.
+
+Each problem is one line that names the keys involved and the fix; all problems found
+are reported together. Checks that need a registry (advantage estimator names, policy
+losses, rollout backends, trackers) live with those registries and are run by the
+trainer at start-up, also before any model loads.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from hybridflow.errors import ConfigError
+
+TRUNCATION_MODES = ("error", "left", "right", "middle")
+RESUME_MODES = ("auto", "disable", "resume_path")
+KL_CTRL_TYPES = ("fixed", "adaptive")
+LR_SCHEDULES = ("constant", "cosine")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def as_list(value: Any) -> list:
+    """A file/logger key may hold one string or a list of them."""
+    if value is None:
+        return []
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    return [value]
+
+
+def looks_like_local_path(path: str) -> bool:
+    """Hub ids look like ``org/name``; anything absolute, relative or with ~ is a local path."""
+    return path.startswith(("/", ".", "~")) or os.path.sep + os.path.sep in path or path.count("/") > 1
+
+
+def _check_choice(problems: list[str], key: str, value: Any, choices: tuple) -> None:
+    if value not in choices:
+        problems.append(f"{key}={value!r} is not one of {', '.join(choices)}")
+
+
+def _check_files(problems: list[str], key: str, files: Any) -> None:
+    for path in as_list(files):
+        full = os.path.expanduser(str(path))
+        if not os.path.isfile(full):
+            problems.append(
+                f"{key}: file '{path}' does not exist (write one with `python -m hybridflow.data.preprocess.reasoning_gym"
+                f" --task chain_sum --local_save_dir DIR` or point {key} at your parquet/jsonl)"
+            )
+
+
+def _check_model_path(problems: list[str], key: str, path: Any) -> None:
+    if path in (None, "", "???"):
+        problems.append(f"{key} is not set: pass {key}=/path/to/hf_model (or `hybridflow models tiny DIR` for a test model)")
+        return
+    full = os.path.expanduser(str(path))
+    if looks_like_local_path(str(path)) and not os.path.isdir(full):
+        problems.append(f"{key}: model folder '{path}' does not exist (a hub id looks like org/name)")
+
+
+def _check_positive(problems: list[str], key: str, value: Any) -> None:
+    if value is not None and value <= 0:
+        problems.append(f"{key}={value} must be a positive integer")
+
+
+def ppo_world_size(cfg: Any) -> int:
+    """Data-parallel size of the actor worker group."""
+    if cfg.trainer.backend == "local":
+        return 1
+    return cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+
+
+def _check_batch_sizes(problems: list[str], cfg: Any, world: int) -> None:
+    data, actor, rollout = cfg.data, cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
+    for key, value in (("data.train_batch_size", data.train_batch_size),
+                       ("actor_rollout_ref.actor.ppo_mini_batch_size", actor.ppo_mini_batch_size),
+                       ("actor_rollout_ref.rollout.n", rollout.n),
+                       ("actor_rollout_ref.actor.ppo_epochs", actor.ppo_epochs)):
+        _check_positive(problems, key, value)
+    if any(v is None or v <= 0 for v in (data.train_batch_size, actor.ppo_mini_batch_size, rollout.n)):
+        return
+    if data.train_batch_size % actor.ppo_mini_batch_size:
+        problems.append(
+            f"data.train_batch_size={data.train_batch_size} (x rollout.n={rollout.n}) is not divisible by "
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={actor.ppo_mini_batch_size} (x rollout.n): "
+            "make the mini-batch a divisor of the train batch"
+        )
+    _check_micro(problems, "actor_rollout_ref.actor", actor.ppo_mini_batch_size * rollout.n, world,
+                 actor.ppo_micro_batch_size_per_gpu, actor.use_dynamic_bsz)
+    if critic_enabled(cfg):
+        critic = cfg.critic
+        _check_micro(problems, "critic", critic.ppo_mini_batch_size * rollout.n, world,
+                     critic.ppo_micro_batch_size_per_gpu, critic.use_dynamic_bsz)
+    if (data.train_batch_size * rollout.n) % world:
+        problems.append(
+            f"data.train_batch_size * rollout.n = {data.train_batch_size * rollout.n} sequences cannot be split "
+            f"evenly over {world} data-parallel workers: make it a multiple of {world}"
+        )
+
+
+def _check_micro(problems: list[str], section: str, mini_sequences: int, world: int,
+                 micro_per_gpu: int | None, dynamic: bool) -> None:
+    if mini_sequences % world:
+        problems.append(
+            f"{section}.ppo_mini_batch_size x rollout.n = {mini_sequences} sequences is not divisible by the "
+            f"data-parallel size {world} (trainer.nnodes x trainer.n_gpus_per_node)"
+        )
+        return
+    per_rank = mini_sequences // world
+    if micro_per_gpu is not None and not dynamic:
+        if micro_per_gpu <= 0:
+            problems.append(f"{section}.ppo_micro_batch_size_per_gpu={micro_per_gpu} must be positive")
+        elif per_rank % micro_per_gpu:
+            problems.append(
+                f"{section}: mini-batch of {per_rank} sequences per worker (ppo_mini_batch_size x rollout.n / "
+                f"{world} workers) is not divisible by ppo_micro_batch_size_per_gpu={micro_per_gpu}"
+            )
+
+
+def critic_enabled(cfg: Any) -> bool:
+    """The critic runs when forced on, or by default exactly for GAE."""
+    if cfg.critic.enable is not None:
+        return bool(cfg.critic.enable)
+    return cfg.algorithm.adv_estimator == "gae"
+
+
+def _check_algorithm(problems: list[str], cfg: Any) -> None:
+    algo, actor = cfg.algorithm, cfg.actor_rollout_ref.actor
+    if algo.adv_estimator == "gae" and cfg.critic.enable is False:
+        problems.append("algorithm.adv_estimator=gae needs a critic but critic.enable=False: "
+                        "enable the critic or pick a critic-free estimator such as grpo")
+    if critic_enabled(cfg) and cfg.critic.model.path in (None, ""):
+        problems.append("critic.model.path is not set (it is needed because adv_estimator=gae)")
+    _check_choice(problems, "algorithm.kl_ctrl.type", algo.kl_ctrl.type, KL_CTRL_TYPES)
+    if algo.filter_groups.enable and not algo.filter_groups.metric:
+        problems.append("algorithm.filter_groups.enable=True needs algorithm.filter_groups.metric (acc, score or seq_reward)")
+    if actor.clip_ratio_c <= 1.0:
+        problems.append(f"actor_rollout_ref.actor.clip_ratio_c={actor.clip_ratio_c} must be > 1 (dual-clip bound)")
+    for key, value in (("actor_rollout_ref.actor.ulysses_sequence_parallel_size", actor.ulysses_sequence_parallel_size),
+                       ("critic.ulysses_sequence_parallel_size", cfg.critic.ulysses_sequence_parallel_size)):
+        if value != 1:
+            problems.append(f"{key}={value}: sequence parallelism is not supported; set it to 1")
+
+
+def _check_rollout(problems: list[str], cfg: Any, model_max_len: int | None) -> None:
+    rollout, data = cfg.actor_rollout_ref.rollout, cfg.data
+    if rollout.temperature < 0:
+        problems.append(f"actor_rollout_ref.rollout.temperature={rollout.temperature} must be >= 0")
+    if not 0 < rollout.top_p <= 1:
+        problems.append(f"actor_rollout_ref.rollout.top_p={rollout.top_p} must be in (0, 1]")
+    _check_positive(problems, "actor_rollout_ref.rollout.val_kwargs.n", rollout.val_kwargs.n)
+    _check_positive(problems, "data.max_prompt_length", data.max_prompt_length)
+    _check_positive(problems, "data.max_response_length", data.max_response_length)
+    total = data.max_prompt_length + data.max_response_length
+    if model_max_len is not None and total > model_max_len:
+        problems.append(
+            f"data.max_prompt_length + data.max_response_length = {total} exceeds the model's context of "
+            f"{model_max_len} tokens: lower one of them"
+        )
+
+
+def _check_trainer(problems: list[str], trainer: Any) -> None:
+    _check_choice(problems, "trainer.resume_mode", trainer.resume_mode, RESUME_MODES)
+    _check_choice(problems, "trainer.device", trainer.device, DEVICES)
+    _check_choice(problems, "trainer.backend", trainer.backend, ("local", "ray"))
+    if trainer.resume_mode == "resume_path" and not trainer.resume_from_path:
+        problems.append("trainer.resume_mode=resume_path needs trainer.resume_from_path=.../global_step_N")
+    if trainer.total_training_steps is not None:
+        _check_positive(problems, "trainer.total_training_steps", trainer.total_training_steps)
+    _check_positive(problems, "trainer.total_epochs", trainer.total_epochs)
+
+
+def raise_if_problems(problems: list[str]) -> None:
+    if problems:
+        raise ConfigError("\n".join(problems))
+
+
+def validate_ppo_config(cfg: Any, *, model_max_len: int | None = None, check_paths: bool = True) -> None:
+    """Raise ConfigError listing every problem of a resolved PPOConfig."""
+    problems: list[str] = []
+    if check_paths:
+        _check_model_path(problems, "actor_rollout_ref.model.path", cfg.actor_rollout_ref.model.path)
+        _check_files(problems, "data.train_files", cfg.data.train_files)
+        _check_files(problems, "data.val_files", cfg.data.val_files)
+        if cfg.custom_reward_function.path and not os.path.isfile(os.path.expanduser(cfg.custom_reward_function.path)):
+            problems.append(f"custom_reward_function.path: file '{cfg.custom_reward_function.path}' does not exist")
+    _check_choice(problems, "data.truncation", cfg.data.truncation, TRUNCATION_MODES)
+    _check_batch_sizes(problems, cfg, ppo_world_size(cfg))
+    _check_algorithm(problems, cfg)
+    _check_rollout(problems, cfg, model_max_len)
+    _check_trainer(problems, cfg.trainer)
+    _check_choice(problems, "actor_rollout_ref.actor.optim.warmup_style",
+                  cfg.actor_rollout_ref.actor.optim.lr_scheduler_type or cfg.actor_rollout_ref.actor.optim.warmup_style,
+                  LR_SCHEDULES)
+    raise_if_problems(problems)
+
+
+def sft_model_path(cfg: Any) -> str | None:
+    """``model.path`` wins over verl's ``model.partial_pretrain``."""
+    return cfg.model.path or cfg.model.partial_pretrain
+
+
+def validate_sft_config(cfg: Any, *, world_size: int = 1, model_max_len: int | None = None,
+                        check_paths: bool = True) -> None:
+    """Raise ConfigError listing every problem of a resolved SFTConfig."""
+    problems: list[str] = []
+    if check_paths:
+        _check_model_path(problems, "model.partial_pretrain", sft_model_path(cfg))
+        _check_files(problems, "data.train_files", cfg.data.train_files)
+        _check_files(problems, "data.val_files", cfg.data.val_files)
+    data = cfg.data
+    _check_positive(problems, "data.train_batch_size", data.train_batch_size)
+    _check_positive(problems, "data.micro_batch_size_per_gpu", data.micro_batch_size_per_gpu)
+    if data.train_batch_size > 0 and data.micro_batch_size_per_gpu > 0:
+        if data.train_batch_size % (data.micro_batch_size_per_gpu * world_size):
+            problems.append(
+                f"data.train_batch_size={data.train_batch_size} is not divisible by data.micro_batch_size_per_gpu="
+                f"{data.micro_batch_size_per_gpu} x {world_size} data-parallel workers"
+            )
+    _check_choice(problems, "data.truncation", data.truncation, ("error", "left", "right"))
+    _check_choice(problems, "optim.lr_scheduler", cfg.optim.lr_scheduler, LR_SCHEDULES)
+    if model_max_len is not None and data.max_length > model_max_len:
+        problems.append(f"data.max_length={data.max_length} exceeds the model's context of {model_max_len} tokens")
+    _check_choice(problems, "trainer.resume_mode", cfg.trainer.resume_mode, RESUME_MODES)
+    if cfg.ulysses_sequence_parallel_size != 1:
+        problems.append("ulysses_sequence_parallel_size must be 1: sequence parallelism is not supported")
+    raise_if_problems(problems)

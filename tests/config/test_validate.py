@@ -1,0 +1,129 @@
+"""Cross-field validation: one clear line per problem, before any model loads."""
+
+import pytest
+
+from hybridflow.config import PPOConfig, SFTConfig, critic_enabled, load_config, validate_ppo_config, validate_sft_config
+from hybridflow.errors import ConfigError
+
+
+@pytest.fixture
+def files(tmp_path):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "train.parquet").write_bytes(b"x")
+    (tmp_path / "test.parquet").write_bytes(b"x")
+    return tmp_path
+
+
+def ppo(files, *overrides):
+    base = [
+        f"actor_rollout_ref.model.path={files / 'model'}",
+        f"data.train_files={files / 'train.parquet'}",
+        f"data.val_files={files / 'test.parquet'}",
+        "data.train_batch_size=8",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "actor_rollout_ref.rollout.n=2",
+    ]
+    return load_config(PPOConfig, base + list(overrides))
+
+
+def problems(cfg, **kwargs):
+    with pytest.raises(ConfigError) as err:
+        validate_ppo_config(cfg, **kwargs)
+    return str(err.value).splitlines()
+
+
+def test_valid_config_passes(files):
+    validate_ppo_config(ppo(files), model_max_len=2048)
+
+
+def test_train_batch_not_divisible_by_mini_batch(files):
+    (line,) = problems(ppo(files, "actor_rollout_ref.actor.ppo_mini_batch_size=3"))
+    assert line == (
+        "data.train_batch_size=8 (x rollout.n=2) is not divisible by actor_rollout_ref.actor.ppo_mini_batch_size=3 "
+        "(x rollout.n): make the mini-batch a divisor of the train batch"
+    )
+
+
+def test_mini_batch_not_divisible_by_micro_batch(files):
+    (line,) = problems(ppo(files, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"))
+    assert line == (
+        "actor_rollout_ref.actor: mini-batch of 8 sequences per worker (ppo_mini_batch_size x rollout.n / "
+        "1 workers) is not divisible by ppo_micro_batch_size_per_gpu=3"
+    )
+
+
+def test_mini_batch_not_divisible_by_data_parallel_size(files):
+    lines = problems(ppo(files, "trainer.backend=ray", "trainer.n_gpus_per_node=3",
+                         "algorithm.adv_estimator=grpo"))
+    assert lines[0] == (
+        "actor_rollout_ref.actor.ppo_mini_batch_size x rollout.n = 8 sequences is not divisible by the "
+        "data-parallel size 3 (trainer.nnodes x trainer.n_gpus_per_node)"
+    )
+    assert "cannot be split evenly over 3 data-parallel workers" in lines[1]
+
+
+def test_dynamic_batch_size_skips_micro_batch_check(files):
+    validate_ppo_config(ppo(files, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",
+                            "actor_rollout_ref.actor.use_dynamic_bsz=True", "critic.use_dynamic_bsz=True"))
+
+
+def test_context_length(files):
+    (line,) = problems(ppo(files, "data.max_prompt_length=100", "data.max_response_length=50"), model_max_len=128)
+    assert line == ("data.max_prompt_length + data.max_response_length = 150 exceeds the model's context of 128 "
+                    "tokens: lower one of them")
+
+
+def test_critic_required_iff_gae(files):
+    (line,) = problems(ppo(files, "critic.enable=False"))
+    assert line.startswith("algorithm.adv_estimator=gae needs a critic but critic.enable=False")
+    assert critic_enabled(ppo(files)) is True
+    assert critic_enabled(ppo(files, "algorithm.adv_estimator=grpo")) is False
+
+
+def test_missing_model_and_files(files):
+    cfg = ppo(files, f"actor_rollout_ref.model.path={files / 'nope'}", f"data.train_files={files / 'missing.parquet'}")
+    lines = problems(cfg)
+    assert lines[0] == f"actor_rollout_ref.model.path: model folder '{files / 'nope'}' does not exist (a hub id looks like org/name)"
+    assert lines[1].startswith(f"data.train_files: file '{files / 'missing.parquet'}' does not exist")
+
+
+def test_hub_id_is_not_checked_on_disk(files):
+    validate_ppo_config(ppo(files, "actor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B"))
+
+
+def test_enumerations_and_ranges(files):
+    lines = problems(ppo(files, "data.truncation=middle_out", "trainer.resume_mode=sometimes",
+                         "actor_rollout_ref.actor.clip_ratio_c=0.5", "actor_rollout_ref.rollout.top_p=0"))
+    assert "data.truncation='middle_out' is not one of error, left, right, middle" in lines
+    assert "actor_rollout_ref.actor.clip_ratio_c=0.5 must be > 1 (dual-clip bound)" in lines
+    assert "actor_rollout_ref.rollout.top_p=0.0 must be in (0, 1]" in lines
+    assert "trainer.resume_mode='sometimes' is not one of auto, disable, resume_path" in lines
+
+
+def test_resume_path_needs_a_path(files):
+    (line,) = problems(ppo(files, "trainer.resume_mode=resume_path"))
+    assert line == "trainer.resume_mode=resume_path needs trainer.resume_from_path=.../global_step_N"
+
+
+def test_filter_groups_needs_metric(files):
+    (line,) = problems(ppo(files, "algorithm.filter_groups.enable=True"))
+    assert line.startswith("algorithm.filter_groups.enable=True needs algorithm.filter_groups.metric")
+
+
+def test_sequence_parallel_is_rejected(files):
+    (line,) = problems(ppo(files, "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"))
+    assert "sequence parallelism is not supported" in line
+
+
+def test_sft_validation(tmp_path):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "t.parquet").write_bytes(b"x")
+    cfg = load_config(SFTConfig, [f"model.partial_pretrain={tmp_path / 'm'}", f"data.train_files={tmp_path / 't.parquet'}",
+                                  "data.train_batch_size=6", "data.micro_batch_size_per_gpu=4"])
+    with pytest.raises(ConfigError) as err:
+        validate_sft_config(cfg)
+    assert str(err.value) == ("data.train_batch_size=6 is not divisible by data.micro_batch_size_per_gpu=4 x 1 "
+                              "data-parallel workers")
+    cfg = load_config(SFTConfig, [f"data.train_files={tmp_path / 't.parquet'}"])
+    with pytest.raises(ConfigError, match="model.partial_pretrain is not set"):
+        validate_sft_config(cfg)

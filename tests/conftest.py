@@ -1,0 +1,47 @@
+"""Test-wide environment: caches in a temp dir, no hub, two threads in total."""
+
+import os
+import tempfile
+
+_CACHE = tempfile.mkdtemp(prefix="hybridflow-test-cache-")
+os.environ.setdefault("HF_HOME", os.path.join(_CACHE, "hf"))
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+os.environ["HF_DATASETS_OFFLINE"] = "1"
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("MPLBACKEND", "Agg")
+os.environ.setdefault("OMP_NUM_THREADS", "2")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(2)
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer_dir(tmp_path_factory):
+    """A real HF fast tokenizer (byte-level BPE + ChatML template) saved to disk."""
+    from hybridflow.models.tiny import build_tiny_tokenizer
+
+    path = tmp_path_factory.mktemp("tiny_tokenizer")
+    build_tiny_tokenizer().save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_tokenizer_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """A randomly initialised 2-layer Llama-architecture checkpoint with the tiny tokenizer."""
+    from hybridflow.models.tiny import save_tiny_model
+
+    path = tmp_path_factory.mktemp("tiny_llama")
+    save_tiny_model(str(path), arch="llama", seed=0)
+    return str(path)

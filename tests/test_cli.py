@@ -1,0 +1,48 @@
+"""The `hybridflow` command: config show / dump, models tiny, one-line errors."""
+
+import os
+import subprocess
+import sys
+
+from hybridflow.cli import main
+
+
+def test_config_show_prints_resolved_config(capsys):
+    assert main(["config", "show", "data.train_batch_size=8", "algorithm.adv_estimator=grpo"]) == 0
+    out = capsys.readouterr().out
+    assert "  train_batch_size: 8\n" in out
+    assert "  adv_estimator: grpo\n" in out
+    assert "    response_length: 512\n" in out  # interpolation resolved
+
+
+def test_config_show_misspelling_is_one_line(capsys):
+    assert main(["config", "show", "data.train_batch_size=8", "algorithm.adv_estimater=grpo"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == (
+        "hybridflow: error: unknown config key 'algorithm.adv_estimater' (from override "
+        "'algorithm.adv_estimater=grpo'); did you mean 'algorithm.adv_estimator'?"
+    )
+
+
+def test_config_show_doc_and_sft(capsys):
+    assert main(["config", "show", "--trainer", "sft", "--doc", "data.max_length=64"]) == 0
+    out = capsys.readouterr().out
+    assert "# Longest tokenised example (prompt + response).\n  max_length: 64\n" in out
+
+
+def test_models_tiny_writes_a_loadable_model(tmp_path, capsys):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    assert main(["models", "tiny", str(tmp_path / "tiny"), "--arch", "qwen2"]) == 0
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "tiny")
+    tok = AutoTokenizer.from_pretrained(tmp_path / "tiny")
+    assert model.config.model_type == "qwen2" and tok.eos_token == "<|im_end|>"
+
+
+def test_console_script_runs_as_subprocess():
+    env = dict(os.environ, HYBRIDFLOW_DEBUG="")
+    proc = subprocess.run([sys.executable, "-m", "hybridflow.cli", "config", "show", "algorithm.adv_estimater=grpo"],
+                          capture_output=True, text=True, env=env)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert "did you mean 'algorithm.adv_estimator'" in proc.stderr
