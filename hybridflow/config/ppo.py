@@ -472,8 +472,9 @@ class RewardModelConfig:
     """How rule-based scores are computed: ``naive`` (sequential), ``parallel`` (process pool), ``dapo`` (with overlong penalty)."""
     num_workers: int = 2
     """Processes of the parallel reward manager."""
-    timeout_s: float = 30.0
-    """Per-sample time limit of a scorer; a hung scorer gets ``failure_score``."""
+    timeout_s: Optional[float] = 30.0
+    """Per-sample time limit of a scorer (it runs in a killable worker process); a hung scorer gets
+    ``failure_score``. null scores in-process with no limit (fastest; for trusted, quick scorers)."""
     failure_score: float = 0.0
     """Score of a sample whose scorer raised, hung or returned NaN/inf."""
     launch_reward_fn_async: bool = False

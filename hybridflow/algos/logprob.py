@@ -1,0 +1,69 @@
+"""Token log-probabilities and entropy from logits.
+
+Both are computed in fp32 with a log-sum-exp so that large logits do not overflow, and
+in chunks of rows so that at most ``chunk_size x V`` fp32 temporaries exist at once.
+When the logits require grad, each chunk is checkpointed: backward recomputes the
+chunk's softmax instead of keeping an fp32 copy of the whole ``[B, T, V]`` tensor alive
+beside the logits (which autograd already holds).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+
+def _chunked(
+    fn: Callable[..., torch.Tensor], rows: torch.Tensor, *extra: torch.Tensor, chunk_size: int
+) -> torch.Tensor:
+    """Apply ``fn`` to ``chunk_size`` rows at a time and concatenate the ``[rows]`` results."""
+    if chunk_size <= 0:
+        raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+    use_checkpoint = torch.is_grad_enabled() and rows.requires_grad
+    outputs = []
+    for start in range(0, rows.shape[0], chunk_size):
+        args = (rows[start : start + chunk_size], *(e[start : start + chunk_size] for e in extra))
+        outputs.append(checkpoint(fn, *args, use_reentrant=False) if use_checkpoint else fn(*args))
+    return torch.cat(outputs) if outputs else rows.new_zeros(0, dtype=torch.float32)
+
+
+def _picked_logprob(rows: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    rows = rows.float()
+    return rows.gather(-1, labels[:, None]).squeeze(-1) - torch.logsumexp(rows, dim=-1)
+
+
+def _entropy(rows: torch.Tensor) -> torch.Tensor:
+    rows = rows.float()
+    return torch.logsumexp(rows, dim=-1) - (torch.softmax(rows, dim=-1) * rows).sum(-1)
+
+
+def logprobs_from_logits(*, logits: torch.Tensor, labels: torch.Tensor, chunk_size: int = 1024) -> torch.Tensor:
+    """log p(label) = z_label - logsumexp(z) under softmax(logits).
+
+    Args:
+        logits: ``[..., V]`` unnormalised scores (any float dtype).
+        labels: ``[...]`` int64 token ids, same leading shape as ``logits``.
+        chunk_size: rows of ``V`` processed at once.
+
+    Returns:
+        ``[...]`` float32 log-probabilities.
+    """
+    flat_logits = logits.reshape(-1, logits.shape[-1])
+    out = _chunked(_picked_logprob, flat_logits, labels.reshape(-1), chunk_size=chunk_size)
+    return out.reshape(labels.shape)
+
+
+def entropy_from_logits(*, logits: torch.Tensor, chunk_size: int = 1024) -> torch.Tensor:
+    """Entropy H = logsumexp(z) - sum softmax(z) * z of the categorical given by logits.
+
+    Args:
+        logits: ``[..., V]``.
+        chunk_size: rows of ``V`` processed at once.
+
+    Returns:
+        ``[...]`` float32 entropies (nats).
+    """
+    out = _chunked(_entropy, logits.reshape(-1, logits.shape[-1]), chunk_size=chunk_size)
+    return out.reshape(logits.shape[:-1])

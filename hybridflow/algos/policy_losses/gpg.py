@@ -1,0 +1,49 @@
+"""GPG: plain policy gradient, no ratio and no clipping (``loss_mode=gpg``).
+
+Chu et al., "GPG: A Simple and Strong Reinforcement Learning Baseline for Model
+Reasoning" (arXiv 2504.02546), the GPG objective::
+
+    l_t  = -A_t log pi_theta(y_t)          [B, T]
+    loss = agg(l)
+
+Pair it with ``adv_estimator=gpg``. Being on-policy by construction it has no
+clip fraction; ``ppo_kl`` is still reported to watch for staleness.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hybridflow.algos.agg import agg_loss
+from hybridflow.algos.registry import register_policy_loss
+from hybridflow.algos.stats import masked_mean
+
+
+@register_policy_loss("gpg")
+def gpg_policy_loss(
+    *,
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    global_num_tokens: float | None = None,
+    global_num_seqs: float | None = None,
+    max_response_length: int | None = None,
+    **_,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """REINFORCE loss -A log pi over ``[B, T]`` inputs."""
+    loss = agg_loss(
+        loss_mat=-advantages * log_prob,
+        loss_mask=response_mask,
+        loss_agg_mode=loss_agg_mode,
+        global_num_tokens=global_num_tokens,
+        global_num_seqs=global_num_seqs,
+        max_response_length=max_response_length,
+    )
+    metrics = {
+        "pg_clipfrac": 0.0,
+        "pg_clipfrac_lower": 0.0,
+        "ppo_kl": masked_mean(values=(old_log_prob - log_prob).detach(), mask=response_mask).item(),
+    }
+    return loss, metrics

@@ -1,0 +1,71 @@
+"""GSPO: sequence-level importance ratio (``loss_mode=gspo``).
+
+Zheng et al., "Group Sequence Policy Optimization" (arXiv 2507.18071): the GSPO objective in its
+token-level form GSPO-token, which equals GSPO when all tokens of a
+sequence share the advantage::
+
+    s_i      = exp( 1/|y_i| sum_t log(pi_theta / pi_old)(y_i,t) )   (length-normalised)
+    s_i,t    = sg[s_i] * pi_theta(y_i,t) / sg[pi_theta(y_i,t)]      (value s_i, per-token grad)
+    l_i,t    = max(-A s_i,t, -A clip(s_i,t, 1 - eps_low, 1 + eps_high))
+    loss     = agg(l)
+
+The paper averages per sequence then over sequences: use
+``loss_agg_mode="seq-mean-token-mean"`` and its small clip ranges (3e-4 / 4e-4).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hybridflow.algos.agg import agg_loss
+from hybridflow.algos.policy_losses.common import LOG_RATIO_BOUND, clip_range
+from hybridflow.algos.registry import register_policy_loss
+from hybridflow.algos.stats import masked_mean
+
+
+def sequence_log_ratio(
+    *, log_prob: torch.Tensor, old_log_prob: torch.Tensor, response_mask: torch.Tensor
+) -> torch.Tensor:
+    """log s_i ``[B]``: the mean token log-ratio over each sequence's valid tokens."""
+    mask = response_mask.to(log_prob.dtype)
+    token_log_ratio = torch.where(mask > 0, log_prob - old_log_prob, torch.zeros_like(log_prob))
+    return (token_log_ratio * mask).sum(dim=-1) / mask.sum(dim=-1).clamp(min=1)
+
+
+@register_policy_loss("gspo")
+def gspo_policy_loss(
+    *,
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    clip_ratio: float = 0.2,
+    clip_ratio_low: float | None = None,
+    clip_ratio_high: float | None = None,
+    global_num_tokens: float | None = None,
+    global_num_seqs: float | None = None,
+    max_response_length: int | None = None,
+    **_,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """GSPO-token loss over ``[B, T]`` inputs; see the module docstring."""
+    low, high = clip_range(clip_ratio=clip_ratio, clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high)
+    seq_log_ratio = sequence_log_ratio(log_prob=log_prob, old_log_prob=old_log_prob, response_mask=response_mask)
+    log_ratio = log_prob - log_prob.detach() + seq_log_ratio.detach()[:, None]
+    ratio = log_ratio.clamp(min=-LOG_RATIO_BOUND, max=LOG_RATIO_BOUND).exp()
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1 - low, 1 + high)
+    loss = agg_loss(
+        loss_mat=torch.maximum(unclipped, clipped),
+        loss_mask=response_mask,
+        loss_agg_mode=loss_agg_mode,
+        global_num_tokens=global_num_tokens,
+        global_num_seqs=global_num_seqs,
+        max_response_length=max_response_length,
+    )
+    metrics = {
+        "pg_clipfrac": masked_mean(values=(clipped > unclipped).float(), mask=response_mask).item(),
+        "pg_clipfrac_lower": 0.0,
+        "ppo_kl": masked_mean(values=(old_log_prob - log_prob).detach(), mask=response_mask).item(),
+    }
+    return loss, metrics

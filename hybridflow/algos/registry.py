@@ -1,0 +1,115 @@
+"""Name -> function registries for advantage estimators and policy losses.
+
+Trainers look algorithms up by their verl config names
+(``algorithm.adv_estimator=grpo``, ``actor.policy_loss.loss_mode=vanilla``) instead of
+branching on them, and users add their own with the same decorators::
+
+    @register_advantage("my_estimator")
+    def my_estimator(*, token_level_rewards, response_mask, index, **_):
+        ...
+
+Every advantage estimator is called with the same keyword arguments and ignores the
+ones it does not read (hence the ``**_``)::
+
+    fn(*, token_level_rewards [B, T], response_mask [B, T], index (len B),
+       values=None [B, T], gamma=1.0, lam=1.0, norm_adv_by_std_in_grpo=True,
+       reward_baselines=None [B], epsilon=1e-6) -> (advantages [B, T], returns [B, T])
+
+=============================  ==========================================================
+estimator                      reads (besides token_level_rewards, response_mask)
+=============================  ==========================================================
+gae                            values, gamma, lam
+grpo                           index, norm_adv_by_std_in_grpo, epsilon
+grpo_passk                     index, norm_adv_by_std_in_grpo, epsilon
+rloo, opo,                     index
+reinforce_plus_plus_baseline   index
+gpg                            index
+remax                          reward_baselines
+reinforce_plus_plus            gamma
+=============================  ==========================================================
+
+Every policy loss is called as::
+
+    fn(*, old_log_prob [B, T], log_prob [B, T], advantages [B, T], response_mask [B, T],
+       loss_agg_mode="token-mean", clip_ratio=0.2, clip_ratio_low=None,
+       clip_ratio_high=None, clip_ratio_c=3.0, global_num_tokens=None,
+       global_num_seqs=None, max_response_length=None, **mode_specific)
+       -> (loss scalar, metrics dict[str, float])
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Callable
+
+from hybridflow.algos.errors import AlgorithmError, UnknownAlgorithmError
+
+
+def _qualified(fn: Callable) -> str:
+    return f"{fn.__module__}.{fn.__qualname__}"
+
+
+class Registry:
+    """A named table of functions with a helpful error for unknown names."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self._fns: dict[str, Callable] = {}
+
+    def register(self, name: str) -> Callable[[Callable], Callable]:
+        def decorator(fn: Callable) -> Callable:
+            existing = self._fns.get(name)
+            # Re-registering the same function (a module reload) is harmless; a different
+            # function under a taken name would silently change what a config means.
+            if existing is not None and _qualified(existing) != _qualified(fn):
+                raise AlgorithmError(
+                    f"{self.kind} {name!r} is already registered by {existing.__module__}; pick another name"
+                )
+            self._fns[name] = fn
+            return fn
+
+        return decorator
+
+    def get(self, name: str) -> Callable:
+        if name not in self._fns:
+            close = difflib.get_close_matches(name, self._fns, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise UnknownAlgorithmError(
+                f"unknown {self.kind} {name!r}{hint}; registered: {', '.join(self.names())}"
+            )
+        return self._fns[name]
+
+    def names(self) -> list[str]:
+        return sorted(self._fns)
+
+
+ADVANTAGES = Registry("advantage estimator")
+POLICY_LOSSES = Registry("policy loss")
+
+
+def register_advantage(name: str) -> Callable[[Callable], Callable]:
+    """Decorator: make ``fn`` available as ``algorithm.adv_estimator=name``."""
+    return ADVANTAGES.register(name)
+
+
+def get_advantage(name: str) -> Callable:
+    """The advantage estimator registered as ``name``."""
+    return ADVANTAGES.get(name)
+
+
+def list_advantages() -> list[str]:
+    return ADVANTAGES.names()
+
+
+def register_policy_loss(name: str) -> Callable[[Callable], Callable]:
+    """Decorator: make ``fn`` available as ``actor.policy_loss.loss_mode=name``."""
+    return POLICY_LOSSES.register(name)
+
+
+def get_policy_loss(name: str) -> Callable:
+    """The policy loss registered as ``name``."""
+    return POLICY_LOSSES.get(name)
+
+
+def list_policy_losses() -> list[str]:
+    return POLICY_LOSSES.names()

@@ -1,0 +1,268 @@
+"""The record that flows between pipeline stages: per-sample tensors, per-sample objects, batch meta.
+
+This is hybridflow's equivalent of verl's ``DataProto``, kept deliberately small: three
+dictionaries and the row operations the controller and workers need (select, union,
+split for data-parallel dispatch, concat for collect, repeat for ``rollout.n``).
+
+Column conventions used across the stages (``B`` samples, ``P`` prompt tokens,
+``T`` response tokens, ``L = P + T``; prompts are left-padded, responses right-padded):
+
+==========================  ==========  ==============================================
+key                         shape       meaning
+==========================  ==========  ==============================================
+``prompts``                 ``[B, P]``  prompt token ids
+``responses``               ``[B, T]``  generated token ids
+``input_ids``               ``[B, L]``  ``cat(prompts, responses)``
+``attention_mask``          ``[B, L]``  1 on real tokens, 0 on padding
+``position_ids``            ``[B, L]``  positions that skip left padding
+``response_mask``           ``[B, T]``  1 on response tokens that count in losses
+``old_log_probs``           ``[B, T]``  behaviour-policy log-probs (actor, pre-update)
+``ref_log_prob``            ``[B, T]``  reference-policy log-probs
+``values``                  ``[B, T]``  critic values
+``token_level_scores``      ``[B, T]``  reward-function score (on the last token)
+``token_level_rewards``     ``[B, T]``  scores minus the KL penalty
+``advantages``/``returns``  ``[B, T]``  estimator outputs
+==========================  ==========  ==============================================
+
+Non-tensor columns are 1-D ``numpy`` arrays of length ``B`` (``dtype=object`` when built
+from lists): ``raw_prompt``, ``data_source``, ``reward_model``, ``extra_info``, ``uid``.
+``meta`` holds batch-level values (``temperature``, global token counts, metrics).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+import torch
+
+Column = torch.Tensor | np.ndarray
+
+
+def _as_object_array(values: Sequence[Any] | np.ndarray) -> np.ndarray:
+    """A 1-D object array of ``values``; element by element so lists of equal-length lists stay 1-D."""
+    if isinstance(values, np.ndarray):
+        return values
+    array = np.empty(len(values), dtype=object)
+    for i, value in enumerate(values):
+        array[i] = value
+    return array
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    """Equality that works for tensors, arrays and plain values (used to allow benign key overlaps)."""
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return a.shape == b.shape and a.dtype == b.dtype and torch.equal(a.cpu(), b.cpu())
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+        return a.shape == b.shape and all(_same_value(x, y) for x, y in zip(a.ravel(), b.ravel()))
+    try:
+        return bool(a == b)
+    except (TypeError, ValueError, RuntimeError):
+        return a is b
+
+
+def _index_tensor(indices: Sequence[int] | np.ndarray | torch.Tensor, size: int) -> torch.Tensor:
+    """Normalise integer or boolean-mask indices to an int64 CPU tensor, bounds-checked against ``size``."""
+    index = torch.as_tensor(np.asarray(indices) if not isinstance(indices, torch.Tensor) else indices)
+    if index.dtype == torch.bool:
+        if index.shape != (size,):
+            raise ValueError(f"boolean mask has shape {tuple(index.shape)}; expected ({size},)")
+        index = index.nonzero().squeeze(-1)
+    index = index.to(device="cpu", dtype=torch.int64).reshape(-1)
+    if index.numel() and (index.min() < -size or index.max() >= size):
+        raise IndexError(f"index out of range for a batch of {size} samples: {index.tolist()}")
+    return index
+
+
+class Batch:
+    """``B`` samples as aligned columns: ``tensors`` (leading dim ``B``), ``non_tensors`` (length ``B``), ``meta``.
+
+    Every operation returns a new ``Batch`` (columns are shared, not copied, where
+    indexing allows) except ``batch[key] = value``, ``pop`` and ``meta`` edits. Columns
+    are written only through ``batch[key] = value``, which checks the length; the
+    ``tensors`` / ``non_tensors`` properties are read-only views.
+    """
+
+    def __init__(
+        self,
+        tensors: Mapping[str, torch.Tensor] | None = None,
+        non_tensors: Mapping[str, Sequence[Any] | np.ndarray] | None = None,
+        meta: Mapping[str, Any] | None = None,
+    ):
+        self._tensors: dict[str, torch.Tensor] = {}
+        self._non_tensors: dict[str, np.ndarray] = {}
+        self.meta: dict[str, Any] = dict(meta or {})
+        for key, value in (tensors or {}).items():
+            self._set_tensor(key, value)
+        for key, value in (non_tensors or {}).items():
+            self._set_non_tensor(key, value)
+
+    @classmethod
+    def from_dict(
+        cls,
+        *,
+        tensors: Mapping[str, torch.Tensor] | None = None,
+        non_tensors: Mapping[str, Sequence[Any] | np.ndarray] | None = None,
+        meta: Mapping[str, Any] | None = None,
+    ) -> Batch:
+        """Build a batch from column dictionaries; lists become 1-D object arrays."""
+        return cls(tensors=tensors, non_tensors=non_tensors, meta=meta)
+
+    # ---- columns -------------------------------------------------------------------
+
+    @property
+    def tensors(self) -> Mapping[str, torch.Tensor]:
+        """Read-only view of the tensor columns (write with ``batch[key] = tensor``)."""
+        return MappingProxyType(self._tensors)
+
+    @property
+    def non_tensors(self) -> Mapping[str, np.ndarray]:
+        """Read-only view of the per-sample object columns (write with ``batch[key] = list``)."""
+        return MappingProxyType(self._non_tensors)
+
+    def keys(self) -> list[str]:
+        return [*self._tensors, *self._non_tensors]
+
+    def __len__(self) -> int:
+        for column in (*self._tensors.values(), *self._non_tensors.values()):
+            return len(column)
+        return 0
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._tensors or key in self._non_tensors
+
+    def __getitem__(self, key: str) -> Column:
+        if key in self._tensors:
+            return self._tensors[key]
+        if key in self._non_tensors:
+            return self._non_tensors[key]
+        raise KeyError(f"batch has no column {key!r}; columns: {self.keys()}")
+
+    def __setitem__(self, key: str, value: torch.Tensor | Sequence[Any] | np.ndarray) -> None:
+        if isinstance(value, torch.Tensor):
+            self._non_tensors.pop(key, None)
+            self._set_tensor(key, value)
+        else:
+            self._tensors.pop(key, None)
+            self._set_non_tensor(key, value)
+
+    def _check_length(self, key: str, length: int) -> None:
+        others = [k for k in self.keys() if k != key]
+        if others and length != len(self[others[0]]):
+            raise ValueError(
+                f"column {key!r} has {length} rows but the batch has {len(self[others[0]])} "
+                f"(from {others[0]!r}); every column needs the same leading dimension B"
+            )
+
+    def _set_tensor(self, key: str, value: torch.Tensor) -> None:
+        if not isinstance(value, torch.Tensor) or value.dim() == 0:
+            raise TypeError(f"tensor column {key!r} must be a tensor with a leading batch dim, got {value!r}")
+        self._check_length(key, value.shape[0])
+        self._tensors[key] = value
+
+    def _set_non_tensor(self, key: str, value: Sequence[Any] | np.ndarray) -> None:
+        array = _as_object_array(value)
+        if array.ndim == 0:
+            raise TypeError(f"non-tensor column {key!r} must be a sequence of length B; put scalars in meta")
+        self._check_length(key, array.shape[0])
+        self._non_tensors[key] = array
+
+    # ---- whole-column operations ---------------------------------------------------
+
+    def _from_columns(self, columns: Mapping[str, Column], meta: Mapping[str, Any] | None = None) -> Batch:
+        tensors = {k: v for k, v in columns.items() if isinstance(v, torch.Tensor)}
+        non_tensors = {k: v for k, v in columns.items() if not isinstance(v, torch.Tensor)}
+        return Batch(tensors, non_tensors, dict(self.meta) if meta is None else meta)
+
+    def select(self, keys: Iterable[str]) -> Batch:
+        """A batch with only ``keys`` (tensor or non-tensor); ``meta`` is copied shallowly."""
+        return self._from_columns({key: self[key] for key in keys})
+
+    def pop(self, keys: Iterable[str]) -> Batch:
+        """Remove ``keys`` from this batch and return them as a new batch (with a copy of ``meta``)."""
+        keys = list(keys)
+        popped = self.select(keys)
+        for key in keys:
+            self._tensors.pop(key, None)
+            self._non_tensors.pop(key, None)
+        return popped
+
+    def union(self, other: Batch) -> Batch:
+        """Columns and meta of both batches; a key present in both must hold equal values."""
+        if self.keys() and other.keys() and len(self) != len(other):
+            raise ValueError(f"cannot union batches of {len(self)} and {len(other)} samples")
+        columns: dict[str, Column] = {key: self[key] for key in self.keys()}
+        meta = dict(self.meta)
+        for target, source, kind in ((columns, other, "column"), (meta, other.meta, "meta key")):
+            for key in source.keys():
+                if key in target and not _same_value(target[key], source[key]):
+                    raise ValueError(f"union: {kind} {key!r} differs between the two batches")
+                target[key] = source[key]
+        return self._from_columns(columns, meta)
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
+        """Move every tensor column to ``device``; non-tensors and meta are shared."""
+        moved = {k: v.to(device, non_blocking=non_blocking) for k, v in self._tensors.items()}
+        return Batch(moved, self._non_tensors, dict(self.meta))
+
+    # ---- row operations ------------------------------------------------------------
+
+    def index_select(self, indices: Sequence[int] | np.ndarray | torch.Tensor) -> Batch:
+        """Rows ``indices`` (ints or a ``[B]`` bool mask) in that order; use a permutation to reorder."""
+        index = _index_tensor(indices, len(self))
+        columns: dict[str, Column] = {k: v[index.to(v.device)] for k, v in self._tensors.items()}
+        columns.update({k: v[index.numpy()] for k, v in self._non_tensors.items()})
+        return self._from_columns(columns)
+
+    def repeat(self, n: int, interleave: bool = True) -> Batch:
+        """Each sample ``n`` times: ``[a, a, b, b]`` when ``interleave`` (GRPO groups), else ``[a, b, a, b]``."""
+        if n < 1:
+            raise ValueError(f"repeat count must be >= 1, got {n}")
+        order = torch.arange(len(self))
+        index = order.repeat_interleave(n) if interleave else order.repeat(n)
+        return self.index_select(index)
+
+    def split_by_sizes(self, sizes: Sequence[int]) -> list[Batch]:
+        """Consecutive pieces of ``sizes[i]`` samples each (uneven data-parallel dispatch)."""
+        if sum(sizes) != len(self) or any(size < 0 for size in sizes):
+            raise ValueError(f"split sizes {list(sizes)} must be >= 0 and sum to the batch size {len(self)}")
+        bounds = np.cumsum([0, *sizes])
+        return [self.index_select(torch.arange(int(lo), int(hi))) for lo, hi in zip(bounds[:-1], bounds[1:])]
+
+    def split(self, chunk_size: int) -> list[Batch]:
+        """Pieces of ``chunk_size`` samples; like ``torch.split``, the last piece may be smaller."""
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+        full, rest = divmod(len(self), chunk_size)
+        return self.split_by_sizes([chunk_size] * full + ([rest] if rest else []))
+
+    def chunk(self, n: int) -> list[Batch]:
+        """``n`` equal pieces; ``len(self)`` must be divisible by ``n`` (see ``split_by_sizes`` otherwise)."""
+        if n < 1 or len(self) % n:
+            raise ValueError(
+                f"cannot chunk a batch of {len(self)} samples into {n} equal pieces; "
+                f"make the batch size a multiple of {n} or use split_by_sizes"
+            )
+        return self.split_by_sizes([len(self) // n] * n)
+
+    @staticmethod
+    def concat(batches: Sequence[Batch]) -> Batch:
+        """Stack batches with identical keys along B; ``meta`` is taken from the first (as verl does)."""
+        if not batches:
+            raise ValueError("Batch.concat needs at least one batch")
+        keys = batches[0].keys()
+        for i, batch in enumerate(batches[1:], start=1):
+            if sorted(batch.keys()) != sorted(keys):
+                raise ValueError(f"Batch.concat: batch {i} has keys {batch.keys()}, batch 0 has {keys}")
+        first = batches[0]
+        tensors = {k: torch.cat([b[k] for b in batches]) for k in first._tensors}
+        non_tensors = {k: np.concatenate([b[k] for b in batches]) for k in first._non_tensors}
+        return Batch(tensors, non_tensors, dict(first.meta))
+
+    def __repr__(self) -> str:
+        tensors = ", ".join(f"{k}: {list(v.shape)} {str(v.dtype)[len('torch.'):]}" for k, v in self._tensors.items())
+        non_tensors = ", ".join(f"{k}: [{len(v)}] {v.dtype}" for k, v in self._non_tensors.items())
+        meta = ", ".join(f"{k}={v!r}" if np.isscalar(v) else f"{k}=<{type(v).__name__}>" for k, v in self.meta.items())
+        return f"Batch(B={len(self)}, tensors={{{tensors}}}, non_tensors={{{non_tensors}}}, meta={{{meta}}})"

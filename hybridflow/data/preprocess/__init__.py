@@ -1,0 +1,16 @@
+"""Preprocess scripts: public datasets and generated tasks -> verl-schema parquet.
+
+Each is a module with ``main(argv)`` and a ``python -m`` entry point, and writes
+``train.parquet`` and ``test.parquet`` into ``--local_save_dir`` (alias ``--local_dir``):
+
+* ``python -m hybridflow.data.preprocess.gsm8k [--local_dataset_path PATH] --local_save_dir DIR``
+  — GSM8K from a local jsonl/parquet copy or the hub.
+* ``python -m hybridflow.data.preprocess.reasoning_gym --task NAME --size N [--test_size M]
+  [--seed S] [--config key=value ...] [--instruction TEXT] --local_save_dir DIR``
+  — a reasoning-gym task generated offline.
+"""
+
+SCRIPTS = {
+    "gsm8k": "hybridflow.data.preprocess.gsm8k",
+    "reasoning_gym": "hybridflow.data.preprocess.reasoning_gym",
+}

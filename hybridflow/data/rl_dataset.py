@@ -1,0 +1,182 @@
+"""RL prompt dataset: verl's parquet/jsonl rows -> templated, length-checked prompt ids.
+
+Each row holds ``prompt`` (a list of chat messages), ``data_source``, ``ability``,
+``reward_model = {style, ground_truth}`` and ``extra_info`` (verl's schema). The prompt
+is rendered with the tokenizer's chat template (``add_generation_prompt=True``) and
+tokenised once, up front: filtering overlong prompts needs every length anyway, and
+``__getitem__`` then costs nothing. :func:`collate_prompts` left-pads a list of samples
+into ``input_ids / attention_mask / position_ids`` of shape ``[B, P]`` plus per-sample
+lists the reward stage needs.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from functools import partial
+from typing import Any
+
+import numpy as np
+import torch
+
+from hybridflow.data.chat import encode, render, validate_messages
+from hybridflow.data.files import read_rows, require_columns
+from hybridflow.data.padding import pad_sequences, position_ids_from_mask
+from hybridflow.data.truncation import check_truncation, truncate
+from hybridflow.errors import DataError
+
+logger = logging.getLogger(__name__)
+
+RL_TRUNCATIONS = ("error", "left", "right", "middle")
+
+
+def subsample(num_rows: int, *, max_samples: int, shuffle: bool, seed: int) -> list[int]:
+    """Row ids to keep: all (``max_samples=-1``), the first N, or N drawn with ``seed``."""
+    if max_samples < 0 or max_samples >= num_rows:
+        return list(range(num_rows))
+    if shuffle:
+        return sorted(np.random.default_rng(seed).choice(num_rows, size=max_samples, replace=False).tolist())
+    return list(range(max_samples))
+
+
+class RLDataset(torch.utils.data.Dataset):
+    """Prompts for rollout; ``dataset[i]`` is a dict with ``prompt_ids`` (unpadded) and the row's fields.
+
+    Args mirror verl's ``data.*`` keys: ``prompt_key``, ``max_prompt_length``,
+    ``filter_overlong_prompts`` (drop rows whose templated prompt is longer; the count
+    is in ``num_filtered``), ``truncation`` ('error' | 'left' | 'right' | 'middle', for
+    prompts still too long), ``max_samples`` (-1 = all; with ``shuffle`` a seeded random
+    subset), ``return_raw_chat`` and ``apply_chat_template_kwargs``.
+    """
+
+    def __init__(
+        self,
+        files: str | Sequence[str],
+        tokenizer,
+        *,
+        prompt_key: str = "prompt",
+        max_prompt_length: int = 512,
+        filter_overlong_prompts: bool = False,
+        truncation: str = "error",
+        max_samples: int = -1,
+        shuffle: bool = False,
+        seed: int = 1,
+        return_raw_chat: bool = False,
+        apply_chat_template_kwargs: dict | None = None,
+    ):
+        check_truncation(truncation, allowed=RL_TRUNCATIONS, config_key="data.truncation")
+        self.tokenizer = tokenizer
+        self.prompt_key = prompt_key
+        self.max_prompt_length = max_prompt_length
+        self.truncation = truncation
+        self.return_raw_chat = return_raw_chat
+        self.template_kwargs = dict(apply_chat_template_kwargs or {})
+        self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        rows = read_rows(files)
+        require_columns(rows, {prompt_key: "data.prompt_key"}, source=f"data file(s) {files!r}")
+        row_ids = subsample(len(rows), max_samples=max_samples, shuffle=shuffle, seed=seed)
+        prompt_ids = [self._tokenize_prompt(rows[i], row_index=i) for i in row_ids]
+        kept = self._drop_overlong(row_ids, prompt_ids) if filter_overlong_prompts else list(range(len(row_ids)))
+        self.num_filtered = len(row_ids) - len(kept)
+        if not kept:
+            raise DataError(self._empty_message(num_rows=len(row_ids), files=files))
+        if self.num_filtered:
+            logger.warning(
+                "dropped %d of %d prompts longer than data.max_prompt_length=%d",
+                self.num_filtered,
+                len(row_ids),
+                max_prompt_length,
+            )
+        self.rows = [rows[row_ids[k]] for k in kept]
+        self.row_ids = [row_ids[k] for k in kept]
+        self.prompt_ids = [self._fit(prompt_ids[k], row_index=row_ids[k]) for k in kept]
+
+    def _tokenize_prompt(self, row: dict[str, Any], *, row_index: int) -> list[int]:
+        messages = validate_messages(row[self.prompt_key], row_index=row_index, config_key="data.prompt_key")
+        return encode(
+            self.tokenizer,
+            render(self.tokenizer, messages, add_generation_prompt=True, template_kwargs=self.template_kwargs),
+        )
+
+    def _drop_overlong(self, row_ids: list[int], prompt_ids: list[list[int]]) -> list[int]:
+        return [k for k in range(len(row_ids)) if len(prompt_ids[k]) <= self.max_prompt_length]
+
+    def _fit(self, ids: list[int], *, row_index: int) -> list[int]:
+        fix = (
+            "raise data.max_prompt_length, set data.filter_overlong_prompts=True, "
+            "or data.truncation='left'|'right'|'middle'"
+        )
+        return truncate(
+            ids,
+            max_length=self.max_prompt_length,
+            mode=self.truncation,
+            row_index=row_index,
+            what="prompt",
+            limit_key="data.max_prompt_length",
+            fix=fix,
+        )
+
+    def _empty_message(self, *, num_rows: int, files) -> str:
+        if num_rows == 0:
+            return f"0 rows in data file(s) {files!r}; point data.train_files / data.val_files at a non-empty file"
+        return (
+            f"0 of {num_rows} rows left: {self.num_filtered} longer than "
+            f"data.max_prompt_length={self.max_prompt_length} "
+            "(set data.filter_overlong_prompts=False or raise max_prompt_length)"
+        )
+
+    def __len__(self) -> int:
+        return len(self.prompt_ids)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        row = self.rows[index]
+        extra_info = row.get("extra_info") or {}
+        reward_model = row.get("reward_model") or {}
+        sample = {
+            "prompt_ids": self.prompt_ids[index],
+            "data_source": row.get("data_source"),
+            "ability": row.get("ability"),
+            "reward_model": reward_model,
+            "ground_truth": reward_model.get("ground_truth"),
+            "extra_info": extra_info,
+            "index": extra_info.get("index", self.row_ids[index]),
+            "uid": str(self.row_ids[index]),
+        }
+        if self.return_raw_chat:
+            sample["raw_prompt"] = row[self.prompt_key]
+        return sample
+
+    @property
+    def collate_fn(self):
+        """:func:`collate_prompts` bound to this tokenizer's pad id."""
+        return partial(collate_prompts, pad_token_id=self.pad_token_id)
+
+
+PER_SAMPLE_KEYS = ("data_source", "ability", "reward_model", "ground_truth", "extra_info", "index", "uid", "raw_prompt")
+
+
+def collate_prompts(
+    samples: Sequence[dict[str, Any]], *, pad_token_id: int, pad_to: int | None = None
+) -> dict[str, Any]:
+    """Left-pad prompts into a batch.
+
+    Returns ``input_ids [B, P]``, ``attention_mask [B, P]`` (1 on real tokens),
+    ``position_ids [B, P]`` (cumsum(mask) - 1, clamped at 0), with ``P = pad_to`` or
+    the longest prompt; ``raw_prompt_ids`` (unpadded id lists) and one list per
+    field in ``PER_SAMPLE_KEYS`` present in the samples.
+    """
+    prompt_ids = [sample["prompt_ids"] for sample in samples]
+    input_ids = pad_sequences(prompt_ids, pad_value=pad_token_id, side="left", length=pad_to)
+    lengths = torch.tensor([len(ids) for ids in prompt_ids])
+    width = input_ids.shape[1]
+    attention_mask = (torch.arange(width).unsqueeze(0) >= (width - lengths).unsqueeze(1)).long()
+    batch: dict[str, Any] = {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "position_ids": position_ids_from_mask(attention_mask),
+        "raw_prompt_ids": [list(ids) for ids in prompt_ids],
+    }
+    for key in PER_SAMPLE_KEYS:
+        if key in samples[0]:
+            batch[key] = [sample[key] for sample in samples]
+    return batch

@@ -1,0 +1,91 @@
+"""Routing a row's ``data_source`` to its scorer.
+
+A scorer registered here takes verl's reward-function signature
+``(data_source, solution_str, ground_truth, extra_info=None) -> float | dict``.
+Built-in scorers register themselves when their module is imported; every
+reasoning-gym task name (the package's own dataset registry) routes to the
+reasoning-gym scorer without being listed one by one.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable
+
+from hybridflow.errors import DataError
+
+Scorer = Callable[..., Any]
+
+_SCORERS: dict[str, Scorer] = {}
+_BUILTIN_MODULES = ("gsm8k", "math", "code")
+_builtins_loaded = False
+
+
+def register_scorer(*data_sources: str) -> Callable[[Scorer], Scorer]:
+    """Decorator: route each of ``data_sources`` to the decorated scorer.
+
+    Example::
+
+        @register_scorer("my_org/my_task")
+        def score_my_task(data_source, solution_str, ground_truth, extra_info=None):
+            return float(solution_str.strip() == ground_truth)
+    """
+    if not data_sources:
+        raise ValueError("register_scorer needs at least one data_source name")
+
+    def decorate(fn: Scorer) -> Scorer:
+        for source in data_sources:
+            existing = _SCORERS.get(source)
+            if existing is not None and existing is not fn:
+                raise ValueError(f"data_source {source!r} already routed to {existing.__module__}.{existing.__name__}")
+            _SCORERS[source] = fn
+        return fn
+
+    return decorate
+
+
+def _load_builtin_scorers() -> None:
+    # Imported on first use, not at package import: the scorer modules pull in
+    # math-verify and friends, which a process that only places scores never needs.
+    global _builtins_loaded
+    if not _builtins_loaded:
+        for name in _BUILTIN_MODULES:
+            importlib.import_module(f"hybridflow.rewards.{name}")
+        _builtins_loaded = True
+
+
+def registered_data_sources() -> list[str]:
+    """Data sources with an explicitly registered scorer (reasoning-gym tasks excluded)."""
+    _load_builtin_scorers()
+    return sorted(_SCORERS)
+
+
+def get_scorer(data_source: str) -> Scorer:
+    """The scorer for ``data_source``.
+
+    Raises:
+        DataError: no scorer knows this data source.
+    """
+    _load_builtin_scorers()
+    if data_source in _SCORERS:
+        return _SCORERS[data_source]
+    from hybridflow.rewards import reasoning_gym as rg_scorer
+
+    if rg_scorer.is_reasoning_gym_task(data_source):
+        return rg_scorer.score_row
+    known = ", ".join(registered_data_sources())
+    raise DataError(
+        f"no reward scorer for data_source {data_source!r}; known sources: {known}, and any reasoning-gym "
+        "task name. Set custom_reward_function.path (and .name) to a .py file whose function scores this source."
+    )
+
+
+def default_compute_score(
+    data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None, **kwargs
+):
+    """verl's ``default_compute_score``: score one response with its data source's scorer.
+
+    Extra keyword arguments (a manager's ``reward_kwargs``) are passed to the scorer.
+    """
+    scorer = get_scorer(data_source)
+    return scorer(data_source, solution_str, ground_truth, extra_info, **kwargs)

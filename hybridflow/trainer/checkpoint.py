@@ -1,0 +1,266 @@
+"""Checkpoint save / resume / rotation in verl's layout, crash-safe.
+
+Layout under ``trainer.default_local_dir``::
+
+    global_step_{N}/
+        actor/  critic/  ...           one directory per component (see checkpoint_components.py)
+        data.pt                        ``extra``: dataloader state and other trainer state
+        checkpoint_complete.json       completion marker, written last inside the step
+    latest_checkpointed_iteration.txt  "N", written after the step directory is in place
+
+Crash safety, in write order:
+
+1. the step is written into ``global_step_{N}.tmp-{pid}`` (a name resume never matches),
+   every file fsynced, the completion marker last;
+2. the directory is renamed to ``global_step_{N}`` (an atomic rename on one filesystem);
+3. the tracker is written to a temp file, fsynced and ``os.replace``-d into place.
+
+A crash at any point leaves the tracker naming the previous complete step, and any
+directory without the marker (torn by a crash, or copied partially) is never resumed
+from in ``auto`` mode.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from hybridflow.errors import ConfigError, ModelError
+from hybridflow.trainer.checkpoint_components import Checkpointable, HasStateDict, as_component
+
+logger = logging.getLogger(__name__)
+
+TRACKER_FILE = "latest_checkpointed_iteration.txt"
+COMPLETE_MARKER = "checkpoint_complete.json"
+EXTRA_FILE = "data.pt"
+STEP_DIR = re.compile(r"^global_step_(\d+)$")
+LEFTOVER_DIR = re.compile(r"^global_step_\d+\.(?:tmp|old)-(\d+)$")
+RESUME_MODES = ("auto", "disable", "resume_path")
+
+
+def step_dir(root: str, step: int) -> str:
+    return os.path.join(root, f"global_step_{step}")
+
+
+# ---- durable file-system primitives ---------------------------------------------------
+
+
+def _fsync_path(path: str) -> None:
+    """fsync a file or a directory (a directory fsync makes renames inside it durable)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(root: str) -> None:
+    for directory, _, files in os.walk(root):
+        for name in files:
+            _fsync_path(os.path.join(directory, name))
+        _fsync_path(directory)
+
+
+def write_text_atomic(path: str, text: str) -> None:
+    """Replace ``path`` with ``text`` so that readers see the old or the new content, never a torn one."""
+    temp = f"{path}.tmp-{os.getpid()}"
+    with open(temp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(temp, path)
+    _fsync_path(os.path.dirname(os.path.abspath(path)))
+
+
+def _write_tracker(root: str, step: int) -> None:
+    write_text_atomic(os.path.join(root, TRACKER_FILE), str(step))
+
+
+# ---- discovery ------------------------------------------------------------------------
+
+
+def is_complete(path: str) -> bool:
+    """A step directory counts only with its real name and the completion marker inside."""
+    return STEP_DIR.match(os.path.basename(os.path.normpath(path))) is not None and os.path.isfile(
+        os.path.join(path, COMPLETE_MARKER)
+    )
+
+
+def complete_steps(root: str) -> dict[int, str]:
+    """``{step: path}`` of every complete step directory under ``root``."""
+    if not os.path.isdir(root):
+        return {}
+    found = {}
+    for name in os.listdir(root):
+        match = STEP_DIR.match(name)
+        if match and is_complete(os.path.join(root, name)):
+            found[int(match.group(1))] = os.path.join(root, name)
+    return found
+
+
+def _tracked_step(root: str) -> int | None:
+    try:
+        with open(os.path.join(root, TRACKER_FILE), encoding="utf-8") as f:
+            return int(f.read().strip())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def _find_auto(root: str) -> str | None:
+    """The tracker's step if complete; else the newest complete step, with a warning; else None."""
+    tracked = _tracked_step(root)
+    if tracked is not None and is_complete(step_dir(root, tracked)):
+        return step_dir(root, tracked)
+    steps = complete_steps(root)
+    if tracked is None:
+        problem = "is missing or unreadable"
+    else:
+        problem = f"names global_step_{tracked}, which is missing or incomplete"
+    if not steps:
+        if tracked is not None:
+            logger.warning("%s under %s %s; starting fresh", TRACKER_FILE, root, problem)
+        return None
+    newest = steps[max(steps)]
+    logger.warning("%s under %s %s; resuming from the newest complete step %s", TRACKER_FILE, root, problem, newest)
+    return newest
+
+
+def find_resume_checkpoint(root: str, resume_mode: str = "auto", resume_from_path: str | None = None) -> str | None:
+    """The step directory to resume from (``trainer.resume_mode``), or None to start fresh.
+
+    - ``disable``: always None.
+    - ``auto``: the step named by the tracker; if the tracker is missing or names a missing
+      or incomplete step, the newest complete ``global_step_*`` (with a warning).
+    - ``resume_path``: ``resume_from_path``, which must be an existing ``global_step_N``
+      directory (checkpoints written by verl, which have no completion marker, load this way).
+    """
+    if resume_mode not in RESUME_MODES:
+        raise ConfigError(f"trainer.resume_mode={resume_mode!r} is not one of {list(RESUME_MODES)}")
+    if resume_mode == "disable":
+        return None
+    if resume_mode == "auto":
+        return _find_auto(root)
+    if not resume_from_path or not os.path.isdir(resume_from_path):
+        raise ConfigError(
+            f"trainer.resume_mode=resume_path needs trainer.resume_from_path to be an existing "
+            f"global_step_N directory; got {resume_from_path!r}"
+        )
+    if not STEP_DIR.match(os.path.basename(os.path.normpath(resume_from_path))):
+        raise ConfigError(f"trainer.resume_from_path={resume_from_path!r} must name a global_step_N directory")
+    if not is_complete(resume_from_path):
+        logger.warning("%s has no %s; loading it anyway as asked", resume_from_path, COMPLETE_MARKER)
+    return resume_from_path
+
+
+def step_of(path: str) -> int:
+    match = STEP_DIR.match(os.path.basename(os.path.normpath(path)))
+    if match is None:
+        raise ConfigError(f"{path!r} is not a global_step_N checkpoint directory")
+    return int(match.group(1))
+
+
+# ---- save / load / rotate -------------------------------------------------------------
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove_leftovers(root: str) -> None:
+    """Delete temp/old step directories left by writers that died mid-save."""
+    for name in os.listdir(root):
+        match = LEFTOVER_DIR.match(name)
+        if match and not _pid_alive(int(match.group(1))):
+            logger.warning("removing %s left by an interrupted checkpoint save", name)
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+
+
+def _write_step(temp: str, step: int, components: Mapping[str, Checkpointable], extra: Mapping[str, Any]) -> None:
+    os.makedirs(temp)
+    for name, component in components.items():
+        os.makedirs(os.path.join(temp, name))
+        component.save_to(os.path.join(temp, name))
+    torch.save(dict(extra), os.path.join(temp, EXTRA_FILE))
+    _fsync_tree(temp)
+    marker = {"step": step, "components": sorted(components), "saved_at": time.time()}
+    write_text_atomic(os.path.join(temp, COMPLETE_MARKER), json.dumps(marker))
+
+
+def _publish(temp: str, final: str) -> None:
+    """Rename ``temp`` to ``final``; an existing ``final`` (a re-saved step) is swapped out first."""
+    if os.path.exists(final):
+        old = f"{final}.old-{os.getpid()}"
+        os.rename(final, old)
+        os.rename(temp, final)
+        shutil.rmtree(old)
+    else:
+        os.rename(temp, final)
+    _fsync_path(os.path.dirname(final))
+
+
+def rotate_checkpoints(root: str, max_to_keep: int | None, keep: str) -> list[str]:
+    """Delete the oldest complete steps so at most ``max_to_keep`` remain, never ``keep``; returns the deleted paths."""
+    if not max_to_keep or max_to_keep <= 0:
+        return []
+    others = sorted((s, p) for s, p in complete_steps(root).items() if os.path.abspath(p) != os.path.abspath(keep))
+    doomed = [path for _, path in others[: max(0, len(others) - (max_to_keep - 1))]]
+    for path in doomed:
+        shutil.rmtree(path)
+    return doomed
+
+
+def save_checkpoint(
+    root: str,
+    step: int,
+    components: Mapping[str, Checkpointable | HasStateDict],
+    extra: Mapping[str, Any] | None = None,
+    max_to_keep: int | None = None,
+) -> str:
+    """Save ``components`` (``{"actor": ..., "critic": ...}``) and ``extra`` as step ``step``; returns its directory.
+
+    ``extra`` (dataloader state, KL-controller state, ...) goes to ``data.pt``. After the
+    tracker names the new step, the oldest complete steps beyond ``max_to_keep`` are
+    deleted (None or <= 0 keeps all).
+    """
+    os.makedirs(root, exist_ok=True)
+    _remove_leftovers(root)
+    temp, final = f"{step_dir(root, step)}.tmp-{os.getpid()}", step_dir(root, step)
+    shutil.rmtree(temp, ignore_errors=True)
+    _write_step(temp, step, {name: as_component(c) for name, c in components.items()}, extra or {})
+    _publish(temp, final)
+    _write_tracker(root, step)
+    rotate_checkpoints(root, max_to_keep, keep=final)
+    return final
+
+
+def load_checkpoint(
+    path: str, components: Mapping[str, Checkpointable | HasStateDict]
+) -> tuple[int, dict[str, Any]]:
+    """Restore ``components`` from step directory ``path``; returns ``(step, extra)``.
+
+    ``data.pt`` is unpickled with ``weights_only=False`` (dataloader states hold Python
+    objects): only resume from checkpoints you trust.
+    """
+    step = step_of(path)
+    for name, component in components.items():
+        directory = os.path.join(path, name)
+        if not os.path.isdir(directory):
+            raise ModelError(f"checkpoint {path} has no {name!r} component (found {sorted(os.listdir(path))})")
+        as_component(component).load_from(directory)
+    extra_path = os.path.join(path, EXTRA_FILE)
+    extra = torch.load(extra_path, weights_only=False) if os.path.isfile(extra_path) else {}
+    return step, extra

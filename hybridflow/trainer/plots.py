@@ -1,0 +1,75 @@
+"""Training curves as PNG files: reward, response length, KL, entropy and validation score vs step.
+
+Drawn with matplotlib's object API on the Agg canvas (no pyplot global state, no display),
+so it is safe at the end of a run on a headless machine.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from hybridflow.trainer.summary import VALIDATION_PREFIX, metric_series
+
+History = Sequence[Mapping[str, float]]
+
+
+@dataclass(frozen=True)
+class Curve:
+    """One figure: its file name, title, y label and the metric keys it draws (a function of the history)."""
+
+    filename: str
+    title: str
+    ylabel: str
+    keys: Callable[[History], list[str]]
+
+
+def _fixed(*names: str) -> Callable[[History], list[str]]:
+    return lambda history: list(names)
+
+
+def _validation_keys(history: History) -> list[str]:
+    return sorted({key for row in history for key in row if key.startswith(VALIDATION_PREFIX)})
+
+
+CURVES = (
+    Curve("reward.png", "Training reward", "critic/score/mean", _fixed("critic/score/mean")),
+    Curve("response_length.png", "Response length", "tokens", _fixed("response_length/mean")),
+    Curve("kl.png", "KL divergence", "KL (nats)", _fixed("actor/ppo_kl", "actor/kl_loss", "critic/kl")),
+    Curve("entropy.png", "Policy entropy", "entropy (nats)", _fixed("actor/entropy")),
+    Curve("val_score.png", "Validation score", "score", _validation_keys),
+)
+
+
+def _draw(curve: Curve, series: dict[str, tuple[list[int], list[float]]], path: str) -> None:
+    figure = Figure(figsize=(6, 4), dpi=100, layout="tight")
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot()
+    for key, (steps, values) in series.items():
+        axes.plot(steps, values, marker="o" if len(steps) < 30 else None, markersize=3, label=key)
+    axes.set_title(curve.title)
+    axes.set_xlabel("step")
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
+    axes.set_ylabel(curve.ylabel)
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize="small")
+    figure.savefig(path)
+
+
+def plot_curves(history: History, out_dir: str) -> list[str]:
+    """Write one PNG per curve that has data into ``out_dir``; returns their paths (curves without data are skipped)."""
+    os.makedirs(out_dir, exist_ok=True)
+    paths = []
+    for curve in CURVES:
+        series = {key: metric_series(history, key) for key in curve.keys(history)}
+        series = {key: points for key, points in series.items() if points[0]}
+        if series:
+            path = os.path.join(out_dir, curve.filename)
+            _draw(curve, series, path)
+            paths.append(path)
+    return paths

@@ -1,0 +1,261 @@
+"""Experiment tracking: one ``Tracking`` object fans each step's metrics out to the configured backends.
+
+Backends are chosen by name (``trainer.logger=['console','file']``, verl's names) from a
+registry; each is a small class with ``log(metrics, step)`` and ``finish()``. Optional
+packages (wandb, mlflow) are imported only when their backend is asked for.
+
+Where each backend writes (``local_dir`` is the run's log directory):
+
+- ``console``: a compact line per step through ``tqdm.write`` (so it does not break an
+  active progress bar); all metrics at DEBUG level on the ``hybridflow.tracking`` logger.
+- ``file``: ``{local_dir}/metrics.jsonl``, one ``{"step": N, ...}`` line per step, flushed
+  and appended (a resumed run continues the same file).
+- ``tensorboard``: event files under ``{local_dir}/tensorboard``.
+- ``wandb``: run files under ``{local_dir}/wandb``. The mode is ``$WANDB_MODE`` when set;
+  otherwise ``online`` if ``$WANDB_API_KEY`` is set and ``offline`` if not, so a laptop
+  without an account or network still records the run (``wandb sync`` uploads it later).
+- ``mlflow``: ``$MLFLOW_TRACKING_URI`` when set, else the local file store
+  ``file:{local_dir}/mlruns`` (``MLFLOW_ALLOW_FILE_STORE=true`` is set for it, since
+  MLflow 3 otherwise refuses the file store; point ``MLFLOW_TRACKING_URI`` at
+  ``sqlite:///...`` or a server to use a database instead).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import logging
+import math
+import os
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Protocol
+
+from tqdm import tqdm
+
+from hybridflow.errors import ConfigError
+
+logger = logging.getLogger("hybridflow.tracking")
+
+# (metric, short label) shown on the console line, in this order, when present.
+CONSOLE_METRICS = (
+    ("critic/score/mean", "score"),
+    ("response_length/mean", "resp_len"),
+    ("actor/pg_loss", "pg_loss"),
+    ("actor/entropy", "entropy"),
+    ("actor/ppo_kl", "ppo_kl"),
+    ("timing_s/step", "step_s"),
+)
+
+
+class TrackingBackend(Protocol):
+    def log(self, metrics: Mapping[str, float], step: int) -> None: ...
+
+    def finish(self) -> None: ...
+
+
+BackendFactory = Callable[..., TrackingBackend]
+_BACKENDS: dict[str, BackendFactory] = {}
+
+
+def register_backend(name: str) -> Callable[[BackendFactory], BackendFactory]:
+    """Register a backend under ``name``, built with keywords project_name, experiment_name, config, local_dir."""
+
+    def decorate(factory: BackendFactory) -> BackendFactory:
+        _BACKENDS[name] = factory
+        return factory
+
+    return decorate
+
+
+def available_backends() -> list[str]:
+    return sorted(_BACKENDS)
+
+
+def _import_optional(package: str):
+    """Import an optional package or raise a one-line ConfigError that says how to install it."""
+    try:
+        return importlib.import_module(package)
+    except ImportError as error:
+        raise ConfigError(
+            f"trainer.logger includes {package!r} but {package} is not installed: pip install 'hybridflow[{package}]'"
+        ) from error
+
+
+def _as_float(value: Any) -> float:
+    """Metrics arrive as Python, numpy or 0-d torch numbers; backends want plain floats."""
+    return float(value.item() if hasattr(value, "item") else value)
+
+
+def _flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` for backends whose params are flat."""
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(_flatten(value, prefix=f"{name}."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def format_console_line(metrics: Mapping[str, float], step: int) -> str:
+    """``step 3 | score 0.25 | resp_len 41.5 | ...``: the headline metrics that are present, 4 significant digits."""
+    parts = [f"step {step}"]
+    parts += [f"{label} {metrics[key]:.4g}" for key, label in CONSOLE_METRICS if key in metrics]
+    return " | ".join(parts)
+
+
+@register_backend("console")
+class ConsoleBackend:
+    def __init__(self, **_: Any):
+        pass
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        tqdm.write(format_console_line(metrics, step))
+        logger.debug("step %d metrics: %s", step, json.dumps(dict(metrics), sort_keys=True))
+
+    def finish(self) -> None:
+        pass
+
+
+@register_backend("file")
+class JsonlBackend:
+    """verl's ``file`` logger: append ``{"step": N, **metrics}`` per step to ``{local_dir}/metrics.jsonl``."""
+
+    def __init__(self, *, local_dir: str, **_: Any):
+        os.makedirs(local_dir, exist_ok=True)
+        self.path = os.path.join(local_dir, "metrics.jsonl")
+        self._file = open(self.path, "a", encoding="utf-8")
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        self._file.write(json.dumps({"step": step, **metrics}) + "\n")
+        self._file.flush()  # a crash after this step must not lose its line
+
+    def finish(self) -> None:
+        self._file.close()
+
+
+@register_backend("tensorboard")
+class TensorboardBackend:
+    def __init__(self, *, local_dir: str, config: Mapping[str, Any], **_: Any):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.log_dir = os.path.join(local_dir, "tensorboard")
+        self._writer = SummaryWriter(log_dir=self.log_dir)
+        self._writer.add_text("config", json.dumps(config, indent=2, default=str))
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        for key, value in metrics.items():
+            self._writer.add_scalar(key, value, global_step=step)
+        self._writer.flush()
+
+    def finish(self) -> None:
+        self._writer.close()
+
+
+def wandb_mode(environ: Mapping[str, str]) -> str:
+    """``$WANDB_MODE`` if set; else online with an API key, offline without (no network needed)."""
+    if environ.get("WANDB_MODE"):
+        return environ["WANDB_MODE"]
+    return "online" if environ.get("WANDB_API_KEY") else "offline"
+
+
+@register_backend("wandb")
+class WandbBackend:
+    def __init__(self, *, project_name: str, experiment_name: str, config: Mapping[str, Any], local_dir: str):
+        wandb = _import_optional("wandb")
+        os.makedirs(local_dir, exist_ok=True)
+        self._run = wandb.init(
+            project=project_name, name=experiment_name, config=dict(config), dir=local_dir, mode=wandb_mode(os.environ)
+        )
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        self._run.log(dict(metrics), step=step)
+
+    def finish(self) -> None:
+        self._run.finish()
+
+
+def mlflow_metric_name(name: str) -> str:
+    """MLflow rejects ``@`` in metric names (``val-core/x/reward/mean@4``); spell it ``_at_`` as verl does."""
+    return name.replace("@", "_at_")
+
+
+@register_backend("mlflow")
+class MlflowBackend:
+    def __init__(self, *, project_name: str, experiment_name: str, config: Mapping[str, Any], local_dir: str):
+        self._mlflow = _import_optional("mlflow")
+        uri = os.environ.get("MLFLOW_TRACKING_URI")
+        if not uri:
+            uri = "file:" + os.path.abspath(os.path.join(local_dir, "mlruns"))
+            # MLflow >= 3.x refuses the file store (maintenance mode) unless this opt-out is set.
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        self._mlflow.set_tracking_uri(uri)
+        self._mlflow.set_experiment(project_name)
+        self._mlflow.start_run(run_name=experiment_name)
+        # MLflow caps a param value at a few thousand characters; config values are short.
+        self._mlflow.log_params({k: str(v)[:500] for k, v in _flatten(config).items()})
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        self._mlflow.log_metrics({mlflow_metric_name(k): v for k, v in metrics.items()}, step=step)
+
+    def finish(self) -> None:
+        self._mlflow.end_run()
+
+
+class Tracking:
+    """Send each step's metrics to every backend in ``backends`` and keep them in ``history``.
+
+    Args:
+        project_name / experiment_name: ``trainer.project_name`` / ``trainer.experiment_name``.
+        backends: names from :func:`available_backends` (``trainer.logger``).
+        config: the resolved run config (plain dict), recorded by backends that store it.
+        local_dir: where file-based backends write.
+    """
+
+    def __init__(
+        self,
+        project_name: str,
+        experiment_name: str,
+        backends: list[str] | str,
+        config: Mapping[str, Any] | None = None,
+        local_dir: str = "tracking",
+    ):
+        names = [backends] if isinstance(backends, str) else list(backends)
+        unknown = [name for name in names if name not in _BACKENDS]
+        if unknown:
+            raise ConfigError(f"unknown trainer.logger backend(s) {unknown}; choose from {available_backends()}")
+        self.history: list[dict[str, float]] = []
+        self._progress: tqdm | None = None
+        settings = dict(project_name=project_name, experiment_name=experiment_name, local_dir=local_dir)
+        self._backends = [
+            _BACKENDS[name](config=dict(config or {}), **settings)
+            for name in dict.fromkeys(names)  # ordered, de-duplicated
+        ]
+
+    def log(self, metrics: Mapping[str, Any], step: int) -> None:
+        """Record ``metrics`` for ``step`` (numbers of any kind; NaN/inf are kept so problems stay visible)."""
+        values = {key: _as_float(value) for key, value in metrics.items()}
+        self.history.append({"step": step, **values})
+        for backend in self._backends:
+            backend.log(values, step)
+        if self._progress is not None:
+            self._progress.update(step - self._progress.n)
+            if "critic/score/mean" in values and not math.isnan(values["critic/score/mean"]):
+                self._progress.set_postfix(score=f"{values['critic/score/mean']:.3f}", refresh=False)
+
+    @contextlib.contextmanager
+    def progress(self, total_steps: int, initial_step: int = 0) -> Iterator[tqdm]:
+        """A tqdm bar over training steps that ``log`` advances; the console backend prints above it."""
+        bar = tqdm(total=total_steps, initial=initial_step, desc="training", unit="step", dynamic_ncols=True)
+        self._progress = bar
+        try:
+            yield bar
+        finally:
+            self._progress = None
+            bar.close()
+
+    def finish(self) -> None:
+        for backend in self._backends:
+            backend.finish()

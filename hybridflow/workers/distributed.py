@@ -1,0 +1,40 @@
+"""The data-parallel context a worker sees: world size and global sums.
+
+Workers never touch the device mesh directly; they ask this object for the global
+token / sequence counts that the losses in hybridflow.algos take as arguments. The
+local (single-process) context is the identity; the distributed one all-reduces.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class DataParallel:
+    """World size and rank of the data-parallel group; ``group`` is a torch process group or None."""
+
+    world_size: int = 1
+    rank: int = 0
+    group: object | None = None
+
+    def all_reduce_sum(self, value: torch.Tensor) -> torch.Tensor:
+        """Sum of ``value`` over the group (identity when world_size == 1)."""
+        if self.world_size == 1:
+            return value
+        import torch.distributed as dist
+
+        value = value.clone()
+        dist.all_reduce(value, op=dist.ReduceOp.SUM, group=self.group)
+        return value
+
+    def global_counts(self, response_mask: torch.Tensor) -> dict[str, float]:
+        """Valid response tokens and sequences of a mini-batch across all ranks."""
+        local = torch.stack([response_mask.sum().float(), torch.tensor(float(response_mask.shape[0]))])
+        tokens, seqs = self.all_reduce_sum(local.to(response_mask.device)).tolist()
+        return {"tokens": tokens, "seqs": seqs}
+
+
+LOCAL = DataParallel()

@@ -1,0 +1,67 @@
+"""Splitting a worker's batch into optimizer mini-batches and forward micro-batches.
+
+Losses are normalised by *global* counts (tokens or sequences of the whole mini-batch
+across data-parallel ranks), so how a mini-batch is cut into micro-batches never
+changes the gradient: the split below is free to optimise for memory and speed.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from hybridflow.data.batch import Batch
+
+
+def split_by_token_budget(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """Group consecutive sequence indices so that each group's padded size fits ``max_tokens``.
+
+    Padded size = group size x the longest sequence in it (what a padded forward costs).
+    A single sequence longer than the budget gets a group of its own.
+    """
+    groups: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    for i, length in enumerate(lengths):
+        if current and max(longest, length) * (len(current) + 1) > max_tokens:
+            groups.append(current)
+            current, longest = [], 0
+        current.append(i)
+        longest = max(longest, length)
+    if current:
+        groups.append(current)
+    return groups
+
+
+def micro_batches(batch: Batch, *, micro_batch_size: int | None, use_dynamic_bsz: bool = False,
+                  max_token_len: int | None = None) -> list[Batch]:
+    """Fixed-size micro-batches, or token-budget ones when ``use_dynamic_bsz``."""
+    if use_dynamic_bsz:
+        lengths = batch["attention_mask"].sum(-1).tolist()
+        return [batch.index_select(group) for group in split_by_token_budget(lengths, max_token_len)]
+    if micro_batch_size is None or micro_batch_size >= len(batch):
+        return [batch]
+    return batch.split(micro_batch_size)
+
+
+def trim_padding(batch: Batch, *, response_length: int) -> tuple[slice, int]:
+    """Columns of ``input_ids`` that hold any real token in this micro-batch.
+
+    Left padding of prompts and right padding of responses are shared by the whole
+    batch; dropping all-pad columns makes the forward cheaper without changing results.
+    Returns the column slice and the response length inside it.
+    """
+    mask = batch["attention_mask"]
+    used = mask.any(0).nonzero()
+    start = int(used[0]) if used.numel() else 0
+    prompt_len = mask.shape[1] - response_length
+    start = min(start, prompt_len)
+    resp_used = batch["response_mask"].any(0).nonzero()
+    resp_len = int(resp_used[-1]) + 1 if resp_used.numel() else 1
+    return slice(start, prompt_len + resp_len), resp_len
+
+
+def token_count(batch: Batch) -> torch.Tensor:
+    """Number of valid response tokens."""
+    return batch["response_mask"].sum()

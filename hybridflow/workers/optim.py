@@ -1,0 +1,114 @@
+"""AdamW and the learning-rate schedules of verl's ``optim`` sections.
+
+Schedules (multiplier of the peak lr at step s, W warm-up steps, S total steps):
+- warm-up:  (s + 1) / W for s < W (linear, starting above 0 so step 0 trains)
+- constant: 1
+- cosine:   floor + (1 - floor) * 0.5 * (1 + cos(2 pi * cycles * p)), p = (s - W) / (S - W)
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def resolve_warmup_steps(*, warmup_steps: int, warmup_ratio: float, total_steps: int) -> int:
+    """verl's rule: an explicit non-negative ``lr_warmup_steps`` wins over the ratio."""
+    if warmup_steps is not None and warmup_steps >= 0:
+        return warmup_steps
+    return int(warmup_ratio * max(total_steps, 0))
+
+
+def lr_multiplier(step: int, *, warmup_steps: int, total_steps: int, style: str, min_lr_ratio: float = 0.0,
+                  num_cycles: float = 0.5) -> float:
+    """The schedule above, as a pure function of the step."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if style == "constant":
+        return 1.0
+    if style != "cosine":
+        raise ValueError(f"unknown lr schedule {style!r}; use constant or cosine")
+    span = max(1, total_steps - warmup_steps)
+    progress = min(1.0, (step - warmup_steps) / span)
+    floor = min_lr_ratio or 0.0
+    return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(2.0 * math.pi * num_cycles * progress))
+
+
+def build_optimizer(params, *, lr: float, betas, weight_decay: float, eps: float = 1e-8) -> torch.optim.AdamW:
+    """AdamW over the trainable parameters (frozen ones, e.g. a LoRA base, are skipped)."""
+    trainable = [p for p in params if p.requires_grad]
+    return torch.optim.AdamW(trainable, lr=lr, betas=tuple(betas), weight_decay=weight_decay, eps=eps)
+
+
+def build_scheduler(optimizer, *, warmup_steps: int, total_steps: int, style: str, min_lr_ratio: float = 0.0,
+                    num_cycles: float = 0.5) -> torch.optim.lr_scheduler.LambdaLR:
+    """A LambdaLR following ``lr_multiplier``; call ``.step()`` once per training step."""
+    def multiplier(step: int) -> float:
+        return lr_multiplier(step, warmup_steps=warmup_steps, total_steps=total_steps, style=style,
+                             min_lr_ratio=min_lr_ratio, num_cycles=num_cycles)
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, multiplier)
+
+
+def optimizer_from_config(model: torch.nn.Module, optim_cfg, *, total_steps: int):
+    """(optimizer, scheduler) from an ``OptimConfig`` section (PPO actor/critic)."""
+    optimizer = build_optimizer(model.parameters(), lr=optim_cfg.lr, betas=optim_cfg.betas,
+                                weight_decay=optim_cfg.weight_decay, eps=optim_cfg.eps)
+    warmup = resolve_warmup_steps(warmup_steps=optim_cfg.lr_warmup_steps,
+                                  warmup_ratio=optim_cfg.lr_warmup_steps_ratio, total_steps=total_steps)
+    style = optim_cfg.lr_scheduler_type or optim_cfg.warmup_style
+    scheduler = build_scheduler(optimizer, warmup_steps=warmup, total_steps=total_steps, style=style,
+                                min_lr_ratio=optim_cfg.min_lr_ratio or 0.0, num_cycles=optim_cfg.num_cycles)
+    return optimizer, scheduler
+
+
+class TrainState:
+    """A model with its optimizer and schedule: the part of a worker that learns and is checkpointed.
+
+    ``step`` clips the gradient norm and applies the update, unless the loss or the norm
+    is not finite (NaN guard): then the gradients are dropped, the weights and the
+    optimizer state stay as they were, and ``skipped_steps`` counts it.
+    """
+
+    def __init__(self, model: torch.nn.Module, optimizer, scheduler, *, grad_clip: float | None):
+        self.model = model
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.grad_clip = grad_clip
+        self.skipped_steps = 0
+
+    @property
+    def lr(self) -> float:
+        return self.optimizer.param_groups[0]["lr"]
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def step(self, *, loss_value: float) -> float:
+        """Clip + step (or skip); returns the pre-clip gradient norm."""
+        max_norm = self.grad_clip if self.grad_clip and self.grad_clip > 0 else float("inf")
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        if math.isfinite(grad_norm) and math.isfinite(loss_value):
+            self.optimizer.step()
+        else:
+            self.zero_grad()
+            self.skipped_steps += 1
+        return grad_norm
+
+    def state_dict(self) -> dict:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(), "skipped_steps": self.skipped_steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.skipped_steps = state.get("skipped_steps", 0)
+
+
+def train_state_from_config(model: torch.nn.Module, optim_cfg, *, grad_clip: float, total_steps: int) -> TrainState:
+    """TrainState for a PPO actor or critic from its ``optim`` section."""
+    optimizer, scheduler = optimizer_from_config(model, optim_cfg, total_steps=total_steps)
+    return TrainState(model, optimizer, scheduler, grad_clip=grad_clip)

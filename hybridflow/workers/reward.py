@@ -1,0 +1,52 @@
+"""The reward worker: decode responses, score them, place each score on its last token.
+
+A thin adapter between the batch record and a reward manager from hybridflow.rewards
+(which knows nothing about tensors): it produces ``token_level_scores [B, T]`` and the
+reward metrics (failed / timed-out scorer counts, extra per-sample metrics a scorer
+returned in its dict).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from hybridflow.data.batch import Batch
+from hybridflow.rewards import place_scores_on_last_token
+
+
+class RewardWorker:
+    """Rule-based (or user-function) scoring of a generated batch."""
+
+    def __init__(self, *, manager, tokenizer, reward_fn_key: str = "data_source"):
+        self.manager = manager
+        self.tokenizer = tokenizer
+        self.reward_fn_key = reward_fn_key
+
+    def decode_responses(self, batch: Batch) -> list[str]:
+        """Response text without padding or special tokens (what the scorer sees)."""
+        lengths = batch["response_mask"].sum(-1).tolist()
+        ids = batch["responses"]
+        return [self.tokenizer.decode(ids[i, :n].tolist(), skip_special_tokens=True) for i, n in enumerate(lengths)]
+
+    def compute_scores(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, dict[str, float], dict[str, list]]:
+        """(token_level_scores [B, T], scores [B], metrics, per-sample extras) for ``batch``."""
+        texts = self.decode_responses(batch)
+        result = self.manager(
+            texts,
+            list(batch[self.reward_fn_key]),
+            list(batch["ground_truth"]),
+            [dict(e) if isinstance(e, dict) else e for e in batch["extra_info"]],
+            response_lengths=batch["response_mask"].sum(-1).tolist(),
+        )
+        scores = torch.tensor(result.scores, dtype=torch.float32)
+        token_scores = place_scores_on_last_token(scores=scores, response_mask=batch["response_mask"])
+        metrics = {"reward/num_failed": float(result.num_failed), "reward/num_timed_out": float(result.num_timed_out)}
+        for key, values in result.extra.items():
+            finite = [v for v in values if not np.isnan(v)]  # nan marks samples that did not report it
+            if finite:
+                metrics[f"reward/{key}/mean"] = float(np.mean(finite))
+        return token_scores, scores, metrics, {"response_text": texts, **result.extra}
+
+    def close(self) -> None:
+        self.manager.close()

@@ -1,0 +1,65 @@
+import math
+
+import pytest
+import torch
+
+from hybridflow.algos import entropy_from_logits, logprobs_from_logits
+
+
+def test_logprob_and_entropy_by_hand():
+    logits = torch.tensor([[0.0, math.log(3.0)]])  # probs 1/4, 3/4
+    assert logprobs_from_logits(logits=logits, labels=torch.tensor([1])).item() == pytest.approx(math.log(0.75))
+    assert entropy_from_logits(logits=logits).item() == pytest.approx(-(0.25 * math.log(0.25) + 0.75 * math.log(0.75)))
+
+
+@pytest.mark.parametrize("chunk_size", [1, 3, 1024])
+def test_chunking_does_not_change_values_or_gradients(chunk_size):
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 5, 11, generator=gen).requires_grad_(True)
+    labels = torch.randint(0, 11, (2, 5), generator=gen)
+    logp = logprobs_from_logits(logits=logits, labels=labels, chunk_size=chunk_size)
+    entropy = entropy_from_logits(logits=logits, chunk_size=chunk_size)
+    reference_logp = torch.log_softmax(logits, -1).gather(-1, labels[..., None]).squeeze(-1)
+    probs = torch.softmax(logits, -1)
+    reference_entropy = -(probs * torch.log_softmax(logits, -1)).sum(-1)
+    torch.testing.assert_close(logp, reference_logp)
+    torch.testing.assert_close(entropy, reference_entropy)
+    grads = torch.autograd.grad(logp.sum() + entropy.sum(), logits)[0]
+    reference_grads = torch.autograd.grad(reference_logp.sum() + reference_entropy.sum(), logits)[0]
+    torch.testing.assert_close(grads, reference_grads)
+
+
+def test_huge_logits_stay_finite_and_bf16_input_gives_fp32():
+    logits = torch.tensor([[1e4, -1e4, 0.0]], dtype=torch.bfloat16)
+    logp = logprobs_from_logits(logits=logits, labels=torch.tensor([1]))
+    entropy = entropy_from_logits(logits=logits)
+    assert logp.dtype == torch.float32 and entropy.dtype == torch.float32
+    assert logp.item() == pytest.approx(-2e4, rel=1e-2)
+    assert entropy.item() == pytest.approx(0.0, abs=1e-6)
+
+
+def _bytes_saved_for_backward(fn, logits):
+    """Bytes autograd keeps for backward, not counting the logits' own storage."""
+    total = 0
+
+    def pack(tensor):
+        nonlocal total
+        if tensor.untyped_storage().data_ptr() != logits.untyped_storage().data_ptr():
+            total += tensor.numel() * tensor.element_size()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        fn(logits)
+    return total
+
+
+def test_grad_path_keeps_no_fp32_copy_of_the_logits():
+    logits = torch.randn(2, 16, 512, dtype=torch.bfloat16, requires_grad=True)
+    labels = torch.randint(0, 512, (2, 16))
+    fp32_copy = logits.numel() * 4
+    naive = _bytes_saved_for_backward(lambda z: torch.log_softmax(z.float(), -1), logits)
+    assert naive >= fp32_copy  # the cost being avoided
+    assert _bytes_saved_for_backward(lambda z: entropy_from_logits(logits=z, chunk_size=8), logits) < fp32_copy / 100
+    assert _bytes_saved_for_backward(
+        lambda z: logprobs_from_logits(logits=z, labels=labels, chunk_size=8), logits
+    ) < fp32_copy / 100

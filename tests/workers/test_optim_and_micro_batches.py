@@ -1,0 +1,80 @@
+"""LR schedules (hand-computed), the NaN guard, and micro-batch splitting."""
+
+import math
+
+import pytest
+import torch
+
+from hybridflow.workers.micro_batches import split_by_token_budget
+from hybridflow.workers.optim import TrainState, build_optimizer, build_scheduler, lr_multiplier, resolve_warmup_steps
+
+
+def test_warmup_then_constant():
+    assert [lr_multiplier(s, warmup_steps=4, total_steps=10, style="constant") for s in range(6)] == [
+        0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+
+
+def test_cosine_hand_values():
+    # W=2, S=10, floor 0.1, half cosine: p = (s - 2) / 8
+    def expected(s):
+        p = (s - 2) / 8
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * p))
+
+    for s in (2, 4, 6, 10):
+        got = lr_multiplier(s, warmup_steps=2, total_steps=10, style="cosine", min_lr_ratio=0.1)
+        assert got == pytest.approx(expected(s))
+    assert lr_multiplier(10, warmup_steps=2, total_steps=10, style="cosine", min_lr_ratio=0.1) == pytest.approx(0.1)
+
+
+def test_warmup_steps_rule():
+    assert resolve_warmup_steps(warmup_steps=-1, warmup_ratio=0.1, total_steps=50) == 5
+    assert resolve_warmup_steps(warmup_steps=3, warmup_ratio=0.1, total_steps=50) == 3
+
+
+def test_scheduler_follows_multiplier():
+    param = torch.nn.Parameter(torch.zeros(1))
+    opt = build_optimizer([param], lr=1.0, betas=(0.9, 0.999), weight_decay=0.0)
+    sched = build_scheduler(opt, warmup_steps=2, total_steps=4, style="constant")
+    lrs = []
+    for _ in range(3):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert lrs == [0.5, 1.0, 1.0]
+
+
+def _state():
+    model = torch.nn.Linear(2, 1)
+    opt = build_optimizer(model.parameters(), lr=0.1, betas=(0.9, 0.999), weight_decay=0.0)
+    return TrainState(model, opt, build_scheduler(opt, warmup_steps=0, total_steps=1, style="constant"), grad_clip=1.0)
+
+
+def test_nan_guard_skips_the_step_and_keeps_weights():
+    state = _state()
+    before = {k: v.clone() for k, v in state.model.state_dict().items()}
+    loss = state.model(torch.tensor([[float("nan"), 1.0]])).sum()
+    loss.backward()
+    state.step(loss_value=loss.item())
+    assert state.skipped_steps == 1
+    for k, v in state.model.state_dict().items():
+        assert torch.equal(v, before[k])
+    assert all(p.grad is None for p in state.model.parameters())
+    assert not state.optimizer.state  # Adam moments untouched
+
+
+def test_finite_step_clips_and_updates():
+    state = _state()
+    loss = (state.model(torch.tensor([[100.0, 100.0]])) ** 2).sum()
+    loss.backward()
+    grad_norm = state.step(loss_value=loss.item())
+    assert grad_norm > 1.0 and state.skipped_steps == 0
+    assert state.optimizer.state
+
+
+def test_token_budget_groups_consecutive_rows():
+    # padded cost = rows x longest; budget 10
+    assert split_by_token_budget([3, 3, 3, 4, 9, 2], 10) == [[0, 1, 2], [3], [4], [5]]
+    assert split_by_token_budget([12], 10) == [[0]]  # too long alone: its own group
+    groups = split_by_token_budget([1, 2, 3, 4, 5, 6, 7], 12)
+    assert sum(groups, []) == list(range(7))
+    assert all(len(g) * max([1, 2, 3, 4, 5, 6, 7][i] for i in g) <= 12 or len(g) == 1 for g in groups)
