@@ -1,0 +1,101 @@
+"""Load HF causal LMs and tokenizers by local path or hub id (``actor_rollout_ref.model.path``).
+
+One set of path rules for every model role: a local folder is used as is; anything
+else is treated as a hub id, and a failure to resolve it becomes a ``ModelError`` that
+names the path and the two ways to get a model without a hub.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from hybridflow.errors import ConfigError, ModelError
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32, "fp32": torch.float32,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float16": torch.float16, "fp16": torch.float16,
+}
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """``'bf16'`` / ``'bfloat16'`` / ``torch.bfloat16`` -> ``torch.bfloat16`` (and so on)."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ConfigError(f"unknown dtype {dtype!r}; use one of {sorted(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def _missing_model(path: str, cause: Exception) -> ModelError:
+    return ModelError(
+        f"cannot load a model from {path!r} ({type(cause).__name__}); pass an existing HF folder, "
+        f"make a test model with `hybridflow models tiny DIR`, fetch the default with "
+        f"`hybridflow models fetch smollm2-135m-instruct`, or use a hub id where a hub is reachable"
+    )
+
+
+def _from_pretrained(auto_class, path: str, **kwargs):
+    """``auto_class.from_pretrained`` with user-facing errors for paths that do not resolve."""
+    path = os.path.expanduser(str(path))
+    looks_local = path.startswith((".", "/", "~")) or os.path.isabs(path)
+    if looks_local and not os.path.isdir(path):
+        raise _missing_model(path, FileNotFoundError(path))
+    try:
+        return auto_class.from_pretrained(path, **kwargs)
+    except OSError as err:  # transformers raises OSError for unknown ids and offline misses
+        raise _missing_model(path, err) from err
+
+
+def load_config(path: str, *, trust_remote_code: bool = False, override_config: dict | None = None):
+    """The model config with ``override_config`` entries applied (unknown keys are an error)."""
+    from transformers import AutoConfig
+
+    config = _from_pretrained(AutoConfig, path, trust_remote_code=trust_remote_code)
+    for key, value in (override_config or {}).items():
+        if not hasattr(config, key):
+            raise ConfigError(f"override_config key {key!r} is not a field of {type(config).__name__}; "
+                              f"check the spelling against the model's config.json")
+        setattr(config, key, value)
+    return config
+
+
+def load_causal_lm(
+    path: str,
+    *,
+    dtype: str | torch.dtype = "float32",
+    attn_implementation: str | None = None,
+    gradient_checkpointing: bool = False,
+    trust_remote_code: bool = False,
+    override_config: dict | None = None,
+):
+    """An ``AutoModelForCausalLM`` in ``dtype``, optionally with gradient checkpointing."""
+    from transformers import AutoModelForCausalLM
+
+    config = load_config(path, trust_remote_code=trust_remote_code, override_config=override_config)
+    model = _from_pretrained(
+        AutoModelForCausalLM, path, config=config, dtype=resolve_dtype(dtype),
+        attn_implementation=attn_implementation, trust_remote_code=trust_remote_code,
+    )
+    if gradient_checkpointing:
+        enable_gradient_checkpointing(model)
+    return model
+
+
+def enable_gradient_checkpointing(model) -> None:
+    """Recompute activations in backward; non-reentrant so frozen inputs still get gradients."""
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.config.use_cache = False  # a KV cache is useless (and wasted memory) in training
+
+
+def load_tokenizer(path: str, *, trust_remote_code: bool = False, padding_side: str = "left"):
+    """The model's tokenizer; a missing pad token falls back to EOS (as verl does)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = _from_pretrained(AutoTokenizer, path, trust_remote_code=trust_remote_code)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = padding_side
+    return tokenizer

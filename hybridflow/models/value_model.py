@@ -1,0 +1,76 @@
+"""Value model (critic): a causal LM backbone plus a scalar head, ``V(s_t)`` per token.
+
+``values[b, t] = w^T h_L(x_{<=t}) + c`` where ``h_L`` is the backbone's last hidden
+state (Ouyang et al. 2022, "Training language models to follow instructions with
+human feedback", for the PPO critic on a language model). Built by composition: the
+backbone is the HF ``AutoModel`` of the same checkpoint the actor uses, the head one
+``nn.Linear(hidden, 1)``. Saved as an HF folder plus ``value_head.safetensors``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import nn
+
+from hybridflow.models.loader import _from_pretrained, enable_gradient_checkpointing, load_config, resolve_dtype
+
+VALUE_HEAD_FILE = "value_head.safetensors"
+
+
+class ValueModel(nn.Module):
+    """``forward(input_ids [B, L], attention_mask [B, L], position_ids [B, L]) -> values [B, L]``."""
+
+    def __init__(self, backbone: nn.Module):
+        super().__init__()
+        self.backbone = backbone
+        hidden = backbone.config.hidden_size
+        self.value_head = nn.Linear(hidden, 1, dtype=next(backbone.parameters()).dtype)
+        # Zero init: every state starts at value 0, so the first advantages are the returns.
+        nn.init.zeros_(self.value_head.weight)
+        nn.init.zeros_(self.value_head.bias)
+
+    @property
+    def config(self):
+        return self.backbone.config
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None) -> torch.Tensor:
+        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                               use_cache=False).last_hidden_state
+        return self.value_head(hidden).squeeze(-1).float()
+
+    def gradient_checkpointing_enable(self, **kwargs) -> None:
+        self.backbone.gradient_checkpointing_enable(**kwargs)
+
+    def save_pretrained(self, path: str) -> None:
+        from safetensors.torch import save_file
+
+        self.backbone.save_pretrained(path, safe_serialization=True)
+        head = {name: t.detach().contiguous().cpu() for name, t in self.value_head.state_dict().items()}
+        save_file(head, os.path.join(path, VALUE_HEAD_FILE))
+
+
+def load_value_model(
+    path: str,
+    *,
+    dtype: str | torch.dtype = "float32",
+    attn_implementation: str | None = None,
+    gradient_checkpointing: bool = False,
+    trust_remote_code: bool = False,
+    override_config: dict | None = None,
+) -> ValueModel:
+    """A ``ValueModel`` from a causal LM folder (fresh head) or a saved value model (its head)."""
+    from safetensors.torch import load_file
+    from transformers import AutoModel
+
+    config = load_config(path, trust_remote_code=trust_remote_code, override_config=override_config)
+    backbone = _from_pretrained(AutoModel, path, config=config, dtype=resolve_dtype(dtype),
+                                attn_implementation=attn_implementation, trust_remote_code=trust_remote_code)
+    model = ValueModel(backbone)
+    head_file = os.path.join(os.path.expanduser(str(path)), VALUE_HEAD_FILE)
+    if os.path.exists(head_file):
+        model.value_head.load_state_dict(load_file(head_file))
+    if gradient_checkpointing:
+        enable_gradient_checkpointing(backbone)
+    return model

@@ -1,0 +1,38 @@
+"""verl's ``actor_rollout_ref.rollout.*`` keys mapped onto ``SamplingParams``.
+
+Any object with verl's attribute names works (the config dataclass, an OmegaConf
+node, a ``SimpleNamespace``):
+
+| verl key | ``SamplingParams`` |
+|---|---|
+| ``n`` | ``n`` |
+| ``temperature`` | ``temperature`` |
+| ``top_p`` | ``top_p`` |
+| ``top_k`` (``-1`` or ``0`` = off) | ``top_k`` (``-1`` = off) |
+| ``response_length`` | ``max_tokens`` |
+| ``do_sample=False`` | ``temperature=0`` (greedy) |
+| ``val_kwargs.{n,temperature,top_p,top_k,do_sample}`` | the same, when ``validate=True`` |
+"""
+
+from __future__ import annotations
+
+from hybridflow.rollout.types import SamplingParams
+
+
+def sampling_params_from_rollout_config(
+    rollout_cfg, *, validate: bool = False, eos_token_id: int | list[int] | None, seed: int | None = None
+) -> SamplingParams:
+    """Build the ``SamplingParams`` of a training (or, with ``validate``, a validation) rollout."""
+    source = rollout_cfg.val_kwargs if validate else rollout_cfg
+    do_sample = getattr(source, "do_sample", True)
+    top_k = int(getattr(source, "top_k", -1))
+    stop_token_ids = [] if eos_token_id is None else ([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id))
+    return SamplingParams(
+        n=int(getattr(source, "n", 1)),
+        temperature=float(source.temperature) if do_sample else 0.0,
+        top_p=float(getattr(source, "top_p", 1.0)),
+        top_k=-1 if top_k <= 0 else top_k,
+        max_tokens=int(rollout_cfg.response_length),
+        stop_token_ids=stop_token_ids,
+        seed=seed,
+    )

@@ -1,0 +1,191 @@
+"""A forward pass for Llama-family decoders that reads an HF model's own weights.
+
+The native engine runs this instead of the HF module because it needs two things HF's
+forward does not give cheaply: decode steps over a slot cache where every sequence has
+its own length (one batched matmul per projection, attention masked per slot), and no
+per-step Python object churn (cache classes, masks built from scratch, output dicts).
+
+The math is the HF Llama / Qwen2 decoder layer, op for op (Touvron et al. 2023, "LLaMA";
+RMSNorm in fp32, rotary embeddings from the model's own ``rotary_emb`` so every RoPE
+scaling variant is honoured, SwiGLU MLP, grouped-query attention), so greedy outputs
+equal HF ``generate``. Projections that read the same input are fused (q|k|v and
+gate|up) into one matmul each; :meth:`LlamaFamilyDecoder.refresh` rebuilds the fused
+copies after the HF weights change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from hybridflow.rollout.kv_cache import SlotKVCache
+
+SUPPORTED_MODEL_TYPES = frozenset({"llama", "qwen2"})
+
+
+def supports(model) -> bool:
+    """Whether :class:`LlamaFamilyDecoder` reproduces this HF model exactly."""
+    config = model.config
+    return (
+        config.model_type in SUPPORTED_MODEL_TYPES
+        and getattr(config, "hidden_act", "silu") == "silu"
+        and not getattr(config, "use_sliding_window", False)
+        and getattr(config, "pretraining_tp", 1) == 1
+    )
+
+
+@dataclass
+class LayerWeights:
+    """One decoder layer's tensors; ``qkv`` is ``[(H + 2 KV) * D, hidden]``."""
+
+    input_norm: torch.Tensor
+    qkv: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    o_proj: torch.Tensor
+    o_bias: torch.Tensor | None
+    post_norm: torch.Tensor
+    gate_up: torch.Tensor
+    down: torch.Tensor
+
+
+def _cat_or_none(tensors: list[torch.Tensor | None]) -> torch.Tensor | None:
+    return None if any(t is None for t in tensors) else torch.cat(tensors)
+
+
+class LlamaFamilyDecoder:
+    """Prefill and batched decode for an HF ``LlamaForCausalLM`` / ``Qwen2ForCausalLM``."""
+
+    def __init__(self, model):
+        config = model.config
+        self.model = model
+        self.num_heads = config.num_attention_heads
+        self.kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        self.eps = config.rms_norm_eps
+        self.intermediate = config.intermediate_size
+        self.scale = self.head_dim**-0.5
+        self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.refresh()
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    def refresh(self) -> None:
+        """(Re)build the fused weight copies from the HF module's current parameters."""
+        inner = self.model.model
+        self.embed = inner.embed_tokens.weight
+        self.final_norm = inner.norm.weight
+        self.lm_head = self.model.lm_head.weight
+        self.layers = [self._layer_weights(layer) for layer in inner.layers]
+
+    @staticmethod
+    def _layer_weights(layer) -> LayerWeights:
+        attn, mlp = layer.self_attn, layer.mlp
+        with torch.no_grad():
+            return LayerWeights(
+                input_norm=layer.input_layernorm.weight,
+                qkv=torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]),
+                qkv_bias=_cat_or_none([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]),
+                o_proj=attn.o_proj.weight,
+                o_bias=attn.o_proj.bias,
+                post_norm=layer.post_attention_layernorm.weight,
+                gate_up=torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]),
+                down=mlp.down_proj.weight,
+            )
+
+    def rope_table(self, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``cos, sin`` ``[max_len, head_dim]`` from the model's rotary module (cached)."""
+        if self._rope is None or self._rope[0].shape[0] < max_len:
+            positions = torch.arange(max_len, device=self.embed.device)[None]
+            probe = torch.zeros(1, dtype=self.embed.dtype, device=self.embed.device)
+            cos, sin = self.model.model.rotary_emb(probe, positions)
+            self._rope = (cos[0], sin[0])
+        return self._rope
+
+    def _rms_norm(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        x = hidden.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return weight * x.to(hidden.dtype)
+
+    def _mlp(self, hidden: torch.Tensor, layer: LayerWeights) -> torch.Tensor:
+        gate, up = F.linear(hidden, layer.gate_up).split(self.intermediate, dim=-1)
+        return F.linear(F.silu(gate) * up, layer.down)
+
+    def _qkv(self, hidden: torch.Tensor, layer: LayerWeights, cos: torch.Tensor, sin: torch.Tensor):
+        """``[N, hidden]`` -> rotated ``q [N, H, D]``, ``k [N, KV, D]`` and ``v [N, KV, D]``."""
+        q, k, v = F.linear(hidden, layer.qkv, layer.qkv_bias).split(
+            [self.num_heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim], dim=-1
+        )
+        q = _apply_rope(q.view(-1, self.num_heads, self.head_dim), cos, sin)
+        k = _apply_rope(k.view(-1, self.kv_heads, self.head_dim), cos, sin)
+        return q, k, v.view(-1, self.kv_heads, self.head_dim)
+
+    @torch.no_grad()
+    def prefill(self, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run one prompt ``[L]``; return last-position logits ``[V]`` and its KV ``[layers, 2, KV, L, D]``."""
+        length = token_ids.shape[0]
+        cos, sin = (t[:length, None] for t in self.rope_table(length))
+        hidden = F.embedding(token_ids, self.embed)
+        prefix = torch.empty(self.num_layers, 2, self.kv_heads, length, self.head_dim,
+                             dtype=hidden.dtype, device=hidden.device)
+        for index, layer in enumerate(self.layers):
+            q, k, v = self._qkv(self._rms_norm(hidden, layer.input_norm), layer, cos, sin)
+            prefix[index, 0], prefix[index, 1] = k.transpose(0, 1), v.transpose(0, 1)
+            attn = F.scaled_dot_product_attention(
+                q.transpose(0, 1)[None], prefix[index, 0][None], prefix[index, 1][None],
+                is_causal=True, scale=self.scale, enable_gqa=True,
+            )
+            hidden = hidden + F.linear(attn[0].transpose(0, 1).reshape(length, -1), layer.o_proj, layer.o_bias)
+            hidden = hidden + self._mlp(self._rms_norm(hidden, layer.post_norm), layer)
+        last = self._rms_norm(hidden[-1:], self.final_norm)
+        return F.linear(last, self.lm_head)[0], prefix
+
+    @torch.no_grad()
+    def decode(self, *, token_ids: torch.Tensor, positions: torch.Tensor, cache: SlotKVCache,
+               context: int) -> torch.Tensor:
+        """One step for the sequences in slots ``0 .. N-1``.
+
+        Args:
+            token_ids: ``[N]`` each slot's latest token.
+            positions: ``[N]`` where it goes (the slot's current length).
+            cache: keys/values of the earlier tokens; the new ones are written in place.
+            context: ``max(positions) + 1``, the attention span of this step.
+
+        Returns:
+            ``[N, V]`` next-token logits.
+        """
+        count = token_ids.shape[0]
+        cos_table, sin_table = self.rope_table(context)
+        cos, sin = cos_table[positions][:, None], sin_table[positions][:, None]
+        slots = torch.arange(count, device=token_ids.device)
+        # Slot i sees its first positions[i] + 1 keys; later cache entries are stale.
+        hidden_positions = torch.arange(context, device=token_ids.device)[None] > positions[:, None]
+        mask = torch.zeros(count, 1, 1, context, dtype=self.embed.dtype, device=token_ids.device)
+        mask.masked_fill_(hidden_positions[:, None, None, :], float("-inf"))
+        hidden = F.embedding(token_ids, self.embed)
+        for index, layer in enumerate(self.layers):
+            q, k, v = self._qkv(self._rms_norm(hidden, layer.input_norm), layer, cos, sin)
+            keys, values = cache.layer(index)
+            keys[slots, :, positions] = k
+            values[slots, :, positions] = v
+            # Grouped-query decode: the G = H / KV query heads of one KV head act as G queries.
+            grouped_q = q.view(count, self.kv_heads, self.num_heads // self.kv_heads, self.head_dim)
+            attn = F.scaled_dot_product_attention(
+                grouped_q, keys[:count, :, :context], values[:count, :, :context], attn_mask=mask, scale=self.scale
+            )
+            hidden = hidden + F.linear(attn.reshape(count, -1), layer.o_proj, layer.o_bias)
+            hidden = hidden + self._mlp(self._rms_norm(hidden, layer.post_norm), layer)
+        return F.linear(self._rms_norm(hidden, self.final_norm), self.lm_head)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat((-second, first), dim=-1)
+
+
+def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding (Su et al. 2021, "RoFormer"), HF's rotate-half layout."""
+    return x * cos + _rotate_half(x) * sin

@@ -1,0 +1,76 @@
+"""The engine interface and the backend registry.
+
+Every backend answers ``generate(prompt_token_ids, params) -> list[Completion]``
+(``n`` completions per prompt, grouped by prompt in input order) and
+``load_weights(named_tensors)`` (copy trainer weights in, no reload from disk).
+``build_engine(name, model, tokenizer)`` picks one by verl's ``rollout.name``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterable
+from typing import Protocol
+
+import torch
+
+from hybridflow.errors import RolloutError
+from hybridflow.rollout.types import Completion, SamplingParams
+
+
+class Engine(Protocol):
+    def generate(self, prompt_token_ids: list[list[int]], params: SamplingParams) -> list[Completion]: ...
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None: ...
+
+
+ENGINES: dict[str, Callable[..., Engine]] = {}
+
+
+def register_engine(name: str):
+    """Decorator: make a builder ``(model, tokenizer, **kwargs) -> Engine`` available as ``name``."""
+
+    def wrap(builder):
+        ENGINES[name] = builder
+        return builder
+
+    return wrap
+
+
+def list_engines() -> list[str]:
+    """Registered backend names (``rollout.name`` values)."""
+    return sorted(ENGINES)
+
+
+def build_engine(name: str, model, tokenizer=None, **kwargs) -> Engine:
+    """Build the backend called ``name`` ('native', 'hf', 'vllm') around an HF model."""
+    if name not in ENGINES:
+        raise RolloutError(f"unknown rollout backend {name!r}; set rollout.name to one of {sorted(ENGINES)}")
+    return ENGINES[name](model, tokenizer, **kwargs)
+
+
+@register_engine("native")
+def _native(model, tokenizer=None, **kwargs) -> Engine:
+    from hybridflow.rollout.decoder import supports
+    from hybridflow.rollout.native import NativeEngine
+
+    if supports(model):
+        return NativeEngine(model, tokenizer, **kwargs)
+    # Architectures without a native forward still work, through HF generate.
+    warnings.warn(f"native rollout has no forward for model_type={model.config.model_type!r}; using HF generate",
+                  stacklevel=2)
+    return _hf(model, tokenizer, max_model_len=kwargs.get("max_model_len"))
+
+
+@register_engine("hf")
+def _hf(model, tokenizer=None, **kwargs) -> Engine:
+    from hybridflow.rollout.hf import HFEngine
+
+    return HFEngine(model, tokenizer, **kwargs)
+
+
+@register_engine("vllm")
+def _vllm(model, tokenizer=None, **kwargs) -> Engine:
+    from hybridflow.rollout.vllm import VLLMEngine
+
+    return VLLMEngine(model, tokenizer, **kwargs)

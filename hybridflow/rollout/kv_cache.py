@@ -1,0 +1,52 @@
+"""A preallocated key/value cache whose live sequences occupy a contiguous slot prefix.
+
+One tensor ``[layers, 2, slots, kv_heads, max_len, head_dim]`` holds every layer's keys
+(index 0) and values (index 1). Decoding writes each new key/value in place at the
+sequence's position, so no step allocates or concatenates. Sequences live in slots
+``0 .. num_active - 1``; when one finishes, the last live slot is moved into its place
+(one copy of one sequence), so a decode step works on a plain slice of the cache rather
+than a gather over scattered slots.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class SlotKVCache:
+    """Keys and values of up to ``slots`` sequences of at most ``max_len`` tokens."""
+
+    def __init__(self, *, layers: int, slots: int, kv_heads: int, max_len: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device):
+        self.data = torch.zeros(layers, 2, slots, kv_heads, max_len, head_dim, dtype=dtype, device=device)
+        self.lengths = [0] * slots
+        """Tokens stored per slot (host copy; the next write position)."""
+
+    @property
+    def slots(self) -> int:
+        return self.data.shape[2]
+
+    @property
+    def max_len(self) -> int:
+        return self.data.shape[4]
+
+    def fits(self, *, slots: int, max_len: int, dtype: torch.dtype, device: torch.device) -> bool:
+        return (self.slots >= slots and self.max_len >= max_len and self.data.dtype == dtype
+                and self.data.device == torch.device(device))
+
+    def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(keys, values)`` of one layer, each ``[slots, kv_heads, max_len, head_dim]``."""
+        return self.data[index, 0], self.data[index, 1]
+
+    def fill(self, *, first_slot: int, count: int, prefix: torch.Tensor) -> None:
+        """Copy one prompt's ``prefix`` ``[layers, 2, kv_heads, L, head_dim]`` into ``count`` slots."""
+        length = prefix.shape[3]
+        self.data[:, :, first_slot : first_slot + count, :, :length] = prefix[:, :, None]
+        for slot in range(first_slot, first_slot + count):
+            self.lengths[slot] = length
+
+    def move(self, *, source: int, target: int) -> None:
+        """Move the sequence in slot ``source`` to slot ``target`` (one in-place copy)."""
+        length = self.lengths[source]
+        self.data[:, :, target, :, :length] = self.data[:, :, source, :, :length]
+        self.lengths[target] = length

@@ -1,0 +1,179 @@
+"""The native generation engine: a slot KV cache with continuous batching.
+
+Where HF ``generate`` loses time in RL rollouts, and what this engine does instead:
+
+- it prefills each prompt ``n`` times (``num_return_sequences`` repeats the prompt);
+  here a prompt is prefilled once and its keys/values are copied to its ``n`` slots;
+- a finished sequence keeps being computed, as padding, until the longest one ends;
+  here it is retired at once and a waiting sequence takes its slot (continuous
+  batching), so every step computes only live sequences;
+- its dynamic cache grows by concatenation; here the cache is preallocated and written
+  in place.
+
+Sampling runs on the device with a ``torch.Generator`` seeded from
+``SamplingParams.seed``, so a fixed seed and the same inputs give the same outputs.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from hybridflow.rollout.decoder import LlamaFamilyDecoder
+from hybridflow.rollout.kv_cache import SlotKVCache
+from hybridflow.rollout.sampler import sample_tokens
+from hybridflow.rollout.stopping import StopChecker
+from hybridflow.rollout.types import Completion, SamplingParams, validate_prompts
+from hybridflow.rollout.weights import copy_named_tensors
+
+
+@dataclass
+class Sequence:
+    """One completion being generated."""
+
+    prompt_index: int
+    output_index: int
+    prompt_length: int
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish_reason: str | None = None
+
+
+@dataclass
+class PendingPrompt:
+    """A prompt whose samples are not all admitted yet; its prefill is kept for them."""
+
+    index: int
+    token_ids: list[int]
+    remaining: int
+    prefix: torch.Tensor | None = None
+    first_logits: torch.Tensor | None = None
+
+
+class NativeEngine:
+    """``generate`` over a Llama-family HF model with continuous batching.
+
+    Args:
+        model: an HF ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` (its weights are used in place).
+        tokenizer: needed only for stop strings.
+        max_num_seqs: most sequences decoded at once (KV slots).
+        max_model_len: context limit; defaults to ``config.max_position_embeddings``.
+    """
+
+    def __init__(self, model, tokenizer=None, *, max_num_seqs: int = 256, max_model_len: int | None = None):
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.decoder = LlamaFamilyDecoder(model)
+        self.max_num_seqs = max_num_seqs
+        self.max_model_len = max_model_len or model.config.max_position_embeddings
+        self.cache: SlotKVCache | None = None
+
+    @property
+    def device(self) -> torch.device:
+        return self.decoder.embed.device
+
+    def load_weights(self, named_tensors) -> None:
+        """Copy trainer weights (HF names) into the model and rebuild the fused copies."""
+        copy_named_tensors(self.model, named_tensors)
+        self.decoder.refresh()
+
+    def generate(self, prompt_token_ids: list[list[int]], params: SamplingParams) -> list[Completion]:
+        """``n`` completions per prompt, grouped by prompt in input order."""
+        validate_prompts(prompt_token_ids, max_model_len=self.max_model_len, max_tokens=params.max_tokens)
+        generator = self._generator(params.seed)
+        stop = StopChecker(params=params, tokenizer=self.tokenizer)
+        waiting = deque(PendingPrompt(i, list(p), params.n) for i, p in enumerate(prompt_token_ids))
+        capacity = min(self.max_model_len, max(map(len, prompt_token_ids)) + params.max_tokens)
+        cache = self._reserve(slots=min(self.max_num_seqs, len(waiting) * params.n), max_len=capacity)
+        live: list[Sequence] = []
+        done: list[Sequence] = []
+        last_tokens = torch.empty(cache.slots, dtype=torch.long, device=self.device)
+        while waiting or live:
+            self._admit(waiting, live, cache, last_tokens, params, generator, stop, done)
+            if live:
+                self._step(live, cache, last_tokens, params, generator, stop, done)
+        done.sort(key=lambda s: (s.prompt_index, s.output_index))
+        return [Completion(s.token_ids, s.logprobs if params.logprobs else None, s.finish_reason, s.prompt_index)
+                for s in done]
+
+    def _generator(self, seed: int | None) -> torch.Generator:
+        generator = torch.Generator(device=self.device)
+        seed = int(torch.randint(2**62, (1,)).item()) if seed is None else seed
+        return generator.manual_seed(seed)
+
+    def _reserve(self, *, slots: int, max_len: int) -> SlotKVCache:
+        """Reuse the preallocated cache when it is large enough, else allocate a new one."""
+        dtype = self.decoder.embed.dtype
+        if self.cache is None or not self.cache.fits(slots=slots, max_len=max_len, dtype=dtype, device=self.device):
+            self.cache = None  # free the old one before allocating
+            self.cache = SlotKVCache(
+                layers=self.decoder.num_layers, slots=slots, kv_heads=self.decoder.kv_heads, max_len=max_len,
+                head_dim=self.decoder.head_dim, dtype=dtype, device=self.device,
+            )
+        return self.cache
+
+    def _admit(self, waiting, live, cache, last_tokens, params, generator, stop, done) -> None:
+        """Move waiting samples into free slots; a prompt is prefilled once for all its samples."""
+        while waiting and len(live) < cache.slots:
+            pending = waiting[0]
+            count = min(pending.remaining, cache.slots - len(live))
+            if pending.prefix is None:
+                token_ids = torch.tensor(pending.token_ids, dtype=torch.long, device=self.device)
+                pending.first_logits, pending.prefix = self.decoder.prefill(token_ids)
+            first_slot = len(live)
+            cache.fill(first_slot=first_slot, count=count, prefix=pending.prefix)
+            logits = pending.first_logits[None].expand(count, -1)
+            tokens, logprobs = sample_tokens(logits=logits, params=params, generator=generator)
+            last_tokens[first_slot : first_slot + count] = tokens
+            output_start = params.n - pending.remaining
+            for offset, (token, logprob) in enumerate(zip(tokens.tolist(), logprobs.tolist())):
+                sequence = Sequence(pending.index, output_start + offset, len(pending.token_ids))
+                live.append(sequence)
+                self._append(sequence, token, logprob, params, stop, cache.max_len)
+            pending.remaining -= count
+            if pending.remaining == 0:
+                waiting.popleft()
+            self._retire(live, cache, last_tokens, done)
+
+    def _step(self, live, cache, last_tokens, params, generator, stop, done) -> None:
+        """One batched decode step over every live slot."""
+        count = len(live)
+        positions_list = cache.lengths[:count]
+        positions = torch.tensor(positions_list, dtype=torch.long, device=self.device)
+        logits = self.decoder.decode(token_ids=last_tokens[:count], positions=positions, cache=cache,
+                                     context=max(positions_list) + 1)
+        tokens, logprobs = sample_tokens(logits=logits, params=params, generator=generator)
+        last_tokens[:count] = tokens
+        for slot, (token, logprob) in enumerate(zip(tokens.tolist(), logprobs.tolist())):
+            cache.lengths[slot] += 1
+            self._append(live[slot], token, logprob, params, stop, cache.max_len)
+        self._retire(live, cache, last_tokens, done)
+
+    @staticmethod
+    def _append(sequence: Sequence, token: int, logprob: float, params, stop: StopChecker, max_len: int) -> None:
+        sequence.token_ids.append(token)
+        sequence.logprobs.append(logprob)
+        if stop.is_stop(sequence.token_ids):
+            sequence.finish_reason = "stop"
+        elif len(sequence.token_ids) >= params.max_tokens or sequence.prompt_length + len(sequence.token_ids) >= max_len:
+            sequence.finish_reason = "length"
+
+    @staticmethod
+    def _retire(live: list[Sequence], cache: SlotKVCache, last_tokens: torch.Tensor, done: list[Sequence]) -> None:
+        """Remove finished sequences, keeping live ones in slots ``0 .. len(live) - 1``.
+
+        Going from the highest slot down, the current last slot is always live (or the
+        finished one itself), so moving it into the hole keeps the prefix dense.
+        """
+        for slot in reversed(range(len(live))):
+            if live[slot].finish_reason is None:
+                continue
+            done.append(live[slot])
+            last = len(live) - 1
+            if slot != last:
+                cache.move(source=last, target=slot)
+                last_tokens[slot] = last_tokens[last]
+                live[slot] = live[last]
+            live.pop()

@@ -1,0 +1,60 @@
+"""vLLM backend, used when ``vllm`` is installed (never a required dependency).
+
+Weights are synced from the trainer through the loaded model's ``load_weights``
+(vLLM's in-place reload path, as verl's sharding managers use it), without a reload
+from disk.
+"""
+
+from __future__ import annotations
+
+from hybridflow.errors import RolloutError
+from hybridflow.rollout.types import Completion, SamplingParams, validate_prompts
+
+
+def vllm_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+class VLLMEngine:
+    """``generate`` through ``vllm.LLM``; the model is read from ``model_path``."""
+
+    def __init__(self, model=None, tokenizer=None, *, model_path: str | None = None, dtype: str = "auto",
+                 gpu_memory_utilization: float = 0.5, max_model_len: int | None = None, **llm_kwargs):
+        if not vllm_available():
+            raise RolloutError("rollout.name=vllm needs vLLM; `pip install hybridflow[vllm]` or use rollout.name=native")
+        import vllm
+
+        model_path = model_path or getattr(model, "name_or_path", None)
+        if not model_path:
+            raise RolloutError("the vllm backend loads the model from disk; pass model_path= (a local folder or hub id)")
+        self.llm = vllm.LLM(model=model_path, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
+                            max_model_len=max_model_len, **llm_kwargs)
+        self.max_model_len = self.llm.llm_engine.model_config.max_model_len
+
+    def load_weights(self, named_tensors) -> None:
+        weights = list(named_tensors)
+        self.llm.collective_rpc(lambda worker: worker.model_runner.model.load_weights(weights))
+
+    def generate(self, prompt_token_ids: list[list[int]], params: SamplingParams) -> list[Completion]:
+        import vllm
+
+        validate_prompts(prompt_token_ids, max_model_len=self.max_model_len, max_tokens=params.max_tokens)
+        vllm_params = vllm.SamplingParams(
+            n=params.n, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
+            max_tokens=params.max_tokens, stop_token_ids=list(params.stop_token_ids), stop=list(params.stop) or None,
+            seed=params.seed, logprobs=0 if params.logprobs else None, include_stop_str_in_output=True,
+        )
+        prompts = [{"prompt_token_ids": p} for p in prompt_token_ids]
+        outputs = self.llm.generate(prompts, vllm_params, use_tqdm=False)
+        return [_completion(index, sample, params) for index, out in enumerate(outputs) for sample in out.outputs]
+
+
+def _completion(prompt_index: int, sample, params: SamplingParams) -> Completion:
+    token_ids = list(sample.token_ids)
+    logprobs = None
+    if params.logprobs and sample.logprobs is not None:
+        logprobs = [step[token].logprob for token, step in zip(token_ids, sample.logprobs)]
+    finish = "stop" if sample.finish_reason == "stop" else "length"
+    return Completion(token_ids, logprobs, finish, prompt_index)

@@ -1,0 +1,236 @@
+"""``python -m hybridflow.trainer.main_ppo key=value ...``: build the PPO workers from a config and train.
+
+Order matters for the user: everything that can be checked without loading a model
+(keys, types, batch arithmetic, files, registered names, the model's context length
+from its config.json) is checked first, so a typo costs a second, not a model load.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import random
+import sys
+from typing import Any
+
+import numpy as np
+import torch
+
+from hybridflow.config import PPOConfig, critic_enabled, load_config, split_config_args, validate_ppo_config
+from hybridflow.config.validate import as_list
+from hybridflow.errors import ConfigError, run_entry_point
+from hybridflow.trainer.ppo import PPOTrainer, PPOWorkers
+
+
+# ------------------------------------------------------------------ checks before loading
+def check_registered_names(cfg: PPOConfig) -> None:
+    """Names that live in registries: each unknown one is an error listing the valid ones."""
+    from hybridflow.algos import get_advantage, get_policy_loss, list_kl_penalties, list_loss_agg_modes
+    from hybridflow.algos.errors import UnknownAlgorithmError
+    from hybridflow.rollout.engine import ENGINES
+    from hybridflow.trainer.tracking import available_backends
+
+    actor = cfg.actor_rollout_ref.actor
+    problems = []
+    for lookup in (lambda: get_advantage(cfg.algorithm.adv_estimator),
+                   lambda: get_policy_loss(actor.policy_loss.loss_mode)):
+        try:
+            lookup()
+        except UnknownAlgorithmError as err:
+            problems.append(str(err))
+    checks = (("actor_rollout_ref.actor.loss_agg_mode", actor.loss_agg_mode, list_loss_agg_modes()),
+              ("actor_rollout_ref.actor.kl_loss_type", actor.kl_loss_type, list_kl_penalties()),
+              ("algorithm.kl_penalty", cfg.algorithm.kl_penalty, list_kl_penalties()),
+              ("actor_rollout_ref.rollout.name", cfg.actor_rollout_ref.rollout.name, sorted(ENGINES)))
+    for key, value, names in checks:
+        if value not in names:
+            problems.append(f"{key}={value!r} is not one of {', '.join(names)}")
+    for name in as_list(cfg.trainer.logger):
+        if name not in available_backends():
+            problems.append(f"trainer.logger: unknown backend {name!r}; choose from {', '.join(available_backends())}")
+    if problems:
+        raise ConfigError("\n".join(problems))
+
+
+def model_context_length(path: str, trust_remote_code: bool) -> int | None:
+    """max_position_embeddings from the model's config (no weights loaded)."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(os.path.expanduser(path), trust_remote_code=trust_remote_code)
+    except (OSError, ValueError):
+        return None  # the loader reports an unreadable model with its own message
+    return getattr(config, "max_position_embeddings", None)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("trainer.device=cuda but no CUDA device is available: use trainer.device=cpu or auto")
+    return torch.device(name)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+# ------------------------------------------------------------------ building the parts
+def build_datasets(cfg: PPOConfig, tokenizer):
+    """(train loader, val loader or None) over verl-schema parquet/jsonl files."""
+    from hybridflow.data.dataloader import StatefulDataLoader
+    from hybridflow.data.rl_dataset import RLDataset
+
+    data = cfg.data
+
+    def dataset(files, max_samples):
+        return RLDataset(files, tokenizer=tokenizer, prompt_key=data.prompt_key, max_prompt_length=data.max_prompt_length,
+                         filter_overlong_prompts=data.filter_overlong_prompts, truncation=data.truncation,
+                         max_samples=max_samples, apply_chat_template_kwargs=dict(data.apply_chat_template_kwargs),
+                         return_raw_chat=data.return_raw_chat)
+
+    max_train = data.train_max_samples if data.train_max_samples > 0 else data.max_samples
+    train = dataset(data.train_files, max_train)
+    train_loader = StatefulDataLoader(train, batch_size=data.train_batch_size, collate_fn=train.collate_fn,
+                                      shuffle=data.shuffle, seed=data.seed, drop_last=True)
+    if not data.val_files:
+        return train_loader, None
+    val = dataset(data.val_files, data.val_max_samples)
+    val_loader = StatefulDataLoader(val, batch_size=data.val_batch_size or len(val), collate_fn=val.collate_fn,
+                                    shuffle=data.validation_shuffle, seed=data.seed, drop_last=False)
+    return train_loader, val_loader
+
+
+def total_training_steps(cfg: PPOConfig, steps_per_epoch: int) -> int:
+    steps = steps_per_epoch * cfg.trainer.total_epochs
+    if cfg.trainer.total_training_steps is not None:
+        steps = cfg.trainer.total_training_steps
+    return steps
+
+
+def build_policy_workers(cfg: PPOConfig, tokenizer, *, total_steps: int, device: torch.device):
+    """Actor, rollout and (when a KL term is used) reference: the hybrid engine's roles."""
+    from hybridflow.models import load_causal_lm
+    from hybridflow.rollout.engine import build_engine
+    from hybridflow.workers.actor import ActorWorker
+    from hybridflow.workers.optim import train_state_from_config
+    from hybridflow.workers.reference import ReferenceWorker
+    from hybridflow.workers.rollout import RolloutWorker
+
+    arr = cfg.actor_rollout_ref
+    model = load_causal_lm(arr.model.path, dtype="float32", trust_remote_code=arr.model.trust_remote_code,
+                           override_config=dict(arr.model.override_config),
+                           gradient_checkpointing=arr.model.enable_gradient_checkpointing,
+                           attn_implementation=arr.model.attn_implementation).to(device)
+    state = train_state_from_config(model, arr.actor.optim, grad_clip=arr.actor.grad_clip, total_steps=total_steps)
+    actor = ActorWorker(state=state, cfg=arr.actor, rollout_n=arr.rollout.n,
+                        max_response_length=cfg.data.max_response_length,
+                        log_prob_micro_batch_size=arr.rollout.log_prob_micro_batch_size_per_gpu, seed=cfg.trainer.seed)
+    engine_model = copy.deepcopy(model).eval()
+    engine = build_engine(arr.rollout.name, engine_model, tokenizer,
+                          **dict(arr.rollout.engine_kwargs.get(arr.rollout.name) or {}))
+    rollout = RolloutWorker(engine=engine, pad_token_id=tokenizer.pad_token_id)
+    reference = None
+    if arr.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward:
+        reference = ReferenceWorker(model=copy.deepcopy(model).eval(),
+                                    micro_batch_size=arr.ref.log_prob_micro_batch_size_per_gpu,
+                                    use_dynamic_bsz=arr.ref.log_prob_use_dynamic_bsz,
+                                    max_token_len=arr.ref.log_prob_max_token_len_per_gpu)
+    return actor, rollout, reference
+
+
+def build_critic(cfg: PPOConfig, *, total_steps: int, device: torch.device):
+    from hybridflow.models import load_value_model
+    from hybridflow.workers.critic import CriticWorker
+    from hybridflow.workers.optim import train_state_from_config
+
+    critic_cfg = cfg.critic
+    model = load_value_model(critic_cfg.model.path, dtype="float32",
+                             trust_remote_code=critic_cfg.model.trust_remote_code,
+                             override_config=dict(critic_cfg.model.override_config)).to(device)
+    state = train_state_from_config(model, critic_cfg.optim, grad_clip=critic_cfg.grad_clip, total_steps=total_steps)
+    return CriticWorker(state=state, cfg=critic_cfg, rollout_n=cfg.actor_rollout_ref.rollout.n)
+
+
+def build_reward_worker(cfg: PPOConfig, tokenizer):
+    """The configured manager around the built-in scorers or ``custom_reward_function``."""
+    from hybridflow.rewards import build_reward_manager, load_reward_function
+    from hybridflow.workers.reward import RewardWorker
+
+    rm = cfg.reward_model
+    compute_score = None
+    if cfg.custom_reward_function.path:
+        compute_score = load_reward_function(cfg.custom_reward_function.path, cfg.custom_reward_function.name)
+    kwargs: dict[str, Any] = dict(compute_score=compute_score, reward_kwargs=dict(rm.reward_kwargs) or None,
+                                  failure_score=rm.failure_score, timeout_s=rm.timeout_s)
+    kwargs.update(MANAGER_SPECIFIC.get(rm.reward_manager, lambda _: {})(cfg))
+    manager = build_reward_manager(rm.reward_manager, **kwargs)
+    return RewardWorker(manager=manager, tokenizer=tokenizer, reward_fn_key=cfg.data.reward_fn_key)
+
+
+MANAGER_SPECIFIC = {
+    "parallel": lambda cfg: {"num_workers": cfg.reward_model.num_workers},
+    "dapo": lambda cfg: {"max_response_length": cfg.data.max_response_length,
+                         "overlong_buffer_len": cfg.reward_model.overlong_buffer.len,
+                         "penalty_factor": cfg.reward_model.overlong_buffer.penalty_factor,
+                         "enable_overlong_buffer": cfg.reward_model.overlong_buffer.enable},
+}
+"""Keyword arguments only some reward managers take, by ``reward_model.reward_manager``."""
+
+
+def build_trainer(cfg: PPOConfig) -> PPOTrainer:
+    """Everything the loop needs, from a validated config."""
+    from hybridflow.models import load_tokenizer
+    from hybridflow.trainer.tracking import Tracking
+    from omegaconf import OmegaConf
+
+    seed_everything(cfg.trainer.seed)
+    device = resolve_device(cfg.trainer.device)
+    tokenizer = load_tokenizer(cfg.data.tokenizer or cfg.actor_rollout_ref.model.path,
+                               trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code)
+    train_loader, val_loader = build_datasets(cfg, tokenizer)
+    total_steps = total_training_steps(cfg, len(train_loader))
+    actor, rollout, reference = build_policy_workers(cfg, tokenizer, total_steps=total_steps, device=device)
+    critic = build_critic(cfg, total_steps=total_steps, device=device) if critic_enabled(cfg) else None
+    workers = PPOWorkers(actor=actor, rollout=rollout, reward=build_reward_worker(cfg, tokenizer),
+                         reference=reference, critic=critic)
+    tracking = Tracking(cfg.trainer.project_name, cfg.trainer.experiment_name, as_list(cfg.trainer.logger),
+                        config=OmegaConf.to_container(OmegaConf.structured(cfg)),
+                        local_dir=os.path.join(cfg.trainer.default_local_dir, "logs"))
+    return PPOTrainer(cfg=cfg, workers=workers, train_loader=train_loader, val_loader=val_loader, tracking=tracking,
+                      tokenizer=tokenizer, total_steps=total_steps, device=device)
+
+
+def run_ppo(cfg: PPOConfig) -> dict[str, float]:
+    """Validate, build, train; print the summary and write the plots. Returns the last metrics."""
+    from hybridflow.trainer.plots import plot_curves
+    from hybridflow.trainer.summary import summary_table
+
+    check_registered_names(cfg)
+    validate_ppo_config(cfg, model_max_len=model_context_length(cfg.actor_rollout_ref.model.path,
+                                                                cfg.actor_rollout_ref.model.trust_remote_code))
+    trainer = build_trainer(cfg)
+    try:
+        last = trainer.fit()
+    finally:
+        trainer.w.reward.close()
+        trainer.tracking.finish()
+    history = trainer.tracking.history
+    print(summary_table(history))
+    plot_curves(history, os.path.join(cfg.trainer.default_local_dir, "plots"))
+    return last
+
+
+def main(argv: list[str] | None = None) -> int:
+    def _main(args: list[str]) -> int:
+        config_file, overrides = split_config_args(args)
+        run_ppo(load_config(PPOConfig, overrides, config_file))
+        return 0
+
+    return run_entry_point(_main, list(sys.argv[1:] if argv is None else argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,281 @@
+"""The PPO / GRPO training loop: one file, read top to bottom.
+
+Dataflow of one step (the HybridFlow paper's Fig. 1, verl's ``RayPPOTrainer.fit``)::
+
+    prompts ──► rollout.generate (n responses per prompt, engine log-probs)
+            ──► reward.compute_scores (rule / custom function; score on the last response token)
+            ──► actor.compute_log_prob (old log-probs, entropy)
+            ──► reference.compute_ref_log_prob           (if a KL term is used)
+            ──► critic.compute_values                    (gae only)
+            ──► KL penalty in the reward (use_kl_in_reward) ──► advantage estimator (registry)
+            ──► critic.update_critic                     (gae only)
+            ──► actor.update_policy                      (after critic_warmup steps)
+            ──► rollout.load_weights(actor weights)      (in memory: no disk round trip)
+            ──► metrics ──► tracking;  validation every test_freq;  checkpoint every save_freq
+
+Deviations from verl, on purpose:
+- Responses are padded to the longest response of the step, not to max_response_length
+  (same results, less compute on CPU); ``response_length/clip_ratio`` still compares with
+  max_response_length.
+- Rollout sampling is seeded from (rollout.seed, step), so a resumed run samples exactly
+  what an uninterrupted one would.
+- The workers are plain objects called in-process; the Ray controller wraps the same
+  methods in worker groups (hybridflow.controller).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from hybridflow.algos import AdaptiveKLController, FixedKLController, apply_kl_penalty, get_advantage, masked_mean
+from hybridflow.data.batch import Batch
+from hybridflow.rollout import SamplingParams
+from hybridflow.trainer.checkpoint import find_resume_checkpoint, load_checkpoint, save_checkpoint
+from hybridflow.trainer.checkpoint_components import ModelComponent
+from hybridflow.trainer.metrics import (
+    Timer,
+    data_metrics,
+    memory_metrics,
+    rollout_mismatch_metrics,
+    throughput_metrics,
+)
+from hybridflow.workers.actor import ActorWorker
+from hybridflow.workers.critic import CriticWorker
+from hybridflow.workers.reference import ReferenceWorker
+from hybridflow.workers.reward import RewardWorker
+from hybridflow.workers.rollout import RolloutWorker
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class PPOWorkers:
+    """The roles one PPO step drives; reference and critic are None when not needed."""
+
+    actor: ActorWorker
+    rollout: RolloutWorker
+    reward: RewardWorker
+    reference: ReferenceWorker | None = None
+    critic: CriticWorker | None = None
+    val_reward: RewardWorker | None = None
+
+
+def build_kl_controller(kl_ctrl_cfg):
+    """Fixed or adaptive (Ziegler et al. 2019) coefficient of the in-reward KL penalty."""
+    if kl_ctrl_cfg.type == "adaptive":
+        return AdaptiveKLController(init_kl_coef=kl_ctrl_cfg.kl_coef, target_kl=kl_ctrl_cfg.target_kl,
+                                    horizon=kl_ctrl_cfg.horizon)
+    return FixedKLController(kl_coef=kl_ctrl_cfg.kl_coef)
+
+
+def prompts_to_batch(collated: dict[str, Any]) -> Batch:
+    """The dataloader's dict (tensors + per-sample lists) as a Batch."""
+    tensors = {k: v for k, v in collated.items() if isinstance(v, torch.Tensor)}
+    non_tensors = {k: v for k, v in collated.items() if not isinstance(v, torch.Tensor)}
+    return Batch.from_dict(tensors=tensors, non_tensors=non_tensors)
+
+
+class PPOTrainer:
+    """Drives the workers through ``total_steps`` PPO steps, validating and checkpointing."""
+
+    def __init__(self, *, cfg, workers: PPOWorkers, train_loader, val_loader, tracking, tokenizer,
+                 total_steps: int, device: torch.device):
+        self.cfg = cfg
+        self.w = workers
+        self.train_loader = train_loader
+        self.val_loader = val_loader
+        self.tracking = tracking
+        self.tokenizer = tokenizer
+        self.total_steps = total_steps
+        self.device = device
+        self.rollout_cfg = cfg.actor_rollout_ref.rollout
+        self.advantage_fn = get_advantage(cfg.algorithm.adv_estimator)
+        self.kl_ctrl = build_kl_controller(cfg.algorithm.kl_ctrl)
+        self.global_step = 0
+
+    # ================================================================== the loop
+    def fit(self) -> dict[str, float]:
+        """Train to ``total_steps``; returns the last step's metrics (with the last validation)."""
+        self.global_step = self.load_checkpoint()
+        last: dict[str, float] = {}
+        if self.val_loader is not None and self.cfg.trainer.val_before_train and self.global_step == 0:
+            last = self.validate()
+            self.tracking.log(last, step=0)
+            if self.cfg.trainer.val_only:
+                return last
+        with self.tracking.progress(self.total_steps, initial_step=self.global_step):
+            while self.global_step < self.total_steps:
+                for collated in self.train_loader:
+                    self.global_step += 1
+                    metrics = self.train_step(prompts_to_batch(collated), step=self.global_step)
+                    metrics.update(self._maybe_validate_and_save())
+                    self.tracking.log(metrics, step=self.global_step)
+                    last = metrics
+                    if self.global_step >= self.total_steps:
+                        break
+        return last
+
+    def train_step(self, prompts: Batch, *, step: int) -> dict[str, float]:
+        """One PPO step on a batch of prompts; returns its metrics."""
+        timer, metrics = Timer(), {}
+        temperature = self.rollout_cfg.temperature
+        with timer("step"):
+            with timer("gen"):
+                batch = self.w.rollout.generate(prompts, self.sampling_params(step=step, validate=False))
+                batch = batch.to(self.device)
+            if self.cfg.algorithm.adv_estimator == "remax":
+                with timer("gen_max"):
+                    batch["reward_baselines"] = self.greedy_baseline(prompts, step=step)
+            with timer("reward"):
+                batch["token_level_scores"], _, reward_metrics, _ = self.w.reward.compute_scores(batch)
+                metrics.update(reward_metrics)
+            with timer("old_log_prob"):
+                batch["old_log_probs"], entropy = self.w.actor.compute_log_prob(batch, temperature=temperature)
+                metrics["actor/entropy"] = masked_mean(values=entropy, mask=batch["response_mask"]).item()
+                metrics.update(rollout_mismatch_metrics(rollout_log_probs=batch["rollout_log_probs"],
+                                                        old_log_probs=batch["old_log_probs"],
+                                                        mask=batch["response_mask"]))
+            if self.w.reference is not None:
+                with timer("ref"):
+                    batch["ref_log_prob"] = self.w.reference.compute_ref_log_prob(batch, temperature=temperature)
+            if self.w.critic is not None:
+                with timer("values"):
+                    batch["values"] = self.w.critic.compute_values(batch)
+            with timer("adv"):
+                metrics.update(self.compute_rewards_and_advantages(batch))
+            if self.w.critic is not None:
+                with timer("update_critic"):
+                    metrics.update(self.w.critic.update_critic(batch))
+            if step > self.cfg.trainer.critic_warmup:
+                with timer("update_actor"):
+                    metrics.update(self.w.actor.update_policy(batch, temperature=temperature, step=step))
+                with timer("sync_weights"):
+                    self.w.rollout.load_weights(self.w.actor.named_weights())
+        metrics.update(data_metrics(batch, max_response_length=self.cfg.data.max_response_length,
+                                    use_critic=self.w.critic is not None))
+        metrics.update(timer.metrics())
+        metrics.update(throughput_metrics(batch=batch, step_seconds=timer.timings["step"]))
+        metrics.update(memory_metrics())
+        metrics["training/global_step"] = step
+        metrics["training/epoch"] = self.train_loader.epoch
+        return metrics
+
+    # ================================================================== stages
+    def sampling_params(self, *, step: int, validate: bool) -> SamplingParams:
+        """Training or validation sampling, seeded by the step so resumed runs sample identically."""
+        rollout = self.rollout_cfg
+        src = rollout.val_kwargs if validate else rollout
+        greedy = not src.do_sample or src.temperature == 0
+        return SamplingParams(
+            n=src.n, temperature=0.0 if greedy else src.temperature, top_p=src.top_p, top_k=src.top_k,
+            max_tokens=rollout.response_length, stop_token_ids=self.stop_token_ids(),
+            seed=rollout.seed * 1_000_003 + step * 2 + int(validate), logprobs=True,
+        )
+
+    def stop_token_ids(self) -> list[int]:
+        ids = {self.tokenizer.eos_token_id}
+        generation_eos = getattr(getattr(self.w.actor.model, "generation_config", None), "eos_token_id", None)
+        ids.update(generation_eos if isinstance(generation_eos, list) else [generation_eos])
+        return sorted(i for i in ids if i is not None)
+
+    def greedy_baseline(self, prompts: Batch, *, step: int) -> torch.Tensor:
+        """ReMax's baseline (arXiv 2310.10505): the reward of the greedy response, repeated n times."""
+        params = self.sampling_params(step=step, validate=False)
+        greedy = SamplingParams(n=1, temperature=0.0, max_tokens=params.max_tokens,
+                                stop_token_ids=params.stop_token_ids, logprobs=False)
+        baseline_batch = self.w.rollout.generate(prompts, greedy)
+        _, scores, _, _ = self.w.reward.compute_scores(baseline_batch)
+        return scores.repeat_interleave(self.rollout_cfg.n).to(self.device)
+
+    def compute_rewards_and_advantages(self, batch: Batch) -> dict[str, float]:
+        """token_level_rewards (with the KL penalty if configured), then advantages and returns."""
+        algo, metrics = self.cfg.algorithm, {}
+        if algo.use_kl_in_reward:
+            batch["token_level_rewards"], current_kl = apply_kl_penalty(
+                token_level_scores=batch["token_level_scores"], old_log_prob=batch["old_log_probs"],
+                ref_log_prob=batch["ref_log_prob"], response_mask=batch["response_mask"],
+                kl_coef=self.kl_ctrl.value, kl_penalty_type=algo.kl_penalty)
+            metrics = {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": self.kl_ctrl.value}
+            self.kl_ctrl.update(current_kl=current_kl, n_steps=len(batch))
+        else:
+            batch["token_level_rewards"] = batch["token_level_scores"]
+        batch["advantages"], batch["returns"] = self.advantage_fn(
+            token_level_rewards=batch["token_level_rewards"], response_mask=batch["response_mask"],
+            index=np.asarray(batch["uid"]), values=batch["values"] if "values" in batch else None,
+            gamma=algo.gamma, lam=algo.lam, norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
+            reward_baselines=batch["reward_baselines"] if "reward_baselines" in batch else None,
+        )
+        return metrics
+
+    # ================================================================== validation
+    def validate(self) -> dict[str, float]:
+        """Generate on the validation set with ``val_kwargs``; reward mean@n per data source."""
+        n = self.rollout_cfg.val_kwargs.n
+        scores, sources, lengths = [], [], []
+        reward = self.w.val_reward or self.w.reward
+        for collated in self.val_loader:
+            prompts = prompts_to_batch(collated)
+            batch = self.w.rollout.generate(prompts, self.sampling_params(step=self.global_step, validate=True))
+            _, batch_scores, _, _ = reward.compute_scores(batch)
+            scores.extend(batch_scores.tolist())
+            sources.extend(batch[self.cfg.data.reward_fn_key])
+            lengths.extend(batch["response_mask"].sum(-1).tolist())
+        return validation_metrics(scores=scores, sources=sources, lengths=lengths, n=n)
+
+    def _maybe_validate_and_save(self) -> dict[str, float]:
+        trainer, step, metrics = self.cfg.trainer, self.global_step, {}
+        last = step >= self.total_steps
+        if self.val_loader is not None and trainer.test_freq > 0 and (step % trainer.test_freq == 0 or last):
+            metrics.update(self.validate())
+        if trainer.save_freq > 0 and (step % trainer.save_freq == 0 or last):
+            self.save_checkpoint()
+        return metrics
+
+    # ================================================================== checkpoints
+    def checkpoint_components(self) -> dict[str, Any]:
+        actor = self.w.actor.state
+        parts = {"actor": ModelComponent(actor.model, actor.optimizer, actor.scheduler, tokenizer=self.tokenizer)}
+        if self.w.critic is not None:
+            critic = self.w.critic.state
+            parts["critic"] = ModelComponent(critic.model, critic.optimizer, critic.scheduler)
+        return parts
+
+    def save_checkpoint(self) -> str:
+        extra = {"dataloader": self.train_loader.state_dict(), "kl_coef": self.kl_ctrl.value,
+                 "global_step": self.global_step}
+        return save_checkpoint(self.cfg.trainer.default_local_dir, self.global_step, self.checkpoint_components(),
+                               extra=extra, max_to_keep=self.cfg.trainer.max_actor_ckpt_to_keep)
+
+    def load_checkpoint(self) -> int:
+        """Resume per ``trainer.resume_mode``; returns the step to continue from (0 = fresh)."""
+        trainer = self.cfg.trainer
+        path = find_resume_checkpoint(trainer.default_local_dir, trainer.resume_mode, trainer.resume_from_path)
+        if path is None:
+            return 0
+        step, extra = load_checkpoint(path, self.checkpoint_components())
+        self.train_loader.load_state_dict(extra["dataloader"])
+        self.kl_ctrl.value = extra.get("kl_coef", self.kl_ctrl.value)
+        self.w.rollout.load_weights(self.w.actor.named_weights())
+        logger.info("resumed from %s (step %d)", path, step)
+        return step
+
+
+def validation_metrics(*, scores: list[float], sources: list[str], lengths: list[int], n: int) -> dict[str, float]:
+    """``val-core/{data_source}/reward/mean@n`` (verl's name) and response length per source."""
+    metrics: dict[str, float] = {}
+    sources_arr, scores_arr, lengths_arr = np.asarray(sources), np.asarray(scores, dtype=float), np.asarray(lengths)
+    for source in sorted(set(sources)):
+        pick = sources_arr == source
+        metrics[f"val-core/{source}/reward/mean@{n}"] = float(scores_arr[pick].mean())
+        metrics[f"val-aux/{source}/response_length/mean@{n}"] = float(lengths_arr[pick].mean())
+        if n > 1:
+            best = scores_arr[pick].reshape(-1, n).max(axis=1)
+            metrics[f"val-aux/{source}/reward/best@{n}/mean"] = float(best.mean())
+    return metrics

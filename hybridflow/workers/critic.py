@@ -1,0 +1,81 @@
+"""The critic: a value model (causal-LM backbone + scalar head) and its PPO value update.
+
+V(s_t) for response token t is read at the position *before* t (the state the token is
+generated from): values[:, t] = head(h[P - 1 + t]) with P the prompt length.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+
+from hybridflow.algos import masked_mean, value_loss
+from hybridflow.data.batch import Batch
+from hybridflow.workers.distributed import DataParallel, LOCAL
+from hybridflow.workers.micro_batches import micro_batches, trim_padding
+from hybridflow.workers.optim import TrainState
+
+
+def _micro_values(model, micro: Batch) -> torch.Tensor:
+    """Values ``[b, T]`` for one micro-batch (all-pad columns trimmed, then padded back)."""
+    response_length = micro["responses"].shape[1]
+    cols, resp_len = trim_padding(micro, response_length=response_length)
+    values = model(input_ids=micro["input_ids"][:, cols], attention_mask=micro["attention_mask"][:, cols],
+                   position_ids=micro["position_ids"][:, cols])
+    values = values[:, -resp_len - 1 : -1].float()
+    return torch.nn.functional.pad(values, (0, response_length - resp_len)) * micro["response_mask"]
+
+
+class CriticWorker:
+    """Value model + optimizer + schedule, configured by a ``CriticConfig`` section."""
+
+    def __init__(self, *, state: TrainState, cfg, rollout_n: int, dp: DataParallel = LOCAL):
+        self.state = state
+        self.model = state.model
+        self.cfg = cfg
+        self.rollout_n = rollout_n
+        self.dp = dp
+
+    @torch.no_grad()
+    def compute_values(self, batch: Batch) -> torch.Tensor:
+        """V(s_t) ``[B, T]`` for every response token (0 on padding)."""
+        self.model.eval()
+        pieces = micro_batches(batch, micro_batch_size=self.cfg.forward_micro_batch_size_per_gpu,
+                               use_dynamic_bsz=self.cfg.use_dynamic_bsz,
+                               max_token_len=self.cfg.forward_max_token_len_per_gpu)
+        return torch.cat([_micro_values(self.model, m) for m in pieces])
+
+    def update_critic(self, batch: Batch) -> dict[str, float]:
+        """Value-loss steps over mini-batches x ppo_epochs (needs values, returns)."""
+        self.model.train()
+        metrics: dict[str, list[float]] = defaultdict(list)
+        mini_size = self.cfg.ppo_mini_batch_size * self.rollout_n // self.dp.world_size
+        for _ in range(self.cfg.ppo_epochs):
+            for mini in batch.split(mini_size):
+                self._optimizer_step(mini, metrics)
+        self.state.scheduler.step()
+        out = {f"critic/{k}": sum(v) / len(v) for k, v in metrics.items()}
+        out["critic/lr"] = self.state.lr
+        return out
+
+    def _optimizer_step(self, mini: Batch, metrics: dict[str, list[float]]) -> None:
+        counts = self.dp.global_counts(mini["response_mask"])
+        self.state.zero_grad()
+        total = 0.0
+        for micro in micro_batches(mini, micro_batch_size=self.cfg.ppo_micro_batch_size_per_gpu,
+                                   use_dynamic_bsz=self.cfg.use_dynamic_bsz,
+                                   max_token_len=self.cfg.ppo_max_token_len_per_gpu):
+            vpreds = _micro_values(self.model, micro)
+            loss, micro_metrics = value_loss(
+                vpreds=vpreds, values=micro["values"], returns=micro["returns"], response_mask=micro["response_mask"],
+                cliprange_value=self.cfg.cliprange_value, loss_agg_mode=self.cfg.loss_agg_mode,
+                global_num_tokens=counts["tokens"], global_num_seqs=counts["seqs"],
+            )
+            (loss * self.dp.world_size).backward()
+            total += loss.item()
+            metrics["vf_clipfrac"].append(micro_metrics["vf_clipfrac"])
+            metrics["vpred_mean"].append(masked_mean(values=vpreds.detach(), mask=micro["response_mask"]).item())
+        total = float(self.dp.all_reduce_sum(torch.tensor(total)))
+        metrics["vf_loss"].append(total)
+        metrics["grad_norm"].append(self.state.step(loss_value=total))

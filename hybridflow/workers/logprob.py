@@ -1,0 +1,55 @@
+"""Log-probs (and entropy) of a batch's responses under a model, micro-batch by micro-batch.
+
+Shared by the actor (old log-probs), the reference policy and the rollout-correction
+metric: one code path, so the three can only differ by the weights they use.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hybridflow.data.batch import Batch
+from hybridflow.models import compute_log_probs
+from hybridflow.workers.micro_batches import micro_batches, trim_padding
+
+
+def micro_batch_log_probs(model, micro: Batch, *, temperature: float, calculate_entropy: bool):
+    """(log_probs [b, T], entropy [b, T] or None) of one micro-batch, all-pad columns trimmed."""
+    response_length = micro["responses"].shape[1]
+    cols, resp_len = trim_padding(micro, response_length=response_length)
+    log_probs, entropy = compute_log_probs(
+        model,
+        input_ids=micro["input_ids"][:, cols],
+        attention_mask=micro["attention_mask"][:, cols],
+        position_ids=micro["position_ids"][:, cols],
+        response_length=resp_len,
+        temperature=temperature,
+        calculate_entropy=calculate_entropy,
+    )
+    return _pad_right(log_probs, response_length), (_pad_right(entropy, response_length) if entropy is not None else None)
+
+
+def _pad_right(values: torch.Tensor, length: int) -> torch.Tensor:
+    if values.shape[1] == length:
+        return values
+    return torch.nn.functional.pad(values, (0, length - values.shape[1]))
+
+
+@torch.no_grad()
+def batch_log_probs(model, batch: Batch, *, temperature: float, micro_batch_size: int | None,
+                    use_dynamic_bsz: bool = False, max_token_len: int | None = None,
+                    calculate_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs ``[B, T]`` (and entropy ``[B, T]``) of ``batch["responses"]``; no gradients.
+
+    Micro-batches (fixed or token-budget) are consecutive rows, so results are in batch order.
+    """
+    was_training = model.training
+    model.eval()
+    pieces = micro_batches(batch, micro_batch_size=micro_batch_size, use_dynamic_bsz=use_dynamic_bsz,
+                           max_token_len=max_token_len)
+    outs = [micro_batch_log_probs(model, m, temperature=temperature, calculate_entropy=calculate_entropy)
+            for m in pieces]
+    model.train(was_training)
+    log_probs = torch.cat([o[0] for o in outs])
+    entropy = torch.cat([o[1] for o in outs]) if calculate_entropy else None
+    return log_probs, entropy

@@ -1,0 +1,37 @@
+"""The reference policy: frozen weights whose log-probs anchor the KL term.
+
+Built from a frozen copy of the initial policy, or (with LoRA) from the actor's own
+module with the adapter disabled, so no second model sits in memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from hybridflow.data.batch import Batch
+from hybridflow.workers.logprob import batch_log_probs
+
+
+class ReferenceWorker:
+    """Log-probs of responses under fixed weights; ``adapter_off`` is a context manager
+    that switches a shared LoRA model to its base weights (None for a separate copy)."""
+
+    def __init__(self, *, model: torch.nn.Module, micro_batch_size: int | None = None, use_dynamic_bsz: bool = False,
+                 max_token_len: int | None = None, adapter_off=None):
+        self.model = model
+        self.micro_batch_size = micro_batch_size
+        self.use_dynamic_bsz = use_dynamic_bsz
+        self.max_token_len = max_token_len
+        self.adapter_off = adapter_off or contextlib.nullcontext
+        for param in ([] if adapter_off else model.parameters()):
+            param.requires_grad_(False)
+
+    def compute_ref_log_prob(self, batch: Batch, *, temperature: float) -> torch.Tensor:
+        """log pi_ref(response token) ``[B, T]``."""
+        with self.adapter_off():
+            log_probs, _ = batch_log_probs(self.model, batch, temperature=temperature,
+                                           micro_batch_size=self.micro_batch_size,
+                                           use_dynamic_bsz=self.use_dynamic_bsz, max_token_len=self.max_token_len)
+        return log_probs

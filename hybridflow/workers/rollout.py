@@ -1,0 +1,62 @@
+"""The rollout worker: prompts in, n sampled responses per prompt out, in verl's layout.
+
+Output batch (B = prompts x n, rows of one prompt adjacent, i.e. ``repeat(n, interleave)``):
+
+    prompts          [B, P]   left-padded prompt ids
+    responses        [B, T]   right-padded response ids (T = longest response in the batch)
+    input_ids        [B, P+T] prompts ++ responses
+    attention_mask   [B, P+T] 1 on real tokens
+    position_ids     [B, P+T] continue counting from the prompt's last position
+    response_mask    [B, T]   1 on generated tokens (EOS included)
+    rollout_log_probs [B, T]  log-probs the engine sampled with (0 on padding)
+    non-tensors: the prompt's fields repeated, plus ``finish_reason``
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+
+from hybridflow.data.batch import Batch
+from hybridflow.data.padding import pad_sequences
+from hybridflow.rollout import Completion, SamplingParams
+
+
+class RolloutWorker:
+    """Wraps a generation engine; weights are pushed in by the trainer after every update."""
+
+    def __init__(self, *, engine, pad_token_id: int):
+        self.engine = engine
+        self.pad_token_id = pad_token_id
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        self.engine.load_weights(named_tensors)
+
+    def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
+        """Sample ``params.n`` responses for each prompt of ``prompts`` (needs ``raw_prompt_ids``)."""
+        completions = self.engine.generate([list(ids) for ids in prompts["raw_prompt_ids"]], params)
+        return self.assemble(prompts, completions, n=params.n)
+
+    def assemble(self, prompts: Batch, completions: list[Completion], *, n: int) -> Batch:
+        """Join prompts (repeated n times, interleaved) with their completions."""
+        batch = prompts.repeat(n, interleave=True)
+        responses = pad_sequences([c.token_ids for c in completions], pad_value=self.pad_token_id, side="right")
+        lengths = torch.tensor([len(c.token_ids) for c in completions])
+        response_mask = (torch.arange(responses.shape[1]).unsqueeze(0) < lengths.unsqueeze(1)).long()
+        log_probs = torch.zeros(responses.shape, dtype=torch.float32)
+        for row, completion in enumerate(completions):
+            if completion.logprobs:
+                log_probs[row, : len(completion.logprobs)] = torch.tensor(completion.logprobs)
+        prompt_ids = batch.pop(["input_ids"])["input_ids"]
+        prompt_mask, prompt_pos = batch["attention_mask"], batch["position_ids"]
+        steps = torch.arange(1, responses.shape[1] + 1).unsqueeze(0)
+        batch["prompts"] = prompt_ids
+        batch["responses"] = responses
+        batch["response_mask"] = response_mask
+        batch["rollout_log_probs"] = log_probs
+        batch["input_ids"] = torch.cat([prompt_ids, responses], dim=1)
+        batch["attention_mask"] = torch.cat([prompt_mask, response_mask.to(prompt_mask.dtype)], dim=1)
+        batch["position_ids"] = torch.cat([prompt_pos, prompt_pos[:, -1:] + steps], dim=1)
+        batch["finish_reason"] = [c.finish_reason for c in completions]
+        return batch
