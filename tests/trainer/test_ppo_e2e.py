@@ -121,3 +121,84 @@ def test_resume_after_sigkill_is_bitwise_equal(tmp_path, tiny_model_dir):
     assert a.keys() == b.keys()
     for key in a:
         assert torch.equal(a[key], b[key]), key
+
+
+# ---------------------------------------------------------------------------- export
+def test_merged_export_generates_like_the_trained_model(tmp_path, tiny_model_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from hybridflow.model_merger import main as merger_main
+    from hybridflow.trainer.main_ppo import build_trainer
+
+    cfg = load_config(PPOConfig, base_overrides(tmp_path, tiny_model_dir, steps=2) + ["trainer.save_freq=2"])
+    trainer = build_trainer(cfg)
+    trainer.fit()
+    actor_dir = tmp_path / "ckpt" / "global_step_2" / "actor"
+    assert merger_main(["merge", "--backend", "fsdp", "--local_dir", str(actor_dir),
+                        "--target_dir", str(tmp_path / "hf")]) == 0
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
+    tok = AutoTokenizer.from_pretrained(tmp_path / "hf")
+    prompt = tok.apply_chat_template([{"role": "user", "content": "What is 3 + 4?"}], add_generation_prompt=True,
+                                     return_tensors="pt", return_dict=True)
+    trained = trainer.w.actor.model.eval()
+    ours = trained.generate(**prompt, max_new_tokens=12, do_sample=False)
+    theirs = exported.generate(**prompt, max_new_tokens=12, do_sample=False)
+    assert torch.equal(ours, theirs)
+    for (name, a), (_, b) in zip(trained.state_dict().items(), exported.state_dict().items()):
+        assert torch.equal(a, b), name
+
+
+# ---------------------------------------------------------------------------- bad inputs
+BAD_REWARD = '''
+import math, time
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    i = int(extra_info["index"])
+    if i % 4 == 0:
+        raise RuntimeError("scorer bug")
+    if i % 4 == 1:
+        return math.nan
+    if i % 4 == 2:
+        time.sleep(60)  # hangs: must be cut by reward_model.timeout_s
+    return 1.0
+'''
+
+
+def test_raising_hanging_and_nan_scorers_do_not_stop_the_run(tmp_path, tiny_model_dir):
+    reward = tmp_path / "bad_reward.py"
+    reward.write_text(BAD_REWARD)
+    overrides = base_overrides(tmp_path, tiny_model_dir, steps=1) + [
+        f"custom_reward_function.path={reward}", "reward_model.timeout_s=2", "reward_model.reward_manager=parallel",
+        "reward_model.num_workers=2", "data.shuffle=False"]
+    start = time.time()
+    run_ppo(load_config(PPOConfig, overrides))
+    assert time.time() - start < 60
+    last = read_metrics(tmp_path)[-1]
+    # 4 prompts x n=2: indices 0, 1, 2, 3 -> 2 raised + 2 NaN + 2 timed out, 2 scored 1.0
+    assert last["reward/num_failed"] == 6
+    assert last["reward/num_timed_out"] == 2
+    assert last["critic/score/mean"] == pytest.approx(2 / 8)
+
+
+def test_unreadable_data_file_is_one_line(tmp_path, tiny_model_dir, capsys):
+    overrides = base_overrides(tmp_path, tiny_model_dir)
+    bad = tmp_path / "broken.parquet"
+    bad.write_bytes(b"this is not parquet")
+    assert main(overrides + [f"data.train_files={bad}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(bad) in err[0]
+
+
+def test_torn_checkpoint_falls_back_to_the_previous_good_one(tmp_path, tiny_model_dir):
+    overrides = base_overrides(tmp_path, tiny_model_dir, steps=2) + ["trainer.save_freq=1"]
+    run_ppo(load_config(PPOConfig, overrides))
+    root = tmp_path / "ckpt"
+    # a crash while writing step 3: its folder exists without the completion marker; the tracker still says 2
+    torn = root / "global_step_3"
+    torn.mkdir()
+    (torn / "actor").mkdir()
+    (root / "latest_checkpointed_iteration.txt").write_text("3")
+    resumed = load_config(PPOConfig, overrides[:-1] + ["trainer.total_training_steps=3", "trainer.save_freq=1"])
+    from hybridflow.trainer.main_ppo import build_trainer
+
+    trainer = build_trainer(resumed)
+    assert trainer.load_checkpoint() == 2

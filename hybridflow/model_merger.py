@@ -1,0 +1,56 @@
+"""``python -m hybridflow.model_merger merge --backend fsdp --local_dir .../global_step_N/actor --target_dir DIR``
+
+verl's merger command line: turns an actor (or SFT) checkpoint directory into a plain
+HF folder that ``AutoModelForCausalLM.from_pretrained`` loads. ``--backend fsdp`` reads
+both the single-file layout (``model.safetensors``) and, when the distributed
+checkpoint support is installed in the tree, sharded (DCP) checkpoints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from hybridflow.errors import ConfigError, run_entry_point
+
+
+def merge(local_dir: str, target_dir: str) -> str:
+    """Write the merged HF folder; sharded checkpoints go through the DCP merger."""
+    import os
+
+    from hybridflow.trainer.hf_export import WEIGHTS_FILE, merge_checkpoint
+
+    if not os.path.isdir(local_dir):
+        raise ConfigError(f"--local_dir '{local_dir}' does not exist; pass {{default_local_dir}}/global_step_N/actor")
+    if os.path.isfile(os.path.join(local_dir, WEIGHTS_FILE)):
+        return merge_checkpoint(local_dir, target_dir)
+    try:
+        from hybridflow.models.sharded_checkpoint import merge_sharded_checkpoint
+    except ImportError:
+        return merge_checkpoint(local_dir, target_dir)  # reports what the directory lacks
+    return merge_sharded_checkpoint(local_dir, target_dir)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m hybridflow.model_merger", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="operation", required=True)
+    merge_parser = sub.add_parser("merge", help="write a Hugging Face folder from a checkpoint")
+    merge_parser.add_argument("--backend", choices=["fsdp"], default="fsdp")
+    merge_parser.add_argument("--local_dir", required=True, help="global_step_N/actor (or critic) directory")
+    merge_parser.add_argument("--target_dir", required=True, help="output folder")
+    return parser
+
+
+def _main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    out = merge(args.local_dir, args.target_dir)
+    print(f"wrote a Hugging Face model to {out}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_entry_point(_main, list(sys.argv[1:] if argv is None else argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
