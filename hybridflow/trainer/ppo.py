@@ -26,16 +26,15 @@ Deviations from verl, on purpose:
 from __future__ import annotations
 
 import logging
-import os
-import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import torch
 
 from hybridflow.algos import AdaptiveKLController, FixedKLController, apply_kl_penalty, get_advantage, masked_mean
 from hybridflow.data.batch import Batch
+from hybridflow.errors import HybridflowError
 from hybridflow.rollout import SamplingParams
 from hybridflow.trainer.checkpoint import find_resume_checkpoint, load_checkpoint, save_checkpoint
 from hybridflow.trainer.checkpoint_components import ModelComponent
@@ -110,32 +109,30 @@ class PPOTrainer:
             self.tracking.log(last, step=0)
             if self.cfg.trainer.val_only:
                 return last
+        batches = self.prompt_batches()
         with self.tracking.progress(self.total_steps, initial_step=self.global_step):
             while self.global_step < self.total_steps:
-                for collated in self.train_loader:
-                    self.global_step += 1
-                    metrics = self.train_step(prompts_to_batch(collated), step=self.global_step)
-                    metrics.update(self._maybe_validate_and_save())
-                    self.tracking.log(metrics, step=self.global_step)
-                    last = metrics
-                    if self.global_step >= self.total_steps:
-                        break
+                self.global_step += 1
+                metrics = self.train_step(batches, step=self.global_step)
+                metrics.update(self._maybe_validate_and_save())
+                self.tracking.log(metrics, step=self.global_step)
+                last = metrics
         return last
 
-    def train_step(self, prompts: Batch, *, step: int) -> dict[str, float]:
-        """One PPO step on a batch of prompts; returns its metrics."""
+    def prompt_batches(self) -> Iterator[Batch]:
+        """Prompt batches across epochs (the loader's position is what a checkpoint records)."""
+        while True:
+            for collated in self.train_loader:
+                yield prompts_to_batch(collated)
+
+    def train_step(self, batches: Iterator[Batch], *, step: int) -> dict[str, float]:
+        """One PPO step on the next batch of prompts; returns its metrics."""
         timer, metrics = Timer(), {}
         temperature = self.rollout_cfg.temperature
         with timer("step"):
-            with timer("gen"):
-                batch = self.w.rollout.generate(prompts, self.sampling_params(step=step, validate=False))
-                batch = batch.to(self.device)
-            if self.cfg.algorithm.adv_estimator == "remax":
-                with timer("gen_max"):
-                    batch["reward_baselines"] = self.greedy_baseline(prompts, step=step)
-            with timer("reward"):
-                batch["token_level_scores"], _, reward_metrics, _ = self.w.reward.compute_scores(batch)
-                metrics.update(reward_metrics)
+            batch = self.rollout_and_score(next(batches), step=step, timer=timer, metrics=metrics)
+            if self.cfg.algorithm.filter_groups.enable:
+                batch = self.keep_informative_groups(batch, batches, step=step, timer=timer, metrics=metrics)
             with timer("old_log_prob"):
                 batch["old_log_probs"], entropy = self.w.actor.compute_log_prob(batch, temperature=temperature)
                 metrics["actor/entropy"] = masked_mean(values=entropy, mask=batch["response_mask"]).item()
@@ -168,15 +165,55 @@ class PPOTrainer:
         return metrics
 
     # ================================================================== stages
-    def sampling_params(self, *, step: int, validate: bool) -> SamplingParams:
-        """Training or validation sampling, seeded by the step so resumed runs sample identically."""
+    def rollout_and_score(self, prompts: Batch, *, step: int, timer: Timer, metrics: dict, attempt: int = 0) -> Batch:
+        """Generate n responses per prompt, then score them (token_level_scores [B, T])."""
+        with timer("gen"):
+            batch = self.w.rollout.generate(prompts, self.sampling_params(step=step, validate=False, attempt=attempt))
+            batch = batch.to(self.device)
+        if self.cfg.algorithm.adv_estimator == "remax":
+            with timer("gen_max"):
+                batch["reward_baselines"] = self.greedy_baseline(prompts, step=step)
+        with timer("reward"):
+            batch["token_level_scores"], scores, reward_metrics, extras = self.w.reward.compute_scores(batch)
+            batch["seq_score"] = scores.to(self.device)
+            for key, values in extras.items():
+                if key != "response_text":
+                    batch[f"reward_extra/{key}"] = torch.tensor(values, dtype=torch.float32)
+            metrics.update(reward_metrics)
+        return batch
+
+    def keep_informative_groups(self, batch: Batch, batches: Iterator[Batch], *, step: int, timer: Timer,
+                                metrics: dict) -> Batch:
+        """DAPO dynamic sampling (arXiv 2503.14476, Sec. 3.2): drop groups whose responses all get the same
+        ``filter_groups.metric``, and sample more prompt batches until ``train_batch_size`` groups remain."""
+        fg, n, wanted = self.cfg.algorithm.filter_groups, self.rollout_cfg.n, self.cfg.data.train_batch_size
+        kept, num_groups, gen_batches = [], 0, 1
+        while True:
+            informative = informative_rows(batch, metric=fg.metric, n=n)
+            kept.append(batch.index_select(informative))
+            num_groups += len(informative) // n
+            if num_groups >= wanted:
+                break
+            if 0 < fg.max_num_gen_batches <= gen_batches:
+                raise HybridflowError(
+                    f"algorithm.filter_groups: only {num_groups} of {wanted} prompt groups had varied "
+                    f"{fg.metric} after {gen_batches} generation batches; raise max_num_gen_batches (0 = no limit)"
+                    " or check the reward")
+            batch = self.rollout_and_score(next(batches), step=step, timer=timer, metrics={}, attempt=gen_batches)
+            gen_batches += 1
+        metrics.update({"train/num_gen_batches": gen_batches, "train/num_informative_groups": num_groups})
+        return Batch.concat(kept).index_select(list(range(wanted * n)))
+
+    def sampling_params(self, *, step: int, validate: bool, attempt: int = 0) -> SamplingParams:
+        """Training or validation sampling, seeded by (seed, step, attempt) so resumed runs sample identically."""
         rollout = self.rollout_cfg
         src = rollout.val_kwargs if validate else rollout
         greedy = not src.do_sample or src.temperature == 0
         return SamplingParams(
             n=src.n, temperature=0.0 if greedy else src.temperature, top_p=src.top_p, top_k=src.top_k,
             max_tokens=rollout.response_length, stop_token_ids=self.stop_token_ids(),
-            seed=rollout.seed * 1_000_003 + step * 2 + int(validate), logprobs=True,
+            seed=int(np.random.SeedSequence([rollout.seed, step, attempt, int(validate)]).generate_state(1)[0]),
+            logprobs=True,
         )
 
     def stop_token_ids(self) -> list[int]:
@@ -265,6 +302,16 @@ class PPOTrainer:
         self.w.rollout.load_weights(self.w.actor.named_weights())
         logger.info("resumed from %s (step %d)", path, step)
         return step
+
+
+def informative_rows(batch: Batch, *, metric: str, n: int) -> list[int]:
+    """Rows of the groups (n consecutive rows) whose ``metric`` is not constant."""
+    values = {"score": batch["seq_score"], "seq_reward": batch["token_level_scores"].sum(-1)}.get(metric)
+    if values is None:
+        values = batch[f"reward_extra/{metric}"]  # a scorer's extra metric, e.g. DAPO's acc
+    groups = values.float().reshape(-1, n)
+    varied = (groups.max(dim=1).values - groups.min(dim=1).values) > 0
+    return [g * n + i for g in varied.nonzero().flatten().tolist() for i in range(n)]
 
 
 def validation_metrics(*, scores: list[float], sources: list[str], lengths: list[int], n: int) -> dict[str, float]:

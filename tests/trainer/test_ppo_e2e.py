@@ -202,3 +202,27 @@ def test_torn_checkpoint_falls_back_to_the_previous_good_one(tmp_path, tiny_mode
 
     trainer = build_trainer(resumed)
     assert trainer.load_checkpoint() == 2
+
+
+# ---------------------------------------------------------------------------- DAPO
+def test_dapo_dynamic_sampling_keeps_only_informative_groups(tmp_path, tiny_model_dir):
+    overrides = base_overrides(tmp_path, tiny_model_dir, steps=2) + [
+        "algorithm.filter_groups.enable=True", "algorithm.filter_groups.metric=score",
+        "algorithm.filter_groups.max_num_gen_batches=8", "data.train_batch_size=2",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.rollout.n=4",
+        "actor_rollout_ref.actor.clip_ratio_high=0.28", "actor_rollout_ref.actor.loss_agg_mode=token-mean",
+        "actor_rollout_ref.rollout.temperature=1.0"]
+    run_ppo(load_config(PPOConfig, overrides))
+    last = read_metrics(tmp_path)[-1]
+    assert last["train/num_informative_groups"] >= 2
+    assert last["train/num_gen_batches"] >= 1
+
+
+def test_informative_rows_drops_constant_groups():
+    from hybridflow.data.batch import Batch
+    from hybridflow.trainer.ppo import informative_rows
+
+    batch = Batch.from_dict(tensors={"seq_score": torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 0.0]),
+                                     "token_level_scores": torch.zeros(6, 2)})
+    assert informative_rows(batch, metric="score", n=2) == [2, 3]
+    assert informative_rows(batch, metric="seq_reward", n=2) == []
