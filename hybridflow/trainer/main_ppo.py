@@ -89,7 +89,7 @@ def build_datasets(cfg: PPOConfig, tokenizer):
         return RLDataset(files, tokenizer=tokenizer, prompt_key=data.prompt_key, max_prompt_length=data.max_prompt_length,
                          filter_overlong_prompts=data.filter_overlong_prompts, truncation=data.truncation,
                          max_samples=max_samples, apply_chat_template_kwargs=dict(data.apply_chat_template_kwargs),
-                         return_raw_chat=data.return_raw_chat)
+                         return_raw_chat=data.return_raw_chat or cfg.reward_model.enable)
 
     max_train = data.train_max_samples if data.train_max_samples > 0 else data.max_samples
     train = dataset(data.train_files, max_train)
@@ -167,7 +167,23 @@ def build_reward_worker(cfg: PPOConfig, tokenizer):
                                   failure_score=rm.failure_score, timeout_s=rm.timeout_s)
     kwargs.update(MANAGER_SPECIFIC.get(rm.reward_manager, lambda _: {})(cfg))
     manager = build_reward_manager(rm.reward_manager, **kwargs)
-    return RewardWorker(manager=manager, tokenizer=tokenizer, reward_fn_key=cfg.data.reward_fn_key)
+    return RewardWorker(manager=manager, tokenizer=tokenizer, reward_fn_key=cfg.data.reward_fn_key,
+                        model_scorer=build_reward_model_scorer(cfg) if rm.enable else None)
+
+
+def build_reward_model_scorer(cfg: PPOConfig):
+    """A sequence-classification reward model scoring (prompt, response) in its own chat template."""
+    from hybridflow.models import load_reward_model, load_tokenizer
+    from hybridflow.rewards import RewardModelScorer
+
+    rm = cfg.reward_model
+    if not rm.model.path:
+        raise ConfigError("reward_model.enable=True needs reward_model.model.path (a sequence-classification model)")
+    tokenizer = load_tokenizer(rm.model.path, trust_remote_code=rm.model.trust_remote_code)
+    model = load_reward_model(rm.model.path, trust_remote_code=rm.model.trust_remote_code,
+                              pad_token_id=tokenizer.pad_token_id)
+    return RewardModelScorer(model=model, tokenizer=tokenizer, max_length=rm.max_length,
+                             micro_batch_size=rm.micro_batch_size_per_gpu or 8)
 
 
 MANAGER_SPECIFIC = {

@@ -16,12 +16,15 @@ from hybridflow.rewards import place_scores_on_last_token
 
 
 class RewardWorker:
-    """Rule-based (or user-function) scoring of a generated batch."""
+    """Scoring of a generated batch: rule-based / user function through ``manager``, or, when
+    ``model_scorer`` is given (``reward_model.enable``), a reward model — which then replaces the
+    rule-based score, as in verl."""
 
-    def __init__(self, *, manager, tokenizer, reward_fn_key: str = "data_source"):
+    def __init__(self, *, manager, tokenizer, reward_fn_key: str = "data_source", model_scorer=None):
         self.manager = manager
         self.tokenizer = tokenizer
         self.reward_fn_key = reward_fn_key
+        self.model_scorer = model_scorer
 
     def decode_responses(self, batch: Batch) -> list[str]:
         """Response text without padding or special tokens (what the scorer sees)."""
@@ -32,6 +35,8 @@ class RewardWorker:
     def compute_scores(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, dict[str, float], dict[str, list]]:
         """(token_level_scores [B, T], scores [B], metrics, per-sample extras) for ``batch``."""
         texts = self.decode_responses(batch)
+        if self.model_scorer is not None:
+            return self._model_scores(batch, texts)
         result = self.manager(
             texts,
             list(batch[self.reward_fn_key]),
@@ -47,6 +52,11 @@ class RewardWorker:
             if finite:
                 metrics[f"reward/{key}/mean"] = float(np.mean(finite))
         return token_scores, scores, metrics, {"response_text": texts, **result.extra}
+
+    def _model_scores(self, batch: Batch, texts: list[str]):
+        scores = self.model_scorer.score(prompts=list(batch["raw_prompt"]), responses=texts)
+        token_scores = place_scores_on_last_token(scores=scores, response_mask=batch["response_mask"])
+        return token_scores, scores, {"reward/model_score/mean": scores.mean().item()}, {"response_text": texts}
 
     def close(self) -> None:
         self.manager.close()

@@ -226,3 +226,23 @@ def test_informative_rows_drops_constant_groups():
                                      "token_level_scores": torch.zeros(6, 2)})
     assert informative_rows(batch, metric="score", n=2) == [2, 3]
     assert informative_rows(batch, metric="seq_reward", n=2) == []
+
+
+# ---------------------------------------------------------------------------- reward model
+def test_reward_model_scores_replace_rule_scores(tmp_path, tiny_model_dir):
+    from transformers import AutoModelForSequenceClassification
+
+    from hybridflow.models.tiny import build_tiny_tokenizer, tiny_config
+
+    tok = build_tiny_tokenizer()
+    config = tiny_config("llama", vocab_size=len(tok), num_labels=1, pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    rm = AutoModelForSequenceClassification.from_config(config)
+    rm.save_pretrained(tmp_path / "rm")
+    tok.save_pretrained(tmp_path / "rm")
+    overrides = base_overrides(tmp_path, tiny_model_dir, steps=1) + [
+        "reward_model.enable=True", f"reward_model.model.path={tmp_path / 'rm'}"]
+    run_ppo(load_config(PPOConfig, overrides))
+    last = read_metrics(tmp_path)[-1]
+    assert last["reward/model_score/mean"] == pytest.approx(last["critic/score/mean"], abs=1e-6)
+    assert last["critic/score/max"] != last["critic/score/min"]  # a real model, not a constant
