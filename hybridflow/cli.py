@@ -102,23 +102,9 @@ def _preprocess(args: argparse.Namespace, rest: list[str]) -> int:
 
 
 def _demo(args: argparse.Namespace, rest: list[str]) -> int:
-    """Foundation-stage demo: a tiny model answers a chat prompt through the whole model stack.
-    Replaced by the GRPO main job once the trainer lands."""
-    import tempfile
+    from hybridflow.trainer.demo import _main as demo_main
 
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from hybridflow.models.tiny import save_tiny_model
-
-    path = save_tiny_model(tempfile.mkdtemp(prefix="hybridflow-demo-"), arch="llama", seed=0)
-    tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path)
-    prompt = tok.apply_chat_template([{"role": "user", "content": "What is 2 + 3?"}], add_generation_prompt=True,
-                                     return_tensors="pt", return_dict=True)
-    out = model.generate(**prompt, max_new_tokens=16, do_sample=False)
-    print("tiny model at", path)
-    print("greedy reply:", repr(tok.decode(out[0, prompt["input_ids"].shape[1]:], skip_special_tokens=True)))
-    return 0
+    return demo_main(rest)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -143,7 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("--seed", type=int, default=0)
     tiny.set_defaults(func=_models_tiny)
 
-    demo = sub.add_parser("demo", help="run the main job")
+    demo = sub.add_parser("demo", help="the main job: GRPO on SmolLM2-135M (or --preset tiny), before -> after",
+                          add_help=False)
     demo.set_defaults(func=_demo)
 
     fetch = models.add_parser("fetch", help="install and convert the offline default model; prints its folder")

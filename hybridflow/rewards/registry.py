@@ -17,7 +17,7 @@ from hybridflow.errors import DataError
 Scorer = Callable[..., Any]
 
 _SCORERS: dict[str, Scorer] = {}
-_BUILTIN_MODULES = ("gsm8k", "math", "code")
+_BUILTIN_MODULES = ("gsm8k", "math", "code", "synthetic")
 _builtins_loaded = False
 
 
