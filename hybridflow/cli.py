@@ -6,6 +6,7 @@
     hybridflow models fetch [smollm2-135m-instruct]
     hybridflow preprocess gsm8k|reasoning_gym [script args ...]
     hybridflow ppo [--config-path D --config-name N] key=value ...     (= python -m hybridflow.trainer.main_ppo)
+    hybridflow sft key=value ...                                        (= python -m hybridflow.trainer.sft_trainer)
     hybridflow merge --local_dir .../global_step_N/actor --target_dir DIR
 
 Each subcommand is a small function; the trainers add ``ppo``, ``sft`` and ``demo``.
@@ -83,6 +84,12 @@ def _ppo(args: argparse.Namespace, rest: list[str]) -> int:
     return 0
 
 
+def _sft(args: argparse.Namespace, rest: list[str]) -> int:
+    from hybridflow.trainer.sft_trainer import main as sft_main
+
+    return sft_main(rest)
+
+
 def _merge(args: argparse.Namespace, rest: list[str]) -> int:
     from hybridflow.model_merger import merge
 
@@ -139,6 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     ppo = sub.add_parser("ppo", help="PPO / GRPO training (verl's main_ppo keys)", add_help=False)
     ppo.set_defaults(func=_ppo)
+
+    sft = sub.add_parser("sft", help="supervised fine-tuning (verl's sft_trainer keys)", add_help=False)
+    sft.set_defaults(func=_sft)
 
     merge = sub.add_parser("merge", help="checkpoint -> Hugging Face folder")
     merge.add_argument("--backend", choices=["fsdp"], default="fsdp")

@@ -627,6 +627,8 @@ class RayKwargsConfig:
 
     ray_init: RayInitConfig = field(default_factory=RayInitConfig)
     """Arguments of ``ray.init``."""
+    cpus_per_worker: float = 1.0
+    """CPUs reserved per worker process on a CPU run (fractions let small tests share cores)."""
 
 
 @dataclass

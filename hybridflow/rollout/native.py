@@ -82,21 +82,21 @@ class NativeEngine:
     def generate(self, prompt_token_ids: list[list[int]], params: SamplingParams) -> list[Completion]:
         """``n`` completions per prompt, grouped by prompt in input order."""
         validate_prompts(prompt_token_ids, max_model_len=self.max_model_len, max_tokens=params.max_tokens)
-        generator = self._generator(params.seed)
-        stop = StopChecker(params=params, tokenizer=self.tokenizer)
-        waiting = deque(PendingPrompt(i, list(p), params.n) for i, p in enumerate(prompt_token_ids))
         capacity = min(self.max_model_len, max(map(len, prompt_token_ids)) + params.max_tokens)
-        cache = self._reserve(slots=min(self.max_num_seqs, len(waiting) * params.n), max_len=capacity)
-        live: list[Sequence] = []
-        done: list[Sequence] = []
-        last_tokens = torch.empty(cache.slots, dtype=torch.long, device=self.device)
-        while waiting or live:
-            self._admit(waiting, live, cache, last_tokens, params, generator, stop, done)
-            if live:
-                self._step(live, cache, last_tokens, params, generator, stop, done)
-        done.sort(key=lambda s: (s.prompt_index, s.output_index))
+        cache = self._reserve(slots=min(self.max_num_seqs, len(prompt_token_ids) * params.n), max_len=capacity)
+        run = GenerationRun(
+            params=params, cache=cache, generator=self._generator(params.seed),
+            stop=StopChecker(params=params, tokenizer=self.tokenizer),
+            waiting=deque(PendingPrompt(i, list(p), params.n) for i, p in enumerate(prompt_token_ids)),
+            last_tokens=torch.empty(cache.slots, dtype=torch.long, device=self.device),
+        )
+        while run.waiting or run.live:
+            self._admit(run)
+            if run.live:
+                self._step(run)
+        run.done.sort(key=lambda s: (s.prompt_index, s.output_index))
         return [Completion(s.token_ids, s.logprobs if params.logprobs else None, s.finish_reason, s.prompt_index)
-                for s in done]
+                for s in run.done]
 
     def _generator(self, seed: int | None) -> torch.Generator:
         generator = torch.Generator(device=self.device)
@@ -114,66 +114,81 @@ class NativeEngine:
             )
         return self.cache
 
-    def _admit(self, waiting, live, cache, last_tokens, params, generator, stop, done) -> None:
+    def _admit(self, run: GenerationRun) -> None:
         """Move waiting samples into free slots; a prompt is prefilled once for all its samples."""
-        while waiting and len(live) < cache.slots:
-            pending = waiting[0]
-            count = min(pending.remaining, cache.slots - len(live))
+        while run.waiting and len(run.live) < run.cache.slots:
+            pending = run.waiting[0]
+            count = min(pending.remaining, run.cache.slots - len(run.live))
             if pending.prefix is None:
                 token_ids = torch.tensor(pending.token_ids, dtype=torch.long, device=self.device)
                 pending.first_logits, pending.prefix = self.decoder.prefill(token_ids)
-            first_slot = len(live)
-            cache.fill(first_slot=first_slot, count=count, prefix=pending.prefix)
+            first_slot = len(run.live)
+            run.cache.fill(first_slot=first_slot, count=count, prefix=pending.prefix)
             logits = pending.first_logits[None].expand(count, -1)
-            tokens, logprobs = sample_tokens(logits=logits, params=params, generator=generator)
-            last_tokens[first_slot : first_slot + count] = tokens
-            output_start = params.n - pending.remaining
+            tokens, logprobs = sample_tokens(logits=logits, params=run.params, generator=run.generator)
+            run.last_tokens[first_slot : first_slot + count] = tokens
+            output_start = run.params.n - pending.remaining
             for offset, (token, logprob) in enumerate(zip(tokens.tolist(), logprobs.tolist())):
-                sequence = Sequence(pending.index, output_start + offset, len(pending.token_ids))
-                live.append(sequence)
-                self._append(sequence, token, logprob, params, stop, cache.max_len)
+                run.live.append(Sequence(pending.index, output_start + offset, len(pending.token_ids)))
+                run.append(run.live[-1], token, logprob)
             pending.remaining -= count
             if pending.remaining == 0:
-                waiting.popleft()
-            self._retire(live, cache, last_tokens, done)
+                run.waiting.popleft()
+            run.retire()
 
-    def _step(self, live, cache, last_tokens, params, generator, stop, done) -> None:
+    def _step(self, run: GenerationRun) -> None:
         """One batched decode step over every live slot."""
-        count = len(live)
-        positions_list = cache.lengths[:count]
+        count = len(run.live)
+        positions_list = run.cache.lengths[:count]
         positions = torch.tensor(positions_list, dtype=torch.long, device=self.device)
-        logits = self.decoder.decode(token_ids=last_tokens[:count], positions=positions, cache=cache,
+        logits = self.decoder.decode(token_ids=run.last_tokens[:count], positions=positions, cache=run.cache,
                                      context=max(positions_list) + 1)
-        tokens, logprobs = sample_tokens(logits=logits, params=params, generator=generator)
-        last_tokens[:count] = tokens
+        tokens, logprobs = sample_tokens(logits=logits, params=run.params, generator=run.generator)
+        run.last_tokens[:count] = tokens
         for slot, (token, logprob) in enumerate(zip(tokens.tolist(), logprobs.tolist())):
-            cache.lengths[slot] += 1
-            self._append(live[slot], token, logprob, params, stop, cache.max_len)
-        self._retire(live, cache, last_tokens, done)
+            run.cache.lengths[slot] += 1
+            run.append(run.live[slot], token, logprob)
+        run.retire()
 
-    @staticmethod
-    def _append(sequence: Sequence, token: int, logprob: float, params, stop: StopChecker, max_len: int) -> None:
+
+@dataclass
+class GenerationRun:
+    """The state of one ``generate`` call: waiting prompts, live slots, finished sequences."""
+
+    params: SamplingParams
+    cache: SlotKVCache
+    generator: torch.Generator
+    stop: StopChecker
+    waiting: deque
+    last_tokens: torch.Tensor
+    """``[slots]`` each live slot's latest token (not yet in the cache)."""
+    live: list[Sequence] = field(default_factory=list)
+    """``live[i]`` occupies slot ``i``."""
+    done: list[Sequence] = field(default_factory=list)
+
+    def append(self, sequence: Sequence, token: int, logprob: float) -> None:
+        """Record a sampled token and decide whether the sequence has finished."""
         sequence.token_ids.append(token)
         sequence.logprobs.append(logprob)
-        if stop.is_stop(sequence.token_ids):
+        if self.stop.is_stop(sequence.token_ids):
             sequence.finish_reason = "stop"
-        elif len(sequence.token_ids) >= params.max_tokens or sequence.prompt_length + len(sequence.token_ids) >= max_len:
+        elif (len(sequence.token_ids) >= self.params.max_tokens
+              or sequence.prompt_length + len(sequence.token_ids) >= self.cache.max_len):
             sequence.finish_reason = "length"
 
-    @staticmethod
-    def _retire(live: list[Sequence], cache: SlotKVCache, last_tokens: torch.Tensor, done: list[Sequence]) -> None:
+    def retire(self) -> None:
         """Remove finished sequences, keeping live ones in slots ``0 .. len(live) - 1``.
 
         Going from the highest slot down, the current last slot is always live (or the
         finished one itself), so moving it into the hole keeps the prefix dense.
         """
-        for slot in reversed(range(len(live))):
-            if live[slot].finish_reason is None:
+        for slot in reversed(range(len(self.live))):
+            if self.live[slot].finish_reason is None:
                 continue
-            done.append(live[slot])
-            last = len(live) - 1
+            self.done.append(self.live[slot])
+            last = len(self.live) - 1
             if slot != last:
-                cache.move(source=last, target=slot)
-                last_tokens[slot] = last_tokens[last]
-                live[slot] = live[last]
-            live.pop()
+                self.cache.move(source=last, target=slot)
+                self.last_tokens[slot] = self.last_tokens[last]
+                self.live[slot] = self.live[last]
+            self.live.pop()

@@ -79,8 +79,8 @@ PRESETS: dict[str, DemoPreset] = {
             "actor_rollout_ref.actor.ppo_mini_batch_size=8",
             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
             "actor_rollout_ref.actor.optim.lr=3e-3",
-            "trainer.total_training_steps=40",
-            "trainer.test_freq=20",
+            "trainer.total_training_steps=60",
+            "trainer.test_freq=30",
         ),
     ),
 }
@@ -174,8 +174,7 @@ def run_demo(preset_name: str, run_dir: str, extra_overrides: list[str]) -> dict
     try:
         trainer.fit()
     finally:
-        trainer.w.reward.close()
-        trainer.tracking.finish()
+        trainer.close()
     seconds = time.time() - start
     history = trainer.tracking.history
     plots = plot_curves(history, os.path.join(run_dir, "plots"))

@@ -7,7 +7,6 @@ from its config.json) is checked first, so a typo costs a second, not a model lo
 
 from __future__ import annotations
 
-import copy
 import os
 import random
 import sys
@@ -110,48 +109,54 @@ def total_training_steps(cfg: PPOConfig, steps_per_epoch: int) -> int:
     return steps
 
 
-def build_policy_workers(cfg: PPOConfig, tokenizer, *, total_steps: int, device: torch.device):
-    """Actor, rollout and (when a KL term is used) reference: the hybrid engine's roles."""
-    from hybridflow.models import load_causal_lm
-    from hybridflow.rollout.engine import build_engine
-    from hybridflow.workers.actor import ActorWorker
-    from hybridflow.workers.optim import train_state_from_config
-    from hybridflow.workers.reference import ReferenceWorker
-    from hybridflow.workers.rollout import RolloutWorker
+def build_worker_groups(cfg: PPOConfig, *, total_steps: int):
+    """(actor/rollout/reference group, critic group or None) on ``trainer.backend``.
 
-    arr = cfg.actor_rollout_ref
-    model = load_causal_lm(arr.model.path, dtype="float32", trust_remote_code=arr.model.trust_remote_code,
-                           override_config=dict(arr.model.override_config),
-                           gradient_checkpointing=arr.model.enable_gradient_checkpointing,
-                           attn_implementation=arr.model.attn_implementation).to(device)
-    state = train_state_from_config(model, arr.actor.optim, grad_clip=arr.actor.grad_clip, total_steps=total_steps)
-    actor = ActorWorker(state=state, cfg=arr.actor, rollout_n=arr.rollout.n,
-                        max_response_length=cfg.data.max_response_length,
-                        log_prob_micro_batch_size=arr.rollout.log_prob_micro_batch_size_per_gpu, seed=cfg.trainer.seed)
-    engine_model = copy.deepcopy(model).eval()
-    engine = build_engine(arr.rollout.name, engine_model, tokenizer,
-                          **dict(arr.rollout.engine_kwargs.get(arr.rollout.name) or {}))
-    rollout = RolloutWorker(engine=engine, pad_token_id=tokenizer.pad_token_id)
-    reference = None
-    if arr.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward:
-        reference = ReferenceWorker(model=copy.deepcopy(model).eval(),
-                                    micro_batch_size=arr.ref.log_prob_micro_batch_size_per_gpu,
-                                    use_dynamic_bsz=arr.ref.log_prob_use_dynamic_bsz,
-                                    max_token_len=arr.ref.log_prob_max_token_len_per_gpu)
-    return actor, rollout, reference
+    The actor, rollout and reference share one group (the hybrid engine); ``local`` runs it
+    in this process at world size 1, ``ray`` as ``nnodes x n_gpus_per_node`` FSDP2 ranks.
+    """
+    import functools
+
+    from hybridflow.controller.builders import build_critic_worker, build_hybrid_engine
+    from hybridflow.controller.roles import CriticGroupWorker, HybridEngineWorker
+    from hybridflow.controller.worker_group import build_worker_group
+
+    backend, kwargs = cfg.trainer.backend, ray_group_kwargs(cfg)
+    engine = build_worker_group(functools.partial(build_hybrid_engine, cfg=cfg, total_steps=total_steps),
+                                worker_cls=HybridEngineWorker, backend=backend, name="actor_rollout_ref", **kwargs)
+    critic = None
+    if critic_enabled(cfg):
+        if backend == "ray":  # colocated with the actor: same bundles, half of each
+            kwargs = dict(kwargs, placement_group=engine.backend.placement_group, share=0.5)
+        critic = build_worker_group(functools.partial(build_critic_worker, cfg=cfg, total_steps=total_steps),
+                                    worker_cls=CriticGroupWorker, backend=backend, name="critic", **kwargs)
+    return engine, critic
 
 
-def build_critic(cfg: PPOConfig, *, total_steps: int, device: torch.device):
-    from hybridflow.models import load_value_model
-    from hybridflow.workers.critic import CriticWorker
-    from hybridflow.workers.optim import train_state_from_config
+def ray_group_kwargs(cfg: PPOConfig) -> dict[str, Any]:
+    """Resource pool and cluster address of the Ray backend (nothing for ``local``)."""
+    if cfg.trainer.backend != "ray":
+        return {}
+    from hybridflow.controller.resources import pool_from_trainer_config
 
-    critic_cfg = cfg.critic
-    model = load_value_model(critic_cfg.model.path, dtype="float32",
-                             trust_remote_code=critic_cfg.model.trust_remote_code,
-                             override_config=dict(critic_cfg.model.override_config)).to(device)
-    state = train_state_from_config(model, critic_cfg.optim, grad_clip=critic_cfg.grad_clip, total_steps=total_steps)
-    return CriticWorker(state=state, cfg=critic_cfg, rollout_n=cfg.actor_rollout_ref.rollout.n)
+    ray_init = cfg.ray_kwargs.ray_init
+    pool = pool_from_trainer_config(cfg.trainer, use_gpu=resolve_device(cfg.trainer.device).type == "cuda",
+                                    cpus_per_proc=cfg.ray_kwargs.cpus_per_worker)
+    return {"pool": pool, "ray_address": ray_init.address, "ray_num_cpus": ray_init.num_cpus,
+            "timeout_s": float(cfg.trainer.ray_wait_register_center_timeout)}
+
+
+def stop_token_ids(path: str, tokenizer) -> list[int]:
+    """EOS of the tokenizer plus the model's generation-config EOS ids (chat models often have several)."""
+    from transformers import GenerationConfig
+
+    ids = {tokenizer.eos_token_id}
+    try:
+        eos = GenerationConfig.from_pretrained(os.path.expanduser(path)).eos_token_id
+    except OSError:
+        eos = None
+    ids.update(eos if isinstance(eos, list) else [eos])
+    return sorted(i for i in ids if i is not None)
 
 
 def build_reward_worker(cfg: PPOConfig, tokenizer):
@@ -198,6 +203,7 @@ MANAGER_SPECIFIC = {
 
 def build_trainer(cfg: PPOConfig) -> PPOTrainer:
     """Everything the loop needs, from a validated config."""
+    from hybridflow.controller.roles import GroupCheckpoint
     from hybridflow.models import load_tokenizer
     from hybridflow.trainer.tracking import Tracking
     from omegaconf import OmegaConf
@@ -208,15 +214,17 @@ def build_trainer(cfg: PPOConfig) -> PPOTrainer:
                                trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code)
     train_loader, val_loader = build_datasets(cfg, tokenizer)
     total_steps = total_training_steps(cfg, len(train_loader))
-    actor, rollout, reference = build_policy_workers(cfg, tokenizer, total_steps=total_steps, device=device)
-    critic = build_critic(cfg, total_steps=total_steps, device=device) if critic_enabled(cfg) else None
-    workers = PPOWorkers(actor=actor, rollout=rollout, reward=build_reward_worker(cfg, tokenizer),
-                         reference=reference, critic=critic)
+    engine, critic = build_worker_groups(cfg, total_steps=total_steps)
+    uses_reference = cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
+    workers = PPOWorkers(actor=engine, rollout=engine, reward=build_reward_worker(cfg, tokenizer),
+                         reference=engine if uses_reference else None, critic=critic)
+    components = {"actor": GroupCheckpoint(engine), **({"critic": GroupCheckpoint(critic)} if critic else {})}
     tracking = Tracking(cfg.trainer.project_name, cfg.trainer.experiment_name, as_list(cfg.trainer.logger),
                         config=OmegaConf.to_container(OmegaConf.structured(cfg)),
                         local_dir=os.path.join(cfg.trainer.default_local_dir, "logs"))
     return PPOTrainer(cfg=cfg, workers=workers, train_loader=train_loader, val_loader=val_loader, tracking=tracking,
-                      tokenizer=tokenizer, total_steps=total_steps, device=device)
+                      tokenizer=tokenizer, total_steps=total_steps, device=device, checkpoint_components=components,
+                      stop_token_ids=stop_token_ids(cfg.actor_rollout_ref.model.path, tokenizer))
 
 
 def run_ppo(cfg: PPOConfig) -> dict[str, float]:
@@ -231,8 +239,7 @@ def run_ppo(cfg: PPOConfig) -> dict[str, float]:
     try:
         last = trainer.fit()
     finally:
-        trainer.w.reward.close()
-        trainer.tracking.finish()
+        trainer.close()
     history = trainer.tracking.history
     print(summary_table(history))
     plot_curves(history, os.path.join(cfg.trainer.default_local_dir, "plots"))

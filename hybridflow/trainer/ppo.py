@@ -37,7 +37,6 @@ from hybridflow.data.batch import Batch
 from hybridflow.errors import HybridflowError
 from hybridflow.rollout import SamplingParams
 from hybridflow.trainer.checkpoint import find_resume_checkpoint, load_checkpoint, save_checkpoint
-from hybridflow.trainer.checkpoint_components import ModelComponent
 from hybridflow.trainer.metrics import (
     Timer,
     data_metrics,
@@ -85,7 +84,8 @@ class PPOTrainer:
     """Drives the workers through ``total_steps`` PPO steps, validating and checkpointing."""
 
     def __init__(self, *, cfg, workers: PPOWorkers, train_loader, val_loader, tracking, tokenizer,
-                 total_steps: int, device: torch.device):
+                 total_steps: int, device: torch.device, checkpoint_components: dict[str, Any],
+                 stop_token_ids: list[int]):
         self.cfg = cfg
         self.w = workers
         self.train_loader = train_loader
@@ -97,6 +97,8 @@ class PPOTrainer:
         self.rollout_cfg = cfg.actor_rollout_ref.rollout
         self.advantage_fn = get_advantage(cfg.algorithm.adv_estimator)
         self.kl_ctrl = build_kl_controller(cfg.algorithm.kl_ctrl)
+        self.checkpoint_components = checkpoint_components
+        self.stop_token_ids = stop_token_ids
         self.global_step = 0
 
     # ================================================================== the loop
@@ -211,16 +213,10 @@ class PPOTrainer:
         greedy = not src.do_sample or src.temperature == 0
         return SamplingParams(
             n=src.n, temperature=0.0 if greedy else src.temperature, top_p=src.top_p, top_k=src.top_k,
-            max_tokens=rollout.response_length, stop_token_ids=self.stop_token_ids(),
+            max_tokens=rollout.response_length, stop_token_ids=self.stop_token_ids,
             seed=int(np.random.SeedSequence([rollout.seed, step, attempt, int(validate)]).generate_state(1)[0]),
             logprobs=True,
         )
-
-    def stop_token_ids(self) -> list[int]:
-        ids = {self.tokenizer.eos_token_id}
-        generation_eos = getattr(getattr(self.w.actor.model, "generation_config", None), "eos_token_id", None)
-        ids.update(generation_eos if isinstance(generation_eos, list) else [generation_eos])
-        return sorted(i for i in ids if i is not None)
 
     def greedy_baseline(self, prompts: Batch, *, step: int) -> torch.Tensor:
         """ReMax's baseline (arXiv 2310.10505): the reward of the greedy response, repeated n times."""
@@ -276,18 +272,10 @@ class PPOTrainer:
         return metrics
 
     # ================================================================== checkpoints
-    def checkpoint_components(self) -> dict[str, Any]:
-        actor = self.w.actor.state
-        parts = {"actor": ModelComponent(actor.model, actor.optimizer, actor.scheduler, tokenizer=self.tokenizer)}
-        if self.w.critic is not None:
-            critic = self.w.critic.state
-            parts["critic"] = ModelComponent(critic.model, critic.optimizer, critic.scheduler)
-        return parts
-
     def save_checkpoint(self) -> str:
         extra = {"dataloader": self.train_loader.state_dict(), "kl_coef": self.kl_ctrl.value,
                  "global_step": self.global_step}
-        return save_checkpoint(self.cfg.trainer.default_local_dir, self.global_step, self.checkpoint_components(),
+        return save_checkpoint(self.cfg.trainer.default_local_dir, self.global_step, self.checkpoint_components,
                                extra=extra, max_to_keep=self.cfg.trainer.max_actor_ckpt_to_keep)
 
     def load_checkpoint(self) -> int:
@@ -296,12 +284,19 @@ class PPOTrainer:
         path = find_resume_checkpoint(trainer.default_local_dir, trainer.resume_mode, trainer.resume_from_path)
         if path is None:
             return 0
-        step, extra = load_checkpoint(path, self.checkpoint_components())
+        step, extra = load_checkpoint(path, self.checkpoint_components)
         self.train_loader.load_state_dict(extra["dataloader"])
         self.kl_ctrl.value = extra.get("kl_coef", self.kl_ctrl.value)
         self.w.rollout.load_weights(self.w.actor.named_weights())
         logger.info("resumed from %s (step %d)", path, step)
         return step
+
+    def close(self) -> None:
+        """Stop reward worker processes, flush trackers, release worker groups."""
+        self.w.reward.close()
+        self.tracking.finish()
+        for group in {id(g): g for g in (self.w.actor, self.w.critic) if hasattr(g, "shutdown")}.values():
+            group.shutdown()
 
 
 def informative_rows(batch: Batch, *, metric: str, n: int) -> list[int]:

@@ -44,6 +44,8 @@ CONSOLE_METRICS = (
     ("actor/pg_loss", "pg_loss"),
     ("actor/entropy", "entropy"),
     ("actor/ppo_kl", "ppo_kl"),
+    ("train/loss", "loss"),
+    ("val/loss", "val_loss"),
     ("timing_s/step", "step_s"),
 )
 

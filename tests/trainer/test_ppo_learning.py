@@ -9,7 +9,7 @@ from tests.trainer.ppo_fixtures import base_overrides
 
 def test_grpo_learns_to_emit_digits(tmp_path, tiny_model_dir):
     """Reward = fraction of the response's characters that are digits (chance ~0.2 for the random model)."""
-    overrides = base_overrides(tmp_path, tiny_model_dir, steps=40) + [
+    overrides = base_overrides(tmp_path, tiny_model_dir, steps=60) + [
         "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16", "actor_rollout_ref.rollout.n=8",
         "actor_rollout_ref.actor.optim.lr=3e-3", "trainer.logger=[file]",

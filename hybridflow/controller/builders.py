@@ -1,0 +1,101 @@
+"""Factories that build a role's worker inside one rank, from the PPO config.
+
+A factory is ``factory(dp: DataParallel) -> worker``; bind the config with
+``functools.partial`` and hand it to ``build_worker_group``. The same function runs in
+the local backend (``dp`` = world size 1: no sharding) and in every Ray rank (``dp``
+= that rank: FSDP2 across the group), so the two can only differ by the sharding.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from hybridflow.workers.distributed import DataParallel
+
+
+def rank_device() -> torch.device:
+    # Ray sets CUDA_VISIBLE_DEVICES to the rank's GPU, so it is always device 0 of the process.
+    return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def shard_for_group(model: torch.nn.Module, *, dp: DataParallel, fsdp_cfg, device: torch.device) -> torch.nn.Module:
+    """FSDP2 over all ranks of the group; unchanged at world size 1 (the local reference)."""
+    if dp.world_size == 1:
+        return model
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from hybridflow.models.fsdp import shard_model
+
+    mesh = init_device_mesh(device.type, (dp.world_size,))
+    on_gpu = device.type == "cuda"
+    return shard_model(model, mesh=mesh, mixed_precision=fsdp_cfg.mixed_precision if on_gpu else None,
+                       param_offload=fsdp_cfg.param_offload or fsdp_cfg.offload_policy,
+                       reshard_after_forward=fsdp_cfg.reshard_after_forward)
+
+
+def build_hybrid_engine(dp: DataParallel, *, cfg, total_steps: int, with_rollout: bool = True,
+                        with_reference: bool | None = None):
+    """Actor (FSDP2-sharded), rollout engine (full weights) and reference of one rank, from a PPOConfig."""
+    from hybridflow.controller.roles import HybridEngineWorker
+    from hybridflow.models import load_causal_lm, load_tokenizer
+    from hybridflow.models.sharded_checkpoint import FSDPModelComponent
+    from hybridflow.workers.actor import ActorWorker
+    from hybridflow.workers.optim import train_state_from_config
+    from hybridflow.workers.reference import ReferenceWorker
+
+    torch.manual_seed(cfg.trainer.seed)
+    arr, device = cfg.actor_rollout_ref, rank_device()
+    tokenizer = load_tokenizer(cfg.data.tokenizer or arr.model.path, trust_remote_code=arr.model.trust_remote_code)
+    model = load_causal_lm(arr.model.path, dtype="float32", trust_remote_code=arr.model.trust_remote_code,
+                           override_config=dict(arr.model.override_config),
+                           gradient_checkpointing=arr.model.enable_gradient_checkpointing,
+                           attn_implementation=arr.model.attn_implementation).to(device)
+    if with_reference is None:
+        with_reference = arr.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
+    # Copies for generation and reference are taken before sharding: they hold full weights.
+    rollout = _rollout_worker(copy.deepcopy(model).eval(), tokenizer, arr.rollout) if with_rollout else None
+    reference = None
+    if with_reference:
+        ref_model = shard_for_group(copy.deepcopy(model).eval(), dp=dp, fsdp_cfg=arr.ref.fsdp_config, device=device)
+        reference = ReferenceWorker(model=ref_model, micro_batch_size=arr.ref.log_prob_micro_batch_size_per_gpu,
+                                    use_dynamic_bsz=arr.ref.log_prob_use_dynamic_bsz,
+                                    max_token_len=arr.ref.log_prob_max_token_len_per_gpu)
+    model = shard_for_group(model, dp=dp, fsdp_cfg=arr.actor.fsdp_config, device=device)
+    state = train_state_from_config(model, arr.actor.optim, grad_clip=arr.actor.grad_clip, total_steps=total_steps)
+    actor = ActorWorker(state=state, cfg=arr.actor, rollout_n=arr.rollout.n, max_response_length=cfg.data.max_response_length,
+                        log_prob_micro_batch_size=arr.rollout.log_prob_micro_batch_size_per_gpu, dp=dp,
+                        seed=cfg.trainer.seed)
+    checkpoint = FSDPModelComponent(model, state.optimizer, state.scheduler, tokenizer=tokenizer)
+    return HybridEngineWorker(actor=actor, rollout=rollout, reference=reference, checkpoint=checkpoint)
+
+
+def _rollout_worker(engine_model, tokenizer, rollout_cfg):
+    from hybridflow.rollout.engine import build_engine
+    from hybridflow.workers.rollout import RolloutWorker
+
+    engine = build_engine(rollout_cfg.name, engine_model, tokenizer,
+                          **dict(rollout_cfg.engine_kwargs.get(rollout_cfg.name) or {}))
+    return RolloutWorker(engine=engine, pad_token_id=tokenizer.pad_token_id)
+
+
+def build_critic_worker(dp: DataParallel, *, cfg, total_steps: int):
+    """The critic of one rank: value model (FSDP2 across the group), optimizer, checkpoint component."""
+    from hybridflow.controller.roles import CriticGroupWorker
+    from hybridflow.models import load_tokenizer, load_value_model
+    from hybridflow.models.sharded_checkpoint import FSDPModelComponent
+    from hybridflow.workers.critic import CriticWorker
+    from hybridflow.workers.optim import train_state_from_config
+
+    torch.manual_seed(cfg.trainer.seed)
+    critic_cfg, device = cfg.critic, rank_device()
+    model = load_value_model(critic_cfg.model.path, dtype="float32", trust_remote_code=critic_cfg.model.trust_remote_code,
+                             override_config=dict(critic_cfg.model.override_config)).to(device)
+    model = shard_for_group(model, dp=dp, fsdp_cfg=critic_cfg.model.fsdp_config, device=device)
+    state = train_state_from_config(model, critic_cfg.optim, grad_clip=critic_cfg.grad_clip, total_steps=total_steps)
+    critic = CriticWorker(state=state, cfg=critic_cfg, rollout_n=cfg.actor_rollout_ref.rollout.n, dp=dp)
+    tokenizer = load_tokenizer(critic_cfg.model.tokenizer_path or critic_cfg.model.path,
+                               trust_remote_code=critic_cfg.model.trust_remote_code)
+    return CriticGroupWorker(critic=critic, checkpoint=FSDPModelComponent(model, state.optimizer, state.scheduler,
+                                                                         tokenizer=tokenizer))

@@ -1,0 +1,136 @@
+"""The Ray backend: one Ray actor per rank, all ranks in one torch.distributed process group.
+
+Start-up, for a group of N ranks on a reserved placement group (``resources.reserve``):
+
+1. N actors are placed one per bundle (a colocated group takes ``share`` of each bundle);
+2. rank 0 reports its node IP and a free port: MASTER_ADDR / MASTER_PORT for everyone;
+3. every rank sets RANK / WORLD_SIZE / LOCAL_RANK and joins the process group (gloo on
+   CPU, nccl on GPU), then builds its worker with the group's factory.
+
+A call runs on all ranks at once. If a rank's process dies, or raises, the others are
+usually blocked in a collective that will never complete, so the whole group is torn
+down and the error names the group, the rank, its node and pid, and the method.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable
+from typing import Any
+
+import ray
+
+from hybridflow.controller.dispatch import Call
+from hybridflow.controller.resources import ResourcePool, connect_ray, reserve
+from hybridflow.errors import HybridflowError
+from hybridflow.workers.distributed import DataParallel
+
+
+class WorkerDiedError(HybridflowError):
+    """A rank's process exited during a call; the run must resume from its last checkpoint."""
+
+
+class RankProcess:
+    """The body of one rank's Ray actor: process-group membership, the worker, and calls on it."""
+
+    def __init__(self, *, rank: int, world_size: int, threads: int):
+        import torch
+
+        self.rank, self.world_size = rank, world_size
+        torch.set_num_threads(max(1, threads))
+        self.worker = None
+
+    def location(self) -> tuple[str, int]:
+        return ray.util.get_node_ip_address(), os.getpid()
+
+    def free_endpoint(self) -> tuple[str, int]:
+        with socket.socket() as sock:
+            sock.bind(("", 0))
+            return ray.util.get_node_ip_address(), sock.getsockname()[1]
+
+    def join(self, *, master_addr: str, master_port: int, dist_backend: str, local_rank: int) -> None:
+        import torch.distributed as dist
+
+        os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(self.rank),
+                          WORLD_SIZE=str(self.world_size), LOCAL_RANK=str(local_rank))
+        dist.init_process_group(dist_backend, rank=self.rank, world_size=self.world_size)
+
+    def build(self, factory: Callable) -> None:
+        self.worker = factory(DataParallel(world_size=self.world_size, rank=self.rank, group=None))
+
+    def call(self, method: str, args: tuple, kwargs: dict) -> Any:
+        return getattr(self.worker, method)(*args, **kwargs)
+
+
+class RayBackend:
+    """N ranks as Ray actors on a placement group (reserved here unless one is passed to share)."""
+
+    def __init__(self, factory: Callable, *, name: str = "worker", pool: ResourcePool | None = None,
+                 placement_group=None, share: float = 1.0, ray_address: str | None = None,
+                 ray_num_cpus: float | None = None, timeout_s: float = 300.0):
+        connect_ray(address=ray_address, num_cpus=ray_num_cpus)
+        self.name, self.pool = name, pool or ResourcePool()
+        self.world_size = self.pool.world_size
+        self._owns_group = placement_group is None
+        self.placement_group = placement_group or reserve(self.pool, timeout_s=timeout_s)
+        self.actors = [self._spawn(rank, share) for rank in range(self.world_size)]
+        self.locations = ray.get([actor.location.remote() for actor in self.actors])
+        self._join()
+        self._wait([actor.build.remote(factory) for actor in self.actors], method="build")
+
+    def _spawn(self, rank: int, share: float):
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        cpus, gpus = self.pool.cpus_per_proc * share, self.pool.gpus_per_proc * share
+        strategy = PlacementGroupSchedulingStrategy(self.placement_group, placement_group_bundle_index=rank)
+        threads = max(1, int(self.pool.cpus_per_proc))
+        env = {"OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
+        actor_cls = ray.remote(RankProcess).options(
+            num_cpus=cpus, num_gpus=gpus, scheduling_strategy=strategy, name=None,
+            runtime_env={"env_vars": env})
+        return actor_cls.remote(rank=rank, world_size=self.world_size, threads=threads)
+
+    def _join(self) -> None:
+        master_addr, master_port = ray.get(self.actors[0].free_endpoint.remote())
+        dist_backend = "nccl" if self.pool.gpus_per_proc else "gloo"
+        joins = [actor.join.remote(master_addr=master_addr, master_port=master_port, dist_backend=dist_backend,
+                                   local_rank=rank % self.pool.procs_per_node)
+                 for rank, actor in enumerate(self.actors)]
+        self._wait(joins, method="init_process_group")
+
+    def execute(self, method: str, calls: list[Call]) -> list[Any]:
+        refs = [actor.call.remote(method, args, kwargs) for actor, (args, kwargs) in zip(self.actors, calls)]
+        return self._wait(refs, method=method)
+
+    def _wait(self, refs: list, *, method: str) -> list[Any]:
+        """Results in rank order; the first failing rank tears the group down and is named."""
+        pending, results = {ref: rank for rank, ref in enumerate(refs)}, [None] * len(refs)
+        while pending:
+            (ref,), _ = ray.wait(list(pending), num_returns=1)
+            rank = pending.pop(ref)
+            try:
+                results[rank] = ray.get(ref)
+            except ray.exceptions.RayActorError as err:
+                self.shutdown()
+                node, pid = self.locations[rank] if hasattr(self, "locations") else ("?", "?")
+                raise WorkerDiedError(
+                    f"worker group {self.name!r}: rank {rank} (pid {pid} on {node}) died during {method}(); "
+                    f"resume from the last checkpoint (trainer.resume_mode=auto) [{type(err).__name__}]") from err
+            except ray.exceptions.RayTaskError as err:
+                self.shutdown()
+                cause = err.cause
+                if isinstance(cause, HybridflowError):
+                    raise cause from None
+                raise err.as_instanceof_cause() from None
+        return results
+
+    def shutdown(self) -> None:
+        from ray.util.placement_group import remove_placement_group
+
+        for actor in getattr(self, "actors", []):
+            ray.kill(actor, no_restart=True)
+        self.actors = []
+        if getattr(self, "placement_group", None) is not None and self._owns_group:
+            remove_placement_group(self.placement_group)
+        self.placement_group = None

@@ -1,0 +1,129 @@
+"""Dispatch declarations of the role workers, and the hybrid-engine worker.
+
+The plain workers (``hybridflow.workers``) stay free of distribution concerns; their
+dispatch modes are declared here as tables. :class:`HybridEngineWorker` composes the
+actor, rollout engine and reference of one rank (the HybridFlow paper's "3D-HybridEngine",
+verl's ``ActorRolloutRefWorker``): the same process trains with sharded weights and
+generates with full weights, and moving weights from one to the other is an all-gather
+in memory, never a disk round trip.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hybridflow.controller.dispatch import DispatchSpec, Mode, dispatch, register_dispatch_table
+from hybridflow.data.batch import Batch
+from hybridflow.workers.actor import ActorWorker
+from hybridflow.workers.critic import CriticWorker
+from hybridflow.workers.reference import ReferenceWorker
+
+SPLIT_CONCAT = DispatchSpec(Mode.DP_COMPUTE, "concat")
+SPLIT_MEAN = DispatchSpec(Mode.DP_COMPUTE, "mean")
+
+register_dispatch_table(ActorWorker, {"compute_log_prob": SPLIT_CONCAT, "update_policy": SPLIT_MEAN})
+register_dispatch_table(CriticWorker, {"compute_values": SPLIT_CONCAT, "update_critic": SPLIT_MEAN})
+register_dispatch_table(ReferenceWorker, {"compute_ref_log_prob": SPLIT_CONCAT})
+
+
+@dataclass(frozen=True)
+class ColocatedWeights:
+    """What ``named_weights`` returns in a hybrid engine: a token meaning "the actor's weights, in
+    this same process". ``load_weights(token)`` then gathers and loads on every rank, so the
+    loop's ``rollout.load_weights(actor.named_weights())`` moves no tensor through the driver."""
+
+    source: str = "actor"
+
+
+class HybridEngineWorker:
+    """Actor + rollout + (optional) reference of one rank; also checkpointable as a whole.
+
+    ``checkpoint``: a component with ``save_to(dir)``/``load_from(dir)`` for the actor
+    (e.g. ``FSDPModelComponent``), called on every rank with the same directory.
+    """
+
+    def __init__(self, *, actor: ActorWorker, rollout=None, reference: ReferenceWorker | None = None,
+                 checkpoint=None):
+        self.actor, self.rollout, self.reference, self.checkpoint = actor, rollout, reference, checkpoint
+
+    @dispatch(Mode.DP_COMPUTE)
+    def compute_log_prob(self, batch: Batch, *, temperature: float):
+        return self.actor.compute_log_prob(batch, temperature=temperature)
+
+    @dispatch(Mode.DP_COMPUTE, collect="mean")
+    def update_policy(self, batch: Batch, *, temperature: float, step: int) -> dict[str, float]:
+        return self.actor.update_policy(batch, temperature=temperature, step=step)
+
+    @dispatch(Mode.DP_COMPUTE)
+    def compute_ref_log_prob(self, batch: Batch, *, temperature: float):
+        return self.reference.compute_ref_log_prob(batch, temperature=temperature)
+
+    @dispatch(Mode.DP_COMPUTE)
+    def generate(self, prompts: Batch, params) -> Batch:
+        return self.rollout.generate(prompts, params)
+
+    @dispatch(Mode.ONE_TO_ALL, collect="first")
+    def named_weights(self) -> ColocatedWeights:
+        return ColocatedWeights()
+
+    @dispatch(Mode.ONE_TO_ALL, collect="first")
+    def full_weights(self) -> dict:
+        """The unsharded actor weights (every rank gathers; rank 0's copy comes back)."""
+        from hybridflow.models.fsdp import full_state_dict
+
+        return full_state_dict(self.actor.model)
+
+    @dispatch(Mode.ONE_TO_ALL, collect="first")
+    def load_weights(self, named) -> None:
+        """Into this rank's engine: the colocated actor's gathered weights, or given (name, tensor)s."""
+        from hybridflow.models.fsdp import full_state_dict
+
+        if isinstance(named, ColocatedWeights):
+            named = full_state_dict(self.actor.model).items()
+        elif isinstance(named, dict):
+            named = named.items()
+        self.rollout.load_weights(named)
+
+    @dispatch(Mode.ONE_TO_ALL, collect="first")
+    def save_checkpoint(self, directory: str) -> None:
+        self.checkpoint.save_to(directory)
+
+    @dispatch(Mode.ONE_TO_ALL, collect="first")
+    def load_checkpoint(self, directory: str) -> None:
+        self.checkpoint.load_from(directory)
+
+
+class GroupCheckpoint:
+    """A worker group as one checkpoint component: every rank saves/loads its shards."""
+
+    def __init__(self, group):
+        self.group = group
+
+    def save_to(self, directory: str) -> None:
+        self.group.save_checkpoint(directory)
+
+    def load_from(self, directory: str) -> None:
+        self.group.load_checkpoint(directory)
+
+
+class CriticGroupWorker:
+    """The critic of one rank (FSDP2-sharded value model) plus its checkpoint component."""
+
+    def __init__(self, *, critic: CriticWorker, checkpoint):
+        self.critic, self.checkpoint = critic, checkpoint
+
+    @dispatch(Mode.DP_COMPUTE)
+    def compute_values(self, batch: Batch):
+        return self.critic.compute_values(batch)
+
+    @dispatch(Mode.DP_COMPUTE, collect="mean")
+    def update_critic(self, batch: Batch) -> dict[str, float]:
+        return self.critic.update_critic(batch)
+
+    @dispatch(Mode.ONE_TO_ALL, collect="first")
+    def save_checkpoint(self, directory: str) -> None:
+        self.checkpoint.save_to(directory)
+
+    @dispatch(Mode.ONE_TO_ALL, collect="first")
+    def load_checkpoint(self, directory: str) -> None:
+        self.checkpoint.load_from(directory)

@@ -1,0 +1,98 @@
+"""A worker group: N ranks of one role behind one object whose methods look like the worker's.
+
+``group.compute_log_prob(batch, temperature=1.0)`` splits ``batch`` by data-parallel
+rank, runs the method on every rank (in this process, or in Ray actors), and merges
+the answers, as the method's dispatch declaration says (``controller/dispatch.py``).
+The PPO loop calls a group exactly as it calls a plain worker.
+
+Backends (the ``trainer.backend`` key) build the N ranks and run calls on them:
+
+- ``local``: one in-process worker, world size 1, no copies, no serialisation;
+- ``ray``:   one Ray actor per rank, each in one torch.distributed process group
+  (``controller/ray_backend.py``).
+
+Every backend builds its workers with the same *factory*: a picklable callable
+``factory(dp: DataParallel) -> worker``, so a worker is built identically everywhere.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from hybridflow.controller.dispatch import COLLECTORS, SPLITTERS, Call, dispatch_table
+from hybridflow.errors import ConfigError
+from hybridflow.workers.distributed import LOCAL
+
+
+class Backend(Protocol):
+    world_size: int
+
+    def execute(self, method: str, calls: list[Call]) -> list[Any]:
+        """Run ``method`` with ``calls[r]`` on rank r (fewer calls = the first ranks only)."""
+
+    def shutdown(self) -> None: ...
+
+
+class LocalBackend:
+    """World size 1, in this process: the laptop default and the reference for equivalence."""
+
+    world_size = 1
+
+    def __init__(self, factory: Callable, **_unused):
+        self.worker = factory(LOCAL)
+
+    def execute(self, method: str, calls: list[Call]) -> list[Any]:
+        return [getattr(self.worker, method)(*args, **kwargs) for args, kwargs in calls]
+
+    def shutdown(self) -> None:
+        self.worker = None
+
+
+def _ray_backend(factory: Callable, **kwargs) -> Backend:
+    from hybridflow.controller.ray_backend import RayBackend  # Ray is imported only when asked for
+
+    return RayBackend(factory, **kwargs)
+
+
+BACKENDS: dict[str, Callable[..., Backend]] = {"local": LocalBackend, "ray": _ray_backend}
+
+
+class WorkerGroup:
+    """The ranks of one role; attribute access returns the dispatched methods of ``worker_cls``."""
+
+    def __init__(self, *, worker_cls: type, backend: Backend, name: str = "worker"):
+        self.worker_cls = worker_cls
+        self.backend = backend
+        self.name = name
+        self.methods = dispatch_table(worker_cls)
+
+    @property
+    def world_size(self) -> int:
+        return self.backend.world_size
+
+    def call(self, method: str, *args, **kwargs) -> Any:
+        """Split the arguments, run on the ranks, collect: one call of the declared method."""
+        spec = self.methods[method]
+        calls = SPLITTERS[spec.mode](args, kwargs, self.world_size)
+        return COLLECTORS[spec.collect](self.backend.execute(method, calls))
+
+    def __getattr__(self, method: str) -> Callable:
+        methods = self.__dict__.get("methods", {})
+        if method not in methods:
+            raise AttributeError(f"{self.__dict__.get('name', 'worker')} group has no dispatched method "
+                                 f"{method!r}; declared: {', '.join(sorted(methods))}")
+        return functools.partial(self.call, method)
+
+    def shutdown(self) -> None:
+        self.backend.shutdown()
+
+
+def build_worker_group(factory: Callable, *, worker_cls: type, backend: str = "local", name: str = "worker",
+                       **backend_kwargs) -> WorkerGroup:
+    """A group of ``worker_cls`` built by ``factory`` on the named backend (``local`` or ``ray``)."""
+    if backend not in BACKENDS:
+        raise ConfigError(f"trainer.backend={backend!r}; choose from {', '.join(BACKENDS)}")
+    return WorkerGroup(worker_cls=worker_cls, backend=BACKENDS[backend](factory, name=name, **backend_kwargs),
+                       name=name)

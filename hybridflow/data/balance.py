@@ -1,0 +1,96 @@
+"""Sequence balancing across data-parallel ranks (``trainer.balance_batch``).
+
+A step is as slow as its slowest rank, and a rank's forward/backward cost grows with
+the tokens it holds. Before the data-parallel split, the batch is reordered so that
+every rank gets the same number of sequences with (nearly) the same token sum.
+
+The partition is the largest differencing method of Karmarkar & Karp, "The differencing
+method of set partitioning" (1982), in its k-way, equal-cardinality form (as in verl's
+``seqlen_balancing``): sequences sorted by length are taken k at a time into a k-part
+partial solution (largest with smallest), and the two partial solutions with the
+largest spread are merged repeatedly, pairing the heaviest part of one with the lightest
+part of the other, until one k-part solution remains.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+
+import torch
+
+from hybridflow.errors import ConfigError
+
+
+class _Partial:
+    """k parts (index lists with their token sums), kept sorted by sum, heaviest first."""
+
+    def __init__(self, parts: list[tuple[int, list[int]]]):
+        self.parts = sorted(parts, key=lambda part: -part[0])
+
+    @property
+    def spread(self) -> int:
+        return self.parts[0][0] - self.parts[-1][0]
+
+    def merge(self, other: _Partial) -> _Partial:
+        """Heaviest part here with the lightest there: the differencing step."""
+        pairs = zip(self.parts, reversed(other.parts))
+        return _Partial([(a_sum + b_sum, a_idx + b_idx) for (a_sum, a_idx), (b_sum, b_idx) in pairs])
+
+    def __lt__(self, other: _Partial) -> bool:  # heapq is a min-heap: largest spread pops first
+        return self.spread > other.spread
+
+
+def balance_partitions(lengths: Sequence[int], k: int, equal_size: bool = True) -> list[list[int]]:
+    """Indices of ``lengths`` cut into ``k`` parts with balanced sums (each part sorted).
+
+    ``equal_size`` (required for data-parallel dispatch) gives every part
+    ``len(lengths) / k`` indices; otherwise each sequence is its own starting set and
+    parts may differ in size.
+    """
+    if k < 1:
+        raise ConfigError(f"cannot balance into {k} parts; the data-parallel size must be >= 1")
+    if equal_size and len(lengths) % k:
+        raise ConfigError(f"cannot balance {len(lengths)} sequences into {k} equal parts; "
+                          f"make the batch size (train_batch_size * rollout.n) a multiple of {k}")
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    group = k if equal_size else 1
+    heap = []
+    for start in range(0, len(order), group):
+        chunk = order[start:start + group]
+        parts = [(int(lengths[i]), [i]) for i in chunk] + [(0, [])] * (k - len(chunk))
+        heapq.heappush(heap, _Partial(parts))
+    while len(heap) > 1:
+        first, second = heapq.heappop(heap), heapq.heappop(heap)
+        heapq.heappush(heap, first.merge(second))
+    if not heap:
+        return [[] for _ in range(k)]
+    return [sorted(indices) for _, indices in heap[0].parts]
+
+
+def balanced_order(lengths: Sequence[int], k: int) -> tuple[list[int], list[list[int]]]:
+    """A permutation that puts part r's sequences in the r-th of ``k`` equal chunks, and the parts."""
+    parts = balance_partitions(lengths, k, equal_size=True)
+    return [i for part in parts for i in part], parts
+
+
+def balance_batch(batch, *, dp_size: int) -> dict[str, float]:
+    """Reorder ``batch`` rows in place of its columns so ``batch.chunk(dp_size)`` is token-balanced.
+
+    Token count = ``attention_mask.sum(-1)`` (prompt + response). Returns detached
+    metrics: the max/min tokens per rank before and after.
+    """
+    lengths = batch["attention_mask"].sum(-1).tolist()
+    before = [sum(chunk) for chunk in _equal_chunks(lengths, dp_size)]
+    order, parts = balanced_order(lengths, dp_size)
+    reordered = batch.index_select(torch.tensor(order))
+    for key in reordered.keys():
+        batch[key] = reordered[key]
+    after = [sum(lengths[i] for i in part) for part in parts]
+    return {"balance/tokens_max_over_min_before": max(before) / max(min(before), 1),
+            "balance/tokens_max_over_min_after": max(after) / max(min(after), 1)}
+
+
+def _equal_chunks(values: list[int], k: int) -> list[list[int]]:
+    size = len(values) // k
+    return [values[r * size:(r + 1) * size] for r in range(k)]

@@ -1,0 +1,108 @@
+"""SFT checkpoints: one ``model`` component written by every rank, plus the HF export.
+
+Layout (``trainer.default_local_dir``, verl's names)::
+
+    global_step_{N}/
+        model/
+            dcp/                  sharded model + optimizer (DCP; reloads at any world size)
+            lr_scheduler.pt       schedule position
+            rng_state_rank{r}.pt  RNG of every rank
+            huggingface/          config + tokenizer; with weights (merged, for LoRA) when exported
+            lora_adapter/         LoRA runs: the adapter alone, in peft's format
+        data.pt                   dataloader position (exact resume)
+    latest_checkpointed_iteration.txt
+
+The checkpoint manager (``checkpoint.py``) runs on rank 0 only: it picks the temporary
+step directory, publishes it atomically and writes the tracker. The other ranks must
+write their shards into that same directory, so :class:`SharedDirComponent` broadcasts
+it from rank 0 and every rank writes; a barrier keeps rank 0 from publishing before the
+last shard is on disk.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+from hybridflow.models.fsdp import full_state_dict
+from hybridflow.models.lora import is_lora_model, merge_lora, save_adapter
+from hybridflow.models.sharded_checkpoint import HF_FOLDER, FSDPModelComponent
+from hybridflow.workers.distributed import DataParallel
+
+LORA_FOLDER = "lora_adapter"
+
+
+def _broadcast_from_rank0(value, dp: DataParallel):
+    if dp.world_size == 1:
+        return value
+    holder = [value]
+    dist.broadcast_object_list(holder, src=0, group=dp.group)
+    return holder[0]
+
+
+def _barrier(dp: DataParallel) -> None:
+    if dp.world_size > 1:
+        dist.barrier(group=dp.group)
+
+
+def plain_hf_model(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """A plain ``*ForCausalLM`` holding ``state`` (LoRA merged in), built on the meta device: no copy of the weights.
+
+    Works for a sharded model too: ``state`` is its gathered full state dict, ``model`` only supplies the structure.
+    """
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        clone = AutoModelForCausalLM.from_config(model.config)
+        if is_lora_model(model):
+            clone = get_peft_model(clone, copy.deepcopy(model.peft_config["default"]))
+    if is_lora_model(clone):
+        # merging adds B A into W in place, and an unsharded model's state shares storage with its live weights
+        state = {name: tensor.clone() for name, tensor in state.items()}
+    clone.load_state_dict(state, strict=True, assign=True)
+    plain = merge_lora(clone) if is_lora_model(clone) else clone
+    plain.tie_weights()  # a gathered state holds tied weights as two tensors; the export stores them once
+    plain.generation_config = copy.deepcopy(model.generation_config)
+    return plain
+
+
+def export_hf(model: torch.nn.Module, tokenizer, out_dir: str, *, dp: DataParallel) -> str | None:
+    """Write a loadable HF folder (weights, config, tokenizer) to ``out_dir`` on rank 0; a collective."""
+    state = full_state_dict(model)
+    if dp.rank == 0:
+        plain_hf_model(model, state).save_pretrained(out_dir)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(out_dir)
+    _barrier(dp)
+    return out_dir if dp.rank == 0 else None
+
+
+class SharedDirComponent:
+    """The SFT model component: sharded state from every rank, adapter and HF export from rank 0.
+
+    ``export_weights()`` says whether this save writes full weights into ``huggingface/``.
+    """
+
+    def __init__(self, inner: FSDPModelComponent, *, dp: DataParallel, export_weights: Callable[[], bool]):
+        self.inner, self.dp, self.export_weights = inner, dp, export_weights
+
+    def save_to(self, directory: str | None) -> None:
+        """Rank 0 passes the directory its checkpoint manager created; the other ranks pass None."""
+        directory = _broadcast_from_rank0(directory, self.dp)
+        self.inner.save_to(directory)
+        model, tokenizer = self.inner.model, self.inner.tokenizer
+        if is_lora_model(model):
+            state = full_state_dict(model)
+            if self.dp.rank == 0:
+                save_adapter(model, os.path.join(directory, LORA_FOLDER), state_dict=state)
+        if self.export_weights():
+            export_hf(model, tokenizer, os.path.join(directory, HF_FOLDER), dp=self.dp)
+        _barrier(self.dp)
+
+    def load_from(self, directory: str) -> None:
+        self.inner.load_from(directory)

@@ -1,0 +1,336 @@
+"""Supervised fine-tuning: ``torchrun --nproc_per_node=N -m hybridflow.trainer.sft_trainer key=value ...``.
+
+Also ``python -m hybridflow.trainer.sft_trainer ...`` (one process) and ``hybridflow sft ...``.
+verl's ``sft_trainer.yaml`` keys (``data.train_files``, ``data.train_batch_size``,
+``data.micro_batch_size_per_gpu``, ``model.partial_pretrain``, ``model.lora_rank``,
+``optim.lr``, ``trainer.total_epochs``, ...). One optimizer step:
+
+```
+ StatefulDataLoader ── the same global batch of train_batch_size samples on every rank
+        │  N = target tokens of the whole batch (counted locally: every rank sees it)
+        ▼
+ sft_batches: this rank's slice -> micro-batches (padded [B, T], or packed [1, N] + block-causal mask)
+        │
+        ▼
+ model forward -> sft_loss (token-mean CE over loss_mask, divided by the global N)
+        │  backward per micro-batch: gradients accumulate; FSDP2 reduces them over ranks
+        ▼
+ TrainState.step (grad clip, NaN guard, AdamW) -> LR schedule -> metrics -> validation -> checkpoint
+```
+
+World size 1 runs the plain model; with more ranks the model is ``fully_shard``-ed
+(FSDP2) over gloo (CPU) or nccl (GPU). ``model.lora_rank > 0`` trains a LoRA adapter.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import random
+import sys
+import time
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from hybridflow.config import SFTConfig, load_config, split_config_args, validate_sft_config
+from hybridflow.config.validate import as_list, sft_model_path
+from hybridflow.data.dataloader import StatefulDataLoader
+from hybridflow.data.sft_dataset import SFTDataset
+from hybridflow.errors import ConfigError, run_entry_point
+from hybridflow.models.fsdp import micro_batch_sync, shard_model
+from hybridflow.models import load_causal_lm, load_tokenizer, resolve_dtype
+from hybridflow.models.lora import apply_lora
+from hybridflow.models.sharded_checkpoint import FSDPModelComponent
+from hybridflow.trainer.checkpoint import find_resume_checkpoint, load_checkpoint, save_checkpoint
+from hybridflow.trainer.sft_batches import count_targets, even_shard, micro_batch_inputs, rank_slice, split_micro
+from hybridflow.trainer.sft_checkpoint import SharedDirComponent
+from hybridflow.trainer.sft_loss import sft_loss
+from hybridflow.trainer.sft_report import sft_plots, sft_summary
+from hybridflow.trainer.tracking import Tracking
+from hybridflow.workers.distributed import LOCAL, DataParallel
+from hybridflow.workers.optim import TrainState, build_optimizer, build_scheduler
+
+COMPONENT = "model"
+
+
+# ------------------------------------------------------------------ process group and device
+def init_data_parallel(device: torch.device) -> DataParallel:
+    """World size 1 without torchrun; else a process group from torchrun's env (gloo on CPU, nccl on GPU)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        return LOCAL
+    if not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+    return DataParallel(world_size=dist.get_world_size(), rank=dist.get_rank())
+
+
+def resolve_device(name: str) -> torch.device:
+    """``trainer.device``; on GPU each torchrun process takes ``cuda:LOCAL_RANK``."""
+    if name == "cpu" or (name == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ConfigError("trainer.device=cuda but no CUDA device is available: use trainer.device=cpu or auto")
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.cuda.set_device(local_rank)
+    return torch.device("cuda", local_rank)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+# ------------------------------------------------------------------ building the parts
+def load_model(cfg: SFTConfig, *, device: torch.device) -> torch.nn.Module:
+    """The causal LM to train (a LoRA-wrapped one when ``model.lora_rank > 0``), on ``device``."""
+    model_cfg = cfg.model
+    if model_cfg.external_lib:
+        importlib.import_module(model_cfg.external_lib)  # registers custom architectures with transformers
+    model = load_causal_lm(sft_model_path(cfg), dtype=model_cfg.fsdp_config.model_dtype,
+                           trust_remote_code=model_cfg.trust_remote_code,
+                           override_config=dict(model_cfg.override_config),
+                           gradient_checkpointing=model_cfg.enable_gradient_checkpointing)
+    if model_cfg.lora_rank > 0:
+        model = apply_lora(model, rank=model_cfg.lora_rank, alpha=model_cfg.lora_alpha,
+                           target_modules=model_cfg.target_modules)
+    return model.to(device)
+
+
+def model_context_length(cfg: SFTConfig) -> int | None:
+    """``max_position_embeddings`` from the model's config.json (no weights); None if unreadable."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(os.path.expanduser(str(sft_model_path(cfg))),
+                                            trust_remote_code=cfg.model.trust_remote_code)
+    except (OSError, ValueError):
+        return None  # validation reports the bad path; the loader reports an unreadable model
+    return getattr(config, "max_position_embeddings", None)
+
+
+def build_tokenizer(cfg: SFTConfig):
+    """The model's tokenizer; ``data.chat_template`` replaces its template when set."""
+    tokenizer = load_tokenizer(sft_model_path(cfg), trust_remote_code=cfg.model.trust_remote_code)
+    if cfg.data.chat_template:
+        tokenizer.chat_template = cfg.data.chat_template
+    if not tokenizer.chat_template:
+        raise ConfigError(f"the tokenizer of {sft_model_path(cfg)} has no chat template: set data.chat_template")
+    return tokenizer
+
+
+def build_dataset(cfg: SFTConfig, files, tokenizer) -> SFTDataset:
+    data = cfg.data
+    if data.custom_cls.get("path"):
+        raise ConfigError("data.custom_cls is not supported; convert the data to prompt/response or messages columns")
+    return SFTDataset(files, tokenizer, prompt_key=data.prompt_key, response_key=data.response_key,
+                      prompt_dict_keys=data.prompt_dict_keys, response_dict_keys=data.response_dict_keys,
+                      messages_key=data.multiturn.messages_key if data.multiturn.enable else None,
+                      max_length=data.max_length, truncation=data.truncation, max_samples=data.max_samples)
+
+
+def total_steps(cfg: SFTConfig, batches_per_epoch: int) -> int:
+    """``trainer.total_training_steps`` when set, else epochs x batches per epoch."""
+    return cfg.trainer.total_training_steps or batches_per_epoch * cfg.trainer.total_epochs
+
+
+def build_train_state(cfg: SFTConfig, model: torch.nn.Module, *, steps: int) -> TrainState:
+    optim = cfg.optim
+    optimizer = build_optimizer(model.parameters(), lr=optim.lr, betas=optim.betas,
+                                weight_decay=optim.weight_decay, eps=optim.eps)
+    scheduler = build_scheduler(optimizer, warmup_steps=int(optim.warmup_steps_ratio * steps), total_steps=steps,
+                                style=optim.lr_scheduler, min_lr_ratio=optim.min_lr_ratio,
+                                num_cycles=optim.num_cycles)
+    return TrainState(model, optimizer, scheduler, grad_clip=optim.clip_grad)
+
+
+# ------------------------------------------------------------------ the trainer
+class SFTTrainer:
+    """The SFT loop over parts built from a config (see :func:`build_trainer`)."""
+
+    def __init__(self, cfg: SFTConfig, *, model, tokenizer, train_dataset: SFTDataset,
+                 val_dataset: SFTDataset | None, dp: DataParallel = LOCAL, device=torch.device("cpu")):
+        self.cfg, self.tokenizer, self.dp, self.device = cfg, tokenizer, dp, device
+        self.val_dataset = val_dataset
+        self.loader = StatefulDataLoader(train_dataset, batch_size=cfg.data.train_batch_size, collate_fn=list,
+                                         shuffle=cfg.data.shuffle, seed=cfg.data.seed, drop_last=True)
+        self.total_steps = total_steps(cfg, len(self.loader))
+        fsdp = cfg.model.fsdp_config
+        if dp.world_size > 1:
+            model = shard_model(model, mixed_precision=fsdp.mixed_precision,
+                                reshard_after_forward=fsdp.reshard_after_forward,
+                                param_offload=fsdp.param_offload or fsdp.offload_policy)
+        self.model = model
+        self.state = build_train_state(cfg, model, steps=self.total_steps)
+        self.compute_dtype = resolve_dtype(fsdp.mixed_precision or fsdp.model_dtype)
+        # FSDP2 casts per layer when sharded; the plain single-process model gets autocast instead
+        plain_mixed = dp.world_size == 1 and self.compute_dtype != resolve_dtype(fsdp.model_dtype)
+        self.autocast = (torch.autocast(device.type, dtype=self.compute_dtype) if plain_mixed
+                         else contextlib.nullcontext())
+        self.global_step = 0
+        self.tracking: Tracking | None = None
+        self._bar = None
+        self._saving_last = False
+
+    # ---- one step ------------------------------------------------------------------
+    def _forward(self, micro: list, *, global_num_tokens: float):
+        inputs = micro_batch_inputs(micro, use_packing=self.cfg.data.use_packing,
+                                    pad_token_id=self.tokenizer.pad_token_id,
+                                    attn_implementation=self.model.config._attn_implementation,
+                                    dtype=self.compute_dtype)
+        inputs = {key: None if value is None else value.to(self.device) for key, value in inputs.items()}
+        with self.autocast:
+            logits = self.model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
+                                position_ids=inputs["position_ids"], use_cache=False).logits
+        return sft_loss(logits=logits, input_ids=inputs["input_ids"], loss_mask=inputs["loss_mask"],
+                        global_num_tokens=global_num_tokens)
+
+    def train_step(self, samples: Sequence[dict]) -> dict[str, float]:
+        """One optimizer step on a global batch; returns its metrics."""
+        start = time.perf_counter()
+        num_targets = count_targets(samples)
+        micros = split_micro(rank_slice(samples, rank=self.dp.rank, world_size=self.dp.world_size),
+                             micro_batch_size=self.cfg.data.micro_batch_size_per_gpu)
+        self.model.train()
+        self.state.zero_grad()
+        nll_sum = torch.zeros((), device=self.device)
+        for index, micro in enumerate(micros):
+            with micro_batch_sync(self.model, index=index, count=len(micros)):
+                loss, parts = self._forward(micro, global_num_tokens=num_targets)
+                # FSDP2 averages gradients over ranks; the loss is already a share of the global sum
+                (loss * self.dp.world_size).backward()
+            nll_sum += parts["nll_sum"]
+        loss_value = float(self.dp.all_reduce_sum(nll_sum)) / max(num_targets, 1)
+        lr = self.state.lr
+        grad_norm = self.state.step(loss_value=loss_value)
+        self.state.scheduler.step()
+        seconds = time.perf_counter() - start
+        tokens = sum(sample["input_ids"].numel() for sample in samples)
+        return {"train/loss": loss_value, "train/lr": lr, "train/grad_norm": grad_norm,
+                "train/num_target_tokens": num_targets, "train/epoch": self.loader.epoch,
+                "perf/total_num_tokens": tokens, "perf/tokens_per_s": tokens / seconds, "timing_s/step": seconds}
+
+    @torch.no_grad()
+    def validate(self) -> dict[str, float]:
+        """``val/loss``: token-mean CE over every target token of the validation set."""
+        micros = even_shard(self.val_dataset, rank=self.dp.rank, world_size=self.dp.world_size,
+                            micro_batch_size=self.cfg.data.micro_batch_size_per_gpu)
+        self.model.eval()
+        totals = torch.zeros(2, device=self.device)
+        for micro in micros:
+            _, parts = self._forward(micro, global_num_tokens=1.0)
+            totals += torch.stack([parts["nll_sum"], parts["num_tokens"]])
+        nll, count = self.dp.all_reduce_sum(totals).tolist()
+        return {"val/loss": nll / max(count, 1.0)}
+
+    # ---- checkpoints ---------------------------------------------------------------
+    def checkpoint_component(self) -> SharedDirComponent:
+        inner = FSDPModelComponent(self.model, self.state.optimizer, self.state.scheduler, self.tokenizer)
+        contents = self.cfg.trainer.checkpoint.save_contents
+        return SharedDirComponent(inner, dp=self.dp, export_weights=lambda: self._saving_last or "hf_model" in contents)
+
+    def save(self) -> None:
+        """Checkpoint this step (a collective: call it on every rank)."""
+        component = self.checkpoint_component()
+        if self.dp.rank != 0:
+            component.save_to(None)
+            return
+        extra = {"dataloader": self.loader.state_dict(), "global_step": self.global_step}
+        save_checkpoint(self.cfg.trainer.default_local_dir, self.global_step, {COMPONENT: component}, extra=extra,
+                        max_to_keep=self.cfg.trainer.max_ckpt_to_keep)
+
+    def resume(self) -> None:
+        """Restore model, optimizer, schedule, RNG and dataloader position from the checkpoint to resume from."""
+        trainer = self.cfg.trainer
+        path = find_resume_checkpoint(trainer.default_local_dir, trainer.resume_mode, trainer.resume_from_path)
+        if path is None:
+            return
+        self.global_step, extra = load_checkpoint(path, {COMPONENT: self.checkpoint_component()})
+        self.loader.load_state_dict(extra["dataloader"])
+
+    # ---- the loop ------------------------------------------------------------------
+    def _due(self, freq: int) -> bool:
+        return freq > 0 and self.global_step % freq == 0
+
+    def _after_step(self, metrics: dict[str, float], *, epoch_end: bool) -> None:
+        last = self.global_step >= self.total_steps
+        trainer = self.cfg.trainer
+        if self.val_dataset is not None and (self._due(trainer.test_freq) or epoch_end or last):
+            metrics.update(self.validate())
+        if self.tracking is not None:
+            self.tracking.log(metrics, step=self.global_step)
+        if self._bar is not None:  # the console line lists PPO's metrics; the bar shows SFT's loss
+            self._bar.set_postfix(loss=f"{metrics['train/loss']:.4f}", refresh=False)
+        if self._due(trainer.save_freq) or last:
+            self._saving_last = last
+            self.save()
+
+    def _run_epochs(self) -> None:
+        while self.global_step < self.total_steps:
+            batches_left = len(self.loader) - self.loader.state_dict()["position"] // self.loader.batch_size
+            for index, samples in enumerate(self.loader):
+                metrics = self.train_step(samples)
+                self.global_step += 1
+                self._after_step(metrics, epoch_end=index == batches_left - 1)
+                if self.global_step >= self.total_steps:
+                    return
+
+    def fit(self, tracking: Tracking | None = None) -> list[dict[str, float]]:
+        """Resume if a checkpoint exists, train to ``total_steps``; returns the logged history (rank 0)."""
+        self.tracking = tracking
+        self.resume()
+        if tracking is None:
+            self._run_epochs()
+            return []
+        with tracking.progress(self.total_steps, initial_step=self.global_step) as self._bar:
+            self._run_epochs()
+        self._bar = None
+        return tracking.history
+
+
+def build_trainer(cfg: SFTConfig) -> SFTTrainer:
+    """Validate the config, set up the process group, load tokenizer, data and model."""
+    device = resolve_device(cfg.trainer.device)
+    dp = init_data_parallel(device)
+    validate_sft_config(cfg, world_size=dp.world_size, model_max_len=model_context_length(cfg))
+    seed_everything(cfg.trainer.seed)
+    tokenizer = build_tokenizer(cfg)
+    train = build_dataset(cfg, cfg.data.train_files, tokenizer)
+    val = build_dataset(cfg, cfg.data.val_files, tokenizer) if cfg.data.val_files else None
+    model = load_model(cfg, device=device)
+    return SFTTrainer(cfg, model=model, tokenizer=tokenizer, train_dataset=train, val_dataset=val, dp=dp,
+                      device=device)
+
+
+def make_tracking(cfg: SFTConfig) -> Tracking:
+    from dataclasses import asdict
+
+    return Tracking(cfg.trainer.project_name, cfg.trainer.experiment_name, as_list(cfg.trainer.logger),
+                    config=asdict(cfg), local_dir=os.path.join(cfg.trainer.default_local_dir, "logs"))
+
+
+def _main(argv: list[str]) -> int:
+    config_file, overrides = split_config_args(argv)
+    cfg = load_config(SFTConfig, overrides, config_file)
+    trainer = build_trainer(cfg)
+    tracking = make_tracking(cfg) if trainer.dp.rank == 0 else None
+    history = trainer.fit(tracking)
+    if tracking is not None:
+        tracking.finish()
+        print(sft_summary(history))
+        sft_plots(history, os.path.join(cfg.trainer.default_local_dir, "plots"))
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m hybridflow.trainer.sft_trainer`` and ``hybridflow sft``."""
+    return run_entry_point(_main, list(sys.argv[1:] if argv is None else argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

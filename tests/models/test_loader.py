@@ -1,0 +1,53 @@
+import pytest
+import torch
+
+from hybridflow.errors import ConfigError, ModelError
+from hybridflow.models import load_causal_lm, load_tokenizer, resolve_dtype
+
+
+def test_loads_tiny_checkpoint_in_requested_dtype(tiny_model_dir):
+    model = load_causal_lm(tiny_model_dir, dtype="bf16")
+    assert next(model.parameters()).dtype == torch.bfloat16
+    assert model.config.model_type == "llama"
+
+
+def test_override_config_is_applied_and_unknown_keys_rejected(tiny_model_dir):
+    model = load_causal_lm(tiny_model_dir, override_config={"rms_norm_eps": 1e-3})
+    assert model.config.rms_norm_eps == 1e-3
+    with pytest.raises(ConfigError, match="rms_norm_epz"):
+        load_causal_lm(tiny_model_dir, override_config={"rms_norm_epz": 1e-3})
+
+
+def test_gradient_checkpointing_gives_same_gradients(tiny_model_dir):
+    ids = torch.tensor([[5, 9, 14, 3, 7]])
+    plain = load_causal_lm(tiny_model_dir)
+    checkpointed = load_causal_lm(tiny_model_dir, gradient_checkpointing=True)
+    assert checkpointed.is_gradient_checkpointing and not plain.is_gradient_checkpointing
+    for model in (plain, checkpointed):
+        model.train()
+        model(input_ids=ids, labels=ids).loss.backward()
+    grad_plain = plain.model.layers[0].mlp.up_proj.weight.grad
+    grad_ckpt = checkpointed.model.layers[0].mlp.up_proj.weight.grad
+    assert torch.allclose(grad_plain, grad_ckpt, atol=1e-6)
+
+
+def test_missing_path_names_path_and_the_ways_out(tmp_path):
+    missing = str(tmp_path / "no_such_model")
+    with pytest.raises(ModelError, match="no_such_model.*hybridflow models tiny DIR"):
+        load_causal_lm(missing)
+    with pytest.raises(ModelError, match="hybridflow models fetch"):
+        load_tokenizer("not-an-org/not-a-model-offline")
+
+
+def test_bad_dtype_is_a_config_error():
+    with pytest.raises(ConfigError, match="bfloat16"):
+        resolve_dtype("bfloat61")
+    assert resolve_dtype("fp32") is torch.float32 and resolve_dtype(torch.float16) is torch.float16
+
+
+def test_tokenizer_pads_left_with_chat_template(tiny_model_dir):
+    tokenizer = load_tokenizer(tiny_model_dir)
+    assert tokenizer.padding_side == "left" and tokenizer.pad_token == "<|endoftext|>"
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True,
+                                         tokenize=False)
+    assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"

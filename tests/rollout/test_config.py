@@ -1,0 +1,30 @@
+from types import SimpleNamespace
+
+from hybridflow.rollout import sampling_params_from_rollout_config
+
+
+def rollout_cfg(**overrides):
+    val = SimpleNamespace(n=1, temperature=0.0, top_p=1.0, top_k=-1, do_sample=False)
+    base = dict(n=8, temperature=0.9, top_p=0.95, top_k=0, response_length=128, do_sample=True, val_kwargs=val)
+    base.update(overrides)
+    return SimpleNamespace(**base)
+
+
+def test_training_keys_map_onto_sampling_params():
+    params = sampling_params_from_rollout_config(rollout_cfg(), eos_token_id=2, seed=5)
+    assert (params.n, params.temperature, params.top_p, params.top_k) == (8, 0.9, 0.95, -1)
+    assert (params.max_tokens, params.stop_token_ids, params.seed) == (128, [2], 5)
+
+
+def test_do_sample_false_is_greedy_and_top_k_passes_through():
+    params = sampling_params_from_rollout_config(rollout_cfg(do_sample=False, top_k=20), eos_token_id=[2, 7])
+    assert params.greedy and params.top_k == 20 and params.stop_token_ids == [2, 7]
+
+
+def test_validate_reads_val_kwargs_but_keeps_response_length():
+    cfg = rollout_cfg(val_kwargs=SimpleNamespace(n=4, temperature=0.6, top_p=0.9, top_k=50, do_sample=True))
+    params = sampling_params_from_rollout_config(cfg, validate=True, eos_token_id=None)
+    assert (params.n, params.temperature, params.top_p, params.top_k) == (4, 0.6, 0.9, 50)
+    assert params.max_tokens == 128 and params.stop_token_ids == []
+    greedy = sampling_params_from_rollout_config(rollout_cfg(), validate=True, eos_token_id=2)
+    assert greedy.greedy and greedy.n == 1

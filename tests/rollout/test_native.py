@@ -1,0 +1,146 @@
+"""The native engine against HF ``generate`` and a teacher-forced forward pass."""
+
+import pytest
+import torch
+
+from hybridflow.errors import RolloutError
+from hybridflow.models.tiny import build_tiny_model
+from hybridflow.rollout import SamplingParams, build_engine
+from hybridflow.rollout.native import NativeEngine
+from tests.rollout.conftest import chat_prompts
+
+
+def hf_greedy(model, prompt: list[int], *, max_new_tokens: int, eos: int) -> list[int]:
+    """Reference: HF generate on one unpadded prompt, cut after the first EOS."""
+    out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                         do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=eos)
+    tokens = out[0, len(prompt):].tolist()
+    return tokens[: tokens.index(eos) + 1] if eos in tokens else tokens
+
+
+def teacher_forced_logits(model, prompt: list[int], response: list[int]) -> torch.Tensor:
+    """``[len(response), V]`` logits that predicted each response token."""
+    ids = torch.tensor([prompt + response])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0]
+    return logits[len(prompt) - 1 : -1]
+
+
+def test_greedy_equals_hf_generate_token_for_token(tiny):
+    model, tokenizer = tiny
+    prompts = chat_prompts(tokenizer)
+    eos = tokenizer.eos_token_id
+    params = SamplingParams(n=2, temperature=0, max_tokens=24, stop_token_ids=[eos])
+    completions = build_engine("native", model, tokenizer).generate(prompts, params)
+    assert [c.prompt_index for c in completions] == [0, 0, 1, 1, 2, 2, 3, 3]
+    references = [hf_greedy(model, prompt, max_new_tokens=24, eos=eos) for prompt in prompts]
+    for completion in completions:
+        expected = references[completion.prompt_index]
+        assert completion.token_ids == expected
+        assert completion.finish_reason == ("stop" if expected[-1] == eos else "length")
+
+
+@pytest.mark.parametrize("temperature, top_k, top_p", [(1.0, -1, 1.0), (0.7, -1, 1.0), (1.3, 20, 0.9)])
+def test_sampled_logprobs_equal_teacher_forced_forward(tiny_llama, temperature, top_k, top_p):
+    model, tokenizer = tiny_llama
+    prompts = chat_prompts(tokenizer)[:2]
+    params = SamplingParams(n=3, temperature=temperature, top_k=top_k, top_p=top_p, max_tokens=16, seed=0)
+    for completion in build_engine("native", model, tokenizer).generate(prompts, params):
+        z = teacher_forced_logits(model, prompts[completion.prompt_index], completion.token_ids) / temperature
+        if top_k > 0:
+            z = z.masked_fill(z < z.topk(top_k, dim=-1).values[:, -1:], float("-inf"))
+        if top_p < 1:
+            sorted_z, order = z.sort(dim=-1, descending=True)
+            probs = sorted_z.softmax(-1)
+            drop = probs.cumsum(-1) - probs >= top_p
+            z = z.masked_fill(torch.zeros_like(drop).scatter(-1, order, drop), float("-inf"))
+        expected = z.log_softmax(-1).gather(-1, torch.tensor(completion.token_ids)[:, None]).squeeze(-1)
+        assert torch.allclose(torch.tensor(completion.logprobs), expected, atol=1e-4)
+
+
+def test_fewer_slots_than_sequences_gives_same_greedy_outputs(tiny_llama):
+    model, tokenizer = tiny_llama
+    prompts = chat_prompts(tokenizer)
+    params = SamplingParams(n=3, temperature=0, max_tokens=12, stop_token_ids=[tokenizer.eos_token_id])
+    wide = NativeEngine(model, tokenizer, max_num_seqs=64).generate(prompts, params)
+    narrow = NativeEngine(model, tokenizer, max_num_seqs=2).generate(prompts, params)
+    assert [c.token_ids for c in narrow] == [c.token_ids for c in wide]
+    assert [c.prompt_index for c in narrow] == [c.prompt_index for c in wide]
+
+
+def test_continuous_batching_retires_early_stoppers(tiny_llama):
+    """A stop token that fires often makes sequences end at different steps; each stops at its first one."""
+    model, tokenizer = tiny_llama
+    prompts = chat_prompts(tokenizer)
+    stop = list(range(3, 60))  # a wide stop set so lengths vary
+    params = SamplingParams(n=4, temperature=1.0, max_tokens=20, stop_token_ids=stop, seed=2)
+    completions = NativeEngine(model, tokenizer, max_num_seqs=3).generate(prompts, params)
+    assert len(completions) == 16 and len({len(c.token_ids) for c in completions}) > 1
+    for c in completions:
+        assert all(t not in stop for t in c.token_ids[:-1])
+        if c.finish_reason == "stop":
+            assert c.token_ids[-1] in stop
+        else:
+            assert len(c.token_ids) == 20
+    z = teacher_forced_logits(model, prompts[completions[5].prompt_index], completions[5].token_ids)
+    expected = z.log_softmax(-1).gather(-1, torch.tensor(completions[5].token_ids)[:, None]).squeeze(-1)
+    assert torch.allclose(torch.tensor(completions[5].logprobs), expected, atol=1e-4)
+
+
+def test_fixed_seed_is_deterministic(tiny_llama):
+    model, tokenizer = tiny_llama
+    engine = NativeEngine(model, tokenizer)
+    prompts = chat_prompts(tokenizer)
+
+    def run(seed):
+        params = SamplingParams(n=4, temperature=1.0, max_tokens=10, seed=seed)
+        return [c.token_ids for c in engine.generate(prompts, params)]
+
+    assert run(7) == run(7)
+    assert run(7) != run(8)
+
+
+def test_stop_string_ends_completion_at_the_token_that_completes_it(tiny_llama):
+    model, tokenizer = tiny_llama
+    prompts = chat_prompts(tokenizer)[:1]
+    free = NativeEngine(model, tokenizer).generate(prompts, SamplingParams(temperature=0, max_tokens=20))[0]
+    text = tokenizer.decode(free.token_ids[:6])
+    stop_string = text[-2:]
+    params = SamplingParams(temperature=0, max_tokens=20, stop=[stop_string])
+    stopped = NativeEngine(model, tokenizer).generate(prompts, params)[0]
+    assert stopped.finish_reason == "stop"
+    assert stop_string in tokenizer.decode(stopped.token_ids)
+    assert stop_string not in tokenizer.decode(stopped.token_ids[:-1])
+    assert stopped.token_ids == free.token_ids[: len(stopped.token_ids)]
+
+
+def test_context_limit_ends_with_length(tiny_llama):
+    model, tokenizer = tiny_llama
+    prompt = chat_prompts(tokenizer)[0]
+    engine = NativeEngine(model, tokenizer, max_model_len=len(prompt) + 5)
+    completion = engine.generate([prompt], SamplingParams(temperature=0, max_tokens=50))[0]
+    assert completion.finish_reason == "length" and len(completion.token_ids) == 5
+    with pytest.raises(RolloutError, match="context"):
+        engine.generate([prompt + [5] * 5], SamplingParams(max_tokens=1))
+
+
+def test_max_tokens_one_and_logprobs_off(tiny_llama):
+    model, tokenizer = tiny_llama
+    completions = NativeEngine(model, tokenizer).generate(chat_prompts(tokenizer), SamplingParams(
+        n=2, temperature=1.0, max_tokens=1, logprobs=False, seed=0))
+    assert all(len(c.token_ids) == 1 and c.logprobs is None and c.finish_reason == "length" for c in completions)
+
+
+def test_load_weights_switches_to_the_new_policy(tiny_tokenizer):
+    model, tokenizer = build_tiny_model("qwen2", seed=1, tokenizer=tiny_tokenizer)
+    trained, _ = build_tiny_model("qwen2", seed=5, tokenizer=tiny_tokenizer)
+    engine = build_engine("native", model, tokenizer)
+    prompts = chat_prompts(tokenizer)
+    params = SamplingParams(temperature=0, max_tokens=16, stop_token_ids=[tokenizer.eos_token_id])
+    before = [c.token_ids for c in engine.generate(prompts, params)]
+    engine.load_weights(trained.state_dict().items())
+    after = [c.token_ids for c in engine.generate(prompts, params)]
+    expected = [hf_greedy(trained, p, max_new_tokens=16, eos=tokenizer.eos_token_id) for p in prompts]
+    assert after == expected and after != before
+    with pytest.raises(RolloutError, match="unknown tensor"):
+        engine.load_weights([("model.not_a_layer.weight", torch.zeros(1))])

@@ -1,0 +1,271 @@
+"""The SFT trainer end to end on the tiny model: loss mask, learning, invariances, resume, export, LoRA."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hybridflow.config import SFTConfig, load_config
+from hybridflow.errors import ConfigError
+from hybridflow.trainer.checkpoint import TRACKER_FILE
+from hybridflow.trainer.sft_trainer import build_trainer, main, make_tracking
+
+SUMS = [(1, 2), (3, 4), (5, 6), (7, 8), (2, 9), (4, 4), (6, 1), (9, 9)]
+CONVERSATIONS = [
+    [{"role": "system", "content": "you are helpful"},
+     {"role": "user", "content": "what is 2 + 3?"},
+     {"role": "assistant", "content": "2 + 3 = 5"},
+     {"role": "user", "content": "and times 2?"},
+     {"role": "assistant", "content": "5 * 2 = 10. #### 10"}],
+    [{"role": "user", "content": "compute 7 + 1"},
+     {"role": "assistant", "content": "the answer is 8"}],
+]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """The tiny model's matmuls are too small to share out: on busy shared cores a second OpenMP thread only
+    adds synchronisation stalls (measured 1.4 s vs 6-26 s for 12 steps), so this module runs on one."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+def _write_jsonl(path, rows):
+    with open(path, "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+    return str(path)
+
+
+@pytest.fixture
+def sums_file(tmp_path):
+    rows = [{"question": f"what is {a} + {b}?", "answer": f"{a} + {b} = {a + b}"} for a, b in SUMS]
+    return _write_jsonl(tmp_path / "sums.jsonl", rows)
+
+
+def _cfg(tmp_path, model_dir, train_file, *extra, run="run"):
+    overrides = [f"model.partial_pretrain={model_dir}", f"data.train_files={train_file}",
+                 f"trainer.default_local_dir={tmp_path / run}", "trainer.logger=[]", "data.train_batch_size=4",
+                 "data.micro_batch_size_per_gpu=2", "optim.lr=1e-3", "optim.weight_decay=0.0",
+                 "optim.warmup_steps_ratio=0.0", "optim.lr_scheduler=constant", "trainer.total_training_steps=1",
+                 *extra]
+    return load_config(SFTConfig, overrides)
+
+
+def _train(cfg):
+    """Build and fit; the history comes from a real Tracking with no backends (trainer.logger=[])."""
+    trainer = build_trainer(cfg)
+    return trainer, trainer.fit(make_tracking(cfg))
+
+
+def _weights(model):
+    return {name: param.detach().clone() for name, param in model.named_parameters()}
+
+
+# ---------------------------------------------------------------- loss mask
+def _pieces_ids_and_targets(tokenizer, messages):
+    """ChatML rendered piece by piece: target pieces are each assistant content and its <|im_end|>."""
+    ids, targets = [], []
+    for message in messages:
+        role_ids = tokenizer.encode("<|im_start|>" + message["role"] + "\n", add_special_tokens=False)
+        ids += role_ids
+        targets += [0] * len(role_ids)
+        body = tokenizer.encode(message["content"] + "<|im_end|>", add_special_tokens=False)
+        ids += body
+        targets += [int(message["role"] == "assistant")] * len(body)
+        newline = tokenizer.encode("\n", add_special_tokens=False)
+        ids += newline
+        targets += [0] * len(newline)
+    return ids, targets
+
+
+def test_loss_is_ce_over_exactly_the_assistant_tokens(tmp_path, tiny_model_dir):
+    data = _write_jsonl(tmp_path / "chat.jsonl", [{"messages": m} for m in CONVERSATIONS])
+    cfg = _cfg(tmp_path, tiny_model_dir, data, "data.multiturn.enable=True", "data.train_batch_size=2",
+               "data.micro_batch_size_per_gpu=1", "data.shuffle=False")
+    trainer = build_trainer(cfg)
+    expected_model = _weights(trainer.model)
+    nll, count = 0.0, 0
+    for messages in CONVERSATIONS:
+        ids, targets = _pieces_ids_and_targets(trainer.tokenizer, messages)
+        assert sum(targets) > 0 and targets[0] == 0
+        with torch.no_grad():
+            logits = trainer.model(input_ids=torch.tensor([ids])).logits[0]
+        per_token = F.cross_entropy(logits[:-1], torch.tensor(ids[1:]), reduction="none")
+        mask = torch.tensor(targets[1:], dtype=torch.bool)
+        nll += per_token[mask].sum().item()
+        count += int(mask.sum())
+    metrics = trainer.train_step(list(trainer.loader.dataset.samples))
+    assert metrics["train/num_target_tokens"] == count
+    assert metrics["train/loss"] == pytest.approx(nll / count, rel=1e-5)
+    assert any(not torch.equal(expected_model[n], p) for n, p in trainer.model.named_parameters())
+
+
+# ---------------------------------------------------------------- learning and invariances
+def test_loss_decreases_on_a_memorisable_dataset(tmp_path, tiny_model_dir, sums_file):
+    cfg = _cfg(tmp_path, tiny_model_dir, sums_file, "trainer.total_training_steps=12", "optim.lr=3e-3")
+    _, history = _train(cfg)
+    losses = [row["train/loss"] for row in history]
+    assert len(losses) == 12
+    assert losses[-1] < losses[0] - 1.5  # starts near ln(vocab) = 6.2
+
+
+def test_gradient_accumulation_gives_the_full_batch_update(tmp_path, tiny_model_dir, sums_file):
+    reference, _ = _train(_cfg(tmp_path, tiny_model_dir, sums_file, "data.micro_batch_size_per_gpu=4", run="m4"))
+    expected = _weights(reference.model)
+    for micro in (1, 2):
+        split, _ = _train(_cfg(tmp_path, tiny_model_dir, sums_file, f"data.micro_batch_size_per_gpu={micro}",
+                               run=f"m{micro}"))
+        for name, param in split.model.named_parameters():
+            torch.testing.assert_close(param, expected[name], rtol=0, atol=2e-6, msg=f"micro={micro} {name}")
+
+
+def test_packing_gives_the_same_loss_and_update_as_padding(tmp_path, tiny_model_dir, sums_file):
+    padded, padded_history = _train(_cfg(tmp_path, tiny_model_dir, sums_file, f"data.val_files={sums_file}",
+                                         run="pad"))
+    packed, packed_history = _train(_cfg(tmp_path, tiny_model_dir, sums_file, f"data.val_files={sums_file}",
+                                         "data.use_packing=True", run="pack"))
+    for key in ("train/loss", "val/loss", "train/grad_norm"):
+        assert packed_history[0][key] == pytest.approx(padded_history[0][key], rel=1e-5), key
+    expected = _weights(padded.model)
+    for name, param in packed.model.named_parameters():
+        torch.testing.assert_close(param, expected[name], rtol=0, atol=2e-6, msg=name)
+
+
+def test_validation_loss_is_the_token_mean_over_the_whole_val_set(tmp_path, tiny_model_dir, sums_file):
+    # val set = the train set and a batch = the whole set: val/loss after the update and a
+    # zero-lr train step on the updated weights measure the same token mean
+    cfg = _cfg(tmp_path, tiny_model_dir, sums_file, f"data.val_files={sums_file}", "data.train_batch_size=8",
+               "data.micro_batch_size_per_gpu=4", "trainer.total_training_steps=2", "trainer.test_freq=1")
+    trainer, history = _train(cfg)
+    assert [("val/loss" in row) for row in history] == [True, True]
+    for group in trainer.state.optimizer.param_groups:
+        group["lr"] = 0.0
+    again = trainer.train_step(list(trainer.loader.dataset.samples))
+    assert history[-1]["val/loss"] == pytest.approx(again["train/loss"], rel=1e-5)
+
+
+def test_bf16_mixed_precision_step_is_close_to_fp32(tmp_path, tiny_model_dir, sums_file):
+    # correctness only (bf16 matmuls are slow on CPU): fp32 weights, bf16 compute, one step
+    _, fp32 = _train(_cfg(tmp_path, tiny_model_dir, sums_file, run="fp32"))
+    trainer, bf16 = _train(_cfg(tmp_path, tiny_model_dir, sums_file, "model.fsdp_config.mixed_precision=bf16",
+                                run="bf16"))
+    assert all(param.dtype == torch.float32 for param in trainer.model.parameters())
+    assert bf16[0]["train/loss"] == pytest.approx(fp32[0]["train/loss"], rel=2e-2)
+
+
+# ---------------------------------------------------------------- checkpoints and export
+def test_resume_gives_bitwise_identical_weights(tmp_path, tiny_model_dir, sums_file):
+    # 8 samples, batch 2 -> 4 steps per epoch; 6 steps cross an epoch; resume mid-epoch at step 3
+    args = ("data.train_batch_size=2", "data.micro_batch_size_per_gpu=1", "trainer.total_training_steps=6",
+            "trainer.save_freq=3", "optim.lr_scheduler=cosine", "optim.warmup_steps_ratio=0.34")
+    straight, history = _train(_cfg(tmp_path, tiny_model_dir, sums_file, *args, run="straight"))
+    root = tmp_path / "straight"
+    assert (root / TRACKER_FILE).read_text() == "6"
+    assert (root / "global_step_3" / "model" / "dcp" / ".metadata").is_file()
+    shutil.rmtree(root / "global_step_6")  # as if the run had crashed after step 3
+    (root / TRACKER_FILE).write_text("3")
+    resumed, resumed_history = _train(_cfg(tmp_path, tiny_model_dir, sums_file, *args, run="straight"))
+    assert [row["step"] for row in resumed_history] == [4, 5, 6]
+    assert [row["train/loss"] for row in resumed_history] == [row["train/loss"] for row in history[3:]]
+    expected = _weights(straight.model)
+    for name, param in resumed.model.named_parameters():
+        assert torch.equal(param, expected[name]), name
+
+
+def test_huggingface_export_loads_with_identical_logits(tmp_path, tiny_model_dir, sums_file):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    trainer, _ = _train(_cfg(tmp_path, tiny_model_dir, sums_file, "trainer.total_training_steps=2"))
+    hf_dir = tmp_path / "run" / "global_step_2" / "model" / "huggingface"
+    exported = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+    assert AutoTokenizer.from_pretrained(hf_dir).chat_template
+    ids = torch.tensor([trainer.tokenizer.encode("what is 3 + 4? 3 + 4 = 7")])
+    trainer.model.eval()
+    with torch.no_grad():
+        assert torch.equal(exported(input_ids=ids).logits, trainer.model(input_ids=ids).logits)
+
+
+def test_lora_trains_only_the_adapter_and_exports_the_merged_model(tmp_path, tiny_model_dir, sums_file):
+    from transformers import AutoModelForCausalLM
+
+    from hybridflow.models import load_causal_lm
+
+    cfg = _cfg(tmp_path, tiny_model_dir, sums_file, "model.lora_rank=4", "model.lora_alpha=8",
+               "trainer.total_training_steps=3")
+    trainer, _ = _train(cfg)
+    base = dict(load_causal_lm(tiny_model_dir).named_parameters())
+    for name, param in trainer.model.named_parameters():
+        if "lora_" in name:
+            continue
+        plain_name = name.replace("base_model.model.", "").replace(".base_layer", "")
+        assert torch.equal(param, base[plain_name]), name
+    assert any("lora_B" in n and param.abs().sum() > 0 for n, param in trainer.model.named_parameters())
+    step_dir = tmp_path / "run" / "global_step_3" / "model"
+    assert (step_dir / "lora_adapter" / "adapter_model.safetensors").is_file()
+    merged = AutoModelForCausalLM.from_pretrained(step_dir / "huggingface", dtype=torch.float32)
+    ids = torch.tensor([trainer.tokenizer.encode("what is 5 + 6? 5 + 6 = 11")])
+    trainer.model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(merged(input_ids=ids).logits, trainer.model(input_ids=ids).logits,
+                                   rtol=1e-4, atol=1e-5)
+
+
+# ---------------------------------------------------------------- entry point
+def test_main_writes_metrics_plots_summary_and_checkpoint(tmp_path, tiny_model_dir, sums_file, capsys):
+    run = tmp_path / "cli"
+    rc = main([f"model.partial_pretrain={tiny_model_dir}", f"data.train_files={sums_file}",
+               f"data.val_files={sums_file}", "data.train_batch_size=4", "data.micro_batch_size_per_gpu=2",
+               "trainer.total_epochs=1", f"trainer.default_local_dir={run}", "trainer.logger=[file]"])
+    assert rc == 0
+    lines = [json.loads(line) for line in (run / "logs" / "metrics.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == [1, 2]
+    assert {"train/loss", "train/lr", "train/grad_norm", "val/loss", "perf/tokens_per_s"} <= set(lines[-1])
+    assert "val/loss" in lines[-1] and "val/loss" not in lines[0]  # epoch end only (test_freq=-1)
+    assert (run / "plots" / "loss.png").is_file()
+    assert "train/loss" in capsys.readouterr().out
+    assert (run / "global_step_2" / "model" / "huggingface" / "model.safetensors").is_file()
+
+
+def test_bad_batch_arithmetic_is_a_one_line_error(tmp_path, tiny_model_dir, sums_file, capsys):
+    rc = main([f"model.partial_pretrain={tiny_model_dir}", f"data.train_files={sums_file}",
+               "data.train_batch_size=3", "data.micro_batch_size_per_gpu=2", f"trainer.default_local_dir={tmp_path}"])
+    assert rc == 2
+    assert "data.train_batch_size=3 is not divisible" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="custom_cls"):
+        build_trainer(_cfg(tmp_path, tiny_model_dir, sums_file, "data.custom_cls.path=x.py"))
+
+
+# ---------------------------------------------------------------- data parallel (2 processes)
+def _torchrun(nproc, run_dir, model_dir, data_file):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+               "-m", "hybridflow.trainer.sft_trainer", f"model.partial_pretrain={model_dir}",
+               f"data.train_files={data_file}", "data.train_batch_size=4", "data.micro_batch_size_per_gpu=1",
+               "trainer.total_training_steps=2", "optim.lr=1e-3", f"trainer.default_local_dir={run_dir}",
+               "trainer.logger=[file]"]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_two_data_parallel_ranks_match_one(tmp_path, tiny_model_dir, sums_file):
+    from safetensors.torch import load_file
+
+    _torchrun(1, tmp_path / "dp1", tiny_model_dir, sums_file)
+    _torchrun(2, tmp_path / "dp2", tiny_model_dir, sums_file)
+    weights = [load_file(tmp_path / run / "global_step_2" / "model" / "huggingface" / "model.safetensors")
+               for run in ("dp1", "dp2")]
+    assert weights[0].keys() == weights[1].keys()
+    for name in weights[0]:
+        torch.testing.assert_close(weights[1][name], weights[0][name], rtol=0, atol=2e-6, msg=name)
+    losses = [[json.loads(line)["train/loss"] for line in (tmp_path / run / "logs" / "metrics.jsonl").open()]
+              for run in ("dp1", "dp2")]
+    assert losses[1] == pytest.approx(losses[0], rel=1e-6)
