@@ -43,7 +43,6 @@ def build_hybrid_engine(dp: DataParallel, *, cfg, total_steps: int, with_rollout
     from hybridflow.models.sharded_checkpoint import FSDPModelComponent
     from hybridflow.workers.actor import ActorWorker
     from hybridflow.workers.optim import train_state_from_config
-    from hybridflow.workers.reference import ReferenceWorker
 
     torch.manual_seed(cfg.trainer.seed)
     arr, device = cfg.actor_rollout_ref, rank_device()
@@ -54,21 +53,41 @@ def build_hybrid_engine(dp: DataParallel, *, cfg, total_steps: int, with_rollout
                            attn_implementation=arr.model.attn_implementation).to(device)
     if with_reference is None:
         with_reference = arr.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
-    # Copies for generation and reference are taken before sharding: they hold full weights.
+    use_lora = arr.model.lora_rank > 0
+    # Copies for generation and a separate reference are taken before sharding and LoRA: full, plain weights.
     rollout = _rollout_worker(copy.deepcopy(model).eval(), tokenizer, arr.rollout) if with_rollout else None
+    ref_model = copy.deepcopy(model).eval() if with_reference and not use_lora else None
+    if use_lora:
+        from hybridflow.models.lora import apply_lora
+
+        model = apply_lora(model, rank=arr.model.lora_rank, alpha=arr.model.lora_alpha,
+                           target_modules=arr.model.target_modules, exclude_modules=arr.model.exclude_modules)
+    model = shard_for_group(model, dp=dp, fsdp_cfg=arr.actor.fsdp_config, device=device)
     reference = None
     if with_reference:
-        ref_model = shard_for_group(copy.deepcopy(model).eval(), dp=dp, fsdp_cfg=arr.ref.fsdp_config, device=device)
-        reference = ReferenceWorker(model=ref_model, micro_batch_size=arr.ref.log_prob_micro_batch_size_per_gpu,
-                                    use_dynamic_bsz=arr.ref.log_prob_use_dynamic_bsz,
-                                    max_token_len=arr.ref.log_prob_max_token_len_per_gpu)
-    model = shard_for_group(model, dp=dp, fsdp_cfg=arr.actor.fsdp_config, device=device)
+        reference = _reference_worker(actor_model=model, ref_model=ref_model, arr=arr, dp=dp, device=device)
     state = train_state_from_config(model, arr.actor.optim, grad_clip=arr.actor.grad_clip, total_steps=total_steps)
     actor = ActorWorker(state=state, cfg=arr.actor, rollout_n=arr.rollout.n, max_response_length=cfg.data.max_response_length,
                         log_prob_micro_batch_size=arr.rollout.log_prob_micro_batch_size_per_gpu, dp=dp,
                         seed=cfg.trainer.seed)
     checkpoint = FSDPModelComponent(model, state.optimizer, state.scheduler, tokenizer=tokenizer)
     return HybridEngineWorker(actor=actor, rollout=rollout, reference=reference, checkpoint=checkpoint)
+
+
+def _reference_worker(*, actor_model, ref_model, arr, dp: DataParallel, device: torch.device):
+    """The reference policy: with LoRA (``ref_model`` None) the actor itself with its adapter off,
+    so no second model is held; otherwise the frozen initial copy, sharded like the actor."""
+    import functools
+
+    from hybridflow.models.lora import disable_adapter
+    from hybridflow.workers.reference import ReferenceWorker
+
+    kwargs = dict(micro_batch_size=arr.ref.log_prob_micro_batch_size_per_gpu,
+                  use_dynamic_bsz=arr.ref.log_prob_use_dynamic_bsz, max_token_len=arr.ref.log_prob_max_token_len_per_gpu)
+    if ref_model is None:
+        return ReferenceWorker(model=actor_model, adapter_off=functools.partial(disable_adapter, actor_model), **kwargs)
+    ref_model = shard_for_group(ref_model, dp=dp, fsdp_cfg=arr.ref.fsdp_config, device=device)
+    return ReferenceWorker(model=ref_model, **kwargs)
 
 
 def _rollout_worker(engine_model, tokenizer, rollout_cfg):

@@ -76,10 +76,8 @@ class HybridEngineWorker:
     @dispatch(Mode.ONE_TO_ALL, collect="first")
     def load_weights(self, named) -> None:
         """Into this rank's engine: the colocated actor's gathered weights, or given (name, tensor)s."""
-        from hybridflow.models.fsdp import full_state_dict
-
         if isinstance(named, ColocatedWeights):
-            named = full_state_dict(self.actor.model).items()
+            named = actor_weights_for_rollout(self.actor.model).items()
         elif isinstance(named, dict):
             named = named.items()
         self.rollout.load_weights(named)
@@ -91,6 +89,15 @@ class HybridEngineWorker:
     @dispatch(Mode.ONE_TO_ALL, collect="first")
     def load_checkpoint(self, directory: str) -> None:
         self.checkpoint.load_from(directory)
+
+
+def actor_weights_for_rollout(model) -> dict:
+    """The actor's full weights by HF name; with LoRA, the adapter folded in (W + alpha/r B A)."""
+    from hybridflow.models.fsdp import full_state_dict
+    from hybridflow.models.lora import is_lora_model, lora_scaling, merged_state_dict
+
+    weights = full_state_dict(model)
+    return merged_state_dict(weights, scaling=lora_scaling(model)) if is_lora_model(model) else weights
 
 
 class GroupCheckpoint:

@@ -105,3 +105,31 @@ def load_adapter(model: torch.nn.Module, directory: str) -> torch.nn.Module:
 def trainable_parameters(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
     """``{name: parameter}`` of the parameters that receive gradients."""
     return {name: param for name, param in model.named_parameters() if param.requires_grad}
+
+
+def lora_scaling(model: torch.nn.Module) -> float:
+    """alpha / r of the ``default`` adapter (the factor in h = W x + (alpha / r) B A x)."""
+    config = model.peft_config["default"]
+    return config.lora_alpha / config.r
+
+
+def hf_name(peft_name: str) -> str:
+    """``base_model.model.model.layers.0.q_proj.base_layer.weight`` -> ``model.layers.0.q_proj.weight``."""
+    return peft_name.removeprefix("base_model.model.").replace(".base_layer.", ".")
+
+
+def merged_state_dict(state: Mapping[str, torch.Tensor], *, scaling: float) -> dict[str, torch.Tensor]:
+    """A LoRA model's full state (peft names) as plain HF weights with W + scaling * B A folded in.
+
+    Works on a gathered FSDP state too, so the rollout engine of an RL run with LoRA gets
+    merged weights without a second model in memory: ``W`` is never modified in place.
+    """
+    merged = {hf_name(name): tensor for name, tensor in state.items() if ".lora_" not in name}
+    suffix = ".lora_A.default.weight"
+    for name, lora_a in state.items():
+        if name.endswith(suffix):
+            prefix = name[: -len(suffix)]
+            lora_b = state[f"{prefix}.lora_B.default.weight"]
+            base = state[f"{prefix}.base_layer.weight"]
+            merged[hf_name(f"{prefix}.weight")] = base + scaling * (lora_b.to(base.dtype) @ lora_a.to(base.dtype))
+    return merged

@@ -117,6 +117,10 @@ def save_hf_metadata(model: torch.nn.Module, tokenizer, out_dir: str) -> None:
     if config is None or not hasattr(config, "save_pretrained"):
         return
     config.save_pretrained(out_dir)
+    from hybridflow.models.lora import is_lora_model
+
+    if is_lora_model(model):  # adapter_config.json: the merger rebuilds the LoRA structure to load the shards
+        model.peft_config["default"].save_pretrained(out_dir)
     if getattr(model, "generation_config", None) is not None:
         model.generation_config.save_pretrained(out_dir)
     if tokenizer is not None:
@@ -131,7 +135,16 @@ def merge_sharded_checkpoint(local_dir: str, target_dir: str) -> str:
     if not os.path.isfile(os.path.join(hf_dir, "config.json")):
         raise ModelError(f"{local_dir} has no {HF_FOLDER}/config.json; pass --local_dir global_step_N/actor")
     model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(hf_dir), dtype=torch.float32)
+    lora = os.path.isfile(os.path.join(hf_dir, "adapter_config.json"))
+    if lora:  # an RL/SFT run with LoRA: load the adapter too, then fold it into the weights
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig.from_pretrained(hf_dir))
     load_sharded(os.path.join(local_dir, DCP_FOLDER), model=model)
+    if lora:
+        from hybridflow.models.lora import merge_lora
+
+        model = merge_lora(model)
     if os.path.isfile(os.path.join(hf_dir, "generation_config.json")):
         model.generation_config = GenerationConfig.from_pretrained(hf_dir)
     model.save_pretrained(target_dir)

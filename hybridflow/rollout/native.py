@@ -84,6 +84,7 @@ class NativeEngine:
         validate_prompts(prompt_token_ids, max_model_len=self.max_model_len, max_tokens=params.max_tokens)
         capacity = min(self.max_model_len, max(map(len, prompt_token_ids)) + params.max_tokens)
         cache = self._reserve(slots=min(self.max_num_seqs, len(prompt_token_ids) * params.n), max_len=capacity)
+        self.decoder.rope_table(capacity)  # once, rather than growing it step by step
         run = GenerationRun(
             params=params, cache=cache, generator=self._generator(params.seed),
             stop=StopChecker(params=params, tokenizer=self.tokenizer),

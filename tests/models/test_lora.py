@@ -137,3 +137,23 @@ def test_bad_inputs_raise_user_errors(tiny_tokenizer, tmp_path):
     model = apply_lora(_base(tiny_tokenizer), rank=RANK, alpha=ALPHA)
     with pytest.raises(ModelError, match="save_adapter"):
         load_adapter(model, str(tmp_path))
+
+
+def test_merged_state_dict_equals_peft_merge():
+    """W + (alpha / r) B A folded from the state dict equals peft's own merge_and_unload."""
+    import copy
+
+    from hybridflow.models.lora import apply_lora, lora_scaling, merge_lora, merged_state_dict
+    from hybridflow.models.tiny import build_tiny_model
+
+    model, _ = build_tiny_model(seed=3)
+    lora = apply_lora(model, rank=4, alpha=8, target_modules="all-linear")
+    with torch.no_grad():
+        for name, param in lora.named_parameters():
+            if "lora_B" in name:
+                param.normal_()  # B starts at 0: make the update non-trivial
+    ours = merged_state_dict(lora.state_dict(), scaling=lora_scaling(lora))
+    reference = merge_lora(copy.deepcopy(lora)).state_dict()
+    assert ours.keys() == reference.keys()
+    for key in reference:
+        torch.testing.assert_close(ours[key], reference[key], rtol=0, atol=1e-6)

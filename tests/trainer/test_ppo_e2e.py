@@ -253,3 +253,37 @@ def test_reward_model_scores_replace_rule_scores(tmp_path, tiny_model_dir):
     last = read_metrics(tmp_path)[-1]
     assert last["reward/model_score/mean"] == pytest.approx(last["critic/score/mean"], abs=1e-6)
     assert last["critic/score/max"] != last["critic/score/min"]  # a real model, not a constant
+
+
+# ---------------------------------------------------------------------------- LoRA
+def test_grpo_with_lora_trains_only_the_adapter_and_exports_merged(tmp_path, tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    from hybridflow.model_merger import merge
+    from hybridflow.models.lora import is_lora_model
+    from hybridflow.trainer.main_ppo import build_trainer
+
+    overrides = base_overrides(tmp_path, tiny_model_dir, steps=2) + [
+        "actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.lora_alpha=8",
+        "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.optim.lr=1e-2", "trainer.save_freq=2"]
+    trainer = build_trainer(load_config(PPOConfig, overrides))
+    hybrid = trainer.w.actor.backend.worker
+    assert is_lora_model(hybrid.actor.model)
+    assert hybrid.reference.model is hybrid.actor.model  # the reference is the actor with the adapter off
+    base_before = {k: v.clone() for k, v in hybrid.actor.model.state_dict().items() if "lora_" not in k}
+    trainer.fit()
+    trainer.close()
+    state = hybrid.actor.model.state_dict()
+    for key, value in base_before.items():
+        assert torch.equal(state[key], value), key  # base weights frozen
+    last = read_metrics(tmp_path)[-1]
+    assert last["actor/kl_loss"] > 0  # the adapter moved the policy away from the reference
+    merge(str(tmp_path / "ckpt" / "global_step_2" / "actor"), str(tmp_path / "hf"))
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
+    engine_model = hybrid.rollout.engine.model if hasattr(hybrid.rollout.engine, "model") else None
+    ids = torch.tensor([[1, 5, 9, 13, 2]])
+    with torch.no_grad():
+        expected = hybrid.actor.model(input_ids=ids).logits
+        torch.testing.assert_close(exported(input_ids=ids).logits, expected, rtol=1e-4, atol=1e-4)
+        if engine_model is not None:  # the rollout engine got the merged weights after the last update
+            torch.testing.assert_close(engine_model(input_ids=ids).logits, expected, rtol=1e-4, atol=1e-4)
