@@ -23,6 +23,10 @@ class ModelError(HybridflowError):
     """A model path or model file that cannot be loaded."""
 
 
+class WorkerDiedError(HybridflowError):
+    """A worker process exited during a call; the run must resume from its last checkpoint."""
+
+
 class RolloutError(HybridflowError):
     """Bad input to the generation engine (prompt too long, max_tokens <= 0, ...)."""
 

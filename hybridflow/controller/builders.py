@@ -83,7 +83,8 @@ def _reference_worker(*, actor_model, ref_model, arr, dp: DataParallel, device: 
     from hybridflow.workers.reference import ReferenceWorker
 
     kwargs = dict(micro_batch_size=arr.ref.log_prob_micro_batch_size_per_gpu,
-                  use_dynamic_bsz=arr.ref.log_prob_use_dynamic_bsz, max_token_len=arr.ref.log_prob_max_token_len_per_gpu)
+                  use_dynamic_bsz=arr.ref.log_prob_use_dynamic_bsz, max_token_len=arr.ref.log_prob_max_token_len_per_gpu,
+                  dp=dp)
     if ref_model is None:
         return ReferenceWorker(model=actor_model, adapter_off=functools.partial(disable_adapter, actor_model), **kwargs)
     ref_model = shard_for_group(ref_model, dp=dp, fsdp_cfg=arr.ref.fsdp_config, device=device)

@@ -23,12 +23,8 @@ import ray
 
 from hybridflow.controller.dispatch import Call
 from hybridflow.controller.resources import ResourcePool, connect_ray, reserve
-from hybridflow.errors import HybridflowError
+from hybridflow.errors import HybridflowError, WorkerDiedError
 from hybridflow.workers.distributed import DataParallel
-
-
-class WorkerDiedError(HybridflowError):
-    """A rank's process exited during a call; the run must resume from its last checkpoint."""
 
 
 class RankProcess:

@@ -33,8 +33,9 @@ import numpy as np
 import torch
 
 from hybridflow.algos import AdaptiveKLController, FixedKLController, apply_kl_penalty, get_advantage, masked_mean
+from hybridflow.data.balance import balance_batch
 from hybridflow.data.batch import Batch
-from hybridflow.errors import HybridflowError
+from hybridflow.errors import HybridflowError, WorkerDiedError
 from hybridflow.rollout import SamplingParams
 from hybridflow.trainer.checkpoint import find_resume_checkpoint, load_checkpoint, save_checkpoint
 from hybridflow.trainer.metrics import (
@@ -115,11 +116,21 @@ class PPOTrainer:
         with self.tracking.progress(self.total_steps, initial_step=self.global_step):
             while self.global_step < self.total_steps:
                 self.global_step += 1
-                metrics = self.train_step(batches, step=self.global_step)
+                metrics = self.train_step_naming_failures(batches)
                 metrics.update(self._maybe_validate_and_save())
                 self.tracking.log(metrics, step=self.global_step)
                 last = metrics
         return last
+
+    def train_step_naming_failures(self, batches: Iterator[Batch]) -> dict[str, float]:
+        """``train_step``; a worker process that dies is reported with the step and how to resume."""
+        try:
+            return self.train_step(batches, step=self.global_step)
+        except WorkerDiedError as err:
+            raise WorkerDiedError(
+                f"training step {self.global_step}: {err}; rerun the same command to resume from the last "
+                f"checkpoint in {self.cfg.trainer.default_local_dir} (trainer.save_freq={self.cfg.trainer.save_freq})"
+            ) from err
 
     def prompt_batches(self) -> Iterator[Batch]:
         """Prompt batches across epochs (the loader's position is what a checkpoint records)."""
@@ -135,6 +146,9 @@ class PPOTrainer:
             batch = self.rollout_and_score(next(batches), step=step, timer=timer, metrics=metrics)
             if self.cfg.algorithm.filter_groups.enable:
                 batch = self.keep_informative_groups(batch, batches, step=step, timer=timer, metrics=metrics)
+            dp_size = getattr(self.w.actor, "world_size", 1)
+            if self.cfg.trainer.balance_batch and dp_size > 1:
+                metrics.update(balance_batch(batch, dp_size=dp_size))  # equal tokens per data-parallel rank
             with timer("old_log_prob"):
                 batch["old_log_probs"], entropy = self.w.actor.compute_log_prob(batch, temperature=temperature)
                 metrics["actor/entropy"] = masked_mean(values=entropy, mask=batch["response_mask"]).item()

@@ -23,6 +23,7 @@ import torch
 
 from hybridflow.algos import agg_loss, get_policy_loss, kl_penalty
 from hybridflow.data.batch import Batch
+from hybridflow.models.fsdp import micro_batch_sync
 from hybridflow.workers.distributed import DataParallel, LOCAL
 from hybridflow.workers.logprob import batch_log_probs, micro_batch_log_probs
 from hybridflow.workers.micro_batches import micro_batches
@@ -52,7 +53,7 @@ class ActorWorker:
         return batch_log_probs(
             self.model, batch, temperature=temperature, micro_batch_size=self.log_prob_micro_batch_size,
             use_dynamic_bsz=self.cfg.use_dynamic_bsz, max_token_len=self.cfg.ppo_max_token_len_per_gpu,
-            calculate_entropy=True,
+            calculate_entropy=True, dp=self.dp,
         )
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
@@ -84,12 +85,15 @@ class ActorWorker:
         self.state.zero_grad()
         # Micro-batch losses are shares of the mini-batch loss (global normalisation): sum them.
         sums: dict[str, float] = defaultdict(float)
-        for micro in micro_batches(mini, micro_batch_size=self.cfg.ppo_micro_batch_size_per_gpu,
-                                   use_dynamic_bsz=self.cfg.use_dynamic_bsz,
-                                   max_token_len=self.cfg.ppo_max_token_len_per_gpu):
+        micros = micro_batches(mini, micro_batch_size=self.cfg.ppo_micro_batch_size_per_gpu,
+                               use_dynamic_bsz=self.cfg.use_dynamic_bsz,
+                               max_token_len=self.cfg.ppo_max_token_len_per_gpu, dp=self.dp)
+        for index, micro in enumerate(micros):
             loss, shares, micro_metrics = self._micro_loss(micro, temperature=temperature, counts=counts)
             # FSDP averages gradients over ranks; the losses are already global sums, so undo the mean.
-            (loss * self.dp.world_size).backward()
+            # Gradients are reduced once, in the last micro-batch's backward.
+            with micro_batch_sync(self.model, index=index, count=len(micros)):
+                (loss * self.dp.world_size).backward()
             for key, value in shares.items():
                 sums[key] += value
             for key, value in micro_metrics.items():

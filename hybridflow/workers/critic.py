@@ -12,6 +12,7 @@ import torch
 
 from hybridflow.algos import masked_mean, value_loss
 from hybridflow.data.batch import Batch
+from hybridflow.models.fsdp import micro_batch_sync
 from hybridflow.workers.distributed import DataParallel, LOCAL
 from hybridflow.workers.micro_batches import micro_batches, trim_padding
 from hybridflow.workers.optim import TrainState
@@ -43,7 +44,7 @@ class CriticWorker:
         self.model.eval()
         pieces = micro_batches(batch, micro_batch_size=self.cfg.forward_micro_batch_size_per_gpu,
                                use_dynamic_bsz=self.cfg.use_dynamic_bsz,
-                               max_token_len=self.cfg.forward_max_token_len_per_gpu)
+                               max_token_len=self.cfg.forward_max_token_len_per_gpu, dp=self.dp)
         return torch.cat([_micro_values(self.model, m) for m in pieces])
 
     def update_critic(self, batch: Batch) -> dict[str, float]:
@@ -63,16 +64,18 @@ class CriticWorker:
         counts = self.dp.global_counts(mini["response_mask"])
         self.state.zero_grad()
         total = 0.0
-        for micro in micro_batches(mini, micro_batch_size=self.cfg.ppo_micro_batch_size_per_gpu,
-                                   use_dynamic_bsz=self.cfg.use_dynamic_bsz,
-                                   max_token_len=self.cfg.ppo_max_token_len_per_gpu):
+        micros = micro_batches(mini, micro_batch_size=self.cfg.ppo_micro_batch_size_per_gpu,
+                               use_dynamic_bsz=self.cfg.use_dynamic_bsz,
+                               max_token_len=self.cfg.ppo_max_token_len_per_gpu, dp=self.dp)
+        for index, micro in enumerate(micros):
             vpreds = _micro_values(self.model, micro)
             loss, micro_metrics = value_loss(
                 vpreds=vpreds, values=micro["values"], returns=micro["returns"], response_mask=micro["response_mask"],
                 cliprange_value=self.cfg.cliprange_value, loss_agg_mode=self.cfg.loss_agg_mode,
                 global_num_tokens=counts["tokens"], global_num_seqs=counts["seqs"],
             )
-            (loss * self.dp.world_size).backward()
+            with micro_batch_sync(self.model, index=index, count=len(micros)):
+                (loss * self.dp.world_size).backward()
             total += loss.item()
             metrics["vf_clipfrac"].append(micro_metrics["vf_clipfrac"])
             metrics["vpred_mean"].append(masked_mean(values=vpreds.detach(), mask=micro["response_mask"]).item())

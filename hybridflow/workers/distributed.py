@@ -30,6 +30,16 @@ class DataParallel:
         dist.all_reduce(value, op=dist.ReduceOp.SUM, group=self.group)
         return value
 
+    def all_reduce_max(self, value: int) -> int:
+        """Largest ``value`` over the group."""
+        if self.world_size == 1:
+            return value
+        import torch.distributed as dist
+
+        tensor = torch.tensor([value])
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.group)
+        return int(tensor.item())
+
     def global_counts(self, response_mask: torch.Tensor) -> dict[str, float]:
         """Valid response tokens and sequences of a mini-batch across all ranks."""
         local = torch.stack([response_mask.sum().float(), torch.tensor(float(response_mask.shape[0]))])

@@ -38,7 +38,7 @@ def _pad_right(values: torch.Tensor, length: int) -> torch.Tensor:
 @torch.no_grad()
 def batch_log_probs(model, batch: Batch, *, temperature: float, micro_batch_size: int | None,
                     use_dynamic_bsz: bool = False, max_token_len: int | None = None,
-                    calculate_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                    calculate_entropy: bool = False, dp=None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs ``[B, T]`` (and entropy ``[B, T]``) of ``batch["responses"]``; no gradients.
 
     Micro-batches (fixed or token-budget) are consecutive rows, so results are in batch order.
@@ -46,7 +46,7 @@ def batch_log_probs(model, batch: Batch, *, temperature: float, micro_batch_size
     was_training = model.training
     model.eval()
     pieces = micro_batches(batch, micro_batch_size=micro_batch_size, use_dynamic_bsz=use_dynamic_bsz,
-                           max_token_len=max_token_len)
+                           max_token_len=max_token_len, dp=dp)
     outs = [micro_batch_log_probs(model, m, temperature=temperature, calculate_entropy=calculate_entropy)
             for m in pieces]
     model.train(was_training)

@@ -34,12 +34,33 @@ def split_by_token_budget(lengths: Sequence[int], max_tokens: int) -> list[list[
     return groups
 
 
+def split_to_count(groups: list[list[int]], count: int) -> list[list[int]]:
+    """Split the largest groups in two until there are ``count`` groups (each keeps >= 1 row).
+
+    Under FSDP every rank must run the same number of forward/backward passes; token-budget
+    grouping can give ranks different counts, so all ranks split up to the largest count.
+    """
+    groups = [list(g) for g in groups]
+    while len(groups) < count:
+        largest = max(range(len(groups)), key=lambda i: len(groups[i]))
+        if len(groups[largest]) < 2:
+            raise ValueError(f"cannot make {count} micro-batches from {sum(map(len, groups))} rows")
+        group = groups.pop(largest)
+        half = len(group) // 2
+        groups[largest:largest] = [group[:half], group[half:]]
+    return groups
+
+
 def micro_batches(batch: Batch, *, micro_batch_size: int | None, use_dynamic_bsz: bool = False,
-                  max_token_len: int | None = None) -> list[Batch]:
-    """Fixed-size micro-batches, or token-budget ones when ``use_dynamic_bsz``."""
+                  max_token_len: int | None = None, dp=None) -> list[Batch]:
+    """Fixed-size micro-batches, or token-budget ones when ``use_dynamic_bsz`` (then, given the
+    data-parallel context ``dp``, the same number on every rank)."""
     if use_dynamic_bsz:
         lengths = batch["attention_mask"].sum(-1).tolist()
-        return [batch.index_select(group) for group in split_by_token_budget(lengths, max_token_len)]
+        groups = split_by_token_budget(lengths, max_token_len)
+        if dp is not None and dp.world_size > 1:
+            groups = split_to_count(groups, dp.all_reduce_max(len(groups)))
+        return [batch.index_select(group) for group in groups]
     if micro_batch_size is None or micro_batch_size >= len(batch):
         return [batch]
     return batch.split(micro_batch_size)

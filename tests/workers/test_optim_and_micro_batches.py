@@ -78,3 +78,12 @@ def test_token_budget_groups_consecutive_rows():
     groups = split_by_token_budget([1, 2, 3, 4, 5, 6, 7], 12)
     assert sum(groups, []) == list(range(7))
     assert all(len(g) * max([1, 2, 3, 4, 5, 6, 7][i] for i in g) <= 12 or len(g) == 1 for g in groups)
+
+
+def test_split_to_count_reaches_the_largest_rank_count():
+    from hybridflow.workers.micro_batches import split_to_count
+
+    groups = split_to_count([[0, 1, 2, 3], [4]], 4)
+    assert len(groups) == 4 and sum(groups, []) == [0, 1, 2, 3, 4]
+    with pytest.raises(ValueError):
+        split_to_count([[0], [1]], 3)
