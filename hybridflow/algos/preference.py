@@ -29,7 +29,9 @@ def _mean(*, losses: torch.Tensor, global_num_pairs: float | None) -> torch.Tens
     return losses.sum() / count
 
 
-def _pair_metrics(*, chosen_reward: torch.Tensor, rejected_reward: torch.Tensor) -> dict[str, float]:
+def _pair_metrics(*, beta: float, chosen_logratio: torch.Tensor, rejected_logratio: torch.Tensor) -> dict[str, float]:
+    """TRL's ``rewards/*`` of the implicit reward r = beta (log pi - log pi_ref) ``[B]``, detached."""
+    chosen_reward, rejected_reward = beta * chosen_logratio.detach(), beta * rejected_logratio.detach()
     return {
         "rewards/chosen": chosen_reward.mean().item(),
         "rewards/rejected": rejected_reward.mean().item(),
@@ -54,9 +56,7 @@ def dpo_loss(
     logits = beta * (chosen_logratio - rejected_logratio)
     # logsigmoid is exact for large |logits| where log(sigmoid(.)) underflows to -inf.
     losses = -(1 - label_smoothing) * F.logsigmoid(logits) - label_smoothing * F.logsigmoid(-logits)
-    metrics = _pair_metrics(
-        chosen_reward=beta * chosen_logratio.detach(), rejected_reward=beta * rejected_logratio.detach()
-    )
+    metrics = _pair_metrics(beta=beta, chosen_logratio=chosen_logratio, rejected_logratio=rejected_logratio)
     return _mean(losses=losses, global_num_pairs=global_num_pairs), metrics
 
 
@@ -76,9 +76,7 @@ def ipo_loss(
     chosen_logratio = policy_chosen_logps - ref_chosen_logps
     rejected_logratio = policy_rejected_logps - ref_rejected_logps
     losses = (chosen_logratio - rejected_logratio - 1 / (2 * beta)).square()
-    metrics = _pair_metrics(
-        chosen_reward=beta * chosen_logratio.detach(), rejected_reward=beta * rejected_logratio.detach()
-    )
+    metrics = _pair_metrics(beta=beta, chosen_logratio=chosen_logratio, rejected_logratio=rejected_logratio)
     return _mean(losses=losses, global_num_pairs=global_num_pairs), metrics
 
 

@@ -36,6 +36,19 @@ def read_rows(files: str | os.PathLike | Sequence[str | os.PathLike]) -> list[di
     return rows
 
 
+def no_rows_message(files) -> str:
+    """The error for data files that hold no row at all."""
+    return f"0 rows in data file(s) {files!r}; point data.train_files / data.val_files at a non-empty file"
+
+
+def read_nonempty_rows(files: str | os.PathLike | Sequence[str | os.PathLike]) -> list[dict[str, Any]]:
+    """:func:`read_rows`, raising :class:`DataError` when the files hold no row."""
+    rows = read_rows(files)
+    if not rows:
+        raise DataError(no_rows_message(files))
+    return rows
+
+
 def _read_one_file(path: str) -> list[dict[str, Any]]:
     if not os.path.isfile(path):
         raise DataError(f"data file {path!r} does not exist; check data.train_files / data.val_files")

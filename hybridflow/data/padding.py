@@ -14,6 +14,11 @@ from collections.abc import Sequence
 import torch
 
 
+def pad_token_id_of(tokenizer) -> int:
+    """The tokenizer's pad id, or its eos id when it has no pad token (as for many base models)."""
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+
 def pad_sequences(
     seqs: Sequence[Sequence[int]], *, pad_value: int, side: str, length: int | None = None
 ) -> torch.Tensor:

@@ -19,8 +19,8 @@ import torch
 
 from hybridflow.data.assistant_mask import tokenize_with_assistant_mask
 from hybridflow.data.chat import as_messages, encode, render
-from hybridflow.data.files import read_rows, require_columns
-from hybridflow.data.padding import pad_sequences
+from hybridflow.data.files import read_nonempty_rows, require_columns
+from hybridflow.data.padding import pad_sequences, pad_token_id_of
 from hybridflow.data.rl_dataset import subsample
 from hybridflow.data.truncation import check_truncation
 from hybridflow.errors import DataError
@@ -54,13 +54,9 @@ class PreferenceDataset(torch.utils.data.Dataset):
         self.max_length = max_length
         self.truncation = truncation
         self.template_kwargs = dict(apply_chat_template_kwargs or {})
-        self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.pad_token_id = pad_token_id_of(tokenizer)
         self.keys = {"prompt": prompt_key, "chosen": chosen_key, "rejected": rejected_key}
-        rows = read_rows(files)
-        if not rows:
-            raise DataError(
-                f"0 rows in data file(s) {files!r}; point data.train_files / data.val_files at a non-empty file"
-            )
+        rows = read_nonempty_rows(files)
         require_columns(
             rows, {key: f"data.{name}_key" for name, key in self.keys.items()}, source=f"data file(s) {files!r}"
         )

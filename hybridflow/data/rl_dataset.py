@@ -20,8 +20,8 @@ import numpy as np
 import torch
 
 from hybridflow.data.chat import encode, render, validate_messages
-from hybridflow.data.files import read_rows, require_columns
-from hybridflow.data.padding import pad_sequences, position_ids_from_mask
+from hybridflow.data.files import no_rows_message, read_rows, require_columns
+from hybridflow.data.padding import pad_sequences, pad_token_id_of, position_ids_from_mask
 from hybridflow.data.truncation import check_truncation, truncate
 from hybridflow.errors import DataError
 
@@ -71,7 +71,7 @@ class RLDataset(torch.utils.data.Dataset):
         self.truncation = truncation
         self.return_raw_chat = return_raw_chat
         self.template_kwargs = dict(apply_chat_template_kwargs or {})
-        self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.pad_token_id = pad_token_id_of(tokenizer)
         rows = read_rows(files)
         require_columns(rows, {prompt_key: "data.prompt_key"}, source=f"data file(s) {files!r}")
         row_ids = subsample(len(rows), max_samples=max_samples, shuffle=shuffle, seed=seed)
@@ -118,7 +118,7 @@ class RLDataset(torch.utils.data.Dataset):
 
     def _empty_message(self, *, num_rows: int, files) -> str:
         if num_rows == 0:
-            return f"0 rows in data file(s) {files!r}; point data.train_files / data.val_files at a non-empty file"
+            return no_rows_message(files)
         return (
             f"0 of {num_rows} rows left: {self.num_filtered} longer than "
             f"data.max_prompt_length={self.max_prompt_length} "

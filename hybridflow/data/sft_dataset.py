@@ -26,8 +26,8 @@ import torch
 
 from hybridflow.data.assistant_mask import tokenize_with_assistant_mask
 from hybridflow.data.chat import as_messages, validate_messages
-from hybridflow.data.files import get_path, read_rows, require_columns, split_key
-from hybridflow.data.padding import pad_sequences, position_ids_from_mask
+from hybridflow.data.files import get_path, read_nonempty_rows, require_columns, split_key
+from hybridflow.data.padding import pad_sequences, pad_token_id_of, position_ids_from_mask
 from hybridflow.data.rl_dataset import subsample
 from hybridflow.data.truncation import check_truncation, truncate
 from hybridflow.errors import DataError
@@ -68,12 +68,8 @@ class SFTDataset(torch.utils.data.Dataset):
         self.truncation = truncation
         self.padding = padding
         self.template_kwargs = dict(apply_chat_template_kwargs or {})
-        self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        rows = read_rows(files)
-        if not rows:
-            raise DataError(
-                f"0 rows in data file(s) {files!r}; point data.train_files / data.val_files at a non-empty file"
-            )
+        self.pad_token_id = pad_token_id_of(tokenizer)
+        rows = read_nonempty_rows(files)
         if messages_key is not None:
             require_columns(rows, {messages_key: "data.multiturn.messages_key"}, source=f"data file(s) {files!r}")
             to_messages = partial(_multiturn_messages, key=messages_key)

@@ -11,26 +11,25 @@ Layout of one component directory (``global_step_N/actor``)::
     dcp/                     DCP shards + .metadata: {"model": ..., "optim": ...}
     lr_scheduler.pt          scheduler state (identical on every rank; rank 0 writes it)
     rng_state_rank{r}.pt     each rank's RNG states
-    huggingface/             config, generation config, tokenizer (no weights)
+    huggingface/             config, generation config, tokenizer (no weights; hf_folder.py)
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import random
 import warnings
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from hybridflow.errors import ModelError
+from hybridflow.models.hf_folder import HF_FOLDER, has_hf_config, merge_into_hf_folder, save_hf_folder
+from hybridflow.models.rng_state import capture_rng_state, restore_rng_state, rng_file
 
 DCP_FOLDER = "dcp"
-HF_FOLDER = "huggingface"
 SCHEDULER_FILE = "lr_scheduler.pt"
 
 
@@ -71,16 +70,6 @@ def load_sharded(directory: str, *, model: torch.nn.Module, optimizer=None) -> N
                    optim_state_dict=states.get("optim", {}))
 
 
-def _rng_state() -> dict:
-    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
-
-
-def _restore_rng(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
-
-
 class FSDPModelComponent:
     """A (possibly FSDP2-sharded) model + optimizer + scheduler as a checkpoint component.
 
@@ -94,60 +83,27 @@ class FSDPModelComponent:
     def save_to(self, directory: str) -> None:
         rank = _rank()
         save_sharded(os.path.join(directory, DCP_FOLDER), model=self.model, optimizer=self.optimizer)
-        torch.save(_rng_state(), os.path.join(directory, f"rng_state_rank{rank}.pt"))
+        torch.save(capture_rng_state(), os.path.join(directory, rng_file(rank)))
         if rank != 0:
             return
         if self.lr_scheduler is not None:
             torch.save(self.lr_scheduler.state_dict(), os.path.join(directory, SCHEDULER_FILE))
-        save_hf_metadata(self.model, self.tokenizer, os.path.join(directory, HF_FOLDER))
+        if has_hf_config(self.model):
+            save_hf_folder(self.model, self.tokenizer, os.path.join(directory, HF_FOLDER), include_weights=False)
 
     def load_from(self, directory: str) -> None:
         load_sharded(os.path.join(directory, DCP_FOLDER), model=self.model, optimizer=self.optimizer)
         if self.lr_scheduler is not None:
             self.lr_scheduler.load_state_dict(torch.load(os.path.join(directory, SCHEDULER_FILE), weights_only=True))
-        rng_path = os.path.join(directory, f"rng_state_rank{_rank()}.pt")
+        rng_path = os.path.join(directory, rng_file(_rank()))
         if os.path.isfile(rng_path):  # absent when resuming on more ranks than were saved
-            _restore_rng(torch.load(rng_path, weights_only=False))
-
-
-def save_hf_metadata(model: torch.nn.Module, tokenizer, out_dir: str) -> None:
-    """Config, generation config and tokenizer files: everything of an HF folder but the weights."""
-    os.makedirs(out_dir, exist_ok=True)
-    config = getattr(model, "config", None)
-    if config is None or not hasattr(config, "save_pretrained"):
-        return
-    config.save_pretrained(out_dir)
-    from hybridflow.models.lora import is_lora_model
-
-    if is_lora_model(model):  # adapter_config.json: the merger rebuilds the LoRA structure to load the shards
-        model.peft_config["default"].save_pretrained(out_dir)
-    if getattr(model, "generation_config", None) is not None:
-        model.generation_config.save_pretrained(out_dir)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(out_dir)
+            restore_rng_state(torch.load(rng_path, weights_only=True))
 
 
 def merge_sharded_checkpoint(local_dir: str, target_dir: str) -> str:
     """Turn ``{local_dir}/dcp`` + ``{local_dir}/huggingface`` into one HF folder (single process)."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
-
-    hf_dir = os.path.join(local_dir, HF_FOLDER)
-    if not os.path.isfile(os.path.join(hf_dir, "config.json")):
+    if not os.path.isfile(os.path.join(local_dir, HF_FOLDER, "config.json")):
         raise ModelError(f"{local_dir} has no {HF_FOLDER}/config.json; pass --local_dir global_step_N/actor")
-    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(hf_dir), dtype=torch.float32)
-    lora = os.path.isfile(os.path.join(hf_dir, "adapter_config.json"))
-    if lora:  # an RL/SFT run with LoRA: load the adapter too, then fold it into the weights
-        from peft import LoraConfig, get_peft_model
-
-        model = get_peft_model(model, LoraConfig.from_pretrained(hf_dir))
-    load_sharded(os.path.join(local_dir, DCP_FOLDER), model=model)
-    if lora:
-        from hybridflow.models.lora import merge_lora
-
-        model = merge_lora(model)
-    if os.path.isfile(os.path.join(hf_dir, "generation_config.json")):
-        model.generation_config = GenerationConfig.from_pretrained(hf_dir)
-    model.save_pretrained(target_dir)
-    if os.path.isfile(os.path.join(hf_dir, "tokenizer_config.json")):
-        AutoTokenizer.from_pretrained(hf_dir).save_pretrained(target_dir)
-    return target_dir
+    dcp_dir = os.path.join(local_dir, DCP_FOLDER)
+    return merge_into_hf_folder(local_dir, target_dir, dtype=torch.float32,
+                                load_weights=lambda model: load_sharded(dcp_dir, model=model))

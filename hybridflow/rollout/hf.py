@@ -41,10 +41,11 @@ class HFEngine:
                 input_ids=input_ids, attention_mask=attention_mask, generation_config=self._config(params, longest),
             )
         new_tokens = out.sequences[:, longest:]
-        scores = torch.stack(out.scores, dim=1).float()
+        # Step by step: stacking the [rows, V] scores of every step would copy them all at once.
+        logprobs = torch.stack([torch.log_softmax(step.float(), dim=-1).gather(-1, new_tokens[:, i, None]).squeeze(-1)
+                                for i, step in enumerate(out.scores)], dim=1)
         if params.greedy:  # HF refuses n > 1 without sampling; the n greedy answers are identical
-            new_tokens, scores = new_tokens.repeat_interleave(params.n, 0), scores.repeat_interleave(params.n, 0)
-        logprobs = torch.log_softmax(scores, dim=-1).gather(-1, new_tokens[..., None]).squeeze(-1)
+            new_tokens, logprobs = new_tokens.repeat_interleave(params.n, 0), logprobs.repeat_interleave(params.n, 0)
         stop = StopChecker(params=params, tokenizer=self.tokenizer)
         return [self._completion(row // params.n, tokens, lps, stop, params)
                 for row, (tokens, lps) in enumerate(zip(new_tokens.tolist(), logprobs.tolist()))]

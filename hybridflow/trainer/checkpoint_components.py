@@ -27,11 +27,12 @@ import torch
 from safetensors.torch import load_model, save_model
 
 from hybridflow.errors import ModelError
-from hybridflow.trainer.hf_export import HF_FOLDER, WEIGHTS_FILE, save_hf_folder
-from hybridflow.trainer.rng_state import capture_rng_state, restore_rng_state
+from hybridflow.models.hf_folder import HF_FOLDER, has_hf_config, save_hf_folder
+from hybridflow.models.rng_state import capture_rng_state, restore_rng_state, rng_file
+from hybridflow.models.sharded_checkpoint import SCHEDULER_FILE
+from hybridflow.trainer.hf_export import WEIGHTS_FILE
 
 OPTIMIZER_FILE = "optim.pt"
-SCHEDULER_FILE = "lr_scheduler.pt"
 
 
 @runtime_checkable
@@ -48,10 +49,6 @@ class HasStateDict(Protocol):
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> Any: ...
-
-
-def rng_file(rank: int) -> str:
-    return f"rng_state_rank{rank}.pt"
 
 
 def _require_file(directory: str, name: str) -> str:
@@ -75,7 +72,7 @@ class ModelComponent:
         if self.lr_scheduler is not None:
             torch.save(self.lr_scheduler.state_dict(), os.path.join(directory, SCHEDULER_FILE))
         torch.save(capture_rng_state(), os.path.join(directory, rng_file(self.rank)))
-        if hasattr(self.model, "config") and hasattr(self.model.config, "save_pretrained"):
+        if has_hf_config(self.model):
             save_hf_folder(self.model, self.tokenizer, os.path.join(directory, HF_FOLDER), include_weights=False)
 
     def load_from(self, directory: str) -> None:

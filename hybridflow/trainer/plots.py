@@ -29,7 +29,8 @@ class Curve:
     keys: Callable[[History], list[str]]
 
 
-def _fixed(*names: str) -> Callable[[History], list[str]]:
+def fixed_keys(*names: str) -> Callable[[History], list[str]]:
+    """``Curve.keys`` for a curve that always draws the metrics ``names``."""
     return lambda history: list(names)
 
 
@@ -37,11 +38,12 @@ def _validation_keys(history: History) -> list[str]:
     return sorted({key for row in history for key in row if key.startswith(VALIDATION_PREFIX)})
 
 
+# PPO's curves, the default set; other trainers pass their own (``curves=``).
 CURVES = (
-    Curve("reward.png", "Training reward", "critic/score/mean", _fixed("critic/score/mean")),
-    Curve("response_length.png", "Response length", "tokens", _fixed("response_length/mean")),
-    Curve("kl.png", "KL divergence", "KL (nats)", _fixed("actor/ppo_kl", "actor/kl_loss", "critic/kl")),
-    Curve("entropy.png", "Policy entropy", "entropy (nats)", _fixed("actor/entropy")),
+    Curve("reward.png", "Training reward", "critic/score/mean", fixed_keys("critic/score/mean")),
+    Curve("response_length.png", "Response length", "tokens", fixed_keys("response_length/mean")),
+    Curve("kl.png", "KL divergence", "KL (nats)", fixed_keys("actor/ppo_kl", "actor/kl_loss", "critic/kl")),
+    Curve("entropy.png", "Policy entropy", "entropy (nats)", fixed_keys("actor/entropy")),
     Curve("val_score.png", "Validation score", "score", _validation_keys),
 )
 
@@ -61,11 +63,11 @@ def _draw(curve: Curve, series: dict[str, tuple[list[int], list[float]]], path: 
     figure.savefig(path)
 
 
-def plot_curves(history: History, out_dir: str) -> list[str]:
+def plot_curves(history: History, out_dir: str, *, curves: Sequence[Curve] = CURVES) -> list[str]:
     """Write one PNG per curve that has data into ``out_dir``; returns their paths (curves without data are skipped)."""
     os.makedirs(out_dir, exist_ok=True)
     paths = []
-    for curve in CURVES:
+    for curve in curves:
         series = {key: metric_series(history, key) for key in curve.keys(history)}
         series = {key: points for key, points in series.items() if points[0]}
         if series:

@@ -29,11 +29,10 @@ import torch
 import torch.distributed as dist
 
 from hybridflow.models.fsdp import full_state_dict
-from hybridflow.models.lora import is_lora_model, merge_lora, save_adapter
-from hybridflow.models.sharded_checkpoint import HF_FOLDER, FSDPModelComponent
+from hybridflow.models.hf_folder import HF_FOLDER, LORA_FOLDER, plain_causal_lm, save_hf_folder
+from hybridflow.models.lora import is_lora_model, save_adapter
+from hybridflow.models.sharded_checkpoint import FSDPModelComponent
 from hybridflow.workers.distributed import DataParallel
-
-LORA_FOLDER = "lora_adapter"
 
 
 def _broadcast_from_rank0(value, dp: DataParallel):
@@ -54,18 +53,12 @@ def plain_hf_model(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> to
 
     Works for a sharded model too: ``state`` is its gathered full state dict, ``model`` only supplies the structure.
     """
-    from peft import get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    with torch.device("meta"):
-        clone = AutoModelForCausalLM.from_config(model.config)
-        if is_lora_model(model):
-            clone = get_peft_model(clone, copy.deepcopy(model.peft_config["default"]))
-    if is_lora_model(clone):
+    lora_config = copy.deepcopy(model.peft_config["default"]) if is_lora_model(model) else None
+    if lora_config is not None:
         # merging adds B A into W in place, and an unsharded model's state shares storage with its live weights
         state = {name: tensor.clone() for name, tensor in state.items()}
-    clone.load_state_dict(state, strict=True, assign=True)
-    plain = merge_lora(clone) if is_lora_model(clone) else clone
+    plain = plain_causal_lm(model.config, lora_config=lora_config, on_meta=True,
+                            load_weights=lambda clone: clone.load_state_dict(state, strict=True, assign=True))
     plain.tie_weights()  # a gathered state holds tied weights as two tensors; the export stores them once
     plain.generation_config = copy.deepcopy(model.generation_config)
     return plain
@@ -75,9 +68,7 @@ def export_hf(model: torch.nn.Module, tokenizer, out_dir: str, *, dp: DataParall
     """Write a loadable HF folder (weights, config, tokenizer) to ``out_dir`` on rank 0; a collective."""
     state = full_state_dict(model)
     if dp.rank == 0:
-        plain_hf_model(model, state).save_pretrained(out_dir)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(out_dir)
+        save_hf_folder(plain_hf_model(model, state), tokenizer, out_dir)
     _barrier(dp)
     return out_dir if dp.rank == 0 else None
 

@@ -49,12 +49,22 @@ from hybridflow.trainer.checkpoint import find_resume_checkpoint, load_checkpoin
 from hybridflow.trainer.sft_batches import count_targets, even_shard, micro_batch_inputs, rank_slice, split_micro
 from hybridflow.trainer.sft_checkpoint import SharedDirComponent
 from hybridflow.trainer.sft_loss import sft_loss
-from hybridflow.trainer.sft_report import sft_plots, sft_summary
+from hybridflow.trainer.plots import Curve, fixed_keys, plot_curves
+from hybridflow.trainer.summary import summary_table
 from hybridflow.trainer.tracking import Tracking
 from hybridflow.workers.distributed import LOCAL, DataParallel
 from hybridflow.workers.optim import TrainState, build_optimizer, build_scheduler
 
 COMPONENT = "model"
+
+# The end-of-run report (summary.py / plots.py) with SFT's metrics instead of PPO's.
+SFT_HEADLINES = {"train/loss": min, "val/loss": min, "train/grad_norm": None, "train/lr": None,
+                 "perf/tokens_per_s": max}  # metric -> "best" rule (None: only first and last are meaningful)
+SFT_CURVES = (
+    Curve("loss.png", "Loss", "cross-entropy (nats/token)", fixed_keys("train/loss", "val/loss")),
+    Curve("lr.png", "Learning rate", "lr", fixed_keys("train/lr")),
+    Curve("grad_norm.png", "Gradient norm", "pre-clip norm", fixed_keys("train/grad_norm")),
+)
 
 
 # ------------------------------------------------------------------ process group and device
@@ -320,8 +330,8 @@ def _main(argv: list[str]) -> int:
     history = trainer.fit(tracking)
     if tracking is not None:
         tracking.finish()
-        print(sft_summary(history))
-        sft_plots(history, os.path.join(cfg.trainer.default_local_dir, "plots"))
+        print(summary_table(history, headlines=SFT_HEADLINES))
+        plot_curves(history, os.path.join(cfg.trainer.default_local_dir, "plots"), curves=SFT_CURVES)
     if dist.is_initialized():
         dist.destroy_process_group()
     return 0

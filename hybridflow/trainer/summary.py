@@ -8,8 +8,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 
-# Headline metric -> how "best" is chosen (None: no meaningful best, only first/last).
-HEADLINE_METRICS: dict[str, Callable[[Sequence[float]], float] | None] = {
+BestRule = Callable[[Sequence[float]], float] | None
+"""How "best" is chosen from a metric's values (``max``, ``min``); None: no meaningful best, only first/last."""
+
+# PPO's headline metrics, the default table; other trainers pass their own (``headlines=``).
+HEADLINE_METRICS: dict[str, BestRule] = {
     "critic/score/mean": max,
     "response_length/mean": None,
     "actor/entropy": None,
@@ -25,17 +28,19 @@ def metric_series(history: Sequence[Mapping[str, float]], key: str) -> tuple[lis
     return [s for s, _ in points], [v for _, v in points]
 
 
-def _best_rule(key: str) -> Callable[[Sequence[float]], float] | None:
-    return max if key.startswith(VALIDATION_PREFIX) else HEADLINE_METRICS.get(key)
+def _best_rule(key: str, headlines: Mapping[str, BestRule]) -> BestRule:
+    return max if key.startswith(VALIDATION_PREFIX) else headlines.get(key)
 
 
-def _summary_rows(history: Sequence[Mapping[str, float]]) -> list[tuple[str, str, str, str]]:
-    keys = list(HEADLINE_METRICS) + sorted({k for row in history for k in row if k.startswith(VALIDATION_PREFIX)})
+def _summary_rows(
+    history: Sequence[Mapping[str, float]], headlines: Mapping[str, BestRule]
+) -> list[tuple[str, str, str, str]]:
+    keys = list(headlines) + sorted({k for row in history for k in row if k.startswith(VALIDATION_PREFIX)})
     rows = []
     for key in keys:
         _, values = metric_series(history, key)
         if values:
-            best = _best_rule(key)
+            best = _best_rule(key, headlines)
             rows.append((key, f"{values[0]:.4g}", f"{values[-1]:.4g}", f"{best(values):.4g}" if best else "-"))
     return rows
 
@@ -54,11 +59,17 @@ def _totals_line(history: Sequence[Mapping[str, float]]) -> str:
     return line
 
 
-def summary_table(history: Sequence[Mapping[str, float]]) -> str:
-    """A plain-text table (one row per headline metric present) followed by a totals line."""
+def summary_table(
+    history: Sequence[Mapping[str, float]], *, headlines: Mapping[str, BestRule] = HEADLINE_METRICS
+) -> str:
+    """A plain-text table (one row per headline metric present) followed by a totals line.
+
+    ``headlines`` maps each metric to its best rule (default: PPO's); ``val-core/`` metrics
+    are always added, best = max.
+    """
     if not history:
         return "no steps logged"
-    rows = [("metric", "first", "last", "best"), *_summary_rows(history)]
+    rows = [("metric", "first", "last", "best"), *_summary_rows(history, headlines)]
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * width for width in widths))

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from hybridflow.errors import ConfigError, ModelError
+from hybridflow.models.hf_folder import save_hf_folder
 from hybridflow.models.tiny import build_tiny_model
 from hybridflow.trainer import checkpoint
 from hybridflow.trainer.checkpoint import (
@@ -20,7 +21,7 @@ from hybridflow.trainer.checkpoint import (
     save_checkpoint,
 )
 from hybridflow.trainer.checkpoint_components import ModelComponent
-from hybridflow.trainer.hf_export import merge_checkpoint, save_hf_folder
+from hybridflow.trainer.hf_export import merge_checkpoint
 
 
 def trained_actor(seed: int = 0):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from hybridflow.errors import ConfigError
-from hybridflow.trainer.plots import plot_curves
+from hybridflow.trainer.plots import Curve, fixed_keys, plot_curves
 from hybridflow.trainer.summary import summary_table
 from hybridflow.trainer.tracking import (
     Tracking,
@@ -151,3 +151,17 @@ def test_plot_curves_writes_pngs_and_skips_empty_curves(tmp_path):
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     only_reward = plot_curves([{"step": 1, "critic/score/mean": 0.5}], str(tmp_path / "few"))
     assert [os.path.basename(p) for p in only_reward] == ["reward.png"]
+
+
+def test_summary_and_plots_take_another_trainers_metric_tables(tmp_path):
+    history = [{"step": 1, "train/loss": 2.0, "train/lr": 1e-3, "critic/score/mean": 0.5},
+               {"step": 2, "train/loss": 1.5, "train/lr": 5e-4},
+               {"step": 3, "train/loss": 1.75}]
+    table = summary_table(history, headlines={"train/loss": min, "train/lr": None})
+    rows = {line.split()[0]: line.split()[1:] for line in table.splitlines()[2:-1]}
+    assert rows == {"train/loss": ["2", "1.75", "1.5"], "train/lr": ["0.001", "0.0005", "-"]}  # PPO's rows gone
+    assert table.splitlines()[-1] == "steps 3 (1..3)"
+    curves = (Curve("loss.png", "Loss", "nats", fixed_keys("train/loss")),
+              Curve("absent.png", "Absent", "-", fixed_keys("val/loss")))
+    paths = plot_curves(history, str(tmp_path / "sft"), curves=curves)
+    assert [os.path.basename(p) for p in paths] == ["loss.png"]

@@ -19,9 +19,8 @@ from __future__ import annotations
 import torch
 
 from hybridflow.algos.agg import agg_loss
-from hybridflow.algos.policy_losses.common import clamped_log_ratio, clip_range
+from hybridflow.algos.policy_losses.common import clamped_log_ratio, clip_range, policy_loss_metrics
 from hybridflow.algos.registry import register_policy_loss
-from hybridflow.algos.stats import masked_mean
 
 
 @register_policy_loss("cispo")
@@ -53,9 +52,6 @@ def cispo_policy_loss(
         global_num_seqs=global_num_seqs,
         max_response_length=max_response_length,
     )
-    metrics = {
-        "pg_clipfrac": masked_mean(values=(weight != ratio).float(), mask=response_mask).item(),
-        "pg_clipfrac_lower": masked_mean(values=(ratio < 1 - low).float(), mask=response_mask).item(),
-        "ppo_kl": masked_mean(values=-log_ratio, mask=response_mask).item(),
-    }
+    metrics = policy_loss_metrics(log_ratio=log_ratio, response_mask=response_mask, clipped=weight != ratio,
+                                  clipped_lower=ratio < 1 - low)
     return loss, metrics

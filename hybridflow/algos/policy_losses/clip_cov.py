@@ -18,11 +18,14 @@ from __future__ import annotations
 import torch
 
 from hybridflow.algos.agg import agg_loss
-from hybridflow.algos.errors import AlgorithmError
-from hybridflow.algos.policy_losses.common import clamped_log_ratio, clip_range
-from hybridflow.algos.policy_losses.covariance import token_covariance
+from hybridflow.algos.policy_losses.common import (
+    clamped_log_ratio,
+    clip_range,
+    clipped_surrogate,
+    policy_loss_metrics,
+)
+from hybridflow.algos.policy_losses.covariance import check_token_ratio, covariance_token_count, token_covariance
 from hybridflow.algos.registry import register_policy_loss
-from hybridflow.algos.stats import masked_mean
 
 
 def pick_at_random(*, candidates: torch.Tensor, count: int, generator: torch.Generator | None) -> torch.Tensor:
@@ -56,19 +59,16 @@ def clip_cov_policy_loss(
     **_,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clip-Cov loss over ``[B, T]`` inputs; see the module docstring."""
-    if clip_cov_ratio <= 0:
-        raise AlgorithmError(f"clip_cov_ratio must be > 0, got {clip_cov_ratio} (a small fraction such as 2e-4)")
+    check_token_ratio(name="clip_cov_ratio", ratio=clip_cov_ratio)
     low, high = clip_range(clip_ratio=clip_ratio, clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high)
     log_ratio = clamped_log_ratio(log_prob=log_prob, old_log_prob=old_log_prob)
-    ratio = log_ratio.exp()
-    unclipped = -advantages * ratio
-    clipped = -advantages * ratio.clamp(1 - low, 1 + high)
+    clip_loss, clipped = clipped_surrogate(ratio=log_ratio.exp(), advantages=advantages, clip_low=low, clip_high=high)
     valid = response_mask > 0
     cov = token_covariance(advantages=advantages, log_prob=log_prob, response_mask=response_mask)
-    candidates = valid & ~(clipped > unclipped) & (cov > clip_cov_lb) & (cov < clip_cov_ub)
-    count = max(int(clip_cov_ratio * int(valid.sum())), 1)
+    candidates = valid & ~clipped & (cov > clip_cov_lb) & (cov < clip_cov_ub)
+    count = covariance_token_count(ratio=clip_cov_ratio, num_valid=int(valid.sum()))
     picked = pick_at_random(candidates=candidates, count=count, generator=generator)
-    losses = torch.maximum(unclipped, clipped).masked_fill(picked, 0.0)
+    losses = clip_loss.masked_fill(picked, 0.0)
     loss = agg_loss(
         loss_mat=losses,
         loss_mask=response_mask,
@@ -77,9 +77,5 @@ def clip_cov_policy_loss(
         global_num_seqs=global_num_seqs,
         max_response_length=max_response_length,
     )
-    metrics = {
-        "pg_clipfrac": masked_mean(values=picked.float(), mask=response_mask).item(),
-        "pg_clipfrac_lower": 0.0,
-        "ppo_kl": masked_mean(values=-log_ratio.detach(), mask=response_mask).item(),
-    }
+    metrics = policy_loss_metrics(log_ratio=log_ratio, response_mask=response_mask, clipped=picked)
     return loss, metrics

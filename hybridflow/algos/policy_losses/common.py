@@ -1,18 +1,25 @@
-"""Pieces shared by the policy losses: the clamped importance ratio and the clip range."""
+"""Pieces shared by the policy losses: the clamped importance ratio, the clip range, PPO's
+clipped surrogate and the metrics every loss reports."""
 
 from __future__ import annotations
 
 import torch
 
 from hybridflow.algos.errors import AlgorithmError
+from hybridflow.algos.stats import masked_mean
 
 # exp(20) ~ 5e8 is finite in fp32 and bf16; a larger log-ratio only means "far off-policy".
 LOG_RATIO_BOUND = 20.0
 
 
+def clamp_log_ratio(*, log_ratio: torch.Tensor) -> torch.Tensor:
+    """``log_ratio`` ``[B, T]`` clamped to +-20 so that exp() stays finite."""
+    return log_ratio.clamp(min=-LOG_RATIO_BOUND, max=LOG_RATIO_BOUND)
+
+
 def clamped_log_ratio(*, log_prob: torch.Tensor, old_log_prob: torch.Tensor) -> torch.Tensor:
     """log pi_theta - log pi_old ``[B, T]``, clamped to +-20 so that exp() stays finite."""
-    return (log_prob - old_log_prob).clamp(min=-LOG_RATIO_BOUND, max=LOG_RATIO_BOUND)
+    return clamp_log_ratio(log_ratio=log_prob - old_log_prob)
 
 
 def clip_range(
@@ -24,3 +31,42 @@ def clip_range(
     if low < 0 or high < 0:
         raise AlgorithmError(f"clip ratios must be >= 0, got low={low}, high={high}; fix actor.clip_ratio_low/high")
     return low, high
+
+
+def clipped_surrogate(
+    *, ratio: torch.Tensor, advantages: torch.Tensor, clip_low: float, clip_high: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's pessimistic surrogate (Schulman et al., arXiv 1707.06347, eq. 7) per token::
+
+        l_t = max(-A_t rho_t, -A_t clip(rho_t, 1 - eps_low, 1 + eps_high))      [B, T]
+
+    Returns ``(l, clipped)``; ``clipped`` ``[B, T]`` (bool) marks the tokens where the clipped
+    term won, i.e. whose gradient the clip removed (the numerator of ``pg_clipfrac``).
+    """
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1 - clip_low, 1 + clip_high)
+    return torch.maximum(unclipped, clipped), clipped > unclipped
+
+
+def policy_loss_metrics(
+    *,
+    log_ratio: torch.Tensor,
+    response_mask: torch.Tensor,
+    clipped: torch.Tensor | None = None,
+    clipped_lower: torch.Tensor | None = None,
+) -> dict[str, float]:
+    """The metrics of every policy loss, masked token means of detached values.
+
+    ``pg_clipfrac`` / ``pg_clipfrac_lower``: fraction of tokens in the bool masks ``clipped`` /
+    ``clipped_lower`` ``[B, T]`` (0.0 for a loss without that clip); ``ppo_kl`` = mean(-log rho)
+    = mean(log pi_old - log pi_theta), the k1 estimate, from ``log_ratio`` ``[B, T]``.
+    """
+
+    def fraction(tokens: torch.Tensor | None) -> float:
+        return 0.0 if tokens is None else masked_mean(values=tokens.float(), mask=response_mask).item()
+
+    return {
+        "pg_clipfrac": fraction(clipped),
+        "pg_clipfrac_lower": fraction(clipped_lower),
+        "ppo_kl": masked_mean(values=-log_ratio.detach(), mask=response_mask).item(),
+    }

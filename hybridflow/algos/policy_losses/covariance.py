@@ -13,7 +13,19 @@ from __future__ import annotations
 
 import torch
 
+from hybridflow.algos.errors import AlgorithmError
 from hybridflow.algos.stats import masked_mean
+
+
+def check_token_ratio(*, name: str, ratio: float) -> None:
+    """Clip-Cov's / KL-Cov's fraction of tokens to act on must be positive."""
+    if ratio <= 0:
+        raise AlgorithmError(f"{name} must be > 0, got {ratio} (a small fraction such as 2e-4)")
+
+
+def covariance_token_count(*, ratio: float, num_valid: int) -> int:
+    """k = max(1, floor(ratio * N)): how many of the N valid tokens Clip-Cov / KL-Cov act on."""
+    return max(int(ratio * num_valid), 1)
 
 
 @torch.no_grad()

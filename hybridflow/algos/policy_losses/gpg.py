@@ -15,8 +15,8 @@ from __future__ import annotations
 import torch
 
 from hybridflow.algos.agg import agg_loss
+from hybridflow.algos.policy_losses.common import policy_loss_metrics
 from hybridflow.algos.registry import register_policy_loss
-from hybridflow.algos.stats import masked_mean
 
 
 @register_policy_loss("gpg")
@@ -41,9 +41,5 @@ def gpg_policy_loss(
         global_num_seqs=global_num_seqs,
         max_response_length=max_response_length,
     )
-    metrics = {
-        "pg_clipfrac": 0.0,
-        "pg_clipfrac_lower": 0.0,
-        "ppo_kl": masked_mean(values=(old_log_prob - log_prob).detach(), mask=response_mask).item(),
-    }
+    metrics = policy_loss_metrics(log_ratio=log_prob - old_log_prob, response_mask=response_mask)
     return loss, metrics

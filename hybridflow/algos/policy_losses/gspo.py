@@ -18,9 +18,13 @@ from __future__ import annotations
 import torch
 
 from hybridflow.algos.agg import agg_loss
-from hybridflow.algos.policy_losses.common import LOG_RATIO_BOUND, clip_range
+from hybridflow.algos.policy_losses.common import (
+    clamp_log_ratio,
+    clip_range,
+    clipped_surrogate,
+    policy_loss_metrics,
+)
 from hybridflow.algos.registry import register_policy_loss
-from hybridflow.algos.stats import masked_mean
 
 
 def sequence_log_ratio(
@@ -52,20 +56,16 @@ def gspo_policy_loss(
     low, high = clip_range(clip_ratio=clip_ratio, clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high)
     seq_log_ratio = sequence_log_ratio(log_prob=log_prob, old_log_prob=old_log_prob, response_mask=response_mask)
     log_ratio = log_prob - log_prob.detach() + seq_log_ratio.detach()[:, None]
-    ratio = log_ratio.clamp(min=-LOG_RATIO_BOUND, max=LOG_RATIO_BOUND).exp()
-    unclipped = -advantages * ratio
-    clipped = -advantages * ratio.clamp(1 - low, 1 + high)
+    ratio = clamp_log_ratio(log_ratio=log_ratio).exp()
+    clip_loss, clipped = clipped_surrogate(ratio=ratio, advantages=advantages, clip_low=low, clip_high=high)
     loss = agg_loss(
-        loss_mat=torch.maximum(unclipped, clipped),
+        loss_mat=clip_loss,
         loss_mask=response_mask,
         loss_agg_mode=loss_agg_mode,
         global_num_tokens=global_num_tokens,
         global_num_seqs=global_num_seqs,
         max_response_length=max_response_length,
     )
-    metrics = {
-        "pg_clipfrac": masked_mean(values=(clipped > unclipped).float(), mask=response_mask).item(),
-        "pg_clipfrac_lower": 0.0,
-        "ppo_kl": masked_mean(values=(old_log_prob - log_prob).detach(), mask=response_mask).item(),
-    }
+    # ppo_kl of the token log-ratios, unclamped (they are reported, not exponentiated)
+    metrics = policy_loss_metrics(log_ratio=log_prob - old_log_prob, response_mask=response_mask, clipped=clipped)
     return loss, metrics

@@ -18,9 +18,8 @@ from __future__ import annotations
 import torch
 
 from hybridflow.algos.agg import agg_loss
-from hybridflow.algos.errors import AlgorithmError
-from hybridflow.algos.policy_losses.common import clamped_log_ratio
-from hybridflow.algos.policy_losses.covariance import token_covariance
+from hybridflow.algos.policy_losses.common import clamped_log_ratio, policy_loss_metrics
+from hybridflow.algos.policy_losses.covariance import check_token_ratio, covariance_token_count, token_covariance
 from hybridflow.algos.registry import register_policy_loss
 from hybridflow.algos.stats import masked_mean
 
@@ -30,7 +29,7 @@ def top_covariance_tokens(*, cov: torch.Tensor, valid: torch.Tensor, ratio: floa
     num_valid = int(valid.sum())
     chosen = torch.zeros(cov.numel(), dtype=torch.bool, device=cov.device)
     if num_valid:
-        count = max(int(ratio * num_valid), 1)
+        count = covariance_token_count(ratio=ratio, num_valid=num_valid)
         chosen[cov.masked_fill(~valid, -torch.inf).flatten().topk(count).indices] = True
     return chosen.view_as(cov)
 
@@ -51,8 +50,7 @@ def kl_cov_policy_loss(
     **_,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """KL-Cov loss over ``[B, T]`` inputs; see the module docstring."""
-    if kl_cov_ratio <= 0:
-        raise AlgorithmError(f"kl_cov_ratio must be > 0, got {kl_cov_ratio} (a small fraction such as 2e-4)")
+    check_token_ratio(name="kl_cov_ratio", ratio=kl_cov_ratio)
     log_ratio = clamped_log_ratio(log_prob=log_prob, old_log_prob=old_log_prob)
     policy_gradient = -advantages * log_ratio.exp()
     cov = token_covariance(advantages=advantages, log_prob=log_prob, response_mask=response_mask)
@@ -67,9 +65,7 @@ def kl_cov_policy_loss(
         max_response_length=max_response_length,
     )
     metrics = {
-        "pg_clipfrac": masked_mean(values=penalised.float(), mask=response_mask).item(),
-        "pg_clipfrac_lower": 0.0,
-        "ppo_kl": masked_mean(values=-log_ratio.detach(), mask=response_mask).item(),
+        **policy_loss_metrics(log_ratio=log_ratio, response_mask=response_mask, clipped=penalised),
         "ppo_kl_abs": masked_mean(values=log_ratio.detach().abs(), mask=response_mask).item(),
     }
     return loss, metrics

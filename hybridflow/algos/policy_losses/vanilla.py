@@ -19,9 +19,13 @@ import torch
 
 from hybridflow.algos.agg import agg_loss
 from hybridflow.algos.errors import AlgorithmError
-from hybridflow.algos.policy_losses.common import clamped_log_ratio, clip_range
+from hybridflow.algos.policy_losses.common import (
+    clamped_log_ratio,
+    clip_range,
+    clipped_surrogate,
+    policy_loss_metrics,
+)
 from hybridflow.algos.registry import register_policy_loss
-from hybridflow.algos.stats import masked_mean
 
 
 @register_policy_loss("vanilla")
@@ -48,10 +52,7 @@ def vanilla_policy_loss(
         )
     low, high = clip_range(clip_ratio=clip_ratio, clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high)
     log_ratio = clamped_log_ratio(log_prob=log_prob, old_log_prob=old_log_prob)
-    ratio = log_ratio.exp()
-    unclipped = -advantages * ratio
-    clipped = -advantages * ratio.clamp(1 - low, 1 + high)
-    clip_loss = torch.maximum(unclipped, clipped)
+    clip_loss, clipped = clipped_surrogate(ratio=log_ratio.exp(), advantages=advantages, clip_low=low, clip_high=high)
     dual_bound = -advantages * clip_ratio_c
     losses = torch.where(advantages < 0, torch.minimum(clip_loss, dual_bound), clip_loss)
     loss = agg_loss(
@@ -63,9 +64,6 @@ def vanilla_policy_loss(
         max_response_length=max_response_length,
     )
     lower_clipped = (clip_loss > dual_bound) & (advantages < 0)
-    metrics = {
-        "pg_clipfrac": masked_mean(values=(clipped > unclipped).float(), mask=response_mask).item(),
-        "pg_clipfrac_lower": masked_mean(values=lower_clipped.float(), mask=response_mask).item(),
-        "ppo_kl": masked_mean(values=-log_ratio.detach(), mask=response_mask).item(),
-    }
+    metrics = policy_loss_metrics(log_ratio=log_ratio, response_mask=response_mask, clipped=clipped,
+                                  clipped_lower=lower_clipped)
     return loss, metrics

@@ -3,8 +3,12 @@
 A resumed run must draw the same random numbers it would have drawn without the crash
 (dropout masks, sampling noise, shuffles), so each worker saves the state of Python's
 ``random``, numpy's global generator, torch's CPU generator and every CUDA device's
-generator. The state is made of tensors, ints and tuples only, so it loads with
-``torch.load(weights_only=True)``.
+generator into ``rng_state_rank{r}.pt``. The state is made of tensors, ints and tuples
+only, so it loads with ``torch.load(weights_only=True)``.
+
+Lives in ``models/`` (beside the sharded checkpoint component that saves it) so that both
+checkpoint components, the single-process one in ``trainer/`` and the FSDP2 one here, use
+this one implementation.
 """
 
 from __future__ import annotations
@@ -14,6 +18,11 @@ from typing import Any
 
 import numpy as np
 import torch
+
+
+def rng_file(rank: int) -> str:
+    """File name of rank ``rank``'s RNG state inside a component directory."""
+    return f"rng_state_rank{rank}.pt"
 
 
 def capture_rng_state() -> dict[str, Any]:
