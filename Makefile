@@ -5,6 +5,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
+# Two threads in total on the 2-core machines; passive OpenMP waiting (see docs/benchmarks.md).
+export OMP_WAIT_POLICY ?= PASSIVE
 
 .PHONY: venv test test-slow test-all demo demo-tiny lock clean
 

@@ -180,6 +180,11 @@ class ActorConfig:
     """KL estimator of the loss: kl/k1, abs, mse/k2, low_var_kl/k3, or a '+' variant (straight-through k2 gradient)."""
     ppo_epochs: int = 1
     """Passes over each rollout batch."""
+    use_rollout_log_probs: bool = False
+    """Take the old log-probs from the rollout engine instead of recomputing them (verl's rollout-correction
+    bypass mode): saves one forward pass per step. Exact when engine and trainer compute the same
+    distribution (native engine, fp32, top_p=1, top_k=-1); the rollout/training mismatch metric is then
+    not available."""
     shuffle: bool = False
     """Shuffle sequences between mini-batches."""
     checkpoint: CheckpointContentsConfig = field(default_factory=CheckpointContentsConfig)

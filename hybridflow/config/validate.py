@@ -144,6 +144,9 @@ def _check_algorithm(problems: list[str], cfg: Any) -> None:
 
 def _check_rollout(problems: list[str], cfg: Any, model_max_len: int | None) -> None:
     rollout, data = cfg.actor_rollout_ref.rollout, cfg.data
+    if cfg.actor_rollout_ref.actor.use_rollout_log_probs and (rollout.top_p < 1 or rollout.top_k != -1):
+        problems.append("actor_rollout_ref.actor.use_rollout_log_probs=True needs rollout.top_p=1 and rollout.top_k=-1: "
+                        "the engine's log-probs are of the filtered distribution, the trainer's are not")
     if rollout.temperature < 0:
         problems.append(f"actor_rollout_ref.rollout.temperature={rollout.temperature} must be >= 0")
     if not 0 < rollout.top_p <= 1:

@@ -31,7 +31,7 @@ class HFEngine:
 
     @torch.no_grad()
     def generate(self, prompt_token_ids: list[list[int]], params: SamplingParams) -> list[Completion]:
-        validate_prompts(prompt_token_ids, max_model_len=self.max_model_len, max_tokens=params.max_tokens)
+        validate_prompts(prompt_token_ids, max_model_len=self.max_model_len)
         input_ids, attention_mask = self._left_pad(prompt_token_ids)
         longest = input_ids.shape[1]
         with torch.random.fork_rng(devices=[input_ids.device] if input_ids.is_cuda else []):

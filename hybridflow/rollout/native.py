@@ -81,7 +81,7 @@ class NativeEngine:
 
     def generate(self, prompt_token_ids: list[list[int]], params: SamplingParams) -> list[Completion]:
         """``n`` completions per prompt, grouped by prompt in input order."""
-        validate_prompts(prompt_token_ids, max_model_len=self.max_model_len, max_tokens=params.max_tokens)
+        validate_prompts(prompt_token_ids, max_model_len=self.max_model_len)
         capacity = min(self.max_model_len, max(map(len, prompt_token_ids)) + params.max_tokens)
         cache = self._reserve(slots=min(self.max_num_seqs, len(prompt_token_ids) * params.n), max_len=capacity)
         self.decoder.rope_table(capacity)  # once, rather than growing it step by step

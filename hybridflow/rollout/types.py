@@ -77,8 +77,12 @@ class Completion:
     prompt_index: int
 
 
-def validate_prompts(prompt_token_ids: list[list[int]], *, max_model_len: int, max_tokens: int) -> None:
-    """Reject empty batches, empty prompts and prompts that leave no room to generate."""
+def validate_prompts(prompt_token_ids: list[list[int]], *, max_model_len: int) -> None:
+    """Reject empty batches, empty prompts and prompts that leave no room to generate.
+
+    A prompt with room left is accepted even when ``max_tokens`` does not fit: its
+    completion is cut at the context with finish reason 'length'.
+    """
     if len(prompt_token_ids) == 0:
         raise RolloutError("generate() got an empty list of prompts; pass at least one tokenized prompt")
     for index, prompt in enumerate(prompt_token_ids):
@@ -89,4 +93,3 @@ def validate_prompts(prompt_token_ids: list[list[int]], *, max_model_len: int, m
                 f"prompt {index} has {len(prompt)} tokens but the model context is {max_model_len}; "
                 f"lower data.max_prompt_length or filter long prompts (data.filter_overlong_prompts=True)"
             )
-    del max_tokens  # longer responses are cut at the context with finish_reason 'length'

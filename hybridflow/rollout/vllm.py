@@ -40,7 +40,7 @@ class VLLMEngine:
     def generate(self, prompt_token_ids: list[list[int]], params: SamplingParams) -> list[Completion]:
         import vllm
 
-        validate_prompts(prompt_token_ids, max_model_len=self.max_model_len, max_tokens=params.max_tokens)
+        validate_prompts(prompt_token_ids, max_model_len=self.max_model_len)
         vllm_params = vllm.SamplingParams(
             n=params.n, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
             max_tokens=params.max_tokens, stop_token_ids=list(params.stop_token_ids), stop=list(params.stop) or None,

@@ -150,11 +150,7 @@ class PPOTrainer:
             if self.cfg.trainer.balance_batch and dp_size > 1:
                 metrics.update(balance_batch(batch, dp_size=dp_size))  # equal tokens per data-parallel rank
             with timer("old_log_prob"):
-                batch["old_log_probs"], entropy = self.w.actor.compute_log_prob(batch, temperature=temperature)
-                metrics["actor/entropy"] = masked_mean(values=entropy, mask=batch["response_mask"]).item()
-                metrics.update(rollout_mismatch_metrics(rollout_log_probs=batch["rollout_log_probs"],
-                                                        old_log_probs=batch["old_log_probs"],
-                                                        mask=batch["response_mask"]))
+                metrics.update(self.old_log_probs(batch, temperature=temperature))
             if self.w.reference is not None:
                 with timer("ref"):
                     batch["ref_log_prob"] = self.w.reference.compute_ref_log_prob(batch, temperature=temperature)
@@ -219,6 +215,17 @@ class PPOTrainer:
             gen_batches += 1
         metrics.update({"train/num_gen_batches": gen_batches, "train/num_informative_groups": num_groups})
         return Batch.concat(kept).index_select(list(range(wanted * n)))
+
+    def old_log_probs(self, batch: Batch, *, temperature: float) -> dict[str, float]:
+        """batch["old_log_probs"]: recomputed by the actor (and compared with the engine's), or the
+        engine's own when ``actor.use_rollout_log_probs`` (one forward pass fewer per step)."""
+        if self.cfg.actor_rollout_ref.actor.use_rollout_log_probs:
+            batch["old_log_probs"] = batch["rollout_log_probs"]
+            return {}
+        batch["old_log_probs"], entropy = self.w.actor.compute_log_prob(batch, temperature=temperature)
+        return {"actor/entropy": masked_mean(values=entropy, mask=batch["response_mask"]).item(),
+                **rollout_mismatch_metrics(rollout_log_probs=batch["rollout_log_probs"],
+                                           old_log_probs=batch["old_log_probs"], mask=batch["response_mask"])}
 
     def sampling_params(self, *, step: int, validate: bool, attempt: int = 0) -> SamplingParams:
         """Training or validation sampling, seeded by (seed, step, attempt) so resumed runs sample identically."""

@@ -21,7 +21,7 @@ from typing import Iterator
 
 import torch
 
-from hybridflow.algos import agg_loss, get_policy_loss, kl_penalty
+from hybridflow.algos import agg_loss, get_policy_loss, kl_penalty, masked_mean
 from hybridflow.data.batch import Batch
 from hybridflow.models.fsdp import micro_batch_sync
 from hybridflow.workers.distributed import DataParallel, LOCAL
@@ -104,8 +104,10 @@ class ActorWorker:
 
     def _micro_loss(self, micro: Batch, *, temperature: float, counts: dict[str, float]):
         use_entropy = self.cfg.entropy_coeff != 0
+        # Without a recompute pass the entropy metric comes from this forward (detached if unused).
+        report_entropy = use_entropy or self.cfg.use_rollout_log_probs
         log_prob, entropy = micro_batch_log_probs(self.model, micro, temperature=temperature,
-                                                  calculate_entropy=use_entropy)
+                                                  calculate_entropy=report_entropy)
         mask = micro["response_mask"]
         agg = dict(loss_mask=mask, loss_agg_mode=self.cfg.loss_agg_mode, max_response_length=self.max_response_length,
                    global_num_tokens=counts["tokens"], global_num_seqs=counts["seqs"])
@@ -119,6 +121,8 @@ class ActorWorker:
         )
         loss = pg_loss
         shares = {"pg_loss": pg_loss.item()}
+        if report_entropy:
+            metrics["entropy"] = masked_mean(values=entropy.detach(), mask=mask).item()
         if use_entropy:
             loss = loss - self.cfg.entropy_coeff * agg_loss(loss_mat=entropy, **agg)
         if self.cfg.use_kl_loss:

@@ -32,12 +32,12 @@ def test_temperature_zero_is_greedy_and_single_stop_string_becomes_list():
 
 def test_validate_prompts_rejects_empty_and_overlong():
     with pytest.raises(RolloutError, match="empty list"):
-        validate_prompts([], max_model_len=8, max_tokens=1)
+        validate_prompts([], max_model_len=8)
     with pytest.raises(RolloutError, match="prompt 1 is empty"):
-        validate_prompts([[1], []], max_model_len=8, max_tokens=1)
+        validate_prompts([[1], []], max_model_len=8)
     with pytest.raises(RolloutError, match="prompt 0 has 8 tokens but the model context is 8"):
-        validate_prompts([[1] * 8], max_model_len=8, max_tokens=1)
-    validate_prompts([[1] * 7], max_model_len=8, max_tokens=100)  # room for one token is enough
+        validate_prompts([[1] * 8], max_model_len=8)
+    validate_prompts([[1] * 7], max_model_len=8)  # room for one token is enough
 
 
 def test_unknown_backend_lists_the_known_ones(tiny_llama):

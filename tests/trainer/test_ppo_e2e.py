@@ -287,3 +287,16 @@ def test_grpo_with_lora_trains_only_the_adapter_and_exports_merged(tmp_path, tin
         torch.testing.assert_close(exported(input_ids=ids).logits, expected, rtol=1e-4, atol=1e-4)
         # the rollout engine got the merged weights after the last update
         torch.testing.assert_close(engine_model(input_ids=ids).logits, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_rollout_log_probs_as_old_log_probs(tmp_path, tiny_model_dir):
+    """The bypass mode skips the recompute pass; the first update is then exactly on-policy."""
+    overrides = base_overrides(tmp_path, tiny_model_dir, steps=1) + [
+        "actor_rollout_ref.actor.use_rollout_log_probs=True", "actor_rollout_ref.actor.ppo_mini_batch_size=4"]
+    run_ppo(load_config(PPOConfig, overrides))
+    last = read_metrics(tmp_path)[-1]
+    assert "timing_s/old_log_prob" in last and "actor/entropy" in last
+    assert "training/rollout_probs_diff_mean" not in last
+    assert abs(last["actor/ppo_kl"]) < 1e-5  # engine and trainer agree: ratio 1 before the first step
+    with pytest.raises(ConfigError, match="use_rollout_log_probs=True needs rollout.top_p=1"):
+        run_ppo(load_config(PPOConfig, overrides + ["actor_rollout_ref.rollout.top_p=0.9"]))
