@@ -56,14 +56,15 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class PPOWorkers:
-    """The roles one PPO step drives; reference and critic are None when not needed."""
+    """The roles one PPO step drives: worker groups (``hybridflow.controller``) or plain workers,
+    anything with the methods of the ``hybridflow.workers`` classes named in the annotations.
+    With the hybrid engine, ``actor``, ``rollout`` and ``reference`` are the same group."""
 
-    actor: ActorWorker
-    rollout: RolloutWorker
+    actor: "ActorWorker"
+    rollout: "RolloutWorker"
     reward: RewardWorker
-    reference: ReferenceWorker | None = None
-    critic: CriticWorker | None = None
-    val_reward: RewardWorker | None = None
+    reference: "ReferenceWorker | None" = None
+    critic: "CriticWorker | None" = None
 
 
 def build_kl_controller(kl_ctrl_cfg):
@@ -273,7 +274,7 @@ class PPOTrainer:
         """Generate on the validation set with ``val_kwargs``; reward mean@n per data source."""
         n = self.rollout_cfg.val_kwargs.n
         scores, sources, lengths = [], [], []
-        reward = self.w.val_reward or self.w.reward
+        reward = self.w.reward
         for collated in self.val_loader:
             prompts = prompts_to_batch(collated)
             batch = self.w.rollout.generate(prompts, self.sampling_params(step=self.global_step, validate=True))
