@@ -10,7 +10,9 @@ The floor: a decode step must at least do the matmuls, so with
 ``F = 2 * (matmul params) + 4 * layers * heads * head_dim * avg_context`` FLOPs per
 token and ``R`` the measured matmul rate of this machine (same dtype, same threads,
 every weight matrix of the model once at the batch size, as a decode step does), no
-engine can beat ``R / F`` tokens/s.
+engine can beat ``R / F`` tokens/s. ``R`` is measured twice: with plain ``F.linear`` and
+with the weights packed once for oneDNN (what the native engine does on CPU; the faster,
+so the stricter floor).
 
     python benchmarks/rollout.py                 # CPU, fp32, 2 threads, batch 16/64/128
     python benchmarks/rollout.py --quick         # batch 16/64, 64 new tokens
@@ -98,24 +100,33 @@ def synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def matmul_rate(model, *, batch: int, device: str, dtype: torch.dtype, repeats: int = 5) -> float:
+MATMUL_KERNELS = ("F.linear", "packed")
+"""How :func:`matmul_rate` multiplies: plain ``F.linear``, or the weights packed once for
+oneDNN as the native engine multiplies on CPU (``PackedLinear``; same as ``F.linear`` elsewhere)."""
+
+
+def matmul_rate(model, *, batch: int, device: str, dtype: torch.dtype, kernel: str = "F.linear",
+                repeats: int = 5) -> float:
     """FLOP/s of ``[batch, in] x [in, out]`` through every weight matrix of the model once (median of runs).
 
     This is the matmul work of one decode step with the weights streamed from memory as a
     step streams them; a single matrix multiplied repeatedly would stay in cache and
     overstate what a decode step can reach at small batch.
     """
+    from hybridflow.rollout.packed_linear import PackedLinear
+
     weights = [w for w in model.parameters() if w.dim() == 2 and w is not model.get_input_embeddings().weight]
     weights.append(model.get_output_embeddings().weight)
     inputs = {w.shape[1]: torch.randn(batch, w.shape[1], device=device, dtype=dtype) for w in weights}
     flops = sum(2 * batch * w.numel() for w in weights)
+    layers = [PackedLinear(w) if kernel == "packed" else (lambda x, w=w: F.linear(x, w)) for w in weights]
     times = []
     with torch.no_grad():
         for _ in range(repeats + 1):
             synchronize(device)
             start = time.perf_counter()
-            for w in weights:
-                F.linear(inputs[w.shape[1]], w)
+            for w, layer in zip(weights, layers):
+                layer(inputs[w.shape[1]])
             synchronize(device)
             times.append(time.perf_counter() - start)
     return flops / sorted(times[1:])[len(times[1:]) // 2]
@@ -182,37 +193,44 @@ def main() -> None:
         params = SamplingParams(n=args.n, temperature=1.0, max_tokens=args.max_tokens,
                                 stop_token_ids=[tokenizer.eos_token_id], seed=args.seed)
         runs = {name: run_engine(name, engine, prompts, params, batch) for name, engine in engines.items()}
-        rate = matmul_rate(model, batch=batch, device=args.device, dtype=dtype)
-        rows.append((batch, runs, rate))
-        report_batch(batch, runs, rate, model)
+        rates = {kernel: matmul_rate(model, batch=batch, device=args.device, dtype=dtype, kernel=kernel)
+                 for kernel in MATMUL_KERNELS}
+        rows.append((batch, runs, rates))
+        report_batch(batch, runs, rates, model)
     print_table(rows, model)
 
 
-def report_batch(batch, runs, rate, model) -> None:
+def report_batch(batch, runs, rates, model) -> None:
     for run in runs.values():
         print(f"batch {batch:4d} {run.engine:>6}: {run.tokens:6d} tokens in {run.seconds:7.1f} s = "
               f"{run.tokens_per_s:8.1f} tok/s (mean response {run.mean_length:.0f} tokens)")
     if "native" in runs:
         native = runs["native"]
-        floor = rate / flops_per_token(model, native.avg_context)
         for name, run in runs.items():
             if name != "native":
                 print(f"batch {batch:4d} native / {name}: {native.tokens_per_s / run.tokens_per_s:.2f}x")
-        print(f"batch {batch:4d} floor: {rate / 1e9:.1f} GFLOP/s / {flops_per_token(model, native.avg_context) / 1e6:.0f} "
-              f"MFLOP per token = {floor:.1f} tok/s; native at {100 * native.tokens_per_s / floor:.0f} % of it")
+        flops = flops_per_token(model, native.avg_context)
+        for kernel, rate in rates.items():
+            floor = rate / flops
+            print(f"batch {batch:4d} floor ({kernel}): {rate / 1e9:.1f} GFLOP/s / {flops / 1e6:.0f} MFLOP per token "
+                  f"= {floor:.1f} tok/s; native at {100 * native.tokens_per_s / floor:.0f} % of it")
+    print(f"batch {batch:4d} load avg {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
 
 
 def print_table(rows, model) -> None:
     names = list(rows[0][1])
-    print("\n| batch | " + " | ".join(f"{n} tok/s" for n in names) + " | native / hf | floor tok/s | native % of floor |")
-    print("|---" * (len(names) + 4) + "|")
-    for batch, runs, rate in rows:
+    floors = " | ".join(f"floor tok/s ({k} R) | native % of it" for k in MATMUL_KERNELS)
+    print("\n| batch | " + " | ".join(f"{n} tok/s" for n in names) + f" | native / hf | {floors} |")
+    print("|---" * (len(names) + 2 + 2 * len(MATMUL_KERNELS)) + "|")
+    for batch, runs, rates in rows:
         native = runs.get("native")
-        floor = rate / flops_per_token(model, native.avg_context) if native else float("nan")
         ratio = native.tokens_per_s / runs["hf"].tokens_per_s if native and "hf" in runs else float("nan")
-        cells = " | ".join(f"{runs[n].tokens_per_s:.1f}" for n in names)
-        pct = 100 * native.tokens_per_s / floor if native else float("nan")
-        print(f"| {batch} | {cells} | {ratio:.2f}x | {floor:.1f} | {pct:.0f} % |")
+        cells = [f"{runs[n].tokens_per_s:.1f}" for n in names] + [f"{ratio:.2f}x"]
+        for rate in rates.values():
+            floor = rate / flops_per_token(model, native.avg_context) if native else float("nan")
+            pct = 100 * native.tokens_per_s / floor if native else float("nan")
+            cells += [f"{floor:.1f} ({rate / 1e9:.1f} GFLOP/s)", f"{pct:.0f} %"]
+        print(f"| {batch} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

@@ -9,8 +9,9 @@ The math is the HF Llama / Qwen2 decoder layer, op for op (Touvron et al. 2023, 
 RMSNorm in fp32, rotary embeddings from the model's own ``rotary_emb`` so every RoPE
 scaling variant is honoured, SwiGLU MLP, grouped-query attention), so greedy outputs
 equal HF ``generate``. Projections that read the same input are fused (q|k|v and
-gate|up) into one matmul each; :meth:`LlamaFamilyDecoder.refresh` rebuilds the fused
-copies after the HF weights change.
+gate|up) into one matmul each, and on CPU every projection's weight is packed once for
+oneDNN (:mod:`hybridflow.rollout.packed_linear`); :meth:`LlamaFamilyDecoder.refresh`
+rebuilds these copies after the HF weights change.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from hybridflow.rollout.kv_cache import SlotKVCache
+from hybridflow.rollout.packed_linear import PackedLinear
 
 SUPPORTED_MODEL_TYPES = frozenset({"llama", "qwen2"})
 
@@ -38,16 +40,14 @@ def supports(model) -> bool:
 
 @dataclass
 class LayerWeights:
-    """One decoder layer's tensors; ``qkv`` is ``[(H + 2 KV) * D, hidden]``."""
+    """One decoder layer's norms and projections; ``qkv`` maps ``hidden -> (H + 2 KV) * D``."""
 
     input_norm: torch.Tensor
-    qkv: torch.Tensor
-    qkv_bias: torch.Tensor | None
-    o_proj: torch.Tensor
-    o_bias: torch.Tensor | None
+    qkv: PackedLinear
+    o_proj: PackedLinear
     post_norm: torch.Tensor
-    gate_up: torch.Tensor
-    down: torch.Tensor
+    gate_up: PackedLinear
+    down: PackedLinear
 
 
 def _cat_or_none(tensors: list[torch.Tensor | None]) -> torch.Tensor | None:
@@ -78,7 +78,7 @@ class LlamaFamilyDecoder:
         inner = self.model.model
         self.embed = inner.embed_tokens.weight
         self.final_norm = inner.norm.weight
-        self.lm_head = self.model.lm_head.weight
+        self.lm_head = PackedLinear(self.model.lm_head.weight)
         self.layers = [self._layer_weights(layer) for layer in inner.layers]
 
     @staticmethod
@@ -87,13 +87,12 @@ class LlamaFamilyDecoder:
         with torch.no_grad():
             return LayerWeights(
                 input_norm=layer.input_layernorm.weight,
-                qkv=torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]),
-                qkv_bias=_cat_or_none([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]),
-                o_proj=attn.o_proj.weight,
-                o_bias=attn.o_proj.bias,
+                qkv=PackedLinear(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]),
+                                 _cat_or_none([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])),
+                o_proj=PackedLinear(attn.o_proj.weight, attn.o_proj.bias),
                 post_norm=layer.post_attention_layernorm.weight,
-                gate_up=torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]),
-                down=mlp.down_proj.weight,
+                gate_up=PackedLinear(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])),
+                down=PackedLinear(mlp.down_proj.weight),
             )
 
     def rope_table(self, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -111,12 +110,12 @@ class LlamaFamilyDecoder:
         return weight * x.to(hidden.dtype)
 
     def _mlp(self, hidden: torch.Tensor, layer: LayerWeights) -> torch.Tensor:
-        gate, up = F.linear(hidden, layer.gate_up).split(self.intermediate, dim=-1)
-        return F.linear(F.silu(gate) * up, layer.down)
+        gate, up = layer.gate_up(hidden).split(self.intermediate, dim=-1)
+        return layer.down(F.silu(gate) * up)
 
     def _qkv(self, hidden: torch.Tensor, layer: LayerWeights, cos: torch.Tensor, sin: torch.Tensor):
         """``[N, hidden]`` -> rotated ``q [N, H, D]``, ``k [N, KV, D]`` and ``v [N, KV, D]``."""
-        q, k, v = F.linear(hidden, layer.qkv, layer.qkv_bias).split(
+        q, k, v = layer.qkv(hidden).split(
             [self.num_heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim], dim=-1
         )
         q = _apply_rope(q.view(-1, self.num_heads, self.head_dim), cos, sin)
@@ -138,10 +137,10 @@ class LlamaFamilyDecoder:
                 q.transpose(0, 1)[None], prefix[index, 0][None], prefix[index, 1][None],
                 is_causal=True, scale=self.scale, enable_gqa=True,
             )
-            hidden = hidden + F.linear(attn[0].transpose(0, 1).reshape(length, -1), layer.o_proj, layer.o_bias)
+            hidden = hidden + layer.o_proj(attn[0].transpose(0, 1).reshape(length, -1))
             hidden = hidden + self._mlp(self._rms_norm(hidden, layer.post_norm), layer)
         last = self._rms_norm(hidden[-1:], self.final_norm)
-        return F.linear(last, self.lm_head)[0], prefix
+        return self.lm_head(last)[0], prefix
 
     @torch.no_grad()
     def decode(self, *, token_ids: torch.Tensor, positions: torch.Tensor, cache: SlotKVCache,
@@ -160,7 +159,7 @@ class LlamaFamilyDecoder:
         count = token_ids.shape[0]
         cos_table, sin_table = self.rope_table(context)
         cos, sin = cos_table[positions][:, None], sin_table[positions][:, None]
-        slots = torch.arange(count, device=token_ids.device)
+        rows = cache.write_rows(positions)
         # Slot i sees its first positions[i] + 1 keys; later cache entries are stale.
         hidden_positions = torch.arange(context, device=token_ids.device)[None] > positions[:, None]
         mask = torch.zeros(count, 1, 1, context, dtype=self.embed.dtype, device=token_ids.device)
@@ -168,17 +167,16 @@ class LlamaFamilyDecoder:
         hidden = F.embedding(token_ids, self.embed)
         for index, layer in enumerate(self.layers):
             q, k, v = self._qkv(self._rms_norm(hidden, layer.input_norm), layer, cos, sin)
+            cache.write(layer=index, rows=rows, keys=k, values=v)
             keys, values = cache.layer(index)
-            keys[slots, :, positions] = k
-            values[slots, :, positions] = v
             # Grouped-query decode: the G = H / KV query heads of one KV head act as G queries.
             grouped_q = q.view(count, self.kv_heads, self.num_heads // self.kv_heads, self.head_dim)
             attn = F.scaled_dot_product_attention(
                 grouped_q, keys[:count, :, :context], values[:count, :, :context], attn_mask=mask, scale=self.scale
             )
-            hidden = hidden + F.linear(attn.reshape(count, -1), layer.o_proj, layer.o_bias)
+            hidden = hidden + layer.o_proj(attn.reshape(count, -1))
             hidden = hidden + self._mlp(self._rms_norm(hidden, layer.post_norm), layer)
-        return F.linear(self._rms_norm(hidden, self.final_norm), self.lm_head)
+        return self.lm_head(self._rms_norm(hidden, self.final_norm))
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -38,6 +38,26 @@ class SlotKVCache:
         """``(keys, values)`` of one layer, each ``[slots, kv_heads, max_len, head_dim]``."""
         return self.data[index, 0], self.data[index, 1]
 
+    def write_rows(self, positions: torch.Tensor) -> torch.Tensor:
+        """Where slot ``i``'s token at ``positions[i]`` goes, per KV head: ``[N * kv_heads]``.
+
+        Indexes the ``[slots * kv_heads * max_len, head_dim]`` view of one layer's keys (or
+        values); computed once per decode step and shared by every layer.
+        """
+        slots, kv_heads, max_len = positions.shape[0], self.data.shape[3], self.max_len
+        slot_heads = torch.arange(slots * kv_heads, device=positions.device).view(slots, kv_heads)
+        return (slot_heads * max_len + positions[:, None]).reshape(-1)
+
+    def write(self, *, layer: int, rows: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Store ``keys``/``values`` ``[N, kv_heads, head_dim]`` at ``rows`` (from :meth:`write_rows`).
+
+        One ``index_copy_`` per tensor: on CPU, advanced-index assignment
+        (``cache[slots, :, positions] = k``) measured 40x slower at 64 slots.
+        """
+        head_dim = self.data.shape[-1]
+        self.data[layer, 0].view(-1, head_dim).index_copy_(0, rows, keys.reshape(-1, head_dim))
+        self.data[layer, 1].view(-1, head_dim).index_copy_(0, rows, values.reshape(-1, head_dim))
+
     def fill(self, *, first_slot: int, count: int, prefix: torch.Tensor) -> None:
         """Copy one prompt's ``prefix`` ``[layers, 2, kv_heads, L, head_dim]`` into ``count`` slots."""
         length = prefix.shape[3]

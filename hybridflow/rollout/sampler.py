@@ -44,7 +44,9 @@ def filter_top_p(*, logits: torch.Tensor, top_p: float) -> torch.Tensor:
 
 def processed_logits(*, logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """``[N, V]`` fp32 logits of the sampling distribution (temperature, then top-k, then top-p)."""
-    scaled = logits.float() / params.temperature
+    scaled = logits.float()
+    if params.temperature != 1.0:  # dividing by 1 would cost a pass over [N, V] for nothing
+        scaled = scaled / params.temperature
     return filter_top_p(logits=filter_top_k(logits=scaled, top_k=params.top_k), top_p=params.top_p)
 
 
