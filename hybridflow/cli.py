@@ -76,12 +76,9 @@ def _models_fetch(args: argparse.Namespace, rest: list[str]) -> int:
 
 
 def _ppo(args: argparse.Namespace, rest: list[str]) -> int:
-    from hybridflow.config import PPOConfig, load_config, split_config_args
-    from hybridflow.trainer.main_ppo import run_ppo
+    from hybridflow.trainer.main_ppo import run_from_args
 
-    config_file, overrides = split_config_args(rest)
-    run_ppo(load_config(PPOConfig, overrides, config_file))
-    return 0
+    return run_from_args(rest)
 
 
 def _sft(args: argparse.Namespace, rest: list[str]) -> int:
@@ -91,10 +88,9 @@ def _sft(args: argparse.Namespace, rest: list[str]) -> int:
 
 
 def _merge(args: argparse.Namespace, rest: list[str]) -> int:
-    from hybridflow.model_merger import merge
+    from hybridflow.model_merger import run_from_args
 
-    print(f"wrote a Hugging Face model to {merge(args.local_dir, args.target_dir)}")
-    return 0
+    return run_from_args(["merge", *rest])
 
 
 PREPROCESS_SCRIPTS = {
@@ -150,10 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
     sft = sub.add_parser("sft", help="supervised fine-tuning (verl's sft_trainer keys)", add_help=False)
     sft.set_defaults(func=_sft)
 
-    merge = sub.add_parser("merge", help="checkpoint -> Hugging Face folder")
-    merge.add_argument("--backend", choices=["fsdp"], default="fsdp")
-    merge.add_argument("--local_dir", required=True)
-    merge.add_argument("--target_dir", required=True)
+    merge = sub.add_parser("merge", help="checkpoint -> Hugging Face folder (= python -m hybridflow.model_merger merge)",
+                           add_help=False)
     merge.set_defaults(func=_merge)
 
     pre = sub.add_parser("preprocess", help="write a dataset in verl's parquet schema")

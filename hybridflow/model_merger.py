@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _main(argv: list[str]) -> int:
+def run_from_args(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     out = merge(args.local_dir, args.target_dir)
     print(f"wrote a Hugging Face model to {out}")
@@ -49,7 +49,7 @@ def _main(argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_entry_point(_main, list(sys.argv[1:] if argv is None else argv))
+    return run_entry_point(run_from_args, list(sys.argv[1:] if argv is None else argv))
 
 
 if __name__ == "__main__":

@@ -35,7 +35,21 @@ class ColocatedWeights:
     source: str = "actor"
 
 
-class HybridEngineWorker:
+class CheckpointedRank:
+    """Save / load of one rank's ``self.checkpoint`` component, called on every rank with the same directory."""
+
+    checkpoint = None
+
+    @dispatch(Mode.ONE_TO_ALL, collect="first")
+    def save_checkpoint(self, directory: str) -> None:
+        self.checkpoint.save_to(directory)
+
+    @dispatch(Mode.ONE_TO_ALL, collect="first")
+    def load_checkpoint(self, directory: str) -> None:
+        self.checkpoint.load_from(directory)
+
+
+class HybridEngineWorker(CheckpointedRank):
     """Actor + rollout + (optional) reference of one rank; also checkpointable as a whole.
 
     ``checkpoint``: a component with ``save_to(dir)``/``load_from(dir)`` for the actor
@@ -82,13 +96,6 @@ class HybridEngineWorker:
             named = named.items()
         self.rollout.load_weights(named)
 
-    @dispatch(Mode.ONE_TO_ALL, collect="first")
-    def save_checkpoint(self, directory: str) -> None:
-        self.checkpoint.save_to(directory)
-
-    @dispatch(Mode.ONE_TO_ALL, collect="first")
-    def load_checkpoint(self, directory: str) -> None:
-        self.checkpoint.load_from(directory)
 
 
 def actor_weights_for_rollout(model) -> dict:
@@ -113,7 +120,7 @@ class GroupCheckpoint:
         self.group.load_checkpoint(directory)
 
 
-class CriticGroupWorker:
+class CriticGroupWorker(CheckpointedRank):
     """The critic of one rank (FSDP2-sharded value model) plus its checkpoint component."""
 
     def __init__(self, *, critic: CriticWorker, checkpoint):
@@ -127,10 +134,3 @@ class CriticGroupWorker:
     def update_critic(self, batch: Batch) -> dict[str, float]:
         return self.critic.update_critic(batch)
 
-    @dispatch(Mode.ONE_TO_ALL, collect="first")
-    def save_checkpoint(self, directory: str) -> None:
-        self.checkpoint.save_to(directory)
-
-    @dispatch(Mode.ONE_TO_ALL, collect="first")
-    def load_checkpoint(self, directory: str) -> None:
-        self.checkpoint.load_from(directory)

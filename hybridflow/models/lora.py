@@ -124,6 +124,10 @@ def merged_state_dict(state: Mapping[str, torch.Tensor], *, scaling: float) -> d
     Works on a gathered FSDP state too, so the rollout engine of an RL run with LoRA gets
     merged weights without a second model in memory: ``W`` is never modified in place.
     """
+    unsupported = sorted(name for name in state if ".lora_embedding_" in name or ".lora_magnitude_" in name)
+    if unsupported:  # only Linear LoRA is folded here; anything else would be dropped silently
+        raise ModelError(f"cannot fold LoRA weights such as {unsupported[0]!r} into plain weights; "
+                         "target only linear layers (model.target_modules)")
     merged = {hf_name(name): tensor for name, tensor in state.items() if ".lora_" not in name}
     suffix = ".lora_A.default.weight"
     for name, lora_a in state.items():

@@ -156,10 +156,7 @@ def before_after(history: list[dict]) -> tuple[str, float, float]:
 def run_demo(preset_name: str, run_dir: str, extra_overrides: list[str]) -> dict:
     """Prepare, train, report. Returns {'before', 'after', 'steps', 'seconds', 'run_dir'}."""
     from hybridflow.config import PPOConfig, load_config
-    from hybridflow.trainer.main_ppo import build_trainer, check_registered_names, model_context_length
-    from hybridflow.config import validate_ppo_config
-    from hybridflow.trainer.plots import plot_curves
-    from hybridflow.trainer.summary import summary_table
+    from hybridflow.trainer.main_ppo import run_ppo
 
     preset = PRESETS[preset_name]
     os.makedirs(run_dir, exist_ok=True)
@@ -168,24 +165,14 @@ def run_demo(preset_name: str, run_dir: str, extra_overrides: list[str]) -> dict
     train, test = prepare_data(preset, run_dir)
     overrides = demo_overrides(preset, model=model, train=train, test=test, run_dir=run_dir) + extra_overrides
     print("[demo] config overrides:\n  " + "\n  ".join(overrides))
-    cfg = load_config(PPOConfig, overrides)
-    check_registered_names(cfg)
-    validate_ppo_config(cfg, model_max_len=model_context_length(model, False))
     start = time.time()
-    trainer = build_trainer(cfg)
-    try:
-        trainer.fit()
-    finally:
-        trainer.close()
+    run = run_ppo(load_config(PPOConfig, overrides))
     seconds = time.time() - start
-    history = trainer.tracking.history
-    plots = plot_curves(history, os.path.join(run_dir, "plots"))
-    key, before, after = before_after(history)
-    print(summary_table(history))
-    print(f"[demo] held-out {key}: {before:.3f} -> {after:.3f} after {trainer.global_step} GRPO steps "
+    key, before, after = before_after(run.history)
+    print(f"[demo] held-out {key}: {before:.3f} -> {after:.3f} after {run.steps} GRPO steps "
           f"in {seconds / 60:.1f} min")
-    print(f"[demo] plots: {', '.join(plots)}")
-    return {"before": before, "after": after, "steps": trainer.global_step, "seconds": seconds, "run_dir": run_dir}
+    print(f"[demo] plots: {', '.join(run.plots)}")
+    return {"before": before, "after": after, "steps": run.steps, "seconds": seconds, "run_dir": run_dir}
 
 
 def _main(argv: list[str]) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import random
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -227,8 +228,18 @@ def build_trainer(cfg: PPOConfig) -> PPOTrainer:
                       stop_token_ids=stop_token_ids(cfg.actor_rollout_ref.model.path, tokenizer))
 
 
-def run_ppo(cfg: PPOConfig) -> dict[str, float]:
-    """Validate, build, train; print the summary and write the plots. Returns the last metrics."""
+@dataclass
+class PPORun:
+    """What a finished run leaves: per-step metrics, the last step's metrics and the plot files."""
+
+    history: list[dict[str, float]]
+    last: dict[str, float]
+    steps: int
+    plots: list[str]
+
+
+def run_ppo(cfg: PPOConfig) -> PPORun:
+    """Validate, build, train; print the summary and write the plots."""
     from hybridflow.trainer.plots import plot_curves
     from hybridflow.trainer.summary import summary_table
 
@@ -242,17 +253,19 @@ def run_ppo(cfg: PPOConfig) -> dict[str, float]:
         trainer.close()
     history = trainer.tracking.history
     print(summary_table(history))
-    plot_curves(history, os.path.join(cfg.trainer.default_local_dir, "plots"))
-    return last
+    plots = plot_curves(history, os.path.join(cfg.trainer.default_local_dir, "plots"))
+    return PPORun(history=history, last=last, steps=trainer.global_step, plots=plots)
+
+
+def run_from_args(args: list[str]) -> int:
+    """``[--config-path D --config-name N] key=value ...`` -> a run (shared by ``hybridflow ppo``)."""
+    config_file, overrides = split_config_args(args)
+    run_ppo(load_config(PPOConfig, overrides, config_file))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    def _main(args: list[str]) -> int:
-        config_file, overrides = split_config_args(args)
-        run_ppo(load_config(PPOConfig, overrides, config_file))
-        return 0
-
-    return run_entry_point(_main, list(sys.argv[1:] if argv is None else argv))
+    return run_entry_point(run_from_args, list(sys.argv[1:] if argv is None else argv))
 
 
 if __name__ == "__main__":

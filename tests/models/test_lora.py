@@ -157,3 +157,11 @@ def test_merged_state_dict_equals_peft_merge():
     assert ours.keys() == reference.keys()
     for key in reference:
         torch.testing.assert_close(ours[key], reference[key], rtol=0, atol=1e-6)
+
+
+def test_merged_state_dict_refuses_lora_it_cannot_fold():
+    from hybridflow.models.lora import merged_state_dict
+
+    state = {"base_model.model.model.embed_tokens.lora_embedding_A.default": torch.zeros(2, 4)}
+    with pytest.raises(ModelError, match="cannot fold LoRA weights"):
+        merged_state_dict(state, scaling=1.0)
