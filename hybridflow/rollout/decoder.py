@@ -115,11 +115,12 @@ class LlamaFamilyDecoder:
 
     def _qkv(self, hidden: torch.Tensor, layer: LayerWeights, cos: torch.Tensor, sin: torch.Tensor):
         """``[N, hidden]`` -> rotated ``q [N, H, D]``, ``k [N, KV, D]`` and ``v [N, KV, D]``."""
-        q, k, v = layer.qkv(hidden).split(
-            [self.num_heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim], dim=-1
+        rotated_heads = self.num_heads + self.kv_heads
+        qk, v = layer.qkv(hidden).split([rotated_heads * self.head_dim, self.kv_heads * self.head_dim], dim=-1)
+        # q and k share the rotation: one pass over [N, H + KV, D] rather than two.
+        q, k = _apply_rope(qk.view(-1, rotated_heads, self.head_dim), cos, sin).split(
+            [self.num_heads, self.kv_heads], dim=1
         )
-        q = _apply_rope(q.view(-1, self.num_heads, self.head_dim), cos, sin)
-        k = _apply_rope(k.view(-1, self.kv_heads, self.head_dim), cos, sin)
         return q, k, v.view(-1, self.kv_heads, self.head_dim)
 
     @torch.no_grad()
@@ -144,22 +145,25 @@ class LlamaFamilyDecoder:
 
     @torch.no_grad()
     def decode(self, *, token_ids: torch.Tensor, positions: torch.Tensor, cache: SlotKVCache,
-               context: int) -> torch.Tensor:
-        """One step for the sequences in slots ``0 .. N-1``.
+               context: int, first_slot: int = 0) -> torch.Tensor:
+        """One step for the sequences in slots ``first_slot .. first_slot + N - 1``.
 
         Args:
             token_ids: ``[N]`` each slot's latest token.
             positions: ``[N]`` where it goes (the slot's current length).
             cache: keys/values of the earlier tokens; the new ones are written in place.
             context: ``max(positions) + 1``, the attention span of this step.
+            first_slot: the cache slot of row 0; disjoint slot ranges may be decoded
+                concurrently (:mod:`hybridflow.rollout.lanes`).
 
         Returns:
             ``[N, V]`` next-token logits.
         """
         count = token_ids.shape[0]
+        slots = slice(first_slot, first_slot + count)
         cos_table, sin_table = self.rope_table(context)
         cos, sin = cos_table[positions][:, None], sin_table[positions][:, None]
-        rows = cache.write_rows(positions)
+        rows = cache.write_rows(positions, first_slot)
         # Slot i sees its first positions[i] + 1 keys; later cache entries are stale.
         hidden_positions = torch.arange(context, device=token_ids.device)[None] > positions[:, None]
         mask = torch.zeros(count, 1, 1, context, dtype=self.embed.dtype, device=token_ids.device)
@@ -172,7 +176,7 @@ class LlamaFamilyDecoder:
             # Grouped-query decode: the G = H / KV query heads of one KV head act as G queries.
             grouped_q = q.view(count, self.kv_heads, self.num_heads // self.kv_heads, self.head_dim)
             attn = F.scaled_dot_product_attention(
-                grouped_q, keys[:count, :, :context], values[:count, :, :context], attn_mask=mask, scale=self.scale
+                grouped_q, keys[slots, :, :context], values[slots, :, :context], attn_mask=mask, scale=self.scale
             )
             hidden = hidden + layer.o_proj(attn.reshape(count, -1))
             hidden = hidden + self._mlp(self._rms_norm(hidden, layer.post_norm), layer)

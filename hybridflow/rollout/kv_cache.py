@@ -38,14 +38,15 @@ class SlotKVCache:
         """``(keys, values)`` of one layer, each ``[slots, kv_heads, max_len, head_dim]``."""
         return self.data[index, 0], self.data[index, 1]
 
-    def write_rows(self, positions: torch.Tensor) -> torch.Tensor:
-        """Where slot ``i``'s token at ``positions[i]`` goes, per KV head: ``[N * kv_heads]``.
+    def write_rows(self, positions: torch.Tensor, first_slot: int = 0) -> torch.Tensor:
+        """Where slot ``first_slot + i``'s token at ``positions[i]`` goes, per KV head: ``[N * kv_heads]``.
 
         Indexes the ``[slots * kv_heads * max_len, head_dim]`` view of one layer's keys (or
         values); computed once per decode step and shared by every layer.
         """
         slots, kv_heads, max_len = positions.shape[0], self.data.shape[3], self.max_len
-        slot_heads = torch.arange(slots * kv_heads, device=positions.device).view(slots, kv_heads)
+        slot_heads = torch.arange(first_slot * kv_heads, (first_slot + slots) * kv_heads,
+                                  device=positions.device).view(slots, kv_heads)
         return (slot_heads * max_len + positions[:, None]).reshape(-1)
 
     def write(self, *, layer: int, rows: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:

@@ -23,7 +23,8 @@ import torch
 
 from hybridflow.rollout.decoder import LlamaFamilyDecoder
 from hybridflow.rollout.kv_cache import SlotKVCache
-from hybridflow.rollout.sampler import sample_tokens
+from hybridflow.rollout.lanes import DecodeLanes
+from hybridflow.rollout.sampler import draw_uniform, sample_tokens
 from hybridflow.rollout.stopping import StopChecker
 from hybridflow.rollout.types import Completion, SamplingParams, validate_prompts
 from hybridflow.rollout.weights import copy_named_tensors
@@ -62,13 +63,16 @@ class NativeEngine:
         max_model_len: context limit; defaults to ``config.max_position_embeddings``.
     """
 
-    def __init__(self, model, tokenizer=None, *, max_num_seqs: int = 256, max_model_len: int | None = None):
+    def __init__(self, model, tokenizer=None, *, max_num_seqs: int = 256, max_model_len: int | None = None,
+                 decode_lanes: bool = True):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.decoder = LlamaFamilyDecoder(model)
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len or model.config.max_position_embeddings
         self.cache: SlotKVCache | None = None
+        threads = torch.get_num_threads()
+        self.lanes = DecodeLanes(threads) if decode_lanes and self.device.type == "cpu" and threads > 1 else None
 
     @property
     def device(self) -> torch.device:
@@ -138,18 +142,29 @@ class NativeEngine:
             run.retire()
 
     def _step(self, run: GenerationRun) -> None:
-        """One batched decode step over every live slot."""
+        """One decode step over every live slot (in lanes on CPU when there are enough of them)."""
         count = len(run.live)
-        positions_list = run.cache.lengths[:count]
-        positions = torch.tensor(positions_list, dtype=torch.long, device=self.device)
-        logits = self.decoder.decode(token_ids=run.last_tokens[:count], positions=positions, cache=run.cache,
-                                     context=max(positions_list) + 1)
-        tokens, logprobs = sample_tokens(logits=logits, params=run.params, generator=run.generator)
+        # Drawn here for the whole batch, so the draws do not depend on how it is split.
+        uniform = None if run.params.greedy else draw_uniform(rows=count, generator=run.generator, device=self.device)
+        if self.lanes is None:
+            tokens, logprobs = self._decode_slots(run, 0, count, uniform)
+        else:
+            parts = self.lanes.run(lambda start, stop: self._decode_slots(run, start, stop, uniform), count)
+            tokens, logprobs = (torch.cat(columns) for columns in zip(*parts))
         run.last_tokens[:count] = tokens
         for slot, (token, logprob) in enumerate(zip(tokens.tolist(), logprobs.tolist())):
             run.cache.lengths[slot] += 1
             run.append(run.live[slot], token, logprob)
         run.retire()
+
+    def _decode_slots(self, run: GenerationRun, start: int, stop: int, uniform: torch.Tensor | None):
+        """Decode and sample slots ``start .. stop - 1``; returns ``(tokens, logprobs)``."""
+        positions_list = run.cache.lengths[start:stop]
+        positions = torch.tensor(positions_list, dtype=torch.long, device=self.device)
+        logits = self.decoder.decode(token_ids=run.last_tokens[start:stop], positions=positions, cache=run.cache,
+                                     context=max(positions_list) + 1, first_slot=start)
+        return sample_tokens(logits=logits, params=run.params,
+                             uniform=None if uniform is None else uniform[start:stop])
 
 
 @dataclass

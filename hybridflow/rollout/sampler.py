@@ -51,9 +51,15 @@ def processed_logits(*, logits: torch.Tensor, params: SamplingParams) -> torch.T
 
 
 def sample_tokens(
-    *, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+    *, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None,
+    uniform: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one token per row of ``logits`` ``[N, V]``.
+
+    Args:
+        uniform: ``[N, 1]`` draws from ``U[0, 1)`` (:func:`draw_uniform`) to use instead of
+            drawing from ``generator``; lets slices of one batch be sampled apart (in decode
+            lanes) with the same numbers as the whole batch.
 
     Returns:
         ``(tokens [N] int64, logprobs [N] float32)``, both on the logits' device.
@@ -61,20 +67,30 @@ def sample_tokens(
     if params.greedy:
         log_probs = torch.log_softmax(logits.float(), dim=-1)
         tokens = logits.argmax(dim=-1)
-    else:
-        log_probs = torch.log_softmax(processed_logits(logits=logits, params=params), dim=-1)
-        tokens = _inverse_cdf_sample(probs=log_probs.exp(), generator=generator)
-    return tokens, log_probs.gather(-1, tokens[:, None]).squeeze(-1)
+        return tokens, log_probs.gather(-1, tokens[:, None]).squeeze(-1)
+    if uniform is None:
+        uniform = draw_uniform(rows=logits.shape[0], generator=generator, device=logits.device)
+    return _inverse_cdf_sample(logits=processed_logits(logits=logits, params=params), uniform=uniform)
 
 
-def _inverse_cdf_sample(*, probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """One draw per row of ``probs`` ``[N, V]`` from one uniform number per row.
+def draw_uniform(*, rows: int, generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
+    """``[rows, 1]`` fp32 draws from ``U[0, 1)``, one per sampled row."""
+    return torch.rand(rows, 1, generator=generator, device=device, dtype=torch.float32)
 
-    ``torch.multinomial`` draws an exponential variate per vocabulary entry, which on
-    CPU costs more than a decode step's attention; the inverse CDF needs a cumulative
-    sum and a binary search. ``right=True`` never selects a zero-probability token.
+
+def _inverse_cdf_sample(*, logits: torch.Tensor, uniform: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One draw per row of ``softmax(logits)`` ``[N, V]`` by inverting its CDF at ``uniform`` ``[N, 1]``.
+
+    With ``m = max z`` and ``w = exp(z - m)``, the token is the first index whose running
+    sum of ``w`` exceeds ``u * sum(w)``, and its log-prob is ``z[token] - m - log sum(w)``.
+    Four passes over ``[N, V]`` (max, subtract, exp, cumulative sum), where
+    ``torch.multinomial`` draws an exponential variate per vocabulary entry, which on CPU
+    costs more than a decode step's attention. ``right=True`` never selects a
+    zero-probability (filtered, ``-inf``) token.
     """
-    cdf = torch.cumsum(probs, dim=-1)
-    uniform = torch.rand(probs.shape[0], 1, generator=generator, device=probs.device, dtype=cdf.dtype)
-    tokens = torch.searchsorted(cdf, uniform * cdf[:, -1:], right=True).squeeze(-1)
-    return tokens.clamp_(max=probs.shape[-1] - 1)
+    peak = logits.amax(dim=-1, keepdim=True)
+    cdf = (logits - peak).exp_().cumsum_(dim=-1)
+    total = cdf[:, -1:]
+    tokens = torch.searchsorted(cdf, uniform * total, right=True).squeeze(-1).clamp_(max=logits.shape[-1] - 1)
+    logprobs = logits.gather(-1, tokens[:, None]) - peak - total.log()
+    return tokens, logprobs.squeeze(-1)

@@ -135,8 +135,11 @@ def test_packing_gives_the_same_loss_and_update_as_padding(tmp_path, tiny_model_
     for key in ("train/loss", "val/loss", "train/grad_norm"):
         assert packed_history[0][key] == pytest.approx(padded_history[0][key], rel=1e-5), key
     expected = _weights(padded.model)
+    # Adam's first step is ~lr * g / (|g| + eps): where |g| is near eps (rarely seen embedding
+    # rows) it magnifies fp32 summation-order noise (2.2e-6 measured on an AVX-512 machine).
+    # A packing bug (attention across packed sequences) moves weights by ~lr = 1e-3.
     for name, param in packed.model.named_parameters():
-        torch.testing.assert_close(param, expected[name], rtol=0, atol=2e-6, msg=name)
+        torch.testing.assert_close(param, expected[name], rtol=0, atol=1e-5, msg=name)
 
 
 def test_validation_loss_is_the_token_mean_over_the_whole_val_set(tmp_path, tiny_model_dir, sums_file):
