@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 # Two threads in total on the 2-core machines; passive OpenMP waiting (see docs/benchmarks.md).
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: venv test test-slow test-all demo demo-tiny lock clean
+.PHONY: venv test test-slow test-gpu test-all demo demo-tiny lock clean
 
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -24,6 +24,10 @@ test: venv
 # Slow tier: learning runs, the real SmolLM2 model, long end-to-end runs.
 test-slow: venv
 	OMP_NUM_THREADS=2 $(BIN)/python -m pytest -q -m slow $(PYTEST_ARGS)
+
+# CUDA tier: the native engine's parity checks on a GPU (skipped where CUDA is absent).
+test-gpu: venv
+	$(BIN)/python -m pytest -q -m gpu -rs $(PYTEST_ARGS)
 
 test-all: venv
 	OMP_NUM_THREADS=2 $(BIN)/python -m pytest -q -m "" $(PYTEST_ARGS)

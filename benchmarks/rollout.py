@@ -6,13 +6,20 @@ Throughput counts useful tokens (each response up to and including its EOS) per
 second of wall time, engine construction excluded, everything else (prefill, cache
 allocation, sampling) included.
 
-The floor: a decode step must at least do the matmuls, so with
-``F = 2 * (matmul params) + 4 * layers * heads * head_dim * avg_context`` FLOPs per
-token and ``R`` the measured matmul rate of this machine (same dtype, same threads,
-every weight matrix of the model once at the batch size, as a decode step does), no
-engine can beat ``R / F`` tokens/s. ``R`` is measured twice: with plain ``F.linear`` and
-with the weights packed once for oneDNN (what the native engine does on CPU; the faster,
-so the stricter floor).
+Two floors, both from matmul rates measured in the same run (fp32, same threads, every
+weight matrix of the model once per "step", streamed from memory as a decode step streams
+it; the faster of plain ``F.linear`` and the oneDNN-packed weights the engine uses):
+
+- flat floor: ``R / F`` tokens/s, with ``F = 2 * (matmul params) + 4 * layers * heads *
+  head_dim * avg_context`` FLOPs per token and ``R`` the matmul rate at the full batch's
+  row count. It prices every token as if every decode step were full.
+- step floor: the decode steps the workload really needs. With EOS, response lengths
+  vary (most end by ~60 tokens, the longest runs to 256), so a synchronous ``generate``
+  runs ``max(length) - 1`` steps whose live row count falls from the batch to 1; a step
+  with few rows still reads every weight, so it costs about what a full one does. The
+  step floor sums the measured matmul time at each step's live row count (plus each
+  prompt's prefill), so it is what the matmuls alone take for this workload at this
+  machine's rates; attention is added at the same rate.
 
     python benchmarks/rollout.py                 # CPU, fp32, 2 threads, batch 16/64/128
     python benchmarks/rollout.py --quick         # batch 16/64, 64 new tokens
@@ -41,14 +48,38 @@ import torch.nn.functional as F  # noqa: E402
 class EngineRun:
     engine: str
     batch: int
-    tokens: int
     seconds: float
-    mean_length: float
+    lengths: list[int]
+    """Each response's useful tokens (up to and including its EOS)."""
+    prompt_lengths: list[int]
     avg_context: float
+
+    @property
+    def tokens(self) -> int:
+        return sum(self.lengths)
 
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.seconds
+
+    @property
+    def mean_length(self) -> float:
+        return self.tokens / len(self.lengths)
+
+
+@dataclass
+class Floors:
+    """Two lower bounds on a ``generate`` call's time, in tokens/s for its token count.
+
+    ``flat``: every token at the matmul rate of ``batch`` rows (FLOPs per token over that
+    rate), as if every decode step were full; ``step``: the workload's real decode steps,
+    each at the measured matmul time of its live row count (:func:`step_floor_seconds`).
+    """
+
+    flat: float
+    step: float
+    flat_gflops: float
+    step_seconds: float
 
 
 def parse_args() -> argparse.Namespace:
@@ -60,7 +91,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--batches", default="16,64,128", help="sequences per generate call (prompts x n)")
     parser.add_argument("--n", type=int, default=8, help="samples per prompt")
     parser.add_argument("--max-tokens", type=int, default=256)
-    parser.add_argument("--engines", default="native,hf,vllm")
+    parser.add_argument("--engines", default="native,hf,vllm",
+                        help="any of native, hf, vllm, and native-nolanes (the native engine without decode lanes)")
+    parser.add_argument("--step-times", action="store_true",
+                        help="time every native decode step and print the mean by live-row bucket")
     parser.add_argument("--quick", action="store_true", help="batch 16/64 and 64 new tokens")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
@@ -101,24 +135,35 @@ def synchronize(device: str) -> None:
 
 
 MATMUL_KERNELS = ("F.linear", "packed")
-"""How :func:`matmul_rate` multiplies: plain ``F.linear``, or the weights packed once for
-oneDNN as the native engine multiplies on CPU (``PackedLinear``; same as ``F.linear`` elsewhere)."""
+"""How :func:`matmul_seconds` multiplies: plain ``F.linear``, or the weights packed once for
+oneDNN as the native engine multiplies on CPU (``PackedLinear``; same as ``F.linear`` elsewhere).
+The floors take the faster of the two at every row count."""
+
+ROW_GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+"""Row counts at which :func:`matmul_seconds` is measured; other counts are interpolated."""
 
 
-def matmul_rate(model, *, batch: int, device: str, dtype: torch.dtype, kernel: str = "F.linear",
-                repeats: int = 5) -> float:
-    """FLOP/s of ``[batch, in] x [in, out]`` through every weight matrix of the model once (median of runs).
+def weight_matrices(model) -> list[torch.Tensor]:
+    """Every matrix a decode step multiplies by: the projections and the (possibly tied) LM head."""
+    embedding = model.get_input_embeddings().weight
+    weights = [w for w in model.parameters() if w.dim() == 2 and w is not embedding]
+    if model.get_output_embeddings().weight is embedding:
+        weights.append(embedding)  # a tied LM head multiplies by the embedding
+    return weights
 
-    This is the matmul work of one decode step with the weights streamed from memory as a
-    step streams them; a single matrix multiplied repeatedly would stay in cache and
-    overstate what a decode step can reach at small batch.
+
+def matmul_seconds(model, *, rows: int, device: str, dtype: torch.dtype, kernel: str = "F.linear",
+                   repeats: int = 5) -> float:
+    """Median seconds to push ``[rows, in]`` through every weight matrix of the model once.
+
+    This is the matmul work of one decode step over ``rows`` sequences with the weights
+    streamed from memory as a step streams them; a single matrix multiplied repeatedly
+    would stay in cache and overstate what a decode step can reach at few rows.
     """
     from hybridflow.rollout.packed_linear import PackedLinear
 
-    weights = [w for w in model.parameters() if w.dim() == 2 and w is not model.get_input_embeddings().weight]
-    weights.append(model.get_output_embeddings().weight)
-    inputs = {w.shape[1]: torch.randn(batch, w.shape[1], device=device, dtype=dtype) for w in weights}
-    flops = sum(2 * batch * w.numel() for w in weights)
+    weights = weight_matrices(model)
+    inputs = {w.shape[1]: torch.randn(rows, w.shape[1], device=device, dtype=dtype) for w in weights}
     layers = [PackedLinear(w) if kernel == "packed" else (lambda x, w=w: F.linear(x, w)) for w in weights]
     times = []
     with torch.no_grad():
@@ -129,26 +174,110 @@ def matmul_rate(model, *, batch: int, device: str, dtype: torch.dtype, kernel: s
                 layer(inputs[w.shape[1]])
             synchronize(device)
             times.append(time.perf_counter() - start)
-    return flops / sorted(times[1:])[len(times[1:]) // 2]
+    return sorted(times[1:])[len(times[1:]) // 2]
+
+
+def matmul_curve(model, *, max_rows: int, device: str, dtype: torch.dtype) -> dict[str, dict[int, float]]:
+    """``{kernel: {rows: seconds}}`` over :data:`ROW_GRID` up to ``max_rows`` (always including it)."""
+    grid = sorted({r for r in ROW_GRID if r < max_rows} | {max_rows})
+    return {kernel: {rows: matmul_seconds(model, rows=rows, device=device, dtype=dtype, kernel=kernel)
+                     for rows in grid} for kernel in MATMUL_KERNELS}
+
+
+def interpolate(curve: dict[int, float], rows: int) -> float:
+    """``curve`` (rows -> seconds) at ``rows``, linear between the measured points."""
+    points = sorted(curve.items())
+    if rows <= points[0][0]:
+        return points[0][1]
+    for (r0, s0), (r1, s1) in zip(points, points[1:]):
+        if rows <= r1:
+            return s0 + (s1 - s0) * (rows - r0) / (r1 - r0)
+    (r0, s0), (r1, s1) = points[-2], points[-1]
+    return s1 + (s1 - s0) * (rows - r1) / (r1 - r0)
+
+
+def decode_rows_per_step(lengths: list[int]) -> list[int]:
+    """Live sequences in each decode step of a synchronous ``generate`` with these response lengths.
+
+    The first token of every response comes from its prompt's prefill; token ``t`` (``t >= 1``)
+    takes a decode step over every response longer than ``t``. Any engine that finishes one
+    call before starting the next runs these steps, one after another: the longest response
+    alone forces ``max(lengths) - 1`` of them.
+    """
+    return [sum(1 for n in lengths if n > t) for t in range(1, max(lengths, default=0))]
+
+
+def step_floor_seconds(*, curve: dict[int, float], lengths: list[int], prompt_lengths: list[int],
+                       attention_factor: float) -> float:
+    """Fewest seconds the matmuls of this workload take at the measured rates.
+
+    Each decode step costs the measured matmul time at its live row count, each prompt's
+    prefill (once per prompt) the time at its length; ``attention_factor`` = total FLOPs /
+    matmul FLOPs per token adds attention's QK^T and PV at the same rate.
+    """
+    decode = sum(interpolate(curve, rows) for rows in decode_rows_per_step(lengths))
+    prefill = sum(interpolate(curve, rows) for rows in prompt_lengths)
+    return (decode + prefill) * attention_factor
+
+
+def fastest(curves: dict[str, dict[int, float]]) -> dict[int, float]:
+    """Per row count, the fastest kernel's seconds at that row count or any larger one.
+
+    A step over fewer rows could always pad to more, so its floor is never above a larger
+    step's; taking the minimum from above also irons out timing noise in the strict direction.
+    """
+    best = {r: min(curve[r] for curve in curves.values()) for r in next(iter(curves.values()))}
+    rows = sorted(best)
+    return {r: min(best[larger] for larger in rows[i:]) for i, r in enumerate(rows)}
+
+
+def weight_stream_seconds(model, *, device: str, repeats: int = 5) -> float:
+    """Seconds to read as many bytes as the weight matrices hold (a ``sum``): the bandwidth bound of one step."""
+    size = sum(w.numel() * w.element_size() for w in weight_matrices(model))
+    buffer = torch.ones(size // 4, device=device, dtype=torch.float32)
+    times = []
+    for _ in range(repeats + 1):
+        synchronize(device)
+        start = time.perf_counter()
+        buffer.sum()
+        synchronize(device)
+        times.append(time.perf_counter() - start)
+    return sorted(times[1:])[len(times[1:]) // 2]
+
+
+def weight_flops_per_token(model) -> float:
+    """2 x the weights used by matmuls (projections and LM head)."""
+    return 2.0 * sum(w.numel() for w in weight_matrices(model))
 
 
 def flops_per_token(model, avg_context: float) -> float:
-    """2 x (weights used by matmuls, LM head included) + attention's QK^T and PV over the context."""
+    """Matmul FLOPs + attention's QK^T and PV over the context."""
     config = model.config
-    embedding = model.get_input_embeddings().weight.numel()
-    matmul_params = sum(p.numel() for p in model.parameters() if p.dim() == 2) - embedding
-    if config.tie_word_embeddings:
-        matmul_params += embedding  # the tied LM head is a matmul with the embedding
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     attention = 4 * config.num_hidden_layers * config.num_attention_heads * head_dim * avg_context
-    return 2 * matmul_params + attention
+    return weight_flops_per_token(model) + attention
+
+
+def floors_for(run: EngineRun, *, model, curve: dict[int, float]) -> Floors:
+    """Both floors for the token count and response lengths of ``run``."""
+    flops = flops_per_token(model, run.avg_context)
+    flat_rate = weight_flops_per_token(model) * run.batch / interpolate(curve, run.batch)
+    seconds = step_floor_seconds(curve=curve, lengths=run.lengths, prompt_lengths=run.prompt_lengths,
+                                 attention_factor=flops / weight_flops_per_token(model))
+    return Floors(flat=flat_rate / flops, step=run.tokens / seconds, flat_gflops=flat_rate / 1e9,
+                  step_seconds=seconds)
+
+
+def warm_up(engine, prompts, params) -> None:
+    """First-call allocations and lazy initialisation are not the steady state."""
+    from hybridflow.rollout import SamplingParams
+
+    engine.generate(prompts[:1], SamplingParams(n=1, temperature=1.0, max_tokens=4, seed=1,
+                                                stop_token_ids=params.stop_token_ids))
 
 
 def run_engine(name, engine, prompts, params, batch) -> EngineRun:
-    from hybridflow.rollout import SamplingParams
-
-    warm = SamplingParams(n=1, temperature=1.0, max_tokens=4, seed=1, stop_token_ids=params.stop_token_ids)
-    engine.generate(prompts[:1], warm)  # first-call allocations and lazy init are not the steady state
+    """One timed ``generate`` call (after :func:`warm_up`)."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     synchronize(device)
     start = time.perf_counter()
@@ -157,7 +286,7 @@ def run_engine(name, engine, prompts, params, batch) -> EngineRun:
     seconds = time.perf_counter() - start
     lengths = [len(c.token_ids) for c in completions]
     positions = [len(prompts[c.prompt_index]) + t for c in completions for t in range(len(c.token_ids))]
-    return EngineRun(name, batch, sum(lengths), seconds, sum(lengths) / len(lengths), sum(positions) / len(positions))
+    return EngineRun(name, batch, seconds, lengths, [len(p) for p in prompts], sum(positions) / len(positions))
 
 
 def build_engines(names, model, tokenizer, model_path):
@@ -169,9 +298,39 @@ def build_engines(names, model, tokenizer, model_path):
         if name == "vllm" and not vllm_available():
             print("vllm: not installed, skipped")
             continue
+        if name == "native-nolanes":
+            from hybridflow.rollout.native import NativeEngine
+
+            engines[name] = NativeEngine(model, tokenizer, decode_lanes=False)
+            continue
         kwargs = {"model_path": model_path} if name == "vllm" else {}
         engines[name] = build_engine(name, model, tokenizer, **kwargs)
     return engines
+
+
+class StepTimer:
+    """Wraps a native engine's decode step and records ``(live rows, seconds)`` per step; unwraps on report."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.steps: list[tuple[int, float]] = []
+        step = engine._step
+
+        def timed(run):
+            rows, start = len(run.live), time.perf_counter()
+            step(run)
+            self.steps.append((rows, time.perf_counter() - start))
+
+        engine._step = timed
+
+    def report(self, label: str) -> None:
+        buckets: dict[int, list[float]] = {}
+        for rows, seconds in self.steps:
+            buckets.setdefault(1 << (rows.bit_length() - 1), []).append(seconds)
+        print(f"{label} step times: " + "; ".join(
+            f"{low}-{2 * low - 1} rows: {len(times)} x {1e3 * sum(times) / len(times):.1f} ms"
+            for low, times in sorted(buckets.items())) + f"; steps total {sum(s for _, s in self.steps):.2f} s")
+        del self.engine._step  # back to the class's method
 
 
 def main() -> None:
@@ -181,55 +340,82 @@ def main() -> None:
     args = parse_args()
     torch.set_num_threads(args.threads)
     model_path = args.model_path or fetch_default_model()
-    dtype = getattr(torch, args.dtype)
     model = load_causal_lm(model_path, dtype=args.dtype).to(args.device).eval().requires_grad_(False)
     tokenizer = load_tokenizer(model_path)
     print(machine_description(args))
     print(f"model: {model_path} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params)")
     engines = build_engines(args.engines.split(","), model, tokenizer, model_path)
+    batches = [int(b) for b in args.batches.split(",")]
     rows = []
-    for batch in [int(b) for b in args.batches.split(",")]:
+    for batch in batches:
         prompts = arithmetic_prompts(tokenizer, batch // args.n, seed=args.seed + batch)
         params = SamplingParams(n=args.n, temperature=1.0, max_tokens=args.max_tokens,
                                 stop_token_ids=[tokenizer.eos_token_id], seed=args.seed)
-        runs = {name: run_engine(name, engine, prompts, params, batch) for name, engine in engines.items()}
-        rates = {kernel: matmul_rate(model, batch=batch, device=args.device, dtype=dtype, kernel=kernel)
-                 for kernel in MATMUL_KERNELS}
-        rows.append((batch, runs, rates))
-        report_batch(batch, runs, rates, model)
-    print_table(rows, model)
+        runs = {}
+        for name, engine in engines.items():
+            warm_up(engine, prompts, params)
+            timer = StepTimer(engine) if args.step_times and name.startswith("native") else None
+            runs[name] = run_engine(name, engine, prompts, params, batch)
+            if timer:
+                timer.report(f"batch {batch:4d} {name}")
+        rows.append((batch, runs))
+        report_runs(batch, runs)
+    # Measured after the engines, on the same (shared) machine: the rates a decode step can reach.
+    curves = matmul_curve(model, max_rows=max(batches), device=args.device, dtype=getattr(torch, args.dtype))
+    report_machine(model, curves, device=args.device)
+    curve = fastest(curves)
+    floors = {batch: floors_for(runs["native"], model=model, curve=curve) for batch, runs in rows if "native" in runs}
+    for batch, runs in rows:
+        if batch in floors:
+            report_floors(batch, runs["native"], floors[batch])
+    print_table(rows, floors)
 
 
-def report_batch(batch, runs, rates, model) -> None:
+def report_runs(batch: int, runs: dict[str, EngineRun]) -> None:
     for run in runs.values():
         print(f"batch {batch:4d} {run.engine:>6}: {run.tokens:6d} tokens in {run.seconds:7.1f} s = "
-              f"{run.tokens_per_s:8.1f} tok/s (mean response {run.mean_length:.0f} tokens)")
-    if "native" in runs:
-        native = runs["native"]
-        for name, run in runs.items():
-            if name != "native":
-                print(f"batch {batch:4d} native / {name}: {native.tokens_per_s / run.tokens_per_s:.2f}x")
-        flops = flops_per_token(model, native.avg_context)
-        for kernel, rate in rates.items():
-            floor = rate / flops
-            print(f"batch {batch:4d} floor ({kernel}): {rate / 1e9:.1f} GFLOP/s / {flops / 1e6:.0f} MFLOP per token "
-                  f"= {floor:.1f} tok/s; native at {100 * native.tokens_per_s / floor:.0f} % of it")
+              f"{run.tokens_per_s:8.1f} tok/s (mean response {run.mean_length:.0f} tokens, "
+              f"{len(decode_rows_per_step(run.lengths))} decode steps)")
+    native = runs.get("native")
+    for name, run in runs.items():
+        if native and name != "native":
+            print(f"batch {batch:4d} native / {name}: {native.tokens_per_s / run.tokens_per_s:.2f}x")
     print(f"batch {batch:4d} load avg {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
 
 
-def print_table(rows, model) -> None:
+def report_machine(model, curves: dict[str, dict[int, float]], *, device: str) -> None:
+    """The measured matmul times by row count, and the weight-read bound of one step."""
+    weight_bytes = sum(w.numel() * w.element_size() for w in weight_matrices(model))
+    stream = weight_stream_seconds(model, device=device)
+    print(f"one decode step reads {weight_bytes / 1e6:.0f} MB of weights; streaming them takes "
+          f"{1e3 * stream:.1f} ms ({weight_bytes / stream / 1e9:.1f} GB/s, a sum over as many bytes)")
+    print("matmul ms per decode step by live rows: " + "; ".join(
+        f"{kernel} " + " ".join(f"{rows}:{1e3 * s:.1f}" for rows, s in curve.items())
+        for kernel, curve in curves.items()))
+
+
+def report_floors(batch: int, native: EngineRun, floors: Floors) -> None:
+    steps = decode_rows_per_step(native.lengths)
+    print(f"batch {batch:4d} flat floor: {floors.flat_gflops:.1f} GFLOP/s at {batch} rows = {floors.flat:.1f} tok/s; "
+          f"native at {100 * native.tokens_per_s / floors.flat:.0f} %")
+    print(f"batch {batch:4d} step floor: {len(steps)} decode steps ({sum(r < 16 for r in steps)} with < 16 rows) "
+          f"take >= {floors.step_seconds:.2f} s = {floors.step:.1f} tok/s; "
+          f"native at {100 * native.tokens_per_s / floors.step:.0f} %")
+
+
+def print_table(rows, floors: dict[int, Floors]) -> None:
     names = list(rows[0][1])
-    floors = " | ".join(f"floor tok/s ({k} R) | native % of it" for k in MATMUL_KERNELS)
-    print("\n| batch | " + " | ".join(f"{n} tok/s" for n in names) + f" | native / hf | {floors} |")
-    print("|---" * (len(names) + 2 + 2 * len(MATMUL_KERNELS)) + "|")
-    for batch, runs, rates in rows:
+    print("\n| batch | " + " | ".join(f"{n} tok/s" for n in names)
+          + " | native / hf | flat floor tok/s | native % | step floor tok/s | native % |")
+    print("|---" * (len(names) + 6) + "|")
+    for batch, runs in rows:
         native = runs.get("native")
         ratio = native.tokens_per_s / runs["hf"].tokens_per_s if native and "hf" in runs else float("nan")
         cells = [f"{runs[n].tokens_per_s:.1f}" for n in names] + [f"{ratio:.2f}x"]
-        for rate in rates.values():
-            floor = rate / flops_per_token(model, native.avg_context) if native else float("nan")
-            pct = 100 * native.tokens_per_s / floor if native else float("nan")
-            cells += [f"{floor:.1f} ({rate / 1e9:.1f} GFLOP/s)", f"{pct:.0f} %"]
+        if batch in floors:
+            f = floors[batch]
+            cells += [f"{f.flat:.1f} ({f.flat_gflops:.0f} GFLOP/s)", f"{100 * native.tokens_per_s / f.flat:.0f} %",
+                      f"{f.step:.1f}", f"{100 * native.tokens_per_s / f.step:.0f} %"]
         print(f"| {batch} | " + " | ".join(cells) + " |")
 
 

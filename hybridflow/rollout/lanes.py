@@ -13,8 +13,8 @@ concurrently because ATen releases the GIL inside its kernels.
 The price: every lane streams all the weights. That is free while a step is
 compute-bound and not when it is bound by reading the weights, so a lane gets at least
 :data:`MIN_ROWS_PER_LANE` sequences; below that the step runs as one batch on all threads.
-Measured on SmolLM2-135M, fp32, 2 cores (docs/benchmarks.md): 64 live sequences 10-25 %
-faster per step in two lanes, 16 live about even, 4 live slower.
+Measured on SmolLM2-135M, fp32, 2 cores (docs/benchmarks.md): steps over 64-127 live
+sequences 15-26 % faster in two lanes, 32-63 about 2-6 %; fewer than 16 per lane is slower.
 """
 
 from __future__ import annotations

@@ -61,6 +61,8 @@ class NativeEngine:
         tokenizer: needed only for stop strings.
         max_num_seqs: most sequences decoded at once (KV slots).
         max_model_len: context limit; defaults to ``config.max_position_embeddings``.
+        decode_lanes: on CPU with more than one thread, decode wide steps in concurrent
+            slices (:mod:`hybridflow.rollout.lanes`); same outputs, faster wide steps.
     """
 
     def __init__(self, model, tokenizer=None, *, max_num_seqs: int = 256, max_model_len: int | None = None,

@@ -1,0 +1,63 @@
+"""The rollout benchmark's floor arithmetic (hand-computed) and a tiny end-to-end run of the script."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "rollout.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("rollout_benchmark", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        del sys.modules[spec.name]
+
+
+def test_decode_rows_per_step_counts_the_responses_still_running(bench):
+    # Lengths 1, 3, 3, 5: token 0 of each comes from the prefill; tokens 1 and 2 need steps over
+    # the three responses longer than 1 and 2; tokens 3 and 4 only the length-5 one.
+    assert bench.decode_rows_per_step([1, 3, 3, 5]) == [3, 3, 1, 1]
+    assert bench.decode_rows_per_step([1, 1]) == []
+
+
+def test_interpolate_is_linear_between_points_and_beyond_the_last(bench):
+    curve = {1: 10.0, 3: 30.0, 5: 40.0}
+    assert bench.interpolate(curve, 2) == 20.0
+    assert bench.interpolate(curve, 4) == 35.0
+    assert bench.interpolate(curve, 1) == 10.0
+    assert bench.interpolate(curve, 7) == 50.0
+
+
+def test_fastest_takes_the_best_kernel_and_never_prices_fewer_rows_above_more(bench):
+    curves = {"a": {1: 5.0, 2: 4.0, 4: 9.0}, "b": {1: 6.0, 2: 7.0, 4: 8.0}}
+    assert bench.fastest(curves) == {1: 4.0, 2: 4.0, 4: 8.0}
+
+
+def test_step_floor_sums_each_step_and_prefill_at_its_row_count(bench):
+    # Steps over 3, 3, 1, 1 rows at 1 s per row, one prompt of 2 tokens: 3 + 3 + 1 + 1 + 2 = 10 s,
+    # times 1.5 for attention.
+    seconds = bench.step_floor_seconds(curve={1: 1.0, 4: 4.0}, lengths=[1, 3, 3, 5], prompt_lengths=[2],
+                                       attention_factor=1.5)
+    assert seconds == pytest.approx(15.0)
+
+
+def test_script_runs_end_to_end_on_a_tiny_model(bench, tiny_model_dir, monkeypatch, capsys):
+    monkeypatch.setattr(bench, "ROW_GRID", (1, 2, 4))
+    monkeypatch.setattr(sys, "argv", ["rollout.py", "--model-path", tiny_model_dir, "--engines", "native,native-nolanes,hf",
+                                      "--step-times",
+                                      "--batches", "4,8", "--n", "4", "--max-tokens", "6"])
+    bench.main()
+    out = capsys.readouterr().out
+    assert "batch    8 native / hf:" in out
+    assert "step floor:" in out and "flat floor:" in out
+    assert "batch    8 native-nolanes step times: 8-15 rows:" in out
+    table = [line for line in out.splitlines() if line.startswith("| 8 |")]
+    assert len(table) == 1 and table[0].count("%") == 2
