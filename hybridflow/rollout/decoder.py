@@ -126,22 +126,42 @@ class LlamaFamilyDecoder:
     @torch.no_grad()
     def prefill(self, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Run one prompt ``[L]``; return last-position logits ``[V]`` and its KV ``[layers, 2, KV, L, D]``."""
-        length = token_ids.shape[0]
-        cos, sin = (t[:length, None] for t in self.rope_table(length))
-        hidden = F.embedding(token_ids, self.embed)
-        prefix = torch.empty(self.num_layers, 2, self.kv_heads, length, self.head_dim,
-                             dtype=hidden.dtype, device=hidden.device)
+        return self.prefill_many([token_ids])[0]
+
+    @torch.no_grad()
+    def prefill_many(self, prompts: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Run several prompts ``[L_i]`` in one pass; per prompt, last-position logits ``[V]`` and KV.
+
+        The prompts are packed end to end (``[sum L_i]`` rows), so every projection is one
+        matmul over all of them; a few tens of rows cost a decode step's weight reads
+        almost whatever their number, so packing P prompts saves ~P - 1 passes over the
+        weights. Attention stays per prompt (causal within it, never across prompts).
+        """
+        lengths = [int(p.shape[0]) for p in prompts]
+        starts = [sum(lengths[:i]) for i in range(len(lengths))]
+        device = prompts[0].device
+        positions = torch.cat([torch.arange(length, device=device) for length in lengths])
+        cos_table, sin_table = self.rope_table(max(lengths))
+        cos, sin = cos_table[positions][:, None], sin_table[positions][:, None]
+        hidden = F.embedding(torch.cat(prompts), self.embed)
+        prefixes = [torch.empty(self.num_layers, 2, self.kv_heads, length, self.head_dim,
+                                dtype=hidden.dtype, device=device) for length in lengths]
         for index, layer in enumerate(self.layers):
             q, k, v = self._qkv(self._rms_norm(hidden, layer.input_norm), layer, cos, sin)
-            prefix[index, 0], prefix[index, 1] = k.transpose(0, 1), v.transpose(0, 1)
-            attn = F.scaled_dot_product_attention(
-                q.transpose(0, 1)[None], prefix[index, 0][None], prefix[index, 1][None],
-                is_causal=True, scale=self.scale, enable_gqa=True,
-            )
-            hidden = hidden + layer.o_proj(attn[0].transpose(0, 1).reshape(length, -1))
+            attn = []
+            for prefix, start, length in zip(prefixes, starts, lengths):
+                rows = slice(start, start + length)
+                prefix[index, 0], prefix[index, 1] = k[rows].transpose(0, 1), v[rows].transpose(0, 1)
+                out = F.scaled_dot_product_attention(
+                    q[rows].transpose(0, 1)[None], prefix[index, 0][None], prefix[index, 1][None],
+                    is_causal=True, scale=self.scale, enable_gqa=True,
+                )
+                attn.append(out[0].transpose(0, 1).reshape(length, -1))
+            hidden = hidden + layer.o_proj(torch.cat(attn))
             hidden = hidden + self._mlp(self._rms_norm(hidden, layer.post_norm), layer)
-        last = self._rms_norm(hidden[-1:], self.final_norm)
-        return self.lm_head(last)[0], prefix
+        last_rows = torch.tensor([start + length - 1 for start, length in zip(starts, lengths)], device=device)
+        logits = self.lm_head(self._rms_norm(hidden[last_rows], self.final_norm))
+        return list(zip(logits.unbind(0), prefixes))
 
     @torch.no_grad()
     def decode(self, *, token_ids: torch.Tensor, positions: torch.Tensor, cache: SlotKVCache,

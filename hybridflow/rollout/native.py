@@ -30,6 +30,10 @@ from hybridflow.rollout.types import Completion, SamplingParams, validate_prompt
 from hybridflow.rollout.weights import copy_named_tensors
 
 
+PREFILL_TOKEN_BUDGET = 4096
+"""Most prompt tokens packed into one prefill pass (bounds its activation memory)."""
+
+
 @dataclass
 class Sequence:
     """One completion being generated."""
@@ -125,10 +129,9 @@ class NativeEngine:
         """Move waiting samples into free slots; a prompt is prefilled once for all its samples."""
         while run.waiting and len(run.live) < run.cache.slots:
             pending = run.waiting[0]
+            if pending.prefix is None:  # also when samples that stopped at once freed more slots
+                self._prefill_admissible(run)
             count = min(pending.remaining, run.cache.slots - len(run.live))
-            if pending.prefix is None:
-                token_ids = torch.tensor(pending.token_ids, dtype=torch.long, device=self.device)
-                pending.first_logits, pending.prefix = self.decoder.prefill(token_ids)
             first_slot = len(run.live)
             run.cache.fill(first_slot=first_slot, count=count, prefix=pending.prefix)
             logits = pending.first_logits[None].expand(count, -1)
@@ -142,6 +145,29 @@ class NativeEngine:
             if pending.remaining == 0:
                 run.waiting.popleft()
             run.retire()
+
+    def _prefill_admissible(self, run: GenerationRun) -> None:
+        """Prefill, in packed passes of at most :data:`PREFILL_TOKEN_BUDGET` tokens, every waiting
+        prompt that gets a slot now and has no prefill yet."""
+        free, batch, tokens = run.cache.slots - len(run.live), [], 0
+        for pending in run.waiting:
+            if free <= 0:
+                break
+            free -= pending.remaining
+            if pending.prefix is not None:
+                continue
+            if batch and tokens + len(pending.token_ids) > PREFILL_TOKEN_BUDGET:
+                self._prefill(batch)
+                batch, tokens = [], 0
+            batch.append(pending)
+            tokens += len(pending.token_ids)
+        if batch:
+            self._prefill(batch)
+
+    def _prefill(self, batch: list[PendingPrompt]) -> None:
+        prompts = [torch.tensor(p.token_ids, dtype=torch.long, device=self.device) for p in batch]
+        for pending, (logits, prefix) in zip(batch, self.decoder.prefill_many(prompts)):
+            pending.first_logits, pending.prefix = logits, prefix
 
     def _step(self, run: GenerationRun) -> None:
         """One decode step over every live slot (in lanes on CPU when there are enough of them)."""

@@ -144,3 +144,33 @@ def test_load_weights_switches_to_the_new_policy(tiny_tokenizer):
     assert after == expected and after != before
     with pytest.raises(RolloutError, match="unknown tensor"):
         engine.load_weights([("model.not_a_layer.weight", torch.zeros(1))])
+
+
+def test_packed_prefill_equals_one_prompt_at_a_time(tiny):
+    model, tokenizer = tiny
+    decoder = NativeEngine(model, tokenizer).decoder
+    prompts = [torch.tensor(p) for p in chat_prompts(tokenizer)]
+    packed = decoder.prefill_many(prompts)
+    for prompt, (logits, prefix) in zip(prompts, packed):
+        alone_logits, alone_prefix = decoder.prefill(prompt)
+        assert prefix.shape == (decoder.num_layers, 2, decoder.kv_heads, len(prompt), decoder.head_dim)
+        torch.testing.assert_close(logits, alone_logits, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(prefix, alone_prefix, rtol=1e-5, atol=1e-5)
+
+
+def test_admission_packs_prefills_within_the_token_budget(tiny_llama, monkeypatch):
+    from hybridflow.rollout import native
+
+    model, tokenizer = tiny_llama
+    prompts = chat_prompts(tokenizer)
+    engine = NativeEngine(model, tokenizer)
+    calls = []
+    prefill_many = engine.decoder.prefill_many
+    monkeypatch.setattr(engine.decoder, "prefill_many", lambda batch: calls.append(len(batch)) or prefill_many(batch))
+    params = SamplingParams(n=2, temperature=0, max_tokens=4)
+    wide = engine.generate(prompts, params)
+    assert calls == [4]  # every prompt fits: one pass
+    calls.clear()
+    monkeypatch.setattr(native, "PREFILL_TOKEN_BUDGET", max(map(len, prompts[:2])) + 1)
+    assert [c.token_ids for c in engine.generate(prompts, params)] == [c.token_ids for c in wide]
+    assert calls == [1, 1, 1, 1]  # the budget fits one prompt at a time
