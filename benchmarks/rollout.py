@@ -165,16 +165,30 @@ def matmul_seconds(model, *, rows: int, device: str, dtype: torch.dtype, kernel:
     weights = weight_matrices(model)
     inputs = {w.shape[1]: torch.randn(rows, w.shape[1], device=device, dtype=dtype) for w in weights}
     layers = [PackedLinear(w) if kernel == "packed" else (lambda x, w=w: F.linear(x, w)) for w in weights]
-    times = []
+
+    def one_step():
+        for w, layer in zip(weights, layers):
+            layer(inputs[w.shape[1]])
+
     with torch.no_grad():
-        for _ in range(repeats + 1):
-            synchronize(device)
-            start = time.perf_counter()
-            for w, layer in zip(weights, layers):
-                layer(inputs[w.shape[1]])
-            synchronize(device)
-            times.append(time.perf_counter() - start)
+        return median_seconds(one_step, device=device, repeats=repeats)
+
+
+def median_seconds(work, *, device: str, repeats: int) -> float:
+    """Median wall seconds of ``work()`` over ``repeats`` runs after one untimed warm-up run."""
+    times = []
+    for _ in range(repeats + 1):
+        synchronize(device)
+        start = time.perf_counter()
+        work()
+        synchronize(device)
+        times.append(time.perf_counter() - start)
     return sorted(times[1:])[len(times[1:]) // 2]
+
+
+def weight_bytes(model) -> int:
+    """Bytes a decode step reads from the weight matrices."""
+    return sum(w.numel() * w.element_size() for w in weight_matrices(model))
 
 
 def matmul_curve(model, *, max_rows: int, device: str, dtype: torch.dtype) -> dict[str, dict[int, float]]:
@@ -233,16 +247,8 @@ def fastest(curves: dict[str, dict[int, float]]) -> dict[int, float]:
 
 def weight_stream_seconds(model, *, device: str, repeats: int = 5) -> float:
     """Seconds to read as many bytes as the weight matrices hold (a ``sum``): the bandwidth bound of one step."""
-    size = sum(w.numel() * w.element_size() for w in weight_matrices(model))
-    buffer = torch.ones(size // 4, device=device, dtype=torch.float32)
-    times = []
-    for _ in range(repeats + 1):
-        synchronize(device)
-        start = time.perf_counter()
-        buffer.sum()
-        synchronize(device)
-        times.append(time.perf_counter() - start)
-    return sorted(times[1:])[len(times[1:]) // 2]
+    buffer = torch.ones(weight_bytes(model) // 4, device=device, dtype=torch.float32)
+    return median_seconds(buffer.sum, device=device, repeats=repeats)
 
 
 def weight_flops_per_token(model) -> float:
@@ -260,10 +266,10 @@ def flops_per_token(model, avg_context: float) -> float:
 
 def floors_for(run: EngineRun, *, model, curve: dict[int, float]) -> Floors:
     """Both floors for the token count and response lengths of ``run``."""
-    flops = flops_per_token(model, run.avg_context)
-    flat_rate = weight_flops_per_token(model) * run.batch / interpolate(curve, run.batch)
+    flops, weight_flops = flops_per_token(model, run.avg_context), weight_flops_per_token(model)
+    flat_rate = weight_flops * run.batch / interpolate(curve, run.batch)
     seconds = step_floor_seconds(curve=curve, lengths=run.lengths, prompt_lengths=run.prompt_lengths,
-                                 attention_factor=flops / weight_flops_per_token(model))
+                                 attention_factor=flops / weight_flops)
     return Floors(flat=flat_rate / flops, step=run.tokens / seconds, flat_gflops=flat_rate / 1e9,
                   step_seconds=seconds)
 
@@ -385,10 +391,10 @@ def report_runs(batch: int, runs: dict[str, EngineRun]) -> None:
 
 def report_machine(model, curves: dict[str, dict[int, float]], *, device: str) -> None:
     """The measured matmul times by row count, and the weight-read bound of one step."""
-    weight_bytes = sum(w.numel() * w.element_size() for w in weight_matrices(model))
+    size = weight_bytes(model)
     stream = weight_stream_seconds(model, device=device)
-    print(f"one decode step reads {weight_bytes / 1e6:.0f} MB of weights; streaming them takes "
-          f"{1e3 * stream:.1f} ms ({weight_bytes / stream / 1e9:.1f} GB/s, a sum over as many bytes)")
+    print(f"one decode step reads {size / 1e6:.0f} MB of weights; streaming them takes "
+          f"{1e3 * stream:.1f} ms ({size / stream / 1e9:.1f} GB/s, a sum over as many bytes)")
     print("matmul ms per decode step by live rows: " + "; ".join(
         f"{kernel} " + " ".join(f"{rows}:{1e3 * s:.1f}" for rows, s in curve.items())
         for kernel, curve in curves.items()))

@@ -11,17 +11,15 @@ from hybridflow.models.tiny import build_tiny_model
 from hybridflow.rollout import SamplingParams
 from hybridflow.rollout.native import NativeEngine
 from tests.rollout.conftest import chat_prompts
-from tests.rollout.test_native import hf_greedy
+from tests.rollout.test_native import hf_greedy, teacher_forced_logits
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
 def teacher_forced_logprobs(model, prompt: list[int], response: list[int]) -> torch.Tensor:
     """``[len(response)]`` log-probs of the response tokens under one full forward pass, in fp32."""
-    ids = torch.tensor([prompt + response], device=model.device)
-    with torch.no_grad():
-        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
-    return logits.log_softmax(-1).gather(-1, torch.tensor(response, device=ids.device)[:, None]).squeeze(-1).cpu()
+    logits = teacher_forced_logits(model, prompt, response).float().cpu()
+    return logits.log_softmax(-1).gather(-1, torch.tensor(response)[:, None]).squeeze(-1)
 
 
 def sampled_logprob_errors(model, tokenizer) -> torch.Tensor:

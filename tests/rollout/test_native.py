@@ -20,7 +20,7 @@ def hf_greedy(model, prompt: list[int], *, max_new_tokens: int, eos: int) -> lis
 
 def teacher_forced_logits(model, prompt: list[int], response: list[int]) -> torch.Tensor:
     """``[len(response), V]`` logits that predicted each response token."""
-    ids = torch.tensor([prompt + response])
+    ids = torch.tensor([prompt + response], device=model.device)
     with torch.no_grad():
         logits = model(input_ids=ids).logits[0]
     return logits[len(prompt) - 1 : -1]
