@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import random
 import time
 from dataclasses import dataclass
@@ -42,6 +41,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+
+from hybridflow.cpu import describe_cpu  # noqa: E402
+from hybridflow.rollout.packed_linear import kernel_path  # noqa: E402
 
 
 @dataclass
@@ -104,14 +106,13 @@ def parse_args() -> argparse.Namespace:
 
 
 def machine_description(args) -> str:
-    cpu = platform.processor() or platform.machine()
-    if os.path.exists("/proc/cpuinfo"):
-        names = [line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")]
-        cpu = names[0] if names else cpu
     load = " ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
-    lines = [f"cpu: {cpu}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}, load avg {load}",
+    dtype = getattr(torch, args.dtype)
+    lines = [f"cpu: {describe_cpu()}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}, "
+             f"load avg {load}",
              f"torch {torch.__version__}, device {args.device}, dtype {args.dtype}, "
-             f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}"]
+             f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}",
+             f"engine projections: {kernel_path(dtype, args.device)}"]
     if args.device.startswith("cuda"):
         lines.append(f"gpu: {torch.cuda.get_device_name()}")
     return "\n".join(lines)

@@ -46,3 +46,16 @@ def tiny_model_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny_llama")
     save_tiny_model(str(path), arch="llama", seed=0)
     return str(path)
+
+
+@pytest.fixture(params=["native-kernels", "portable-kernels"])
+def kernel_path(request, monkeypatch):
+    """Run a test on this CPU's fast path and on the forced portable fallback, so a green run on an
+    AVX-512 machine means green on an AVX2-only one (and the other way round)."""
+    from hybridflow.rollout.packed_linear import PORTABLE_KERNELS_ENV
+
+    if request.param == "portable-kernels":
+        monkeypatch.setenv(PORTABLE_KERNELS_ENV, "1")
+    else:
+        monkeypatch.delenv(PORTABLE_KERNELS_ENV, raising=False)
+    return request.param

@@ -16,6 +16,7 @@ rebuilds these copies after the HF weights change.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -23,6 +24,8 @@ import torch.nn.functional as F
 
 from hybridflow.rollout.kv_cache import SlotKVCache
 from hybridflow.rollout.packed_linear import PackedLinear
+
+logger = logging.getLogger(__name__)
 
 SUPPORTED_MODEL_TYPES = frozenset({"llama", "qwen2"})
 
@@ -80,6 +83,7 @@ class LlamaFamilyDecoder:
         self.final_norm = inner.norm.weight
         self.lm_head = PackedLinear(self.model.lm_head.weight)
         self.layers = [self._layer_weights(layer) for layer in inner.layers]
+        logger.debug("native decoder projections: %s", self.lm_head.path)
 
     @staticmethod
     def _layer_weights(layer) -> LayerWeights:

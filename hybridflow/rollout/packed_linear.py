@@ -9,25 +9,70 @@ weight once per step: 1.6x faster at 64 rows and 2.7x at 8 rows than ``F.linear`
 ~0.2 s per 135M parameters to repack after a weight update.
 
 Shapes: ``x`` ``[N, in]``, ``weight`` ``[out, in]``, ``bias`` ``[out]`` -> ``[N, out]``.
-Anywhere oneDNN packing does not apply (GPU, a build without oneDNN, fp16, fp64) the plain
-``F.linear`` path is used, so results are the same up to fp32 summation order.
+
+Which path runs is decided once per dtype by a probe that packs a tiny weight and
+multiplies by it: oneDNN's bf16 packing needs AVX-512 (bw/vl/dq) or AVX-NE-CONVERT and
+raises on an AVX2-only CPU, so "the build has oneDNN" is not enough. Anywhere packing
+does not apply (GPU, a build without oneDNN, fp16, fp64, a CPU without the ISA, or
+``HYBRIDFLOW_PORTABLE_KERNELS=1``) the portable ``F.linear`` path is used; results agree
+up to summation order (the tests run both paths on every machine).
 """
 
 from __future__ import annotations
 
+import functools
+import logging
+import os
+
 import torch
 import torch.nn.functional as F
+
+logger = logging.getLogger(__name__)
 
 # The row count oneDNN picks the packed layout for; one packing serves every row count.
 # 64 measured faster than 1 at every row count from 1 to 100 on SmolLM2-135M's shapes.
 _PACKING_BATCH_HINT = 64
 _PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
+PORTABLE_KERNELS_ENV = "HYBRIDFLOW_PORTABLE_KERNELS"
+"""Set to 1 to force the portable ``F.linear`` path everywhere (tests use it to cover the fallback)."""
+
+
+def portable_kernels_forced() -> bool:
+    """Whether ``HYBRIDFLOW_PORTABLE_KERNELS`` asks for the portable path (read on every call)."""
+    return os.environ.get(PORTABLE_KERNELS_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+@functools.lru_cache(maxsize=None)
+def _onednn_packing_probe(dtype: torch.dtype) -> str | None:
+    """``None`` where packing ``dtype`` weights works on this CPU, else the reason it does not."""
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
+        return "this torch build has no oneDNN linear packing"
+    try:
+        weight = torch.ones(8, 8, dtype=dtype)
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight, _PACKING_BATCH_HINT)
+        out = torch.ops.mkldnn._linear_pointwise(torch.ones(2, 8, dtype=dtype), packed, None, "none", [], "")
+    except RuntimeError as error:  # oneDNN names the missing ISA: keep its first line as the reason
+        return str(error).strip().splitlines()[0]
+    if not torch.equal(out.float(), torch.full((2, 8), 8.0)):
+        return "oneDNN packed matmul gave a wrong result on the probe"
+    return None
+
+
+def kernel_path(dtype: torch.dtype, device: torch.device | str = "cpu") -> str:
+    """One line naming the projection path for ``dtype`` weights on ``device``, and why."""
+    if torch.device(device).type != "cpu":
+        return f"F.linear ({torch.device(device).type})"
+    if dtype not in _PACKABLE_DTYPES:
+        return f"F.linear (oneDNN packing does not cover {dtype})"
+    if portable_kernels_forced():
+        return f"F.linear ({PORTABLE_KERNELS_ENV}=1)"
+    reason = _onednn_packing_probe(dtype)
+    return "oneDNN-packed" if reason is None else f"F.linear (portable fallback: {reason})"
 
 
 def onednn_packing_available(weight: torch.Tensor) -> bool:
-    """Whether ``weight`` can be packed for oneDNN (a CPU tensor of a supported dtype)."""
-    return (weight.device.type == "cpu" and weight.dtype in _PACKABLE_DTYPES
-            and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+    """Whether ``weight`` can be packed for oneDNN on this CPU (probed once per dtype)."""
+    return kernel_path(weight.dtype, weight.device) == "oneDNN-packed"
 
 
 class PackedLinear:
@@ -40,7 +85,8 @@ class PackedLinear:
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
         self.out_features = weight.shape[0]
-        self.packed = onednn_packing_available(weight)
+        self.path = kernel_path(weight.dtype, weight.device)
+        self.packed = self.path == "oneDNN-packed"
         with torch.no_grad():
             if self.packed:
                 self.weight = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), _PACKING_BATCH_HINT)

@@ -39,7 +39,7 @@ def tiny_bf16(tiny_tokenizer):
     return model.to(torch.bfloat16), tokenizer
 
 
-def test_bf16_engine_on_cpu_agrees_with_a_bf16_forward(tiny_bf16):
+def test_bf16_engine_on_cpu_agrees_with_a_bf16_forward(tiny_bf16, kernel_path):
     """bf16 keeps ~3 significant digits and the engine's fused/packed matmuls round differently
     from HF's forward: measured mean 2e-4, max 4e-3 on the tiny models (fp32: 5e-7); the bounds
     leave 10x. Dtype slips (an fp32 mask or RoPE table meeting bf16) fail here or raise."""

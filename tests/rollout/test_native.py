@@ -26,7 +26,7 @@ def teacher_forced_logits(model, prompt: list[int], response: list[int]) -> torc
     return logits[len(prompt) - 1 : -1]
 
 
-def test_greedy_equals_hf_generate_token_for_token(tiny):
+def test_greedy_equals_hf_generate_token_for_token(tiny, kernel_path):
     model, tokenizer = tiny
     prompts = chat_prompts(tokenizer)
     eos = tokenizer.eos_token_id
@@ -41,7 +41,7 @@ def test_greedy_equals_hf_generate_token_for_token(tiny):
 
 
 @pytest.mark.parametrize("temperature, top_k, top_p", [(1.0, -1, 1.0), (0.7, -1, 1.0), (1.3, 20, 0.9)])
-def test_sampled_logprobs_equal_teacher_forced_forward(tiny_llama, temperature, top_k, top_p):
+def test_sampled_logprobs_equal_teacher_forced_forward(tiny_llama, temperature, top_k, top_p, kernel_path):
     model, tokenizer = tiny_llama
     prompts = chat_prompts(tokenizer)[:2]
     params = SamplingParams(n=3, temperature=temperature, top_k=top_k, top_p=top_p, max_tokens=16, seed=0)
