@@ -14,7 +14,8 @@ hybridflow runs in each requested forward layout (``--layouts``: ``padded``, ``p
 the ablation of the update's layout.
 
 Printed: seconds per step (median over the measured steps of all rounds), generated
-tokens per second, ``timing_s/update_actor`` and ``timing_s/gen`` for hybridflow, and the
+tokens per second, ``timing_s/update_actor`` and ``timing_s/gen`` for hybridflow, the peak
+resident memory of each process (``perf/max_memory_rss_gb``), and the
 ratio TRL / hybridflow, with the CPU (model name, ISA) named. The floor of the update
 (6 x parameters x tokens the update needs / the measured fp32 matmul rate) is printed
 beside the update time.
@@ -106,7 +107,7 @@ def run_hybridflow(*, model: str, train: str, length: int, steps: int, layout: s
 def hybridflow_steps(rows: list[dict]) -> list[dict]:
     """Per measured step: seconds, generated tokens, update and generation seconds."""
     return [{"seconds": r["timing_s/step"], "gen_tokens": r["response_length/mean"] * BATCH_PROMPTS * SAMPLES,
-             "update": r["timing_s/update_actor"], "gen": r["timing_s/gen"],
+             "update": r["timing_s/update_actor"], "gen": r["timing_s/gen"], "rss_gb": r["perf/max_memory_rss_gb"],
              # tokens the update needs: every valid token, and with shared prompts each prompt once
              "update_tokens": r["perf/total_num_tokens"],
              "shared_tokens": r["perf/total_num_tokens"]
@@ -159,8 +160,11 @@ def trl_worker(spec_path: str) -> None:
     times = StepTimes()
     GRPOTrainer(model=spec["model"], reward_funcs=reward, args=config, train_dataset=dataset,
                 callbacks=[times]).train()
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # GiB, as hybridflow reports it
     with open(spec["result"], "w") as fh:
-        json.dump(times.rows, fh)
+        json.dump([dict(row, rss_gb=peak) for row in times.rows], fh)
 
 
 def run_trl(*, model: str, train: str, length: int, steps: int, out: str) -> list[dict]:
@@ -197,7 +201,7 @@ def matmul_rate_and_params(model_path: str) -> tuple[float, int]:
 def summarise(name: str, steps: list[dict]) -> dict:
     out = {"name": name, "seconds": statistics.median(s["seconds"] for s in steps)}
     out["tok_s"] = statistics.median(s.get("gen_tokens", float("nan")) / s["seconds"] for s in steps)
-    for key in ("update", "gen", "update_tokens", "shared_tokens"):
+    for key in ("update", "gen", "update_tokens", "shared_tokens", "rss_gb"):
         if all(key in s for s in steps):
             out[key] = statistics.median(s[key] for s in steps)
     return out
@@ -239,13 +243,13 @@ def main(argv=None) -> int:
 
 def report(length: int, rows: list[dict], model: str) -> None:
     print(f"\nresponses <= {length} tokens")
-    print("| run | s/step | gen tok/s | update s | gen s | TRL / this |")
-    print("|---|---|---|---|---|---|")
+    print("| run | s/step | gen tok/s | update s | gen s | peak RSS GiB | TRL / this |")
+    print("|---|---|---|---|---|---|---|")
     trl = next((r["seconds"] for r in rows if r["name"] == "trl"), None)
     for r in rows:
         ratio = f"{trl / r['seconds']:.2f}x" if trl else "-"
         print(f"| {r['name']} | {r['seconds']:.1f} | {r['tok_s']:.1f} | {r.get('update', float('nan')):.1f} | "
-              f"{r.get('gen', float('nan')):.1f} | {ratio} |")
+              f"{r.get('gen', float('nan')):.1f} | {r.get('rss_gb', float('nan')):.2f} | {ratio} |")
     hybrid = [r for r in rows if "update_tokens" in r]
     if not hybrid:
         return
