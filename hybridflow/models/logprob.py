@@ -9,12 +9,14 @@ from __future__ import annotations
 import torch
 
 from hybridflow.algos import entropy_from_logits, logprobs_from_logits
+from hybridflow.algos.logprob import sum_pi_squared_from_logits
 
 
 def compute_log_probs(model, *, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                       position_ids: torch.Tensor | None, response_length: int, temperature: float = 1.0,
-                      calculate_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """log p(response token t | prefix) ``[B, T]`` and optionally the entropy ``[B, T]``.
+                      calculate_entropy: bool = False, calculate_sum_pi_squared: bool = False):
+    """log p(response token t | prefix) ``[B, T]`` and optionally the entropy ``[B, T]``; with
+    ``calculate_sum_pi_squared`` a third element, sum_v p(v | prefix)^2 ``[B, T]``.
 
     Args:
         input_ids / attention_mask / position_ids: ``[B, L]`` = left-padded prompt ++ response.
@@ -31,4 +33,6 @@ def compute_log_probs(model, *, input_ids: torch.Tensor, attention_mask: torch.T
     labels = input_ids[:, -response_length:]
     log_probs = logprobs_from_logits(logits=logits, labels=labels)
     entropy = entropy_from_logits(logits=logits) if calculate_entropy else None
+    if calculate_sum_pi_squared:
+        return log_probs, entropy, sum_pi_squared_from_logits(logits=logits.detach())
     return log_probs, entropy
