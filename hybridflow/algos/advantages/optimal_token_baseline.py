@@ -85,20 +85,21 @@ def _inputs(*, token_level_rewards, response_mask, index, old_log_probs, sum_pi_
 @torch.no_grad()
 def optimal_token_baseline_advantage(*, token_level_rewards, response_mask, index, old_log_probs=None,
                                      sum_pi_squared=None, rollout_is_weights=None, **_):
-    """``(A [B, T], G [B, T])`` with timesteps aligned by position; see the module docstring."""
+    """``(A [B, T], G [B, T])``, both 0 on masked tokens, timesteps aligned by position; see the module docstring."""
     valid, returns, path_var, ids = _inputs(
         token_level_rewards=token_level_rewards, response_mask=response_mask, index=index,
         old_log_probs=old_log_probs, sum_pi_squared=sum_pi_squared, rollout_is_weights=rollout_is_weights)
     members = torch.ones_like(ids, dtype=torch.bool)
     baselines = token_baselines(returns=returns, path_var=path_var, valid=valid, ids=ids, members=members)
-    return torch.where(valid, returns - baselines, torch.zeros_like(returns)), returns
+    zeros = torch.zeros_like(returns)
+    return torch.where(valid, returns - baselines, zeros), torch.where(valid, returns, zeros)
 
 
 @register_advantage("tir_optimal_token_baseline")
 @torch.no_grad()
 def tir_optimal_token_baseline_advantage(*, token_level_rewards, response_mask, index, old_log_probs=None,
                                          sum_pi_squared=None, rollout_is_weights=None, **_):
-    """``(A [B, T], G [B, T])`` with timesteps aligned by index among valid tokens."""
+    """``(A [B, T], G [B, T])``, both 0 on masked tokens, timesteps aligned by index among valid tokens."""
     valid, returns, path_var, ids = _inputs(
         token_level_rewards=token_level_rewards, response_mask=response_mask, index=index,
         old_log_probs=old_log_probs, sum_pi_squared=sum_pi_squared, rollout_is_weights=rollout_is_weights)
@@ -108,5 +109,6 @@ def tir_optimal_token_baseline_advantage(*, token_level_rewards, response_mask, 
     packed_returns = torch.where(packed_valid, returns.gather(1, order), torch.zeros_like(returns))
     baselines = token_baselines(returns=packed_returns, path_var=path_var.gather(1, order), valid=packed_valid,
                                 ids=ids, members=valid.any(dim=-1))
-    packed_advantages = torch.where(packed_valid, packed_returns - baselines, torch.zeros_like(returns))
-    return torch.zeros_like(returns).scatter(1, order, packed_advantages), returns
+    zeros = torch.zeros_like(returns)
+    packed_advantages = torch.where(packed_valid, packed_returns - baselines, zeros)
+    return torch.zeros_like(returns).scatter(1, order, packed_advantages), torch.where(valid, returns, zeros)

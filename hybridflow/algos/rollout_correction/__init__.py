@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from hybridflow.algos.errors import AlgorithmError
-from hybridflow.algos.rollout_correction.is_weights import rollout_is_weights
+from hybridflow.algos.rollout_correction.is_weights import batch_normalize, rollout_is_weights
 from hybridflow.algos.rollout_correction.metrics import is_weight_metrics, offpolicy_metrics, rejection_metrics
 from hybridflow.algos.rollout_correction.rejection import RS_OPTIONS, rollout_rejection_mask
 from hybridflow.algos.rollout_correction.thresholds import parse_bounds
@@ -55,14 +55,15 @@ def rollout_correction(
     metrics: dict[str, float] = {}
     weights = None
     if rollout_is is not None:
-        weights, raw, norm = rollout_is_weights(log_ratio=log_ratio, response_mask=valid, level=rollout_is,
-                                                threshold=rollout_is_threshold,
-                                                batch_normalize=rollout_is_batch_normalize)
+        weights, raw = rollout_is_weights(log_ratio=log_ratio, response_mask=valid, level=rollout_is,
+                                          threshold=rollout_is_threshold)
         lower, upper = parse_bounds(rollout_is_threshold, what="rollout_is_threshold")
+        # statistics of the weights before batch normalisation, as verl
         metrics.update(is_weight_metrics(weights=weights, raw=raw, response_mask=valid, level=rollout_is,
                                          lower=lower, upper=upper))
-        if norm is not None:
-            metrics["rollout_is_batch_norm_factor"] = norm
+        if rollout_is_batch_normalize:
+            weights, metrics["rollout_is_batch_norm_factor"] = batch_normalize(weights=weights, response_mask=valid,
+                                                                               level=rollout_is)
     kept = valid
     if rollout_rs is not None:
         kept, statistics, bounds = rollout_rejection_mask(log_ratio=log_ratio, response_mask=valid,

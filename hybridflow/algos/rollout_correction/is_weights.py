@@ -59,18 +59,19 @@ def batch_mean_weight(*, weights: torch.Tensor, response_mask: torch.Tensor, lev
 
 @torch.no_grad()
 def rollout_is_weights(
-    *, log_ratio: torch.Tensor, response_mask: torch.Tensor, level: str, threshold=2.0, batch_normalize: bool = False
-) -> tuple[torch.Tensor, torch.Tensor, float | None]:
-    """``(weights [B, T], raw weights [B, T], batch-normalisation factor or None)``.
+    *, log_ratio: torch.Tensor, response_mask: torch.Tensor, level: str, threshold=2.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(weights [B, T] after TIS / IcePop, raw weights [B, T])``.
 
     ``log_ratio`` ``[B, T]`` is log pi_train - log pi_rollout; ``threshold`` as in the module docstring.
     """
     lower, upper = parse_bounds(threshold, what="algorithm.rollout_correction.rollout_is_threshold")
     raw = raw_is_weights(log_ratio=log_ratio, response_mask=response_mask, level=level)
-    weights = bound_weights(weights=raw, lower=lower, upper=upper)
-    if not batch_normalize:
-        return weights, raw, None
-    mean = batch_mean_weight(weights=weights, response_mask=response_mask, level=level)
-    if mean.item() <= 1e-8:
-        return weights, raw, 1.0
-    return weights / mean, raw, mean.item()
+    return bound_weights(weights=raw, lower=lower, upper=upper), raw
+
+
+@torch.no_grad()
+def batch_normalize(*, weights: torch.Tensor, response_mask: torch.Tensor, level: str) -> tuple[torch.Tensor, float]:
+    """``(weights / their batch mean, the mean)``; unchanged (factor 1) when the mean is ~0."""
+    mean = batch_mean_weight(weights=weights, response_mask=response_mask, level=level).item()
+    return (weights / mean, mean) if mean > 1e-8 else (weights, 1.0)

@@ -6,6 +6,8 @@ are over sequences with at least one valid token (verl also counts empty rows).
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from hybridflow.algos.rollout_correction.is_weights import SAFETY_BOUND
@@ -34,7 +36,8 @@ def is_weight_metrics(*, weights: torch.Tensor, raw: torch.Tensor, response_mask
     clipped = weights.clamp(0.0, upper)
     mean = masked_mean(values=clipped, mask=valid)
     normalised = clipped / (mean + 1e-8)
-    w_max, w_min = _valid_extremes(weights, valid)
+    # sequence level reports the raw (untruncated) extremes, token level the applied ones (as verl)
+    w_max, w_min = _valid_extremes(raw if level == "sequence" else weights, valid)
     metrics = {
         "rollout_is_mean": masked_mean(values=weights, mask=valid).item(),
         "rollout_is_max": w_max, "rollout_is_min": w_min,
@@ -57,26 +60,50 @@ def is_weight_metrics(*, weights: torch.Tensor, raw: torch.Tensor, response_mask
     return metrics
 
 
+def _option_metrics(*, statistic: torch.Tensor, low: float, high: float, sequence_level: bool,
+                    valid: torch.Tensor, rows: torch.Tensor) -> dict[str, float]:
+    """verl's per-option statistics (names without the ``rollout_rs_<option>`` prefix)."""
+    signed = low != -math.inf  # k1: a two-sided range
+    per_sequence = (statistic[:, 0] if sequence_level else masked_mean(values=statistic, mask=valid, dim=-1))[rows]
+    units = per_sequence if sequence_level else statistic[valid]
+    top, bottom = _valid_extremes(statistic, valid)
+    clamped = statistic.clamp(low if signed else 0.0, high)
+    spread = masked_mean(values=clamped.square(), mask=valid) - masked_mean(values=clamped, mask=valid).square()
+    metrics = {
+        "_mean": masked_mean(values=statistic, mask=valid).item(), "_max": top, "_min": bottom,
+        "_fraction_high": _fraction(units > high), "_fraction_low": _fraction(units < low),
+        "_std": spread.clamp(min=0).sqrt().item(),
+    }
+    if per_sequence.numel():
+        metrics.update({"_seq_mean": per_sequence.mean().item(), "_seq_std": _spread(per_sequence),
+                        "_seq_max": per_sequence.max().item(), "_seq_min": per_sequence.min().item(),
+                        "_seq_max_deviation": per_sequence.abs().max().item(),
+                        "_seq_fraction_high": _fraction(per_sequence > high)})
+        if signed:
+            metrics["_seq_fraction_low"] = _fraction(per_sequence < low)
+    return metrics
+
+
+def _fraction(flags: torch.Tensor) -> float:
+    return flags.float().mean().item() if flags.numel() else 0.0
+
+
 def rejection_metrics(*, kept: torch.Tensor, statistics: dict[str, torch.Tensor],
                       bounds: dict[str, tuple[float, float]], response_mask: torch.Tensor) -> dict[str, float]:
-    """Per option: mean / max / min of its statistic, fractions above / below its bounds and
-    rejected; overall: fraction of tokens rejected and of sequences with a rejected token."""
+    """Per option: statistics of its divergence (over tokens, and per sequence), fractions outside its
+    bounds and rejected; overall: fraction of tokens rejected and of sequences with a rejected token."""
     valid = response_mask.bool()
     rows = valid.any(dim=-1)
     metrics = {}
     for option, statistic in statistics.items():
         low, high = bounds[option]
-        option_kept = (statistic >= low) & (statistic <= high)
-        top, bottom = _valid_extremes(statistic, valid)
         prefix = f"rollout_rs_{option}"
-        metrics.update({
-            f"{prefix}_mean": masked_mean(values=statistic, mask=valid).item(),
-            f"{prefix}_max": top, f"{prefix}_min": bottom,
-            f"{prefix}_fraction_high": masked_mean(values=(statistic > high).float(), mask=valid).item(),
-            f"{prefix}_fraction_low": masked_mean(values=(statistic < low).float(), mask=valid).item(),
-            f"{prefix}_masked_fraction": masked_mean(values=(~option_kept).float(), mask=valid).item(),
-            f"{prefix}_seq_masked_fraction": _rejected_rows(option_kept, valid, rows),
-        })
+        option_metrics = _option_metrics(statistic=statistic, low=low, high=high,
+                                         sequence_level=not option.startswith("token"), valid=valid, rows=rows)
+        metrics.update({prefix + key: value for key, value in option_metrics.items()})
+        option_kept = (statistic >= low) & (statistic <= high)
+        metrics[f"{prefix}_masked_fraction"] = masked_mean(values=(~option_kept).float(), mask=valid).item()
+        metrics[f"{prefix}_seq_masked_fraction"] = _rejected_rows(option_kept, valid, rows)
     metrics["rollout_rs_masked_fraction"] = masked_mean(values=(~kept).float(), mask=valid).item()
     metrics["rollout_rs_seq_masked_fraction"] = _rejected_rows(kept, valid, rows)
     return metrics

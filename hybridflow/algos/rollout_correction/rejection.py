@@ -13,9 +13,10 @@ An option ``<level>_<k>`` names a statistic and where it is taken:
     seq_max_k2/k3  max over valid tokens         -> rejects the whole sequence
 
 k2/k3 statistics must be <= the upper threshold; k1 statistics must lie in
-``[log L, log U]`` (k1 is signed; its thresholds are ratio bounds, ``U`` alone means
-``L = 1/U``). Several options, comma separated, must all pass. The result is the response
-mask with rejected tokens set to 0 (verl's ``rollout_rs``; the k1 sign follows verl).
+``[log L, log U]``: k1 is signed, so its thresholds are bounds on the ratio
+pi_rollout / pi_train (verl's sign), ``U`` alone meaning ``L = 1/U``. Several options,
+comma separated, must all pass. The result is the response mask with rejected tokens set
+to 0 (verl's ``rollout_rs``).
 """
 
 from __future__ import annotations

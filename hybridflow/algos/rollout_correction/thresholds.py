@@ -52,6 +52,9 @@ def parse_rs_thresholds(*, options: list[str], spec) -> dict[str, tuple[float | 
         lower, upper = parse_bounds(text, what=what)
         if option.endswith("k1"):
             lower = 1.0 / upper if lower is None else lower
+            if lower > upper:
+                raise AlgorithmError(f"{what}: a single k1 bound U means [1/U, U], so U must be >= 1 (got {upper}); "
+                                     "or give 'lower_upper'")
         elif lower is not None:
             raise AlgorithmError(f"{what}: {option} takes a single upper bound, not 'lower_upper' ({text!r})")
         bounds[option] = (lower, upper)
