@@ -90,3 +90,14 @@ def test_loss_scale_factor_reaches_the_actor_and_the_critic(tmp_path, tiny_model
 def test_missing_or_bad_algorithm_settings_fail_before_the_model_loads(tmp_path, tiny_model_dir, extra, message):
     with pytest.raises(ConfigError, match=message):
         _run(tmp_path, tiny_model_dir, extra)
+
+
+@pytest.mark.parametrize("extra", [
+    [f"{CORR}.rollout_is=token", f"{CORR}.rollout_is_threshold=1.5_2.0"],
+    [f"{CORR}.bypass_mode=True", f"{CORR}.rollout_rs=token_k1", f"{CORR}.rollout_rs_threshold=1.5_2.0"],
+], ids=["decoupled_icepop", "bypass_rejection"])
+def test_corrections_reach_the_actor_loss(tmp_path, tiny_model_dir, extra):
+    """A band that excludes ratio 1 zeroes every IS weight (decoupled) / rejects every token (bypass): the
+    actor's loss and gradient must then be exactly 0."""
+    last = _run(tmp_path, tiny_model_dir, extra + [f"{ACTOR}.ppo_mini_batch_size=4"])
+    assert last["actor/pg_loss"] == 0.0 and last["actor/grad_norm"] == 0.0
