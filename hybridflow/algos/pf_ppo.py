@@ -1,6 +1,6 @@
 """PF-PPO: policy filtration by reward-weighted resampling (``algorithm.use_pf_ppo``).
 
-Zhang et al., "Policy Filtration in RLHF to Fine-Tune LLM for Code Generation" (arXiv
+"Policy Filtration in RLHF to Fine-Tune LLM for Code Generation" (arXiv
 2409.06957): a reward model is least reliable in the middle of its range, so train on the
 responses whose rewards are more trustworthy. verl's form, which we follow, resamples
 the batch with replacement (same size) with probability proportional to a weight of

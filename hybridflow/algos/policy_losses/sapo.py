@@ -1,6 +1,6 @@
 """SAPO: a smooth, temperature-gated surrogate instead of a hard clip (``loss_mode=sapo``).
 
-Gao et al., "Soft Adaptive Policy Optimization" (arXiv 2511.20347), eq. 5-6. With
+"Soft Adaptive Policy Optimization" (SAPO, arXiv 2511.20347). With
 rho = pi_theta / pi_old per token and a temperature tau that depends on the sign of A::
 
     f(rho; tau) = sigma(tau (rho - 1)) * 4 / tau        (slope 1 at rho = 1, like rho itself)
