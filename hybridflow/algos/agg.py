@@ -7,7 +7,7 @@ token-mean                  sum_{i,t} m_it l_it / N_tok                 (DAPO, 2
 token-sum                   sum_{i,t} m_it l_it
 seq-mean-token-sum          sum_i (sum_t m_it l_it) / N_seq
 seq-mean-token-mean         sum_i (sum_t m_it l_it / sum_t m_it) / N_seq  (GRPO, 2402.03300)
-seq-mean-token-sum-norm     sum_i (sum_t m_it l_it / L_max) / N_seq     (Dr.GRPO, 2503.20783)
+seq-mean-token-sum-norm     sum_i (sum_t m_it l_it / L) / N_seq         (Dr.GRPO, 2503.20783)
 ==========================  ===============================================================
 
 ``N_tok`` and ``N_seq`` default to the counts in this call (valid tokens; rows with at
@@ -15,8 +15,9 @@ least one valid token). Pass the counts of the whole mini-batch, summed over
 micro-batches and data-parallel ranks, as ``global_num_tokens`` / ``global_num_seqs``:
 then each call returns its share of the global loss, and the sum over micro-batches
 and ranks (gradient accumulation plus an all-reduce SUM) equals the full-batch loss,
-however the batch was split. ``L_max`` (``max_response_length``) must likewise be a
-constant, not the padded width of one micro-batch.
+however the batch was split. ``L`` is ``loss_scale_factor`` when given (verl's
+``actor.loss_scale_factor`` / ``critic.loss_scale_factor``), else ``max_response_length``,
+else the padded width; it must be a constant, not the padded width of one micro-batch.
 """
 
 from __future__ import annotations
@@ -59,8 +60,9 @@ def _seq_mean_token_mean(*, masked_loss, loss_mask, global_num_seqs, **_) -> tor
     return seq_losses.sum() / _seq_count(loss_mask=loss_mask, global_num_seqs=global_num_seqs)
 
 
-def _seq_mean_token_sum_norm(*, masked_loss, loss_mask, global_num_seqs, max_response_length, **_) -> torch.Tensor:
-    norm = max_response_length if max_response_length is not None else loss_mask.shape[-1]
+def _seq_mean_token_sum_norm(*, masked_loss, loss_mask, global_num_seqs, max_response_length, loss_scale_factor,
+                             **_) -> torch.Tensor:
+    norm = next(n for n in (loss_scale_factor, max_response_length, loss_mask.shape[-1]) if n is not None)
     seq_losses = masked_loss.sum(dim=-1) / norm
     return seq_losses.sum() / _seq_count(loss_mask=loss_mask, global_num_seqs=global_num_seqs)
 
@@ -86,6 +88,7 @@ def agg_loss(
     global_num_tokens: torch.Tensor | float | None = None,
     global_num_seqs: torch.Tensor | float | None = None,
     max_response_length: int | None = None,
+    loss_scale_factor: float | None = None,
 ) -> torch.Tensor:
     """Aggregate a per-token loss ``[B, T]`` under ``loss_mask`` ``[B, T]`` to a scalar.
 
@@ -104,4 +107,5 @@ def agg_loss(
         global_num_tokens=global_num_tokens,
         global_num_seqs=global_num_seqs,
         max_response_length=max_response_length,
+        loss_scale_factor=loss_scale_factor,
     )

@@ -11,7 +11,7 @@ abs                 |d|
 mse, k2             d^2 / 2                           biased, low variance, grad = d
 low_var_kl, k3      exp(-d) + d - 1                   unbiased, >= 0; d clamped to [-20, 20]
                                                       and the result to [-10, 10] (as verl)
-<name>+             value of <name>, gradient of k2   straight-through: k1+, k3+, low_var_kl+
+<name>+             value of <name>, gradient of k2   straight-through, for every name above
 ==================  ===============================  =====================================
 
 k2's gradient ``d * grad log pi`` is the gradient of the true KL in expectation, which
@@ -63,8 +63,10 @@ def _straight_through(value_fn):
     return estimate
 
 
-for _name, _fn in (("k1+", _k1), ("kl+", _k1), ("k3+", _k3), ("low_var_kl+", _k3)):
-    KL_PENALTIES.register(_name)(_straight_through(_fn))
+# every estimator has a '+' form (verl strips any trailing '+'); k2+ is k2 itself.
+for _name, _fn in (("kl", _k1), ("k1", _k1), ("abs", _abs), ("mse", _k2), ("k2", _k2), ("low_var_kl", _k3),
+                   ("k3", _k3)):
+    KL_PENALTIES.register(f"{_name}+")(_straight_through(_fn))
 
 
 def list_kl_penalties() -> list[str]:

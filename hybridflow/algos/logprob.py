@@ -39,6 +39,10 @@ def _entropy(rows: torch.Tensor) -> torch.Tensor:
     return torch.logsumexp(rows, dim=-1) - (torch.softmax(rows, dim=-1) * rows).sum(-1)
 
 
+def _sum_squared_probs(rows: torch.Tensor) -> torch.Tensor:
+    return torch.softmax(rows.float(), dim=-1).square().sum(-1)
+
+
 def logprobs_from_logits(*, logits: torch.Tensor, labels: torch.Tensor, chunk_size: int = 1024) -> torch.Tensor:
     """log p(label) = z_label - logsumexp(z) under softmax(logits).
 
@@ -66,4 +70,20 @@ def entropy_from_logits(*, logits: torch.Tensor, chunk_size: int = 1024) -> torc
         ``[...]`` float32 entropies (nats).
     """
     out = _chunked(_entropy, logits.reshape(-1, logits.shape[-1]), chunk_size=chunk_size)
+    return out.reshape(logits.shape[:-1])
+
+
+def sum_pi_squared_from_logits(*, logits: torch.Tensor, chunk_size: int = 1024) -> torch.Tensor:
+    """sum_v softmax(z)_v^2, the collision probability of the categorical given by logits.
+
+    The optimal token baselines' score-norm proxy (``1 - 2 pi(y) + sum_v pi(v)^2``) needs it.
+
+    Args:
+        logits: ``[..., V]``.
+        chunk_size: rows of ``V`` processed at once.
+
+    Returns:
+        ``[...]`` float32 values in ``(0, 1]``.
+    """
+    out = _chunked(_sum_squared_probs, logits.reshape(-1, logits.shape[-1]), chunk_size=chunk_size)
     return out.reshape(logits.shape[:-1])

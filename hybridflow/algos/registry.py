@@ -13,15 +13,21 @@ ones it does not read (hence the ``**_``)::
 
     fn(*, token_level_rewards [B, T], response_mask [B, T], index (len B),
        values=None [B, T], gamma=1.0, lam=1.0, norm_adv_by_std_in_grpo=True,
-       reward_baselines=None [B], epsilon=1e-6) -> (advantages [B, T], returns [B, T])
+       reward_baselines=None [B], old_log_probs=None [B, T], sum_pi_squared=None [B, T],
+       rollout_is_weights=None [B, T], reward_components=None {name: [B]},
+       reward_weights=None, epsilon=1e-6) -> (advantages [B, T], returns [B, T])
 
 =============================  ==========================================================
 estimator                      reads (besides token_level_rewards, response_mask)
 =============================  ==========================================================
 gae                            values, gamma, lam
-grpo                           index, norm_adv_by_std_in_grpo, epsilon
+grpo, grpo_vectorized          index, norm_adv_by_std_in_grpo, epsilon
 grpo_passk                     index, norm_adv_by_std_in_grpo, epsilon
-rloo, opo,                     index
+gdpo                           index, reward_components, reward_weights,
+                               norm_adv_by_std_in_grpo, epsilon
+optimal_token_baseline,        index, old_log_probs, sum_pi_squared,
+tir_optimal_token_baseline     rollout_is_weights
+rloo, rloo_vectorized, opo,    index
 reinforce_plus_plus_baseline   index
 gpg                            index
 remax                          reward_baselines
@@ -33,7 +39,8 @@ Every policy loss is called as::
     fn(*, old_log_prob [B, T], log_prob [B, T], advantages [B, T], response_mask [B, T],
        loss_agg_mode="token-mean", clip_ratio=0.2, clip_ratio_low=None,
        clip_ratio_high=None, clip_ratio_c=3.0, global_num_tokens=None,
-       global_num_seqs=None, max_response_length=None, **mode_specific)
+       global_num_seqs=None, max_response_length=None, rollout_is_weights=None [B, T],
+       **mode_specific)
        -> (loss scalar, metrics dict[str, float])
 """
 

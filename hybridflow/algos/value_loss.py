@@ -27,10 +27,13 @@ def value_loss(
     loss_agg_mode: str = "token-mean",
     global_num_tokens: float | None = None,
     global_num_seqs: float | None = None,
+    max_response_length: int | None = None,
+    loss_scale_factor: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Critic loss for predictions ``vpreds`` ``[B, T]`` given rollout-time ``values``.
 
-    ``cliprange_value=None`` disables clipping (plain squared error).
+    ``cliprange_value=None`` disables clipping (plain squared error). ``max_response_length`` and
+    ``loss_scale_factor`` are the ``L`` of ``seq-mean-token-sum-norm`` (see agg.py).
     """
     unclipped = (vpreds - returns).square()
     if cliprange_value is None:
@@ -44,6 +47,8 @@ def value_loss(
         loss_agg_mode=loss_agg_mode,
         global_num_tokens=global_num_tokens,
         global_num_seqs=global_num_seqs,
+        max_response_length=max_response_length,
+        loss_scale_factor=loss_scale_factor,
     )
     clipfrac = masked_mean(values=(clipped > unclipped).float(), mask=response_mask)
     return loss, {"vf_clipfrac": clipfrac.item()}

@@ -133,7 +133,9 @@ class PolicyLossConfig:
     """Which policy loss the actor uses and its mode-specific knobs."""
 
     loss_mode: str = "vanilla"
-    """Registered policy loss: vanilla, gspo, gpg, clip_cov, kl_cov, cispo (``hybridflow.algos.list_policy_losses()``)."""
+    """Registered policy loss: vanilla, gspo, gpg, clip_cov, kl_cov, cispo, geo_mean, sapo, dppo_tv, dppo_kl, dro
+    (``hybridflow.algos.list_policy_losses()``). ``algorithm.rollout_correction.bypass_mode`` replaces it by
+    bypass_mode."""
     clip_cov_ratio: float = 0.0002
     """clip_cov: fraction of tokens whose gradient is detached."""
     clip_cov_lb: float = 1.0
@@ -144,6 +146,8 @@ class PolicyLossConfig:
     """kl_cov: fraction of tokens that get the KL penalty."""
     ppo_kl_coef: float = 0.1
     """kl_cov: coefficient of the per-token KL penalty."""
+    dro_beta: Optional[float] = None
+    """dro: coefficient of the quadratic log-ratio penalty; must be set (> 0) when loss_mode=dro."""
 
 
 @dataclass
@@ -174,6 +178,15 @@ class ActorConfig:
     """Dual-clip bound for negative advantages (arXiv 1912.09729); must be > 1."""
     loss_agg_mode: str = "token-mean"
     """token-mean, token-sum, seq-mean-token-sum, seq-mean-token-mean or seq-mean-token-sum-norm."""
+    loss_scale_factor: Optional[float] = None
+    """seq-mean-token-sum-norm: the constant each sequence's token sum is divided by; null = data.max_response_length."""
+    tau_pos: float = 1.0
+    """sapo: gate temperature for tokens with a positive advantage (arXiv 2511.20347)."""
+    tau_neg: float = 1.05
+    """sapo: gate temperature for tokens with a non-positive advantage."""
+    calculate_sum_pi_squared: bool = False
+    """Also compute sum_v pi(v)^2 per token in the old-log-prob pass; needed by the optimal_token_baseline and
+    tir_optimal_token_baseline estimators."""
     entropy_coeff: float = 0.0
     """Weight of the entropy bonus in the actor loss."""
     use_kl_loss: bool = False
@@ -406,6 +419,8 @@ class CriticConfig:
     """Value clipping range around the old values."""
     loss_agg_mode: str = II("actor_rollout_ref.actor.loss_agg_mode")
     """Aggregation of the value loss; follows the actor."""
+    loss_scale_factor: Optional[float] = II("actor_rollout_ref.actor.loss_scale_factor")
+    """seq-mean-token-sum-norm divisor of the value loss; follows the actor (null = data.max_response_length)."""
     grad_clip: float = 1.0
     """Global gradient-norm clip."""
     ulysses_sequence_parallel_size: int = 1
@@ -540,6 +555,43 @@ class FilterGroupsConfig:
 
 
 @dataclass
+class PFPPOConfig:
+    """PF-PPO (arXiv 2409.06957): resample the batch by reward before the update."""
+
+    reweight_method: str = "pow"
+    """Sampling weight of a response from its score r: ``pow`` |r|^weight_pow, ``max_min`` 1 for the batch's
+    highest and lowest score and 0 otherwise, ``max_random`` 0.4 for the highest score and 0.1 otherwise."""
+    weight_pow: float = 2.0
+    """Exponent of the ``pow`` method."""
+
+
+@dataclass
+class RolloutCorrectionConfig:
+    """Importance weighting / rejection between the rollout engine's and the trainer's log-probs (verl's
+    ``algorithm.rollout_correction``); its ``rollout_corr/*`` metrics are reported whenever old log-probs are
+    recomputed."""
+
+    rollout_is: Optional[str] = None
+    """Importance weights pi_train / pi_rollout applied in the policy loss: ``token``, ``sequence`` or null (off)."""
+    rollout_is_threshold: Any = 2.0
+    """A number U clamps the weights at U (truncated IS); a string ``"L_U"`` zeroes weights outside [L, U] (IcePop)."""
+    rollout_is_batch_normalize: bool = False
+    """Divide the weights by their batch mean (per token, or per sequence at sequence level)."""
+    rollout_rs: Optional[str] = None
+    """Reject tokens / sequences too far off-policy, comma-separated options: token_k1..k3, seq_sum_k1..k3,
+    seq_mean_k1..k3, seq_max_k2, seq_max_k3 (null = off)."""
+    rollout_rs_threshold: Any = None
+    """Threshold per rollout_rs option (one shared, or comma separated): an upper bound, or ``"L_U"`` ratio
+    bounds for k1 options."""
+    bypass_mode: bool = False
+    """Use the engine's log-probs as the old ones (no recompute pass) and correct inside the loss
+    (``loss_mode`` becomes bypass_mode)."""
+    loss_type: str = "ppo_clip"
+    """Bypass mode's objective: ``ppo_clip`` (PPO with ratio pi_theta / pi_rollout) or ``reinforce``
+    (IS-weighted policy gradient)."""
+
+
+@dataclass
 class AlgorithmConfig:
     """Advantage estimation and KL-in-reward (verl's ``algorithm.*``)."""
 
@@ -554,11 +606,21 @@ class AlgorithmConfig:
     use_kl_in_reward: bool = False
     """Subtract kl_coef * KL(actor || ref) from the token rewards."""
     kl_penalty: str = "kl"
-    """KL estimator in the reward: kl/k1, abs, mse/k2, low_var_kl/k3."""
+    """KL estimator in the reward: kl/k1, abs, mse/k2, low_var_kl/k3, or a '+' variant (straight-through k2 gradient)."""
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
     """KL coefficient controller."""
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
     """DAPO dynamic sampling."""
+    use_pf_ppo: bool = False
+    """PF-PPO: resample the batch (with replacement, same size) by reward before the updates."""
+    pf_ppo: PFPPOConfig = field(default_factory=PFPPOConfig)
+    """PF-PPO's reweighting."""
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
+    """Rollout/trainer mismatch correction (token / sequence importance sampling, rejection, bypass mode)."""
+    gdpo_reward_keys: Optional[List[str]] = None
+    """gdpo: the reward function's dict keys normalised separately (e.g. [format_reward, accuracy_reward])."""
+    gdpo_reward_weights: Optional[List[float]] = None
+    """gdpo: one weight per gdpo_reward_keys entry; null = all 1."""
 
 
 # --------------------------------------------------------------------------- trainer

@@ -77,7 +77,8 @@ def build_hybrid_engine(dp: DataParallel, *, cfg, total_steps: int, with_rollout
     state = train_state_from_config(model, arr.actor.optim, grad_clip=arr.actor.grad_clip, total_steps=total_steps)
     actor = ActorWorker(state=state, cfg=arr.actor, rollout_n=arr.rollout.n, max_response_length=cfg.data.max_response_length,
                         log_prob_micro_batch_size=arr.rollout.log_prob_micro_batch_size_per_gpu, dp=dp,
-                        seed=cfg.trainer.seed, layout=model_layout(arr.model))
+                        seed=cfg.trainer.seed, rollout_correction=cfg.algorithm.rollout_correction,
+                        layout=model_layout(arr.model))
     checkpoint = FSDPModelComponent(model, state.optimizer, state.scheduler, tokenizer=tokenizer)
     return HybridEngineWorker(actor=actor, rollout=rollout, reference=reference, checkpoint=checkpoint)
 
@@ -123,7 +124,7 @@ def build_critic_worker(dp: DataParallel, *, cfg, total_steps: int):
     model = shard_for_group(model, dp=dp, fsdp_cfg=critic_cfg.model.fsdp_config, device=device)
     state = train_state_from_config(model, critic_cfg.optim, grad_clip=critic_cfg.grad_clip, total_steps=total_steps)
     critic = CriticWorker(state=state, cfg=critic_cfg, rollout_n=cfg.actor_rollout_ref.rollout.n, dp=dp,
-                          layout=model_layout(critic_cfg.model))
+                          max_response_length=cfg.data.max_response_length, layout=model_layout(critic_cfg.model))
     tokenizer = load_tokenizer(critic_cfg.model.tokenizer_path or critic_cfg.model.path,
                                trust_remote_code=critic_cfg.model.trust_remote_code)
     return CriticGroupWorker(critic=critic, checkpoint=FSDPModelComponent(model, state.optimizer, state.scheduler,

@@ -9,14 +9,28 @@ from __future__ import annotations
 import torch
 
 from hybridflow.algos import entropy_from_logits, logprobs_from_logits
+from hybridflow.algos.logprob import sum_pi_squared_from_logits
 from hybridflow.data.packing import PackedResponses
 from hybridflow.models.segment_attention import SegmentLayout, packed_row_mask, use_segment_attention
 
 
+def _token_outputs(logits: torch.Tensor, labels: torch.Tensor, *, temperature: float, calculate_entropy: bool,
+                   calculate_sum_pi_squared: bool) -> tuple:
+    """(log-probs, entropy or None[, sum_v pi(v)^2]) per position of ``logits [..., V]``."""
+    if temperature != 1.0:
+        logits = logits / temperature
+    log_probs = logprobs_from_logits(logits=logits, labels=labels)
+    entropy = entropy_from_logits(logits=logits) if calculate_entropy else None
+    if calculate_sum_pi_squared:
+        return log_probs, entropy, sum_pi_squared_from_logits(logits=logits.detach())
+    return log_probs, entropy
+
+
 def compute_log_probs(model, *, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                       position_ids: torch.Tensor | None, response_length: int, temperature: float = 1.0,
-                      calculate_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """log p(response token t | prefix) ``[B, T]`` and optionally the entropy ``[B, T]``.
+                      calculate_entropy: bool = False, calculate_sum_pi_squared: bool = False):
+    """log p(response token t | prefix) ``[B, T]`` and optionally the entropy ``[B, T]``; with
+    ``calculate_sum_pi_squared`` a third element, sum_v p(v | prefix)^2 ``[B, T]``.
 
     Args:
         input_ids / attention_mask / position_ids: ``[B, L]`` = left-padded prompt ++ response.
@@ -27,29 +41,23 @@ def compute_log_probs(model, *, input_ids: torch.Tensor, attention_mask: torch.T
     # positions go through the LM head (logits_to_keep), saving [B, L-T, V] of work.
     out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False,
                 logits_to_keep=response_length + 1)
-    logits = out.logits[:, -response_length - 1 : -1, :]
-    if temperature != 1.0:
-        logits = logits / temperature
-    labels = input_ids[:, -response_length:]
-    log_probs = logprobs_from_logits(logits=logits, labels=labels)
-    entropy = entropy_from_logits(logits=logits) if calculate_entropy else None
-    return log_probs, entropy
+    return _token_outputs(out.logits[:, -response_length - 1 : -1, :], input_ids[:, -response_length:],
+                          temperature=temperature, calculate_entropy=calculate_entropy,
+                          calculate_sum_pi_squared=calculate_sum_pi_squared)
 
 
-def packed_log_probs(model, packed: PackedResponses, *, temperature: float = 1.0,
-                     calculate_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+def packed_log_probs(model, packed: PackedResponses, *, temperature: float = 1.0, calculate_entropy: bool = False,
+                     calculate_sum_pi_squared: bool = False):
     """:func:`compute_log_probs` over a padding-free (optionally shared-prompt) packed row.
 
-    Same values as the padded forward on every valid response token (zeros elsewhere):
-    ``[B, T]`` log-probs and optionally entropy. Only the ``K`` positions that predict a
-    response token go through the LM head (``logits_to_keep`` as an index tensor).
+    Same values as the padded forward on every valid response token (zeros elsewhere), each
+    ``[B, T]``. Only the ``K`` positions that predict a response token go through the LM head
+    (``logits_to_keep`` as an index tensor).
     """
     logits = model(**packed_forward_inputs(model, packed), logits_to_keep=packed.source).logits[0]
-    if temperature != 1.0:
-        logits = logits / temperature
-    log_probs = logprobs_from_logits(logits=logits, labels=packed.labels)
-    entropy = packed.scatter(entropy_from_logits(logits=logits)) if calculate_entropy else None
-    return packed.scatter(log_probs), entropy
+    outs = _token_outputs(logits, packed.labels, temperature=temperature, calculate_entropy=calculate_entropy,
+                          calculate_sum_pi_squared=calculate_sum_pi_squared)
+    return tuple(None if out is None else packed.scatter(out) for out in outs)
 
 
 def packed_forward_inputs(model, packed: PackedResponses) -> dict:

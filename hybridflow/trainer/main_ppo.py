@@ -52,6 +52,54 @@ def check_registered_names(cfg: PPOConfig) -> None:
         raise ConfigError("\n".join(problems))
 
 
+def check_algorithm_settings(cfg: PPOConfig) -> None:
+    """Settings the chosen estimator / loss / correction needs, checked before any model is loaded."""
+    from hybridflow.algos.advantages.optimal_token_baseline import SUM_PI_SQUARED_ESTIMATORS
+    from hybridflow.algos.errors import AlgorithmError
+    from hybridflow.algos.pf_ppo import PF_PPO_METHODS
+    from hybridflow.algos.policy_losses.bypass import BYPASS_LOSS_TYPES
+    from hybridflow.algos.rollout_correction.is_weights import IS_LEVELS
+    from hybridflow.algos.rollout_correction.rejection import parse_options
+    from hybridflow.algos.rollout_correction.thresholds import parse_bounds, parse_rs_thresholds
+
+    algo, actor = cfg.algorithm, cfg.actor_rollout_ref.actor
+    corr, rollout = algo.rollout_correction, cfg.actor_rollout_ref.rollout
+    problems = []
+    if algo.adv_estimator in SUM_PI_SQUARED_ESTIMATORS and not actor.calculate_sum_pi_squared:
+        problems.append(f"algorithm.adv_estimator={algo.adv_estimator} needs sum_v pi(v)^2 per token: set "
+                        "actor_rollout_ref.actor.calculate_sum_pi_squared=True")
+    if algo.adv_estimator in SUM_PI_SQUARED_ESTIMATORS and (corr.bypass_mode or actor.use_rollout_log_probs):
+        problems.append(f"algorithm.adv_estimator={algo.adv_estimator} needs the old-log-prob pass; turn off "
+                        "rollout_correction.bypass_mode / actor.use_rollout_log_probs")
+    if algo.adv_estimator == "gdpo" and not algo.gdpo_reward_keys:
+        problems.append("algorithm.adv_estimator=gdpo needs algorithm.gdpo_reward_keys: the reward function's dict "
+                        "keys to normalise separately, e.g. [format_reward,accuracy_reward]")
+    if actor.policy_loss.loss_mode == "dro" and not (actor.policy_loss.dro_beta or 0) > 0:
+        problems.append("actor_rollout_ref.actor.policy_loss.loss_mode=dro needs policy_loss.dro_beta > 0 (e.g. 0.1)")
+    if algo.use_pf_ppo and algo.pf_ppo.reweight_method not in PF_PPO_METHODS:
+        problems.append(f"algorithm.pf_ppo.reweight_method={algo.pf_ppo.reweight_method!r}: use one of "
+                        f"{', '.join(PF_PPO_METHODS)}")
+    if corr.rollout_is is not None and corr.rollout_is not in IS_LEVELS:
+        problems.append(f"algorithm.rollout_correction.rollout_is={corr.rollout_is!r}: use token, sequence or null")
+    if corr.bypass_mode and corr.loss_type not in BYPASS_LOSS_TYPES:
+        problems.append(f"algorithm.rollout_correction.loss_type={corr.loss_type!r}: use ppo_clip or reinforce")
+    if corr.bypass_mode and actor.policy_loss.loss_mode != "vanilla":
+        problems.append("algorithm.rollout_correction.bypass_mode=True replaces the policy loss (loss_type=ppo_clip is "
+                        f"vanilla PPO, or reinforce); leave policy_loss.loss_mode=vanilla, not "
+                        f"{actor.policy_loss.loss_mode!r}")
+    if corr.bypass_mode and (rollout.top_p < 1 or rollout.top_k != -1):
+        problems.append("algorithm.rollout_correction.bypass_mode=True needs rollout.top_p=1 and rollout.top_k=-1: "
+                        "the engine's log-probs are of the filtered distribution, the trainer's are not")
+    try:
+        parse_bounds(corr.rollout_is_threshold, what="algorithm.rollout_correction.rollout_is_threshold")
+        if corr.rollout_rs is not None:
+            parse_rs_thresholds(options=parse_options(corr.rollout_rs), spec=corr.rollout_rs_threshold)
+    except AlgorithmError as err:
+        problems.append(str(err))
+    if problems:
+        raise ConfigError("\n".join(problems))
+
+
 def model_context_length(path: str, trust_remote_code: bool) -> int | None:
     """max_position_embeddings from the model's config (no weights loaded)."""
     from transformers import AutoConfig
@@ -244,6 +292,7 @@ def run_ppo(cfg: PPOConfig) -> PPORun:
     from hybridflow.trainer.summary import summary_table
 
     check_registered_names(cfg)
+    check_algorithm_settings(cfg)
     validate_ppo_config(cfg, model_max_len=model_context_length(cfg.actor_rollout_ref.model.path,
                                                                 cfg.actor_rollout_ref.model.trust_remote_code))
     trainer = build_trainer(cfg)

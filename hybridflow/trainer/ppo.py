@@ -7,7 +7,9 @@ Dataflow of one step (the HybridFlow paper's Fig. 1, verl's ``RayPPOTrainer.fit`
             ──► actor.compute_log_prob (old log-probs, entropy)
             ──► reference.compute_ref_log_prob           (if a KL term is used)
             ──► critic.compute_values                    (gae only)
-            ──► KL penalty in the reward (use_kl_in_reward) ──► advantage estimator (registry)
+            ──► KL penalty in the reward (use_kl_in_reward)
+            ──► rollout correction (IS weights / rejection, pi_old vs the engine's pi_rollout)
+            ──► advantage estimator (registry) ──► PF-PPO resampling (use_pf_ppo)
             ──► critic.update_critic                     (gae only)
             ──► actor.update_policy                      (after critic_warmup steps)
             ──► rollout.load_weights(actor weights)      (in memory: no disk round trip)
@@ -33,6 +35,8 @@ import numpy as np
 import torch
 
 from hybridflow.algos import AdaptiveKLController, FixedKLController, apply_kl_penalty, get_advantage, masked_mean
+from hybridflow.algos.pf_ppo import pf_ppo_resample
+from hybridflow.algos.rollout_correction import rollout_correction
 from hybridflow.data.balance import balance_batch
 from hybridflow.data.batch import Batch
 from hybridflow.errors import HybridflowError, WorkerDiedError
@@ -160,6 +164,8 @@ class PPOTrainer:
                     batch["values"] = self.w.critic.compute_values(batch)
             with timer("adv"):
                 metrics.update(self.compute_rewards_and_advantages(batch))
+            if self.cfg.algorithm.use_pf_ppo:
+                batch = self.pf_ppo_resample(batch, step=step)
             if self.w.critic is not None:
                 with timer("update_critic"):
                     metrics.update(self.w.critic.update_critic(batch))
@@ -219,11 +225,14 @@ class PPOTrainer:
 
     def old_log_probs(self, batch: Batch, *, temperature: float) -> dict[str, float]:
         """batch["old_log_probs"]: recomputed by the actor (and compared with the engine's), or the
-        engine's own when ``actor.use_rollout_log_probs`` (one forward pass fewer per step)."""
-        if self.cfg.actor_rollout_ref.actor.use_rollout_log_probs:
+        engine's own when ``actor.use_rollout_log_probs`` or ``rollout_correction.bypass_mode`` (one
+        forward pass fewer per step)."""
+        if self.cfg.actor_rollout_ref.actor.use_rollout_log_probs or self.cfg.algorithm.rollout_correction.bypass_mode:
             batch["old_log_probs"] = batch["rollout_log_probs"]
             return {}
-        batch["old_log_probs"], entropy = self.w.actor.compute_log_prob(batch, temperature=temperature)
+        batch["old_log_probs"], entropy, *sum_pi_squared = self.w.actor.compute_log_prob(batch, temperature=temperature)
+        if sum_pi_squared:
+            batch["sum_pi_squared"] = sum_pi_squared[0]
         return {"actor/entropy": masked_mean(values=entropy, mask=batch["response_mask"]).item(),
                 **rollout_mismatch_metrics(rollout_log_probs=batch["rollout_log_probs"],
                                            old_log_probs=batch["old_log_probs"], mask=batch["response_mask"])}
@@ -261,13 +270,53 @@ class PPOTrainer:
             self.kl_ctrl.update(current_kl=current_kl, n_steps=len(batch))
         else:
             batch["token_level_rewards"] = batch["token_level_scores"]
+        recomputed = not (self.cfg.actor_rollout_ref.actor.use_rollout_log_probs or algo.rollout_correction.bypass_mode)
+        if recomputed and "rollout_log_probs" in batch:
+            metrics.update(self.correct_rollout_mismatch(batch))
+        optional = {key: batch[key] if key in batch else None
+                    for key in ("values", "reward_baselines", "old_log_probs", "sum_pi_squared", "rollout_is_weights")}
         batch["advantages"], batch["returns"] = self.advantage_fn(
             token_level_rewards=batch["token_level_rewards"], response_mask=batch["response_mask"],
-            index=np.asarray(batch["uid"]), values=batch["values"] if "values" in batch else None,
-            gamma=algo.gamma, lam=algo.lam, norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
-            reward_baselines=batch["reward_baselines"] if "reward_baselines" in batch else None,
+            index=np.asarray(batch["uid"]), gamma=algo.gamma, lam=algo.lam,
+            norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo, reward_components=self.reward_components(batch),
+            reward_weights=algo.gdpo_reward_weights, **optional,
         )
         return metrics
+
+    def correct_rollout_mismatch(self, batch: Batch) -> dict[str, float]:
+        """Decoupled rollout correction (verl's ``algorithm.rollout_correction``): IS weights pi_old / pi_rollout
+        into batch["rollout_is_weights"] and rejected tokens out of batch["response_mask"]; rollout_corr/* metrics."""
+        corr = self.cfg.algorithm.rollout_correction
+        weights, batch["response_mask"], metrics = rollout_correction(
+            train_log_prob=batch["old_log_probs"], rollout_log_prob=batch["rollout_log_probs"],
+            response_mask=batch["response_mask"], rollout_is=corr.rollout_is,
+            rollout_is_threshold=corr.rollout_is_threshold, rollout_is_batch_normalize=corr.rollout_is_batch_normalize,
+            rollout_rs=corr.rollout_rs, rollout_rs_threshold=corr.rollout_rs_threshold)
+        if weights is not None:
+            batch["rollout_is_weights"] = weights
+        return metrics
+
+    def reward_components(self, batch: Batch) -> dict[str, torch.Tensor] | None:
+        """GDPO's per-component scores ``{key: [B]}`` from the reward function's dict (algorithm.gdpo_reward_keys)."""
+        keys = self.cfg.algorithm.gdpo_reward_keys
+        if not keys:
+            return None
+        # a dict's "score" is the main score (seq_score), as in verl's reward_extra_info
+        columns = {key: f"reward_extra/{key}" if key != "score" else "seq_score" for key in keys}
+        missing = [key for key, column in columns.items() if column not in batch]
+        if missing:
+            raise HybridflowError(f"algorithm.gdpo_reward_keys: the reward function returned no {missing}; return a "
+                                  "dict with these keys from compute_score, or fix gdpo_reward_keys")
+        return {key: batch[column].float().to(self.device) for key, column in columns.items()}
+
+    def pf_ppo_resample(self, batch: Batch, *, step: int) -> Batch:
+        """PF-PPO (arXiv 2409.06957): the batch resampled with replacement by reward weight, seeded per step."""
+        pf = self.cfg.algorithm.pf_ppo
+        generator = torch.Generator().manual_seed(int(np.random.SeedSequence([self.cfg.trainer.seed, step])
+                                                      .generate_state(1)[0]))
+        rows = pf_ppo_resample(scores=batch["token_level_scores"].sum(dim=-1), reweight_method=pf.reweight_method,
+                               weight_pow=pf.weight_pow, generator=generator)
+        return batch.index_select(rows.tolist())
 
     # ================================================================== validation
     def validate(self) -> dict[str, float]:

@@ -29,7 +29,10 @@ from hybridflow.workers.logprob import batch_log_probs, micro_batch_log_probs
 from hybridflow.workers.micro_batches import micro_batches
 from hybridflow.workers.optim import TrainState
 
-POLICY_LOSS_KNOBS = ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio", "ppo_kl_coef")
+POLICY_LOSS_KNOBS = ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio", "ppo_kl_coef", "dro_beta")
+ACTOR_LOSS_KNOBS = ("tau_pos", "tau_neg")
+BYPASS_KNOBS = ("loss_type", "rollout_is", "rollout_is_threshold", "rollout_is_batch_normalize", "rollout_rs",
+                "rollout_rs_threshold")
 
 
 class ActorWorker:
@@ -37,7 +40,7 @@ class ActorWorker:
 
     def __init__(self, *, state: TrainState, cfg, rollout_n: int, max_response_length: int,
                  log_prob_micro_batch_size: int | None = None, dp: DataParallel = LOCAL, seed: int = 0,
-                 layout: str = "padded"):
+                 rollout_correction=None, layout: str = "padded"):
         self.state = state
         self.layout = layout
         self.model = state.model
@@ -48,14 +51,24 @@ class ActorWorker:
         self.dp = dp
         self.seed = seed
         self.policy_loss_fn = get_policy_loss(cfg.policy_loss.loss_mode)
+        self.loss_knobs = {**{k: getattr(cfg.policy_loss, k) for k in POLICY_LOSS_KNOBS},
+                           **{k: getattr(cfg, k) for k in ACTOR_LOSS_KNOBS}}
+        if rollout_correction is not None and rollout_correction.bypass_mode:
+            # verl's bypass mode: the loss itself compares pi_theta with the engine's pi_rollout
+            self.policy_loss_fn = get_policy_loss("bypass_mode")
+            self.loss_knobs.update({k: getattr(rollout_correction, k) for k in BYPASS_KNOBS})
+        # seq-mean-token-sum-norm's divisor: loss_scale_factor when set, as verl's agg_loss
+        self.norm_length = cfg.loss_scale_factor if cfg.loss_scale_factor is not None else max_response_length
 
     # ------------------------------------------------------------------ inference
-    def compute_log_prob(self, batch: Batch, *, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """Old log-probs ``[B, T]`` and entropy ``[B, T]`` of the rollout under the current weights."""
+    def compute_log_prob(self, batch: Batch, *, temperature: float) -> tuple[torch.Tensor, ...]:
+        """Old log-probs ``[B, T]`` and entropy ``[B, T]`` of the rollout under the current weights; with
+        ``calculate_sum_pi_squared`` a third element, sum_v pi(v)^2 ``[B, T]``."""
         return batch_log_probs(
             self.model, batch, temperature=temperature, micro_batch_size=self.log_prob_micro_batch_size,
             use_dynamic_bsz=self.cfg.use_dynamic_bsz, max_token_len=self.cfg.ppo_max_token_len_per_gpu,
-            calculate_entropy=True, dp=self.dp, layout=self.layout,
+            calculate_entropy=True, calculate_sum_pi_squared=self.cfg.calculate_sum_pi_squared, dp=self.dp,
+            layout=self.layout,
         )
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
@@ -72,7 +85,8 @@ class ActorWorker:
             for mini in self._mini_batches(batch, mini_size, step=step, epoch=epoch):
                 self._optimizer_step(mini, temperature=temperature, metrics=metrics)
         self.state.scheduler.step()
-        out = {f"actor/{k}": sum(v) / len(v) for k, v in metrics.items()}
+        # rollout_corr/* (bypass mode) keep verl's names; everything else is the actor's
+        out = {k if k.startswith("rollout_corr/") else f"actor/{k}": sum(v) / len(v) for k, v in metrics.items()}
         out["actor/lr"] = self.state.lr
         return out
 
@@ -111,15 +125,16 @@ class ActorWorker:
         log_prob, entropy = micro_batch_log_probs(self.model, micro, temperature=temperature,
                                                   calculate_entropy=report_entropy, layout=self.layout)
         mask = micro["response_mask"]
-        agg = dict(loss_mask=mask, loss_agg_mode=self.cfg.loss_agg_mode, max_response_length=self.max_response_length,
+        agg = dict(loss_mask=mask, loss_agg_mode=self.cfg.loss_agg_mode, max_response_length=self.norm_length,
                    global_num_tokens=counts["tokens"], global_num_seqs=counts["seqs"])
         pg_loss, metrics = self.policy_loss_fn(
             old_log_prob=micro["old_log_probs"], log_prob=log_prob, advantages=micro["advantages"],
             response_mask=mask, loss_agg_mode=self.cfg.loss_agg_mode, clip_ratio=self.cfg.clip_ratio,
             clip_ratio_low=self.cfg.clip_ratio_low, clip_ratio_high=self.cfg.clip_ratio_high,
             clip_ratio_c=self.cfg.clip_ratio_c, global_num_tokens=counts["tokens"], global_num_seqs=counts["seqs"],
-            max_response_length=self.max_response_length,
-            **{k: getattr(self.cfg.policy_loss, k) for k in POLICY_LOSS_KNOBS},
+            max_response_length=self.norm_length,
+            rollout_is_weights=micro["rollout_is_weights"] if "rollout_is_weights" in micro else None,
+            **self.loss_knobs,
         )
         loss = pg_loss
         shares = {"pg_loss": pg_loss.item()}

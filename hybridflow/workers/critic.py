@@ -38,8 +38,10 @@ def _micro_values(model, micro: Batch, *, layout: str = "padded") -> torch.Tenso
 class CriticWorker:
     """Value model + optimizer + schedule, configured by a ``CriticConfig`` section."""
 
-    def __init__(self, *, state: TrainState, cfg, rollout_n: int, dp: DataParallel = LOCAL, layout: str = "padded"):
+    def __init__(self, *, state: TrainState, cfg, rollout_n: int, dp: DataParallel = LOCAL,
+                 max_response_length: int | None = None, layout: str = "padded"):
         self.state = state
+        self.max_response_length = max_response_length
         self.layout = layout
         self.model = state.model
         self.cfg = cfg
@@ -81,6 +83,7 @@ class CriticWorker:
                 vpreds=vpreds, values=micro["values"], returns=micro["returns"], response_mask=micro["response_mask"],
                 cliprange_value=self.cfg.cliprange_value, loss_agg_mode=self.cfg.loss_agg_mode,
                 global_num_tokens=counts["tokens"], global_num_seqs=counts["seqs"],
+                max_response_length=self.max_response_length, loss_scale_factor=self.cfg.loss_scale_factor,
             )
             with micro_batch_sync(self.model, index=index, count=len(micros)):
                 (loss * self.dp.world_size).backward()

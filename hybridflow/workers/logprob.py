@@ -34,14 +34,16 @@ def pack_micro_batch(micro: Batch, *, layout: str) -> PackedResponses:
 
 
 def micro_batch_log_probs(model, micro: Batch, *, temperature: float, calculate_entropy: bool,
-                          layout: str = "padded"):
-    """(log_probs [b, T], entropy [b, T] or None) of one micro-batch in the given layout."""
+                          calculate_sum_pi_squared: bool = False, layout: str = "padded"):
+    """(log_probs [b, T], entropy [b, T] or None) of one micro-batch in the given layout; with
+    ``calculate_sum_pi_squared`` a third element, sum_v pi(v)^2 [b, T]."""
     if layout != "padded":
         return packed_log_probs(model, pack_micro_batch(micro, layout=layout), temperature=temperature,
-                                calculate_entropy=calculate_entropy)
+                                calculate_entropy=calculate_entropy,
+                                calculate_sum_pi_squared=calculate_sum_pi_squared)
     response_length = micro["responses"].shape[1]
     cols, resp_len = trim_padding(micro, response_length=response_length)
-    log_probs, entropy = compute_log_probs(
+    outs = compute_log_probs(
         model,
         input_ids=micro["input_ids"][:, cols],
         attention_mask=micro["attention_mask"][:, cols],
@@ -49,8 +51,9 @@ def micro_batch_log_probs(model, micro: Batch, *, temperature: float, calculate_
         response_length=resp_len,
         temperature=temperature,
         calculate_entropy=calculate_entropy,
+        calculate_sum_pi_squared=calculate_sum_pi_squared,
     )
-    return _pad_right(log_probs, response_length), (_pad_right(entropy, response_length) if entropy is not None else None)
+    return tuple(None if out is None else _pad_right(out, response_length) for out in outs)
 
 
 def _pad_right(values: torch.Tensor, length: int) -> torch.Tensor:
@@ -62,9 +65,10 @@ def _pad_right(values: torch.Tensor, length: int) -> torch.Tensor:
 @torch.no_grad()
 def batch_log_probs(model, batch: Batch, *, temperature: float, micro_batch_size: int | None,
                     use_dynamic_bsz: bool = False, max_token_len: int | None = None,
-                    calculate_entropy: bool = False, dp=None,
-                    layout: str = "padded") -> tuple[torch.Tensor, torch.Tensor | None]:
+                    calculate_entropy: bool = False, calculate_sum_pi_squared: bool = False, dp=None,
+                    layout: str = "padded"):
     """Log-probs ``[B, T]`` (and entropy ``[B, T]``) of ``batch["responses"]``; no gradients.
+    With ``calculate_sum_pi_squared`` a third element, sum_v pi(v)^2 ``[B, T]``.
 
     Micro-batches (fixed or token-budget) are consecutive rows, so results are in batch order.
     """
@@ -73,8 +77,6 @@ def batch_log_probs(model, batch: Batch, *, temperature: float, micro_batch_size
     pieces = micro_batches(batch, micro_batch_size=micro_batch_size, use_dynamic_bsz=use_dynamic_bsz,
                            max_token_len=max_token_len, dp=dp)
     outs = [micro_batch_log_probs(model, m, temperature=temperature, calculate_entropy=calculate_entropy,
-                                  layout=layout) for m in pieces]
+                                  calculate_sum_pi_squared=calculate_sum_pi_squared, layout=layout) for m in pieces]
     model.train(was_training)
-    log_probs = torch.cat([o[0] for o in outs])
-    entropy = torch.cat([o[1] for o in outs]) if calculate_entropy else None
-    return log_probs, entropy
+    return tuple(None if parts[0] is None else torch.cat(parts) for parts in zip(*outs))

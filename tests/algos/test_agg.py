@@ -117,3 +117,10 @@ def test_zero_global_counts_give_zero_not_nan():
             counts = {"global_num_tokens": zero, "global_num_seqs": zero}
             loss = agg_loss(loss_mat=LOSS, loss_mask=torch.zeros(3, 3), loss_agg_mode=mode, **counts)
             assert loss.item() == 0.0, mode
+
+
+def test_loss_scale_factor_takes_precedence_over_max_response_length():
+    # seq-mean-token-sum-norm over the 2 non-empty rows: (3 / L + 15 / L) / 2
+    assert _agg("seq-mean-token-sum-norm", max_response_length=5) == pytest.approx(18 / 5 / 2)
+    assert _agg("seq-mean-token-sum-norm", max_response_length=5, loss_scale_factor=9.0) == pytest.approx(18 / 9 / 2)
+    assert _agg("token-mean", loss_scale_factor=9.0) == pytest.approx(18 / 5)  # other modes ignore it

@@ -69,3 +69,24 @@ def test_edge_cases_all_masked_row_and_length_one():
 def test_missing_values_names_the_fix():
     with pytest.raises(AlgorithmError, match="critic"):
         gae(token_level_rewards=torch.zeros(1, 2), response_mask=torch.ones(1, 2))
+
+
+def test_nan_values_under_the_mask_do_not_leak_issue_13():
+    """Issue 13's reproduction: padding values are NaN; returns and advantages stay finite, 0 there."""
+    values = torch.tensor([[0.2, 0.4, float("nan")], [0.1, 0.3, float("nan")]])
+    rewards = torch.tensor([[0.0, 1.0, float("nan")], [0.0, 0.5, 0.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 0]])
+    adv, ret = gae(token_level_rewards=rewards, response_mask=mask, values=values, gamma=1.0, lam=1.0)
+    torch.testing.assert_close(ret, torch.tensor([[1.0, 1.0, 0.0], [0.5, 0.5, 0.0]]))
+    # A = R - V = [0.8, 0.6, 0.4, 0.2]: mean 0.5, unbiased var 0.2 / 3
+    scale = math.sqrt(0.2 / 3 + 1e-8)
+    expected = torch.tensor([[0.3 / scale, 0.1 / scale, 0.0], [-0.1 / scale, -0.3 / scale, 0.0]])
+    torch.testing.assert_close(adv, expected)
+
+
+def test_nan_inside_an_observation_span_does_not_leak():
+    values = torch.tensor([[0.5, float("nan"), float("inf"), 0.25]])
+    rewards = torch.tensor([[0.0, float("nan"), 3.0, 1.0]])
+    mask = torch.tensor([[1, 0, 0, 1]])
+    _, ret = gae(token_level_rewards=rewards, response_mask=mask, values=values, gamma=1.0, lam=1.0)
+    torch.testing.assert_close(ret, torch.tensor([[1.0, 0.0, 0.0, 1.0]]))  # the observation's reward is ignored

@@ -92,3 +92,21 @@ def test_apply_kl_penalty_charges_every_valid_token():
     expected = torch.tensor([[s - 0.1 * k for s, k in zip(srow, krow)] for srow, krow in zip(scores.tolist(), kld)])
     torch.testing.assert_close(rewards, expected)
     assert current_kl == pytest.approx(((0.5 - 1.0) / 3 + (-0.5 + 0.25) / 2) / 2)
+
+
+def test_abs_plus_issue_13_example():
+    """Issue 13: log-prob [[-1, -2]], ref [[-1.5, -1]], abs+ -> value [[0.5, 1.0]], gradient [[0.5, -1.0]]."""
+    logp = torch.tensor([[-1.0, -2.0]], requires_grad=True)
+    estimate = kl_penalty(logprob=logp, ref_logprob=torch.tensor([[-1.5, -1.0]]), kl_penalty="abs+")
+    torch.testing.assert_close(estimate.detach(), torch.tensor([[0.5, 1.0]]))
+    (grad,) = torch.autograd.grad(estimate.sum(), logp)
+    torch.testing.assert_close(grad, torch.tensor([[0.5, -1.0]]))
+
+
+@pytest.mark.parametrize("base", ["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"])
+def test_every_estimator_has_a_plus_form_with_its_value_and_the_k2_gradient(base):
+    logp = LOGP.clone().requires_grad_(True)
+    plus = kl_penalty(logprob=logp, ref_logprob=REF, kl_penalty=base + "+")
+    torch.testing.assert_close(plus.detach(), kl_penalty(logprob=LOGP, ref_logprob=REF, kl_penalty=base))
+    (grad,) = torch.autograd.grad(plus.sum(), logp)
+    torch.testing.assert_close(grad, torch.tensor(D))

@@ -4,10 +4,15 @@ import torch
 import hybridflow.algos as algos
 from hybridflow.algos.registry import Registry
 
+# every name verl 0.9.1 registers (core_algos.AdvantageEstimator and register_policy_loss)
 VERL_ADVANTAGES = {
     "gae", "grpo", "rloo", "remax", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "opo", "gpg", "grpo_passk",
+    "grpo_vectorized", "rloo_vectorized", "optimal_token_baseline", "tir_optimal_token_baseline", "gdpo",
 }
-VERL_POLICY_LOSSES = {"vanilla", "gspo", "gpg", "clip_cov", "kl_cov", "cispo"}
+VERL_POLICY_LOSSES = {
+    "vanilla", "gspo", "gpg", "clip_cov", "kl_cov", "cispo", "geo_mean", "sapo", "dppo_tv", "dppo_kl", "dro",
+    "bypass_mode",
+}
 
 
 def test_importing_the_package_registers_every_verl_name():
@@ -25,7 +30,7 @@ def test_unknown_name_lists_registered_names_and_suggests_the_closest():
     message = str(err.value)
     assert "did you mean 'grpo'" in message
     assert all(name in message for name in VERL_ADVANTAGES)
-    with pytest.raises(ValueError, match="registered: cispo, clip_cov"):
+    with pytest.raises(ValueError, match="registered: bypass_mode, cispo, clip_cov"):
         algos.get_policy_loss("ppo")
 
 

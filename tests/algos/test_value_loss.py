@@ -43,3 +43,17 @@ def test_all_masked_is_zero_and_global_tokens_split_micro_batches():
         for r in (slice(0, 1), slice(1, 2))
     ]
     torch.testing.assert_close(sum(parts), full)
+
+
+def test_loss_scale_factor_replaces_the_length_of_seq_mean_token_sum_norm_issue_13():
+    """verl's critic.loss_scale_factor: 1/2 * sum_i (sum_t m l) / L / N_seq with L the factor."""
+    vpreds = torch.tensor([[1.0, 2.0, 9.0], [0.0, 1.0, 1.0]])
+    returns = torch.tensor([[0.0, 0.0, 0.0], [1.0, 1.0, 3.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 1]])  # row 1: a multi-turn observation at t1
+    kwargs = dict(vpreds=vpreds, values=vpreds, returns=returns, response_mask=mask, cliprange_value=None,
+                  loss_agg_mode="seq-mean-token-sum-norm", max_response_length=3)
+    # squared errors on valid tokens: row 0 -> 1 + 4, row 1 -> 1 + 4
+    by_length, _ = value_loss(**kwargs)
+    assert by_length.item() == pytest.approx(0.5 * (5 / 3 + 5 / 3) / 2)
+    scaled, _ = value_loss(**kwargs, loss_scale_factor=10.0)
+    assert scaled.item() == pytest.approx(0.5 * (5 / 10 + 5 / 10) / 2)

@@ -56,9 +56,18 @@ def test_ppo_with_critic_and_kl(tmp_path, tiny_model_dir):
         assert name in last, name
 
 
+# what an estimator needs beyond the base run (the reward file returns {"score", "length"})
+ESTIMATOR_OVERRIDES = {
+    "optimal_token_baseline": ["actor_rollout_ref.actor.calculate_sum_pi_squared=True"],
+    "tir_optimal_token_baseline": ["actor_rollout_ref.actor.calculate_sum_pi_squared=True"],
+    "gdpo": ["algorithm.gdpo_reward_keys=[score,length]", "algorithm.gdpo_reward_weights=[1.0,0.5]"],
+}
+
+
 @pytest.mark.parametrize("estimator", sorted(set(list_advantages()) - {"gae", "grpo"}))
 def test_every_estimator_runs_a_step(tmp_path, tiny_model_dir, estimator):
-    run_ppo(load_config(PPOConfig, base_overrides(tmp_path, tiny_model_dir, estimator=estimator, steps=1)))
+    overrides = base_overrides(tmp_path, tiny_model_dir, estimator=estimator, steps=1)
+    run_ppo(load_config(PPOConfig, overrides + ESTIMATOR_OVERRIDES.get(estimator, [])))
     last = read_metrics(tmp_path)[-1]
     assert torch.isfinite(torch.tensor(last["actor/pg_loss"]))
 

@@ -38,16 +38,22 @@ def gae_advantage(
         raise AlgorithmError(
             "gae needs critic values; enable the critic or choose a critic-free adv_estimator (grpo, rloo, ...)"
         )
-    mask = response_mask.to(values.dtype)
+    valid = response_mask.bool()
+    zeros = torch.zeros_like(values)
+    # Padding is garbage by contract (NaN/inf values or rewards): select, never multiply,
+    # so nothing from a masked position reaches any output.
+    values = torch.where(valid, values, zeros)
+    rewards = torch.where(valid, token_level_rewards.to(values.dtype), zeros)
     next_value = torch.zeros_like(values[:, 0])
     next_advantage = torch.zeros_like(values[:, 0])
     advantages = torch.zeros_like(values)
     for t in reversed(range(values.shape[1])):
-        delta = token_level_rewards[:, t] + gamma * next_value - values[:, t]
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
         advantage = delta + gamma * lam * next_advantage
         # a masked token leaves the recursion state as it found it.
-        next_value = torch.where(mask[:, t] > 0, values[:, t], next_value)
-        next_advantage = torch.where(mask[:, t] > 0, advantage, next_advantage)
+        next_value = torch.where(valid[:, t], values[:, t], next_value)
+        next_advantage = torch.where(valid[:, t], advantage, next_advantage)
         advantages[:, t] = next_advantage
-    returns = (advantages + values) * mask
-    return masked_whiten(values=advantages, mask=mask) * mask, returns
+    returns = torch.where(valid, advantages + values, zeros)
+    whitened = masked_whiten(values=advantages, mask=valid)
+    return torch.where(valid, whitened, zeros), returns

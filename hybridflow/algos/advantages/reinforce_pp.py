@@ -3,12 +3,17 @@
 Hu, "REINFORCE++: A Simple and Efficient Approach for Aligning Large Language Models"
 (arXiv 2501.03262)::
 
-    reinforce_plus_plus:           G_t = sum_{t' >= t} gamma^(t'-t) r_t'   (valid tokens)
+    reinforce_plus_plus:           G_t = r_t + gamma * G_{t'}    (t' the next *valid* token)
                                    A   = whiten_batch(G)
     reinforce_plus_plus_baseline:  A   = whiten_batch(r - mean_group(r))   (per token)
 
 Whitening is over all valid tokens of the batch (the "global advantage
 normalisation" that replaces GRPO's per-prompt std). A group of one has mean 0.
+
+Masked tokens inside a response (tool observations of a multi-turn rollout) are
+skipped: the return flows through them unchanged, so earlier turns are credited with
+the final outcome (as GAE does, and verl). Their own return and advantage are 0, and a
+reward placed on a masked token is ignored.
 """
 
 from __future__ import annotations
@@ -23,14 +28,17 @@ from hybridflow.algos.stats import masked_whiten
 def discounted_return_to_go(
     *, token_level_rewards: torch.Tensor, response_mask: torch.Tensor, gamma: float
 ) -> torch.Tensor:
-    """G_t = r_t + gamma * G_{t+1}, restarted at 0 after every masked token, ``[B, T]``."""
-    mask = response_mask.to(token_level_rewards.dtype)
+    """G_t = r_t + gamma * G_{next valid token} on valid tokens, 0 on masked ones, ``[B, T]``.
+
+    A masked token leaves the running return as it found it (``where``, not a product:
+    a NaN reward in padding cannot leak into the valid tokens).
+    """
+    valid = response_mask.bool()
     returns = torch.zeros_like(token_level_rewards)
     running = torch.zeros_like(token_level_rewards[:, 0])
     for t in reversed(range(token_level_rewards.shape[1])):
-        running = token_level_rewards[:, t] + gamma * running
-        returns[:, t] = running
-        running = running * mask[:, t]
+        running = torch.where(valid[:, t], token_level_rewards[:, t] + gamma * running, running)
+        returns[:, t] = torch.where(valid[:, t], running, torch.zeros_like(running))
     return returns
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from hybridflow.algos.agg import agg_loss
-from hybridflow.algos.policy_losses.common import clamped_log_ratio, clip_range, policy_loss_metrics
+from hybridflow.algos.policy_losses.common import clamped_log_ratio, clip_range, policy_loss_metrics, weight_by_rollout_is
 from hybridflow.algos.registry import register_policy_loss
 
 
@@ -37,6 +37,7 @@ def cispo_policy_loss(
     global_num_tokens: float | None = None,
     global_num_seqs: float | None = None,
     max_response_length: int | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
     **_,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """CISPO loss over ``[B, T]`` inputs; see the module docstring."""
@@ -45,7 +46,7 @@ def cispo_policy_loss(
     ratio = log_ratio.exp()
     weight = ratio.clamp(1 - low, 1 + high)
     loss = agg_loss(
-        loss_mat=-advantages * weight * log_prob,
+        loss_mat=weight_by_rollout_is(losses=-advantages * weight * log_prob, rollout_is_weights=rollout_is_weights),
         loss_mask=response_mask,
         loss_agg_mode=loss_agg_mode,
         global_num_tokens=global_num_tokens,

@@ -23,6 +23,7 @@ from hybridflow.algos.policy_losses.common import (
     clip_range,
     clipped_surrogate,
     policy_loss_metrics,
+    weight_by_rollout_is,
 )
 from hybridflow.algos.policy_losses.covariance import check_token_ratio, covariance_token_count, token_covariance
 from hybridflow.algos.registry import register_policy_loss
@@ -56,6 +57,7 @@ def clip_cov_policy_loss(
     global_num_tokens: float | None = None,
     global_num_seqs: float | None = None,
     max_response_length: int | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
     **_,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clip-Cov loss over ``[B, T]`` inputs; see the module docstring."""
@@ -70,7 +72,7 @@ def clip_cov_policy_loss(
     picked = pick_at_random(candidates=candidates, count=count, generator=generator)
     losses = clip_loss.masked_fill(picked, 0.0)
     loss = agg_loss(
-        loss_mat=losses,
+        loss_mat=weight_by_rollout_is(losses=losses, rollout_is_weights=rollout_is_weights),
         loss_mask=response_mask,
         loss_agg_mode=loss_agg_mode,
         global_num_tokens=global_num_tokens,

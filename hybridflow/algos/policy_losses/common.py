@@ -70,3 +70,10 @@ def policy_loss_metrics(
         "pg_clipfrac_lower": fraction(clipped_lower),
         "ppo_kl": masked_mean(values=-log_ratio.detach(), mask=response_mask).item(),
     }
+
+
+def weight_by_rollout_is(*, losses: torch.Tensor, rollout_is_weights: torch.Tensor | None) -> torch.Tensor:
+    """Per-token losses ``[B, T]`` times the rollout-correction IS weights ``[B, T]`` (detached:
+    they change the measure, not the objective); unchanged when there are none. See
+    ``hybridflow.algos.rollout_correction``."""
+    return losses if rollout_is_weights is None else losses * rollout_is_weights.detach()

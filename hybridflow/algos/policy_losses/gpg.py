@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from hybridflow.algos.agg import agg_loss
-from hybridflow.algos.policy_losses.common import policy_loss_metrics
+from hybridflow.algos.policy_losses.common import policy_loss_metrics, weight_by_rollout_is
 from hybridflow.algos.registry import register_policy_loss
 
 
@@ -30,11 +30,12 @@ def gpg_policy_loss(
     global_num_tokens: float | None = None,
     global_num_seqs: float | None = None,
     max_response_length: int | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
     **_,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """REINFORCE loss -A log pi over ``[B, T]`` inputs."""
     loss = agg_loss(
-        loss_mat=-advantages * log_prob,
+        loss_mat=weight_by_rollout_is(losses=-advantages * log_prob, rollout_is_weights=rollout_is_weights),
         loss_mask=response_mask,
         loss_agg_mode=loss_agg_mode,
         global_num_tokens=global_num_tokens,

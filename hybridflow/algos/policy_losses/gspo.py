@@ -23,6 +23,7 @@ from hybridflow.algos.policy_losses.common import (
     clip_range,
     clipped_surrogate,
     policy_loss_metrics,
+    weight_by_rollout_is,
 )
 from hybridflow.algos.registry import register_policy_loss
 
@@ -50,6 +51,7 @@ def gspo_policy_loss(
     global_num_tokens: float | None = None,
     global_num_seqs: float | None = None,
     max_response_length: int | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
     **_,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """GSPO-token loss over ``[B, T]`` inputs; see the module docstring."""
@@ -59,7 +61,7 @@ def gspo_policy_loss(
     ratio = clamp_log_ratio(log_ratio=log_ratio).exp()
     clip_loss, clipped = clipped_surrogate(ratio=ratio, advantages=advantages, clip_low=low, clip_high=high)
     loss = agg_loss(
-        loss_mat=clip_loss,
+        loss_mat=weight_by_rollout_is(losses=clip_loss, rollout_is_weights=rollout_is_weights),
         loss_mask=response_mask,
         loss_agg_mode=loss_agg_mode,
         global_num_tokens=global_num_tokens,

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from hybridflow.algos.agg import agg_loss
-from hybridflow.algos.policy_losses.common import clamped_log_ratio, policy_loss_metrics
+from hybridflow.algos.policy_losses.common import clamped_log_ratio, policy_loss_metrics, weight_by_rollout_is
 from hybridflow.algos.policy_losses.covariance import check_token_ratio, covariance_token_count, token_covariance
 from hybridflow.algos.registry import register_policy_loss
 from hybridflow.algos.stats import masked_mean
@@ -47,6 +47,7 @@ def kl_cov_policy_loss(
     global_num_tokens: float | None = None,
     global_num_seqs: float | None = None,
     max_response_length: int | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
     **_,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """KL-Cov loss over ``[B, T]`` inputs; see the module docstring."""
@@ -57,7 +58,7 @@ def kl_cov_policy_loss(
     penalised = top_covariance_tokens(cov=cov, valid=response_mask > 0, ratio=kl_cov_ratio)
     losses = torch.where(penalised, policy_gradient + ppo_kl_coef * log_ratio.abs(), policy_gradient)
     loss = agg_loss(
-        loss_mat=losses,
+        loss_mat=weight_by_rollout_is(losses=losses, rollout_is_weights=rollout_is_weights),
         loss_mask=response_mask,
         loss_agg_mode=loss_agg_mode,
         global_num_tokens=global_num_tokens,

@@ -24,6 +24,7 @@ from hybridflow.algos.policy_losses.common import (
     clip_range,
     clipped_surrogate,
     policy_loss_metrics,
+    weight_by_rollout_is,
 )
 from hybridflow.algos.registry import register_policy_loss
 
@@ -43,6 +44,7 @@ def vanilla_policy_loss(
     global_num_tokens: float | None = None,
     global_num_seqs: float | None = None,
     max_response_length: int | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
     **_,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped PPO loss over ``[B, T]`` inputs; see the module docstring."""
@@ -56,7 +58,7 @@ def vanilla_policy_loss(
     dual_bound = -advantages * clip_ratio_c
     losses = torch.where(advantages < 0, torch.minimum(clip_loss, dual_bound), clip_loss)
     loss = agg_loss(
-        loss_mat=losses,
+        loss_mat=weight_by_rollout_is(losses=losses, rollout_is_weights=rollout_is_weights),
         loss_mask=response_mask,
         loss_agg_mode=loss_agg_mode,
         global_num_tokens=global_num_tokens,
