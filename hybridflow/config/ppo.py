@@ -611,6 +611,9 @@ class TrainerConfig:
     """Keep only the newest N actor checkpoints (null = all)."""
     max_critic_ckpt_to_keep: Optional[int] = None
     """Keep only the newest N critic checkpoints (null = all)."""
+    stop_on_checkpoint_error: bool = True
+    """Stop the run when a checkpoint cannot be written (disk full, I/O error); the partial step is removed and
+    earlier checkpoints stay intact. false logs one warning and keeps training (the next save tries again)."""
     ray_wait_register_center_timeout: int = 300
     """Seconds to wait for Ray workers to register."""
     device: str = "auto"

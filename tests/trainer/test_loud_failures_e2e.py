@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 
 import pandas as pd
 
@@ -57,3 +58,30 @@ def test_misspelled_data_source_stops_before_any_model_loads(tmp_path, tiny_mode
     (error,) = capsys.readouterr().err.strip().splitlines()
     assert "data.train_files, row 0: no reward scorer for data_source 'openai/gsm8kk'" in error
     assert "did you mean 'openai/gsm8k'?" in error
+
+
+# --------------------------------------------------------------------------- checkpoints on a full disk
+from tests.trainer.test_checkpoint_damage import small_disk  # noqa: E402,F401  (the 3 MiB tmpfs fixture)
+
+
+def _on_small_disk(tmp_path, tiny_model_dir, small_disk) -> list[str]:
+    overrides = base_overrides(tmp_path, tiny_model_dir, steps=2) + [
+        "trainer.save_freq=1", "trainer.logger=[console]", f"trainer.default_local_dir={small_disk}"]
+    return overrides
+
+
+def test_full_disk_stops_the_run_and_keeps_the_last_checkpoint(tmp_path, tiny_model_dir, small_disk, capsys):
+    assert main(_on_small_disk(tmp_path, tiny_model_dir, small_disk)) == 2
+    (error,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("hybridflow: error:")]
+    assert f"disk full at {small_disk}: needs ~" in error and "MB free" in error
+    assert sorted(os.listdir(small_disk)) == ["global_step_1", "latest_checkpointed_iteration.txt"]
+
+
+def test_full_disk_keeps_training_when_asked(tmp_path, tiny_model_dir, small_disk, caplog):
+    overrides = _on_small_disk(tmp_path, tiny_model_dir, small_disk) + ["trainer.stop_on_checkpoint_error=false"]
+    with caplog.at_level(logging.WARNING, logger="hybridflow.trainer.ppo"):
+        run = run_ppo(load_config(PPOConfig, overrides))
+    assert run.steps == 2
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "hybridflow.trainer.ppo"]
+    assert line.startswith("checkpoint of step 2 not saved, training on as asked: disk full at")
+    assert not any(".tmp-" in name for name in os.listdir(small_disk))
