@@ -314,14 +314,16 @@ def run_python(code: str, *, stdin: str = "", timeout_s: float = 5.0, memory_mb:
     check_sandbox()
     limits = [str(memory_mb * 2**20), str(int(timeout_s) + 1), str(_FILE_SIZE_LIMIT), str(_MAX_PROCESSES)]
     with tempfile.TemporaryDirectory(prefix="hybridflow-sandbox-") as host_dir:
-        program_path = _write_readable(host_dir, "main.py", code)
         stdin_path = _write_readable(host_dir, "stdin.txt", stdin)
+        scratch = os.path.join(host_dir, "scratch")  # the weak mode's working dir: main.py alone
+        os.mkdir(scratch)
+        program_path = _write_readable(scratch, "main.py", code)
         isolated = sandbox_available()
         command = _bwrap_command(program_path, limits) if isolated else _weak_command(limits)
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1"}
         with open(stdin_path, "rb") as stdin_file:
             process = subprocess.Popen(
-                command, cwd=host_dir, env=env, stdin=stdin_file, stdout=subprocess.PIPE,
+                command, cwd=scratch, env=env, stdin=stdin_file, stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE, start_new_session=True, **(_drop_to_nobody() if isolated else {}),
             )  # fmt: skip
             try:

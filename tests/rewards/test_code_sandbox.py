@@ -21,6 +21,14 @@ needs_bwrap = pytest.mark.skipif(
 )
 
 
+@pytest.fixture(autouse=True)
+def weak_mode_where_bwrap_cannot_run(monkeypatch):
+    """The scoring tests check grading, not isolation: where bwrap cannot run they use the weak mode
+    (the isolation tests are skipped there, and the refusal is tested with bwrap faked away)."""
+    if not code_sandbox.sandbox_available():
+        monkeypatch.setenv(code_sandbox.ALLOW_UNSANDBOXED_ENV, "1")
+
+
 def test_passing_program_scores_one():
     response = "Here you go:\n```python\na, b = map(int, input().split())\nprint(a + b)\n```\n"
     assert compute_score(response, ADD_TESTS) == {"score": 1.0, "all_passed": 1.0, "num_tests": 3.0}
