@@ -8,14 +8,22 @@ PYTEST_ARGS ?=
 # Two threads in total on the 2-core machines; passive OpenMP waiting (see docs/benchmarks.md).
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: venv test test-slow test-gpu test-all demo demo-tiny lock clean
+.PHONY: venv sandbox test test-slow test-gpu test-all demo demo-tiny lock clean
 
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check -c requirements.lock -e '.[dev]'
 	touch $(STAMP)
 
-venv: $(STAMP)
+venv: $(STAMP) sandbox
+
+# The code sandbox (hybridflow/rewards/code_sandbox.py) runs untrusted programs in bubblewrap.
+# Installed from the distribution when missing and we may (root, apt); never fatal: without it
+# code rewards refuse to run and the sandbox tests skip, each saying why.
+sandbox:
+	@command -v bwrap >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && \
+		(apt-get update -qq && apt-get install -y -qq bubblewrap) >/dev/null 2>&1; } || \
+		echo "note: bubblewrap (bwrap) is not installed: code-execution rewards will refuse to run; install it with your package manager"
 
 # Fast tier: everything not marked slow (well under 30 minutes on 2 cores).
 test: venv

@@ -23,6 +23,10 @@ class ModelError(HybridflowError):
     """A model path or model file that cannot be loaded."""
 
 
+class CheckpointError(HybridflowError):
+    """A checkpoint that cannot be written (disk full, I/O error) or read back (damaged)."""
+
+
 class WorkerDiedError(HybridflowError):
     """A worker process exited during a call; the run must resume from its last checkpoint."""
 

@@ -460,6 +460,10 @@ class SandboxConfig:
     """Address-space limit of one program."""
     timeout_s: float = 10.0
     """Wall-clock limit of one program."""
+    allow_unsandboxed: bool = False
+    """Where bubblewrap (``bwrap``) cannot run (not installed, or the kernel forbids user namespaces),
+    run untrusted code anyway with resource limits only: NOT isolated from your files or processes.
+    Default false: code rewards stop with an error that says how to install bubblewrap."""
 
 
 @dataclass
@@ -505,6 +509,9 @@ class RewardModelConfig:
     ``failure_score``. null scores in-process with no limit (fastest; for trusted, quick scorers)."""
     failure_score: float = 0.0
     """Score of a sample whose scorer raised, hung or returned NaN/inf."""
+    stop_when_all_fail: bool = True
+    """Stop the run with an error when every sample of a step fails to score (a broken reward function or
+    data); false trains on ``failure_score`` and only prints one line per step."""
     launch_reward_fn_async: bool = False
     """Accepted for verl compatibility; scoring runs synchronously."""
     sandbox_fusion: SandboxConfig = field(default_factory=SandboxConfig)
@@ -674,6 +681,9 @@ class TrainerConfig:
     """Keep only the newest N actor checkpoints (null = all)."""
     max_critic_ckpt_to_keep: Optional[int] = None
     """Keep only the newest N critic checkpoints (null = all)."""
+    stop_on_checkpoint_error: bool = True
+    """Stop the run when a checkpoint cannot be written (disk full, I/O error); the partial step is removed and
+    earlier checkpoints stay intact. false logs one warning and keeps training (the next save tries again)."""
     ray_wait_register_center_timeout: int = 300
     """Seconds to wait for Ray workers to register."""
     device: str = "auto"

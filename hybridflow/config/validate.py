@@ -162,6 +162,27 @@ def _check_rollout(problems: list[str], cfg: Any, model_max_len: int | None) -> 
         )
 
 
+def _check_optim(problems: list[str], key: str, optim: Any) -> None:
+    """AdamW and schedule settings that torch would only reject after the model has loaded."""
+    if optim.lr < 0:
+        problems.append(f"{key}.lr={optim.lr} must be >= 0 (a typical RL learning rate is 1e-6)")
+    if optim.eps < 0:
+        problems.append(f"{key}.eps={optim.eps} must be >= 0 (AdamW's default is 1e-8)")
+    if optim.weight_decay < 0:
+        problems.append(f"{key}.weight_decay={optim.weight_decay} must be >= 0")
+    betas = list(optim.betas)
+    if len(betas) != 2 or not all(0 <= beta < 1 for beta in betas):
+        problems.append(f"{key}.betas={betas} must be two numbers in [0, 1), e.g. [0.9, 0.999]")
+    for name in ("lr_warmup_steps_ratio", "warmup_steps_ratio", "min_lr_ratio"):
+        value = getattr(optim, name, None)
+        if value is not None and not 0 <= value <= 1:
+            problems.append(f"{key}.{name}={value} must be in [0, 1]")
+    if getattr(optim, "num_cycles", 0) < 0:
+        problems.append(f"{key}.num_cycles={optim.num_cycles} must be >= 0")
+    if getattr(optim, "clip_grad", 1.0) <= 0:
+        problems.append(f"{key}.clip_grad={optim.clip_grad} must be > 0")
+
+
 def _check_trainer(problems: list[str], trainer: Any) -> None:
     _check_choice(problems, "trainer.resume_mode", trainer.resume_mode, RESUME_MODES)
     _check_choice(problems, "trainer.device", trainer.device, DEVICES)
@@ -192,6 +213,9 @@ def validate_ppo_config(cfg: Any, *, model_max_len: int | None = None, check_pat
     _check_algorithm(problems, cfg)
     _check_rollout(problems, cfg, model_max_len)
     _check_trainer(problems, cfg.trainer)
+    _check_optim(problems, "actor_rollout_ref.actor.optim", cfg.actor_rollout_ref.actor.optim)
+    if critic_enabled(cfg):
+        _check_optim(problems, "critic.optim", cfg.critic.optim)
     _check_choice(problems, "actor_rollout_ref.actor.optim.warmup_style",
                   cfg.actor_rollout_ref.actor.optim.lr_scheduler_type or cfg.actor_rollout_ref.actor.optim.warmup_style,
                   LR_SCHEDULES)
@@ -222,6 +246,7 @@ def validate_sft_config(cfg: Any, *, world_size: int = 1, model_max_len: int | N
             )
     _check_choice(problems, "data.truncation", data.truncation, ("error", "left", "right"))
     _check_choice(problems, "optim.lr_scheduler", cfg.optim.lr_scheduler, LR_SCHEDULES)
+    _check_optim(problems, "optim", cfg.optim)
     if model_max_len is not None and data.max_length > model_max_len:
         problems.append(f"data.max_length={data.max_length} exceeds the model's context of {model_max_len} tokens")
     _check_choice(problems, "trainer.resume_mode", cfg.trainer.resume_mode, RESUME_MODES)

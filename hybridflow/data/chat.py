@@ -12,6 +12,8 @@ from typing import Any
 
 from hybridflow.errors import DataError
 
+MESSAGE_ROLES = ("system", "user", "assistant", "tool")
+
 
 def as_messages(value: Any, *, role: str, row_index: int, config_key: str) -> list[dict[str, str]]:
     """A string becomes one ``{role, content}`` message; a message list is validated."""
@@ -30,6 +32,12 @@ def validate_messages(value: Any, *, row_index: int, config_key: str) -> list[di
             f"[{{'role': 'user', 'content': '...'}}], got {_preview(value)}; fix the row or point {config_key} "
             "at the messages column"
         )
+    for position, message in enumerate(value):
+        if message["role"] not in MESSAGE_ROLES:
+            raise DataError(
+                f"row {row_index}: message {position} of {config_key} has role {message['role']!r}; a role must be "
+                f"one of {', '.join(MESSAGE_ROLES)}: rename it in the data (e.g. 'human' -> 'user', 'gpt' -> 'assistant')"
+            )
     if not value or not any(isinstance(m["content"], str) and m["content"].strip() for m in value):
         raise DataError(
             f"row {row_index}: empty prompt in {config_key} (no message has text); remove the row or fill it in"

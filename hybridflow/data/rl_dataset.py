@@ -128,6 +128,13 @@ class RLDataset(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.prompt_ids)
 
+    def reward_inputs(self, key: str = "data_source") -> list[tuple[int, Any, Any]]:
+        """``(row index in the files, row[key], reward_model.ground_truth)`` of every kept row."""
+        return [
+            (row_id, row.get(key), (row.get("reward_model") or {}).get("ground_truth"))
+            for row_id, row in zip(self.row_ids, self.rows)
+        ]
+
     def __getitem__(self, index: int) -> dict[str, Any]:
         row = self.rows[index]
         extra_info = row.get("extra_info") or {}

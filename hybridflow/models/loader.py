@@ -7,7 +7,9 @@ names the path and the two ways to get a model without a hub.
 
 from __future__ import annotations
 
+import json
 import os
+import struct
 
 import torch
 
@@ -37,12 +39,54 @@ def _missing_model(path: str, cause: Exception) -> ModelError:
     )
 
 
+_REFETCH = (
+    "copy or export the model again (`hybridflow models tiny DIR` makes a test model, "
+    "`hybridflow models fetch smollm2-135m-instruct` the default one)"
+)
+
+
+def safetensors_problem(path: str) -> str | None:
+    """Why the safetensors file at ``path`` cannot be loaded (truncated, not safetensors), else None.
+
+    Reads only the header: 8 bytes of little-endian header length, the JSON header, and
+    the file size, which must equal 8 + header + the end of the last tensor's data.
+    """
+    size = os.path.getsize(path)
+    try:
+        with open(path, "rb") as handle:
+            (header_len,) = struct.unpack("<Q", handle.read(8))
+            if header_len > size - 8:
+                return f"truncated: {size} bytes, but its header alone claims {header_len}"
+            header = json.loads(handle.read(header_len))
+    except (struct.error, ValueError, UnicodeDecodeError) as error:
+        return f"not a safetensors file ({type(error).__name__})"
+    ends = [entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"]
+    expected = 8 + header_len + max(ends, default=0)
+    if size != expected:
+        return f"{'truncated' if size < expected else 'corrupt'}: {size} bytes, its header says {expected}"
+    return None
+
+
+def check_model_folder(path: str) -> None:
+    """One clear error for an empty folder or a damaged ``*.safetensors`` file in it."""
+    entries = os.listdir(path)
+    if not entries:
+        raise ModelError(f"model folder {path!r} is empty; {_REFETCH}")
+    for name in sorted(entries):
+        if name.endswith(".safetensors"):
+            problem = safetensors_problem(os.path.join(path, name))
+            if problem is not None:
+                raise ModelError(f"model weights {os.path.join(path, name)} are damaged ({problem}); {_REFETCH}")
+
+
 def _from_pretrained(auto_class, path: str, **kwargs):
     """``auto_class.from_pretrained`` with user-facing errors for paths that do not resolve."""
     path = os.path.expanduser(str(path))
     looks_local = path.startswith((".", "/", "~")) or os.path.isabs(path)
     if looks_local and not os.path.isdir(path):
         raise _missing_model(path, FileNotFoundError(path))
+    if os.path.isdir(path):
+        check_model_folder(path)
     try:
         return auto_class.from_pretrained(path, **kwargs)
     except OSError as err:  # transformers raises OSError for unknown ids and offline misses

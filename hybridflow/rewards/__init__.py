@@ -27,6 +27,9 @@ _EXPORTS = {
     "place_scores_on_last_token": "placement",
     "RewardModelScorer": "reward_model",
     "run_python": "code_sandbox",
+    "ExecutionResult": "code_sandbox",
+    "SandboxUnavailableError": "code_sandbox",
+    "sandbox_available": "code_sandbox",
 }
 
 __all__ = sorted(_EXPORTS)

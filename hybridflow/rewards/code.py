@@ -19,7 +19,7 @@ import json
 import re
 
 from hybridflow.errors import DataError
-from hybridflow.rewards.code_sandbox import outputs_match, run_python
+from hybridflow.rewards.code_sandbox import check_sandbox, default_limits, outputs_match, run_python
 from hybridflow.rewards.registry import register_scorer
 
 CODE_DATA_SOURCES = (
@@ -56,8 +56,16 @@ def parse_test_cases(ground_truth) -> list[tuple[str, str | None, str | None]]:
     )
 
 
-def compute_score(solution_str: str, ground_truth, time_limit_s: float = 5.0, memory_limit_mb: int = 1024) -> dict:
-    """Pass fraction of the extracted program on the test cases (see module docstring)."""
+def compute_score(
+    solution_str: str, ground_truth, time_limit_s: float | None = None, memory_limit_mb: int | None = None
+) -> dict:
+    """Pass fraction of the extracted program on the test cases (see module docstring).
+
+    Limits default to ``reward_model.sandbox_fusion.timeout_s`` / ``memory_limit_mb``.
+    """
+    default_time, default_memory = default_limits()
+    time_limit_s = default_time if time_limit_s is None else time_limit_s
+    memory_limit_mb = default_memory if memory_limit_mb is None else memory_limit_mb
     program = extract_program(solution_str)
     cases = parse_test_cases(ground_truth)
     passed, timed_out = 0, False
@@ -65,13 +73,13 @@ def compute_score(solution_str: str, ground_truth, time_limit_s: float = 5.0, me
         if timed_out:
             break
         source = program if statement is None else f"{program}\n\n{statement}\n"
-        run = run_python(program=source, stdin=stdin, time_limit_s=time_limit_s, memory_limit_mb=memory_limit_mb)
+        run = run_python(source, stdin=stdin, timeout_s=time_limit_s, memory_mb=memory_limit_mb)
         timed_out = run.timed_out
         passed += run.ok and (expected is None or outputs_match(run.stdout, expected))
     total = max(len(cases), 1)
     return {"score": passed / total, "all_passed": float(passed == len(cases) > 0), "num_tests": float(len(cases))}
 
 
-@register_scorer(*CODE_DATA_SOURCES)
+@register_scorer(*CODE_DATA_SOURCES, preflight=check_sandbox)
 def score_row(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> dict:
     return compute_score(solution_str, ground_truth, **kwargs)

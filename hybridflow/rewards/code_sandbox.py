@@ -1,112 +1,343 @@
-"""Run an untrusted Python program in a subprocess sandbox, and grade it on test cases.
+"""Run an untrusted Python program in a sandbox, and grade it on test cases.
 
-The sandbox is a fresh interpreter (``python -I``: no user site, no ``PYTHON*`` env)
-in an empty temporary directory that is deleted afterwards, with
+``run_python(code, stdin=..., timeout_s=..., memory_mb=...)`` runs ``code`` with the
+base interpreter (``python -I``, standard library only) inside bubblewrap
+(``bwrap``, the Debian package ``bubblewrap``):
 
-- a wall-clock limit: the whole process group is killed when it runs over;
-- ``RLIMIT_AS`` (address space) so a huge allocation fails with ``MemoryError``
-  instead of swapping the machine, plus ``RLIMIT_CPU``, ``RLIMIT_FSIZE`` (16 MiB of
-  file writes) and no core dumps;
-- no network, best effort: a new network namespace (``unshare -rn``) where the
-  kernel allows unprivileged user namespaces, and in every case ``socket`` made to
-  raise inside the interpreter. It is a guard against accidents and reward hacking
-  by ordinary code, not a security boundary against hostile native code.
+- its own PID, mount, network, IPC, UTS and user namespaces: no network at all, it
+  sees only its own processes, and when the time-out kills bwrap the kernel kills the
+  whole PID namespace -- children that ``setsid()`` or close their pipes included;
+- a root made of read-only system folders (``/usr``, the interpreter's prefix) and
+  nothing else: no ``/etc``, ``/home``, ``/root`` or checkout, so no ``/etc/passwd``,
+  project files or trainer files to read, write or delete;
+- one writable scratch dir, ``/sandbox`` (the working dir, a 64 MiB tmpfs that holds
+  ``main.py``), and a 64 MiB ``/tmp``; both vanish with the sandbox;
+- user ``nobody`` (uid 65534) with no capabilities and no nested user namespaces;
+- ``RLIMIT_AS`` (``memory_mb``), ``RLIMIT_CPU``, ``RLIMIT_FSIZE`` (16 MiB),
+  ``RLIMIT_NPROC`` and no core dumps;
+- output read incrementally: the first 1 MiB of stdout and of stderr are kept, the
+  rest is read and dropped, so a program that prints gigabytes costs no memory here.
+
+Where bwrap is missing or the kernel forbids user namespaces, ``run_python`` refuses
+with :class:`SandboxUnavailableError` -- unless the weaker mode was allowed
+(``reward_model.sandbox_fusion.allow_unsandboxed=true``, which sets
+``HYBRIDFLOW_ALLOW_UNSANDBOXED_CODE=1`` for the reward worker processes). The weaker
+mode keeps the rlimits, the bounded output and a process-group kill, but the program
+runs as the trainer's user with its file access: a guard against accidents, not
+against hostile code. One warning line says so.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import selectors
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import time
+import warnings
 from dataclasses import dataclass
 
+from hybridflow.errors import ConfigError
+
+ALLOW_UNSANDBOXED_ENV = "HYBRIDFLOW_ALLOW_UNSANDBOXED_CODE"
+TIMEOUT_ENV = "HYBRIDFLOW_SANDBOX_TIMEOUT_S"
+MEMORY_ENV = "HYBRIDFLOW_SANDBOX_MEMORY_MB"
+OUTPUT_LIMIT_BYTES = 1 << 20
 _FILE_SIZE_LIMIT = 16 * 2**20
-_OUTPUT_LIMIT_CHARS = 1 << 20
+_SCRATCH_BYTES = 64 * 2**20
+_MAX_PROCESSES = 128
+_NOBODY = "65534"
+_DRAIN_AFTER_KILL_S = 2.0
 
 # Runs inside the sandboxed interpreter: limits first, then the user's program.
 _BOOTSTRAP = r"""
-import resource, runpy, socket, sys
-memory_bytes, cpu_seconds, file_bytes, path = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+import resource, runpy, sys
+memory_bytes, cpu_seconds, file_bytes, processes = (int(v) for v in sys.argv[1:5])
 resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
 resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds))
 resource.setrlimit(resource.RLIMIT_FSIZE, (file_bytes, file_bytes))
 resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-def _no_network(*args, **kwargs):
-    raise OSError("network access is disabled in the sandbox")
-socket.socket = socket.create_connection = socket.socketpair = _no_network
-sys.argv = [path]
-runpy.run_path(path, run_name="__main__")
+resource.setrlimit(resource.RLIMIT_NPROC, (processes, processes))
+if sys.argv[5] == "weak":
+    import socket
+    def _no_network(*args, **kwargs):
+        raise OSError("network access is disabled in the sandbox")
+    socket.socket = socket.create_connection = socket.socketpair = _no_network
+sys.argv = ["main.py"]
+runpy.run_path("main.py", run_name="__main__")
 """
+
+
+class SandboxUnavailableError(ConfigError):
+    """No working bubblewrap here, and the weaker mode was not allowed."""
 
 
 @dataclass(frozen=True)
 class ExecutionResult:
-    """Outcome of one sandboxed run; ``returncode`` is None when it timed out."""
+    """Outcome of one sandboxed run; ``returncode`` is None when it timed out.
+
+    ``stdout`` / ``stderr`` hold at most the first 1 MiB each; ``truncated`` says more
+    was printed and dropped.
+    """
 
     returncode: int | None
     stdout: str
     stderr: str
     timed_out: bool
+    truncated: bool = False
 
     @property
     def ok(self) -> bool:
         return self.returncode == 0 and not self.timed_out
 
 
-@functools.cache
-def _network_isolation_prefix() -> tuple[str, ...]:
-    """``('unshare', '-rn')`` where a user + network namespace can be made, else ()."""
-    if shutil.which("unshare") is None:
-        return ()
+def _reachable_by_others(path: str) -> bool:
+    """Every folder above ``path`` is searchable and ``path`` executable by any user."""
+    parts = os.path.realpath(path).split(os.sep)
+    folders = [os.sep + os.path.join(*parts[1:i]) if i > 1 else os.sep for i in range(1, len(parts))]
     try:
-        probe = subprocess.run(["unshare", "-rn", "true"], capture_output=True, timeout=5)
-    except (OSError, subprocess.TimeoutExpired):
-        return ()
-    return ("unshare", "-rn") if probe.returncode == 0 else ()
+        return all(os.stat(f).st_mode & 0o001 for f in folders) and bool(os.stat(path).st_mode & 0o001)
+    except OSError:
+        return False
 
 
-def _kill_group(process: subprocess.Popen) -> None:
+@functools.cache
+def _interpreter() -> tuple[str, str | None]:
+    """(interpreter, prefix to bind or None): the sandbox gets a standard library, not the venv.
+
+    The trainer's base interpreter when user nobody can reach it, else the system's
+    ``python3`` (a pyenv interpreter under ``/root`` is not reachable by nobody).
+    """
+    base = os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
+    for candidate in (base, "/usr/local/bin/python3", "/usr/bin/python3"):
+        if os.path.isfile(candidate) and _reachable_by_others(candidate):
+            candidate = os.path.realpath(candidate)
+            prefix = os.path.realpath(sys.base_prefix) if candidate == base else None
+            return candidate, None if prefix is None or prefix.startswith("/usr/") else prefix
+    return base, os.path.realpath(sys.base_prefix)
+
+
+def _drop_to_nobody() -> dict:
+    """Popen arguments that start bwrap as nobody when we are root and nobody can reach the interpreter.
+
+    As root, the sandbox's uid maps to root outside, and the kernel exempts root from
+    ``RLIMIT_NPROC``; starting bwrap as nobody makes the program nobody on the host too.
+    """
+    executable, _ = _interpreter()
+    if os.geteuid() != 0 or not _reachable_by_others(executable):
+        return {}
+    return {"user": int(_NOBODY), "group": int(_NOBODY), "extra_groups": []}
+
+
+def _bwrap_command(program_path: str, limits: list[str]) -> list[str]:
+    executable, prefix = _interpreter()
+    command = [
+        "bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
+        "--uid", _NOBODY, "--gid", _NOBODY, "--cap-drop", "ALL", "--hostname", "sandbox",
+        "--ro-bind", "/usr", "/usr",
+    ]  # fmt: skip
+    for link in ("bin", "lib", "lib64", "sbin"):
+        if os.path.islink(f"/{link}"):
+            command += ["--symlink", os.readlink(f"/{link}"), f"/{link}"]
+        elif os.path.isdir(f"/{link}"):
+            command += ["--ro-bind", f"/{link}", f"/{link}"]
+    if prefix is not None:
+        command += ["--ro-bind", prefix, prefix]
+    command += [
+        "--proc", "/proc", "--dev", "/dev",
+        "--size", str(_SCRATCH_BYTES), "--tmpfs", "/tmp",
+        "--size", str(_SCRATCH_BYTES), "--tmpfs", "/sandbox",
+        "--ro-bind", program_path, "/sandbox/main.py", "--remount-ro", "/", "--chdir", "/sandbox",
+        "--clearenv", "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "HOME", "/sandbox",
+        "--setenv", "LANG", "C.UTF-8", "--setenv", "OMP_NUM_THREADS", "1",
+        executable, "-I", "-c", _BOOTSTRAP, *limits, "bwrap",
+    ]  # fmt: skip
+    return command
+
+
+@functools.cache
+def bwrap_problem() -> str | None:
+    """None where bubblewrap runs here; else why not (missing, or namespaces refused)."""
+    if shutil.which("bwrap") is None:
+        return "bubblewrap (bwrap) is not installed"
+    with tempfile.TemporaryDirectory(prefix="hybridflow-sandbox-probe-") as folder:
+        probe = _write_readable(folder, "main.py", "pass\n")
+        command = _bwrap_command(probe, ["1073741824", "5", "1024", "64"])
+        try:
+            done = subprocess.run(
+                command, capture_output=True, timeout=30, stdin=subprocess.DEVNULL, **_drop_to_nobody()
+            )
+        except (OSError, subprocess.TimeoutExpired) as error:
+            return f"bwrap failed to start: {error}"
+    if done.returncode != 0:
+        return f"bwrap cannot create its namespaces here: {done.stderr.decode(errors='replace').strip()[:200]}"
+    return None
+
+
+def sandbox_available() -> bool:
+    """Whether :func:`run_python` runs fully isolated on this machine."""
+    return bwrap_problem() is None
+
+
+def apply_sandbox_settings(*, allow_unsandboxed: bool, timeout_s: float, memory_mb: int) -> None:
+    """Make ``reward_model.sandbox_fusion.*`` the defaults of this process and the scorer processes it starts.
+
+    Environment variables, because scorers run in spawned worker processes that do not
+    share this module's state.
+    """
+    os.environ[ALLOW_UNSANDBOXED_ENV] = "1" if allow_unsandboxed else "0"
+    os.environ[TIMEOUT_ENV] = str(float(timeout_s))
+    os.environ[MEMORY_ENV] = str(int(memory_mb))
+
+
+def default_limits() -> tuple[float, int]:
+    """(timeout_s, memory_mb) set by :func:`apply_sandbox_settings`, else (5 s, 1024 MiB)."""
+    return float(os.environ.get(TIMEOUT_ENV, 5.0)), int(os.environ.get(MEMORY_ENV, 1024))
+
+
+def unsandboxed_allowed() -> bool:
+    return os.environ.get(ALLOW_UNSANDBOXED_ENV, "") not in ("", "0", "false", "False")
+
+
+@functools.cache
+def _warn_weak_mode(problem: str) -> None:
+    warnings.warn(
+        f"code sandbox: {problem}; running untrusted code WITHOUT isolation (rlimits only) because "
+        "reward_model.sandbox_fusion.allow_unsandboxed=true",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+
+
+def check_sandbox() -> None:
+    """Raise :class:`SandboxUnavailableError` unless code can run (isolated, or weak mode allowed)."""
+    problem = bwrap_problem()
+    if problem is None:
+        return
+    if unsandboxed_allowed():
+        _warn_weak_mode(problem)
+        return
+    raise SandboxUnavailableError(
+        f"cannot run untrusted code: {problem}. Install it (`apt-get install bubblewrap`) on a kernel that "
+        "allows user namespaces, or set reward_model.sandbox_fusion.allow_unsandboxed=true to run code with "
+        "resource limits only (NOT isolated from your files)"
+    )
+
+
+def _write_readable(folder: str, name: str, text: str) -> str:
+    """Write ``folder/name`` readable by user nobody (who starts bwrap when we are root)."""
+    os.chmod(folder, 0o755)
+    path = os.path.join(folder, name)
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    os.chmod(path, 0o644)
+    return path
+
+
+def _weak_command(limits: list[str]) -> list[str]:
+    return [sys.executable, "-I", "-c", _BOOTSTRAP, *limits, "weak"]
+
+
+def _kill_tree(process: subprocess.Popen) -> None:
+    """SIGKILL the process group; under bwrap that kills its PID namespace, so everything in it."""
     try:
         os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
+    except (ProcessLookupError, PermissionError):
         pass
 
 
-def run_python(
-    *, program: str, stdin: str = "", time_limit_s: float = 5.0, memory_limit_mb: int = 1024
-) -> ExecutionResult:
-    """Run ``program`` with ``stdin`` under the limits in the module docstring."""
-    with tempfile.TemporaryDirectory(prefix="hybridflow-sandbox-") as workdir:
-        path = os.path.join(workdir, "main.py")
-        with open(path, "w", encoding="utf-8") as handle:
-            handle.write(program)
-        command = [
-            *_network_isolation_prefix(), sys.executable, "-I", "-c", _BOOTSTRAP,
-            str(memory_limit_mb * 2**20), str(int(time_limit_s) + 1), str(_FILE_SIZE_LIMIT), path,
-        ]  # fmt: skip
+class _CappedReader:
+    """Reads stdout and stderr as they come, keeping the first ``limit`` bytes of each."""
+
+    def __init__(self, process: subprocess.Popen, limit: int):
+        self.limit = limit
+        self.kept = {"stdout": bytearray(), "stderr": bytearray()}
+        self.truncated = False
+        self.selector = selectors.DefaultSelector()
+        for name in self.kept:
+            fd = getattr(process, name).fileno()
+            os.set_blocking(fd, False)
+            self.selector.register(fd, selectors.EVENT_READ, data=name)
+
+    @property
+    def open(self) -> bool:
+        return bool(self.selector.get_map())
+
+    def pump(self, timeout_s: float) -> None:
+        """Read whatever is ready within ``timeout_s``; closed pipes are unregistered."""
+        for key, _ in self.selector.select(timeout=max(timeout_s, 0.0)):
+            try:
+                chunk = os.read(key.fd, 1 << 16)
+            except BlockingIOError:
+                continue
+            if not chunk:
+                self.selector.unregister(key.fd)
+                continue
+            buffer = self.kept[key.data]
+            room = self.limit - len(buffer)
+            buffer += chunk[: max(room, 0)]
+            self.truncated |= len(chunk) > room
+
+    def text(self, name: str) -> str:
+        return self.kept[name].decode("utf-8", errors="replace")
+
+
+def _supervise(process: subprocess.Popen, timeout_s: float) -> tuple[_CappedReader, bool]:
+    """Pump output until the process ends or ``timeout_s`` passes (then kill the tree)."""
+    reader = _CappedReader(process, OUTPUT_LIMIT_BYTES)
+    deadline = time.monotonic() + timeout_s
+    timed_out = False
+    while process.poll() is None or reader.open:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            timed_out = process.poll() is None or reader.open
+            break
+        reader.pump(min(remaining, 0.1))
+    _kill_tree(process)  # what is left: the program, or a child that kept the pipes
+    drain_until = time.monotonic() + _DRAIN_AFTER_KILL_S
+    while reader.open and time.monotonic() < drain_until:
+        reader.pump(0.05)
+    process.wait()
+    return reader, timed_out
+
+
+def run_python(code: str, *, stdin: str = "", timeout_s: float = 5.0, memory_mb: int = 1024) -> ExecutionResult:
+    """Run ``code`` with ``stdin`` in the sandbox described in the module docstring.
+
+    Raises:
+        SandboxUnavailableError: bwrap does not work here and the weak mode is not allowed.
+    """
+    check_sandbox()
+    limits = [str(memory_mb * 2**20), str(int(timeout_s) + 1), str(_FILE_SIZE_LIMIT), str(_MAX_PROCESSES)]
+    with tempfile.TemporaryDirectory(prefix="hybridflow-sandbox-") as host_dir:
+        stdin_path = _write_readable(host_dir, "stdin.txt", stdin)
+        scratch = os.path.join(host_dir, "scratch")  # the weak mode's working dir: main.py alone
+        os.mkdir(scratch)
+        program_path = _write_readable(scratch, "main.py", code)
+        isolated = sandbox_available()
+        command = _bwrap_command(program_path, limits) if isolated else _weak_command(limits)
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1"}
-        process = subprocess.Popen(
-            command, cwd=workdir, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True, errors="replace", start_new_session=True,
-        )  # fmt: skip
-        try:
-            stdout, stderr = process.communicate(stdin, timeout=time_limit_s)
-            timed_out = False
-        except subprocess.TimeoutExpired:
-            _kill_group(process)
-            stdout, stderr = process.communicate()
-            timed_out = True
-        finally:
-            _kill_group(process)  # reap any children it left behind
+        with open(stdin_path, "rb") as stdin_file:
+            process = subprocess.Popen(
+                command, cwd=scratch, env=env, stdin=stdin_file, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, start_new_session=True, **(_drop_to_nobody() if isolated else {}),
+            )  # fmt: skip
+            try:
+                reader, timed_out = _supervise(process, timeout_s)
+            finally:
+                _kill_tree(process)
+                process.stdout.close()
+                process.stderr.close()
     return ExecutionResult(
         returncode=None if timed_out else process.returncode,
-        stdout=stdout[:_OUTPUT_LIMIT_CHARS],
-        stderr=stderr[-_OUTPUT_LIMIT_CHARS:],
+        stdout=reader.text("stdout"),
+        stderr=reader.text("stderr"),
         timed_out=timed_out,
+        truncated=reader.truncated,
     )
 
 

@@ -9,20 +9,39 @@ reasoning-gym scorer without being listed one by one.
 
 from __future__ import annotations
 
+import difflib
 import importlib
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
 
 from hybridflow.errors import DataError
 
 Scorer = Callable[..., Any]
 
 _SCORERS: dict[str, Scorer] = {}
+
+
+@dataclass(frozen=True)
+class ScorerNeeds:
+    """What a scorer needs before a run starts: the row's ground truth, and a ``preflight`` check."""
+
+    ground_truth: bool = True
+    preflight: Callable[[], None] | None = None
+
+
+_NEEDS: dict[Scorer, ScorerNeeds] = {}
 _BUILTIN_MODULES = ("gsm8k", "math", "code", "synthetic")
 _builtins_loaded = False
 
 
-def register_scorer(*data_sources: str) -> Callable[[Scorer], Scorer]:
+def register_scorer(
+    *data_sources: str, needs_ground_truth: bool = True, preflight: Callable[[], None] | None = None
+) -> Callable[[Scorer], Scorer]:
     """Decorator: route each of ``data_sources`` to the decorated scorer.
+
+    ``needs_ground_truth``: rows must carry ``reward_model.ground_truth`` (checked when the
+    data loads). ``preflight``: called once at load time when a row uses this scorer; it
+    raises a :class:`~hybridflow.errors.HybridflowError` when the scorer cannot work here.
 
     Example::
 
@@ -39,6 +58,7 @@ def register_scorer(*data_sources: str) -> Callable[[Scorer], Scorer]:
             if existing is not None and existing is not fn:
                 raise ValueError(f"data_source {source!r} already routed to {existing.__module__}.{existing.__name__}")
             _SCORERS[source] = fn
+        _NEEDS[fn] = ScorerNeeds(ground_truth=needs_ground_truth, preflight=preflight)
         return fn
 
     return decorate
@@ -74,8 +94,10 @@ def get_scorer(data_source: str) -> Scorer:
     if rg_scorer.is_reasoning_gym_task(data_source):
         return rg_scorer.score_row
     known = ", ".join(registered_data_sources())
+    close = difflib.get_close_matches(str(data_source), registered_data_sources(), n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
     raise DataError(
-        f"no reward scorer for data_source {data_source!r}; known sources: {known}, and any reasoning-gym "
+        f"no reward scorer for data_source {data_source!r}{hint}; known sources: {known}, and any reasoning-gym "
         "task name. Set custom_reward_function.path (and .name) to a .py file whose function scores this source."
     )
 
@@ -89,3 +111,31 @@ def default_compute_score(
     """
     scorer = get_scorer(data_source)
     return scorer(data_source, solution_str, ground_truth, extra_info, **kwargs)
+
+
+def check_rows_scorable(rows: Iterable[tuple[int, Any, Any]], *, files: str) -> None:
+    """Check at load time that the built-in scorers can score every row.
+
+    ``rows`` holds ``(row_index, data_source, ground_truth)``. Each data source must have
+    a scorer, each row the fields its scorer needs, and each scorer's preflight must pass.
+
+    Raises:
+        DataError: the first unknown data source or row without a needed ground truth,
+            naming the row, the file key and the fix.
+    """
+    checked: set = set()
+    for row_index, data_source, ground_truth in rows:
+        try:
+            scorer = get_scorer(data_source)
+        except DataError as error:
+            raise DataError(f"{files}, row {row_index}: {error}") from None
+        needs = _NEEDS.get(scorer, ScorerNeeds())
+        if needs.ground_truth and ground_truth is None:
+            raise DataError(
+                f"{files}, row {row_index} (data_source {data_source!r}): reward_model.ground_truth is missing and "
+                "its scorer needs it; add {'reward_model': {'style': 'rule', 'ground_truth': ...}} to every row, "
+                "or score with custom_reward_function.path"
+            )
+        if scorer not in checked and needs.preflight is not None:
+            needs.preflight()
+        checked.add(scorer)

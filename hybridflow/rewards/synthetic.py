@@ -12,7 +12,7 @@ from hybridflow.rewards.registry import register_scorer
 DIGITS_SOURCE = "hybridflow/digits"
 
 
-@register_scorer(DIGITS_SOURCE)
+@register_scorer(DIGITS_SOURCE, needs_ground_truth=False)
 def digits_fraction(data_source, solution_str, ground_truth=None, extra_info=None) -> float:
     text = solution_str.strip()
     return sum(ch.isdigit() for ch in text) / len(text) if text else 0.0

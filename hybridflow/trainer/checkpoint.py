@@ -18,10 +18,19 @@ Crash safety, in write order:
 A crash at any point leaves the tracker naming the previous complete step, and any
 directory without the marker (torn by a crash, or copied partially) is never resumed
 from in ``auto`` mode.
+
+Damage after the fact: the marker records every file's size (and a checksum of the
+smaller ones, see checkpoint_manifest.py); ``auto`` resume verifies the step it picks
+and falls back to the newest intact one with a warning that names the damaged file.
+
+Full disks: before writing, the free space is compared with the size of the previous
+checkpoint; a save that runs out of space anyway removes its partial temp folder and
+raises :class:`CheckpointError` ("disk full at DIR: needs ~X MB, Y MB free").
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -33,8 +42,9 @@ from typing import Any
 
 import torch
 
-from hybridflow.errors import ConfigError, ModelError
+from hybridflow.errors import CheckpointError, ConfigError, ModelError
 from hybridflow.trainer.checkpoint_components import Checkpointable, HasStateDict, as_component
+from hybridflow.trainer.checkpoint_manifest import build_manifest, manifest_problem, tree_size
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +54,7 @@ EXTRA_FILE = "data.pt"
 STEP_DIR = re.compile(r"^global_step_(\d+)$")
 LEFTOVER_DIR = re.compile(r"^global_step_\d+\.(?:tmp|old)-(\d+)$")
 RESUME_MODES = ("auto", "disable", "resume_path")
+_NEARLY_FULL_BYTES = 2**20  # less free than this after a failed write: the disk filled up
 
 
 def step_dir(root: str, step: int) -> str:
@@ -114,40 +125,69 @@ def _tracked_step(root: str) -> int | None:
         return None
 
 
-def _find_auto(root: str) -> str | None:
-    """The tracker's step if complete; else the newest complete step, with a warning; else None."""
+def read_marker(path: str) -> dict | None:
+    """The completion marker of step directory ``path`` (None when absent or unreadable)."""
+    try:
+        with open(os.path.join(path, COMPLETE_MARKER), encoding="utf-8") as f:
+            marker = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return marker if isinstance(marker, dict) else None
+
+
+def damage(path: str, components: tuple[str, ...] = ()) -> str | None:
+    """What is damaged in the complete step ``path`` (a missing component, a truncated or corrupt file), or None."""
+    marker = read_marker(path)
+    if marker is None:
+        return f"{COMPLETE_MARKER} is unreadable"
+    return manifest_problem(path, marker, components=components)
+
+
+def _find_auto(root: str, components: tuple[str, ...] = ()) -> str | None:
+    """The tracker's step if complete and intact; else the newest intact step, with a warning; else None."""
     tracked = _tracked_step(root)
-    if tracked is not None and is_complete(step_dir(root, tracked)):
-        return step_dir(root, tracked)
     steps = complete_steps(root)
+    order = ([tracked] if tracked in steps else []) + sorted((s for s in steps if s != tracked), reverse=True)
+    for step in order:
+        problem = damage(steps[step], components)
+        if problem is None:
+            if step != tracked:
+                _warn_fallback(root, tracked, steps[step], damaged=tracked in steps)
+            return steps[step]
+        logger.warning("checkpoint %s is damaged (%s); skipping it", steps[step], problem)
+    if tracked is not None or steps:
+        logger.warning("no intact checkpoint under %s; starting fresh", root)
+    return None
+
+
+def _warn_fallback(root: str, tracked: int | None, chosen: str, *, damaged: bool) -> None:
     if tracked is None:
         problem = "is missing or unreadable"
     else:
-        problem = f"names global_step_{tracked}, which is missing or incomplete"
-    if not steps:
-        if tracked is not None:
-            logger.warning("%s under %s %s; starting fresh", TRACKER_FILE, root, problem)
-        return None
-    newest = steps[max(steps)]
-    logger.warning("%s under %s %s; resuming from the newest complete step %s", TRACKER_FILE, root, problem, newest)
-    return newest
+        problem = f"names global_step_{tracked}, which is {'damaged' if damaged else 'missing or incomplete'}"
+    logger.warning("%s under %s %s; resuming from the newest complete step %s", TRACKER_FILE, root, problem, chosen)
 
 
-def find_resume_checkpoint(root: str, resume_mode: str = "auto", resume_from_path: str | None = None) -> str | None:
+def find_resume_checkpoint(
+    root: str, resume_mode: str = "auto", resume_from_path: str | None = None, components: tuple[str, ...] = ()
+) -> str | None:
     """The step directory to resume from (``trainer.resume_mode``), or None to start fresh.
 
     - ``disable``: always None.
-    - ``auto``: the step named by the tracker; if the tracker is missing or names a missing
-      or incomplete step, the newest complete ``global_step_*`` (with a warning).
+    - ``auto``: the step named by the tracker; if the tracker is missing or names a missing,
+      incomplete or damaged step, the newest complete intact ``global_step_*`` (with a warning).
     - ``resume_path``: ``resume_from_path``, which must be an existing ``global_step_N``
-      directory (checkpoints written by verl, which have no completion marker, load this way).
+      directory (checkpoints written by verl, which have no completion marker, load this way);
+      a damaged one is an error.
+
+    ``components`` (e.g. ``("actor", "critic")``) must all be present in the step.
     """
     if resume_mode not in RESUME_MODES:
         raise ConfigError(f"trainer.resume_mode={resume_mode!r} is not one of {list(RESUME_MODES)}")
     if resume_mode == "disable":
         return None
     if resume_mode == "auto":
-        return _find_auto(root)
+        return _find_auto(root, tuple(components))
     if not resume_from_path or not os.path.isdir(resume_from_path):
         raise ConfigError(
             f"trainer.resume_mode=resume_path needs trainer.resume_from_path to be an existing "
@@ -157,6 +197,11 @@ def find_resume_checkpoint(root: str, resume_mode: str = "auto", resume_from_pat
         raise ConfigError(f"trainer.resume_from_path={resume_from_path!r} must name a global_step_N directory")
     if not is_complete(resume_from_path):
         logger.warning("%s has no %s; loading it anyway as asked", resume_from_path, COMPLETE_MARKER)
+    elif (problem := damage(resume_from_path, tuple(components))) is not None:
+        raise CheckpointError(
+            f"checkpoint {resume_from_path} is damaged ({problem}); set trainer.resume_from_path to another "
+            "global_step_N, or trainer.resume_mode=auto to take the newest intact one"
+        )
     return resume_from_path
 
 
@@ -196,7 +241,8 @@ def _write_step(temp: str, step: int, components: Mapping[str, Checkpointable], 
         component.save_to(os.path.join(temp, name))
     torch.save(dict(extra), os.path.join(temp, EXTRA_FILE))
     _fsync_tree(temp)
-    marker = {"step": step, "components": sorted(components), "saved_at": time.time()}
+    marker = {"step": step, "components": sorted(components), "saved_at": time.time(),
+              "files": build_manifest(temp, marker_name=COMPLETE_MARKER)}
     write_text_atomic(os.path.join(temp, COMPLETE_MARKER), json.dumps(marker))
 
 
@@ -240,11 +286,68 @@ def save_checkpoint(
     _remove_leftovers(root)
     temp, final = f"{step_dir(root, step)}.tmp-{os.getpid()}", step_dir(root, step)
     shutil.rmtree(temp, ignore_errors=True)
-    _write_step(temp, step, {name: as_component(c) for name, c in components.items()}, extra or {})
-    _publish(temp, final)
-    _write_tracker(root, step)
+    needed = _previous_step_bytes(root)
+    _check_free_space(root, needed)
+    try:
+        _write_step(temp, step, {name: as_component(c) for name, c in components.items()}, extra or {})
+        _publish(temp, final)
+        _write_tracker(root, step)
+    except BaseException as error:
+        _fail_save(error, root=root, temp=temp, needed=needed)
+        raise
     rotate_checkpoints(root, max_to_keep, keep=final)
     return final
+
+
+# ---- disk space ---------------------------------------------------------------------
+
+
+def _previous_step_bytes(root: str) -> int:
+    """Size of the newest complete step (the estimate of the next one), from its marker; 0 if none."""
+    steps = complete_steps(root)
+    if not steps:
+        return 0
+    newest = steps[max(steps)]
+    files = (read_marker(newest) or {}).get("files")
+    return sum(entry["size"] for entry in files.values()) if files else tree_size(newest)
+
+
+def _disk_full_message(root: str, needed: int, free: int, *, lower_bound: bool = False) -> str:
+    need = f"{'more than ' if lower_bound else '~'}{needed / 2**20:.1f} MB"
+    return (
+        f"disk full at {root}: needs {need}, {free / 2**20:.1f} MB free; free some space or point "
+        "trainer.default_local_dir at a bigger disk (the earlier checkpoints are intact)"
+    )
+
+
+def _check_free_space(root: str, needed: int) -> None:
+    free = shutil.disk_usage(root).free
+    if needed > free:
+        raise CheckpointError(_disk_full_message(root, needed, free))
+
+
+def _is_disk_full(error: BaseException, root: str) -> bool:
+    """ENOSPC anywhere in the exception chain, or (torch's zip writer hides it) a disk left nearly full."""
+    seen = error
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    if "No space left on device" in repr(error):
+        return True
+    return shutil.disk_usage(root).free < _NEARLY_FULL_BYTES
+
+
+def _fail_save(error: BaseException, *, root: str, temp: str, needed: int) -> None:
+    """Remove the partial step; a full disk becomes one clear :class:`CheckpointError`."""
+    # torch's DCP CheckpointException derives from BaseException, so only interrupts are excluded
+    disk_full = not isinstance(error, (KeyboardInterrupt, SystemExit)) and _is_disk_full(error, root)
+    written = tree_size(temp) if os.path.isdir(temp) else 0
+    shutil.rmtree(temp, ignore_errors=True)
+    if disk_full:
+        free = shutil.disk_usage(root).free
+        message = _disk_full_message(root, max(needed, written), free, lower_bound=not needed)
+        raise CheckpointError(message) from error
 
 
 def load_checkpoint(

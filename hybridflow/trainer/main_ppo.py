@@ -222,7 +222,26 @@ def build_reward_worker(cfg: PPOConfig, tokenizer):
     kwargs.update(MANAGER_SPECIFIC.get(rm.reward_manager, lambda _: {})(cfg))
     manager = build_reward_manager(rm.reward_manager, **kwargs)
     return RewardWorker(manager=manager, tokenizer=tokenizer, reward_fn_key=cfg.data.reward_fn_key,
-                        model_scorer=build_reward_model_scorer(cfg) if rm.enable else None)
+                        model_scorer=build_reward_model_scorer(cfg) if rm.enable else None,
+                        stop_when_all_fail=rm.stop_when_all_fail)
+
+
+def check_reward_inputs(cfg: PPOConfig, loaders: dict[str, Any]) -> None:
+    """Before any model loads: every row's data_source has a built-in scorer that can run here.
+
+    Skipped for a custom reward function or a reward model (they decide what they need).
+    """
+    from hybridflow.rewards.code_sandbox import apply_sandbox_settings
+    from hybridflow.rewards.registry import check_rows_scorable
+
+    sandbox = cfg.reward_model.sandbox_fusion
+    apply_sandbox_settings(allow_unsandboxed=sandbox.allow_unsandboxed, timeout_s=sandbox.timeout_s,
+                           memory_mb=sandbox.memory_limit_mb)
+    if cfg.custom_reward_function.path or cfg.reward_model.enable:
+        return
+    for files_key, loader in loaders.items():
+        if hasattr(getattr(loader, "dataset", None), "reward_inputs"):  # a data.custom_cls may not have it
+            check_rows_scorable(loader.dataset.reward_inputs(cfg.data.reward_fn_key), files=files_key)
 
 
 def build_reward_model_scorer(cfg: PPOConfig):
@@ -262,6 +281,7 @@ def build_trainer(cfg: PPOConfig) -> PPOTrainer:
     tokenizer = load_tokenizer(cfg.data.tokenizer or cfg.actor_rollout_ref.model.path,
                                trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code)
     train_loader, val_loader = build_datasets(cfg, tokenizer)
+    check_reward_inputs(cfg, {"data.train_files": train_loader, "data.val_files": val_loader})
     total_steps = total_training_steps(cfg, len(train_loader))
     engine, critic = build_worker_groups(cfg, total_steps=total_steps)
     uses_reference = cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward

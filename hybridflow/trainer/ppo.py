@@ -39,7 +39,7 @@ from hybridflow.algos.pf_ppo import pf_ppo_resample
 from hybridflow.algos.rollout_correction import rollout_correction
 from hybridflow.data.balance import balance_batch
 from hybridflow.data.batch import Batch
-from hybridflow.errors import HybridflowError, WorkerDiedError
+from hybridflow.errors import CheckpointError, HybridflowError, WorkerDiedError
 from hybridflow.rollout import SamplingParams
 from hybridflow.trainer.checkpoint import find_resume_checkpoint, load_checkpoint, save_checkpoint
 from hybridflow.trainer.metrics import (
@@ -343,16 +343,24 @@ class PPOTrainer:
         return metrics
 
     # ================================================================== checkpoints
-    def save_checkpoint(self) -> str:
+    def save_checkpoint(self) -> str | None:
+        """Save this step; a failed save stops the run unless ``trainer.stop_on_checkpoint_error=false``."""
         extra = {"dataloader": self.train_loader.state_dict(), "kl_coef": self.kl_ctrl.value,
                  "global_step": self.global_step}
-        return save_checkpoint(self.cfg.trainer.default_local_dir, self.global_step, self.checkpoint_components,
-                               extra=extra, max_to_keep=self.cfg.trainer.max_actor_ckpt_to_keep)
+        try:
+            return save_checkpoint(self.cfg.trainer.default_local_dir, self.global_step, self.checkpoint_components,
+                                   extra=extra, max_to_keep=self.cfg.trainer.max_actor_ckpt_to_keep)
+        except CheckpointError as error:
+            if self.cfg.trainer.stop_on_checkpoint_error:
+                raise
+            logger.warning("checkpoint of step %d not saved, training on as asked: %s", self.global_step, error)
+            return None
 
     def load_checkpoint(self) -> int:
         """Resume per ``trainer.resume_mode``; returns the step to continue from (0 = fresh)."""
         trainer = self.cfg.trainer
-        path = find_resume_checkpoint(trainer.default_local_dir, trainer.resume_mode, trainer.resume_from_path)
+        path = find_resume_checkpoint(trainer.default_local_dir, trainer.resume_mode, trainer.resume_from_path,
+                                      components=tuple(self.checkpoint_components))
         if path is None:
             return 0
         step, extra = load_checkpoint(path, self.checkpoint_components)

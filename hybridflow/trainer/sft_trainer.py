@@ -259,7 +259,8 @@ class SFTTrainer:
     def resume(self) -> None:
         """Restore model, optimizer, schedule, RNG and dataloader position from the checkpoint to resume from."""
         trainer = self.cfg.trainer
-        path = find_resume_checkpoint(trainer.default_local_dir, trainer.resume_mode, trainer.resume_from_path)
+        path = find_resume_checkpoint(trainer.default_local_dir, trainer.resume_mode, trainer.resume_from_path,
+                                      components=(COMPONENT,))
         if path is None:
             return
         self.global_step, extra = load_checkpoint(path, {COMPONENT: self.checkpoint_component()})

@@ -8,11 +8,35 @@ returned in its dict).
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import torch
 
 from hybridflow.data.batch import Batch
+from hybridflow.errors import DataError
 from hybridflow.rewards import place_scores_on_last_token
+
+logger = logging.getLogger(__name__)
+WHERE_TO_LOOK = (
+    "check the reward function (custom_reward_function.path, or the built-in scorer of that data_source) and "
+    "the rows' reward_model.ground_truth; reward/num_failed counts failures per step"
+)
+
+
+def report_failures(result, *, stop_when_all_fail: bool) -> None:
+    """One console line when samples of this step failed to score; an error when all of them did."""
+    if not result.num_failed:
+        return
+    total = len(result.scores)
+    first = result.failures[0] if result.failures else "no reason recorded"
+    line = f"{result.num_failed} of {total} samples failed to score this step (first: {first})"
+    if result.num_failed == total and total and stop_when_all_fail:
+        raise DataError(
+            f"every sample failed to score: {line}; {WHERE_TO_LOOK}. "
+            "Set reward_model.stop_when_all_fail=false to train on failure_score instead"
+        )
+    logger.warning("reward: %s; they get reward_model.failure_score; %s", line, WHERE_TO_LOOK)
 
 
 class RewardWorker:
@@ -20,8 +44,11 @@ class RewardWorker:
     ``model_scorer`` is given (``reward_model.enable``), a reward model — which then replaces the
     rule-based score, as in verl."""
 
-    def __init__(self, *, manager, tokenizer, reward_fn_key: str = "data_source", model_scorer=None):
+    def __init__(
+        self, *, manager, tokenizer, reward_fn_key: str = "data_source", model_scorer=None, stop_when_all_fail=True
+    ):
         self.manager = manager
+        self.stop_when_all_fail = stop_when_all_fail
         self.tokenizer = tokenizer
         self.reward_fn_key = reward_fn_key
         self.model_scorer = model_scorer
@@ -44,6 +71,7 @@ class RewardWorker:
             [dict(e) if isinstance(e, dict) else e for e in batch["extra_info"]],
             response_lengths=batch["response_mask"].sum(-1).tolist(),
         )
+        report_failures(result, stop_when_all_fail=self.stop_when_all_fail)
         scores = torch.tensor(result.scores, dtype=torch.float32)
         token_scores = place_scores_on_last_token(scores=scores, response_mask=batch["response_mask"])
         metrics = {"reward/num_failed": float(result.num_failed), "reward/num_timed_out": float(result.num_timed_out)}

@@ -127,3 +127,30 @@ def test_sft_validation(tmp_path):
     cfg = load_config(SFTConfig, [f"data.train_files={tmp_path / 't.parquet'}"])
     with pytest.raises(ConfigError, match="model.partial_pretrain is not set"):
         validate_sft_config(cfg)
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("actor_rollout_ref.actor.optim.lr=-1", "actor_rollout_ref.actor.optim.lr=-1.0 must be >= 0"),
+        ("actor_rollout_ref.actor.optim.eps=-1e-8", "actor_rollout_ref.actor.optim.eps=-1e-08 must be >= 0"),
+        ("actor_rollout_ref.actor.optim.weight_decay=-0.1", "actor_rollout_ref.actor.optim.weight_decay=-0.1 must be >= 0"),
+        ("actor_rollout_ref.actor.optim.betas=[0.9,1.5]", "actor_rollout_ref.actor.optim.betas=[0.9, 1.5] must be two numbers in [0, 1)"),
+        ("actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=2", "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=2.0 must be in [0, 1]"),
+        ("critic.optim.lr=-1e-5", "critic.optim.lr=-1e-05 must be >= 0"),
+    ],
+)
+def test_optimizer_settings_are_validated_with_the_config(files, override, expected):
+    (line,) = problems(ppo(files, "algorithm.adv_estimator=gae", f"critic.model.path={files / 'model'}", override))
+    assert line.startswith(expected)
+
+
+def test_sft_optimizer_settings_are_validated(tmp_path):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "train.parquet").write_bytes(b"x")
+    cfg = load_config(SFTConfig, [f"model.partial_pretrain={tmp_path / 'model'}",
+                                  f"data.train_files={tmp_path / 'train.parquet'}", "optim.lr=-1", "optim.clip_grad=0"])
+    with pytest.raises(ConfigError) as err:
+        validate_sft_config(cfg)
+    assert str(err.value).splitlines() == ["optim.lr=-1.0 must be >= 0 (a typical RL learning rate is 1e-6)",
+                                           "optim.clip_grad=0.0 must be > 0"]

@@ -224,3 +224,18 @@ def test_position_ids_match_unpadded_forward_positions(tiny_tokenizer):
     together = collate_prompts(samples, pad_token_id=0)
     mask = together["attention_mask"][1].bool()
     assert torch.equal(together["position_ids"][1][mask], alone["position_ids"][0])
+
+
+@pytest.mark.parametrize("role", ["human", "gpt", "function", "User"])
+def test_unknown_message_role_is_rejected_at_load(tiny_tokenizer, make_rows, write_rows, role):
+    rows = make_rows(3)
+    rows[2]["prompt"] = [{"role": "system", "content": "be brief"}, {"role": role, "content": "1 + 1?"}]
+    with pytest.raises(DataError, match=rf"row 2: message 1 of data.prompt_key has role '{role}'; a role must be one of system, user, assistant, tool"):
+        RLDataset(write_rows(rows), tiny_tokenizer, max_prompt_length=64)
+
+
+def test_reward_inputs_are_the_kept_rows(tiny_tokenizer, make_rows, write_rows):
+    rows = make_rows(3)
+    del rows[1]["reward_model"]
+    dataset = RLDataset(write_rows(rows), tiny_tokenizer, max_prompt_length=64)
+    assert dataset.reward_inputs() == [(0, "openai/gsm8k", "1"), (1, "openai/gsm8k", None), (2, "openai/gsm8k", "3")]

@@ -51,3 +51,33 @@ def test_tokenizer_pads_left_with_chat_template(tiny_model_dir):
     text = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True,
                                          tokenize=False)
     assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def _copy_model(src, dst):
+    import shutil
+
+    shutil.copytree(src, dst)
+    return dst / "model.safetensors"
+
+
+def test_truncated_weights_are_one_line_naming_the_file(tiny_model_dir, tmp_path):
+    weights = _copy_model(tiny_model_dir, tmp_path / "model")
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ModelError, match=rf"model weights {weights} are damaged \(truncated: .*hybridflow models tiny DIR"):
+        load_causal_lm(str(tmp_path / "model"))
+    with pytest.raises(ModelError, match="are damaged"):  # the tokenizer, loaded first by the trainers, says the same
+        load_tokenizer(str(tmp_path / "model"))
+
+
+def test_garbage_weights_are_one_line(tiny_model_dir, tmp_path):
+    weights = _copy_model(tiny_model_dir, tmp_path / "model")
+    weights.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00not json at all!" + b"\x00" * 64)
+    with pytest.raises(ModelError, match=r"are damaged \(not a safetensors file"):
+        load_causal_lm(str(tmp_path / "model"))
+
+
+def test_empty_model_folder_is_one_line(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelError, match=r"model folder '.*empty' is empty; copy or export the model again"):
+        load_tokenizer(str(tmp_path / "empty"))

@@ -179,15 +179,18 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 '''
 
 
-def test_raising_hanging_and_nan_scorers_do_not_stop_the_run(tmp_path, tiny_model_dir):
+def test_raising_hanging_and_nan_scorers_do_not_stop_the_run(tmp_path, tiny_model_dir, caplog):
     reward = tmp_path / "bad_reward.py"
     reward.write_text(BAD_REWARD)
     overrides = base_overrides(tmp_path, tiny_model_dir, steps=1) + [
         f"custom_reward_function.path={reward}", "reward_model.timeout_s=2", "reward_model.reward_manager=parallel",
         "reward_model.num_workers=2", "data.shuffle=False"]
     start = time.time()
-    run_ppo(load_config(PPOConfig, overrides))
+    with caplog.at_level("WARNING", logger="hybridflow.workers.reward"):
+        run_ppo(load_config(PPOConfig, overrides))
     assert time.time() - start < 60
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "hybridflow.workers.reward"]
+    assert line.startswith("reward: 6 of 8 samples failed to score this step (first: ")
     last = read_metrics(tmp_path)[-1]
     # 4 prompts x n=2: indices 0, 1, 2, 3 -> 2 raised + 2 NaN + 2 timed out, 2 scored 1.0
     assert last["reward/num_failed"] == 6
