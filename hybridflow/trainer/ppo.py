@@ -97,7 +97,6 @@ class PPOTrainer:
         self.total_steps = total_steps
         self.device = device
         self.rollout_cfg = cfg.actor_rollout_ref.rollout
-        self.advantage_fn = get_advantage(cfg.algorithm.adv_estimator)
         self.kl_ctrl = build_kl_controller(cfg.algorithm.kl_ctrl)
         self.checkpoint_components = checkpoint_components
         self.stop_token_ids = stop_token_ids
@@ -170,6 +169,10 @@ class PPOTrainer:
                     self.w.rollout.load_weights(self.w.actor.named_weights())
         metrics.update(data_metrics(batch, max_response_length=self.cfg.data.max_response_length,
                                     use_critic=self.w.critic is not None))
+        return self.step_metrics(metrics, batch=batch, timer=timer, step=step)
+
+    def step_metrics(self, metrics: dict[str, float], *, batch: Batch, timer: Timer, step: int) -> dict[str, float]:
+        """``metrics`` plus the timing, throughput, memory and progress ones every trainer reports."""
         metrics.update(timer.metrics())
         metrics.update(throughput_metrics(batch=batch, step_seconds=timer.timings["step"]))
         metrics.update(memory_metrics())
@@ -261,7 +264,7 @@ class PPOTrainer:
             self.kl_ctrl.update(current_kl=current_kl, n_steps=len(batch))
         else:
             batch["token_level_rewards"] = batch["token_level_scores"]
-        batch["advantages"], batch["returns"] = self.advantage_fn(
+        batch["advantages"], batch["returns"] = get_advantage(algo.adv_estimator)(
             token_level_rewards=batch["token_level_rewards"], response_mask=batch["response_mask"],
             index=np.asarray(batch["uid"]), values=batch["values"] if "values" in batch else None,
             gamma=algo.gamma, lam=algo.lam, norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
