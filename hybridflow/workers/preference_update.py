@@ -1,7 +1,6 @@
 """Sequence-level preference objectives of the actor: DPO / IPO over pairs (SPIN), SPPO per response.
 
-Each objective turns one micro-batch into ``(loss, loss shares, metrics)`` for the actor's
-optimizer step (``ActorWorker.update_preference``). The math lives in
+Each objective turns one micro-batch into ``(loss, shares)`` for the actor's optimizer step (``ActorWorker.update_preference``). The math lives in
 ``hybridflow.algos.preference``; here the summed response log-probabilities ``[b]`` are
 formed and matched with the batch's columns:
 
@@ -9,8 +8,8 @@ formed and matched with the batch's columns:
   (``[c0, r0, c1, r1, ...]``); needs ``ref_seq_log_prob [b]``. Micro-batches hold whole pairs.
 - ``sppo``: one row per response; needs ``ref_seq_log_prob [b]`` and ``win_prob [b]``.
 
-Losses are normalised by the mini-batch's global pair (or response) count, so micro-batch
-losses add up to the mini-batch loss at any micro-batch split or data-parallel size.
+Losses (and metrics) are normalised by the mini-batch's global pair (or response) count, so
+micro-batch shares add up to the mini-batch value at any micro-batch split or data-parallel size.
 """
 
 from __future__ import annotations
@@ -25,6 +24,11 @@ from hybridflow.data.batch import Batch
 from hybridflow.workers.logprob import micro_batch_log_probs
 
 
+def _shares(means: dict[str, float], *, items: int, global_items: float) -> dict[str, float]:
+    """Micro-batch means as shares of the mini-batch mean: they add up exactly over micro-batches and ranks."""
+    return {key: value * items / global_items for key, value in means.items()}
+
+
 def _pair_loss(loss_fn) -> Callable:
     def objective(*, seq_log_probs: torch.Tensor, micro: Batch, global_rows: float, params: dict):
         ref = micro["ref_seq_log_prob"]
@@ -32,7 +36,8 @@ def _pair_loss(loss_fn) -> Callable:
                                 ref_chosen_logps=ref[0::2], ref_rejected_logps=ref[1::2],
                                 global_num_pairs=global_rows / 2, **params)
         # verl's SPIN metric names: actor/rewards_chosen, actor/rewards_margins, ...
-        return loss, {"dpo_loss": loss.item()}, {k.replace("/", "_"): v for k, v in metrics.items()}
+        means = {key.replace("/", "_"): value for key, value in metrics.items()}
+        return loss, {"dpo_loss": loss.item(), **_shares(means, items=len(micro) // 2, global_items=global_rows / 2)}
     return objective
 
 
@@ -40,9 +45,10 @@ def _sppo(*, seq_log_probs: torch.Tensor, micro: Batch, global_rows: float, para
     eta = params["eta"]
     loss, metrics = sppo_loss(policy_logps=seq_log_probs, ref_logps=micro["ref_seq_log_prob"],
                               win_prob=micro["win_prob"], eta=eta, global_num_pairs=global_rows)
-    # verl's SPPO recipe names: actor/log_ratio_mean, actor/preference_mean (the regression target)
-    return loss, {"sppo_loss": loss.item()}, {"log_ratio_mean": metrics["logratio/mean"],
-                                              "preference_mean": (eta * (micro["win_prob"] - 0.5)).mean().item()}
+    # verl's SPPO recipe name actor/log_ratio_mean; the size of the regression target |eta (P - 1/2)|
+    means = {"log_ratio_mean": metrics["logratio/mean"],
+             "target_abs_mean": (eta * (micro["win_prob"] - 0.5)).abs().mean().item()}
+    return loss, {"sppo_loss": loss.item(), **_shares(means, items=len(micro), global_items=global_rows)}
 
 
 @dataclass(frozen=True)
@@ -69,8 +75,8 @@ def sequence_log_probs(model, micro: Batch, *, temperature: float) -> torch.Tens
 
 def preference_micro_loss(micro: Batch, *, model, objective: PreferenceObjective, params: dict,
                           counts: dict[str, float], temperature: float):
-    """(loss with gradient, loss shares, detached metrics) of one micro-batch."""
+    """(loss with gradient, shares of the mini-batch's loss and metrics, no per-micro-batch metrics)."""
     seq = sequence_log_probs(model, micro, temperature=temperature)
-    loss, shares, metrics = objective.loss(seq_log_probs=seq, micro=micro, global_rows=counts["seqs"], params=params)
+    loss, shares = objective.loss(seq_log_probs=seq, micro=micro, global_rows=counts["seqs"], params=params)
     shares["loss"] = loss.item()
-    return loss, shares, metrics
+    return loss, shares, {}
