@@ -248,7 +248,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 '''
 
 
-@pytest.mark.parametrize("name", ["spin", "sppo"])
+@pytest.mark.parametrize("name", ["spin", pytest.param("sppo", marks=pytest.mark.slow)])  # ~2 min each
 def test_resume_after_sigkill_is_bitwise_equal(tmp_path, tiny_model_dir, name):
     """Killed after the step-2 checkpoint; step 3 must use the checkpointed reference (refreshed at step 2)."""
     from tests.trainer.test_ppo_e2e import _run_cli, merged_weights
