@@ -1,12 +1,14 @@
 """The ``hybridflow`` command.
 
-    hybridflow config show [--trainer ppo|sft] [--doc] [--config-path D --config-name N] [key=value ...]
-    hybridflow config dump ppo|sft [-o FILE]
+    hybridflow config show [--trainer ppo|sft|spin|sppo] [--doc] [--config-path D --config-name N] [key=value ...]
+    hybridflow config dump ppo|sft|spin|sppo [-o FILE]
     hybridflow models tiny DIR [--arch llama|qwen2] [--seed S]
     hybridflow models fetch [smollm2-135m-instruct]
     hybridflow preprocess gsm8k|reasoning_gym [script args ...]
     hybridflow ppo [--config-path D --config-name N] key=value ...     (= python -m hybridflow.trainer.main_ppo)
     hybridflow sft key=value ...                                        (= python -m hybridflow.trainer.sft_trainer)
+    hybridflow spin key=value ...                                       (= python -m hybridflow.trainer.main_spin)
+    hybridflow sppo key=value ...                                       (= python -m hybridflow.trainer.main_sppo)
     hybridflow merge --local_dir .../global_step_N/actor --target_dir DIR
 
 Each subcommand is a small function; the trainers add ``ppo``, ``sft`` and ``demo``.
@@ -81,6 +83,18 @@ def _ppo(args: argparse.Namespace, rest: list[str]) -> int:
     return run_from_args(rest)
 
 
+def _spin(args: argparse.Namespace, rest: list[str]) -> int:
+    from hybridflow.trainer.main_spin import run_from_args
+
+    return run_from_args(rest)
+
+
+def _sppo(args: argparse.Namespace, rest: list[str]) -> int:
+    from hybridflow.trainer.main_sppo import run_from_args
+
+    return run_from_args(rest)
+
+
 def _sft(args: argparse.Namespace, rest: list[str]) -> int:
     from hybridflow.trainer.sft_trainer import main as sft_main
 
@@ -117,11 +131,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     config = sub.add_parser("config", help="show or dump configs").add_subparsers(dest="action", required=True)
     show = config.add_parser("show", help="print the resolved config after overrides")
-    show.add_argument("--trainer", choices=["ppo", "sft"], default="ppo")
+    show.add_argument("--trainer", choices=["ppo", "sft", "spin", "sppo"], default="ppo")
     show.add_argument("--doc", action="store_true", help="print every key with its documentation")
     show.set_defaults(func=_config_show)
     dump = config.add_parser("dump", help="print the documented default YAML of a trainer")
-    dump.add_argument("name", choices=["ppo", "sft"])
+    dump.add_argument("name", choices=["ppo", "sft", "spin", "sppo"])
     dump.add_argument("-o", "--output")
     dump.set_defaults(func=_config_dump)
 
@@ -142,6 +156,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     ppo = sub.add_parser("ppo", help="PPO / GRPO training (verl's main_ppo keys)", add_help=False)
     ppo.set_defaults(func=_ppo)
+
+    spin = sub.add_parser("spin", help="SPIN / online DPO self-play (verl's recipe.spin keys)", add_help=False)
+    spin.set_defaults(func=_spin)
+    sppo = sub.add_parser("sppo", help="SPPO self-play (verl's recipe.sppo keys)", add_help=False)
+    sppo.set_defaults(func=_sppo)
 
     sft = sub.add_parser("sft", help="supervised fine-tuning (verl's sft_trainer keys)", add_help=False)
     sft.set_defaults(func=_sft)

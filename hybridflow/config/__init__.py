@@ -8,14 +8,18 @@ from hybridflow.config.loader import compose, load_config, split_config_args, to
 from hybridflow.config.ppo import PPOConfig
 from hybridflow.config.render import render_resolved, render_yaml
 from hybridflow.config.sft import SFTConfig
+from hybridflow.config.spin import SPINConfig
+from hybridflow.config.sppo import SPPOConfig
 from hybridflow.config.validate import critic_enabled, validate_ppo_config, validate_sft_config
 
-SCHEMAS = {"ppo": PPOConfig, "sft": SFTConfig}
+SCHEMAS = {"ppo": PPOConfig, "sft": SFTConfig, "spin": SPINConfig, "sppo": SPPOConfig}
 """Trainer name -> its config schema (``hybridflow config show --trainer sft``)."""
 
 __all__ = [
     "PPOConfig",
     "SFTConfig",
+    "SPINConfig",
+    "SPPOConfig",
     "SCHEMAS",
     "compose",
     "critic_enabled",

@@ -80,7 +80,9 @@ def build_hybrid_engine(dp: DataParallel, *, cfg, total_steps: int, with_rollout
                         seed=cfg.trainer.seed, rollout_correction=cfg.algorithm.rollout_correction,
                         layout=model_layout(arr.model))
     checkpoint = FSDPModelComponent(model, state.optimizer, state.scheduler, tokenizer=tokenizer)
-    return HybridEngineWorker(actor=actor, rollout=rollout, reference=reference, checkpoint=checkpoint)
+    ref_checkpoint = FSDPModelComponent(reference.model, tokenizer=tokenizer) if ref_model is not None else None
+    return HybridEngineWorker(actor=actor, rollout=rollout, reference=reference, checkpoint=checkpoint,
+                              reference_checkpoint=ref_checkpoint)
 
 
 def _reference_worker(*, actor_model, ref_model, arr, dp: DataParallel, device: torch.device):

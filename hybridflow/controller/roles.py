@@ -57,8 +57,9 @@ class HybridEngineWorker(CheckpointedRank):
     """
 
     def __init__(self, *, actor: ActorWorker, rollout=None, reference: ReferenceWorker | None = None,
-                 checkpoint=None):
+                 checkpoint=None, reference_checkpoint=None):
         self.actor, self.rollout, self.reference, self.checkpoint = actor, rollout, reference, checkpoint
+        self.reference_checkpoint = reference_checkpoint  # the reference's own weights (None: shared with the actor)
 
     @dispatch(Mode.DP_COMPUTE)
     def compute_log_prob(self, batch: Batch, *, temperature: float):
@@ -68,9 +69,26 @@ class HybridEngineWorker(CheckpointedRank):
     def update_policy(self, batch: Batch, *, temperature: float, step: int) -> dict[str, float]:
         return self.actor.update_policy(batch, temperature=temperature, step=step)
 
+    @dispatch(Mode.DP_COMPUTE, collect="mean")
+    def update_preference(self, batch: Batch, **kwargs) -> dict[str, float]:
+        return self.actor.update_preference(batch, **kwargs)
+
     @dispatch(Mode.DP_COMPUTE)
     def compute_ref_log_prob(self, batch: Batch, *, temperature: float):
         return self.reference.compute_ref_log_prob(batch, temperature=temperature)
+
+    @dispatch(Mode.ONE_TO_ALL, collect="first")
+    def refresh_reference(self) -> None:
+        """Reference <- current actor weights, shard by shard on every rank (SPIN / SPPO iterations)."""
+        self.reference.load_weights_from(self.actor.model)
+
+    @dispatch(Mode.ONE_TO_ALL, collect="first")
+    def save_reference(self, directory: str) -> None:
+        self.reference_checkpoint.save_to(directory)
+
+    @dispatch(Mode.ONE_TO_ALL, collect="first")
+    def load_reference(self, directory: str) -> None:
+        self.reference_checkpoint.load_from(directory)
 
     @dispatch(Mode.DP_COMPUTE)
     def generate(self, prompts: Batch, params) -> Batch:
@@ -108,16 +126,18 @@ def actor_weights_for_rollout(model) -> dict:
 
 
 class GroupCheckpoint:
-    """A worker group as one checkpoint component: every rank saves/loads its shards."""
+    """A worker group as one checkpoint component: every rank saves/loads its shards.
 
-    def __init__(self, group):
-        self.group = group
+    ``save`` / ``load`` name the group's methods (the reference of a hybrid engine has its own)."""
+
+    def __init__(self, group, *, save: str = "save_checkpoint", load: str = "load_checkpoint"):
+        self.group, self.save, self.load = group, save, load
 
     def save_to(self, directory: str) -> None:
-        self.group.save_checkpoint(directory)
+        getattr(self.group, self.save)(directory)
 
     def load_from(self, directory: str) -> None:
-        self.group.load_checkpoint(directory)
+        getattr(self.group, self.load)(directory)
 
 
 class CriticGroupWorker(CheckpointedRank):

@@ -27,8 +27,6 @@ def check_registered_names(cfg: PPOConfig) -> None:
     """Names that live in registries: each unknown one is an error listing the valid ones."""
     from hybridflow.algos import get_advantage, get_policy_loss, list_kl_penalties, list_loss_agg_modes
     from hybridflow.algos.errors import UnknownAlgorithmError
-    from hybridflow.rollout.engine import ENGINES
-    from hybridflow.trainer.tracking import available_backends
 
     actor = cfg.actor_rollout_ref.actor
     problems = []
@@ -40,16 +38,27 @@ def check_registered_names(cfg: PPOConfig) -> None:
             problems.append(str(err))
     checks = (("actor_rollout_ref.actor.loss_agg_mode", actor.loss_agg_mode, list_loss_agg_modes()),
               ("actor_rollout_ref.actor.kl_loss_type", actor.kl_loss_type, list_kl_penalties()),
-              ("algorithm.kl_penalty", cfg.algorithm.kl_penalty, list_kl_penalties()),
-              ("actor_rollout_ref.rollout.name", cfg.actor_rollout_ref.rollout.name, sorted(ENGINES)))
-    for key, value, names in checks:
-        if value not in names:
-            problems.append(f"{key}={value!r} is not one of {', '.join(names)}")
+              ("algorithm.kl_penalty", cfg.algorithm.kl_penalty, list_kl_penalties()))
+    problems += name_problems(checks) + engine_and_logger_problems(cfg)
+    if problems:
+        raise ConfigError("\n".join(problems))
+
+
+def name_problems(checks) -> list[str]:
+    """One message for each (key, value, valid names) whose value is not a valid name."""
+    return [f"{key}={value!r} is not one of {', '.join(names)}" for key, value, names in checks if value not in names]
+
+
+def engine_and_logger_problems(cfg) -> list[str]:
+    """Registered names every trainer that generates reads: the rollout engine and the trackers."""
+    from hybridflow.rollout.engine import ENGINES
+    from hybridflow.trainer.tracking import available_backends
+
+    problems = name_problems([("actor_rollout_ref.rollout.name", cfg.actor_rollout_ref.rollout.name, sorted(ENGINES))])
     for name in as_list(cfg.trainer.logger):
         if name not in available_backends():
             problems.append(f"trainer.logger: unknown backend {name!r}; choose from {', '.join(available_backends())}")
-    if problems:
-        raise ConfigError("\n".join(problems))
+    return problems
 
 
 def check_algorithm_settings(cfg: PPOConfig) -> None:
@@ -273,8 +282,6 @@ def build_trainer(cfg: PPOConfig) -> PPOTrainer:
     """Everything the loop needs, from a validated config."""
     from hybridflow.controller.roles import GroupCheckpoint
     from hybridflow.models import load_tokenizer
-    from hybridflow.trainer.tracking import Tracking
-    from omegaconf import OmegaConf
 
     seed_everything(cfg.trainer.seed)
     device = resolve_device(cfg.trainer.device)
@@ -288,12 +295,21 @@ def build_trainer(cfg: PPOConfig) -> PPOTrainer:
     workers = PPOWorkers(actor=engine, rollout=engine, reward=build_reward_worker(cfg, tokenizer),
                          reference=engine if uses_reference else None, critic=critic)
     components = {"actor": GroupCheckpoint(engine), **({"critic": GroupCheckpoint(critic)} if critic else {})}
-    tracking = Tracking(cfg.trainer.project_name, cfg.trainer.experiment_name, as_list(cfg.trainer.logger),
-                        config=OmegaConf.to_container(OmegaConf.structured(cfg)),
-                        local_dir=os.path.join(cfg.trainer.default_local_dir, "logs"))
-    return PPOTrainer(cfg=cfg, workers=workers, train_loader=train_loader, val_loader=val_loader, tracking=tracking,
+    return PPOTrainer(cfg=cfg, workers=workers, train_loader=train_loader, val_loader=val_loader,
+                      tracking=build_tracking(cfg),
                       tokenizer=tokenizer, total_steps=total_steps, device=device, checkpoint_components=components,
                       stop_token_ids=stop_token_ids(cfg.actor_rollout_ref.model.path, tokenizer))
+
+
+def build_tracking(cfg):
+    """The trackers of ``trainer.logger``, recording the resolved config; file backends write under logs/."""
+    from omegaconf import OmegaConf
+
+    from hybridflow.trainer.tracking import Tracking
+
+    return Tracking(cfg.trainer.project_name, cfg.trainer.experiment_name, as_list(cfg.trainer.logger),
+                    config=OmegaConf.to_container(OmegaConf.structured(cfg)),
+                    local_dir=os.path.join(cfg.trainer.default_local_dir, "logs"))
 
 
 @dataclass
@@ -308,14 +324,18 @@ class PPORun:
 
 def run_ppo(cfg: PPOConfig) -> PPORun:
     """Validate, build, train; print the summary and write the plots."""
-    from hybridflow.trainer.plots import plot_curves
-    from hybridflow.trainer.summary import summary_table
-
     check_registered_names(cfg)
     check_algorithm_settings(cfg)
     validate_ppo_config(cfg, model_max_len=model_context_length(cfg.actor_rollout_ref.model.path,
                                                                 cfg.actor_rollout_ref.model.trust_remote_code))
-    trainer = build_trainer(cfg)
+    return train_and_report(build_trainer(cfg), cfg)
+
+
+def train_and_report(trainer, cfg) -> PPORun:
+    """Run a built trainer to the end; print the summary and write the plots (every RL trainer's ending)."""
+    from hybridflow.trainer.plots import plot_curves
+    from hybridflow.trainer.summary import summary_table
+
     try:
         last = trainer.fit()
     finally:

@@ -30,19 +30,26 @@ def _masked_stats(prefix: str, values: torch.Tensor, mask: torch.Tensor) -> dict
             f"{prefix}/min": valid.min().item()}
 
 
-def data_metrics(batch: Batch, *, max_response_length: int, use_critic: bool) -> dict[str, float]:
-    """Score / reward / advantage / return / value / length statistics of one step's batch."""
-    mask = batch["response_mask"]
-    response_length = mask.sum(-1).float()
+def rollout_metrics(batch: Batch, *, max_response_length: int) -> dict[str, float]:
+    """Score and length statistics of one step's rollout (every trainer that samples reports them)."""
+    response_length = batch["response_mask"].sum(-1).float()
     prompt_length = batch["attention_mask"][:, : batch["prompts"].shape[1]].sum(-1).float()
-    metrics = {
+    return {
         **_stats("critic/score", batch["token_level_scores"].sum(-1)),
-        **_stats("critic/rewards", batch["token_level_rewards"].sum(-1)),
-        **_masked_stats("critic/advantages", batch["advantages"], mask),
-        **_masked_stats("critic/returns", batch["returns"], mask),
         **_stats("response_length", response_length),
         "response_length/clip_ratio": (response_length >= max_response_length).float().mean().item(),
         **_stats("prompt_length", prompt_length),
+    }
+
+
+def data_metrics(batch: Batch, *, max_response_length: int, use_critic: bool) -> dict[str, float]:
+    """Score / reward / advantage / return / value / length statistics of one step's batch."""
+    mask = batch["response_mask"]
+    metrics = {
+        **rollout_metrics(batch, max_response_length=max_response_length),
+        **_stats("critic/rewards", batch["token_level_rewards"].sum(-1)),
+        **_masked_stats("critic/advantages", batch["advantages"], mask),
+        **_masked_stats("critic/returns", batch["returns"], mask),
     }
     if use_critic:
         metrics.update(_masked_stats("critic/values", batch["values"], mask))

@@ -101,7 +101,6 @@ class PPOTrainer:
         self.total_steps = total_steps
         self.device = device
         self.rollout_cfg = cfg.actor_rollout_ref.rollout
-        self.advantage_fn = get_advantage(cfg.algorithm.adv_estimator)
         self.kl_ctrl = build_kl_controller(cfg.algorithm.kl_ctrl)
         self.checkpoint_components = checkpoint_components
         self.stop_token_ids = stop_token_ids
@@ -176,6 +175,10 @@ class PPOTrainer:
                     self.w.rollout.load_weights(self.w.actor.named_weights())
         metrics.update(data_metrics(batch, max_response_length=self.cfg.data.max_response_length,
                                     use_critic=self.w.critic is not None))
+        return self.step_metrics(metrics, batch=batch, timer=timer, step=step)
+
+    def step_metrics(self, metrics: dict[str, float], *, batch: Batch, timer: Timer, step: int) -> dict[str, float]:
+        """``metrics`` plus the timing, throughput, memory and progress ones every trainer reports."""
         metrics.update(timer.metrics())
         metrics.update(throughput_metrics(batch=batch, step_seconds=timer.timings["step"]))
         metrics.update(memory_metrics())
@@ -275,7 +278,7 @@ class PPOTrainer:
             metrics.update(self.correct_rollout_mismatch(batch))
         optional = {key: batch[key] if key in batch else None
                     for key in ("values", "reward_baselines", "old_log_probs", "sum_pi_squared", "rollout_is_weights")}
-        batch["advantages"], batch["returns"] = self.advantage_fn(
+        batch["advantages"], batch["returns"] = get_advantage(algo.adv_estimator)(
             token_level_rewards=batch["token_level_rewards"], response_mask=batch["response_mask"],
             index=np.asarray(batch["uid"]), gamma=algo.gamma, lam=algo.lam,
             norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo, reward_components=self.reward_components(batch),

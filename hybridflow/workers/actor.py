@@ -10,12 +10,16 @@ One ``update_policy`` call is one training step (verl's ``dp_actor.update_policy
             clip grad norm; skip the step if the loss or the norm is not finite; optimizer.step()
     lr_scheduler.step()
 
+``update_preference`` runs the same optimizer step on a sequence-level preference
+objective (SPIN's DPO over pairs, SPPO's squared loss; ``workers/preference_update.py``).
+
 Global counts make the gradient independent of the micro-batch split and of the
 data-parallel sharding (the losses in hybridflow.algos take them as arguments).
 """
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from typing import Iterator
 
@@ -28,6 +32,7 @@ from hybridflow.workers.distributed import DataParallel, LOCAL
 from hybridflow.workers.logprob import batch_log_probs, micro_batch_log_probs
 from hybridflow.workers.micro_batches import micro_batches
 from hybridflow.workers.optim import TrainState
+from hybridflow.workers.preference_update import OBJECTIVES, preference_micro_loss
 
 POLICY_LOSS_KNOBS = ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio", "ppo_kl_coef", "dro_beta")
 ACTOR_LOSS_KNOBS = ("tau_pos", "tau_neg")
@@ -83,7 +88,39 @@ class ActorWorker:
         mini_size = self.cfg.ppo_mini_batch_size * self.rollout_n // self.dp.world_size
         for epoch in range(self.cfg.ppo_epochs):
             for mini in self._mini_batches(batch, mini_size, step=step, epoch=epoch):
-                self._optimizer_step(mini, temperature=temperature, metrics=metrics)
+                counts = self.dp.global_counts(mini["response_mask"])
+                micros = micro_batches(mini, micro_batch_size=self.cfg.ppo_micro_batch_size_per_gpu,
+                                       use_dynamic_bsz=self.cfg.use_dynamic_bsz,
+                                       max_token_len=self.cfg.ppo_max_token_len_per_gpu, dp=self.dp)
+                loss_fn = functools.partial(self._micro_loss, temperature=temperature, counts=counts)
+                self._optimizer_step(micros, loss_fn=loss_fn, metrics=metrics)
+        return self._finish_step(metrics)
+
+    def update_preference(self, batch: Batch, *, objective: str, params: dict, rows_per_prompt: int,
+                          temperature: float, step: int) -> dict[str, float]:
+        """One training step of a sequence-level preference objective (``workers/preference_update``).
+
+        Mini-batches of ``ppo_mini_batch_size`` prompts (``rows_per_prompt`` rows each: 2 for a
+        SPIN pair, rollout.n for SPPO) x ``ppo_epochs``, in row order (pairs stay whole);
+        micro-batches of ``ppo_micro_batch_size_per_gpu`` items (pairs for DPO, as verl's recipe).
+        """
+        spec = OBJECTIVES[objective]
+        self.model.train()
+        metrics: dict[str, list[float]] = defaultdict(list)
+        mini_size = max(self.cfg.ppo_mini_batch_size * rows_per_prompt // self.dp.world_size, spec.rows_per_item)
+        micro_size = self.cfg.ppo_micro_batch_size_per_gpu
+        for _epoch in range(self.cfg.ppo_epochs):
+            for mini in batch.split(mini_size):
+                counts = self.dp.global_counts(mini["response_mask"])
+                micros = micro_batches(mini, micro_batch_size=micro_size and micro_size * spec.rows_per_item,
+                                       use_dynamic_bsz=self.cfg.use_dynamic_bsz and spec.rows_per_item == 1,
+                                       max_token_len=self.cfg.ppo_max_token_len_per_gpu, dp=self.dp)
+                loss_fn = functools.partial(preference_micro_loss, model=self.model, objective=spec, params=params,
+                                            counts=counts, temperature=temperature)
+                self._optimizer_step(micros, loss_fn=loss_fn, metrics=metrics)
+        return self._finish_step(metrics)
+
+    def _finish_step(self, metrics: dict[str, list[float]]) -> dict[str, float]:
         self.state.scheduler.step()
         # rollout_corr/* (bypass mode) keep verl's names; everything else is the actor's
         out = {k if k.startswith("rollout_corr/") else f"actor/{k}": sum(v) / len(v) for k, v in metrics.items()}
@@ -96,16 +133,13 @@ class ActorWorker:
             batch = batch.index_select(torch.randperm(len(batch), generator=gen))
         return batch.split(size)
 
-    def _optimizer_step(self, mini: Batch, *, temperature: float, metrics: dict[str, list[float]]) -> None:
-        counts = self.dp.global_counts(mini["response_mask"])
+    def _optimizer_step(self, micros: list[Batch], *, loss_fn, metrics: dict[str, list[float]]) -> None:
+        """One optimizer step over a mini-batch's ``micros``; ``loss_fn(micro) -> (loss, shares, metrics)``."""
         self.state.zero_grad()
         # Micro-batch losses are shares of the mini-batch loss (global normalisation): sum them.
         sums: dict[str, float] = defaultdict(float)
-        micros = micro_batches(mini, micro_batch_size=self.cfg.ppo_micro_batch_size_per_gpu,
-                               use_dynamic_bsz=self.cfg.use_dynamic_bsz,
-                               max_token_len=self.cfg.ppo_max_token_len_per_gpu, dp=self.dp)
         for index, micro in enumerate(micros):
-            loss, shares, micro_metrics = self._micro_loss(micro, temperature=temperature, counts=counts)
+            loss, shares, micro_metrics = loss_fn(micro)
             # FSDP averages gradients over ranks; the losses are already global sums, so undo the mean.
             # Gradients are reduced once, in the last micro-batch's backward.
             with micro_batch_sync(self.model, index=index, count=len(micros)):

@@ -11,6 +11,7 @@ import contextlib
 import torch
 
 from hybridflow.data.batch import Batch
+from hybridflow.errors import ConfigError
 from hybridflow.workers.logprob import batch_log_probs
 
 
@@ -38,3 +39,13 @@ class ReferenceWorker:
                                            use_dynamic_bsz=self.use_dynamic_bsz, max_token_len=self.max_token_len,
                                            dp=self.dp, layout=self.layout)
         return log_probs
+
+    def load_weights_from(self, model: torch.nn.Module) -> None:
+        """Make the reference a copy of ``model``'s current weights (SPIN / SPPO start a new iteration).
+
+        Both models are sharded alike (or not at all), so this copies local shards only."""
+        if self.adapter_off is not contextlib.nullcontext:
+            raise ConfigError("a LoRA reference is the actor with its adapter off and cannot be refreshed; "
+                             "set actor_rollout_ref.model.lora_rank=0 or trainer.ref_update_freq=-1")
+        self.model.load_state_dict(model.state_dict())
+

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from hybridflow.config import PPOConfig, SFTConfig, compose, load_config, render_yaml, split_config_args
+from hybridflow.config import SCHEMAS, PPOConfig, SFTConfig, compose, load_config, render_yaml, split_config_args
 from hybridflow.config.render import GENERATED_HEADER
 from hybridflow.errors import ConfigError
 
@@ -148,7 +148,7 @@ def test_unknown_option_is_rejected():
         split_config_args(["--epochs", "3"])
 
 
-@pytest.mark.parametrize("name,schema", [("ppo", PPOConfig), ("sft", SFTConfig)])
+@pytest.mark.parametrize("name,schema", sorted(SCHEMAS.items()))
 def test_shipped_yaml_is_generated_from_the_schema(name, schema):
     path = os.path.join(SHIPPED_DIR, f"{name}_trainer.yaml")
     with open(path) as fh:
@@ -162,7 +162,7 @@ def test_every_shipped_yaml_loads():
     names = sorted(f for f in os.listdir(SHIPPED_DIR) if f.endswith(".yaml"))
     assert "ppo_trainer.yaml" in names and "sft_trainer.yaml" in names
     for name in names:
-        schema = SFTConfig if name.startswith("sft") else PPOConfig
+        schema = SCHEMAS[name.removesuffix("_trainer.yaml")] if name.endswith("_trainer.yaml") else PPOConfig
         required = ["model.partial_pretrain=/m"] if schema is SFTConfig else [MODEL]
         cfg = load_config(schema, required, os.path.join(SHIPPED_DIR, name))
         assert cfg is not None

@@ -93,8 +93,9 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 '''
 
 
-def _run_cli(overrides: list[str], *, kill_after_checkpoint: str | None = None) -> int:
-    cmd = [sys.executable, "-m", "hybridflow.trainer.main_ppo", *overrides]
+def _run_cli(overrides: list[str], *, kill_after_checkpoint: str | None = None,
+             module: str = "hybridflow.trainer.main_ppo") -> int:
+    cmd = [sys.executable, "-m", module, *overrides]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     if kill_after_checkpoint is None:

@@ -1,0 +1,43 @@
+"""``python -m hybridflow.trainer.main_spin key=value ...``: SPIN / online DPO (verl's ``recipe.spin.main_spin``).
+
+Takes the keys of verl's ``recipe/spin/run_spin.sh`` (``hybridflow config dump spin`` lists all).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from hybridflow.config import load_config, split_config_args
+from hybridflow.config.spin import SPINConfig
+from hybridflow.errors import ConfigError, run_entry_point
+from hybridflow.trainer.spin import LOSS_TYPES, SPINTrainer
+
+HINTS = {"algorithm.kl_ctrl.kl_coef": "the DPO beta is actor_rollout_ref.actor.dpo_beta, as in verl's recipe/spin"}
+
+
+def run_spin(cfg: SPINConfig):
+    """Check, build, train; print the summary and write the plots."""
+    from hybridflow.trainer.self_play import run_self_play
+
+    if cfg.algorithm.dpo_loss_type not in LOSS_TYPES:
+        raise ConfigError(f"algorithm.dpo_loss_type={cfg.algorithm.dpo_loss_type!r} is not one of "
+                          f"{', '.join(LOSS_TYPES)}")
+    if cfg.actor_rollout_ref.actor.use_dynamic_bsz:
+        raise ConfigError("actor_rollout_ref.actor.use_dynamic_bsz=True: SPIN splits micro-batches by whole pairs; "
+                          "set ppo_micro_batch_size_per_gpu (pairs per micro-batch) instead")
+    return run_self_play(cfg, schema=SPINConfig, trainer_cls=SPINTrainer, hints=HINTS)
+
+
+def run_from_args(args: list[str]) -> int:
+    """``[--config-path D --config-name N] key=value ...`` -> a run (shared by ``hybridflow spin``)."""
+    config_file, overrides = split_config_args(args)
+    run_spin(load_config(SPINConfig, overrides, config_file))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_entry_point(run_from_args, list(sys.argv[1:] if argv is None else argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,36 @@
+"""``python -m hybridflow.trainer.main_sppo key=value ...``: SPPO (verl's ``recipe.sppo.main_sppo``).
+
+Takes the keys of verl's ``recipe/sppo/run_qwen2.5-7b_rm.sh`` (``hybridflow config dump sppo`` lists all).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from hybridflow.config import load_config, split_config_args
+from hybridflow.config.sppo import SPPOConfig
+from hybridflow.errors import run_entry_point
+from hybridflow.trainer.sppo import SPPOTrainer, sppo_eta
+
+
+def run_sppo(cfg: SPPOConfig):
+    """Check, build, train; print the summary and write the plots."""
+    from hybridflow.trainer.self_play import run_self_play
+
+    sppo_eta(cfg)  # the two eta keys agree
+    return run_self_play(cfg, schema=SPPOConfig, trainer_cls=SPPOTrainer)
+
+
+def run_from_args(args: list[str]) -> int:
+    """``[--config-path D --config-name N] key=value ...`` -> a run (shared by ``hybridflow sppo``)."""
+    config_file, overrides = split_config_args(args)
+    run_sppo(load_config(SPPOConfig, overrides, config_file))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_entry_point(run_from_args, list(sys.argv[1:] if argv is None else argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
