@@ -89,7 +89,8 @@ def build_datasets(cfg: PPOConfig, tokenizer):
         return RLDataset(files, tokenizer=tokenizer, prompt_key=data.prompt_key, max_prompt_length=data.max_prompt_length,
                          filter_overlong_prompts=data.filter_overlong_prompts, truncation=data.truncation,
                          max_samples=max_samples, apply_chat_template_kwargs=dict(data.apply_chat_template_kwargs),
-                         return_raw_chat=data.return_raw_chat or cfg.reward_model.enable)
+                         return_raw_chat=data.return_raw_chat or cfg.reward_model.enable
+                         or cfg.actor_rollout_ref.rollout.multi_turn.enable)
 
     max_train = data.train_max_samples if data.train_max_samples > 0 else data.max_samples
     train = dataset(data.train_files, max_train)

@@ -40,6 +40,7 @@ from hybridflow.rollout import SamplingParams
 from hybridflow.trainer.checkpoint import find_resume_checkpoint, load_checkpoint, save_checkpoint
 from hybridflow.trainer.metrics import (
     Timer,
+    agent_metrics,
     data_metrics,
     memory_metrics,
     rollout_mismatch_metrics,
@@ -170,6 +171,7 @@ class PPOTrainer:
                     self.w.rollout.load_weights(self.w.actor.named_weights())
         metrics.update(data_metrics(batch, max_response_length=self.cfg.data.max_response_length,
                                     use_critic=self.w.critic is not None))
+        metrics.update(agent_metrics(batch))
         metrics.update(timer.metrics())
         metrics.update(throughput_metrics(batch=batch, step_seconds=timer.timings["step"]))
         metrics.update(memory_metrics())

@@ -27,9 +27,13 @@ class RewardWorker:
         self.model_scorer = model_scorer
 
     def decode_responses(self, batch: Batch) -> list[str]:
-        """Response text without padding or special tokens (what the scorer sees)."""
-        lengths = batch["response_mask"].sum(-1).tolist()
+        """Response text without padding or special tokens (what the scorer sees). In a multi-turn
+        response the tool / user turns are part of it: its length is the attention over the response."""
         ids = batch["responses"]
+        if "attention_mask" in batch:
+            lengths = batch["attention_mask"][:, -ids.shape[1]:].sum(-1).tolist()
+        else:
+            lengths = batch["response_mask"].sum(-1).tolist()
         return [self.tokenizer.decode(ids[i, :n].tolist(), skip_special_tokens=True) for i, n in enumerate(lengths)]
 
     def compute_scores(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, dict[str, float], dict[str, list]]:
