@@ -514,6 +514,45 @@ class OverlongBufferConfig:
 
 
 @dataclass
+class RewardRolloutConfig:
+    """The engine a generative reward model generates with (verl's ``reward_model.rollout.*``)."""
+
+    name: str = "native"
+    """Engine: ``native``, ``hf`` or ``vllm`` (as actor_rollout_ref.rollout.name)."""
+    prompt_length: int = 2048
+    """Longest judge prompt in tokens (longer ones keep their end, where the rating request is)."""
+    response_length: int = 256
+    """Most tokens of a verdict."""
+    temperature: float = 0.0
+    """Sampling temperature of verdicts; 0 = greedy."""
+    top_p: float = 1.0
+    """Nucleus sampling mass of verdicts."""
+    engine_kwargs: Dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the judge's engine."""
+    dtype: str = "bfloat16"
+    """Accepted for verl compatibility: the judge runs in fp32 on CPU, as the policy's engine."""
+    gpu_memory_utilization: float = 0.5
+    """Accepted for verl compatibility; no effect."""
+    tensor_model_parallel_size: int = 1
+    """Accepted for verl compatibility; the native engine is single-device."""
+
+
+@dataclass
+class JudgeConfig:
+    """How a generative reward model is asked and read (hybridflow keys)."""
+
+    prompt_template: Optional[str] = None
+    """Judge prompt with {prompt} (last user message), {response} and {ground_truth}; null = a 0-10 grading prompt
+    (hybridflow.rewards.generative_judge.DEFAULT_TEMPLATE)."""
+    score_pattern: str = r"Score:\s*(-?\d+(?:\.\d+)?)"
+    """Regex whose first group is the rating; the last match in a verdict counts."""
+    score_scale: float = 10.0
+    """The rating is divided by this and clipped to [0, 1]."""
+    timeout_s: Optional[float] = 600.0
+    """Seconds a step waits for the verdicts before giving every sample reward_model.failure_score; null = no limit."""
+
+
+@dataclass
 class RewardModelConfig:
     """Model- and rule-based rewards (verl's ``reward_model.*``; verl 0.9's ``reward.*`` maps here)."""
 
@@ -552,6 +591,13 @@ class RewardModelConfig:
     """Extra keyword arguments passed to the reward function."""
     ulysses_sequence_parallel_size: int = 1
     """Only 1 is supported."""
+    use_reward_loop: bool = False
+    """With ``enable``: the reward model is generative (a causal LM judge generating through ``rollout``)
+    instead of a sequence classifier; its score replaces the rule-based one."""
+    rollout: RewardRolloutConfig = field(default_factory=RewardRolloutConfig)
+    """Engine of the generative reward model."""
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
+    """Prompt and score parsing of the generative reward model."""
 
 
 @dataclass

@@ -174,8 +174,34 @@ def build_reward_worker(cfg: PPOConfig, tokenizer):
                                   failure_score=rm.failure_score, timeout_s=rm.timeout_s)
     kwargs.update(MANAGER_SPECIFIC.get(rm.reward_manager, lambda _: {})(cfg))
     manager = build_reward_manager(rm.reward_manager, **kwargs)
+    model_scorer = None
+    if rm.enable:
+        model_scorer = build_generative_judge(cfg) if rm.use_reward_loop else build_reward_model_scorer(cfg)
     return RewardWorker(manager=manager, tokenizer=tokenizer, reward_fn_key=cfg.data.reward_fn_key,
-                        model_scorer=build_reward_model_scorer(cfg) if rm.enable else None)
+                        model_scorer=model_scorer)
+
+
+def build_generative_judge(cfg: PPOConfig):
+    """``reward_model.use_reward_loop``: a causal-LM judge generating verdicts through ``reward_model.rollout``."""
+    from hybridflow.models import load_causal_lm, load_tokenizer
+    from hybridflow.rewards.generative_judge import DEFAULT_TEMPLATE, GenerativeJudge
+    from hybridflow.rollout import SamplingParams
+    from hybridflow.rollout.engine import build_engine
+
+    rm = cfg.reward_model
+    if not rm.model.path:
+        raise ConfigError("reward_model.use_reward_loop=True needs reward_model.model.path (a causal LM judge)")
+    tokenizer = load_tokenizer(rm.model.path, trust_remote_code=rm.model.trust_remote_code)
+    model = load_causal_lm(rm.model.path, dtype="float32", trust_remote_code=rm.model.trust_remote_code)
+    model = model.to(resolve_device(cfg.trainer.device)).eval()
+    engine = build_engine(rm.rollout.name, model, tokenizer, **dict(rm.rollout.engine_kwargs))
+    params = SamplingParams(n=1, temperature=rm.rollout.temperature, top_p=rm.rollout.top_p,
+                            max_tokens=rm.rollout.response_length, stop_token_ids=stop_token_ids(rm.model.path, tokenizer),
+                            seed=cfg.trainer.seed, logprobs=False)
+    return GenerativeJudge(engine=engine, tokenizer=tokenizer, sampling_params=params,
+                           template=rm.judge.prompt_template or DEFAULT_TEMPLATE, score_pattern=rm.judge.score_pattern,
+                           score_scale=rm.judge.score_scale, failure_score=rm.failure_score,
+                           timeout_s=rm.judge.timeout_s, max_prompt_length=rm.rollout.prompt_length)
 
 
 def build_reward_model_scorer(cfg: PPOConfig):

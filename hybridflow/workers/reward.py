@@ -58,9 +58,12 @@ class RewardWorker:
         return token_scores, scores, metrics, {"response_text": texts, **result.extra}
 
     def _model_scores(self, batch: Batch, texts: list[str]):
-        scores = self.model_scorer.score(prompts=list(batch["raw_prompt"]), responses=texts)
+        context = {"ground_truths": list(batch["ground_truth"])} if getattr(self.model_scorer, "uses_ground_truth",
+                                                                            False) else {}
+        scores = self.model_scorer.score(prompts=list(batch["raw_prompt"]), responses=texts, **context)
         token_scores = place_scores_on_last_token(scores=scores, response_mask=batch["response_mask"])
-        return token_scores, scores, {"reward/model_score/mean": scores.mean().item()}, {"response_text": texts}
+        metrics = {"reward/model_score/mean": scores.mean().item(), **getattr(self.model_scorer, "last_metrics", {})}
+        return token_scores, scores, metrics, {"response_text": texts}
 
     def close(self) -> None:
         self.manager.close()
