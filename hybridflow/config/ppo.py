@@ -363,6 +363,11 @@ class RolloutConfig:
     """Record the engine's log-probs (for the rollout/training mismatch metric); the native engine always does."""
     update_weights_bucket_megabytes: int = 512
     """Size of the buckets weights are synced in."""
+    enable_prefix_caching: bool = True
+    """native, multi-turn rollouts: keep the KV of finished turns and prefill only what a later prompt adds
+    (the observation), and prefill identical prompts once; budget ``engine_kwargs.native.prefix_cache_tokens``
+    (default 32768 tokens). No effect on other backends (vllm: set engine_kwargs.vllm.enable_prefix_caching)
+    nor on single-turn rollouts, which never reuse a prefix (the weights change every step)."""
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
     """Multi-turn rollouts with tools and simulated users."""
     agent: AgentLoopConfig = field(default_factory=AgentLoopConfig)

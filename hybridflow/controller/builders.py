@@ -92,12 +92,19 @@ def _reference_worker(*, actor_model, ref_model, arr, dp: DataParallel, device: 
     return ReferenceWorker(model=ref_model, **kwargs)
 
 
+DEFAULT_PREFIX_CACHE_TOKENS = 32768
+"""Tokens of finished turns the native engine keeps for multi-turn prefix reuse (KV bytes = tokens x layers
+x 2 x kv_heads x head_dim x 4: 1.5 GB for SmolLM2-135M)."""
+
+
 def _rollout_worker(engine_model, tokenizer, rollout_cfg, *, template_kwargs=None):
     from hybridflow.rollout.engine import build_engine
     from hybridflow.workers.rollout import RolloutWorker
 
-    engine = build_engine(rollout_cfg.name, engine_model, tokenizer,
-                          **dict(rollout_cfg.engine_kwargs.get(rollout_cfg.name) or {}))
+    kwargs = dict(rollout_cfg.engine_kwargs.get(rollout_cfg.name) or {})
+    if rollout_cfg.name == "native" and rollout_cfg.multi_turn.enable and rollout_cfg.enable_prefix_caching:
+        kwargs.setdefault("prefix_cache_tokens", DEFAULT_PREFIX_CACHE_TOKENS)
+    engine = build_engine(rollout_cfg.name, engine_model, tokenizer, **kwargs)
     agent_loops = None
     if rollout_cfg.multi_turn.enable:
         from hybridflow.agents.manager import build_agent_loop_manager
