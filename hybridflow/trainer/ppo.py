@@ -2,7 +2,8 @@
 
 Dataflow of one step (the HybridFlow paper's Fig. 1, verl's ``RayPPOTrainer.fit``)::
 
-    prompts ──► rollout.generate (n responses per prompt, engine log-probs)
+    prompts ──► rollout.generate (n responses per prompt, engine log-probs; with multi_turn.enable each
+                sample is a conversation run by its agent loop: tool/user tokens masked out of the loss)
             ──► reward.compute_scores (rule / custom function; score on the last response token)
             ──► actor.compute_log_prob (old log-probs, entropy)
             ──► reference.compute_ref_log_prob           (if a KL term is used)
@@ -275,7 +276,7 @@ class PPOTrainer:
     def validate(self) -> dict[str, float]:
         """Generate on the validation set with ``val_kwargs``; reward mean@n per data source."""
         n = self.rollout_cfg.val_kwargs.n
-        scores, sources, lengths = [], [], []
+        scores, sources, lengths, tool_uses = [], [], [], []
         reward = self.w.reward
         for collated in self.val_loader:
             prompts = prompts_to_batch(collated)
@@ -284,7 +285,12 @@ class PPOTrainer:
             scores.extend(batch_scores.tolist())
             sources.extend(batch[self.cfg.data.reward_fn_key])
             lengths.extend(batch["response_mask"].sum(-1).tolist())
-        return validation_metrics(scores=scores, sources=sources, lengths=lengths, n=n)
+            if "tool_call_counts" in batch:  # multi-turn: did the conversation call a tool at all
+                tool_uses.extend(float(count > 0) for count in batch["tool_call_counts"])
+        metrics = validation_metrics(scores=scores, sources=sources, lengths=lengths, n=n)
+        if tool_uses:
+            metrics[f"val-aux/tool_call_share@{n}"] = float(np.mean(tool_uses))
+        return metrics
 
     def _maybe_validate_and_save(self) -> dict[str, float]:
         trainer, step, metrics = self.cfg.trainer, self.global_step, {}

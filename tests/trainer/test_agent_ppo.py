@@ -74,7 +74,7 @@ def test_multi_turn_grpo_run_logs_verl_multi_turn_metrics(tmp_path, tool_model_d
                 "multi_turn/tokenization_mismatch/mean", "critic/score/mean", "actor/pg_loss"):
         assert key in row, key
     assert row["num_turns/min"] >= 2 and row["num_turns/max"] <= 6  # prompt + at most 3 assistant + 2 tool turns
-    assert "val-core/tool_use/reward/mean@1" in row
+    assert "val-core/tool_use/reward/mean@1" in row and 0.0 <= row["val-aux/tool_call_share@1"] <= 1.0
 
 
 def test_grpo_learns_to_call_the_tool(tmp_path, tool_model_dir):
