@@ -110,6 +110,7 @@ def _merge(args: argparse.Namespace, rest: list[str]) -> int:
 PREPROCESS_SCRIPTS = {
     "gsm8k": "hybridflow.data.preprocess.gsm8k",
     "reasoning_gym": "hybridflow.data.preprocess.reasoning_gym",
+    "tool_use": "hybridflow.data.preprocess.tool_use",
 }
 
 

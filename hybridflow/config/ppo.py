@@ -261,6 +261,62 @@ class SamplingConfig:
 
 
 @dataclass
+class MultiTurnConfig:
+    """Multi-turn rollouts with tool calls and simulated users (verl's ``rollout.multi_turn.*``).
+
+    Rows run the agent loop named by their ``agent_name`` column (else ``agent.default_agent_loop``);
+    ``tool_agent`` is the multi-turn loop. Tool and user tokens are in the context but not in the loss
+    (``response_mask`` 0)."""
+
+    enable: bool = False
+    """Run rollouts through the agent loops (hybridflow.agents) instead of one generate call."""
+    max_assistant_turns: Optional[int] = None
+    """Stop a conversation after this many generated turns; null = no limit but the length budget."""
+    max_user_turns: Optional[int] = None
+    """Stop after this many tool/user turns; null = no limit but the length budget."""
+    tool_config_path: Optional[str] = None
+    """Tool-config YAML: ``tools:`` list of {class_name, config, tool_schema}; null = no tools."""
+    interaction_config_path: Optional[str] = None
+    """Interaction YAML: ``interaction:`` list of {name, class_name, config}; rows pick one with
+    ``extra_info.interaction_kwargs.name``; null = no simulated user."""
+    max_parallel_calls: int = 1
+    """Tool calls run (concurrently) per assistant turn; further calls get an error message back."""
+    max_tool_response_length: int = 256
+    """Characters of a tool's answer kept in the context."""
+    tool_response_truncate_side: str = "middle"
+    """What a long tool answer keeps: ``left`` (its start), ``right`` (its end) or ``middle`` (both ends)."""
+    tool_timeout_s: Optional[float] = 30.0
+    """Seconds one tool call may take before it is answered with a time-out error (hybridflow key);
+    null = no limit. Only tools that await (or run blocking work in a thread) can be interrupted."""
+    format: str = "hermes"
+    """Tool-call format the parser reads: ``hermes`` (<tool_call>{json}</tool_call>) or ``llama3_json``."""
+    stop_after_tool_call: bool = False
+    """End a turn as soon as it closes a tool call (``</tool_call>`` for hermes; hybridflow key): the model
+    cannot write past its call or imagine the tool's answer, at the price of one call per turn."""
+    use_inference_chat_template: bool = False
+    """Accepted for verl compatibility; only false is supported: the context keeps the generated ids
+    as generated (what verl does with false)."""
+    tokenization_sanity_check_mode: str = "strict"
+    """Compare each finished context with the chat template's rendering of the conversation: ``strict``,
+    ``ignore_strippable`` (ignore whitespace) or ``disable``; a mismatch warns once and counts in the
+    ``multi_turn/tokenization_mismatch`` metric."""
+    num_repeat_rollouts: Optional[int] = None
+    """Accepted for verl compatibility; no effect (use rollout.n)."""
+
+
+@dataclass
+class AgentLoopConfig:
+    """Agent loops (verl's ``rollout.agent.*``)."""
+
+    num_workers: int = 8
+    """Accepted for verl compatibility: all loops of a worker run concurrently in one event loop."""
+    default_agent_loop: str = "single_turn_agent"
+    """Loop for rows without ``agent_name``: ``single_turn_agent``, ``tool_agent`` or a custom one."""
+    agent_loop_config_path: Optional[str] = None
+    """YAML list of custom loops {name, _target_: module.Class, **kwargs}; null = built-ins only."""
+
+
+@dataclass
 class RolloutConfig:
     """The generation engine (verl's ``actor_rollout_ref.rollout.*``)."""
 
@@ -326,6 +382,15 @@ class RolloutConfig:
     """Record the engine's log-probs (for the rollout/training mismatch metric); the native engine always does."""
     update_weights_bucket_megabytes: int = 512
     """Size of the buckets weights are synced in."""
+    enable_prefix_caching: bool = True
+    """native, multi-turn rollouts: keep the KV of finished turns and prefill only what a later prompt adds
+    (the observation), and prefill identical prompts once; budget ``engine_kwargs.native.prefix_cache_tokens``
+    (default 32768 tokens). No effect on other backends (vllm: set engine_kwargs.vllm.enable_prefix_caching)
+    nor on single-turn rollouts, which never reuse a prefix (the weights change every step)."""
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
+    """Multi-turn rollouts with tools and simulated users."""
+    agent: AgentLoopConfig = field(default_factory=AgentLoopConfig)
+    """Agent-loop selection."""
 
 
 @dataclass
@@ -481,6 +546,45 @@ class OverlongBufferConfig:
 
 
 @dataclass
+class RewardRolloutConfig:
+    """The engine a generative reward model generates with (verl's ``reward_model.rollout.*``)."""
+
+    name: str = "native"
+    """Engine: ``native``, ``hf`` or ``vllm`` (as actor_rollout_ref.rollout.name)."""
+    prompt_length: int = 2048
+    """Longest judge prompt in tokens (longer ones keep their end, where the rating request is)."""
+    response_length: int = 256
+    """Most tokens of a verdict."""
+    temperature: float = 0.0
+    """Sampling temperature of verdicts; 0 = greedy."""
+    top_p: float = 1.0
+    """Nucleus sampling mass of verdicts."""
+    engine_kwargs: Dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the judge's engine."""
+    dtype: str = "bfloat16"
+    """Accepted for verl compatibility: the judge runs in fp32 on CPU, as the policy's engine."""
+    gpu_memory_utilization: float = 0.5
+    """Accepted for verl compatibility; no effect."""
+    tensor_model_parallel_size: int = 1
+    """Accepted for verl compatibility; the native engine is single-device."""
+
+
+@dataclass
+class JudgeConfig:
+    """How a generative reward model is asked and read (hybridflow keys)."""
+
+    prompt_template: Optional[str] = None
+    """Judge prompt with {prompt} (last user message), {response} and {ground_truth}; null = a 0-10 grading prompt
+    (hybridflow.rewards.generative_judge.DEFAULT_TEMPLATE)."""
+    score_pattern: str = r"Score:\s*(-?\d+(?:\.\d+)?)"
+    """Regex whose first group is the rating; the last match in a verdict counts."""
+    score_scale: float = 10.0
+    """The rating is divided by this and clipped to [0, 1]."""
+    timeout_s: Optional[float] = 600.0
+    """Seconds a step waits for the verdicts before giving every sample reward_model.failure_score; null = no limit."""
+
+
+@dataclass
 class RewardModelConfig:
     """Model- and rule-based rewards (verl's ``reward_model.*``; verl 0.9's ``reward.*`` maps here)."""
 
@@ -522,6 +626,13 @@ class RewardModelConfig:
     """Extra keyword arguments passed to the reward function."""
     ulysses_sequence_parallel_size: int = 1
     """Only 1 is supported."""
+    use_reward_loop: bool = False
+    """With ``enable``: the reward model is generative (a causal LM judge generating through ``rollout``)
+    instead of a sequence classifier; its score replaces the rule-based one."""
+    rollout: RewardRolloutConfig = field(default_factory=RewardRolloutConfig)
+    """Engine of the generative reward model."""
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
+    """Prompt and score parsing of the generative reward model."""
 
 
 @dataclass

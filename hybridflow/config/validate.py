@@ -183,6 +183,26 @@ def _check_optim(problems: list[str], key: str, optim: Any) -> None:
         problems.append(f"{key}.clip_grad={optim.clip_grad} must be > 0")
 
 
+def _check_multi_turn(problems: list[str], multi_turn: Any) -> None:
+    key = "actor_rollout_ref.rollout.multi_turn"
+    _check_choice(problems, f"{key}.tool_response_truncate_side", multi_turn.tool_response_truncate_side,
+                  ("left", "right", "middle"))
+    _check_choice(problems, f"{key}.tokenization_sanity_check_mode", multi_turn.tokenization_sanity_check_mode,
+                  ("strict", "ignore_strippable", "disable"))
+    _check_positive(problems, f"{key}.max_parallel_calls", multi_turn.max_parallel_calls)
+    _check_positive(problems, f"{key}.max_tool_response_length", multi_turn.max_tool_response_length)
+    if multi_turn.use_inference_chat_template:
+        problems.append(f"{key}.use_inference_chat_template=True is not supported: the context keeps the generated "
+                        "ids as generated; set it to False")
+    for name in ("tool_config_path", "interaction_config_path"):
+        path = getattr(multi_turn, name)
+        if path and not os.path.isfile(os.path.expanduser(str(path))):
+            problems.append(f"{key}.{name}: file '{path}' does not exist")
+    if (multi_turn.tool_config_path or multi_turn.interaction_config_path) and not multi_turn.enable:
+        problems.append(f"{key}.tool_config_path / interaction_config_path are set but {key}.enable=False: "
+                        "set enable=True to run the tool agent")
+
+
 def _check_trainer(problems: list[str], trainer: Any) -> None:
     _check_choice(problems, "trainer.resume_mode", trainer.resume_mode, RESUME_MODES)
     _check_choice(problems, "trainer.device", trainer.device, DEVICES)
@@ -212,6 +232,7 @@ def validate_ppo_config(cfg: Any, *, model_max_len: int | None = None, check_pat
     _check_batch_sizes(problems, cfg, ppo_world_size(cfg))
     _check_algorithm(problems, cfg)
     _check_rollout(problems, cfg, model_max_len)
+    _check_multi_turn(problems, cfg.actor_rollout_ref.rollout.multi_turn)
     _check_trainer(problems, cfg.trainer)
     _check_optim(problems, "actor_rollout_ref.actor.optim", cfg.actor_rollout_ref.actor.optim)
     if critic_enabled(cfg):

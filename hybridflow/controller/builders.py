@@ -63,7 +63,8 @@ def build_hybrid_engine(dp: DataParallel, *, cfg, total_steps: int, with_rollout
         with_reference = arr.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
     use_lora = arr.model.lora_rank > 0
     # Copies for generation and a separate reference are taken before sharding and LoRA: full, plain weights.
-    rollout = _rollout_worker(copy.deepcopy(model).eval(), tokenizer, arr.rollout) if with_rollout else None
+    rollout = (_rollout_worker(copy.deepcopy(model).eval(), tokenizer, arr.rollout,
+                               template_kwargs=dict(cfg.data.apply_chat_template_kwargs)) if with_rollout else None)
     ref_model = copy.deepcopy(model).eval() if with_reference and not use_lora else None
     if use_lora:
         from hybridflow.models.lora import apply_lora
@@ -102,13 +103,26 @@ def _reference_worker(*, actor_model, ref_model, arr, dp: DataParallel, device: 
     return ReferenceWorker(model=ref_model, **kwargs)
 
 
-def _rollout_worker(engine_model, tokenizer, rollout_cfg):
+DEFAULT_PREFIX_CACHE_TOKENS = 32768
+"""Tokens of finished turns the native engine keeps for multi-turn prefix reuse (KV bytes = tokens x layers
+x 2 x kv_heads x head_dim x 4: 1.5 GB for SmolLM2-135M)."""
+
+
+def _rollout_worker(engine_model, tokenizer, rollout_cfg, *, template_kwargs=None):
     from hybridflow.rollout.engine import build_engine
     from hybridflow.workers.rollout import RolloutWorker
 
-    engine = build_engine(rollout_cfg.name, engine_model, tokenizer,
-                          **dict(rollout_cfg.engine_kwargs.get(rollout_cfg.name) or {}))
-    return RolloutWorker(engine=engine, pad_token_id=tokenizer.pad_token_id)
+    kwargs = dict(rollout_cfg.engine_kwargs.get(rollout_cfg.name) or {})
+    if rollout_cfg.name == "native" and rollout_cfg.multi_turn.enable and rollout_cfg.enable_prefix_caching:
+        kwargs.setdefault("prefix_cache_tokens", DEFAULT_PREFIX_CACHE_TOKENS)
+    engine = build_engine(rollout_cfg.name, engine_model, tokenizer, **kwargs)
+    agent_loops = None
+    if rollout_cfg.multi_turn.enable:
+        from hybridflow.agents.manager import build_agent_loop_manager
+
+        agent_loops = build_agent_loop_manager(engine=engine, tokenizer=tokenizer, rollout_cfg=rollout_cfg,
+                                               template_kwargs=template_kwargs)
+    return RolloutWorker(engine=engine, pad_token_id=tokenizer.pad_token_id, agent_loops=agent_loops)
 
 
 def build_critic_worker(dp: DataParallel, *, cfg, total_steps: int):

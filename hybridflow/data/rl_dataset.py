@@ -151,6 +151,7 @@ class RLDataset(torch.utils.data.Dataset):
         }
         if self.return_raw_chat:
             sample["raw_prompt"] = row[self.prompt_key]
+        sample["agent_name"] = row.get("agent_name") or None  # the agent loop of this row (multi-turn rollouts)
         return sample
 
     @property
@@ -159,7 +160,8 @@ class RLDataset(torch.utils.data.Dataset):
         return partial(collate_prompts, pad_token_id=self.pad_token_id)
 
 
-PER_SAMPLE_KEYS = ("data_source", "ability", "reward_model", "ground_truth", "extra_info", "index", "uid", "raw_prompt")
+PER_SAMPLE_KEYS = ("data_source", "ability", "reward_model", "ground_truth", "extra_info", "index", "uid", "raw_prompt",
+                   "agent_name")
 
 
 def collate_prompts(

@@ -3,7 +3,8 @@
 Tests and users' debugging runs need a causal LM and a tokenizer without a hub. The
 tokenizer is a genuine HF fast tokenizer: byte-level BPE trained here on a fixed corpus
 (so every string round-trips), with ChatML special tokens and a chat template that
-marks assistant turns with ``{% generation %}`` (for assistant-token masks). The
+marks assistant turns with ``{% generation %}`` (for assistant-token masks) and, given
+``tools``, lists their names in a short system turn (multi-turn tests stay short). The
 models are randomly initialised Llama / Qwen2 architectures of a few layers, saved
 exactly like a real checkpoint (config, safetensors, tokenizer files).
 """
@@ -13,6 +14,8 @@ from __future__ import annotations
 import string
 
 CHATML_TEMPLATE = (
+    "{% if tools %}{{ '<|im_start|>system\ntools:' }}{% for tool in tools %}{{ ' ' + tool['function']['name'] }}"
+    "{% endfor %}{{ '<|im_end|>\n' }}{% endif %}"
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\n' }}"
     "{% if message['role'] == 'assistant' %}"

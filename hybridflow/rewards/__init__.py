@@ -26,6 +26,7 @@ _EXPORTS = {
     "ScoringPool": "worker_pool",
     "place_scores_on_last_token": "placement",
     "RewardModelScorer": "reward_model",
+    "GenerativeJudge": "generative_judge",
     "run_python": "code_sandbox",
     "ExecutionResult": "code_sandbox",
     "SandboxUnavailableError": "code_sandbox",

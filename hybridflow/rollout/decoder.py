@@ -133,32 +133,45 @@ class LlamaFamilyDecoder:
         return self.prefill_many([token_ids])[0]
 
     @torch.no_grad()
-    def prefill_many(self, prompts: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def prefill_many(self, prompts: list[torch.Tensor], computed: list[torch.Tensor | None] | None = None
+                     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Run several prompts ``[L_i]`` in one pass; per prompt, last-position logits ``[V]`` and KV.
 
         The prompts are packed end to end (``[sum L_i]`` rows), so every projection is one
         matmul over all of them; a few tens of rows cost a decode step's weight reads
         almost whatever their number, so packing P prompts saves ~P - 1 passes over the
         weights. Attention stays per prompt (causal within it, never across prompts).
+
+        ``computed[i]``, when given, is the KV ``[layers, 2, KV, C_i, D]`` of ``C_i`` tokens that come
+        before ``prompts[i]`` (a prefix-cache hit): only the new tokens are computed, at positions
+        ``C_i ..``, and new row j attends to positions ``0 .. C_i + j``. The KV returned covers all
+        ``C_i + L_i`` tokens.
         """
+        computed = computed or [None] * len(prompts)
         lengths = [int(p.shape[0]) for p in prompts]
+        offsets = [0 if c is None else int(c.shape[3]) for c in computed]
         starts = [sum(lengths[:i]) for i in range(len(lengths))]
         device = prompts[0].device
-        positions = torch.cat([torch.arange(length, device=device) for length in lengths])
-        cos_table, sin_table = self.rope_table(max(lengths))
+        positions = torch.cat([torch.arange(o, o + n, device=device) for o, n in zip(offsets, lengths)])
+        cos_table, sin_table = self.rope_table(max(o + n for o, n in zip(offsets, lengths)))
         cos, sin = cos_table[positions][:, None], sin_table[positions][:, None]
         hidden = F.embedding(torch.cat(prompts), self.embed)
-        prefixes = [torch.empty(self.num_layers, 2, self.kv_heads, length, self.head_dim,
-                                dtype=hidden.dtype, device=device) for length in lengths]
+        prefixes = [torch.empty(self.num_layers, 2, self.kv_heads, o + n, self.head_dim, dtype=hidden.dtype,
+                                device=device) for o, n in zip(offsets, lengths)]
+        for prefix, done, offset in zip(prefixes, computed, offsets):
+            if done is not None:
+                prefix[:, :, :, :offset] = done
+        masks = [None if o == 0 else torch.ones(n, o + n, dtype=torch.bool, device=device).tril(diagonal=o)
+                 for o, n in zip(offsets, lengths)]
         for index, layer in enumerate(self.layers):
             q, k, v = self._qkv(self._rms_norm(hidden, layer.input_norm), layer, cos, sin)
             attn = []
-            for prefix, start, length in zip(prefixes, starts, lengths):
+            for prefix, start, length, offset, mask in zip(prefixes, starts, lengths, offsets, masks):
                 rows = slice(start, start + length)
-                prefix[index, 0], prefix[index, 1] = k[rows].transpose(0, 1), v[rows].transpose(0, 1)
+                prefix[index, 0, :, offset:], prefix[index, 1, :, offset:] = k[rows].transpose(0, 1), v[rows].transpose(0, 1)
                 out = F.scaled_dot_product_attention(
                     q[rows].transpose(0, 1)[None], prefix[index, 0][None], prefix[index, 1][None],
-                    is_causal=True, scale=self.scale, enable_gqa=True,
+                    is_causal=mask is None, attn_mask=mask, scale=self.scale, enable_gqa=True,
                 )
                 attn.append(out[0].transpose(0, 1).reshape(length, -1))
             hidden = hidden + layer.o_proj(torch.cat(attn))

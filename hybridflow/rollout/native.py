@@ -24,6 +24,7 @@ import torch
 from hybridflow.rollout.decoder import LlamaFamilyDecoder
 from hybridflow.rollout.kv_cache import SlotKVCache
 from hybridflow.rollout.lanes import DecodeLanes
+from hybridflow.rollout.prefix_cache import PrefixCache
 from hybridflow.rollout.sampler import draw_uniform, sample_tokens
 from hybridflow.rollout.stopping import StopChecker
 from hybridflow.rollout.types import Completion, SamplingParams, validate_prompts
@@ -42,6 +43,8 @@ class Sequence:
     output_index: int
     prompt_length: int
     token_ids: list[int] = field(default_factory=list)
+    prompt_ids: list[int] | None = None
+    """The prompt's ids, kept only when finished sequences go to the prefix cache."""
     logprobs: list[float] = field(default_factory=list)
     finish_reason: str | None = None
 
@@ -67,10 +70,13 @@ class NativeEngine:
         max_model_len: context limit; defaults to ``config.max_position_embeddings``.
         decode_lanes: on CPU with more than one thread, decode wide steps in concurrent
             slices (:mod:`hybridflow.rollout.lanes`); same outputs, faster wide steps.
+        prefix_cache_tokens: keep the KV of finished sequences, up to this many tokens, and
+            prefill only the new part of a prompt that extends one (multi-turn rollouts);
+            identical prompts in one call are prefilled once. 0 turns it off.
     """
 
     def __init__(self, model, tokenizer=None, *, max_num_seqs: int = 256, max_model_len: int | None = None,
-                 decode_lanes: bool = True):
+                 decode_lanes: bool = True, prefix_cache_tokens: int = 0):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.decoder = LlamaFamilyDecoder(model)
@@ -79,6 +85,7 @@ class NativeEngine:
         self.cache: SlotKVCache | None = None
         threads = torch.get_num_threads()
         self.lanes = DecodeLanes(threads) if decode_lanes and self.device.type == "cpu" and threads > 1 else None
+        self.prefix_cache = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens > 0 else None
 
     @property
     def device(self) -> torch.device:
@@ -88,6 +95,8 @@ class NativeEngine:
         """Copy trainer weights (HF names) into the model and rebuild the fused copies."""
         copy_named_tensors(self.model, named_tensors)
         self.decoder.refresh()
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()  # computed with the old weights
 
     def generate(self, prompt_token_ids: list[list[int]], params: SamplingParams) -> list[Completion]:
         """``n`` completions per prompt, grouped by prompt in input order."""
@@ -100,6 +109,7 @@ class NativeEngine:
             stop=StopChecker(params=params, tokenizer=self.tokenizer),
             waiting=deque(PendingPrompt(i, list(p), params.n) for i, p in enumerate(prompt_token_ids)),
             last_tokens=torch.empty(cache.slots, dtype=torch.long, device=self.device),
+            prefix_cache=self.prefix_cache,
         )
         while run.waiting or run.live:
             self._admit(run)
@@ -139,7 +149,8 @@ class NativeEngine:
             run.last_tokens[first_slot : first_slot + count] = tokens
             output_start = run.params.n - pending.remaining
             for offset, (token, logprob) in enumerate(zip(tokens.tolist(), logprobs.tolist())):
-                run.live.append(Sequence(pending.index, output_start + offset, len(pending.token_ids)))
+                run.live.append(Sequence(pending.index, output_start + offset, len(pending.token_ids),
+                                         prompt_ids=pending.token_ids if self.prefix_cache is not None else None))
                 run.append(run.live[-1], token, logprob)
             pending.remaining -= count
             if pending.remaining == 0:
@@ -165,9 +176,24 @@ class NativeEngine:
             self._prefill(batch)
 
     def _prefill(self, batch: list[PendingPrompt]) -> None:
+        if self.prefix_cache is not None:
+            return self._prefill_reusing(batch)
         prompts = [torch.tensor(p.token_ids, dtype=torch.long, device=self.device) for p in batch]
         for pending, (logits, prefix) in zip(batch, self.decoder.prefill_many(prompts)):
             pending.first_logits, pending.prefix = logits, prefix
+
+    def _prefill_reusing(self, batch: list[PendingPrompt]) -> None:
+        """Prefill each distinct prompt once, from its longest cached prefix when there is one."""
+        groups: dict[tuple[int, ...], list[PendingPrompt]] = {}
+        for pending in batch:
+            groups.setdefault(tuple(pending.token_ids), []).append(pending)
+        hits = [self.prefix_cache.longest_prefix(list(key)) for key in groups]
+        new_tokens = [torch.tensor(key[length:], dtype=torch.long, device=self.device)
+                      for key, (length, _) in zip(groups, hits)]
+        results = self.decoder.prefill_many(new_tokens, computed=[kv for _, kv in hits])
+        for group, (logits, prefix) in zip(groups.values(), results):
+            for pending in group:
+                pending.first_logits, pending.prefix = logits, prefix
 
     def _step(self, run: GenerationRun) -> None:
         """One decode step over every live slot (in lanes on CPU when there are enough of them)."""
@@ -209,6 +235,8 @@ class GenerationRun:
     live: list[Sequence] = field(default_factory=list)
     """``live[i]`` occupies slot ``i``."""
     done: list[Sequence] = field(default_factory=list)
+    prefix_cache: PrefixCache | None = None
+    """Where finished sequences' KV goes (prompt + all generated tokens but the last, which was never fed back)."""
 
     def append(self, sequence: Sequence, token: int, logprob: float) -> None:
         """Record a sampled token and decide whether the sequence has finished."""
@@ -230,9 +258,17 @@ class GenerationRun:
             if self.live[slot].finish_reason is None:
                 continue
             self.done.append(self.live[slot])
+            if self.prefix_cache is not None:
+                self.keep_kv(slot)
             last = len(self.live) - 1
             if slot != last:
                 self.cache.move(source=last, target=slot)
                 self.last_tokens[slot] = self.last_tokens[last]
                 self.live[slot] = self.live[last]
             self.live.pop()
+
+    def keep_kv(self, slot: int) -> None:
+        sequence, length = self.live[slot], self.cache.lengths[slot]
+        token_ids = sequence.prompt_ids + sequence.token_ids[:-1]
+        if len(token_ids) == length:  # a sequence cut at the context holds fewer
+            self.prefix_cache.store(token_ids, self.cache.data[:, :, slot, :, :length].clone())

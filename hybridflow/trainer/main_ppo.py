@@ -146,7 +146,8 @@ def build_datasets(cfg: PPOConfig, tokenizer):
         return RLDataset(files, tokenizer=tokenizer, prompt_key=data.prompt_key, max_prompt_length=data.max_prompt_length,
                          filter_overlong_prompts=data.filter_overlong_prompts, truncation=data.truncation,
                          max_samples=max_samples, apply_chat_template_kwargs=dict(data.apply_chat_template_kwargs),
-                         return_raw_chat=data.return_raw_chat or cfg.reward_model.enable)
+                         return_raw_chat=data.return_raw_chat or cfg.reward_model.enable
+                         or cfg.actor_rollout_ref.rollout.multi_turn.enable)
 
     max_train = data.train_max_samples if data.train_max_samples > 0 else data.max_samples
     train = dataset(data.train_files, max_train)
@@ -230,8 +231,11 @@ def build_reward_worker(cfg: PPOConfig, tokenizer):
                                   failure_score=rm.failure_score, timeout_s=rm.timeout_s)
     kwargs.update(MANAGER_SPECIFIC.get(rm.reward_manager, lambda _: {})(cfg))
     manager = build_reward_manager(rm.reward_manager, **kwargs)
+    model_scorer = None
+    if rm.enable:
+        model_scorer = build_generative_judge(cfg) if rm.use_reward_loop else build_reward_model_scorer(cfg)
     return RewardWorker(manager=manager, tokenizer=tokenizer, reward_fn_key=cfg.data.reward_fn_key,
-                        model_scorer=build_reward_model_scorer(cfg) if rm.enable else None,
+                        model_scorer=model_scorer,
                         stop_when_all_fail=rm.stop_when_all_fail)
 
 
@@ -251,6 +255,29 @@ def check_reward_inputs(cfg: PPOConfig, loaders: dict[str, Any]) -> None:
     for files_key, loader in loaders.items():
         if hasattr(getattr(loader, "dataset", None), "reward_inputs"):  # a data.custom_cls may not have it
             check_rows_scorable(loader.dataset.reward_inputs(cfg.data.reward_fn_key), files=files_key)
+
+
+def build_generative_judge(cfg: PPOConfig):
+    """``reward_model.use_reward_loop``: a causal-LM judge generating verdicts through ``reward_model.rollout``."""
+    from hybridflow.models import load_causal_lm, load_tokenizer
+    from hybridflow.rewards.generative_judge import DEFAULT_TEMPLATE, GenerativeJudge
+    from hybridflow.rollout import SamplingParams
+    from hybridflow.rollout.engine import build_engine
+
+    rm = cfg.reward_model
+    if not rm.model.path:
+        raise ConfigError("reward_model.use_reward_loop=True needs reward_model.model.path (a causal LM judge)")
+    tokenizer = load_tokenizer(rm.model.path, trust_remote_code=rm.model.trust_remote_code)
+    model = load_causal_lm(rm.model.path, dtype="float32", trust_remote_code=rm.model.trust_remote_code)
+    model = model.to(resolve_device(cfg.trainer.device)).eval()
+    engine = build_engine(rm.rollout.name, model, tokenizer, **dict(rm.rollout.engine_kwargs))
+    params = SamplingParams(n=1, temperature=rm.rollout.temperature, top_p=rm.rollout.top_p,
+                            max_tokens=rm.rollout.response_length, stop_token_ids=stop_token_ids(rm.model.path, tokenizer),
+                            seed=cfg.trainer.seed, logprobs=False)
+    return GenerativeJudge(engine=engine, tokenizer=tokenizer, sampling_params=params,
+                           template=rm.judge.prompt_template or DEFAULT_TEMPLATE, score_pattern=rm.judge.score_pattern,
+                           score_scale=rm.judge.score_scale, failure_score=rm.failure_score,
+                           timeout_s=rm.judge.timeout_s, max_prompt_length=rm.rollout.prompt_length)
 
 
 def build_reward_model_scorer(cfg: PPOConfig):

@@ -57,6 +57,20 @@ def data_metrics(batch: Batch, *, max_response_length: int, use_critic: bool) ->
     return metrics
 
 
+def agent_metrics(batch: Batch) -> dict[str, float]:
+    """verl's multi-turn metrics (``num_turns/*``, ``tool_call_counts/*``) and the mean per conversation of
+    each agent count as ``multi_turn/{name}/mean`` (tool_errors, tool_timeouts, tokenization_mismatch, ...);
+    nothing for a single-turn rollout."""
+    if "__num_turns__" not in batch:
+        return {}
+    metrics = {**_stats("num_turns", torch.tensor(list(batch["__num_turns__"]))),
+               **_stats("tool_call_counts", torch.tensor(list(batch["tool_call_counts"])))}
+    for key in batch.keys():
+        if key.startswith("agent/"):
+            metrics[f"multi_turn/{key[len('agent/'):]}/mean"] = float(torch.tensor(list(batch[key])).mean())
+    return metrics
+
+
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
     """1 - Var[returns - values] / Var[returns] over valid tokens (1 = perfect critic)."""
     var_returns = masked_var(values=returns, mask=mask)

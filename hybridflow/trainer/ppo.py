@@ -2,7 +2,8 @@
 
 Dataflow of one step (the HybridFlow paper's Fig. 1, verl's ``RayPPOTrainer.fit``)::
 
-    prompts ──► rollout.generate (n responses per prompt, engine log-probs)
+    prompts ──► rollout.generate (n responses per prompt, engine log-probs; with multi_turn.enable each
+                sample is a conversation run by its agent loop: tool/user tokens masked out of the loss)
             ──► reward.compute_scores (rule / custom function; score on the last response token)
             ──► actor.compute_log_prob (old log-probs, entropy)
             ──► reference.compute_ref_log_prob           (if a KL term is used)
@@ -44,6 +45,7 @@ from hybridflow.rollout import SamplingParams
 from hybridflow.trainer.checkpoint import find_resume_checkpoint, load_checkpoint, save_checkpoint
 from hybridflow.trainer.metrics import (
     Timer,
+    agent_metrics,
     data_metrics,
     memory_metrics,
     rollout_mismatch_metrics,
@@ -175,6 +177,7 @@ class PPOTrainer:
                     self.w.rollout.load_weights(self.w.actor.named_weights())
         metrics.update(data_metrics(batch, max_response_length=self.cfg.data.max_response_length,
                                     use_critic=self.w.critic is not None))
+        metrics.update(agent_metrics(batch))
         return self.step_metrics(metrics, batch=batch, timer=timer, step=step)
 
     def step_metrics(self, metrics: dict[str, float], *, batch: Batch, timer: Timer, step: int) -> dict[str, float]:
@@ -325,7 +328,7 @@ class PPOTrainer:
     def validate(self) -> dict[str, float]:
         """Generate on the validation set with ``val_kwargs``; reward mean@n per data source."""
         n = self.rollout_cfg.val_kwargs.n
-        scores, sources, lengths = [], [], []
+        scores, sources, lengths, tool_uses = [], [], [], []
         reward = self.w.reward
         for collated in self.val_loader:
             prompts = prompts_to_batch(collated)
@@ -334,7 +337,12 @@ class PPOTrainer:
             scores.extend(batch_scores.tolist())
             sources.extend(batch[self.cfg.data.reward_fn_key])
             lengths.extend(batch["response_mask"].sum(-1).tolist())
-        return validation_metrics(scores=scores, sources=sources, lengths=lengths, n=n)
+            if "tool_call_counts" in batch:  # multi-turn: did the conversation call a tool at all
+                tool_uses.extend(float(count > 0) for count in batch["tool_call_counts"])
+        metrics = validation_metrics(scores=scores, sources=sources, lengths=lengths, n=n)
+        if tool_uses:
+            metrics[f"val-aux/tool_call_share@{n}"] = float(np.mean(tool_uses))
+        return metrics
 
     def _maybe_validate_and_save(self) -> dict[str, float]:
         trainer, step, metrics = self.cfg.trainer, self.global_step, {}

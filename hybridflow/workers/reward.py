@@ -54,9 +54,13 @@ class RewardWorker:
         self.model_scorer = model_scorer
 
     def decode_responses(self, batch: Batch) -> list[str]:
-        """Response text without padding or special tokens (what the scorer sees)."""
-        lengths = batch["response_mask"].sum(-1).tolist()
+        """Response text without padding or special tokens (what the scorer sees). In a multi-turn
+        response the tool / user turns are part of it: its length is the attention over the response."""
         ids = batch["responses"]
+        if "attention_mask" in batch:
+            lengths = batch["attention_mask"][:, -ids.shape[1]:].sum(-1).tolist()
+        else:
+            lengths = batch["response_mask"].sum(-1).tolist()
         return [self.tokenizer.decode(ids[i, :n].tolist(), skip_special_tokens=True) for i, n in enumerate(lengths)]
 
     def compute_scores(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, dict[str, float], dict[str, list]]:
@@ -82,9 +86,12 @@ class RewardWorker:
         return token_scores, scores, metrics, {"response_text": texts, **result.extra}
 
     def _model_scores(self, batch: Batch, texts: list[str]):
-        scores = self.model_scorer.score(prompts=list(batch["raw_prompt"]), responses=texts)
+        context = {"ground_truths": list(batch["ground_truth"])} if getattr(self.model_scorer, "uses_ground_truth",
+                                                                            False) else {}
+        scores = self.model_scorer.score(prompts=list(batch["raw_prompt"]), responses=texts, **context)
         token_scores = place_scores_on_last_token(scores=scores, response_mask=batch["response_mask"])
-        return token_scores, scores, {"reward/model_score/mean": scores.mean().item()}, {"response_text": texts}
+        metrics = {"reward/model_score/mean": scores.mean().item(), **getattr(self.model_scorer, "last_metrics", {})}
+        return token_scores, scores, metrics, {"response_text": texts}
 
     def close(self) -> None:
         self.manager.close()

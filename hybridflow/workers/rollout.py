@@ -10,6 +10,12 @@ Output batch (B = prompts x n, rows of one prompt adjacent, i.e. ``repeat(n, int
     response_mask    [B, T]   1 on generated tokens (EOS included)
     rollout_log_probs [B, T]  log-probs the engine sampled with (0 on padding)
     non-tensors: the prompt's fields repeated, plus ``finish_reason``
+
+With agent loops (``multi_turn.enable``), ``prompts`` are the loops' prompts (with the tool
+schemas), ``responses`` hold generated turns and observations, ``response_mask`` is 0 on the
+observation (tool / user) tokens while ``attention_mask`` is 1 on them; non-tensors add verl's
+``__num_turns__`` and ``tool_call_counts`` and the per-row agent counts ``agent/{name}``, and
+``extra_info`` gains what the reward function may use (tool_rewards, turn_scores, num_turns).
 """
 
 from __future__ import annotations
@@ -19,22 +25,25 @@ from typing import Iterable
 import torch
 
 from hybridflow.data.batch import Batch
-from hybridflow.data.padding import pad_sequences
+from hybridflow.data.padding import pad_sequences, position_ids_from_mask
 from hybridflow.rollout import Completion, SamplingParams
 
 
 class RolloutWorker:
     """Wraps a generation engine; weights are pushed in by the trainer after every update."""
 
-    def __init__(self, *, engine, pad_token_id: int):
+    def __init__(self, *, engine, pad_token_id: int, agent_loops=None):
         self.engine = engine
         self.pad_token_id = pad_token_id
+        self.agent_loops = agent_loops
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         self.engine.load_weights(named_tensors)
 
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
         """Sample ``params.n`` responses for each prompt of ``prompts`` (needs ``raw_prompt_ids``)."""
+        if self.agent_loops is not None:
+            return self.run_agent_loops(prompts, params)
         completions = self.engine.generate([list(ids) for ids in prompts["raw_prompt_ids"]], params)
         return self.assemble(prompts, completions, n=params.n)
 
@@ -59,4 +68,35 @@ class RolloutWorker:
         batch["attention_mask"] = torch.cat([prompt_mask, response_mask.to(prompt_mask.dtype)], dim=1)
         batch["position_ids"] = torch.cat([prompt_pos, prompt_pos[:, -1:] + steps], dim=1)
         batch["finish_reason"] = [c.finish_reason for c in completions]
+        return batch
+
+    def run_agent_loops(self, prompts: Batch, params: SamplingParams) -> Batch:
+        """Each of the n samples of each prompt runs its own agent loop; all share the engine."""
+        batch = prompts.repeat(params.n, interleave=True)
+        rows = [{key: batch[key][i] for key in batch.non_tensors} for i in range(len(batch))]
+        outputs = self.agent_loops.run(rows, params)
+        for key in ("input_ids", "attention_mask", "position_ids"):
+            batch.pop([key])
+        prompt_ids = pad_sequences([o.prompt_ids for o in outputs], pad_value=self.pad_token_id, side="left")
+        width = prompt_ids.shape[1]
+        lengths = torch.tensor([len(o.prompt_ids) for o in outputs])
+        prompt_mask = (torch.arange(width).unsqueeze(0) >= (width - lengths).unsqueeze(1)).long()
+        responses = pad_sequences([o.response_ids for o in outputs], pad_value=self.pad_token_id, side="right")
+        response_attention = pad_sequences([[1] * len(o.response_ids) for o in outputs], pad_value=0, side="right")
+        batch["prompts"] = prompt_ids
+        batch["responses"] = responses
+        batch["response_mask"] = pad_sequences([o.response_mask for o in outputs], pad_value=0, side="right")
+        log_probs = torch.zeros(responses.shape, dtype=torch.float32)
+        for row, output in enumerate(outputs):
+            log_probs[row, : len(output.response_logprobs)] = torch.tensor(output.response_logprobs)
+        batch["rollout_log_probs"] = log_probs
+        batch["input_ids"] = torch.cat([prompt_ids, responses], dim=1)
+        batch["attention_mask"] = torch.cat([prompt_mask, response_attention.long()], dim=1)
+        batch["position_ids"] = position_ids_from_mask(batch["attention_mask"])
+        batch["finish_reason"] = [o.finish_reason for o in outputs]
+        batch["__num_turns__"] = [o.num_turns for o in outputs]
+        batch["tool_call_counts"] = [int(o.metrics.get("tool_calls", 0)) for o in outputs]
+        for name in sorted({k for o in outputs for k in o.metrics}):
+            batch[f"agent/{name}"] = [float(o.metrics.get(name, 0.0)) for o in outputs]
+        batch["extra_info"] = [{**(row.get("extra_info") or {}), **o.extra_info} for row, o in zip(rows, outputs)]
         return batch

@@ -33,6 +33,7 @@ def test_scripts_are_listed():
     assert SCRIPTS == {
         "gsm8k": "hybridflow.data.preprocess.gsm8k",
         "reasoning_gym": "hybridflow.data.preprocess.reasoning_gym",
+        "tool_use": "hybridflow.data.preprocess.tool_use",
     }
 
 
@@ -250,3 +251,35 @@ def test_reasoning_gym_errors(tmp_path):
     with pytest.raises(DataError, match=r"--config 'min_terms' is not key=value"):
         rg_script.main(["--task", "chain_sum", "--config", "min_terms"] + base)
     assert rg_script.parse_config(["a=2", "b=x", "c=true", "d=[1, 2]"]) == {"a": 2, "b": "x", "c": True, "d": [1, 2]}
+
+
+def test_tool_use_rows_from_gsm8k_carry_tools_and_interaction_kwargs(tmp_path):
+    from hybridflow.data.preprocess import tool_use
+
+    source = write_jsonl(tmp_path / "gsm8k.jsonl", GSM_ROWS)
+    paths = tool_use.main(["--local_save_dir", str(tmp_path / "out"), "--interaction", "gsm8k", "--",
+                           "gsm8k", "--local_dataset_path", source])
+    row = read(paths["train"])[0]
+    assert row["agent_name"] == "tool_agent" and row["data_source"] == "openai/gsm8k"
+    assert [m["role"] for m in row["prompt"]] == ["system", "user"] and "calc_gsm8k_reward" in row["prompt"][0]["content"]
+    assert row["extra_info"]["tools_kwargs"] == {"calc_gsm8k_reward": {"create_kwargs": {"ground_truth": "6"}}}
+    assert row["extra_info"]["interaction_kwargs"]["ground_truth"] == "6"
+    assert row["extra_info"]["interaction_kwargs"]["name"] == "gsm8k"
+
+
+def test_tool_use_rows_from_reasoning_gym_offline(tmp_path):
+    from hybridflow.data.preprocess import tool_use
+
+    paths = tool_use.main(["--local_save_dir", str(tmp_path), "--tool", "calculator", "--", "reasoning_gym", "--task",
+                           "basic_arithmetic", "--size", "4", "--test_size", "2"])
+    rows = read(paths["train"])
+    assert len(rows) == 4 and all(r["agent_name"] == "tool_agent" for r in rows)
+    assert rows[0]["extra_info"]["tools_kwargs"]["calculator"]["create_kwargs"]["ground_truth"] == \
+        rows[0]["reward_model"]["ground_truth"]
+
+
+def test_tool_use_without_a_source_names_the_choices(tmp_path):
+    from hybridflow.data.preprocess import tool_use
+
+    with pytest.raises(DataError, match="gsm8k, reasoning_gym"):
+        tool_use.main(["--local_save_dir", str(tmp_path)])

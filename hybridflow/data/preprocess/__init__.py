@@ -8,9 +8,12 @@ Each is a module with ``main(argv)`` and a ``python -m`` entry point, and writes
 * ``python -m hybridflow.data.preprocess.reasoning_gym --task NAME --size N [--test_size M]
   [--seed S] [--config key=value ...] [--instruction TEXT] --local_save_dir DIR``
   — a reasoning-gym task generated offline.
+* ``python -m hybridflow.data.preprocess.tool_use [--tool NAME] [--interaction NAME] --local_save_dir DIR
+  -- gsm8k|reasoning_gym SOURCE_ARGS...`` — either of the above as tool-agent rows (multi-turn).
 """
 
 SCRIPTS = {
     "gsm8k": "hybridflow.data.preprocess.gsm8k",
     "reasoning_gym": "hybridflow.data.preprocess.reasoning_gym",
+    "tool_use": "hybridflow.data.preprocess.tool_use",
 }

@@ -1,0 +1,133 @@
+"""``tool_agent``: the multi-turn loop with tool calls and an optional simulated user.
+
+    prompt (with the tool schemas) ──► generate a turn (mask 1)
+        ├─ tool calls (or malformed ones) ──► run them concurrently, time-out each ──► tool turn (mask 0) ─┐
+        ├─ no call, an interaction is set ──► the user's reply (mask 0), or its verdict ends it ──────────┤
+        └─ no call, no interaction ──► done (the answer)                                                  │
+    ◄──────────────────────────────────────────────────────────────────────────────────────────────────┘
+    ends also at max_assistant_turns / max_user_turns, a turn cut off by the length budget, or an
+    observation that would not fit in response_length (verl's rules).
+"""
+
+from __future__ import annotations
+
+import logging
+from uuid import uuid4
+
+from hybridflow.agents.base import Trajectory, register_agent_loop
+from hybridflow.agents.chat import observation_ids, render_prompt, tokenization_matches
+from hybridflow.agents.context import AgentContext
+from hybridflow.agents.tool_calls import ToolSession
+from hybridflow.errors import DataError
+from hybridflow.tools.parsers import get_tool_parser
+
+logger = logging.getLogger(__name__)
+
+
+@register_agent_loop("tool_agent")
+class ToolAgentLoop:
+    def __init__(self, context: AgentContext, **kwargs):
+        self.context = context
+        self.settings = context.settings
+        self.parse = get_tool_parser(self.settings.format)
+        self.warned_mismatch = False
+
+    async def run(self, row: dict, generator):
+        traj = self.start(row)
+        session = ToolSession(self.context.tools, extra_info_of(row).get("tools_kwargs"), self.settings)
+        user = await self.start_interaction(row)
+        turn_scores: list[float] = []
+        try:
+            while await self.assistant_turn(traj, generator) and not self.turn_limit_reached(traj):
+                parsed = self.parse(traj.messages[-1]["content"])
+                if parsed.calls or parsed.errors:
+                    observation = await session.run_turn(parsed, agent_data=traj)
+                elif user is not None:
+                    observation = await self.user_reply(user, traj, turn_scores)
+                else:
+                    break  # an answer
+                if not observation or not self.observe(traj, observation):
+                    break
+        finally:
+            tool_rewards = await session.close()
+            if user is not None:
+                await user[0].finalize_interaction(user[1])
+        traj.counts.update(session.counts)
+        traj.counts["tokenization_mismatch"] = float(not self.sanity_check(traj))
+        return traj.output(extra_info={"tool_rewards": tool_rewards, "tool_step_rewards": session.step_rewards,
+                                       "turn_scores": turn_scores})
+
+    def start(self, row: dict) -> Trajectory:
+        messages = list(row["raw_prompt"])
+        prompt_ids = render_prompt(self.context.tokenizer, messages, tool_schemas=self.context.tool_schemas,
+                                   template_kwargs=self.settings.template_kwargs)
+        if len(prompt_ids) > self.settings.prompt_length:
+            raise DataError(f"a prompt with its tool schemas is {len(prompt_ids)} tokens, longer than "
+                            f"rollout.prompt_length={self.settings.prompt_length}; raise data.max_prompt_length")
+        return Trajectory(prompt_ids=prompt_ids, messages=messages)
+
+    async def assistant_turn(self, traj: Trajectory, generator) -> bool:
+        """Generate one turn into ``traj``; False when the conversation must end after it."""
+        budget = self.settings.response_length - len(traj.response_ids)
+        completion = await generator.generate(traj.context_ids, max_tokens=budget)
+        ids = completion.token_ids
+        traj.add_generated(ids, completion.logprobs)
+        traj.finish_reason = completion.finish_reason
+        closed = completion.finish_reason == "stop" and bool(ids) and ids[-1] in generator.params.stop_token_ids
+        text = self.context.tokenizer.decode(ids[:-1] if closed else ids, skip_special_tokens=False)
+        traj.messages.append({"role": "assistant", "content": text})
+        traj.turn_end = self.context.tokenizer.decode(ids[-1:], skip_special_tokens=False) if closed else ""
+        return completion.finish_reason == "stop" and len(traj.response_ids) < self.settings.response_length
+
+    def turn_limit_reached(self, traj: Trajectory) -> bool:
+        s, counts = self.settings, traj.counts
+        return bool((s.max_assistant_turns and counts["assistant_turns"] >= s.max_assistant_turns)
+                    or (s.max_user_turns and counts["user_turns"] >= s.max_user_turns))
+
+    def observe(self, traj: Trajectory, messages: list[dict]) -> bool:
+        """Append tool/user messages as template tokens (mask 0); False if they do not fit."""
+        ids = observation_ids(self.context.tokenizer, messages, turn_end=traj.turn_end,
+                              template_kwargs=self.settings.template_kwargs)
+        if len(traj.response_ids) + len(ids) >= self.settings.response_length:
+            return False
+        traj.add_observation(ids)
+        traj.messages.extend(messages)
+        return True
+
+    async def start_interaction(self, row: dict):
+        """(interaction, instance id) named by ``extra_info.interaction_kwargs.name``, or None."""
+        if not self.context.interactions:
+            return None
+        kwargs = dict(extra_info_of(row).get("interaction_kwargs") or {})
+        name = kwargs.get("name")
+        if name not in self.context.interactions:
+            raise DataError(f"row extra_info.interaction_kwargs.name={name!r} is not one of the configured "
+                            f"interactions ({', '.join(self.context.interactions)}); fix the row or the interaction config")
+        interaction = self.context.interactions[name]
+        instance_id = await interaction.start_interaction(uuid4().hex, **kwargs)
+        return interaction, instance_id, kwargs
+
+    async def user_reply(self, user, traj: Trajectory, turn_scores: list[float]) -> list[dict] | None:
+        interaction, instance_id, kwargs = user
+        done, text, score, _ = await interaction.generate_response(instance_id, traj.messages, **kwargs)
+        if score is not None:
+            turn_scores.append(float(score))
+        return None if done else [{"role": "user", "content": text}]
+
+    def sanity_check(self, traj: Trajectory) -> bool:
+        """``tokenization_sanity_check_mode``: the trained context must read as the template's conversation."""
+        ok = tokenization_matches(self.context.tokenizer, context_ids=traj.context_ids, messages=traj.messages,
+                                  tool_schemas=self.context.tool_schemas, template_kwargs=self.settings.template_kwargs,
+                                  mode=self.settings.tokenization_sanity_check_mode)
+        if not ok and not self.warned_mismatch:
+            self.warned_mismatch = True
+            logger.warning("multi-turn context differs from the chat template's rendering of the conversation "
+                           "(metric multi_turn/tokenization_mismatch); set multi_turn.tokenization_sanity_check_mode="
+                           "ignore_strippable or disable if your template is known to differ")
+        return ok
+
+
+def extra_info_of(row: dict) -> dict:
+    extra = row.get("extra_info")
+    return extra if isinstance(extra, dict) else {}
+

@@ -1,0 +1,78 @@
+"""The tool API (verl's ``BaseTool``): one tool object serves every rollout through instances.
+
+Life of a tool in one trajectory::
+
+    instance_id, _ = await tool.create(instance_id, **create_kwargs)   # per-sample state (e.g. ground truth)
+    response, step_reward, metrics = await tool.execute(instance_id, parameters)   # once per call
+    reward = await tool.calc_reward(instance_id)                       # at the end of the trajectory
+    await tool.release(instance_id)
+
+``create_kwargs`` come from the data row: ``extra_info.tools_kwargs[tool_name].create_kwargs``.
+Every method is a coroutine: a tool that waits (a subprocess, a service) must await or run
+its blocking work in a thread (``asyncio.to_thread``) so the other rollouts keep going and
+the agent loop's per-call time-out can fire.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from uuid import uuid4
+
+from hybridflow.errors import ConfigError
+
+
+@dataclass
+class ToolResponse:
+    """What a tool call returns to the conversation (text only: no images here)."""
+
+    text: str = ""
+
+
+def validate_tool_schema(schema: Any, *, where: str) -> dict:
+    """An OpenAI function schema ``{type: function, function: {name, description, parameters}}``."""
+    if hasattr(schema, "items") and not isinstance(schema, dict):
+        schema = dict(schema)
+    function = schema.get("function") if isinstance(schema, dict) else None
+    if not isinstance(function, dict) or schema.get("type", "function") != "function" or not function.get("name"):
+        raise ConfigError(
+            f"{where}: tool_schema must be an OpenAI function schema like "
+            "{type: function, function: {name: calculator, description: ..., parameters: {type: object, "
+            f"properties: {{...}}, required: [...]}}}}; got {schema!r}")
+    return {"type": "function", "function": {"parameters": {"type": "object", "properties": {}}, **function}}
+
+
+class BaseTool:
+    """A tool with no state: subclasses override ``execute`` and, when they keep per-trajectory
+    state, ``create`` / ``calc_reward`` / ``release`` (see ``InstanceState``)."""
+
+    default_schema: dict | None = None
+    """The schema used when the tool config gives none."""
+
+    def __init__(self, config: dict | None = None, tool_schema: dict | None = None):
+        self.config = dict(config or {})
+        schema = tool_schema or self.default_schema
+        self.tool_schema = validate_tool_schema(schema, where=type(self).__name__)
+        self.name: str = self.tool_schema["function"]["name"]
+
+    def get_openai_tool_schema(self) -> dict:
+        return self.tool_schema
+
+    async def create(self, instance_id: str | None = None, **kwargs) -> tuple[str, ToolResponse]:
+        return instance_id or uuid4().hex, ToolResponse()
+
+    async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs) -> tuple[ToolResponse, float, dict]:
+        raise NotImplementedError(f"{type(self).__name__}.execute")
+
+    async def calc_reward(self, instance_id: str, **kwargs) -> float:
+        return 0.0
+
+    async def release(self, instance_id: str, **kwargs) -> None:
+        return None
+
+
+def create_kwargs_of(kwargs: dict) -> dict:
+    """verl passes per-sample arguments either flat or under ``create_kwargs``; accept both."""
+    nested = kwargs.get("create_kwargs") or {}
+    flat = {k: v for k, v in kwargs.items() if k != "create_kwargs"}
+    return {**flat, **nested}
