@@ -44,6 +44,10 @@ class DataConfig:
     """Maximum number of generated tokens per response."""
     train_batch_size: int = 1024
     """Prompts per training step (each is sampled ``rollout.n`` times)."""
+    gen_batch_size: Optional[int] = None
+    """Prompts per generation batch (DAPO's dynamic sampling): each round generates this many prompts'
+    groups and keeps the informative ones until ``train_batch_size`` groups are collected; null =
+    train_batch_size. Without ``algorithm.filter_groups.enable`` it must equal train_batch_size."""
     val_batch_size: Optional[int] = None
     """Prompts per validation generation batch; null = the whole validation set at once."""
     return_raw_input_ids: bool = False
@@ -454,6 +458,55 @@ class OverlongBufferConfig:
 
 
 @dataclass
+class RewardModelRolloutConfig:
+    """verl's ``reward_model.rollout.*``: the engine its reward loop serves a reward model on. Accepted
+    for compatibility: hybridflow runs a sequence-classification reward model in-process."""
+
+    name: Optional[str] = None
+    """Engine name (vllm, sglang); accepted for compatibility."""
+    dtype: str = "bfloat16"
+    """Accepted for compatibility."""
+    gpu_memory_utilization: float = 0.5
+    """Accepted for compatibility."""
+    enforce_eager: bool = True
+    """Accepted for compatibility."""
+    cudagraph_capture_sizes: Optional[List[int]] = None
+    """Accepted for compatibility."""
+    free_cache_engine: bool = True
+    """Accepted for compatibility."""
+    data_parallel_size: int = 1
+    """Accepted for compatibility."""
+    expert_parallel_size: int = 1
+    """Accepted for compatibility."""
+    tensor_model_parallel_size: int = 2
+    """Accepted for compatibility."""
+    max_num_batched_tokens: int = 8192
+    """Accepted for compatibility."""
+    max_model_len: Optional[int] = None
+    """Accepted for compatibility."""
+    max_num_seqs: int = 1024
+    """Accepted for compatibility."""
+    load_format: str = "auto"
+    """Accepted for compatibility."""
+    engine_kwargs: Dict[str, Any] = field(default_factory=dict)
+    """Accepted for compatibility."""
+    limit_images: Optional[int] = None
+    """Accepted for compatibility."""
+    enable_chunked_prefill: bool = True
+    """Accepted for compatibility."""
+    enable_prefix_caching: bool = True
+    """Accepted for compatibility."""
+    disable_log_stats: bool = True
+    """Accepted for compatibility."""
+    skip_tokenizer_init: bool = False
+    """Accepted for compatibility."""
+    prompt_length: int = 2048
+    """Accepted for compatibility."""
+    response_length: int = 2048
+    """Accepted for compatibility."""
+
+
+@dataclass
 class RewardModelConfig:
     """Model- and rule-based rewards (verl's ``reward_model.*``; verl 0.9's ``reward.*`` maps here)."""
 
@@ -474,9 +527,10 @@ class RewardModelConfig:
     forward_max_token_len_per_gpu: int = II("critic.forward_max_token_len_per_gpu")
     """Token budget when use_dynamic_bsz."""
     reward_manager: str = "naive"
-    """How rule-based scores are computed: ``naive`` (sequential), ``parallel`` (process pool), ``dapo`` (with overlong penalty)."""
+    """How rule-based scores are computed: ``naive`` (sequential), ``parallel`` / ``prime`` (process pool),
+    ``dapo`` (with overlong penalty)."""
     num_workers: int = 2
-    """Processes of the parallel reward manager."""
+    """Processes of the parallel / prime reward manager."""
     timeout_s: Optional[float] = 30.0
     """Per-sample time limit of a scorer (it runs in a killable worker process); a hung scorer gets
     ``failure_score``. null scores in-process with no limit (fastest; for trusted, quick scorers)."""
@@ -489,7 +543,13 @@ class RewardModelConfig:
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
     """DAPO overlong reward shaping."""
     reward_kwargs: Dict[str, Any] = field(default_factory=dict)
-    """Extra keyword arguments passed to the reward function."""
+    """Keyword arguments of the reward manager, as in verl: for ``dapo``, ``overlong_buffer_cfg``
+    ({enable, len, penalty_factor, log}; wins over ``overlong_buffer``) and ``max_resp_len`` (wins over
+    data.max_response_length). Arguments of the scoring function go in custom_reward_function.reward_kwargs."""
+    use_reward_loop: bool = True
+    """Accepted for verl compatibility: verl's reward-loop service; scoring runs in the trainer process."""
+    rollout: RewardModelRolloutConfig = field(default_factory=lambda: RewardModelRolloutConfig())
+    """Accepted for verl compatibility: the inference server verl's reward loop serves a reward model on."""
     ulysses_sequence_parallel_size: int = 1
     """Only 1 is supported."""
 
@@ -502,6 +562,8 @@ class CustomRewardFunctionConfig:
     """Python file that defines the function; null uses the built-in scorers routed by data_source."""
     name: str = "compute_score"
     """Function name inside the file."""
+    reward_kwargs: Dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments bound to the scoring function (verl's key), built-in scorers included."""
 
 
 # --------------------------------------------------------------------------- algorithm
@@ -612,6 +674,8 @@ class TrainerConfig:
     """Global seed (model init of heads, dropout, sampling)."""
     backend: str = "local"
     """Worker-group backend: ``local`` (in-process) or ``ray``."""
+    use_legacy_worker_impl: str = "auto"
+    """Accepted for verl compatibility: picks verl's legacy or new worker classes; hybridflow has one."""
 
 
 @dataclass

@@ -134,12 +134,25 @@ def _check_algorithm(problems: list[str], cfg: Any) -> None:
     _check_choice(problems, "algorithm.kl_ctrl.type", algo.kl_ctrl.type, KL_CTRL_TYPES)
     if algo.filter_groups.enable and not algo.filter_groups.metric:
         problems.append("algorithm.filter_groups.enable=True needs algorithm.filter_groups.metric (acc, score or seq_reward)")
+    _check_gen_batch_size(problems, cfg)
     if actor.clip_ratio_c <= 1.0:
         problems.append(f"actor_rollout_ref.actor.clip_ratio_c={actor.clip_ratio_c} must be > 1 (dual-clip bound)")
     for key, value in (("actor_rollout_ref.actor.ulysses_sequence_parallel_size", actor.ulysses_sequence_parallel_size),
                        ("critic.ulysses_sequence_parallel_size", cfg.critic.ulysses_sequence_parallel_size)):
         if value != 1:
             problems.append(f"{key}={value}: sequence parallelism is not supported; set it to 1")
+
+
+def _check_gen_batch_size(problems: list[str], cfg: Any) -> None:
+    """data.gen_batch_size only means something with DAPO's dynamic sampling."""
+    gen, train = cfg.data.gen_batch_size, cfg.data.train_batch_size
+    if gen is None:
+        return
+    _check_positive(problems, "data.gen_batch_size", gen)
+    if gen > 0 and gen != train and not cfg.algorithm.filter_groups.enable:
+        problems.append(f"data.gen_batch_size={gen} differs from data.train_batch_size={train} but "
+                        "algorithm.filter_groups.enable=False: generation batches larger or smaller than the "
+                        "train batch are for dynamic sampling; enable filter_groups or drop data.gen_batch_size")
 
 
 def _check_rollout(problems: list[str], cfg: Any, model_max_len: int | None) -> None:

@@ -92,11 +92,11 @@ def _reference_worker(*, actor_model, ref_model, arr, dp: DataParallel, device: 
 
 
 def _rollout_worker(engine_model, tokenizer, rollout_cfg):
+    from hybridflow.rollout.config import engine_kwargs_from_rollout_config
     from hybridflow.rollout.engine import build_engine
     from hybridflow.workers.rollout import RolloutWorker
 
-    engine = build_engine(rollout_cfg.name, engine_model, tokenizer,
-                          **dict(rollout_cfg.engine_kwargs.get(rollout_cfg.name) or {}))
+    engine = build_engine(rollout_cfg.name, engine_model, tokenizer, **engine_kwargs_from_rollout_config(rollout_cfg))
     return RolloutWorker(engine=engine, pad_token_id=tokenizer.pad_token_id)
 
 

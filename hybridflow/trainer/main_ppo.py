@@ -7,6 +7,7 @@ from its config.json) is checked first, so a typo costs a second, not a model lo
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import sys
@@ -21,13 +22,16 @@ from hybridflow.config.validate import as_list
 from hybridflow.errors import ConfigError, run_entry_point
 from hybridflow.trainer.ppo import PPOTrainer, PPOWorkers
 
+logger = logging.getLogger(__name__)
+
 
 # ------------------------------------------------------------------ checks before loading
 def check_registered_names(cfg: PPOConfig) -> None:
     """Names that live in registries: each unknown one is an error listing the valid ones."""
     from hybridflow.algos import get_advantage, get_policy_loss, list_kl_penalties, list_loss_agg_modes
     from hybridflow.algos.errors import UnknownAlgorithmError
-    from hybridflow.rollout.engine import ENGINES
+    from hybridflow.rollout.engine import engine_unavailable
+    from hybridflow.trainer.reward_config import reward_manager_problems
     from hybridflow.trainer.tracking import available_backends
 
     actor = cfg.actor_rollout_ref.actor
@@ -40,11 +44,13 @@ def check_registered_names(cfg: PPOConfig) -> None:
             problems.append(str(err))
     checks = (("actor_rollout_ref.actor.loss_agg_mode", actor.loss_agg_mode, list_loss_agg_modes()),
               ("actor_rollout_ref.actor.kl_loss_type", actor.kl_loss_type, list_kl_penalties()),
-              ("algorithm.kl_penalty", cfg.algorithm.kl_penalty, list_kl_penalties()),
-              ("actor_rollout_ref.rollout.name", cfg.actor_rollout_ref.rollout.name, sorted(ENGINES)))
+              ("algorithm.kl_penalty", cfg.algorithm.kl_penalty, list_kl_penalties()))
     for key, value, names in checks:
         if value not in names:
             problems.append(f"{key}={value!r} is not one of {', '.join(names)}")
+    engine_problem = engine_unavailable(cfg.actor_rollout_ref.rollout.name)
+    problems += [f"actor_rollout_ref.{engine_problem}"] if engine_problem else []
+    problems += reward_manager_problems(cfg)
     for name in as_list(cfg.trainer.logger):
         if name not in available_backends():
             problems.append(f"trainer.logger: unknown backend {name!r}; choose from {', '.join(available_backends())}")
@@ -52,15 +58,38 @@ def check_registered_names(cfg: PPOConfig) -> None:
         raise ConfigError("\n".join(problems))
 
 
-def model_context_length(path: str, trust_remote_code: bool) -> int | None:
-    """max_position_embeddings from the model's config (no weights loaded)."""
+def model_context_length(path: str, trust_remote_code: bool, override_config: dict | None = None) -> int | None:
+    """max_position_embeddings from the model's config (no weights loaded); ``model.override_config``
+    wins, as it does when the model loads (verl's long-context scripts raise it that way)."""
     from transformers import AutoConfig
 
+    if (override_config or {}).get("max_position_embeddings"):
+        return int(override_config["max_position_embeddings"])
     try:
         config = AutoConfig.from_pretrained(os.path.expanduser(path), trust_remote_code=trust_remote_code)
     except (OSError, ValueError):
         return None  # the loader reports an unreadable model with its own message
     return getattr(config, "max_position_embeddings", None)
+
+
+def warn_about_ignored_gpus(cfg: PPOConfig) -> None:
+    """verl scripts say ``trainer.n_gpus_per_node=8``; the default local backend is one process.
+    A warning, not an error: the same script then runs unchanged on a laptop, and the line names
+    the switch that gives the GPUs to the run."""
+    trainer = cfg.trainer
+    if trainer.backend == "local" and trainer.nnodes * trainer.n_gpus_per_node > 1:
+        logger.warning("hybridflow: warning: trainer.nnodes x trainer.n_gpus_per_node = %d workers, but trainer.backend=local runs one "
+                       "process: set trainer.backend=ray to use them", trainer.nnodes * trainer.n_gpus_per_node)
+
+
+def preflight(cfg: PPOConfig) -> None:
+    """Every check that needs no model weights: names, availability of the backends, batch arithmetic,
+    files, the model's context from its config.json. Raises ConfigError listing the problems."""
+    check_registered_names(cfg)
+    model = cfg.actor_rollout_ref.model
+    validate_ppo_config(cfg, model_max_len=model_context_length(model.path, model.trust_remote_code,
+                                                                dict(model.override_config)))
+    warn_about_ignored_gpus(cfg)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -93,7 +122,8 @@ def build_datasets(cfg: PPOConfig, tokenizer):
 
     max_train = data.train_max_samples if data.train_max_samples > 0 else data.max_samples
     train = dataset(data.train_files, max_train)
-    train_loader = StatefulDataLoader(train, batch_size=data.train_batch_size, collate_fn=train.collate_fn,
+    train_loader = StatefulDataLoader(train, batch_size=data.gen_batch_size or data.train_batch_size,
+                                      collate_fn=train.collate_fn,
                                       shuffle=data.shuffle, seed=data.seed, drop_last=True)
     if not data.val_files:
         return train_loader, None
@@ -163,16 +193,14 @@ def stop_token_ids(path: str, tokenizer) -> list[int]:
 def build_reward_worker(cfg: PPOConfig, tokenizer):
     """The configured manager around the built-in scorers or ``custom_reward_function``."""
     from hybridflow.rewards import build_reward_manager, load_reward_function
+    from hybridflow.trainer.reward_config import reward_manager_kwargs
     from hybridflow.workers.reward import RewardWorker
 
     rm = cfg.reward_model
     compute_score = None
     if cfg.custom_reward_function.path:
         compute_score = load_reward_function(cfg.custom_reward_function.path, cfg.custom_reward_function.name)
-    kwargs: dict[str, Any] = dict(compute_score=compute_score, reward_kwargs=dict(rm.reward_kwargs) or None,
-                                  failure_score=rm.failure_score, timeout_s=rm.timeout_s)
-    kwargs.update(MANAGER_SPECIFIC.get(rm.reward_manager, lambda _: {})(cfg))
-    manager = build_reward_manager(rm.reward_manager, **kwargs)
+    manager = build_reward_manager(rm.reward_manager, compute_score=compute_score, **reward_manager_kwargs(cfg))
     return RewardWorker(manager=manager, tokenizer=tokenizer, reward_fn_key=cfg.data.reward_fn_key,
                         model_scorer=build_reward_model_scorer(cfg) if rm.enable else None)
 
@@ -190,16 +218,6 @@ def build_reward_model_scorer(cfg: PPOConfig):
                               pad_token_id=tokenizer.pad_token_id)
     return RewardModelScorer(model=model, tokenizer=tokenizer, max_length=rm.max_length,
                              micro_batch_size=rm.micro_batch_size_per_gpu or 8)
-
-
-MANAGER_SPECIFIC = {
-    "parallel": lambda cfg: {"num_workers": cfg.reward_model.num_workers},
-    "dapo": lambda cfg: {"max_response_length": cfg.data.max_response_length,
-                         "overlong_buffer_len": cfg.reward_model.overlong_buffer.len,
-                         "penalty_factor": cfg.reward_model.overlong_buffer.penalty_factor,
-                         "enable_overlong_buffer": cfg.reward_model.overlong_buffer.enable},
-}
-"""Keyword arguments only some reward managers take, by ``reward_model.reward_manager``."""
 
 
 def build_trainer(cfg: PPOConfig) -> PPOTrainer:
@@ -243,9 +261,7 @@ def run_ppo(cfg: PPOConfig) -> PPORun:
     from hybridflow.trainer.plots import plot_curves
     from hybridflow.trainer.summary import summary_table
 
-    check_registered_names(cfg)
-    validate_ppo_config(cfg, model_max_len=model_context_length(cfg.actor_rollout_ref.model.path,
-                                                                cfg.actor_rollout_ref.model.trust_remote_code))
+    preflight(cfg)
     trainer = build_trainer(cfg)
     try:
         last = trainer.fit()

@@ -1,0 +1,24 @@
+"""verl keys hybridflow accepts only for compatibility: the one table of them.
+
+Each entry maps a dotted key to a one-line reason (what the key selects in verl and why
+it changes nothing here). Such a key may appear in a verl script or YAML without an
+error; setting it to a non-default value warns once. Every other key of the schemas is
+read by some code.
+"""
+
+COMPAT_ONLY: dict[str, str] = {
+    "trainer.use_legacy_worker_impl": (
+        "selects between verl's legacy and new worker classes; hybridflow has one worker implementation"),
+    "reward_model.use_reward_loop": (
+        "selects verl's reward-loop service for reward scoring; hybridflow scores in the trainer process"),
+    **{f"reward_model.rollout.{name}": (
+        "sizes the inference server that verl's reward loop runs a reward model on; hybridflow runs a "
+        "sequence-classification reward model in-process (reward_model.model.*)")
+       for name in ("name", "dtype", "gpu_memory_utilization", "enforce_eager", "cudagraph_capture_sizes",
+                    "free_cache_engine", "data_parallel_size", "expert_parallel_size",
+                    "tensor_model_parallel_size", "max_num_batched_tokens", "max_model_len", "max_num_seqs",
+                    "load_format", "engine_kwargs", "limit_images", "enable_chunked_prefill",
+                    "enable_prefix_caching", "disable_log_stats", "skip_tokenizer_init", "prompt_length",
+                    "response_length")},
+}
+"""Dotted config key -> why it is accepted without effect."""
