@@ -314,3 +314,32 @@ def _resolve_config_name(path: str | None, name: str | None) -> str | None:
         shipped = sorted(f[:-5] for f in os.listdir(SHIPPED_CONFIG_DIR) if f.endswith(".yaml"))
         raise ConfigError(f"config '{filename}' not found in '{base}' (shipped configs: {', '.join(shipped)})")
     return full
+
+
+HELP_FLAGS = ("-h", "--help")
+TRAINER_USAGE = """\
+usage: {prog} [--config-path DIR --config-name NAME] [--debug] key=value ...
+
+{summary}
+
+  key=value        set a config key, e.g. data.train_batch_size=8 (values parse as YAML: 1e-6, [a,b], null)
+  +key=value       add an entry under a free-form mapping (override_config, engine_kwargs, ...)
+  ~key             delete such an entry
+  --config-path DIR --config-name NAME
+                   start from a YAML file (verl's Hydra flags; --config FILE also works)
+  --debug          show the full traceback of an error
+
+Every key, its default and its meaning: hybridflow config show{trainer_flag} --doc
+The resolved config of a command line:  hybridflow config show{trainer_flag} key=value ...
+"""
+
+
+def help_requested(argv: list[str]) -> bool:
+    """``-h`` / ``--help`` anywhere before a ``key=value`` that could hold it as a value."""
+    return any(arg in HELP_FLAGS for arg in argv)
+
+
+def trainer_usage(prog: str, summary: str, trainer: str) -> str:
+    """The ``--help`` text of a trainer entry point (``trainer``: ppo or sft)."""
+    trainer_flag = "" if trainer == "ppo" else f" --trainer {trainer}"
+    return TRAINER_USAGE.format(prog=prog, summary=summary, trainer_flag=trainer_flag)

@@ -273,8 +273,16 @@ def run_ppo(cfg: PPOConfig) -> PPORun:
     return PPORun(history=history, last=last, steps=trainer.global_step, plots=plots)
 
 
-def run_from_args(args: list[str]) -> int:
+USAGE_SUMMARY = "PPO / GRPO / DAPO / ... training with verl's main_ppo keys (also: hybridflow ppo)."
+
+
+def run_from_args(args: list[str], *, prog: str = "python -m hybridflow.trainer.main_ppo") -> int:
     """``[--config-path D --config-name N] key=value ...`` -> a run (shared by ``hybridflow ppo``)."""
+    from hybridflow.config.loader import help_requested, trainer_usage
+
+    if help_requested(args):
+        print(trainer_usage(prog, USAGE_SUMMARY, "ppo"), end="")
+        return 0
     config_file, overrides = split_config_args(args)
     run_ppo(load_config(PPOConfig, overrides, config_file))
     return 0

@@ -25,6 +25,7 @@ World size 1 runs the plain model; with more ranks the model is ``fully_shard``-
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import os
 import random
@@ -37,7 +38,7 @@ import torch
 import torch.distributed as dist
 
 from hybridflow.config import SFTConfig, load_config, split_config_args, validate_sft_config
-from hybridflow.config.validate import as_list, sft_model_path
+from hybridflow.config.validate import as_list, sft_micro_batch_size_per_gpu, sft_model_path
 from hybridflow.data.dataloader import StatefulDataLoader
 from hybridflow.data.sft_dataset import SFTDataset
 from hybridflow.errors import ConfigError, run_entry_point
@@ -180,6 +181,7 @@ class SFTTrainer:
         plain_mixed = dp.world_size == 1 and self.compute_dtype != resolve_dtype(fsdp.model_dtype)
         self.autocast = (torch.autocast(device.type, dtype=self.compute_dtype) if plain_mixed
                          else contextlib.nullcontext())
+        self.micro_batch_size = sft_micro_batch_size_per_gpu(cfg.data, dp.world_size)
         self.global_step = 0
         self.tracking: Tracking | None = None
         self._bar = None
@@ -203,7 +205,7 @@ class SFTTrainer:
         start = time.perf_counter()
         num_targets = count_targets(samples)
         micros = split_micro(rank_slice(samples, rank=self.dp.rank, world_size=self.dp.world_size),
-                             micro_batch_size=self.cfg.data.micro_batch_size_per_gpu)
+                             micro_batch_size=self.micro_batch_size)
         self.model.train()
         self.state.zero_grad()
         nll_sum = torch.zeros((), device=self.device)
@@ -227,7 +229,7 @@ class SFTTrainer:
     def validate(self) -> dict[str, float]:
         """``val/loss``: token-mean CE over every target token of the validation set."""
         micros = even_shard(self.val_dataset, rank=self.dp.rank, world_size=self.dp.world_size,
-                            micro_batch_size=self.cfg.data.micro_batch_size_per_gpu)
+                            micro_batch_size=self.micro_batch_size)
         self.model.eval()
         totals = torch.zeros(2, device=self.device)
         for micro in micros:
@@ -322,7 +324,16 @@ def make_tracking(cfg: SFTConfig) -> Tracking:
                     config=asdict(cfg), local_dir=os.path.join(cfg.trainer.default_local_dir, "logs"))
 
 
-def _main(argv: list[str]) -> int:
+USAGE_SUMMARY = ("Supervised fine-tuning with verl's sft_trainer keys; under torchrun, one rank per process "
+                 "(also: hybridflow sft, python -m hybridflow.trainer.fsdp_sft_trainer).")
+
+
+def _main(argv: list[str], *, prog: str = "python -m hybridflow.trainer.sft_trainer") -> int:
+    from hybridflow.config.loader import help_requested, trainer_usage
+
+    if help_requested(argv):
+        print(trainer_usage(prog, USAGE_SUMMARY, "sft"), end="")
+        return 0
     config_file, overrides = split_config_args(argv)
     cfg = load_config(SFTConfig, overrides, config_file)
     trainer = build_trainer(cfg)
@@ -337,9 +348,10 @@ def _main(argv: list[str]) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``python -m hybridflow.trainer.sft_trainer`` and ``hybridflow sft``."""
-    return run_entry_point(_main, list(sys.argv[1:] if argv is None else argv))
+def main(argv: list[str] | None = None, *, prog: str = "python -m hybridflow.trainer.sft_trainer") -> int:
+    """Entry point of ``python -m hybridflow.trainer.sft_trainer`` (and verl's ``fsdp_sft_trainer``
+    name) and ``hybridflow sft``."""
+    return run_entry_point(functools.partial(_main, prog=prog), list(sys.argv[1:] if argv is None else argv))
 
 
 if __name__ == "__main__":
