@@ -9,6 +9,8 @@ read by some code.
 COMPAT_ONLY: dict[str, str] = {
     "trainer.use_legacy_worker_impl": (
         "selects between verl's legacy and new worker classes; hybridflow has one worker implementation"),
+    "actor_rollout_ref.model.use_shm": (
+        "makes verl copy the model to /dev/shm before loading; hybridflow loads from model.path"),
     "reward_model.use_reward_loop": (
         "selects verl's reward-loop service for reward scoring; hybridflow scores in the trainer process"),
     **{f"reward_model.rollout.{name}": (

@@ -119,6 +119,8 @@ class ModelConfig:
     """Accepted for verl compatibility; no effect."""
     trust_remote_code: bool = False
     """Allow models with custom code."""
+    use_shm: bool = False
+    """Accepted for verl compatibility: verl copies the model to /dev/shm before loading; no effect."""
     dtype: Optional[str] = None
     """Parameter dtype for training; null = fp32 on CPU, bf16 mixed precision on GPU."""
     attn_implementation: Optional[str] = None

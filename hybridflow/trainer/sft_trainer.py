@@ -123,6 +123,11 @@ def model_context_length(cfg: SFTConfig) -> int | None:
     return getattr(config, "max_position_embeddings", None)
 
 
+def preflight(cfg: SFTConfig, *, world_size: int) -> None:
+    """Every check that needs no model weights (files, batch arithmetic, the context from config.json)."""
+    validate_sft_config(cfg, world_size=world_size, model_max_len=model_context_length(cfg))
+
+
 def build_tokenizer(cfg: SFTConfig):
     """The model's tokenizer; ``data.chat_template`` replaces its template when set."""
     tokenizer = load_tokenizer(sft_model_path(cfg), trust_remote_code=cfg.model.trust_remote_code)
@@ -307,7 +312,7 @@ def build_trainer(cfg: SFTConfig) -> SFTTrainer:
     """Validate the config, set up the process group, load tokenizer, data and model."""
     device = resolve_device(cfg.trainer.device)
     dp = init_data_parallel(device)
-    validate_sft_config(cfg, world_size=dp.world_size, model_max_len=model_context_length(cfg))
+    preflight(cfg, world_size=dp.world_size)
     seed_everything(cfg.trainer.seed)
     tokenizer = build_tokenizer(cfg)
     train = build_dataset(cfg, cfg.data.train_files, tokenizer)

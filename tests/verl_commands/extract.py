@@ -1,6 +1,9 @@
 """Extract the launch command of verl's example and recipe scripts, verbatim, as test data.
 
-    python tests/verl_commands/extract.py VERL_GIT_DIR RECIPE_GIT_DIR > tests/verl_commands/commands.json
+    python tests/verl_commands/extract.py VERL_GIT_DIR RECIPE_GIT_DIR tests/verl_commands
+
+writes ``commands.json`` (source script, module, arguments) and ``configs/*.yaml`` (the
+recipes' Hydra configs their modules start from, copied unchanged).
 
 Each script listed in ``SCRIPTS`` is read from the given commit of its git repository
 (``git show``) and run by bash with the launchers (``python``, ``python3``, ``torchrun``,
@@ -23,6 +26,7 @@ import tempfile
 # (repository label, path inside it); the issue's sample: GSM8K quickstart, ppo_trainer/, grpo_trainer/,
 # sft/gsm8k/, DAPO, GSPO, CISPO, RLOO, ReMax, REINFORCE++, GPG and the LoRA tuning scripts.
 SCRIPTS = [
+    ("verl", "docs/start/quickstart.rst"),  # the GSM8K quickstart: its shell block
     ("verl", "examples/ppo_trainer/run_deepseek7b_llm.sh"),
     ("verl", "examples/ppo_trainer/run_deepseek7b_llm_sp2.sh"),
     ("verl", "examples/ppo_trainer/run_gemma.sh"),
@@ -55,10 +59,16 @@ SCRIPTS = [
     ("verl", "examples/tuning/0.5b/qwen2-0.5b_grpo-lora_1_h100_fsdp_vllm.sh"),
     ("verl", "examples/tuning/3b/qwen2-3b_grpo-lora_1_h100_fsdp_vllm.sh"),
     ("verl", "examples/tuning/7b/qwen2-7b_grpo_2_h800_fsdp_vllm.sh"),
+    ("recipe", "dapo/test_dapo_7b.sh"),
     ("recipe", "dapo/test_dapo_7b_math.sh"),
     ("recipe", "dapo/run_dapo_qwen2.5_32b.sh"),
     ("recipe", "entropy/7b_clip_cov.sh"),
 ]
+RECIPE_CONFIGS = {
+    "recipe.dapo.main_dapo": "dapo/config/dapo_trainer.yaml",
+    "recipe.entropy.main_entropy": "entropy/config/entropy_trainer.yaml",
+}
+"""Recipe module -> the YAML its ``@hydra.main(config_name=...)`` loads (in verl-recipe)."""
 SFT_SCRIPT_ARGS = ["2", "/SAVE"]
 """``$1 $2`` of verl's SFT scripts: processes per node and the save path (other scripts take none)."""
 
@@ -90,13 +100,27 @@ def run_script(text: str, args: list[str]) -> list[str]:
             return [a for a in fh.read().split("\0") if a]
 
 
+def shell_text(path: str, text: str) -> str:
+    """A script as bash runs it; for a doc page, the indented shell block that launches ``-m verl``."""
+    if not path.endswith(".rst"):
+        return text
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if "-m verl." in line)
+    block = []
+    for line in lines[start:]:
+        block.append(line.strip())
+        if not line.rstrip().endswith("\\"):
+            break
+    return "\n".join(block) + "\n"
+
+
 def split_module(argv: list[str]) -> tuple[str, list[str]]:
     """Launcher argv -> (module after -m, the arguments after it)."""
     index = argv.index("-m")
     return argv[index + 1], argv[index + 2:]
 
 
-def main(verl_dir: str, recipe_dir: str) -> int:
+def main(verl_dir: str, recipe_dir: str, out_dir: str) -> int:
     repos = {"verl": ("volcengine/verl", verl_dir), "recipe": ("verl-project/verl-recipe", recipe_dir)}
     commits = {label: subprocess.check_output(["git", "-C", d, "rev-parse", "HEAD"], text=True).strip()
                for label, (_, d) in repos.items()}
@@ -106,14 +130,24 @@ def main(verl_dir: str, recipe_dir: str) -> int:
         text = subprocess.check_output(["git", "-C", git_dir, "show", f"HEAD:{path}"], text=True)
         script_args = SFT_SCRIPT_ARGS if "/sft/" in path else []
         try:
-            module, args = split_module(run_script(text, script_args))
+            module, args = split_module(run_script(shell_text(path, text), script_args))
         except RuntimeError as err:
             raise RuntimeError(f"{path}: {err}") from err
-        commands.append({"source": f"{name}@{commits[label][:12]}:{path}", "module": module, "args": args})
-    json.dump(commands, sys.stdout, indent=1)
-    sys.stdout.write("\n")
+        record = {"source": f"{name}@{commits[label][:12]}:{path}", "module": module, "args": args}
+        if module in RECIPE_CONFIGS:
+            record["config"] = "configs/" + os.path.basename(RECIPE_CONFIGS[module])
+        commands.append(record)
+    os.makedirs(os.path.join(out_dir, "configs"), exist_ok=True)
+    for config in RECIPE_CONFIGS.values():
+        text = subprocess.check_output(["git", "-C", recipe_dir, "show", f"HEAD:{config}"], text=True)
+        header = f"# verl-project/verl-recipe@{commits['recipe'][:12]}:{config} (unchanged; see extract.py)\n"
+        with open(os.path.join(out_dir, "configs", os.path.basename(config)), "w") as fh:
+            fh.write(header + text)
+    with open(os.path.join(out_dir, "commands.json"), "w") as fh:
+        json.dump(commands, fh, indent=1)
+        fh.write("\n")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(*sys.argv[1:3]))
+    sys.exit(main(*sys.argv[1:4]))
