@@ -252,7 +252,8 @@ class RolloutConfig:
     """The generation engine (verl's ``actor_rollout_ref.rollout.*``)."""
 
     name: str = "native"
-    """Engine: ``native`` (built-in PyTorch engine, CPU/GPU), ``hf`` (model.generate) or ``vllm``."""
+    """Engine: ``native`` (built-in PyTorch engine, CPU/GPU), ``hf`` (model.generate), ``vllm`` or ``sglang``
+    (optional GPU packages; a missing one is reported before any model loads)."""
     mode: str = "sync"
     """Accepted for verl compatibility; generation is synchronous."""
     temperature: float = 1.0
@@ -268,7 +269,7 @@ class RolloutConfig:
     dtype: str = "bfloat16"
     """Engine dtype on GPU (fp32 is always used on CPU)."""
     gpu_memory_utilization: float = 0.5
-    """Fraction of GPU memory the engine may use for weights + KV cache."""
+    """vllm / sglang: fraction of GPU memory the engine may use for weights + KV cache."""
     ignore_eos: bool = False
     """Keep generating after EOS (benchmarking only)."""
     enforce_eager: bool = True
@@ -280,13 +281,13 @@ class RolloutConfig:
     layered_summon: bool = False
     """Accepted for verl compatibility; no effect."""
     tensor_model_parallel_size: int = 1
-    """vllm tensor parallel degree (the native engine is single-device)."""
+    """vllm / sglang tensor parallel degree (the native engine is single-device)."""
     max_num_batched_tokens: int = 8192
-    """Engine token budget per forward (prefill chunking)."""
+    """vllm / sglang token budget per forward (prefill chunking)."""
     max_model_len: Optional[int] = None
-    """Context limit of the engine; null = prompt_length + response_length."""
+    """Context limit of the engine (native, hf, vllm, sglang); null = prompt_length + response_length."""
     max_num_seqs: int = 1024
-    """Most sequences decoded at once (KV-cache slots)."""
+    """Most sequences decoded at once (native: KV-cache slots; vllm / sglang: running requests)."""
     log_prob_micro_batch_size: Optional[int] = None
     """Deprecated; use log_prob_micro_batch_size_per_gpu."""
     log_prob_micro_batch_size_per_gpu: Optional[int] = None
@@ -298,7 +299,7 @@ class RolloutConfig:
     disable_log_stats: bool = True
     """vllm: silence its statistics."""
     enable_chunked_prefill: bool = True
-    """vllm: chunked prefill."""
+    """vllm / sglang: chunked prefill."""
     do_sample: bool = True
     """False makes training rollouts greedy."""
     n: int = 1
@@ -306,7 +307,7 @@ class RolloutConfig:
     seed: int = 0
     """Base seed of rollout sampling (mixed with the step number)."""
     engine_kwargs: Dict[str, Any] = field(default_factory=lambda: {"vllm": {}, "sglang": {}, "native": {}})
-    """Backend-specific keyword arguments, keyed by backend name."""
+    """Backend-specific keyword arguments, keyed by backend name; they win over the sizing keys above."""
     val_kwargs: SamplingConfig = field(default_factory=SamplingConfig)
     """Sampling used for validation."""
     calculate_log_probs: bool = False
