@@ -53,9 +53,14 @@ def engine_kwargs_from_rollout_config(rollout_cfg) -> dict:
     """Keyword arguments of ``build_engine(rollout_cfg.name, ...)``: the backend's sizing keys from
     ``rollout.*`` (``max_model_len`` null = prompt_length + response_length, as in verl), then
     ``rollout.engine_kwargs.<name>``, which wins."""
-    name = rollout_cfg.name
-    kwargs = {key: getattr(rollout_cfg, key) for key in ENGINE_SIZING_KEYS.get(name, ())}
-    if "max_model_len" in kwargs and kwargs["max_model_len"] is None:
-        kwargs["max_model_len"] = int(rollout_cfg.prompt_length) + int(rollout_cfg.response_length)
-    kwargs.update(dict((rollout_cfg.engine_kwargs or {}).get(name) or {}))
+    max_model_len = rollout_cfg.max_model_len
+    if max_model_len is None:
+        max_model_len = int(rollout_cfg.prompt_length) + int(rollout_cfg.response_length)
+    sizing = {"dtype": rollout_cfg.dtype, "gpu_memory_utilization": rollout_cfg.gpu_memory_utilization,
+              "tensor_model_parallel_size": rollout_cfg.tensor_model_parallel_size, "max_model_len": max_model_len,
+              "enable_chunked_prefill": rollout_cfg.enable_chunked_prefill,
+              "max_num_batched_tokens": rollout_cfg.max_num_batched_tokens, "max_num_seqs": rollout_cfg.max_num_seqs,
+              "enforce_eager": rollout_cfg.enforce_eager}
+    kwargs = {key: sizing[key] for key in ENGINE_SIZING_KEYS.get(rollout_cfg.name, ())}
+    kwargs.update(dict((rollout_cfg.engine_kwargs or {}).get(rollout_cfg.name) or {}))
     return kwargs

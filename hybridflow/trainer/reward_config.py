@@ -24,12 +24,12 @@ def _as_dict(value: Any) -> dict:
 
 def _dapo(cfg) -> dict[str, Any]:
     """verl's ``overlong_buffer_cfg`` / ``max_resp_len`` win over ``overlong_buffer`` / data.max_response_length."""
-    rm = cfg.reward_model
+    rm, buffer = cfg.reward_model, cfg.reward_model.overlong_buffer
     verl_buffer = _as_dict(rm.reward_kwargs.get("overlong_buffer_cfg"))
-    buffer = {**dataclasses.asdict(rm.overlong_buffer), **verl_buffer}
     return {"max_response_length": rm.reward_kwargs.get("max_resp_len") or cfg.data.max_response_length,
-            "overlong_buffer_len": buffer["len"], "penalty_factor": buffer["penalty_factor"],
-            "enable_overlong_buffer": buffer["enable"]}
+            "overlong_buffer_len": verl_buffer.get("len", buffer.len),
+            "penalty_factor": verl_buffer.get("penalty_factor", buffer.penalty_factor),
+            "enable_overlong_buffer": verl_buffer.get("enable", buffer.enable)}
 
 
 def _pool(cfg) -> dict[str, Any]:
