@@ -84,11 +84,19 @@ def warn_about_ignored_gpus(cfg: PPOConfig) -> None:
 
 def preflight(cfg: PPOConfig) -> None:
     """Every check that needs no model weights: names, availability of the backends, batch arithmetic,
-    files, the model's context from its config.json. Raises ConfigError listing the problems."""
-    check_registered_names(cfg)
+    files, the model's context from its config.json. Raises one ConfigError listing every problem."""
     model = cfg.actor_rollout_ref.model
-    validate_ppo_config(cfg, model_max_len=model_context_length(model.path, model.trust_remote_code,
-                                                                dict(model.override_config)))
+    checks = (lambda: check_registered_names(cfg),
+              lambda: validate_ppo_config(cfg, model_max_len=model_context_length(
+                  model.path, model.trust_remote_code, dict(model.override_config))))
+    problems = []
+    for check in checks:
+        try:
+            check()
+        except ConfigError as err:
+            problems += str(err).splitlines()
+    if problems:
+        raise ConfigError("\n".join(problems))
     warn_about_ignored_gpus(cfg)
 
 

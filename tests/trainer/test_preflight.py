@@ -44,3 +44,13 @@ def test_gen_batch_size_is_the_prompt_batch_of_each_generation_round(tmp_path, t
     assert train_loader.batch_size == 8 and len(next(iter(train_loader))["raw_prompt_ids"]) == 8
     train_loader, _ = build_datasets(load_config(PPOConfig, base_overrides(tmp_path, tiny_model_dir)), tiny_tokenizer)
     assert train_loader.batch_size == 4  # data.train_batch_size
+
+
+def test_name_and_arithmetic_problems_are_reported_together(tmp_path, tiny_model_dir):
+    cfg = load_config(PPOConfig, base_overrides(tmp_path, tiny_model_dir) + [
+        "reward_model.reward_manager=primo", "actor_rollout_ref.actor.ppo_mini_batch_size=3"])
+    with pytest.raises(ConfigError) as err:
+        preflight(cfg)
+    lines = str(err.value).splitlines()
+    assert lines[0] == "reward_model.reward_manager='primo' is not one of dapo, naive, parallel, prime"
+    assert any(line.startswith("data.train_batch_size=4 (x rollout.n=2) is not divisible") for line in lines[1:])
