@@ -551,7 +551,7 @@ class RewardModelConfig:
     data.max_response_length). Arguments of the scoring function go in custom_reward_function.reward_kwargs."""
     use_reward_loop: bool = True
     """Accepted for verl compatibility: verl's reward-loop service; scoring runs in the trainer process."""
-    rollout: RewardModelRolloutConfig = field(default_factory=lambda: RewardModelRolloutConfig())
+    rollout: RewardModelRolloutConfig = field(default_factory=RewardModelRolloutConfig)
     """Accepted for verl compatibility: the inference server verl's reward loop serves a reward model on."""
     ulysses_sequence_parallel_size: int = 1
     """Only 1 is supported."""
