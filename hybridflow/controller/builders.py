@@ -35,6 +35,14 @@ def shard_for_group(model: torch.nn.Module, *, dp: DataParallel, fsdp_cfg, devic
                        reshard_after_forward=fsdp_cfg.reshard_after_forward)
 
 
+def model_layout(model_cfg) -> str:
+    """The forward layout a model section's ``use_remove_padding`` / ``use_shared_prompt`` select."""
+    from hybridflow.workers.logprob import forward_layout
+
+    return forward_layout(use_remove_padding=model_cfg.use_remove_padding,
+                          use_shared_prompt=model_cfg.use_shared_prompt)
+
+
 def build_hybrid_engine(dp: DataParallel, *, cfg, total_steps: int, with_rollout: bool = True,
                         with_reference: bool | None = None):
     """Actor (FSDP2-sharded), rollout engine (full weights) and reference of one rank, from a PPOConfig."""
@@ -69,7 +77,7 @@ def build_hybrid_engine(dp: DataParallel, *, cfg, total_steps: int, with_rollout
     state = train_state_from_config(model, arr.actor.optim, grad_clip=arr.actor.grad_clip, total_steps=total_steps)
     actor = ActorWorker(state=state, cfg=arr.actor, rollout_n=arr.rollout.n, max_response_length=cfg.data.max_response_length,
                         log_prob_micro_batch_size=arr.rollout.log_prob_micro_batch_size_per_gpu, dp=dp,
-                        seed=cfg.trainer.seed)
+                        seed=cfg.trainer.seed, layout=model_layout(arr.model))
     checkpoint = FSDPModelComponent(model, state.optimizer, state.scheduler, tokenizer=tokenizer)
     return HybridEngineWorker(actor=actor, rollout=rollout, reference=reference, checkpoint=checkpoint)
 
@@ -84,7 +92,7 @@ def _reference_worker(*, actor_model, ref_model, arr, dp: DataParallel, device: 
 
     kwargs = dict(micro_batch_size=arr.ref.log_prob_micro_batch_size_per_gpu,
                   use_dynamic_bsz=arr.ref.log_prob_use_dynamic_bsz, max_token_len=arr.ref.log_prob_max_token_len_per_gpu,
-                  dp=dp)
+                  dp=dp, layout=model_layout(arr.model))
     if ref_model is None:
         return ReferenceWorker(model=actor_model, adapter_off=functools.partial(disable_adapter, actor_model), **kwargs)
     ref_model = shard_for_group(ref_model, dp=dp, fsdp_cfg=arr.ref.fsdp_config, device=device)
@@ -114,7 +122,8 @@ def build_critic_worker(dp: DataParallel, *, cfg, total_steps: int):
                              override_config=dict(critic_cfg.model.override_config)).to(device)
     model = shard_for_group(model, dp=dp, fsdp_cfg=critic_cfg.model.fsdp_config, device=device)
     state = train_state_from_config(model, critic_cfg.optim, grad_clip=critic_cfg.grad_clip, total_steps=total_steps)
-    critic = CriticWorker(state=state, cfg=critic_cfg, rollout_n=cfg.actor_rollout_ref.rollout.n, dp=dp)
+    critic = CriticWorker(state=state, cfg=critic_cfg, rollout_n=cfg.actor_rollout_ref.rollout.n, dp=dp,
+                          layout=model_layout(critic_cfg.model))
     tokenizer = load_tokenizer(critic_cfg.model.tokenizer_path or critic_cfg.model.path,
                                trust_remote_code=critic_cfg.model.trust_remote_code)
     return CriticGroupWorker(critic=critic, checkpoint=FSDPModelComponent(model, state.optimizer, state.scheduler,

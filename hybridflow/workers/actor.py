@@ -36,8 +36,10 @@ class ActorWorker:
     """Policy model + optimizer + LR schedule, configured by an ``ActorConfig`` section."""
 
     def __init__(self, *, state: TrainState, cfg, rollout_n: int, max_response_length: int,
-                 log_prob_micro_batch_size: int | None = None, dp: DataParallel = LOCAL, seed: int = 0):
+                 log_prob_micro_batch_size: int | None = None, dp: DataParallel = LOCAL, seed: int = 0,
+                 layout: str = "padded"):
         self.state = state
+        self.layout = layout
         self.model = state.model
         self.cfg = cfg
         self.rollout_n = rollout_n
@@ -53,7 +55,7 @@ class ActorWorker:
         return batch_log_probs(
             self.model, batch, temperature=temperature, micro_batch_size=self.log_prob_micro_batch_size,
             use_dynamic_bsz=self.cfg.use_dynamic_bsz, max_token_len=self.cfg.ppo_max_token_len_per_gpu,
-            calculate_entropy=True, dp=self.dp,
+            calculate_entropy=True, dp=self.dp, layout=self.layout,
         )
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
@@ -107,7 +109,7 @@ class ActorWorker:
         # Without a recompute pass the entropy metric comes from this forward (detached if unused).
         report_entropy = use_entropy or self.cfg.use_rollout_log_probs
         log_prob, entropy = micro_batch_log_probs(self.model, micro, temperature=temperature,
-                                                  calculate_entropy=report_entropy)
+                                                  calculate_entropy=report_entropy, layout=self.layout)
         mask = micro["response_mask"]
         agg = dict(loss_mask=mask, loss_agg_mode=self.cfg.loss_agg_mode, max_response_length=self.max_response_length,
                    global_num_tokens=counts["tokens"], global_num_seqs=counts["seqs"])
