@@ -80,7 +80,7 @@ def _models_fetch(args: argparse.Namespace, rest: list[str]) -> int:
 def _ppo(args: argparse.Namespace, rest: list[str]) -> int:
     from hybridflow.trainer.main_ppo import run_from_args
 
-    return run_from_args(rest)
+    return run_from_args(rest, prog="hybridflow ppo")
 
 
 def _spin(args: argparse.Namespace, rest: list[str]) -> int:
@@ -98,7 +98,7 @@ def _sppo(args: argparse.Namespace, rest: list[str]) -> int:
 def _sft(args: argparse.Namespace, rest: list[str]) -> int:
     from hybridflow.trainer.sft_trainer import main as sft_main
 
-    return sft_main(rest)
+    return sft_main(rest, prog="hybridflow sft")
 
 
 def _merge(args: argparse.Namespace, rest: list[str]) -> int:

@@ -1,9 +1,11 @@
 """``python -m hybridflow.model_merger merge --backend fsdp --local_dir .../global_step_N/actor --target_dir DIR``
 
 verl's merger command line: turns an actor (or SFT) checkpoint directory into a plain
-HF folder that ``AutoModelForCausalLM.from_pretrained`` loads. ``--backend fsdp`` reads
-both the single-file layout (``model.safetensors``) and, when the distributed
-checkpoint support is installed in the tree, sharded (DCP) checkpoints.
+HF folder that ``AutoModelForCausalLM.from_pretrained`` loads, and a critic checkpoint
+(``global_step_N/critic``) into a value-model folder: the backbone as an HF folder plus
+``value_head.safetensors`` (``hybridflow.models.load_value_model`` reads it, and so does
+``critic.model.path``). ``--backend fsdp`` reads both the single-file layout
+(``model.safetensors``) and sharded (DCP) checkpoints.
 """
 
 from __future__ import annotations
@@ -32,7 +34,11 @@ def merge(local_dir: str, target_dir: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m hybridflow.model_merger", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m hybridflow.model_merger",
+        description="Checkpoint -> Hugging Face folder (verl's model_merger command line): an actor or SFT "
+                    "checkpoint becomes a causal LM, a critic checkpoint a value model.",
+        epilog="The trainers' keys and their meaning: hybridflow config show --doc")
     sub = parser.add_subparsers(dest="operation", required=True)
     merge_parser = sub.add_parser("merge", help="write a Hugging Face folder from a checkpoint")
     merge_parser.add_argument("--backend", choices=["fsdp"], default="fsdp")

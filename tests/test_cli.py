@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from hybridflow.cli import main
 
 
@@ -46,3 +48,26 @@ def test_console_script_runs_as_subprocess():
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert "did you mean 'algorithm.adv_estimator'" in proc.stderr
+
+
+ENTRY_POINTS = [  # (module run as ``python -m``, its arguments, what the usage must point at)
+    ("hybridflow.trainer.main_ppo", ["--help"], "hybridflow config show --doc"),
+    ("hybridflow.trainer.sft_trainer", ["-h"], "hybridflow config show --trainer sft --doc"),
+    ("hybridflow.trainer.fsdp_sft_trainer", ["--help"], "hybridflow config show --trainer sft --doc"),
+    ("hybridflow.cli", ["ppo", "--help"], "hybridflow config show --doc"),
+    ("hybridflow.cli", ["sft", "--help"], "hybridflow config show --trainer sft --doc"),
+    ("hybridflow.model_merger", ["--help"], "hybridflow config show --doc"),
+]
+
+
+@pytest.mark.parametrize("module, args, pointer", ENTRY_POINTS, ids=lambda x: x if isinstance(x, str) else None)
+def test_every_entry_point_answers_help(module, args, pointer, monkeypatch, capsys):
+    """``python -m MODULE --help``, run in-process through the module's ``__main__`` block."""
+    import runpy
+
+    monkeypatch.setattr(sys, "argv", [module, *args])
+    with pytest.raises(SystemExit) as exit_:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    out, err = capsys.readouterr()
+    assert exit_.value.code in (0, None), err
+    assert out.startswith("usage: ") and pointer in " ".join(out.split()) and err == ""

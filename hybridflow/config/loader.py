@@ -12,7 +12,10 @@ The override grammar is the part of Hydra's that verl users type:
 Every key is checked against the dataclass schema first: an unknown key is an error that
 names the nearest valid key, a value of the wrong type is an error that names the key,
 the expected type and the value given. verl 0.9's ``reward.*`` spelling is accepted and
-rewritten to the classic ``reward_model.*`` / ``custom_reward_function.*`` sections.
+rewritten to the classic ``reward_model.*`` / ``custom_reward_function.*`` sections, on the
+command line and in YAML files alike. ``_target_`` entries (Hydra's "instantiate this verl
+class", e.g. ``algorithm.filter_groups._target_`` in verl's DAPO YAML) are dropped: the schema
+decides what each section is.
 """
 
 from __future__ import annotations
@@ -37,7 +40,9 @@ KEY_ALIASES: tuple[tuple[str, str], ...] = (
     ("reward.reward_manager", "reward_model.reward_manager"),
     ("reward.reward_model.", "reward_model."),
     ("reward.", "reward_model."),
+    ("actor_rollout_ref.model.torch_dtype", "actor_rollout_ref.model.dtype"),  # HF's name, in verl's CISPO example
 )
+HYDRA_TARGET = "_target_"
 
 _FLOAT_RE = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)$")
 
@@ -45,9 +50,16 @@ _FLOAT_RE = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)$")
 def canonical_key(key: str) -> str:
     """Rewrite an aliased (verl 0.9) key to its schema spelling."""
     for alias, target in KEY_ALIASES:
-        if key == alias.rstrip(".") or key.startswith(alias):
+        if key == alias.rstrip("."):
+            return target.rstrip(".")
+        if alias.endswith(".") and key.startswith(alias):
             return target + key[len(alias) :]
     return key
+
+
+def is_hydra_target(key: str) -> bool:
+    """``a.b._target_``: Hydra metadata naming a verl class, not a config value."""
+    return key.rpartition(".")[2] == HYDRA_TARGET
 
 
 # --------------------------------------------------------------------------- schema walk
@@ -157,13 +169,19 @@ def parse_override(item: str) -> tuple[str, str, Any]:
 
 
 def flatten(tree: dict, keys: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
-    """Nested dict from a YAML file -> [(dotted key, leaf value)]; free-form dicts stay whole."""
+    """Nested dict from a YAML file -> [(canonical dotted key, leaf value)]; free-form dicts stay whole.
+
+    Keys are walked in the file's spelling and canonicalised whole (``reward.reward_kwargs.x`` ->
+    ``reward_model.reward_kwargs.x``), so an aliased section name never leaves a stray dot."""
     items = []
     for name, value in tree.items():
-        full = canonical_key(prefix + str(name))
+        raw = prefix + str(name)
+        full = canonical_key(raw)
+        if is_hydra_target(full):
+            continue
         tp = keys.get(full)
         if isinstance(value, dict) and not (tp is not None and _is_open(tp)) and value:
-            items.extend(flatten(value, keys, full + "."))
+            items.extend(flatten(value, keys, raw + "."))
         else:
             items.append((full, value))
     return items
@@ -219,6 +237,8 @@ def compose(schema: type, overrides: Iterable[str] = (), config_file: str | None
             _assign(cfg, keys, key, value, origin=os.path.basename(config_file))
     for item in overrides:
         op, key, value = parse_override(item)
+        if is_hydra_target(key):
+            continue
         if op == "delete":
             _delete(cfg, keys, key)
         else:
@@ -294,3 +314,32 @@ def _resolve_config_name(path: str | None, name: str | None) -> str | None:
         shipped = sorted(f[:-5] for f in os.listdir(SHIPPED_CONFIG_DIR) if f.endswith(".yaml"))
         raise ConfigError(f"config '{filename}' not found in '{base}' (shipped configs: {', '.join(shipped)})")
     return full
+
+
+HELP_FLAGS = ("-h", "--help")
+TRAINER_USAGE = """\
+usage: {prog} [--config-path DIR --config-name NAME] [--debug] key=value ...
+
+{summary}
+
+  key=value        set a config key, e.g. data.train_batch_size=8 (values parse as YAML: 1e-6, [a,b], null)
+  +key=value       add an entry under a free-form mapping (override_config, engine_kwargs, ...)
+  ~key             delete such an entry
+  --config-path DIR --config-name NAME
+                   start from a YAML file (verl's Hydra flags; --config FILE also works)
+  --debug          show the full traceback of an error
+
+Every key, its default and its meaning: hybridflow config show{trainer_flag} --doc
+The resolved config of a command line:  hybridflow config show{trainer_flag} key=value ...
+"""
+
+
+def help_requested(argv: list[str]) -> bool:
+    """``-h`` / ``--help`` anywhere before a ``key=value`` that could hold it as a value."""
+    return any(arg in HELP_FLAGS for arg in argv)
+
+
+def trainer_usage(prog: str, summary: str, trainer: str) -> str:
+    """The ``--help`` text of a trainer entry point (``trainer``: ppo or sft)."""
+    trainer_flag = "" if trainer == "ppo" else f" --trainer {trainer}"
+    return TRAINER_USAGE.format(prog=prog, summary=summary, trainer_flag=trainer_flag)

@@ -44,6 +44,10 @@ class DataConfig:
     """Maximum number of generated tokens per response."""
     train_batch_size: int = 1024
     """Prompts per training step (each is sampled ``rollout.n`` times)."""
+    gen_batch_size: Optional[int] = None
+    """Prompts per generation batch (DAPO's dynamic sampling): each round generates this many prompts'
+    groups and keeps the informative ones until ``train_batch_size`` groups are collected; null =
+    train_batch_size. Without ``algorithm.filter_groups.enable`` it must equal train_batch_size."""
     val_batch_size: Optional[int] = None
     """Prompts per validation generation batch; null = the whole validation set at once."""
     return_raw_input_ids: bool = False
@@ -121,6 +125,8 @@ class ModelConfig:
     """Accepted for verl compatibility; no effect."""
     trust_remote_code: bool = False
     """Allow models with custom code."""
+    use_shm: bool = False
+    """Accepted for verl compatibility: verl copies the model to /dev/shm before loading; no effect."""
     dtype: Optional[str] = None
     """Parameter dtype for training; null = fp32 on CPU, bf16 mixed precision on GPU."""
     attn_implementation: Optional[str] = None
@@ -321,7 +327,8 @@ class RolloutConfig:
     """The generation engine (verl's ``actor_rollout_ref.rollout.*``)."""
 
     name: str = "native"
-    """Engine: ``native`` (built-in PyTorch engine, CPU/GPU), ``hf`` (model.generate) or ``vllm``."""
+    """Engine: ``native`` (built-in PyTorch engine, CPU/GPU), ``hf`` (model.generate), ``vllm`` or ``sglang``
+    (optional GPU packages; a missing one is reported before any model loads)."""
     mode: str = "sync"
     """Accepted for verl compatibility; generation is synchronous."""
     temperature: float = 1.0
@@ -337,7 +344,7 @@ class RolloutConfig:
     dtype: str = "bfloat16"
     """Engine dtype on GPU (fp32 is always used on CPU)."""
     gpu_memory_utilization: float = 0.5
-    """Fraction of GPU memory the engine may use for weights + KV cache."""
+    """vllm / sglang: fraction of GPU memory the engine may use for weights + KV cache."""
     ignore_eos: bool = False
     """Keep generating after EOS (benchmarking only)."""
     enforce_eager: bool = True
@@ -349,13 +356,13 @@ class RolloutConfig:
     layered_summon: bool = False
     """Accepted for verl compatibility; no effect."""
     tensor_model_parallel_size: int = 1
-    """vllm tensor parallel degree (the native engine is single-device)."""
+    """vllm / sglang tensor parallel degree (the native engine is single-device)."""
     max_num_batched_tokens: int = 8192
-    """Engine token budget per forward (prefill chunking)."""
+    """vllm / sglang token budget per forward (prefill chunking)."""
     max_model_len: Optional[int] = None
-    """Context limit of the engine; null = prompt_length + response_length."""
+    """Context limit of the engine (native, hf, vllm, sglang); null = prompt_length + response_length."""
     max_num_seqs: int = 1024
-    """Most sequences decoded at once (KV-cache slots)."""
+    """Most sequences decoded at once (native: KV-cache slots; vllm / sglang: running requests)."""
     log_prob_micro_batch_size: Optional[int] = None
     """Deprecated; use log_prob_micro_batch_size_per_gpu."""
     log_prob_micro_batch_size_per_gpu: Optional[int] = None
@@ -367,7 +374,7 @@ class RolloutConfig:
     disable_log_stats: bool = True
     """vllm: silence its statistics."""
     enable_chunked_prefill: bool = True
-    """vllm: chunked prefill."""
+    """vllm / sglang: chunked prefill."""
     do_sample: bool = True
     """False makes training rollouts greedy."""
     n: int = 1
@@ -375,7 +382,7 @@ class RolloutConfig:
     seed: int = 0
     """Base seed of rollout sampling (mixed with the step number)."""
     engine_kwargs: Dict[str, Any] = field(default_factory=lambda: {"vllm": {}, "sglang": {}, "native": {}})
-    """Backend-specific keyword arguments, keyed by backend name."""
+    """Backend-specific keyword arguments, keyed by backend name; they win over the sizing keys above."""
     val_kwargs: SamplingConfig = field(default_factory=SamplingConfig)
     """Sampling used for validation."""
     calculate_log_probs: bool = False
@@ -567,6 +574,34 @@ class RewardRolloutConfig:
     """Accepted for verl compatibility; no effect."""
     tensor_model_parallel_size: int = 1
     """Accepted for verl compatibility; the native engine is single-device."""
+    enforce_eager: bool = True
+    """Compatibility-only (verl's inference server)."""
+    cudagraph_capture_sizes: Optional[List[int]] = None
+    """Compatibility-only (verl's inference server)."""
+    free_cache_engine: bool = True
+    """Compatibility-only (verl's inference server)."""
+    data_parallel_size: int = 1
+    """Compatibility-only (verl's inference server)."""
+    expert_parallel_size: int = 1
+    """Compatibility-only (verl's inference server)."""
+    max_num_batched_tokens: int = 8192
+    """Compatibility-only (verl's inference server)."""
+    max_model_len: Optional[int] = None
+    """Compatibility-only (verl's inference server)."""
+    max_num_seqs: int = 1024
+    """Compatibility-only (verl's inference server)."""
+    load_format: str = "auto"
+    """Compatibility-only (verl's inference server)."""
+    limit_images: Optional[int] = None
+    """Compatibility-only (verl's inference server)."""
+    enable_chunked_prefill: bool = True
+    """Compatibility-only (verl's inference server)."""
+    enable_prefix_caching: bool = True
+    """Compatibility-only (verl's inference server)."""
+    disable_log_stats: bool = True
+    """Compatibility-only (verl's inference server)."""
+    skip_tokenizer_init: bool = False
+    """Compatibility-only (verl's inference server)."""
 
 
 @dataclass
@@ -605,9 +640,10 @@ class RewardModelConfig:
     forward_max_token_len_per_gpu: int = II("critic.forward_max_token_len_per_gpu")
     """Token budget when use_dynamic_bsz."""
     reward_manager: str = "naive"
-    """How rule-based scores are computed: ``naive`` (sequential), ``parallel`` (process pool), ``dapo`` (with overlong penalty)."""
+    """How rule-based scores are computed: ``naive`` (sequential), ``parallel`` / ``prime`` (process pool),
+    ``dapo`` (with overlong penalty)."""
     num_workers: int = 2
-    """Processes of the parallel reward manager."""
+    """Processes of the parallel / prime reward manager."""
     timeout_s: Optional[float] = 30.0
     """Per-sample time limit of a scorer (it runs in a killable worker process); a hung scorer gets
     ``failure_score``. null scores in-process with no limit (fastest; for trusted, quick scorers)."""
@@ -623,12 +659,15 @@ class RewardModelConfig:
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
     """DAPO overlong reward shaping."""
     reward_kwargs: Dict[str, Any] = field(default_factory=dict)
-    """Extra keyword arguments passed to the reward function."""
+    """Keyword arguments of the reward manager, as in verl: for ``dapo``, ``overlong_buffer_cfg``
+    ({enable, len, penalty_factor, log}; wins over ``overlong_buffer``) and ``max_resp_len`` (wins over
+    data.max_response_length). Arguments of the scoring function go in custom_reward_function.reward_kwargs."""
     ulysses_sequence_parallel_size: int = 1
     """Only 1 is supported."""
-    use_reward_loop: bool = False
-    """With ``enable``: the reward model is generative (a causal LM judge generating through ``rollout``)
-    instead of a sequence classifier; its score replaces the rule-based one."""
+    use_reward_loop: bool = True
+    """verl's reward loop (its default). With ``enable``: a causal-LM ``model.path`` is a generative
+    judge generating through ``rollout`` (verdict -> score); a sequence-classification model is scored
+    directly, as with False."""
     rollout: RewardRolloutConfig = field(default_factory=RewardRolloutConfig)
     """Engine of the generative reward model."""
     judge: JudgeConfig = field(default_factory=JudgeConfig)
@@ -643,6 +682,8 @@ class CustomRewardFunctionConfig:
     """Python file that defines the function; null uses the built-in scorers routed by data_source."""
     name: str = "compute_score"
     """Function name inside the file."""
+    reward_kwargs: Dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments bound to the scoring function (verl's key), built-in scorers included."""
 
 
 # --------------------------------------------------------------------------- algorithm
@@ -803,6 +844,8 @@ class TrainerConfig:
     """Global seed (model init of heads, dropout, sampling)."""
     backend: str = "local"
     """Worker-group backend: ``local`` (in-process) or ``ray``."""
+    use_legacy_worker_impl: str = "auto"
+    """Accepted for verl compatibility: picks verl's legacy or new worker classes; hybridflow has one."""
 
 
 @dataclass

@@ -29,6 +29,9 @@ class SFTDataConfig:
 
     train_batch_size: int = 256
     """Sequences per optimizer step (global, across data-parallel ranks)."""
+    micro_batch_size: Optional[int] = None
+    """Deprecated global micro-batch size (verl's older key): when set, each rank runs
+    micro_batch_size / data-parallel size sequences per forward/backward, instead of micro_batch_size_per_gpu."""
     micro_batch_size_per_gpu: int = 4
     """Sequences per forward/backward on each rank."""
     train_files: Any = "~/data/gsm8k/train.parquet"

@@ -134,12 +134,25 @@ def _check_algorithm(problems: list[str], cfg: Any) -> None:
     _check_choice(problems, "algorithm.kl_ctrl.type", algo.kl_ctrl.type, KL_CTRL_TYPES)
     if algo.filter_groups.enable and not algo.filter_groups.metric:
         problems.append("algorithm.filter_groups.enable=True needs algorithm.filter_groups.metric (acc, score or seq_reward)")
+    _check_gen_batch_size(problems, cfg)
     if actor.clip_ratio_c <= 1.0:
         problems.append(f"actor_rollout_ref.actor.clip_ratio_c={actor.clip_ratio_c} must be > 1 (dual-clip bound)")
     for key, value in (("actor_rollout_ref.actor.ulysses_sequence_parallel_size", actor.ulysses_sequence_parallel_size),
                        ("critic.ulysses_sequence_parallel_size", cfg.critic.ulysses_sequence_parallel_size)):
         if value != 1:
             problems.append(f"{key}={value}: sequence parallelism is not supported; set it to 1")
+
+
+def _check_gen_batch_size(problems: list[str], cfg: Any) -> None:
+    """data.gen_batch_size only means something with DAPO's dynamic sampling."""
+    gen, train = cfg.data.gen_batch_size, cfg.data.train_batch_size
+    if gen is None:
+        return
+    _check_positive(problems, "data.gen_batch_size", gen)
+    if gen > 0 and gen != train and not cfg.algorithm.filter_groups.enable:
+        problems.append(f"data.gen_batch_size={gen} differs from data.train_batch_size={train} but "
+                        "algorithm.filter_groups.enable=False: generation batches larger or smaller than the "
+                        "train batch are for dynamic sampling; enable filter_groups or drop data.gen_batch_size")
 
 
 def _check_rollout(problems: list[str], cfg: Any, model_max_len: int | None) -> None:
@@ -248,6 +261,30 @@ def sft_model_path(cfg: Any) -> str | None:
     return cfg.model.path or cfg.model.partial_pretrain
 
 
+def sft_micro_batch_size_per_gpu(data: Any, world_size: int) -> int:
+    """Sequences per forward/backward on each rank: verl's deprecated global ``data.micro_batch_size``
+    split over the data-parallel ranks when set, else ``data.micro_batch_size_per_gpu``."""
+    if data.micro_batch_size is not None:
+        return data.micro_batch_size // world_size
+    return data.micro_batch_size_per_gpu
+
+
+def _check_sft_batch_sizes(problems: list[str], data: Any, world_size: int) -> None:
+    _check_positive(problems, "data.train_batch_size", data.train_batch_size)
+    if data.micro_batch_size is not None:
+        _check_positive(problems, "data.micro_batch_size", data.micro_batch_size)
+        if data.micro_batch_size > 0 and data.micro_batch_size % world_size:
+            problems.append(f"data.micro_batch_size={data.micro_batch_size} (global) is not divisible by the "
+                            f"{world_size} data-parallel workers: use data.micro_batch_size_per_gpu instead")
+            return
+    micro = sft_micro_batch_size_per_gpu(data, world_size)
+    _check_positive(problems, "data.micro_batch_size_per_gpu", micro)
+    if data.train_batch_size > 0 and micro > 0 and data.train_batch_size % (micro * world_size):
+        problems.append(f"data.train_batch_size={data.train_batch_size} is not divisible by "
+                        f"{micro} sequences per micro-batch x {world_size} data-parallel workers "
+                        "(data.micro_batch_size_per_gpu, or data.micro_batch_size / workers)")
+
+
 def validate_sft_config(cfg: Any, *, world_size: int = 1, model_max_len: int | None = None,
                         check_paths: bool = True) -> None:
     """Raise ConfigError listing every problem of a resolved SFTConfig."""
@@ -257,14 +294,7 @@ def validate_sft_config(cfg: Any, *, world_size: int = 1, model_max_len: int | N
         _check_files(problems, "data.train_files", cfg.data.train_files)
         _check_files(problems, "data.val_files", cfg.data.val_files)
     data = cfg.data
-    _check_positive(problems, "data.train_batch_size", data.train_batch_size)
-    _check_positive(problems, "data.micro_batch_size_per_gpu", data.micro_batch_size_per_gpu)
-    if data.train_batch_size > 0 and data.micro_batch_size_per_gpu > 0:
-        if data.train_batch_size % (data.micro_batch_size_per_gpu * world_size):
-            problems.append(
-                f"data.train_batch_size={data.train_batch_size} is not divisible by data.micro_batch_size_per_gpu="
-                f"{data.micro_batch_size_per_gpu} x {world_size} data-parallel workers"
-            )
+    _check_sft_batch_sizes(problems, data, world_size)
     _check_choice(problems, "data.truncation", data.truncation, ("error", "left", "right"))
     _check_choice(problems, "optim.lr_scheduler", cfg.optim.lr_scheduler, LR_SCHEDULES)
     _check_optim(problems, "optim", cfg.optim)

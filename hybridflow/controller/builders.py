@@ -109,10 +109,11 @@ x 2 x kv_heads x head_dim x 4: 1.5 GB for SmolLM2-135M)."""
 
 
 def _rollout_worker(engine_model, tokenizer, rollout_cfg, *, template_kwargs=None):
+    from hybridflow.rollout.config import engine_kwargs_from_rollout_config
     from hybridflow.rollout.engine import build_engine
     from hybridflow.workers.rollout import RolloutWorker
 
-    kwargs = dict(rollout_cfg.engine_kwargs.get(rollout_cfg.name) or {})
+    kwargs = engine_kwargs_from_rollout_config(rollout_cfg)
     if rollout_cfg.name == "native" and rollout_cfg.multi_turn.enable and rollout_cfg.enable_prefix_caching:
         kwargs.setdefault("prefix_cache_tokens", DEFAULT_PREFIX_CACHE_TOKENS)
     engine = build_engine(rollout_cfg.name, engine_model, tokenizer, **kwargs)

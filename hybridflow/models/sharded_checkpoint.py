@@ -100,10 +100,26 @@ class FSDPModelComponent:
             restore_rng_state(torch.load(rng_path, weights_only=True))
 
 
+def holds_value_model(dcp_dir: str) -> bool:
+    """Whether a DCP checkpoint holds a critic (a ``ValueModel``: backbone + ``value_head``)."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    if not os.path.isfile(os.path.join(dcp_dir, ".metadata")):
+        return False
+    return any(key.startswith("model.value_head.") for key in FileSystemReader(dcp_dir).read_metadata().state_dict_metadata)
+
+
 def merge_sharded_checkpoint(local_dir: str, target_dir: str) -> str:
-    """Turn ``{local_dir}/dcp`` + ``{local_dir}/huggingface`` into one HF folder (single process)."""
+    """Turn ``{local_dir}/dcp`` + ``{local_dir}/huggingface`` into one HF folder (single process).
+
+    An actor becomes a causal LM folder; a critic a value-model folder (the backbone plus
+    ``value_head.safetensors``, what ``load_value_model`` and ``critic.model.path`` read)."""
     if not os.path.isfile(os.path.join(local_dir, HF_FOLDER, "config.json")):
         raise ModelError(f"{local_dir} has no {HF_FOLDER}/config.json; pass --local_dir global_step_N/actor")
     dcp_dir = os.path.join(local_dir, DCP_FOLDER)
-    return merge_into_hf_folder(local_dir, target_dir, dtype=torch.float32,
-                                load_weights=lambda model: load_sharded(dcp_dir, model=model))
+    load_weights = lambda model: load_sharded(dcp_dir, model=model)  # noqa: E731
+    if holds_value_model(dcp_dir):
+        from hybridflow.models.value_model import export_value_model
+
+        return export_value_model(os.path.join(local_dir, HF_FOLDER), target_dir, load_weights=load_weights)
+    return merge_into_hf_folder(local_dir, target_dir, dtype=torch.float32, load_weights=load_weights)

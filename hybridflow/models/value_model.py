@@ -76,3 +76,21 @@ def load_value_model(
     if gradient_checkpointing:
         enable_gradient_checkpointing(backbone)
     return model
+
+
+def export_value_model(hf_dir: str, target_dir: str, *, load_weights) -> str:
+    """Write a checkpoint's value model as ``load_value_model`` reads it: the backbone as an HF
+    folder (``AutoModel``) plus ``value_head.safetensors``, with the tokenizer files.
+
+    ``hf_dir`` is the checkpoint's ``huggingface/`` folder (config, tokenizer); ``load_weights(model)``
+    fills a freshly built ``ValueModel`` in place from the saved weights.
+    """
+    from transformers import AutoConfig, AutoModel, AutoTokenizer
+
+    model = ValueModel(AutoModel.from_config(AutoConfig.from_pretrained(hf_dir)))
+    load_weights(model)
+    os.makedirs(target_dir, exist_ok=True)
+    model.save_pretrained(target_dir)
+    if os.path.isfile(os.path.join(hf_dir, "tokenizer_config.json")):
+        AutoTokenizer.from_pretrained(hf_dir).save_pretrained(target_dir)
+    return target_dir

@@ -20,6 +20,7 @@ _EXPORTS = {
     "RewardFunction": "custom",
     "build_reward_manager": "manager",
     "register_reward_manager": "manager",
+    "list_reward_managers": "manager",
     "NaiveRewardManager": "manager",
     "ParallelRewardManager": "manager",
     "DapoRewardManager": "manager",

@@ -14,6 +14,9 @@ in ``num_failed`` (time-outs also in ``num_timed_out``).
   ``signal.alarm`` cannot interrupt C code or work off the main thread, so only a
   process really bounds the time.
 - ``parallel``: ``num_workers`` such processes at once (:class:`ScoringPool`).
+- ``prime``: verl's process-pool manager (PRIME's), the same pool. verl's waits 300 s for the
+  whole batch and scores every sample 0 on a time-out; here each sample has its own
+  ``timeout_s``, so one hung program costs only its own score.
 - ``dapo``: ``naive`` plus DAPO's overlong penalty on response length (Yu et al.,
   2025, "DAPO", Sec. 3.4), computed by :func:`hybridflow.algos.overlong.overlong_penalty`.
 """
@@ -41,6 +44,11 @@ def register_reward_manager(name: str):
         return cls
 
     return decorate
+
+
+def list_reward_managers() -> list[str]:
+    """Registered manager names (``reward_model.reward_manager`` values)."""
+    return sorted(_MANAGERS)
 
 
 def build_reward_manager(name: str, **kwargs):
@@ -110,6 +118,7 @@ class NaiveRewardManager:
             self.pool.close()
 
 
+@register_reward_manager("prime")
 @register_reward_manager("parallel")
 class ParallelRewardManager:
     """``num_workers`` scoring processes; a sample past ``timeout_s`` has its worker killed."""

@@ -36,3 +36,31 @@ def sampling_params_from_rollout_config(
         stop_token_ids=stop_token_ids,
         seed=seed,
     )
+
+
+ENGINE_SIZING_KEYS: dict[str, tuple[str, ...]] = {
+    "native": ("max_num_seqs", "max_model_len"),
+    "hf": ("max_model_len",),
+    "vllm": ("dtype", "gpu_memory_utilization", "tensor_model_parallel_size", "max_model_len",
+             "enable_chunked_prefill", "max_num_batched_tokens", "max_num_seqs", "enforce_eager"),
+    "sglang": ("dtype", "gpu_memory_utilization", "tensor_model_parallel_size", "max_model_len",
+               "enable_chunked_prefill", "max_num_batched_tokens", "max_num_seqs"),
+}
+"""verl ``rollout.*`` sizing keys each backend takes (under these names; the backend maps them to its own)."""
+
+
+def engine_kwargs_from_rollout_config(rollout_cfg) -> dict:
+    """Keyword arguments of ``build_engine(rollout_cfg.name, ...)``: the backend's sizing keys from
+    ``rollout.*`` (``max_model_len`` null = prompt_length + response_length, as in verl), then
+    ``rollout.engine_kwargs.<name>``, which wins."""
+    max_model_len = rollout_cfg.max_model_len
+    if max_model_len is None:
+        max_model_len = int(rollout_cfg.prompt_length) + int(rollout_cfg.response_length)
+    sizing = {"dtype": rollout_cfg.dtype, "gpu_memory_utilization": rollout_cfg.gpu_memory_utilization,
+              "tensor_model_parallel_size": rollout_cfg.tensor_model_parallel_size, "max_model_len": max_model_len,
+              "enable_chunked_prefill": rollout_cfg.enable_chunked_prefill,
+              "max_num_batched_tokens": rollout_cfg.max_num_batched_tokens, "max_num_seqs": rollout_cfg.max_num_seqs,
+              "enforce_eager": rollout_cfg.enforce_eager}
+    kwargs = {key: sizing[key] for key in ENGINE_SIZING_KEYS.get(rollout_cfg.name, ())}
+    kwargs.update(dict((rollout_cfg.engine_kwargs or {}).get(rollout_cfg.name) or {}))
+    return kwargs

@@ -25,16 +25,38 @@ class Engine(Protocol):
 
 
 ENGINES: dict[str, Callable[..., Engine]] = {}
+REQUIREMENTS: dict[str, tuple[str, str]] = {}
+"""Backend name -> (Python package it needs, how to install it), for the optional backends."""
 
 
-def register_engine(name: str):
-    """Decorator: make a builder ``(model, tokenizer, **kwargs) -> Engine`` available as ``name``."""
+def register_engine(name: str, *, requires: str | None = None, install: str = ""):
+    """Decorator: make a builder ``(model, tokenizer, **kwargs) -> Engine`` available as ``name``;
+    ``requires`` names an optional package the backend needs (checked before any model loads)."""
 
     def wrap(builder):
         ENGINES[name] = builder
+        if requires:
+            REQUIREMENTS[name] = (requires, install)
         return builder
 
     return wrap
+
+
+def package_installed(package: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(package) is not None
+
+
+def engine_unavailable(name: str) -> str | None:
+    """Why backend ``name`` cannot run here (one line naming the fix), or None when it can."""
+    if name not in ENGINES:
+        return f"unknown rollout backend {name!r}; set rollout.name to one of {', '.join(sorted(ENGINES))}"
+    package, install = REQUIREMENTS.get(name, (None, ""))
+    if package and not package_installed(package):
+        return (f"rollout.name={name} needs the {package} package, which is not installed here: {install} "
+                "(GPU machines), or use rollout.name=native (the built-in engine, CPU or GPU)")
+    return None
 
 
 def list_engines() -> list[str]:
@@ -43,9 +65,10 @@ def list_engines() -> list[str]:
 
 
 def build_engine(name: str, model, tokenizer=None, **kwargs) -> Engine:
-    """Build the backend called ``name`` ('native', 'hf', 'vllm') around an HF model."""
-    if name not in ENGINES:
-        raise RolloutError(f"unknown rollout backend {name!r}; set rollout.name to one of {sorted(ENGINES)}")
+    """Build the backend called ``name`` ('native', 'hf', 'vllm', 'sglang') around an HF model."""
+    problem = engine_unavailable(name)
+    if problem:
+        raise RolloutError(problem)
     return ENGINES[name](model, tokenizer, **kwargs)
 
 
@@ -69,8 +92,15 @@ def _hf(model, tokenizer=None, **kwargs) -> Engine:
     return HFEngine(model, tokenizer, **kwargs)
 
 
-@register_engine("vllm")
+@register_engine("vllm", requires="vllm", install="`pip install hybridflow[vllm]`")
 def _vllm(model, tokenizer=None, **kwargs) -> Engine:
     from hybridflow.rollout.vllm import VLLMEngine
 
     return VLLMEngine(model, tokenizer, **kwargs)
+
+
+@register_engine("sglang", requires="sglang", install="`pip install hybridflow[sglang]`")
+def _sglang(model, tokenizer=None, **kwargs) -> Engine:
+    from hybridflow.rollout.sglang import SGLangEngine
+
+    return SGLangEngine(model, tokenizer, **kwargs)

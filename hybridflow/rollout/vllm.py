@@ -12,16 +12,24 @@ from hybridflow.rollout.types import Completion, SamplingParams, validate_prompt
 
 
 def vllm_available() -> bool:
-    import importlib.util
+    from hybridflow.rollout.engine import package_installed
 
-    return importlib.util.find_spec("vllm") is not None
+    return package_installed("vllm")
 
 
 class VLLMEngine:
-    """``generate`` through ``vllm.LLM``; the model is read from ``model_path``."""
+    """``generate`` through ``vllm.LLM``; the model is read from ``model_path``.
+
+    The sizing arguments carry verl's ``rollout.*`` keys to ``vllm.LLM`` under vLLM's names
+    (``tensor_model_parallel_size`` -> ``tensor_parallel_size``); ``llm_kwargs``
+    (``rollout.engine_kwargs.vllm``) go through unchanged and win.
+    """
 
     def __init__(self, model=None, tokenizer=None, *, model_path: str | None = None, dtype: str = "auto",
-                 gpu_memory_utilization: float = 0.5, max_model_len: int | None = None, **llm_kwargs):
+                 gpu_memory_utilization: float = 0.5, tensor_model_parallel_size: int = 1,
+                 max_model_len: int | None = None, enable_chunked_prefill: bool = True,
+                 max_num_batched_tokens: int | None = None, max_num_seqs: int | None = None,
+                 enforce_eager: bool = True, **llm_kwargs):
         if not vllm_available():
             raise RolloutError("rollout.name=vllm needs vLLM; `pip install hybridflow[vllm]` or use rollout.name=native")
         import vllm
@@ -29,8 +37,11 @@ class VLLMEngine:
         model_path = model_path or getattr(model, "name_or_path", None)
         if not model_path:
             raise RolloutError("the vllm backend loads the model from disk; pass model_path= (a local folder or hub id)")
-        self.llm = vllm.LLM(model=model_path, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
-                            max_model_len=max_model_len, **llm_kwargs)
+        sizing = dict(dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
+                      tensor_parallel_size=tensor_model_parallel_size, max_model_len=max_model_len,
+                      enable_chunked_prefill=enable_chunked_prefill, max_num_batched_tokens=max_num_batched_tokens,
+                      max_num_seqs=max_num_seqs, enforce_eager=enforce_eager)
+        self.llm = vllm.LLM(model=model_path, **{**sizing, **llm_kwargs})
         self.max_model_len = self.llm.llm_engine.model_config.max_model_len
 
     def load_weights(self, named_tensors) -> None:

@@ -7,6 +7,7 @@ from its config.json) is checked first, so a typo costs a second, not a model lo
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import sys
@@ -21,12 +22,15 @@ from hybridflow.config.validate import as_list
 from hybridflow.errors import ConfigError, run_entry_point
 from hybridflow.trainer.ppo import PPOTrainer, PPOWorkers
 
+logger = logging.getLogger(__name__)
+
 
 # ------------------------------------------------------------------ checks before loading
 def check_registered_names(cfg: PPOConfig) -> None:
     """Names that live in registries: each unknown one is an error listing the valid ones."""
     from hybridflow.algos import get_advantage, get_policy_loss, list_kl_penalties, list_loss_agg_modes
     from hybridflow.algos.errors import UnknownAlgorithmError
+    from hybridflow.trainer.reward_config import reward_manager_problems
 
     actor = cfg.actor_rollout_ref.actor
     problems = []
@@ -39,7 +43,7 @@ def check_registered_names(cfg: PPOConfig) -> None:
     checks = (("actor_rollout_ref.actor.loss_agg_mode", actor.loss_agg_mode, list_loss_agg_modes()),
               ("actor_rollout_ref.actor.kl_loss_type", actor.kl_loss_type, list_kl_penalties()),
               ("algorithm.kl_penalty", cfg.algorithm.kl_penalty, list_kl_penalties()))
-    problems += name_problems(checks) + engine_and_logger_problems(cfg)
+    problems += name_problems(checks) + engine_and_logger_problems(cfg) + reward_manager_problems(cfg)
     if problems:
         raise ConfigError("\n".join(problems))
 
@@ -51,10 +55,11 @@ def name_problems(checks) -> list[str]:
 
 def engine_and_logger_problems(cfg) -> list[str]:
     """Registered names every trainer that generates reads: the rollout engine and the trackers."""
-    from hybridflow.rollout.engine import ENGINES
+    from hybridflow.rollout.engine import engine_unavailable
     from hybridflow.trainer.tracking import available_backends
 
-    problems = name_problems([("actor_rollout_ref.rollout.name", cfg.actor_rollout_ref.rollout.name, sorted(ENGINES))])
+    engine_problem = engine_unavailable(cfg.actor_rollout_ref.rollout.name)
+    problems = [f"actor_rollout_ref.{engine_problem}"] if engine_problem else []
     for name in as_list(cfg.trainer.logger):
         if name not in available_backends():
             problems.append(f"trainer.logger: unknown backend {name!r}; choose from {', '.join(available_backends())}")
@@ -109,15 +114,46 @@ def check_algorithm_settings(cfg: PPOConfig) -> None:
         raise ConfigError("\n".join(problems))
 
 
-def model_context_length(path: str, trust_remote_code: bool) -> int | None:
-    """max_position_embeddings from the model's config (no weights loaded)."""
+def model_context_length(path: str, trust_remote_code: bool, override_config: dict | None = None) -> int | None:
+    """max_position_embeddings from the model's config (no weights loaded); ``model.override_config``
+    wins, as it does when the model loads (verl's long-context scripts raise it that way)."""
     from transformers import AutoConfig
 
+    if (override_config or {}).get("max_position_embeddings"):
+        return int(override_config["max_position_embeddings"])
     try:
         config = AutoConfig.from_pretrained(os.path.expanduser(path), trust_remote_code=trust_remote_code)
     except (OSError, ValueError):
         return None  # the loader reports an unreadable model with its own message
     return getattr(config, "max_position_embeddings", None)
+
+
+def warn_about_ignored_gpus(cfg: PPOConfig) -> None:
+    """verl scripts say ``trainer.n_gpus_per_node=8``; the default local backend is one process.
+    A warning, not an error: the same script then runs unchanged on a laptop, and the line names
+    the switch that gives the GPUs to the run."""
+    trainer = cfg.trainer
+    if trainer.backend == "local" and trainer.nnodes * trainer.n_gpus_per_node > 1:
+        logger.warning("hybridflow: warning: trainer.nnodes x trainer.n_gpus_per_node = %d workers, but trainer.backend=local runs one "
+                       "process: set trainer.backend=ray to use them", trainer.nnodes * trainer.n_gpus_per_node)
+
+
+def preflight(cfg: PPOConfig) -> None:
+    """Every check that needs no model weights: names, availability of the backends, batch arithmetic,
+    files, the model's context from its config.json. Raises one ConfigError listing every problem."""
+    model = cfg.actor_rollout_ref.model
+    checks = (lambda: check_registered_names(cfg), lambda: check_algorithm_settings(cfg),
+              lambda: validate_ppo_config(cfg, model_max_len=model_context_length(
+                  model.path, model.trust_remote_code, dict(model.override_config))))
+    problems = []
+    for check in checks:
+        try:
+            check()
+        except ConfigError as err:
+            problems += str(err).splitlines()
+    if problems:
+        raise ConfigError("\n".join(problems))
+    warn_about_ignored_gpus(cfg)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -151,7 +187,8 @@ def build_datasets(cfg: PPOConfig, tokenizer):
 
     max_train = data.train_max_samples if data.train_max_samples > 0 else data.max_samples
     train = dataset(data.train_files, max_train)
-    train_loader = StatefulDataLoader(train, batch_size=data.train_batch_size, collate_fn=train.collate_fn,
+    train_loader = StatefulDataLoader(train, batch_size=data.gen_batch_size or data.train_batch_size,
+                                      collate_fn=train.collate_fn,
                                       shuffle=data.shuffle, seed=data.seed, drop_last=True)
     if not data.val_files:
         return train_loader, None
@@ -221,19 +258,17 @@ def stop_token_ids(path: str, tokenizer) -> list[int]:
 def build_reward_worker(cfg: PPOConfig, tokenizer):
     """The configured manager around the built-in scorers or ``custom_reward_function``."""
     from hybridflow.rewards import build_reward_manager, load_reward_function
+    from hybridflow.trainer.reward_config import reward_manager_kwargs
     from hybridflow.workers.reward import RewardWorker
 
     rm = cfg.reward_model
     compute_score = None
     if cfg.custom_reward_function.path:
         compute_score = load_reward_function(cfg.custom_reward_function.path, cfg.custom_reward_function.name)
-    kwargs: dict[str, Any] = dict(compute_score=compute_score, reward_kwargs=dict(rm.reward_kwargs) or None,
-                                  failure_score=rm.failure_score, timeout_s=rm.timeout_s)
-    kwargs.update(MANAGER_SPECIFIC.get(rm.reward_manager, lambda _: {})(cfg))
-    manager = build_reward_manager(rm.reward_manager, **kwargs)
+    manager = build_reward_manager(rm.reward_manager, compute_score=compute_score, **reward_manager_kwargs(cfg))
     model_scorer = None
     if rm.enable:
-        model_scorer = build_generative_judge(cfg) if rm.use_reward_loop else build_reward_model_scorer(cfg)
+        model_scorer = build_generative_judge(cfg) if uses_generative_judge(cfg) else build_reward_model_scorer(cfg)
     return RewardWorker(manager=manager, tokenizer=tokenizer, reward_fn_key=cfg.data.reward_fn_key,
                         model_scorer=model_scorer,
                         stop_when_all_fail=rm.stop_when_all_fail)
@@ -255,6 +290,18 @@ def check_reward_inputs(cfg: PPOConfig, loaders: dict[str, Any]) -> None:
     for files_key, loader in loaders.items():
         if hasattr(getattr(loader, "dataset", None), "reward_inputs"):  # a data.custom_cls may not have it
             check_rows_scorable(loader.dataset.reward_inputs(cfg.data.reward_fn_key), files=files_key)
+
+
+def uses_generative_judge(cfg: PPOConfig) -> bool:
+    """``reward_model.use_reward_loop`` with a causal-LM model is a generative judge; a sequence
+    classifier is scored directly (verl's reward loop serves both kinds)."""
+    from transformers import AutoConfig
+
+    rm = cfg.reward_model
+    if not (rm.use_reward_loop and rm.model.path):
+        return False
+    config = AutoConfig.from_pretrained(os.path.expanduser(rm.model.path), trust_remote_code=rm.model.trust_remote_code)
+    return not any(name.endswith("ForSequenceClassification") for name in (config.architectures or []))
 
 
 def build_generative_judge(cfg: PPOConfig):
@@ -293,16 +340,6 @@ def build_reward_model_scorer(cfg: PPOConfig):
                               pad_token_id=tokenizer.pad_token_id)
     return RewardModelScorer(model=model, tokenizer=tokenizer, max_length=rm.max_length,
                              micro_batch_size=rm.micro_batch_size_per_gpu or 8)
-
-
-MANAGER_SPECIFIC = {
-    "parallel": lambda cfg: {"num_workers": cfg.reward_model.num_workers},
-    "dapo": lambda cfg: {"max_response_length": cfg.data.max_response_length,
-                         "overlong_buffer_len": cfg.reward_model.overlong_buffer.len,
-                         "penalty_factor": cfg.reward_model.overlong_buffer.penalty_factor,
-                         "enable_overlong_buffer": cfg.reward_model.overlong_buffer.enable},
-}
-"""Keyword arguments only some reward managers take, by ``reward_model.reward_manager``."""
 
 
 def build_trainer(cfg: PPOConfig) -> PPOTrainer:
@@ -351,10 +388,7 @@ class PPORun:
 
 def run_ppo(cfg: PPOConfig) -> PPORun:
     """Validate, build, train; print the summary and write the plots."""
-    check_registered_names(cfg)
-    check_algorithm_settings(cfg)
-    validate_ppo_config(cfg, model_max_len=model_context_length(cfg.actor_rollout_ref.model.path,
-                                                                cfg.actor_rollout_ref.model.trust_remote_code))
+    preflight(cfg)
     return train_and_report(build_trainer(cfg), cfg)
 
 
@@ -373,8 +407,16 @@ def train_and_report(trainer, cfg) -> PPORun:
     return PPORun(history=history, last=last, steps=trainer.global_step, plots=plots)
 
 
-def run_from_args(args: list[str]) -> int:
+USAGE_SUMMARY = "PPO / GRPO / DAPO / ... training with verl's main_ppo keys (also: hybridflow ppo)."
+
+
+def run_from_args(args: list[str], *, prog: str = "python -m hybridflow.trainer.main_ppo") -> int:
     """``[--config-path D --config-name N] key=value ...`` -> a run (shared by ``hybridflow ppo``)."""
+    from hybridflow.config.loader import help_requested, trainer_usage
+
+    if help_requested(args):
+        print(trainer_usage(prog, USAGE_SUMMARY, "ppo"), end="")
+        return 0
     config_file, overrides = split_config_args(args)
     run_ppo(load_config(PPOConfig, overrides, config_file))
     return 0

@@ -25,6 +25,7 @@ World size 1 runs the plain model; with more ranks the model is ``fully_shard``-
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import os
 import random
@@ -37,7 +38,7 @@ import torch
 import torch.distributed as dist
 
 from hybridflow.config import SFTConfig, load_config, split_config_args, validate_sft_config
-from hybridflow.config.validate import as_list, sft_model_path
+from hybridflow.config.validate import as_list, sft_micro_batch_size_per_gpu, sft_model_path
 from hybridflow.data.dataloader import StatefulDataLoader
 from hybridflow.data.sft_dataset import SFTDataset
 from hybridflow.errors import ConfigError, run_entry_point
@@ -123,6 +124,11 @@ def model_context_length(cfg: SFTConfig) -> int | None:
     return getattr(config, "max_position_embeddings", None)
 
 
+def preflight(cfg: SFTConfig, *, world_size: int) -> None:
+    """Every check that needs no model weights (files, batch arithmetic, the context from config.json)."""
+    validate_sft_config(cfg, world_size=world_size, model_max_len=model_context_length(cfg))
+
+
 def build_tokenizer(cfg: SFTConfig):
     """The model's tokenizer; ``data.chat_template`` replaces its template when set."""
     tokenizer = load_tokenizer(sft_model_path(cfg), trust_remote_code=cfg.model.trust_remote_code)
@@ -181,6 +187,7 @@ class SFTTrainer:
         plain_mixed = dp.world_size == 1 and self.compute_dtype != resolve_dtype(fsdp.model_dtype)
         self.autocast = (torch.autocast(device.type, dtype=self.compute_dtype) if plain_mixed
                          else contextlib.nullcontext())
+        self.micro_batch_size = sft_micro_batch_size_per_gpu(cfg.data, dp.world_size)
         self.global_step = 0
         self.tracking: Tracking | None = None
         self._bar = None
@@ -207,7 +214,7 @@ class SFTTrainer:
         start = time.perf_counter()
         num_targets = count_targets(samples)
         micros = split_micro(rank_slice(samples, rank=self.dp.rank, world_size=self.dp.world_size),
-                             micro_batch_size=self.cfg.data.micro_batch_size_per_gpu)
+                             micro_batch_size=self.micro_batch_size)
         self.model.train()
         self.state.zero_grad()
         nll_sum = torch.zeros((), device=self.device)
@@ -231,7 +238,7 @@ class SFTTrainer:
     def validate(self) -> dict[str, float]:
         """``val/loss``: token-mean CE over every target token of the validation set."""
         micros = even_shard(self.val_dataset, rank=self.dp.rank, world_size=self.dp.world_size,
-                            micro_batch_size=self.cfg.data.micro_batch_size_per_gpu)
+                            micro_batch_size=self.micro_batch_size)
         self.model.eval()
         totals = torch.zeros(2, device=self.device)
         for micro in micros:
@@ -310,7 +317,7 @@ def build_trainer(cfg: SFTConfig) -> SFTTrainer:
     """Validate the config, set up the process group, load tokenizer, data and model."""
     device = resolve_device(cfg.trainer.device)
     dp = init_data_parallel(device)
-    validate_sft_config(cfg, world_size=dp.world_size, model_max_len=model_context_length(cfg))
+    preflight(cfg, world_size=dp.world_size)
     seed_everything(cfg.trainer.seed)
     tokenizer = build_tokenizer(cfg)
     train = build_dataset(cfg, cfg.data.train_files, tokenizer)
@@ -327,7 +334,16 @@ def make_tracking(cfg: SFTConfig) -> Tracking:
                     config=asdict(cfg), local_dir=os.path.join(cfg.trainer.default_local_dir, "logs"))
 
 
-def _main(argv: list[str]) -> int:
+USAGE_SUMMARY = ("Supervised fine-tuning with verl's sft_trainer keys; under torchrun, one rank per process "
+                 "(also: hybridflow sft, python -m hybridflow.trainer.fsdp_sft_trainer).")
+
+
+def _main(argv: list[str], *, prog: str = "python -m hybridflow.trainer.sft_trainer") -> int:
+    from hybridflow.config.loader import help_requested, trainer_usage
+
+    if help_requested(argv):
+        print(trainer_usage(prog, USAGE_SUMMARY, "sft"), end="")
+        return 0
     config_file, overrides = split_config_args(argv)
     cfg = load_config(SFTConfig, overrides, config_file)
     trainer = build_trainer(cfg)
@@ -342,9 +358,10 @@ def _main(argv: list[str]) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``python -m hybridflow.trainer.sft_trainer`` and ``hybridflow sft``."""
-    return run_entry_point(_main, list(sys.argv[1:] if argv is None else argv))
+def main(argv: list[str] | None = None, *, prog: str = "python -m hybridflow.trainer.sft_trainer") -> int:
+    """Entry point of ``python -m hybridflow.trainer.sft_trainer`` (and verl's ``fsdp_sft_trainer``
+    name) and ``hybridflow sft``."""
+    return run_entry_point(functools.partial(_main, prog=prog), list(sys.argv[1:] if argv is None else argv))
 
 
 if __name__ == "__main__":

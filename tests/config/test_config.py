@@ -173,3 +173,24 @@ def test_sft_defaults_follow_verl():
     assert cfg.data.prompt_key == "question" and cfg.data.response_key == "answer"
     assert cfg.optim.lr == pytest.approx(1e-5) and cfg.optim.lr_scheduler == "cosine"
     assert cfg.data.multiturn.messages_key == "messages"
+
+
+def test_verl_09_reward_section_in_a_yaml_file_keeps_its_keys(tmp_path):
+    """verl's DAPO recipe YAML: ``reward:`` with ``reward_manager.name`` and ``reward_kwargs``; Hydra's
+    ``_target_`` entries name verl classes and are dropped; ``hydra:`` / ``defaults:`` are skipped."""
+    (tmp_path / "dapo.yaml").write_text(
+        "hydra:\n  searchpath: [file://verl/trainer/config]\n"
+        "defaults:\n  - ppo_trainer\n  - _self_\n"
+        "data:\n  gen_batch_size: ${data.train_batch_size}\n"
+        "reward:\n  reward_manager:\n    name: dapo\n"
+        "  reward_kwargs:\n    overlong_buffer_cfg:\n      enable: False\n      len: 0\n    max_resp_len: null\n"
+        "algorithm:\n  filter_groups:\n    _target_: verl.trainer.config.FilterGroupsConfig\n    enable: False\n")
+    cfg = load_config(PPOConfig, [MODEL, "data.train_batch_size=16"], str(tmp_path / "dapo.yaml"))
+    assert cfg.reward_model.reward_manager == "dapo"
+    assert cfg.reward_model.reward_kwargs == {"overlong_buffer_cfg": {"enable": False, "len": 0}, "max_resp_len": None}
+    assert cfg.data.gen_batch_size == 16 and cfg.algorithm.filter_groups.enable is False
+    assert load_config(PPOConfig, [MODEL, "algorithm.filter_groups._target_=x.Y"]).algorithm.filter_groups.enable is False
+
+
+def test_hf_torch_dtype_spelling_sets_the_model_dtype():
+    assert load_config(PPOConfig, [MODEL, "actor_rollout_ref.model.torch_dtype=bfloat16"]).actor_rollout_ref.model.dtype == "bfloat16"

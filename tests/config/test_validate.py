@@ -122,8 +122,8 @@ def test_sft_validation(tmp_path):
                                   "data.train_batch_size=6", "data.micro_batch_size_per_gpu=4"])
     with pytest.raises(ConfigError) as err:
         validate_sft_config(cfg)
-    assert str(err.value) == ("data.train_batch_size=6 is not divisible by data.micro_batch_size_per_gpu=4 x 1 "
-                              "data-parallel workers")
+    assert str(err.value) == ("data.train_batch_size=6 is not divisible by 4 sequences per micro-batch x 1 "
+                              "data-parallel workers (data.micro_batch_size_per_gpu, or data.micro_batch_size / workers)")
     cfg = load_config(SFTConfig, [f"data.train_files={tmp_path / 't.parquet'}"])
     with pytest.raises(ConfigError, match="model.partial_pretrain is not set"):
         validate_sft_config(cfg)
@@ -154,3 +154,32 @@ def test_sft_optimizer_settings_are_validated(tmp_path):
         validate_sft_config(cfg)
     assert str(err.value).splitlines() == ["optim.lr=-1.0 must be >= 0 (a typical RL learning rate is 1e-6)",
                                            "optim.clip_grad=0.0 must be > 0"]
+
+
+def sft(tmp_path, *overrides):
+    (tmp_path / "m").mkdir(exist_ok=True)
+    (tmp_path / "t.parquet").write_bytes(b"x")
+    return load_config(SFTConfig, [f"model.partial_pretrain={tmp_path / 'm'}", f"data.train_files={tmp_path / 't.parquet'}",
+                                   "data.train_batch_size=16", *overrides])
+
+
+def test_sft_global_micro_batch_size_is_split_over_ranks(tmp_path):
+    """verl's deprecated ``data.micro_batch_size`` is global: 8 over 4 ranks = 2 per rank (not the default 4)."""
+    from hybridflow.config.validate import sft_micro_batch_size_per_gpu
+
+    cfg = sft(tmp_path, "data.micro_batch_size=8")
+    assert sft_micro_batch_size_per_gpu(cfg.data, world_size=4) == 2
+    assert sft_micro_batch_size_per_gpu(cfg.data, world_size=1) == 8
+    assert sft_micro_batch_size_per_gpu(sft(tmp_path).data, world_size=4) == 4
+    validate_sft_config(cfg, world_size=4)
+    with pytest.raises(ConfigError, match=r"data.micro_batch_size=8 \(global\) is not divisible by the 3 data-parallel"):
+        validate_sft_config(cfg, world_size=3)
+
+
+def test_gen_batch_size_needs_dynamic_sampling(files):
+    (line,) = problems(ppo(files, "data.gen_batch_size=24"))
+    assert line.startswith("data.gen_batch_size=24 differs from data.train_batch_size=8 but "
+                           "algorithm.filter_groups.enable=False")
+    validate_ppo_config(ppo(files, "data.gen_batch_size=24", "algorithm.filter_groups.enable=True",
+                            "algorithm.filter_groups.metric=acc"))
+    validate_ppo_config(ppo(files, "data.gen_batch_size=8"))

@@ -148,8 +148,21 @@ def test_dapo_needs_lengths_and_a_valid_buffer(scorer):
 
 
 def test_unknown_manager_lists_choices():
-    with pytest.raises(ConfigError, match="dapo, naive, parallel"):
-        build_reward_manager("prime")
+    with pytest.raises(ConfigError, match="dapo, naive, parallel, prime"):
+        build_reward_manager("primo")
+
+
+def test_prime_is_a_process_pool_with_per_sample_time_limits(scorer):
+    """verl's ``prime`` manager scores in a process pool; a sample that hangs or kills its worker
+    costs only its own score (verl's would zero the whole batch on a time-out)."""
+    manager = build_reward_manager("prime", compute_score=scorer, num_workers=2, timeout_s=2.0, failure_score=-1.0,
+                                   reward_kwargs={"bonus": 0.25})
+    try:
+        result = _run(manager, ["a", "hang", "b", "die", "a"])
+    finally:
+        manager.close()
+    assert result.scores == [1.25, -1.0, 0.25, -1.0, 1.25]
+    assert result.num_failed == 2 and result.num_timed_out == 1
 
 
 def test_mismatched_inputs_are_rejected(scorer):

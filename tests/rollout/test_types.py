@@ -42,9 +42,9 @@ def test_validate_prompts_rejects_empty_and_overlong():
 
 def test_unknown_backend_lists_the_known_ones(tiny_llama):
     model, tokenizer = tiny_llama
-    with pytest.raises(RolloutError, match=r"'hf', 'native', 'vllm'"):
+    with pytest.raises(RolloutError, match=r"one of hf, native, sglang, vllm"):
         build_engine("sglang-typo", model, tokenizer)
-    assert {"native", "hf", "vllm"} <= set(list_engines())
+    assert {"native", "hf", "vllm", "sglang"} <= set(list_engines())
 
 
 @pytest.mark.skipif(vllm_available(), reason="vllm is installed here")

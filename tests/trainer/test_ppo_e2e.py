@@ -228,7 +228,7 @@ def test_torn_checkpoint_falls_back_to_the_previous_good_one(tmp_path, tiny_mode
 def test_dapo_dynamic_sampling_keeps_only_informative_groups(tmp_path, tiny_model_dir):
     overrides = base_overrides(tmp_path, tiny_model_dir, steps=2) + [
         "algorithm.filter_groups.enable=True", "algorithm.filter_groups.metric=score",
-        "algorithm.filter_groups.max_num_gen_batches=8", "data.train_batch_size=2",
+        "algorithm.filter_groups.max_num_gen_batches=8", "data.train_batch_size=2", "data.gen_batch_size=3",
         "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.rollout.n=4",
         "actor_rollout_ref.actor.clip_ratio_high=0.28", "actor_rollout_ref.actor.loss_agg_mode=token-mean",
         "actor_rollout_ref.rollout.temperature=1.0"]

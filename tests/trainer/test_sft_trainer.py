@@ -272,3 +272,16 @@ def test_two_data_parallel_ranks_match_one(tmp_path, tiny_model_dir, sums_file):
     losses = [[json.loads(line)["train/loss"] for line in (tmp_path / run / "logs" / "metrics.jsonl").open()]
               for run in ("dp1", "dp2")]
     assert losses[1] == pytest.approx(losses[0], rel=1e-6)
+
+
+def test_verl_global_micro_batch_size_sets_the_micro_batches(tmp_path, tiny_model_dir, sums_file, monkeypatch):
+    """``data.micro_batch_size`` (verl's deprecated global key) wins over micro_batch_size_per_gpu."""
+    import hybridflow.trainer.sft_trainer as sft_trainer
+
+    sizes = []
+    real_split = sft_trainer.split_micro
+    monkeypatch.setattr(sft_trainer, "split_micro",
+                        lambda samples, *, micro_batch_size: sizes.append(micro_batch_size) or real_split(
+                            samples, micro_batch_size=micro_batch_size))
+    trainer, _ = _train(_cfg(tmp_path, tiny_model_dir, sums_file, "data.micro_batch_size=1"))
+    assert trainer.micro_batch_size == 1 and sizes == [1]

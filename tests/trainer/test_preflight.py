@@ -1,0 +1,56 @@
+"""What ``main_ppo`` checks and says before it loads a model."""
+
+import logging
+import sys
+
+import pytest
+
+from hybridflow.config import PPOConfig, load_config
+from hybridflow.errors import ConfigError
+from hybridflow.trainer.main_ppo import build_datasets, preflight
+from tests.trainer.ppo_fixtures import base_overrides
+
+
+def test_gpus_the_local_backend_cannot_use_get_one_warning_line(tmp_path, tiny_model_dir, caplog):
+    cfg = load_config(PPOConfig, base_overrides(tmp_path, tiny_model_dir) + ["trainer.n_gpus_per_node=8"])
+    with caplog.at_level(logging.WARNING):
+        preflight(cfg)
+    (record,) = [r for r in caplog.records if "n_gpus_per_node" in r.getMessage()]
+    assert record.getMessage() == ("hybridflow: warning: trainer.nnodes x trainer.n_gpus_per_node = 8 workers, but "
+                                   "trainer.backend=local runs one process: set trainer.backend=ray to use them")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        preflight(load_config(PPOConfig, base_overrides(tmp_path, tiny_model_dir)))
+    assert not caplog.records
+
+
+@pytest.mark.parametrize("name", ["vllm", "sglang"])
+def test_missing_gpu_engine_is_reported_before_any_model_loads(tmp_path, tiny_model_dir, monkeypatch, name):
+    import hybridflow.trainer.main_ppo as main_ppo
+
+    monkeypatch.setitem(sys.modules, name, None)  # not installed
+    monkeypatch.setattr(main_ppo, "build_trainer", lambda cfg: pytest.fail("loaded before checking"))
+    cfg = load_config(PPOConfig, base_overrides(tmp_path, tiny_model_dir) + [f"actor_rollout_ref.rollout.name={name}"])
+    with pytest.raises(ConfigError, match=rf"actor_rollout_ref.rollout.name={name} needs the {name} package"):
+        main_ppo.run_ppo(cfg)
+
+
+def test_gen_batch_size_is_the_prompt_batch_of_each_generation_round(tmp_path, tiny_model_dir, tiny_tokenizer):
+    """verl's DAPO ``data.gen_batch_size``: the dataloader yields this many prompts per round; dynamic
+    sampling then keeps informative groups until train_batch_size are collected."""
+    overrides = base_overrides(tmp_path, tiny_model_dir) + ["data.gen_batch_size=8", "algorithm.filter_groups.enable=True",
+                                                            "algorithm.filter_groups.metric=score"]
+    train_loader, _ = build_datasets(load_config(PPOConfig, overrides), tiny_tokenizer)
+    assert train_loader.batch_size == 8 and len(next(iter(train_loader))["raw_prompt_ids"]) == 8
+    train_loader, _ = build_datasets(load_config(PPOConfig, base_overrides(tmp_path, tiny_model_dir)), tiny_tokenizer)
+    assert train_loader.batch_size == 4  # data.train_batch_size
+
+
+def test_name_and_arithmetic_problems_are_reported_together(tmp_path, tiny_model_dir):
+    cfg = load_config(PPOConfig, base_overrides(tmp_path, tiny_model_dir) + [
+        "reward_model.reward_manager=primo", "actor_rollout_ref.actor.ppo_mini_batch_size=3"])
+    with pytest.raises(ConfigError) as err:
+        preflight(cfg)
+    lines = str(err.value).splitlines()
+    assert lines[0] == "reward_model.reward_manager='primo' is not one of dapo, naive, parallel, prime"
+    assert any(line.startswith("data.train_batch_size=4 (x rollout.n=2) is not divisible") for line in lines[1:])
