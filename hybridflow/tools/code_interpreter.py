@@ -1,5 +1,6 @@
 """A Python code-interpreter tool on the local sandbox (``hybridflow.rewards.code_sandbox.run_python``:
-resource limits, wall-clock time-out, no network, writes only in its own temp dir).
+bubblewrap namespaces, an unprivileged user, resource limits, wall-clock time-out, no network, writes
+only in its own scratch dir).
 
 The program runs in a thread so the other rollouts keep generating meanwhile. Config keys:
 ``timeout_s`` (default 5), ``memory_limit_mb`` (default 1024).
@@ -27,8 +28,8 @@ class CodeInterpreterTool(BaseTool):
 
     async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs) -> tuple[ToolResponse, float, dict]:
         code = str(parameters.get("code", ""))
-        result = await asyncio.to_thread(run_python, program=code, time_limit_s=float(self.config.get("timeout_s", 5.0)),
-                                         memory_limit_mb=int(self.config.get("memory_limit_mb", 1024)))
+        result = await asyncio.to_thread(run_python, code, timeout_s=float(self.config.get("timeout_s", 5.0)),
+                                         memory_mb=int(self.config.get("memory_limit_mb", 1024)))
         if result.timed_out:
             text = "Error: the program ran out of time"
         elif result.returncode != 0:
