@@ -592,7 +592,8 @@ class AlgorithmConfig:
     lam: float = 1.0
     """GAE lambda."""
     adv_estimator: str = "gae"
-    """Registered advantage estimator: gae, grpo, rloo, remax, reinforce_plus_plus, ... (``hybridflow.algos.list_advantages()``)."""
+    """Registered advantage estimator: gae, grpo, rloo, remax, reinforce_plus_plus, gdpo, optimal_token_baseline, ...
+    (``hybridflow.algos.list_advantages()``; docs/algorithms.md)."""
     norm_adv_by_std_in_grpo: bool = True
     """GRPO: divide by the group std (false = Dr.GRPO)."""
     use_kl_in_reward: bool = False
