@@ -733,7 +733,8 @@ class RolloutCorrectionConfig:
     rollout_is: Optional[str] = None
     """Importance weights pi_train / pi_rollout applied in the policy loss: ``token``, ``sequence`` or null (off)."""
     rollout_is_threshold: Any = 2.0
-    """A number U clamps the weights at U (truncated IS); a string ``"L_U"`` zeroes weights outside [L, U] (IcePop)."""
+    """A number U clamps the weights at U (truncated IS); a string ``"L_U"`` zeroes weights outside [L, U] (IcePop).
+    Write bounds with a decimal point (0.5_2.0): YAML reads 1_2 as the number 12."""
     rollout_is_batch_normalize: bool = False
     """Divide the weights by their batch mean (per token, or per sequence at sequence level)."""
     rollout_rs: Optional[str] = None
@@ -741,7 +742,7 @@ class RolloutCorrectionConfig:
     seq_mean_k1..k3, seq_max_k2, seq_max_k3 (null = off)."""
     rollout_rs_threshold: Any = None
     """Threshold per rollout_rs option (one shared, or comma separated): an upper bound, or ``"L_U"`` ratio
-    bounds for k1 options."""
+    bounds for k1 options (with decimal points, as rollout_is_threshold)."""
     bypass_mode: bool = False
     """Use the engine's log-probs as the old ones (no recompute pass) and correct inside the loss
     (``loss_mode`` becomes bypass_mode)."""
@@ -759,7 +760,8 @@ class AlgorithmConfig:
     lam: float = 1.0
     """GAE lambda."""
     adv_estimator: str = "gae"
-    """Registered advantage estimator: gae, grpo, rloo, remax, reinforce_plus_plus, ... (``hybridflow.algos.list_advantages()``)."""
+    """Registered advantage estimator: gae, grpo, rloo, remax, reinforce_plus_plus, gdpo, optimal_token_baseline, ...
+    (``hybridflow.algos.list_advantages()``; docs/algorithms.md)."""
     norm_adv_by_std_in_grpo: bool = True
     """GRPO: divide by the group std (false = Dr.GRPO)."""
     use_kl_in_reward: bool = False

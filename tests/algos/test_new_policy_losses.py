@@ -177,3 +177,29 @@ def test_rollout_is_weights_scale_every_token_loss(name):
     if name == "sapo":  # always seq-mean-token-mean: a one-token "sequence" is its token, the full one a mean
         per_token = [value / 3 for value in per_token]
     assert weighted.item() == pytest.approx(sum(w * v for w, v in zip(weights[0].tolist(), per_token)), abs=1e-6)
+
+
+@pytest.mark.parametrize("name", ["vanilla", "gspo", "gpg", "cispo", "kl_cov", "geo_mean", "sapo", "dppo_tv",
+                                  "dppo_kl", "dro", "bypass_mode"])
+@pytest.mark.parametrize("garbage", [50.0, float("nan")])
+def test_observation_spans_contribute_nothing(name, garbage):
+    """A multi-turn row (turn, 2 observation tokens with garbage old and new log-probs, turn) gives the loss of
+    the same row with the observation tokens cut out; the gradient is finite and 0 on them."""
+    old = torch.tensor([[-1.0, -2.0, -3.0, -1.5], [-0.5, -1.0, -2.0, -0.7]])
+    delta = torch.tensor([[0.1, 0.0, 0.0, -0.2], [0.05, 0.3, -0.1, 0.0]])
+    advantages = torch.tensor([[1.0, 1.0, 1.0, 1.0], [-0.5, -0.5, -0.5, -0.5]])
+    kwargs = dict(loss_agg_mode="token-mean", dro_beta=0.1, loss_type="reinforce", rollout_is="token")
+    multi_turn_mask = torch.tensor([[1, 0, 0, 1], [1, 1, 1, 0]])
+    log_prob, old_garbage = (old + delta).clone(), old.clone()
+    log_prob[0, 1:3], old_garbage[0, 1:3] = garbage, -garbage  # e.g. an engine's value for unsampled tokens
+    log_prob.requires_grad_(True)
+    loss, _ = get_policy_loss(name)(old_log_prob=old_garbage, log_prob=log_prob, advantages=advantages,
+                                    response_mask=multi_turn_mask, **kwargs)
+    keep = [[0, 3, 0], [0, 1, 2]]  # row 0's own tokens (padded with a masked copy), row 1's
+    packed = lambda x: torch.stack([x[0, keep[0]], x[1, keep[1]]])  # noqa: E731
+    reference, _ = get_policy_loss(name)(old_log_prob=packed(old), log_prob=packed(old + delta),
+                                         advantages=packed(advantages),
+                                         response_mask=torch.tensor([[1, 1, 0], [1, 1, 1]]), **kwargs)
+    assert loss.item() == pytest.approx(reference.item(), rel=1e-5, abs=1e-7)
+    (grad,) = torch.autograd.grad(loss, log_prob)
+    assert torch.isfinite(grad).all() and (grad[0, 1:3] == 0).all()

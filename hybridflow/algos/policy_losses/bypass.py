@@ -22,7 +22,7 @@ import torch
 
 from hybridflow.algos.agg import agg_loss
 from hybridflow.algos.errors import AlgorithmError
-from hybridflow.algos.policy_losses.common import policy_loss_metrics, weight_by_rollout_is
+from hybridflow.algos.policy_losses.common import policy_loss_metrics, select_valid, weight_by_rollout_is
 from hybridflow.algos.policy_losses.vanilla import vanilla_policy_loss
 from hybridflow.algos.registry import register_policy_loss
 from hybridflow.algos.rollout_correction import rollout_correction
@@ -61,6 +61,7 @@ def bypass_mode_policy_loss(
     **clip_kwargs,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Bypass-mode loss; ``old_log_prob`` ``[B, T]`` is the rollout engine's. See the module docstring."""
+    log_prob, old_log_prob = select_valid(log_prob=log_prob, old_log_prob=old_log_prob, response_mask=response_mask)
     if loss_type not in BYPASS_LOSS_TYPES:
         raise AlgorithmError(f"algorithm.rollout_correction.loss_type={loss_type!r}: use ppo_clip or reinforce")
     weights, mask, corr_metrics = rollout_correction(

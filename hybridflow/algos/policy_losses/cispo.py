@@ -19,7 +19,13 @@ from __future__ import annotations
 import torch
 
 from hybridflow.algos.agg import agg_loss
-from hybridflow.algos.policy_losses.common import clamped_log_ratio, clip_range, policy_loss_metrics, weight_by_rollout_is
+from hybridflow.algos.policy_losses.common import (
+    clamped_log_ratio,
+    clip_range,
+    policy_loss_metrics,
+    select_valid,
+    weight_by_rollout_is,
+)
 from hybridflow.algos.registry import register_policy_loss
 
 
@@ -41,6 +47,7 @@ def cispo_policy_loss(
     **_,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """CISPO loss over ``[B, T]`` inputs; see the module docstring."""
+    log_prob, old_log_prob = select_valid(log_prob=log_prob, old_log_prob=old_log_prob, response_mask=response_mask)
     low, high = clip_range(clip_ratio=clip_ratio, clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high)
     log_ratio = clamped_log_ratio(log_prob=log_prob, old_log_prob=old_log_prob).detach()
     ratio = log_ratio.exp()

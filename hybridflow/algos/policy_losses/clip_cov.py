@@ -23,6 +23,7 @@ from hybridflow.algos.policy_losses.common import (
     clip_range,
     clipped_surrogate,
     policy_loss_metrics,
+    select_valid,
     weight_by_rollout_is,
 )
 from hybridflow.algos.policy_losses.covariance import check_token_ratio, covariance_token_count, token_covariance
@@ -61,6 +62,7 @@ def clip_cov_policy_loss(
     **_,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clip-Cov loss over ``[B, T]`` inputs; see the module docstring."""
+    log_prob, old_log_prob = select_valid(log_prob=log_prob, old_log_prob=old_log_prob, response_mask=response_mask)
     check_token_ratio(name="clip_cov_ratio", ratio=clip_cov_ratio)
     low, high = clip_range(clip_ratio=clip_ratio, clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high)
     log_ratio = clamped_log_ratio(log_prob=log_prob, old_log_prob=old_log_prob)

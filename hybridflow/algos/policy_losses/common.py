@@ -77,3 +77,16 @@ def weight_by_rollout_is(*, losses: torch.Tensor, rollout_is_weights: torch.Tens
     they change the measure, not the objective); unchanged when there are none. See
     ``hybridflow.algos.rollout_correction``."""
     return losses if rollout_is_weights is None else losses * rollout_is_weights.detach()
+
+
+def select_valid(*, log_prob: torch.Tensor, old_log_prob: torch.Tensor,
+                 response_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(log_prob, old_log_prob)`` ``[B, T]`` with masked positions set to 0 (ratio 1 there).
+
+    Masked positions are garbage by contract (an engine's log-prob of a tool observation it
+    never sampled, padding): selected out before any exp or product, so that neither the loss
+    nor the gradient (0 at masked positions) can turn NaN.
+    """
+    valid = response_mask.bool()
+    return (torch.where(valid, log_prob, torch.zeros_like(log_prob)),
+            torch.where(valid, old_log_prob, torch.zeros_like(old_log_prob)))

@@ -33,6 +33,7 @@ from hybridflow.algos.policy_losses.common import (
     clamped_log_ratio,
     clip_range,
     policy_loss_metrics,
+    select_valid,
     weight_by_rollout_is,
 )
 from hybridflow.algos.registry import register_policy_loss
@@ -79,6 +80,7 @@ def _dppo_loss(region: Callable[..., torch.Tensor]):
         rollout_is_weights: torch.Tensor | None = None,
         **_,
     ) -> tuple[torch.Tensor, dict[str, float]]:
+        log_prob, old_log_prob = select_valid(log_prob=log_prob, old_log_prob=old_log_prob, response_mask=response_mask)
         low, high = clip_range(clip_ratio=clip_ratio, clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high)
         log_ratio = clamped_log_ratio(log_prob=log_prob, old_log_prob=old_log_prob)
         ratio = log_ratio.exp().detach()

@@ -18,7 +18,7 @@ import torch
 
 from hybridflow.algos.agg import agg_loss
 from hybridflow.algos.errors import AlgorithmError
-from hybridflow.algos.policy_losses.common import policy_loss_metrics, weight_by_rollout_is
+from hybridflow.algos.policy_losses.common import policy_loss_metrics, select_valid, weight_by_rollout_is
 from hybridflow.algos.registry import register_policy_loss
 
 
@@ -38,6 +38,7 @@ def dro_policy_loss(
     **_,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """DRO loss over ``[B, T]`` inputs; see the module docstring."""
+    log_prob, old_log_prob = select_valid(log_prob=log_prob, old_log_prob=old_log_prob, response_mask=response_mask)
     if dro_beta is None or dro_beta <= 0:
         raise AlgorithmError(f"loss_mode=dro needs a positive beta, got {dro_beta}; "
                              "set actor_rollout_ref.actor.policy_loss.dro_beta (e.g. 0.1)")

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from hybridflow.algos.agg import agg_loss
-from hybridflow.algos.policy_losses.common import clamp_log_ratio, clip_range, policy_loss_metrics
+from hybridflow.algos.policy_losses.common import clamp_log_ratio, clip_range, policy_loss_metrics, select_valid
 from hybridflow.algos.registry import register_policy_loss
 
 # floor inside log(w) so that a zero IS weight (IcePop) gives exp(-23) ~ 0, not log(0)
@@ -51,6 +51,7 @@ def geo_mean_policy_loss(
     **_,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """GMPO loss over ``[B, T]`` inputs; see the module docstring."""
+    log_prob, old_log_prob = select_valid(log_prob=log_prob, old_log_prob=old_log_prob, response_mask=response_mask)
     low, high = clip_range(clip_ratio=clip_ratio, clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high)
     mask = response_mask.to(log_prob.dtype)
     log_ratio = clamp_log_ratio(log_ratio=log_prob - old_log_prob)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from hybridflow.algos.agg import agg_loss
-from hybridflow.algos.policy_losses.common import policy_loss_metrics, weight_by_rollout_is
+from hybridflow.algos.policy_losses.common import policy_loss_metrics, select_valid, weight_by_rollout_is
 from hybridflow.algos.registry import register_policy_loss
 
 
@@ -34,6 +34,7 @@ def gpg_policy_loss(
     **_,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """REINFORCE loss -A log pi over ``[B, T]`` inputs."""
+    log_prob, old_log_prob = select_valid(log_prob=log_prob, old_log_prob=old_log_prob, response_mask=response_mask)
     loss = agg_loss(
         loss_mat=weight_by_rollout_is(losses=-advantages * log_prob, rollout_is_weights=rollout_is_weights),
         loss_mask=response_mask,

@@ -23,6 +23,7 @@ from hybridflow.algos.policy_losses.common import (
     clip_range,
     clipped_surrogate,
     policy_loss_metrics,
+    select_valid,
     weight_by_rollout_is,
 )
 from hybridflow.algos.registry import register_policy_loss
@@ -55,6 +56,7 @@ def gspo_policy_loss(
     **_,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """GSPO-token loss over ``[B, T]`` inputs; see the module docstring."""
+    log_prob, old_log_prob = select_valid(log_prob=log_prob, old_log_prob=old_log_prob, response_mask=response_mask)
     low, high = clip_range(clip_ratio=clip_ratio, clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high)
     seq_log_ratio = sequence_log_ratio(log_prob=log_prob, old_log_prob=old_log_prob, response_mask=response_mask)
     log_ratio = log_prob - log_prob.detach() + seq_log_ratio.detach()[:, None]

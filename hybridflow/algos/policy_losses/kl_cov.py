@@ -18,7 +18,12 @@ from __future__ import annotations
 import torch
 
 from hybridflow.algos.agg import agg_loss
-from hybridflow.algos.policy_losses.common import clamped_log_ratio, policy_loss_metrics, weight_by_rollout_is
+from hybridflow.algos.policy_losses.common import (
+    clamped_log_ratio,
+    policy_loss_metrics,
+    select_valid,
+    weight_by_rollout_is,
+)
 from hybridflow.algos.policy_losses.covariance import check_token_ratio, covariance_token_count, token_covariance
 from hybridflow.algos.registry import register_policy_loss
 from hybridflow.algos.stats import masked_mean
@@ -51,6 +56,7 @@ def kl_cov_policy_loss(
     **_,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """KL-Cov loss over ``[B, T]`` inputs; see the module docstring."""
+    log_prob, old_log_prob = select_valid(log_prob=log_prob, old_log_prob=old_log_prob, response_mask=response_mask)
     check_token_ratio(name="kl_cov_ratio", ratio=kl_cov_ratio)
     log_ratio = clamped_log_ratio(log_prob=log_prob, old_log_prob=old_log_prob)
     policy_gradient = -advantages * log_ratio.exp()

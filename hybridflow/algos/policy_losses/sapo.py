@@ -20,7 +20,12 @@ import torch
 
 from hybridflow.algos.agg import agg_loss
 from hybridflow.algos.errors import AlgorithmError
-from hybridflow.algos.policy_losses.common import clamped_log_ratio, policy_loss_metrics, weight_by_rollout_is
+from hybridflow.algos.policy_losses.common import (
+    clamped_log_ratio,
+    policy_loss_metrics,
+    select_valid,
+    weight_by_rollout_is,
+)
 from hybridflow.algos.registry import register_policy_loss
 
 
@@ -44,6 +49,7 @@ def sapo_policy_loss(
     **_,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """SAPO loss over ``[B, T]`` inputs (``actor.tau_pos`` / ``actor.tau_neg``); see the module docstring."""
+    log_prob, old_log_prob = select_valid(log_prob=log_prob, old_log_prob=old_log_prob, response_mask=response_mask)
     if tau_pos <= 0 or tau_neg <= 0:
         raise AlgorithmError(f"sapo needs positive temperatures, got tau_pos={tau_pos}, tau_neg={tau_neg}; "
                              "set actor_rollout_ref.actor.tau_pos / tau_neg > 0")

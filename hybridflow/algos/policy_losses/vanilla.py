@@ -24,6 +24,7 @@ from hybridflow.algos.policy_losses.common import (
     clip_range,
     clipped_surrogate,
     policy_loss_metrics,
+    select_valid,
     weight_by_rollout_is,
 )
 from hybridflow.algos.registry import register_policy_loss
@@ -48,6 +49,7 @@ def vanilla_policy_loss(
     **_,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped PPO loss over ``[B, T]`` inputs; see the module docstring."""
+    log_prob, old_log_prob = select_valid(log_prob=log_prob, old_log_prob=old_log_prob, response_mask=response_mask)
     if clip_ratio_c <= 1.0:
         raise AlgorithmError(
             f"clip_ratio_c must be > 1 for the dual clip, got {clip_ratio_c}; set actor.clip_ratio_c=3.0"
