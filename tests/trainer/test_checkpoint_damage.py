@@ -3,8 +3,7 @@
 import json
 import logging
 import os
-import subprocess
-import uuid
+import re
 
 import pytest
 import torch
@@ -65,7 +64,7 @@ def test_damaged_newest_step_falls_back_to_the_previous_one(tmp_path, caplog, da
         data[-30] ^= 0xFF
         (newest / "data.pt").write_bytes(bytes(data))
     assert resume(tmp_path, caplog) == str(tmp_path / "global_step_1")
-    assert any(pytest.importorskip("re").search(f"global_step_2 is damaged \\({expected}", r.getMessage())
+    assert any(re.search(f"global_step_2 is damaged \\({expected}", r.getMessage())
                for r in caplog.records), caplog.text
     model, optimizer, scheduler, _ = trained_actor(seed=9)
     step, extra = load_checkpoint(resume(tmp_path, caplog), {"actor": FSDPModelComponent(model, optimizer, scheduler),
@@ -96,19 +95,6 @@ def test_markers_without_a_manifest_still_resume(tmp_path, caplog):
 
 
 # --------------------------------------------------------------------------- full disk
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 3 MiB tmpfs (the test is root in its container); skipped where mounting is not permitted."""
-    mount_point = tmp_path / f"disk-{uuid.uuid4().hex[:8]}"
-    mount_point.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mount_point)],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here to fill up ({done.stderr.strip() or 'mount failed'})")
-    yield mount_point
-    subprocess.run(["umount", "-l", str(mount_point)], check=False)
-
-
 class Blob:
     """A component of ``megabytes`` random MB (incompressible, so the disk really fills)."""
 

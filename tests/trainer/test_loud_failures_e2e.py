@@ -61,9 +61,6 @@ def test_misspelled_data_source_stops_before_any_model_loads(tmp_path, tiny_mode
 
 
 # --------------------------------------------------------------------------- checkpoints on a full disk
-from tests.trainer.test_checkpoint_damage import small_disk  # noqa: E402,F401  (the 3 MiB tmpfs fixture)
-
-
 def _on_small_disk(tmp_path, tiny_model_dir, small_disk) -> list[str]:
     overrides = base_overrides(tmp_path, tiny_model_dir, steps=2) + [
         "trainer.save_freq=1", "trainer.logger=[console]", f"trainer.default_local_dir={small_disk}"]
