@@ -39,6 +39,9 @@ class SPINAlgorithmConfig(SelfPlayAlgorithmConfig):
     """``sigmoid`` (DPO, arXiv 2305.18290) or ``ipo`` (arXiv 2310.12036), as verl's recipe."""
     dpo_label_smoothing: float = 0.0
     """Conservative DPO label smoothing (sigmoid loss only)."""
+    preference_source: str = "reward"
+    """How pairs are formed: ``reward`` (best vs worst scored sample of each prompt: online DPO, verl's
+    recipe) or ``ground_truth`` (the dataset's reward_model.ground_truth as chosen vs each sample: SPIN)."""
 
 
 @dataclass

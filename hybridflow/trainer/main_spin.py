@@ -10,7 +10,7 @@ import sys
 from hybridflow.config import load_config, split_config_args
 from hybridflow.config.spin import SPINConfig
 from hybridflow.errors import ConfigError, run_entry_point
-from hybridflow.trainer.spin import LOSS_TYPES, SPINTrainer
+from hybridflow.trainer.spin import LOSS_TYPES, PAIR_SOURCES, SPINTrainer
 
 HINTS = {"algorithm.kl_ctrl.kl_coef": "the DPO beta is actor_rollout_ref.actor.dpo_beta, as in verl's recipe/spin"}
 
@@ -19,13 +19,17 @@ def run_spin(cfg: SPINConfig):
     """Check, build, train; print the summary and write the plots."""
     from hybridflow.trainer.self_play import run_self_play
 
-    if cfg.algorithm.dpo_loss_type not in LOSS_TYPES:
-        raise ConfigError(f"algorithm.dpo_loss_type={cfg.algorithm.dpo_loss_type!r} is not one of "
-                          f"{', '.join(LOSS_TYPES)}")
+    algo = cfg.algorithm
+    for key, value, names in (("algorithm.dpo_loss_type", algo.dpo_loss_type, LOSS_TYPES),
+                              ("algorithm.preference_source", algo.preference_source, PAIR_SOURCES)):
+        if value not in names:
+            raise ConfigError(f"{key}={value!r} is not one of {', '.join(names)}")
     if cfg.actor_rollout_ref.actor.use_dynamic_bsz:
         raise ConfigError("actor_rollout_ref.actor.use_dynamic_bsz=True: SPIN splits micro-batches by whole pairs; "
                           "set ppo_micro_batch_size_per_gpu (pairs per micro-batch) instead")
-    return run_self_play(cfg, schema=SPINConfig, trainer_cls=SPINTrainer, hints=HINTS)
+    # a dataset answer pairs with every sample; ranking samples needs two of them
+    min_n = 1 if algo.preference_source == "ground_truth" else 2
+    return run_self_play(cfg, schema=SPINConfig, trainer_cls=SPINTrainer, min_n=min_n, hints=HINTS)
 
 
 def run_from_args(args: list[str]) -> int:

@@ -125,10 +125,11 @@ def check_self_play_config(cfg, *, schema: type, trainer: str, min_n: int = 2,
     validate_ppo_config(cfg, model_max_len=main_ppo.model_context_length(arr.model.path, arr.model.trust_remote_code))
 
 
-def run_self_play(cfg, *, schema: type, trainer_cls: type[SelfPlayTrainer], hints: dict[str, str] | None = None):
+def run_self_play(cfg, *, schema: type, trainer_cls: type[SelfPlayTrainer], min_n: int = 2,
+                  hints: dict[str, str] | None = None):
     """Check, build, train, report (``main_spin`` / ``main_sppo``)."""
     from hybridflow.trainer.main_ppo import train_and_report
 
-    check_self_play_config(cfg, schema=schema, trainer=trainer_cls.__name__, hints=hints)
+    check_self_play_config(cfg, schema=schema, trainer=trainer_cls.__name__, min_n=min_n, hints=hints)
     return train_and_report(build_self_play_trainer(cfg, trainer_cls), cfg)
 

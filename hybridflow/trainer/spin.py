@@ -5,7 +5,7 @@ Dataflow of one step (Chen et al. 2024, arXiv 2401.01335; online DPO as in verl'
     [step % trainer.ref_update_freq == 0]  reference <- actor weights      (a new SPIN iteration)
     prompts ──► rollout.generate (rollout.n >= 2 responses per prompt)
             ──► reward.compute_scores (rule / custom function / reward model)
-            ──► best_worst_pairs: chosen = best, rejected = worst response of each prompt
+            ──► pairs (algorithm.preference_source): best vs worst sample, or dataset answer vs sample
             ──► reference.compute_ref_log_prob on the pairs ──► log pi_ref(y | x) summed per response
             ──► actor.update_preference("dpo" | "ipo", beta = actor.dpo_beta)
                     -log sigmoid(beta [(log pi/pi_ref)(y_w) - (log pi/pi_ref)(y_l)])   (DPO eq. 7)
@@ -15,10 +15,15 @@ Dataflow of one step (Chen et al. 2024, arXiv 2401.01335; online DPO as in verl'
 Fit, validation (``val-core/...``), checkpoints and resume are the PPO trainer's
 (``trainer/ppo.py``); a refreshed reference is checkpointed as ``global_step_N/ref``.
 
+Preference sources (``algorithm.preference_source``):
+- ``reward`` (default, verl's recipe): chosen = the best-scored, rejected = the worst-scored
+  sample of each prompt (the paper's Sec. 7 "dynamically changing target distribution").
+- ``ground_truth`` (SPIN proper): chosen = the dataset's answer (``reward_model.ground_truth``
+  tokenized, + EOS), rejected = each of the policy's ``rollout.n`` samples (n >= 1).
+
 Deviations, on purpose:
-- From SPIN's paper: the chosen response is the best-scored sample, not the dataset's
-  reference answer (the paper's Sec. 7 "dynamically changing target distribution", which is
-  also what verl's recipe runs); a dataset-answer preference source is not implemented.
+- From SPIN's paper (``ground_truth``): the "human" response is the row's ground truth, which
+  for verifiable tasks is often only the final answer, not a worked solution.
 - From verl's recipe: with rollout.n > 2 the pair is best vs worst (verl pairs exactly 2);
   prompts whose responses all score the same give no pair (verl keeps them, taking the
   first response as chosen), so a step can train on fewer pairs than prompts, and on none
@@ -30,15 +35,55 @@ Deviations, on purpose:
 
 from __future__ import annotations
 
-from typing import Iterator
+from dataclasses import dataclass
+from typing import Callable, Iterator
 
 from hybridflow.algos.self_play import best_worst_pairs
 from hybridflow.data.batch import Batch
+from hybridflow.rollout import Completion
 from hybridflow.trainer.metrics import Timer, rollout_metrics
 from hybridflow.trainer.self_play import SelfPlayTrainer
+from hybridflow.workers.rollout import RolloutWorker
 
 LOSS_TYPES = {"sigmoid": "dpo", "ipo": "ipo"}
 """``algorithm.dpo_loss_type`` -> the actor's preference objective."""
+
+
+def reward_ranked_pairs(trainer: "SPINTrainer", batch: Batch, prompts: Batch) -> Batch:
+    """Online DPO: the best-scored vs the worst-scored sample of each prompt (ties: no pair)."""
+    chosen, rejected = best_worst_pairs(scores=batch["seq_score"], group_size=trainer.rollout_cfg.n)
+    rows = [row for pair in zip(chosen.tolist(), rejected.tolist()) for row in pair]
+    return batch.index_select(rows)
+
+
+def ground_truth_pairs(trainer: "SPINTrainer", batch: Batch, prompts: Batch) -> Batch:
+    """SPIN proper (Chen et al. 2024, Sec. 4): the dataset's answer (``reward_model.ground_truth`` + EOS) is
+    chosen against each of the policy's own samples; rows ``[answer, sample_0, answer, sample_1, ...]``."""
+    tokenizer, n = trainer.tokenizer, trainer.rollout_cfg.n
+    max_len = trainer.cfg.data.max_response_length
+    completions = []
+    for row in range(len(batch)):
+        answer = tokenizer.encode(str(batch["ground_truth"][row]), add_special_tokens=False)
+        answer = (answer + [tokenizer.eos_token_id])[:max_len]
+        sample = batch["responses"][row][batch["response_mask"][row].bool()].tolist()
+        completions += [Completion(token_ids=answer, logprobs=None, finish_reason="stop", prompt_index=row // n),
+                        Completion(token_ids=sample, logprobs=None, finish_reason=batch["finish_reason"][row],
+                                   prompt_index=row // n)]
+    assembler = RolloutWorker(engine=None, pad_token_id=tokenizer.pad_token_id)
+    return assembler.assemble(prompts, completions, n=2 * n).to(batch["responses"].device)
+
+
+@dataclass(frozen=True)
+class PairSource:
+    """How a step's samples become (chosen, rejected) rows, and how many pairs a prompt gives at rollout.n."""
+
+    pairs: Callable[["SPINTrainer", Batch, Batch], Batch]
+    pairs_per_prompt: Callable[[int], int]
+
+
+PAIR_SOURCES = {"reward": PairSource(reward_ranked_pairs, pairs_per_prompt=lambda n: 1),
+                "ground_truth": PairSource(ground_truth_pairs, pairs_per_prompt=lambda n: n)}
+"""``algorithm.preference_source`` -> its pair source."""
 
 
 class SPINTrainer(SelfPlayTrainer):
@@ -48,23 +93,25 @@ class SPINTrainer(SelfPlayTrainer):
         timer, metrics = Timer(), {}
         with timer("step"):
             self.refresh_reference_if_due(step=step, timer=timer)
-            batch = self.rollout_and_score(next(batches), step=step, timer=timer, metrics=metrics)
+            prompts = next(batches)
+            batch = self.rollout_and_score(prompts, step=step, timer=timer, metrics=metrics)
+            source = PAIR_SOURCES[self.cfg.algorithm.preference_source]
             with timer("pairs"):
-                pairs = self.preference_pairs(batch)
+                pairs = self.whole_pairs(source.pairs(self, batch, prompts))
             metrics["train/num_pairs"] = len(pairs) // 2
             if len(pairs):
+                rows_per_prompt = 2 * source.pairs_per_prompt(self.rollout_cfg.n)
                 metrics.update(self.update_actor(pairs, objective=LOSS_TYPES[self.cfg.algorithm.dpo_loss_type],
-                                                 params=self.loss_params(), rows_per_prompt=2, step=step, timer=timer))
+                                                 params=self.loss_params(), rows_per_prompt=rows_per_prompt,
+                                                 step=step, timer=timer))
         metrics.update(rollout_metrics(batch, max_response_length=self.cfg.data.max_response_length))
         return self.step_metrics(metrics, batch=batch, timer=timer, step=step)
 
-    def preference_pairs(self, batch: Batch) -> Batch:
-        """Rows ``[chosen_0, rejected_0, chosen_1, ...]``: whole pairs on every data-parallel worker."""
-        chosen, rejected = best_worst_pairs(scores=batch["seq_score"], group_size=self.rollout_cfg.n)
+    def whole_pairs(self, pairs: Batch) -> Batch:
+        """Rows ``[chosen_0, rejected_0, chosen_1, ...]`` cut to the same number of pairs on every worker."""
         world = getattr(self.w.actor, "world_size", 1)
-        keep = len(chosen) - len(chosen) % world
-        rows = [row for pair in zip(chosen[:keep].tolist(), rejected[:keep].tolist()) for row in pair]
-        return batch.index_select(rows)
+        count = len(pairs) // 2
+        return pairs.index_select(list(range(2 * (count - count % world))))
 
     def loss_params(self) -> dict[str, float]:
         beta = self.cfg.actor_rollout_ref.actor.dpo_beta

@@ -100,8 +100,8 @@ class ActorWorker:
                           temperature: float, step: int) -> dict[str, float]:
         """One training step of a sequence-level preference objective (``workers/preference_update``).
 
-        Mini-batches of ``ppo_mini_batch_size`` prompts (``rows_per_prompt`` rows each: 2 for a
-        SPIN pair, rollout.n for SPPO) x ``ppo_epochs``, in row order (pairs stay whole);
+        Mini-batches of ``ppo_mini_batch_size`` prompts (``rows_per_prompt`` rows each: 2 per SPIN
+        pair, rollout.n for SPPO) x ``ppo_epochs``, in row order (pairs stay whole);
         micro-batches of ``ppo_micro_batch_size_per_gpu`` items (pairs for DPO, as verl's recipe).
         """
         spec = OBJECTIVES[objective]

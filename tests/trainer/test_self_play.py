@@ -280,3 +280,24 @@ def test_resume_after_sigkill_is_bitwise_equal(tmp_path, tiny_model_dir, name):
     resumed_rows = {r["step"]: r[loss] for r in read_metrics(resumed)}
     assert resumed_rows[3] == straight_rows[3] and resumed_rows[4] == straight_rows[4]
     assert not math.isnan(straight_rows[4])
+
+
+def test_spin_proper_pairs_the_dataset_answer_with_each_sample_by_hand(tmp_path, tiny_model_dir):
+    """preference_source=ground_truth: rows [answer, sample_0, answer, sample_1] per prompt; the loss by hand."""
+    from transformers import AutoTokenizer
+
+    beta, n = 0.5, 2
+    cfg = load_config(SPINConfig, self_play_overrides(tmp_path, tiny_model_dir) + ONE_MINI_BATCH + [
+        "algorithm.preference_source=ground_truth", f"actor_rollout_ref.rollout.n={n}",
+        f"actor_rollout_ref.actor.dpo_beta={beta}", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"])
+    trainer, (pairs, weights, metrics) = run_two_steps(cfg, SPINTrainer)
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    assert len(pairs) == 4 * n * 2  # every sample of the 4 prompts is a rejected response
+    for row in range(0, len(pairs), 2):
+        chosen = pairs["responses"][row][pairs["response_mask"][row].bool()].tolist()
+        assert chosen == (tok.encode(str(pairs["ground_truth"][row]), add_special_tokens=False) + [tok.eos_token_id])[:8]
+        assert pairs["uid"][row] == pairs["uid"][row + 1]
+    policy = response_log_probs(hf_model(tiny_model_dir, weights), pairs)
+    ref = response_log_probs(hf_model(tiny_model_dir), pairs)
+    h = (policy[0::2] - ref[0::2]) - (policy[1::2] - ref[1::2])
+    assert metrics["actor/dpo_loss"] == pytest.approx(-F.logsigmoid(beta * h).mean().item(), rel=1e-5, abs=1e-6)
