@@ -11,8 +11,12 @@ Each script listed in ``SCRIPTS`` is read from the given commit of its git repos
 ``-m verl...`` / ``-m recipe...`` call and stops. So the shell does the variable and
 arithmetic expansion exactly as it would for a verl user; nothing is hand-copied.
 Positional arguments (``$1 $2`` of the SFT scripts) get ``SFT_SCRIPT_ARGS``; ``$HOME`` is
-``/HOME``, a SLURM job has one node, ``conda`` does nothing. The tests then change only the module prefix, the model path and the data
-paths (see ``tests/verl_commands/test_verl_commands.py``).
+``/HOME``, a SLURM job has one node, ``conda`` does nothing. The tests then change only the
+module prefix, the model path and the data paths (see ``test_verl_commands.py``).
+
+VERL_GIT_DIR / RECIPE_GIT_DIR are git clones of github.com/volcengine/verl and
+github.com/verl-project/verl-recipe (verl's ``recipe/`` submodule); each record names the
+commit it was read from.
 """
 
 from __future__ import annotations
