@@ -19,9 +19,9 @@ class CustomClassConfig:
     """A user class loaded from a file: ``path`` to a .py file, ``name`` of the class."""
 
     path: Optional[str] = None
-    """Python file that defines the class."""
+    """Compatibility-only (compat.py); in verl: python file that defines the class."""
     name: Optional[str] = None
-    """Class name inside that file."""
+    """Compatibility-only (compat.py); in verl: class name inside that file."""
 
 
 @dataclass
@@ -47,23 +47,23 @@ class DataConfig:
     val_batch_size: Optional[int] = None
     """Prompts per validation generation batch; null = the whole validation set at once."""
     return_raw_input_ids: bool = False
-    """Keep the unpadded prompt ids (needed when the reward model uses another tokenizer)."""
+    """Compatibility-only (compat.py); in verl: keep the unpadded prompt ids (needed when the reward model uses another tokenizer)."""
     return_raw_chat: bool = False
     """Keep the raw chat messages in the batch."""
     return_full_prompt: bool = False
-    """Keep the templated prompt text in the batch."""
+    """Compatibility-only (compat.py); in verl: keep the templated prompt text in the batch."""
     shuffle: bool = True
     """Shuffle the training set each epoch (reproducibly from ``seed`` and the epoch)."""
     seed: int = 1
     """Seed of the training-set shuffle."""
     dataloader_num_workers: int = 0
-    """Worker processes of the DataLoader (0 = in the main process; tokenisation is done up front)."""
+    """Compatibility-only (compat.py); in verl: worker processes of the DataLoader (0 = in the main process; tokenisation is done up front)."""
     validation_shuffle: bool = False
     """Shuffle the validation set."""
     filter_overlong_prompts: bool = False
     """Drop rows whose templated prompt is longer than ``max_prompt_length``."""
     filter_overlong_prompts_workers: int = 1
-    """Accepted for verl compatibility (filtering is a single pass)."""
+    """Compatibility-only, no effect (see compat.py)."""
     truncation: str = "error"
     """What to do with a prompt that is still too long: ``error``, ``left``, ``right`` or ``middle``."""
     max_samples: int = -1
@@ -79,7 +79,7 @@ class DataConfig:
     apply_chat_template_kwargs: Dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments for ``tokenizer.apply_chat_template`` (e.g. enable_thinking)."""
     use_shm: bool = False
-    """Accepted for verl compatibility; no effect."""
+    """Compatibility-only, no effect (see compat.py)."""
 
 
 # --------------------------------------------------------------------------- model
@@ -98,9 +98,9 @@ class ModelConfig:
     enable_gradient_checkpointing: bool = False
     """Recompute activations in backward to save memory (verl defaults to true; off is faster on CPU)."""
     enable_activation_offload: bool = False
-    """Accepted for verl compatibility; no effect."""
+    """Compatibility-only, no effect (see compat.py)."""
     use_remove_padding: bool = False
-    """Accepted for verl compatibility: log-probs are computed on the response slice only."""
+    """Compatibility-only, no effect (see compat.py)."""
     lora_rank: int = 0
     """LoRA rank; 0 trains the full model."""
     lora_alpha: int = 16
@@ -110,13 +110,14 @@ class ModelConfig:
     exclude_modules: Optional[Any] = None
     """Modules excluded from LoRA."""
     use_liger: bool = False
-    """Accepted for verl compatibility; no effect."""
+    """Compatibility-only, no effect (see compat.py)."""
     use_fused_kernels: bool = False
-    """Accepted for verl compatibility; no effect."""
+    """Compatibility-only, no effect (see compat.py)."""
     trust_remote_code: bool = False
     """Allow models with custom code."""
     dtype: Optional[str] = None
-    """Parameter dtype for training; null = fp32 on CPU, bf16 mixed precision on GPU."""
+    """Compute dtype of actor and reference (mixed precision: ``bf16`` or ``fp16``; weights stay in
+    ``fsdp_config.model_dtype``); ``fsdp_config.mixed_precision`` wins when set; null = the weights' dtype (fp32)."""
     attn_implementation: Optional[str] = None
     """HF attention implementation (``eager``, ``sdpa``, ``flash_attention_2``); null = transformers' default."""
 
@@ -145,7 +146,7 @@ class ActorConfig:
     """The trained policy (verl's ``actor_rollout_ref.actor.*``)."""
 
     strategy: str = "fsdp"
-    """Training backend: ``fsdp``/``fsdp2`` (FSDP2 ``fully_shard``; world size 1 runs it unsharded)."""
+    """Compatibility-only (compat.py); in verl: training backend: ``fsdp``/``fsdp2`` (FSDP2 ``fully_shard``; world size 1 runs it unsharded)."""
     ppo_mini_batch_size: int = 256
     """Prompts per optimizer step (multiplied by rollout.n internally, as in verl)."""
     ppo_micro_batch_size: Optional[int] = None
@@ -173,7 +174,8 @@ class ActorConfig:
     use_kl_loss: bool = False
     """Add KL(actor || reference) to the loss (GRPO style) instead of to the reward."""
     use_torch_compile: bool = False
-    """torch.compile the log-prob/entropy computation."""
+    """torch.compile the log-prob/entropy math from the logits (verl defaults to true; off here: on CPU
+    the compile time outweighs the gain, see docs/trainer.md)."""
     kl_loss_coef: float = 0.001
     """Weight of the KL loss."""
     kl_loss_type: str = "low_var_kl"
@@ -194,11 +196,11 @@ class ActorConfig:
     grad_clip: float = 1.0
     """Clip the global gradient norm to this value (<= 0 disables)."""
     ulysses_sequence_parallel_size: int = 1
-    """Sequence parallelism degree; only 1 is supported."""
+    """Compatibility-only (compat.py); in verl: sequence parallelism degree; only 1 is supported."""
     entropy_from_logits_with_chunking: bool = False
-    """Compute entropy in chunks (always done; accepted for verl compatibility)."""
+    """Compatibility-only, no effect (see compat.py)."""
     entropy_checkpointing: bool = False
-    """Recompute entropy in backward to save memory."""
+    """Recompute the entropy's softmax in backward instead of keeping a ``[B, T, V]`` tensor (saves memory)."""
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     """FSDP2 settings."""
 
@@ -208,7 +210,7 @@ class RefConfig:
     """The frozen reference policy (verl's ``actor_rollout_ref.ref.*``)."""
 
     strategy: str = II("actor_rollout_ref.actor.strategy")
-    """Backend; follows the actor."""
+    """Compatibility-only (compat.py); in verl: backend; follows the actor."""
     use_torch_compile: bool = II("actor_rollout_ref.actor.use_torch_compile")
     """torch.compile the log-prob computation."""
     log_prob_micro_batch_size: Optional[int] = None
@@ -222,7 +224,7 @@ class RefConfig:
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     """FSDP2 settings of the reference."""
     ulysses_sequence_parallel_size: int = 1
-    """Only 1 is supported."""
+    """Compatibility-only (compat.py); in verl: only 1 is supported."""
 
 
 @dataclass
@@ -248,7 +250,7 @@ class RolloutConfig:
     name: str = "native"
     """Engine: ``native`` (built-in PyTorch engine, CPU/GPU), ``hf`` (model.generate) or ``vllm``."""
     mode: str = "sync"
-    """Accepted for verl compatibility; generation is synchronous."""
+    """Compatibility-only, no effect (see compat.py)."""
     temperature: float = 1.0
     """Sampling temperature of training rollouts."""
     top_k: int = -1
@@ -256,31 +258,31 @@ class RolloutConfig:
     top_p: float = 1.0
     """Nucleus sampling mass."""
     prompt_length: int = II("data.max_prompt_length")
-    """Prompt length limit; follows data.max_prompt_length."""
+    """Compatibility-only (compat.py); in verl: prompt length limit; follows data.max_prompt_length."""
     response_length: int = II("data.max_response_length")
     """Generated tokens limit; follows data.max_response_length."""
     dtype: str = "bfloat16"
-    """Engine dtype on GPU (fp32 is always used on CPU)."""
+    """Compatibility-only (compat.py); in verl: engine dtype on GPU (fp32 is always used on CPU)."""
     gpu_memory_utilization: float = 0.5
-    """Fraction of GPU memory the engine may use for weights + KV cache."""
+    """Compatibility-only (compat.py); in verl: fraction of GPU memory the engine may use for weights + KV cache."""
     ignore_eos: bool = False
-    """Keep generating after EOS (benchmarking only)."""
+    """Compatibility-only (compat.py); in verl: keep generating after EOS (benchmarking only)."""
     enforce_eager: bool = True
-    """vllm: disable CUDA graphs."""
+    """Compatibility-only (compat.py); in verl: vllm: disable CUDA graphs."""
     free_cache_engine: bool = True
-    """Release the KV cache between rollouts (hybrid engine memory sharing)."""
+    """Compatibility-only (compat.py); in verl: release the KV cache between rollouts (hybrid engine memory sharing)."""
     load_format: str = "dummy_dtensor"
-    """Accepted for verl compatibility: weights always come from the actor in memory."""
+    """Compatibility-only, no effect (see compat.py)."""
     layered_summon: bool = False
-    """Accepted for verl compatibility; no effect."""
+    """Compatibility-only, no effect (see compat.py)."""
     tensor_model_parallel_size: int = 1
-    """vllm tensor parallel degree (the native engine is single-device)."""
+    """Compatibility-only (compat.py); in verl: vllm tensor parallel degree (the native engine is single-device)."""
     max_num_batched_tokens: int = 8192
-    """Engine token budget per forward (prefill chunking)."""
+    """Compatibility-only (compat.py); in verl: engine token budget per forward (prefill chunking)."""
     max_model_len: Optional[int] = None
-    """Context limit of the engine; null = prompt_length + response_length."""
+    """Compatibility-only (compat.py); in verl: context limit of the engine; null = prompt_length + response_length."""
     max_num_seqs: int = 1024
-    """Most sequences decoded at once (KV-cache slots)."""
+    """Compatibility-only (compat.py); in verl: most sequences decoded at once (KV-cache slots)."""
     log_prob_micro_batch_size: Optional[int] = None
     """Deprecated; use log_prob_micro_batch_size_per_gpu."""
     log_prob_micro_batch_size_per_gpu: Optional[int] = None
@@ -290,9 +292,9 @@ class RolloutConfig:
     log_prob_max_token_len_per_gpu: int = II("actor_rollout_ref.actor.ppo_max_token_len_per_gpu")
     """Token budget when log_prob_use_dynamic_bsz."""
     disable_log_stats: bool = True
-    """vllm: silence its statistics."""
+    """Compatibility-only (compat.py); in verl: vllm: silence its statistics."""
     enable_chunked_prefill: bool = True
-    """vllm: chunked prefill."""
+    """Compatibility-only (compat.py); in verl: vllm: chunked prefill."""
     do_sample: bool = True
     """False makes training rollouts greedy."""
     n: int = 1
@@ -304,9 +306,9 @@ class RolloutConfig:
     val_kwargs: SamplingConfig = field(default_factory=SamplingConfig)
     """Sampling used for validation."""
     calculate_log_probs: bool = False
-    """Record the engine's log-probs (for the rollout/training mismatch metric); the native engine always does."""
+    """Compatibility-only (compat.py); in verl: record the engine's log-probs (for the rollout/training mismatch metric); the native engine always does."""
     update_weights_bucket_megabytes: int = 512
-    """Size of the buckets weights are synced in."""
+    """Compatibility-only (compat.py); in verl: size of the buckets weights are synced in."""
 
 
 @dataclass
@@ -314,7 +316,7 @@ class ActorRolloutRefConfig:
     """Actor, rollout and reference: colocated in one worker group by default (the hybrid engine)."""
 
     hybrid_engine: bool = True
-    """Colocate actor, rollout and reference in the same workers; weights resharded in memory."""
+    """Compatibility-only (compat.py); in verl: colocate actor, rollout and reference in the same workers; weights resharded in memory."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """The policy model."""
     actor: ActorConfig = field(default_factory=ActorConfig)
@@ -324,7 +326,7 @@ class ActorRolloutRefConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     """Generation."""
     nccl_timeout: int = 600
-    """Collective time-out in seconds."""
+    """Compatibility-only (compat.py); in verl: collective time-out in seconds."""
 
 
 # --------------------------------------------------------------------------- critic
@@ -345,19 +347,19 @@ class CriticModelConfig:
     enable_gradient_checkpointing: bool = False
     """Recompute activations in backward."""
     enable_activation_offload: bool = False
-    """Accepted for verl compatibility; no effect."""
+    """Compatibility-only, no effect (see compat.py)."""
     use_remove_padding: bool = False
-    """Accepted for verl compatibility; no effect."""
+    """Compatibility-only, no effect (see compat.py)."""
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     """FSDP2 settings."""
     lora_rank: int = 0
-    """LoRA rank of the critic; 0 = full."""
+    """Compatibility-only (compat.py); in verl: LoRA rank of the critic; 0 = full."""
     lora_alpha: int = 16
-    """LoRA alpha."""
+    """Compatibility-only (compat.py); in verl: LoRA alpha of the critic."""
     target_modules: Any = "all-linear"
-    """LoRA target modules."""
+    """Compatibility-only (compat.py); in verl: LoRA target modules of the critic."""
     use_shm: bool = False
-    """Accepted for verl compatibility; no effect."""
+    """Compatibility-only, no effect (see compat.py)."""
 
 
 @dataclass
@@ -369,7 +371,7 @@ class CriticConfig:
     rollout_n: int = II("actor_rollout_ref.rollout.n")
     """Follows rollout.n."""
     strategy: str = "fsdp"
-    """Training backend."""
+    """Compatibility-only (compat.py); in verl: training backend."""
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5, min_lr_ratio=None))
     """Optimizer of the value model."""
     model: CriticModelConfig = field(default_factory=CriticModelConfig)
@@ -401,7 +403,7 @@ class CriticConfig:
     grad_clip: float = 1.0
     """Global gradient-norm clip."""
     ulysses_sequence_parallel_size: int = 1
-    """Only 1 is supported."""
+    """Compatibility-only (compat.py); in verl: only 1 is supported."""
     checkpoint: CheckpointContentsConfig = field(default_factory=CheckpointContentsConfig)
     """What critic checkpoints hold."""
 
@@ -412,7 +414,7 @@ class RewardModelModelConfig:
     """A sequence-classification reward model."""
 
     input_tokenizer: Optional[str] = II("actor_rollout_ref.model.path")
-    """Tokenizer of the policy (responses are decoded with it and re-templated for the RM)."""
+    """Compatibility-only (compat.py); in verl: tokenizer of the policy (responses are decoded with it and re-templated for the RM)."""
     path: Optional[str] = None
     """Reward model folder or hub id."""
     external_lib: Optional[str] = None
@@ -420,7 +422,7 @@ class RewardModelModelConfig:
     trust_remote_code: bool = False
     """Allow models with custom code."""
     use_remove_padding: bool = False
-    """Accepted for verl compatibility; no effect."""
+    """Compatibility-only, no effect (see compat.py)."""
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     """FSDP2 settings."""
 
@@ -430,13 +432,13 @@ class SandboxConfig:
     """Code-execution rewards."""
 
     url: Optional[str] = None
-    """A remote sandbox service; null runs code in a local sandboxed subprocess."""
+    """Compatibility-only (compat.py); in verl: a remote sandbox service; null runs code in a local sandboxed subprocess."""
     max_concurrent: int = 64
-    """Programs run at once."""
+    """Compatibility-only (compat.py); in verl: programs run at once."""
     memory_limit_mb: int = 1024
-    """Address-space limit of one program."""
+    """Compatibility-only (compat.py); in verl: address-space limit of one program."""
     timeout_s: float = 10.0
-    """Wall-clock limit of one program."""
+    """Compatibility-only (compat.py); in verl: wall-clock limit of one program."""
 
 
 @dataclass
@@ -450,7 +452,7 @@ class OverlongBufferConfig:
     penalty_factor: float = 1.0
     """Penalty at the maximum length."""
     log: bool = False
-    """Log the penalty as a metric."""
+    """Compatibility-only (compat.py); in verl: log the penalty as a metric."""
 
 
 @dataclass
@@ -460,7 +462,7 @@ class RewardModelConfig:
     enable: bool = False
     """Score with a reward model (in addition to / instead of rule-based scoring)."""
     strategy: str = "fsdp"
-    """Backend of the reward model."""
+    """Compatibility-only (compat.py); in verl: backend of the reward model."""
     model: RewardModelModelConfig = field(default_factory=RewardModelModelConfig)
     """The reward model."""
     micro_batch_size: Optional[int] = None
@@ -470,9 +472,9 @@ class RewardModelConfig:
     max_length: Optional[int] = None
     """Truncate re-templated inputs of the reward model to this length."""
     use_dynamic_bsz: bool = II("critic.use_dynamic_bsz")
-    """Token-budget micro-batches."""
+    """Compatibility-only (compat.py); in verl: token-budget micro-batches."""
     forward_max_token_len_per_gpu: int = II("critic.forward_max_token_len_per_gpu")
-    """Token budget when use_dynamic_bsz."""
+    """Compatibility-only (compat.py); in verl: token budget when use_dynamic_bsz."""
     reward_manager: str = "naive"
     """How rule-based scores are computed: ``naive`` (sequential), ``parallel`` (process pool), ``dapo`` (with overlong penalty)."""
     num_workers: int = 2
@@ -483,7 +485,7 @@ class RewardModelConfig:
     failure_score: float = 0.0
     """Score of a sample whose scorer raised, hung or returned NaN/inf."""
     launch_reward_fn_async: bool = False
-    """Accepted for verl compatibility; scoring runs synchronously."""
+    """Compatibility-only, no effect (see compat.py)."""
     sandbox_fusion: SandboxConfig = field(default_factory=SandboxConfig)
     """Code execution settings."""
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
@@ -491,7 +493,7 @@ class RewardModelConfig:
     reward_kwargs: Dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments passed to the reward function."""
     ulysses_sequence_parallel_size: int = 1
-    """Only 1 is supported."""
+    """Compatibility-only (compat.py); in verl: only 1 is supported."""
 
 
 @dataclass
@@ -595,9 +597,9 @@ class TrainerConfig:
     critic_warmup: int = 0
     """Steps during which only the critic is updated."""
     default_hdfs_dir: Optional[str] = None
-    """Accepted for verl compatibility; no effect."""
+    """Compatibility-only, no effect (see compat.py)."""
     del_local_ckpt_after_load: bool = False
-    """Delete the local checkpoint after loading it."""
+    """Compatibility-only (compat.py); in verl: delete the local checkpoint after loading it."""
     default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
     """Checkpoint root: global_step_N/{actor,critic} and latest_checkpointed_iteration.txt."""
     max_actor_ckpt_to_keep: Optional[int] = None
@@ -623,7 +625,7 @@ class RayInitConfig:
     address: Optional[str] = None
     """An existing cluster's address (``auto`` or host:port); null starts a local one (RAY_ADDRESS also works)."""
     timeline_json_file: Optional[str] = None
-    """Write a Ray timeline here at the end."""
+    """Compatibility-only (compat.py); in verl: write a Ray timeline here at the end."""
 
 
 @dataclass

@@ -6,20 +6,34 @@ which keeps the memory and the head's FLOPs at ``[B, T, V]`` instead of ``[B, L,
 
 from __future__ import annotations
 
+import functools
+
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from hybridflow.algos import entropy_from_logits, logprobs_from_logits
 
 
+@functools.cache
+def _compiled(fn):
+    """``fn`` through torch.compile (dynamic shapes: response lengths change every step), compiled once."""
+    return torch.compile(fn, dynamic=True)
+
+
 def compute_log_probs(model, *, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                       position_ids: torch.Tensor | None, response_length: int, temperature: float = 1.0,
-                      calculate_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                      calculate_entropy: bool = False, entropy_checkpointing: bool = False,
+                      use_torch_compile: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log p(response token t | prefix) ``[B, T]`` and optionally the entropy ``[B, T]``.
 
     Args:
         input_ids / attention_mask / position_ids: ``[B, L]`` = left-padded prompt ++ response.
         response_length: ``T``, the last T columns are the response.
         temperature: logits are divided by it first (log-probs of the sampling distribution).
+        entropy_checkpointing: with gradients on, keep no ``[B, T, V]`` softmax for the entropy's
+            backward; recompute it there (verl's ``actor.entropy_checkpointing``).
+        use_torch_compile: run the log-prob and entropy math from the logits through torch.compile
+            (verl's ``use_torch_compile``: the model forward itself stays eager).
     """
     # Position L-T-1 predicts the first response token, L-2 the last one: only those T
     # positions go through the LM head (logits_to_keep), saving [B, L-T, V] of work.
@@ -29,6 +43,12 @@ def compute_log_probs(model, *, input_ids: torch.Tensor, attention_mask: torch.T
     if temperature != 1.0:
         logits = logits / temperature
     labels = input_ids[:, -response_length:]
-    log_probs = logprobs_from_logits(logits=logits, labels=labels)
-    entropy = entropy_from_logits(logits=logits) if calculate_entropy else None
+    logprob_fn = _compiled(logprobs_from_logits) if use_torch_compile else logprobs_from_logits
+    entropy_fn = _compiled(entropy_from_logits) if use_torch_compile else entropy_from_logits
+    log_probs = logprob_fn(logits=logits, labels=labels)
+    entropy = None
+    if calculate_entropy and entropy_checkpointing and torch.is_grad_enabled():
+        entropy = checkpoint(entropy_fn, logits=logits, use_reentrant=False)
+    elif calculate_entropy:
+        entropy = entropy_fn(logits=logits)
     return log_probs, entropy

@@ -28,7 +28,7 @@ import json
 import logging
 import math
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from tqdm import tqdm
@@ -54,6 +54,18 @@ class TrackingBackend(Protocol):
     def log(self, metrics: Mapping[str, float], step: int) -> None: ...
 
     def finish(self) -> None: ...
+
+    # Optional: ``log_generations(samples, step)`` with samples [(input, output, score), ...]
+    # (``trainer.log_val_generations``); backends without it skip the samples.
+
+
+Generations = Sequence[tuple[str, str, float]]
+GENERATION_COLUMNS = ("step", "input", "output", "score")
+
+
+def generation_rows(samples: Generations, step: int) -> list[list[Any]]:
+    """One row per sample, columns ``GENERATION_COLUMNS``."""
+    return [[step, text_in, text_out, float(score)] for text_in, text_out, score in samples]
 
 
 BackendFactory = Callable[..., TrackingBackend]
@@ -134,6 +146,12 @@ class JsonlBackend:
         self._file.write(json.dumps({"step": step, **metrics}) + "\n")
         self._file.flush()  # a crash after this step must not lose its line
 
+    def log_generations(self, samples: Generations, step: int) -> None:
+        """Append the samples to ``{local_dir}/val_generations.jsonl``, one line per sample."""
+        with open(os.path.join(os.path.dirname(self.path), "val_generations.jsonl"), "a", encoding="utf-8") as fh:
+            for row in generation_rows(samples, step):
+                fh.write(json.dumps(dict(zip(GENERATION_COLUMNS, row)), ensure_ascii=False) + "\n")
+
     def finish(self) -> None:
         self._file.close()
 
@@ -150,6 +168,12 @@ class TensorboardBackend:
     def log(self, metrics: Mapping[str, float], step: int) -> None:
         for key, value in metrics.items():
             self._writer.add_scalar(key, value, global_step=step)
+        self._writer.flush()
+
+    def log_generations(self, samples: Generations, step: int) -> None:
+        """One markdown text entry ``val/generations`` per validation."""
+        lines = [f"**input:** {i}\n\n**output:** {o}\n\n**score:** {s}" for i, o, s in samples]
+        self._writer.add_text("val/generations", "\n\n---\n\n".join(lines), global_step=step)
         self._writer.flush()
 
     def finish(self) -> None:
@@ -174,6 +198,13 @@ class WandbBackend:
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
         self._run.log(dict(metrics), step=step)
+
+    def log_generations(self, samples: Generations, step: int) -> None:
+        """A ``val/generations`` table (step, input, output, score); rows of earlier steps are kept."""
+        import wandb
+
+        self._rows = getattr(self, "_rows", []) + generation_rows(samples, step)
+        self._run.log({"val/generations": wandb.Table(columns=list(GENERATION_COLUMNS), data=self._rows)}, step=step)
 
     def finish(self) -> None:
         self._run.finish()
@@ -201,6 +232,11 @@ class MlflowBackend:
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
         self._mlflow.log_metrics({mlflow_metric_name(k): v for k, v in metrics.items()}, step=step)
+
+    def log_generations(self, samples: Generations, step: int) -> None:
+        """A ``val_generations/step_{N}.json`` artifact with the samples."""
+        rows = [dict(zip(GENERATION_COLUMNS, row)) for row in generation_rows(samples, step)]
+        self._mlflow.log_dict(rows, f"val_generations/step_{step}.json")
 
     def finish(self) -> None:
         self._mlflow.end_run()
@@ -246,6 +282,12 @@ class Tracking:
             self._progress.update(step - self._progress.n)
             if "critic/score/mean" in values and not math.isnan(values["critic/score/mean"]):
                 self._progress.set_postfix(score=f"{values['critic/score/mean']:.3f}", refresh=False)
+
+    def log_generations(self, samples: Generations, step: int) -> None:
+        """Validation samples (input, output, score) to every backend that keeps text."""
+        for backend in self._backends:
+            if hasattr(backend, "log_generations"):
+                backend.log_generations(samples, step)
 
     @contextlib.contextmanager
     def progress(self, total_steps: int, initial_step: int = 0) -> Iterator[tqdm]:

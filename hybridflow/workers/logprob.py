@@ -13,8 +13,10 @@ from hybridflow.models import compute_log_probs
 from hybridflow.workers.micro_batches import micro_batches, trim_padding
 
 
-def micro_batch_log_probs(model, micro: Batch, *, temperature: float, calculate_entropy: bool):
-    """(log_probs [b, T], entropy [b, T] or None) of one micro-batch, all-pad columns trimmed."""
+def micro_batch_log_probs(model, micro: Batch, *, temperature: float, calculate_entropy: bool,
+                          entropy_checkpointing: bool = False, use_torch_compile: bool = False):
+    """(log_probs [b, T], entropy [b, T] or None) of one micro-batch, all-pad columns trimmed
+    (the two switches: see ``hybridflow.models.compute_log_probs``)."""
     response_length = micro["responses"].shape[1]
     cols, resp_len = trim_padding(micro, response_length=response_length)
     log_probs, entropy = compute_log_probs(
@@ -25,6 +27,8 @@ def micro_batch_log_probs(model, micro: Batch, *, temperature: float, calculate_
         response_length=resp_len,
         temperature=temperature,
         calculate_entropy=calculate_entropy,
+        entropy_checkpointing=entropy_checkpointing,
+        use_torch_compile=use_torch_compile,
     )
     return _pad_right(log_probs, response_length), (_pad_right(entropy, response_length) if entropy is not None else None)
 
@@ -38,7 +42,8 @@ def _pad_right(values: torch.Tensor, length: int) -> torch.Tensor:
 @torch.no_grad()
 def batch_log_probs(model, batch: Batch, *, temperature: float, micro_batch_size: int | None,
                     use_dynamic_bsz: bool = False, max_token_len: int | None = None,
-                    calculate_entropy: bool = False, dp=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                    calculate_entropy: bool = False, dp=None,
+                    use_torch_compile: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs ``[B, T]`` (and entropy ``[B, T]``) of ``batch["responses"]``; no gradients.
 
     Micro-batches (fixed or token-budget) are consecutive rows, so results are in batch order.
@@ -47,8 +52,8 @@ def batch_log_probs(model, batch: Batch, *, temperature: float, micro_batch_size
     model.eval()
     pieces = micro_batches(batch, micro_batch_size=micro_batch_size, use_dynamic_bsz=use_dynamic_bsz,
                            max_token_len=max_token_len, dp=dp)
-    outs = [micro_batch_log_probs(model, m, temperature=temperature, calculate_entropy=calculate_entropy)
-            for m in pieces]
+    outs = [micro_batch_log_probs(model, m, temperature=temperature, calculate_entropy=calculate_entropy,
+                                  use_torch_compile=use_torch_compile) for m in pieces]
     model.train(was_training)
     log_probs = torch.cat([o[0] for o in outs])
     entropy = torch.cat([o[1] for o in outs]) if calculate_entropy else None
