@@ -571,7 +571,7 @@ class TrainerConfig:
     experiment_name: str = "run"
     """Tracker run name."""
     logger: Any = field(default_factory=lambda: ["console"])
-    """Trackers: any of console, file, tensorboard, wandb, mlflow."""
+    """Trackers: any of console, file, tensorboard, wandb, swanlab, mlflow."""
     log_val_generations: int = 0
     """Validation samples (prompt, response, score) to log as text."""
     rollout_data_dir: Optional[str] = None

@@ -138,7 +138,7 @@ class SFTTrainerConfig:
     total_training_steps: Optional[int] = None
     """Stop after this many steps."""
     logger: Any = field(default_factory=lambda: ["console"])
-    """Trackers: console, file, tensorboard, wandb, mlflow."""
+    """Trackers: console, file, tensorboard, wandb, swanlab, mlflow."""
     seed: int = 1
     """Global seed."""
     save_freq: int = -1

@@ -2,7 +2,7 @@
 
 Backends are chosen by name (``trainer.logger=['console','file']``, verl's names) from a
 registry; each is a small class with ``log(metrics, step)`` and ``finish()``. Optional
-packages (wandb, mlflow) are imported only when their backend is asked for.
+packages (wandb, swanlab, mlflow) are imported only when their backend is asked for.
 
 Where each backend writes (``local_dir`` is the run's log directory):
 
@@ -14,6 +14,9 @@ Where each backend writes (``local_dir`` is the run's log directory):
 - ``wandb``: run files under ``{local_dir}/wandb``. The mode is ``$WANDB_MODE`` when set;
   otherwise ``online`` if ``$WANDB_API_KEY`` is set and ``offline`` if not, so a laptop
   without an account or network still records the run (``wandb sync`` uploads it later).
+- ``swanlab``: run files under ``{local_dir}/swanlog``. The mode is ``$SWANLAB_MODE`` when set;
+  otherwise ``cloud`` if ``$SWANLAB_API_KEY`` is set and ``offline`` if not (``swanlab sync``
+  uploads an offline run later).
 - ``mlflow``: ``$MLFLOW_TRACKING_URI`` when set, else the local file store
   ``file:{local_dir}/mlruns`` (``MLFLOW_ALLOW_FILE_STORE=true`` is set for it, since
   MLflow 3 otherwise refuses the file store; point ``MLFLOW_TRACKING_URI`` at
@@ -210,6 +213,34 @@ class WandbBackend:
         self._run.finish()
 
 
+def swanlab_mode(environ: Mapping[str, str]) -> str:
+    """``$SWANLAB_MODE`` if set; else cloud with an API key, offline without (no network needed)."""
+    if environ.get("SWANLAB_MODE"):
+        return environ["SWANLAB_MODE"]
+    return "cloud" if environ.get("SWANLAB_API_KEY") else "offline"
+
+
+@register_backend("swanlab")
+class SwanlabBackend:
+    def __init__(self, *, project_name: str, experiment_name: str, config: Mapping[str, Any], local_dir: str):
+        self._swanlab = _import_optional("swanlab")
+        logdir = os.path.join(local_dir, "swanlog")
+        os.makedirs(logdir, exist_ok=True)
+        self._run = self._swanlab.init(project=project_name, experiment_name=experiment_name, config=dict(config),
+                                       logdir=logdir, mode=swanlab_mode(os.environ))
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        self._swanlab.log(dict(metrics), step=step)
+
+    def log_generations(self, samples: Generations, step: int) -> None:
+        """One ``val/generations`` text per sample (input, output and score in its caption)."""
+        texts = [self._swanlab.Text(f"input: {i}\n\noutput: {o}", caption=f"score {s:.4g}") for i, o, s in samples]
+        self._swanlab.log({"val/generations": texts}, step=step)
+
+    def finish(self) -> None:
+        self._swanlab.finish()
+
+
 def mlflow_metric_name(name: str) -> str:
     """MLflow rejects ``@`` in metric names (``val-core/x/reward/mean@4``); spell it ``_at_`` as verl does."""
     return name.replace("@", "_at_")
@@ -284,7 +315,8 @@ class Tracking:
                 self._progress.set_postfix(score=f"{values['critic/score/mean']:.3f}", refresh=False)
 
     def log_generations(self, samples: Generations, step: int) -> None:
-        """Validation samples (input, output, score) to every backend that keeps text."""
+        """Validation samples (input, output, score) to every backend that keeps text: file, tensorboard,
+        wandb, swanlab, mlflow (the console prints none)."""
         for backend in self._backends:
             if hasattr(backend, "log_generations"):
                 backend.log_generations(samples, step)
