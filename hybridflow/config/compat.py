@@ -18,7 +18,6 @@ logger = logging.getLogger(__name__)
 
 _FSDP2_ONLY = "hybridflow trains with FSDP2 (fully_shard) only; fsdp and fsdp2 both select it"
 _NO_SP = "sequence parallelism is not implemented; values other than 1 are rejected"
-_NO_RMPAD = "log-probs are computed on the trimmed response slice; there is no separate remove-padding path"
 _NO_SHM = "models are read from the local filesystem; there is no shared-memory copy"
 _WRAP = "every decoder layer is one FSDP2 unit; there is no size-based wrap policy"
 _PREFETCH = "FSDP2 prefetches the next unit itself; there is no forward-prefetch switch"
@@ -42,12 +41,10 @@ COMPAT_ONLY: dict[str, str] = {
     "actor_rollout_ref.hybrid_engine": "actor, rollout and reference are always colocated (the hybrid engine)",
     "actor_rollout_ref.nccl_timeout": "collectives use torch.distributed's default time-out",
     "actor_rollout_ref.model.enable_activation_offload": "activations stay on the device; use gradient checkpointing",
-    "actor_rollout_ref.model.use_remove_padding": _NO_RMPAD,
     "actor_rollout_ref.model.use_liger": "Liger kernels are not used; the HF model's own layers run",
     "actor_rollout_ref.model.use_fused_kernels": "no fused log-prob kernel; log-probs come from the logits",
     "model.use_liger": "Liger kernels are not used; the HF model's own layers run",
     "model.strategy": _FSDP2_ONLY,
-    "use_remove_padding": "use data.use_packing for padding-free SFT",
     "ulysses_sequence_parallel_size": _NO_SP,
     # actor / reference
     "actor_rollout_ref.actor.strategy": _FSDP2_ONLY,
@@ -80,7 +77,6 @@ COMPAT_ONLY: dict[str, str] = {
     "critic.strategy": _FSDP2_ONLY,
     "critic.ulysses_sequence_parallel_size": _NO_SP,
     "critic.model.enable_activation_offload": "activations stay on the device; use gradient checkpointing",
-    "critic.model.use_remove_padding": _NO_RMPAD,
     "critic.model.use_shm": _NO_SHM,
     "critic.checkpoint.async_save": _ASYNC_SAVE,
     "critic.model.lora_rank": "the critic always trains in full; LoRA applies to the actor (actor_rollout_ref.model.lora_rank)",
@@ -91,7 +87,7 @@ COMPAT_ONLY: dict[str, str] = {
     "reward_model.strategy": _FSDP2_ONLY,
     "reward_model.ulysses_sequence_parallel_size": _NO_SP,
     "reward_model.model.input_tokenizer": "responses are always decoded with the policy's tokenizer",
-    "reward_model.model.use_remove_padding": _NO_RMPAD,
+    "reward_model.model.use_remove_padding": "the reward model scores padded batches (packing is for actor, reference, critic)",
     "reward_model.use_dynamic_bsz": "the reward model runs fixed-size micro-batches (micro_batch_size_per_gpu)",
     "reward_model.forward_max_token_len_per_gpu": "the reward model runs fixed-size micro-batches (micro_batch_size_per_gpu)",
     "reward_model.launch_reward_fn_async": "scoring runs synchronously after generation",

@@ -174,6 +174,6 @@ class SFTConfig:
     ulysses_sequence_parallel_size: int = 1
     """Compatibility-only (compat.py); in verl: only 1 is supported."""
     use_remove_padding: bool = False
-    """Compatibility-only, no effect (see compat.py)."""
+    """verl's padding-free switch: the same as data.use_packing (micro-batches as one packed row)."""
     trainer: SFTTrainerConfig = field(default_factory=SFTTrainerConfig)
     """Loop, logging, checkpoints."""

@@ -50,6 +50,14 @@ def policy_tokenizer(cfg):
                           trust_remote_code=model.trust_remote_code or cfg.data.trust_remote_code)
 
 
+def model_layout(model_cfg) -> str:
+    """The forward layout a model section's ``use_remove_padding`` / ``use_shared_prompt`` select."""
+    from hybridflow.workers.logprob import forward_layout
+
+    return forward_layout(use_remove_padding=model_cfg.use_remove_padding,
+                          use_shared_prompt=model_cfg.use_shared_prompt)
+
+
 def build_hybrid_engine(dp: DataParallel, *, cfg, total_steps: int, with_rollout: bool = True,
                         with_reference: bool | None = None):
     """Actor (FSDP2-sharded), rollout engine (full weights) and reference of one rank, from a PPOConfig."""
@@ -92,7 +100,8 @@ def build_hybrid_engine(dp: DataParallel, *, cfg, total_steps: int, with_rollout
     state = train_state_from_config(model, arr.actor.optim, grad_clip=arr.actor.grad_clip, total_steps=total_steps,
                                     offload_optimizer=arr.actor.fsdp_config.optimizer_offload)
     actor = ActorWorker(state=state, cfg=arr.actor, rollout_n=arr.rollout.n, max_response_length=cfg.data.max_response_length,
-                        log_prob=log_prob_batching(arr.rollout, dp), dp=dp, seed=cfg.trainer.seed)
+                        log_prob=log_prob_batching(arr.rollout, dp), dp=dp, seed=cfg.trainer.seed,
+                        layout=model_layout(arr.model))
     checkpoint = FSDPModelComponent(model, state.optimizer, state.scheduler, tokenizer=tokenizer,
                                     save_contents=arr.actor.checkpoint.save_contents,
                                     load_contents=arr.actor.checkpoint.load_contents)
@@ -121,7 +130,8 @@ def _reference_worker(*, actor_model, ref_model, arr, dp: DataParallel, device: 
 
     batching = log_prob_batching(arr.ref, dp)
     kwargs = dict(micro_batch_size=batching.micro_batch_size, use_dynamic_bsz=batching.use_dynamic_bsz,
-                  max_token_len=batching.max_token_len, dp=dp, use_torch_compile=arr.ref.use_torch_compile)
+                  max_token_len=batching.max_token_len, dp=dp, layout=model_layout(arr.model),
+                  use_torch_compile=arr.ref.use_torch_compile)
     if ref_model is None:
         return ReferenceWorker(model=actor_model, adapter_off=functools.partial(disable_adapter, actor_model), **kwargs)
     ref_model = shard_for_group(ref_model, dp=dp, fsdp_cfg=arr.ref.fsdp_config, device=device,
@@ -157,7 +167,8 @@ def build_critic_worker(dp: DataParallel, *, cfg, total_steps: int):
     model = shard_for_group(model, dp=dp, fsdp_cfg=fsdp_cfg, device=device, precision=training_precision(fsdp_cfg))
     state = train_state_from_config(model, critic_cfg.optim, grad_clip=critic_cfg.grad_clip, total_steps=total_steps,
                                     offload_optimizer=fsdp_cfg.optimizer_offload)
-    critic = CriticWorker(state=state, cfg=critic_cfg, rollout_n=critic_cfg.rollout_n, dp=dp, seed=cfg.trainer.seed)
+    critic = CriticWorker(state=state, cfg=critic_cfg, rollout_n=critic_cfg.rollout_n, dp=dp, seed=cfg.trainer.seed,
+                          layout=model_layout(critic_cfg.model))
     tokenizer = load_tokenizer(critic_cfg.model.tokenizer_path or critic_cfg.model.path,
                                trust_remote_code=critic_cfg.model.trust_remote_code)
     checkpoint = FSDPModelComponent(model, state.optimizer, state.scheduler, tokenizer=tokenizer,

@@ -64,3 +64,83 @@ def block_causal_mask(cu_seqlens: torch.Tensor) -> torch.Tensor:
     total = segment.numel()
     causal = torch.ones(total, total, dtype=torch.bool).tril()
     return (causal & (segment[:, None] == segment[None, :]))[None, None]
+
+
+class PackedResponses:
+    """A micro-batch of ``prompt ++ response`` rows packed into one row, for log-probs and values.
+
+    Rows arrive as the PPO batch stores them (``input_ids`` / ``attention_mask`` ``[B, L]``:
+    left-padded prompt ++ right-padded response, the last ``T`` columns the response). Only
+    valid tokens are kept. With ``share_prompt`` the rows whose prompt tokens are identical
+    (the ``n`` samples of a prompt) form one unit ``prompt, response_1, ..., response_n``;
+    otherwise each row is its own unit ``prompt, response``.
+
+    Attributes (``K`` = valid response tokens of the micro-batch, ``N`` = packed tokens):
+        input_ids, position_ids: ``[1, N]``; positions restart at 0 per unit, and each
+            response continues from its prompt's length.
+        bounds, masks: the units for :class:`hybridflow.models.segment_attention.SegmentLayout`.
+        source: ``[K]`` packed index whose output predicts / values each response token
+            (the token before it: the prompt's last token for the first response token).
+        rows, cols: ``[K]`` where each response token sits in the ``[B, T]`` output.
+        labels: ``[K]`` the response tokens.
+    """
+
+    def __init__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, response_length: int,
+                 share_prompt: bool):
+        prompt_len = input_ids.shape[1] - response_length
+        valid = attention_mask.bool()
+        prompts = [input_ids[b, :prompt_len][valid[b, :prompt_len]] for b in range(len(input_ids))]
+        responses = [input_ids[b, prompt_len:][valid[b, prompt_len:]] for b in range(len(input_ids))]
+        self.shape = (len(input_ids), response_length)
+        ids, pos, source, rows, cols, labels = [], [], [], [], [], []
+        self.bounds: list[tuple[int, int]] = []
+        self.masks: list[torch.Tensor | None] = []
+        offset = 0
+        for members in _units(prompts, share_prompt=share_prompt):
+            prompt = prompts[members[0]]
+            p = prompt.numel()
+            ids.append(prompt)
+            pos.append(torch.arange(p))
+            cursor = offset + p
+            for b in members:
+                r = responses[b].numel()
+                ids.append(responses[b])
+                labels.append(responses[b])
+                pos.append(torch.arange(p, p + r))
+                source.append(torch.cat([torch.tensor([offset + p - 1]), torch.arange(cursor, cursor + r - 1)])[:r])
+                rows.append(torch.full((r,), b))
+                cols.append(torch.arange(r))
+                cursor += r
+            self.bounds.append((offset, cursor))
+            self.masks.append(None if len(members) == 1 else
+                              _shared_prompt_mask(p, [responses[b].numel() for b in members]))
+            offset = cursor
+        self.input_ids = torch.cat(ids)[None].to(input_ids.device)
+        self.position_ids = torch.cat(pos)[None].to(input_ids.device)
+        self.source = torch.cat(source).to(input_ids.device)
+        self.rows, self.cols = torch.cat(rows).to(input_ids.device), torch.cat(cols).to(input_ids.device)
+        self.labels = torch.cat(labels).to(input_ids.device)
+
+    def scatter(self, values: torch.Tensor) -> torch.Tensor:
+        """``[K]`` per-response-token values -> ``[B, T]``, zero where there is no token."""
+        out = values.new_zeros(self.shape)
+        return out.index_put((self.rows, self.cols), values)
+
+
+def _units(prompts: list[torch.Tensor], *, share_prompt: bool) -> list[list[int]]:
+    """Row indices per unit, in order of first appearance; rows with equal prompts share one."""
+    if not share_prompt:
+        return [[b] for b in range(len(prompts))]
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for b, prompt in enumerate(prompts):
+        groups.setdefault(tuple(prompt.tolist()), []).append(b)
+    return list(groups.values())
+
+
+def _shared_prompt_mask(prompt_len: int, response_lens: list[int]) -> torch.Tensor:
+    """``[L, L]`` bool for ``prompt, r_1, ..., r_n``: causal, and a response token sees the prompt
+    and its own response only."""
+    branch = torch.repeat_interleave(torch.arange(len(response_lens) + 1),
+                                     torch.tensor([prompt_len, *response_lens]))
+    causal = torch.ones(branch.numel(), branch.numel(), dtype=torch.bool).tril()
+    return causal & ((branch[None, :] == 0) | (branch[:, None] == branch[None, :]))

@@ -2,7 +2,7 @@
 
 from hybridflow.models.default_model import fetch_default_model
 from hybridflow.models.loader import load_causal_lm, load_config, load_tokenizer, resolve_dtype
-from hybridflow.models.logprob import compute_log_probs
+from hybridflow.models.logprob import compute_log_probs, packed_log_probs
 from hybridflow.models.reward_model import load_reward_model
 from hybridflow.models.tiny import build_tiny_model, build_tiny_tokenizer, save_tiny_model
 from hybridflow.models.value_model import ValueModel, load_value_model
@@ -12,6 +12,7 @@ __all__ = [
     "build_tiny_model",
     "build_tiny_tokenizer",
     "compute_log_probs",
+    "packed_log_probs",
     "fetch_default_model",
     "load_causal_lm",
     "load_config",

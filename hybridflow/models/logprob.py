@@ -12,6 +12,8 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from hybridflow.algos import entropy_from_logits, logprobs_from_logits
+from hybridflow.data.packing import PackedResponses
+from hybridflow.models.segment_attention import SegmentLayout, packed_row_mask, use_segment_attention
 
 
 @functools.cache
@@ -43,6 +45,14 @@ def compute_log_probs(model, *, input_ids: torch.Tensor, attention_mask: torch.T
     if temperature != 1.0:
         logits = logits / temperature
     labels = input_ids[:, -response_length:]
+    return _from_logits(logits, labels, calculate_entropy=calculate_entropy,
+                        entropy_checkpointing=entropy_checkpointing, use_torch_compile=use_torch_compile)
+
+
+def _from_logits(logits: torch.Tensor, labels: torch.Tensor, *, calculate_entropy: bool,
+                 entropy_checkpointing: bool, use_torch_compile: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs of ``labels`` and optionally the entropy from ``logits [..., V]`` (the two switches:
+    see :func:`compute_log_probs`)."""
     logprob_fn = _compiled(logprobs_from_logits) if use_torch_compile else logprobs_from_logits
     entropy_fn = _compiled(entropy_from_logits) if use_torch_compile else entropy_from_logits
     log_probs = logprob_fn(logits=logits, labels=labels)
@@ -52,3 +62,30 @@ def compute_log_probs(model, *, input_ids: torch.Tensor, attention_mask: torch.T
     elif calculate_entropy:
         entropy = entropy_fn(logits=logits)
     return log_probs, entropy
+
+
+def packed_log_probs(model, packed: PackedResponses, *, temperature: float = 1.0, calculate_entropy: bool = False,
+                     entropy_checkpointing: bool = False,
+                     use_torch_compile: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`compute_log_probs` over a padding-free (optionally shared-prompt) packed row.
+
+    Same values as the padded forward on every valid response token (zeros elsewhere):
+    ``[B, T]`` log-probs and optionally entropy. Only the ``K`` positions that predict a
+    response token go through the LM head (``logits_to_keep`` as an index tensor).
+    """
+    logits = model(**packed_forward_inputs(model, packed), logits_to_keep=packed.source).logits[0]
+    if temperature != 1.0:
+        logits = logits / temperature
+    log_probs, entropy = _from_logits(logits, packed.labels, calculate_entropy=calculate_entropy,
+                                      entropy_checkpointing=entropy_checkpointing,
+                                      use_torch_compile=use_torch_compile)
+    return packed.scatter(log_probs), packed.scatter(entropy) if entropy is not None else None
+
+
+def packed_forward_inputs(model, packed: PackedResponses) -> dict:
+    """Forward kwargs of a packed row for a model switched to segment attention."""
+    use_segment_attention(model)
+    device = packed.input_ids.device
+    return dict(input_ids=packed.input_ids, position_ids=packed.position_ids,
+                attention_mask=packed_row_mask().to(device), use_cache=False,
+                segment_layout=SegmentLayout(packed.bounds, packed.masks).to(device))

@@ -35,9 +35,11 @@ class ValueModel(nn.Module):
     def config(self):
         return self.backbone.config
 
-    def forward(self, input_ids, attention_mask=None, position_ids=None) -> torch.Tensor:
+    def forward(self, input_ids, attention_mask=None, position_ids=None, **kwargs) -> torch.Tensor:
+        # kwargs reach the attention layers (e.g. the segment layout of a packed row)
+        kwargs["use_cache"] = False
         hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                               use_cache=False).last_hidden_state
+                               **kwargs).last_hidden_state
         return self.value_head(hidden).squeeze(-1).float()
 
     def gradient_checkpointing_enable(self, **kwargs) -> None:

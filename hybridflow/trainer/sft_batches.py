@@ -10,19 +10,22 @@ A micro-batch becomes model inputs in one of two layouts:
 
 * padded: ``collate_sft`` -> ``[B, T]`` with a 2-D attention mask;
 * packed (``data.use_packing``): one row ``[1, N]`` with no padding, position ids
-  restarting at 0 for each sample, and attention kept inside each sample: a
-  block-causal 4-D mask for SDPA / eager attention, or position ids alone for
-  flash-attention's varlen kernels (transformers derives the boundaries from them).
+  restarting at 0 for each sample, and attention kept inside each sample: segment
+  attention (:mod:`hybridflow.models.segment_attention`, one causal SDPA call per
+  sample), or position ids alone for flash-attention's varlen kernels (transformers
+  derives the boundaries from them).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
-from hybridflow.data.packing import block_causal_mask, pack_sequences
+from hybridflow.data.packing import pack_sequences
 from hybridflow.data.sft_dataset import collate_sft
+from hybridflow.models.segment_attention import SegmentLayout, packed_row_mask
 
 Sample = dict[str, torch.Tensor]
 
@@ -48,41 +51,28 @@ def padded_inputs(samples: Sequence[Sample], *, pad_token_id: int) -> dict[str, 
     return collate_sft(samples, pad_token_id=pad_token_id)
 
 
-def _bool_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    return allowed  # SDPA: True = may attend
-
-
-def _additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    # eager attention adds the mask to the scores: 0 where allowed, the most negative number elsewhere
-    return torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
-
-
-def _no_mask(allowed: torch.Tensor, dtype: torch.dtype) -> None:
-    return None  # varlen kernels find the sample boundaries from position_ids
-
-
-# attention implementation -> how it is told about sample boundaries (others: additive)
-PACKED_MASKS = {"sdpa": _bool_mask, "eager": _additive_mask,
-                "flash_attention_2": _no_mask, "flash_attention_3": _no_mask}
-
-
-def packed_inputs(samples: Sequence[Sample], *, attn_implementation: str,
-                  dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor | None]:
-    """All ``samples`` in one row: ``input_ids, position_ids, loss_mask`` ``[1, N]``, ``attention_mask``
-    ``[1, 1, N, N]`` block-causal (bool or additive in ``dtype``, the compute dtype) or None (varlen)."""
+def packed_inputs(samples: Sequence[Sample], *, attn_implementation: str) -> dict[str, Any]:
+    """All ``samples`` in one row: ``input_ids, position_ids, loss_mask`` ``[1, N]``, and how attention
+    is kept inside each sample: for flash-attention's varlen kernels no mask (transformers finds the
+    boundaries from ``position_ids``); for every other implementation a ``segment_layout`` for
+    segment attention (one causal SDPA call per sample, no ``[N, N]`` mask) and a placeholder mask."""
     budget = sum(sample["input_ids"].numel() for sample in samples)
     pack = pack_sequences(samples, max_tokens=budget)[0]
-    inputs = {key: pack[key] for key in ("input_ids", "position_ids", "loss_mask")}
-    to_mask = PACKED_MASKS.get(attn_implementation, _additive_mask)
-    inputs["attention_mask"] = to_mask(block_causal_mask(pack["cu_seqlens"]), dtype)
+    inputs: dict[str, Any] = {key: pack[key] for key in ("input_ids", "position_ids", "loss_mask")}
+    if attn_implementation.startswith("flash_attention"):
+        inputs["attention_mask"] = None
+        return inputs
+    cu = pack["cu_seqlens"].tolist()
+    inputs["attention_mask"] = packed_row_mask()
+    inputs["segment_layout"] = SegmentLayout(bounds=list(zip(cu[:-1], cu[1:])), masks=[None] * (len(cu) - 1))
     return inputs
 
 
 def micro_batch_inputs(samples: Sequence[Sample], *, use_packing: bool, pad_token_id: int,
-                       attn_implementation: str, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+                       attn_implementation: str) -> dict[str, Any]:
     """Model inputs of one micro-batch in the configured layout."""
     if use_packing:
-        return packed_inputs(samples, attn_implementation=attn_implementation, dtype=dtype)
+        return packed_inputs(samples, attn_implementation=attn_implementation)
     return padded_inputs(samples, pad_token_id=pad_token_id)
 
 

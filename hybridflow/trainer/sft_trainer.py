@@ -44,6 +44,7 @@ from hybridflow.errors import ConfigError, run_entry_point
 from hybridflow.models.fsdp import data_parallel_mesh, micro_batch_sync, shard_model
 from hybridflow.models import load_causal_lm, load_tokenizer, resolve_dtype
 from hybridflow.models.lora import apply_lora
+from hybridflow.models.segment_attention import use_segment_attention
 from hybridflow.models.sharded_checkpoint import FSDPModelComponent
 from hybridflow.trainer.checkpoint import find_resume_checkpoint, load_checkpoint, save_checkpoint
 from hybridflow.trainer.sft_batches import count_targets, even_shard, micro_batch_inputs, rank_slice, split_micro
@@ -189,14 +190,17 @@ class SFTTrainer:
 
     # ---- one step ------------------------------------------------------------------
     def _forward(self, micro: list, *, global_num_tokens: float):
-        inputs = micro_batch_inputs(micro, use_packing=self.cfg.data.use_packing,
+        inputs = micro_batch_inputs(micro, use_packing=self.cfg.data.use_packing or self.cfg.use_remove_padding,
                                     pad_token_id=self.tokenizer.pad_token_id,
-                                    attn_implementation=self.model.config._attn_implementation,
-                                    dtype=self.compute_dtype)
+                                    attn_implementation=self.model.config._attn_implementation)
+        extra = {}
+        if "segment_layout" in inputs:  # packed row: attention per sample
+            use_segment_attention(self.model)
+            extra["segment_layout"] = inputs.pop("segment_layout").to(self.device)
         inputs = {key: None if value is None else value.to(self.device) for key, value in inputs.items()}
         with self.autocast:
             logits = self.model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
-                                position_ids=inputs["position_ids"], use_cache=False).logits
+                                position_ids=inputs["position_ids"], use_cache=False, **extra).logits
         return sft_loss(logits=logits, input_ids=inputs["input_ids"], loss_mask=inputs["loss_mask"],
                         global_num_tokens=global_num_tokens)
 

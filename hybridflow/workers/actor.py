@@ -36,8 +36,10 @@ class ActorWorker:
     """Policy model + optimizer + LR schedule, configured by an ``ActorConfig`` section."""
 
     def __init__(self, *, state: TrainState, cfg, rollout_n: int, max_response_length: int,
-                 log_prob: LogProbBatching | None = None, dp: DataParallel = LOCAL, seed: int = 0):
+                 log_prob: LogProbBatching | None = None, dp: DataParallel = LOCAL, seed: int = 0,
+                 layout: str = "padded"):
         self.state = state
+        self.layout = layout
         self.model = state.model
         self.cfg = cfg
         self.rollout_n = rollout_n
@@ -56,7 +58,7 @@ class ActorWorker:
         return batch_log_probs(
             self.model, batch, temperature=temperature, micro_batch_size=self.log_prob.micro_batch_size,
             use_dynamic_bsz=self.log_prob.use_dynamic_bsz, max_token_len=self.log_prob.max_token_len,
-            calculate_entropy=True, dp=self.dp, use_torch_compile=self.cfg.use_torch_compile,
+            calculate_entropy=True, dp=self.dp, layout=self.layout, use_torch_compile=self.cfg.use_torch_compile,
         )
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
@@ -104,7 +106,7 @@ class ActorWorker:
         # Without a recompute pass the entropy metric comes from this forward (detached if unused).
         report_entropy = use_entropy or self.cfg.use_rollout_log_probs
         log_prob, entropy = micro_batch_log_probs(self.model, micro, temperature=temperature,
-                                                  calculate_entropy=report_entropy,
+                                                  calculate_entropy=report_entropy, layout=self.layout,
                                                   entropy_checkpointing=self.cfg.entropy_checkpointing,
                                                   use_torch_compile=self.cfg.use_torch_compile)
         mask = micro["response_mask"]

@@ -14,12 +14,19 @@ from hybridflow.algos import masked_mean, value_loss
 from hybridflow.data.batch import Batch
 from hybridflow.models.fsdp import micro_batch_sync
 from hybridflow.workers.distributed import DataParallel, LOCAL
+from hybridflow.models.logprob import packed_forward_inputs
+from hybridflow.workers.logprob import pack_micro_batch
 from hybridflow.workers.micro_batches import micro_batches, mini_batches, per_rank_micro_batch_size, trim_padding
 from hybridflow.workers.optim import TrainState
 
 
-def _micro_values(model, micro: Batch) -> torch.Tensor:
-    """Values ``[b, T]`` for one micro-batch (all-pad columns trimmed, then padded back)."""
+def _micro_values(model, micro: Batch, *, layout: str = "padded") -> torch.Tensor:
+    """Values ``[b, T]`` for one micro-batch (padded: all-pad columns trimmed, then padded back;
+    packed layouts: read at each response token's predecessor in the packed row)."""
+    if layout != "padded":
+        packed = pack_micro_batch(micro, layout=layout)
+        values = model(**packed_forward_inputs(model, packed))[0, packed.source].float()
+        return packed.scatter(values) * micro["response_mask"]
     response_length = micro["responses"].shape[1]
     cols, resp_len = trim_padding(micro, response_length=response_length)
     values = model(input_ids=micro["input_ids"][:, cols], attention_mask=micro["attention_mask"][:, cols],
@@ -31,8 +38,10 @@ def _micro_values(model, micro: Batch) -> torch.Tensor:
 class CriticWorker:
     """Value model + optimizer + schedule, configured by a ``CriticConfig`` section."""
 
-    def __init__(self, *, state: TrainState, cfg, rollout_n: int, dp: DataParallel = LOCAL, seed: int = 0):
+    def __init__(self, *, state: TrainState, cfg, rollout_n: int, dp: DataParallel = LOCAL, seed: int = 0,
+                 layout: str = "padded"):
         self.state = state
+        self.layout = layout
         self.model = state.model
         self.cfg = cfg
         self.rollout_n = rollout_n
@@ -50,7 +59,7 @@ class CriticWorker:
         pieces = micro_batches(batch, micro_batch_size=self.forward_micro_batch_size,
                                use_dynamic_bsz=self.cfg.use_dynamic_bsz,
                                max_token_len=self.cfg.forward_max_token_len_per_gpu, dp=self.dp)
-        return torch.cat([_micro_values(self.model, m) for m in pieces])
+        return torch.cat([_micro_values(self.model, m, layout=self.layout) for m in pieces])
 
     def update_critic(self, batch: Batch, *, step: int = 0) -> dict[str, float]:
         """Value-loss steps over mini-batches x ppo_epochs (needs values, returns); with ``shuffle``
@@ -74,7 +83,7 @@ class CriticWorker:
                                use_dynamic_bsz=self.cfg.use_dynamic_bsz,
                                max_token_len=self.cfg.ppo_max_token_len_per_gpu, dp=self.dp)
         for index, micro in enumerate(micros):
-            vpreds = _micro_values(self.model, micro)
+            vpreds = _micro_values(self.model, micro, layout=self.layout)
             loss, micro_metrics = value_loss(
                 vpreds=vpreds, values=micro["values"], returns=micro["returns"], response_mask=micro["response_mask"],
                 cliprange_value=self.cfg.cliprange_value, loss_agg_mode=self.cfg.loss_agg_mode,

@@ -9,14 +9,38 @@ from __future__ import annotations
 import torch
 
 from hybridflow.data.batch import Batch
-from hybridflow.models import compute_log_probs
+from hybridflow.data.packing import PackedResponses
+from hybridflow.models import compute_log_probs, packed_log_probs
 from hybridflow.workers.micro_batches import micro_batches, trim_padding
+
+LAYOUTS = ("padded", "packed", "shared_prompt")
+"""How a micro-batch goes through the model: ``padded`` ``[b, L]`` rows (all-pad columns trimmed);
+``packed``: the valid tokens of all rows in one row (``use_remove_padding``); ``shared_prompt``:
+packed, and the rows of one prompt share its tokens (``use_shared_prompt``). Same values on every
+valid response token (see hybridflow.models.segment_attention)."""
+
+
+def forward_layout(*, use_remove_padding: bool, use_shared_prompt: bool = False) -> str:
+    """The layout the model config keys select (shared prompts imply packing)."""
+    if use_shared_prompt:
+        return "shared_prompt"
+    return "packed" if use_remove_padding else "padded"
+
+
+def pack_micro_batch(micro: Batch, *, layout: str) -> PackedResponses:
+    """The packed row of a micro-batch in the ``packed`` or ``shared_prompt`` layout."""
+    return PackedResponses(micro["input_ids"], micro["attention_mask"], response_length=micro["responses"].shape[1],
+                           share_prompt=layout == "shared_prompt")
 
 
 def micro_batch_log_probs(model, micro: Batch, *, temperature: float, calculate_entropy: bool,
-                          entropy_checkpointing: bool = False, use_torch_compile: bool = False):
-    """(log_probs [b, T], entropy [b, T] or None) of one micro-batch, all-pad columns trimmed
-    (the two switches: see ``hybridflow.models.compute_log_probs``)."""
+                          layout: str = "padded", entropy_checkpointing: bool = False, use_torch_compile: bool = False):
+    """(log_probs [b, T], entropy [b, T] or None) of one micro-batch in the given layout (the two
+    switches: see ``hybridflow.models.compute_log_probs``)."""
+    switches = dict(entropy_checkpointing=entropy_checkpointing, use_torch_compile=use_torch_compile)
+    if layout != "padded":
+        return packed_log_probs(model, pack_micro_batch(micro, layout=layout), temperature=temperature,
+                                calculate_entropy=calculate_entropy, **switches)
     response_length = micro["responses"].shape[1]
     cols, resp_len = trim_padding(micro, response_length=response_length)
     log_probs, entropy = compute_log_probs(
@@ -27,8 +51,7 @@ def micro_batch_log_probs(model, micro: Batch, *, temperature: float, calculate_
         response_length=resp_len,
         temperature=temperature,
         calculate_entropy=calculate_entropy,
-        entropy_checkpointing=entropy_checkpointing,
-        use_torch_compile=use_torch_compile,
+        **switches,
     )
     return _pad_right(log_probs, response_length), (_pad_right(entropy, response_length) if entropy is not None else None)
 
@@ -43,7 +66,7 @@ def _pad_right(values: torch.Tensor, length: int) -> torch.Tensor:
 def batch_log_probs(model, batch: Batch, *, temperature: float, micro_batch_size: int | None,
                     use_dynamic_bsz: bool = False, max_token_len: int | None = None,
                     calculate_entropy: bool = False, dp=None,
-                    use_torch_compile: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                    layout: str = "padded", use_torch_compile: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs ``[B, T]`` (and entropy ``[B, T]``) of ``batch["responses"]``; no gradients.
 
     Micro-batches (fixed or token-budget) are consecutive rows, so results are in batch order.
@@ -53,7 +76,7 @@ def batch_log_probs(model, batch: Batch, *, temperature: float, micro_batch_size
     pieces = micro_batches(batch, micro_batch_size=micro_batch_size, use_dynamic_bsz=use_dynamic_bsz,
                            max_token_len=max_token_len, dp=dp)
     outs = [micro_batch_log_probs(model, m, temperature=temperature, calculate_entropy=calculate_entropy,
-                                  use_torch_compile=use_torch_compile) for m in pieces]
+                                  layout=layout, use_torch_compile=use_torch_compile) for m in pieces]
     model.train(was_training)
     log_probs = torch.cat([o[0] for o in outs])
     entropy = torch.cat([o[1] for o in outs]) if calculate_entropy else None

@@ -147,8 +147,8 @@ def test_defaults_and_followed_interpolations_do_not_warn(caplog, fresh_warnings
 
 def test_sft_compat_keys_warn_too(caplog, fresh_warnings):
     with caplog.at_level(logging.WARNING, logger="hybridflow.config.compat"):
-        load_config(SFTConfig, ["model.path=/m", "use_remove_padding=true"])
-    assert [r.getMessage().split("=")[0] for r in caplog.records] == ["use_remove_padding"]
+        load_config(SFTConfig, ["model.path=/m", "data.balance_dp_token=true"])
+    assert [r.getMessage().split("=")[0] for r in caplog.records] == ["data.balance_dp_token"]
 
 
 def _fields_by_class():

@@ -300,3 +300,43 @@ def test_rollout_log_probs_as_old_log_probs(tmp_path, tiny_model_dir):
     assert abs(last["actor/ppo_kl"]) < 1e-5  # engine and trainer agree: ratio 1 before the first step
     with pytest.raises(ConfigError, match="use_rollout_log_probs=True needs rollout.top_p=1"):
         run_ppo(load_config(PPOConfig, overrides + ["actor_rollout_ref.rollout.top_p=0.9"]))
+
+
+def test_padding_free_and_shared_prompt_runs_equal_the_padded_run(tmp_path, tiny_model_dir, monkeypatch):
+    """One PPO step (actor, critic, reference, old log-probs) in each forward layout: the same rollout
+    gives the same losses, entropy, KL and gradient norms within fp32 rounding."""
+    import hybridflow.workers.critic as critic_module
+    import hybridflow.workers.logprob as logprob_module
+
+    packed_rows = []  # (role, shares prompts) of every packed forward, to prove the layout was used
+
+    def spy(role, real):
+        def wrapper(model, packed, **kwargs):
+            packed_rows.append((role, len(packed.bounds) < packed.shape[0]))
+            return real(model, packed, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(logprob_module, "packed_log_probs", spy("actor", logprob_module.packed_log_probs))
+    monkeypatch.setattr(critic_module, "packed_forward_inputs", spy("critic", critic_module.packed_forward_inputs))
+
+    def first_step(name: str, extra: list[str]) -> dict:
+        overrides = base_overrides(tmp_path / name, tiny_model_dir, estimator="gae", steps=1) + [
+            "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.entropy_coeff=0.01"] + extra
+        run_ppo(load_config(PPOConfig, overrides))
+        return read_metrics(tmp_path / name)[0]
+
+    padded = first_step("padded", [])
+    assert packed_rows == []
+    layouts = {
+        "packed": ["actor_rollout_ref.model.use_remove_padding=True", "critic.model.use_remove_padding=True"],
+        "shared": ["actor_rollout_ref.model.use_shared_prompt=True", "critic.model.use_shared_prompt=True"],
+    }
+    for name, extra in layouts.items():
+        packed_rows.clear()
+        got = first_step(name, extra)
+        assert {role for role, _ in packed_rows} == {"actor", "critic"}
+        assert any(shared for _, shared in packed_rows) == (name == "shared")
+        assert got["critic/score/mean"] == padded["critic/score/mean"]  # the same rollout
+        for key in ("actor/pg_loss", "actor/entropy", "actor/kl_loss", "actor/grad_norm", "critic/vf_loss",
+                    "critic/grad_norm", "critic/values/mean", "training/rollout_probs_diff_mean"):
+            assert got[key] == pytest.approx(padded[key], rel=1e-4, abs=1e-6), (name, key)

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from hybridflow.models.segment_attention import use_segment_attention
 from hybridflow.models.tiny import build_tiny_model
 from hybridflow.trainer.sft_batches import (
     count_targets,
@@ -39,15 +40,15 @@ def test_even_shard_pads_the_short_rank_with_zero_loss_fillers():
     assert count_targets([s for micro in rank0 + rank1 for s in micro]) == count_targets(samples)
 
 
-def test_packed_masks_per_attention_implementation():
+def test_packed_row_keeps_attention_inside_each_sample():
     samples = [_sample(2), _sample(3)]
-    sdpa = packed_inputs(samples, attn_implementation="sdpa")
-    expected = torch.tensor([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [0, 0, 1, 0, 0], [0, 0, 1, 1, 0], [0, 0, 1, 1, 1]])
-    assert torch.equal(sdpa["attention_mask"][0, 0], expected.bool())
-    assert sdpa["position_ids"].tolist() == [[0, 1, 0, 1, 2]]
-    eager = packed_inputs(samples, attn_implementation="eager")["attention_mask"][0, 0]
-    assert torch.equal(eager == 0, expected.bool()) and eager.min() == torch.finfo(torch.float32).min
-    assert packed_inputs(samples, attn_implementation="flash_attention_2")["attention_mask"] is None
+    packed = packed_inputs(samples, attn_implementation="sdpa")
+    assert packed["position_ids"].tolist() == [[0, 1, 0, 1, 2]]
+    assert packed["segment_layout"].bounds == [(0, 2), (2, 5)]
+    assert packed["segment_layout"].masks == [None, None]  # causal within each sample
+    assert packed["attention_mask"].shape == (1, 1, 1, 1)  # a placeholder: no [N, N] mask is built
+    flash = packed_inputs(samples, attn_implementation="flash_attention_2")
+    assert flash["attention_mask"] is None and "segment_layout" not in flash
 
 
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
@@ -56,10 +57,12 @@ def test_packed_row_gives_the_padded_logits(attn):
     model.set_attn_implementation(attn)
     samples = [_sample(5, first_id=10), _sample(9, first_id=40), _sample(3, first_id=90)]
     padded = padded_inputs(samples, pad_token_id=0)
-    packed = packed_inputs(samples, attn_implementation=attn)
     with torch.no_grad():
         padded_logits = model(**{k: padded[k] for k in ("input_ids", "attention_mask", "position_ids")}).logits
-        packed_logits = model(**{k: packed[k] for k in ("input_ids", "attention_mask", "position_ids")}).logits
+        packed = packed_inputs(samples, attn_implementation=attn)
+        use_segment_attention(model)
+        packed_logits = model(**{k: packed[k] for k in ("input_ids", "attention_mask", "position_ids",
+                                                          "segment_layout")}).logits
     real = padded["attention_mask"].bool()
     torch.testing.assert_close(packed_logits[0], padded_logits[real], rtol=1e-5, atol=1e-5)
     assert torch.equal(packed["loss_mask"][0], padded["loss_mask"][real])

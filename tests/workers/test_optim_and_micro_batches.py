@@ -87,3 +87,19 @@ def test_split_to_count_reaches_the_largest_rank_count():
     assert len(groups) == 4 and sum(groups, []) == [0, 1, 2, 3, 4]
     with pytest.raises(ValueError):
         split_to_count([[0], [1]], 3)
+
+
+def test_optimizer_takes_the_fused_kernel_on_cpu_and_matches_the_loop():
+    model = torch.nn.Linear(4, 3)
+    fused = build_optimizer(model.parameters(), lr=0.1, betas=(0.9, 0.999), weight_decay=0.01)
+    assert fused.defaults["fused"] is True
+    twin = torch.nn.Linear(4, 3)
+    twin.load_state_dict(model.state_dict())
+    loop = torch.optim.AdamW(twin.parameters(), lr=0.1, betas=(0.9, 0.999), weight_decay=0.01, foreach=False)
+    for _ in range(3):
+        for module, optimizer in ((model, fused), (twin, loop)):
+            optimizer.zero_grad()
+            module(torch.ones(2, 4)).pow(2).sum().backward()
+            optimizer.step()
+    for a, b in zip(model.parameters(), twin.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)

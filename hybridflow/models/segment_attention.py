@@ -1,0 +1,90 @@
+"""Attention inside the segments of one packed row: padding-free and shared-prompt forwards.
+
+A packed row ``[1, N]`` holds several *units* back to back, each with its own position
+ids. A unit is either one sequence (plain causal attention) or one prompt followed by
+the ``n`` responses sampled from it (a *shared-prompt* unit): every response token
+attends to the prompt and, causally, to its own response only, so the prompt's hidden
+states are computed once for the whole group instead of ``n`` times. The logits of every
+response token equal those of the padded ``[prompt ++ response]`` row (same keys, same
+positions), and so do the gradients: the prompt's activations receive the sum of the
+``n`` responses' gradients, which is what ``n`` copies would add up to.
+
+Attention runs unit by unit (SDPA per unit), so its cost is ``sum_u L_u^2`` rather than
+``N^2`` for a dense block-diagonal mask over the whole row; the projections and MLPs run
+once over exactly the ``N`` valid tokens (no padding).
+
+How it plugs into transformers: :func:`use_segment_attention` registers the attention
+implementation ``hybridflow_segments`` and switches the model's config to it. Called
+with a :class:`SegmentLayout` (the ``segment_layout`` forward kwarg, which transformers
+passes down to every attention call), it attends per unit; called without one, it *is*
+SDPA (same mask function, same kernel), so generation, the padded path and activation
+checkpointing's recompute are unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+IMPLEMENTATION = "hybridflow_segments"
+
+
+@dataclass
+class SegmentLayout:
+    """Where the units of a packed row start and end, and how each attends.
+
+    ``bounds``: ``[(start, end)]`` per unit, covering ``[0, N)`` in order.
+    ``masks``: per unit ``None`` (causal) or a bool ``[L_u, L_u]`` (True = may attend).
+    """
+
+    bounds: list[tuple[int, int]]
+    masks: list[torch.Tensor | None]
+
+    def to(self, device: torch.device | str) -> "SegmentLayout":
+        return SegmentLayout(self.bounds, [m if m is None else m.to(device) for m in self.masks])
+
+
+def _segment_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
+    """``query [1, H, N, D]``, ``key/value [1, H_kv, N, D]`` -> ``([1, N, H, D], None)``."""
+    layout: SegmentLayout | None = kwargs.pop("segment_layout", None)
+    if layout is None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    gqa = query.shape[1] != key.shape[1]
+    outputs = []
+    for (start, end), mask in zip(layout.bounds, layout.masks):
+        outputs.append(F.scaled_dot_product_attention(
+            query[:, :, start:end], key[:, :, start:end], value[:, :, start:end],
+            attn_mask=mask, is_causal=mask is None, scale=scaling,
+            dropout_p=dropout if module.training else 0.0, enable_gqa=gqa))
+    return torch.cat(outputs, dim=2).transpose(1, 2).contiguous(), None
+
+
+def _register() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    if IMPLEMENTATION not in AttentionInterface._global_mapping:
+        AttentionInterface.register(IMPLEMENTATION, _segment_attention)
+        ALL_MASK_ATTENTION_FUNCTIONS.register(IMPLEMENTATION, sdpa_mask)
+
+
+def use_segment_attention(model) -> None:
+    """Switch ``model`` (HF causal LM, value model or their wrappers) to segment attention.
+
+    Idempotent; without a layout the implementation is SDPA, so nothing else changes.
+    """
+    _register()
+    config = model.config
+    if config._attn_implementation != IMPLEMENTATION:
+        config._attn_implementation = IMPLEMENTATION
+
+
+def packed_row_mask() -> torch.Tensor:
+    """A placeholder 4-D mask: transformers passes a 4-D mask through untouched, which keeps it
+    from building an ``[N, N]`` mask for the packed row; segment attention never reads it."""
+    return torch.ones(1, 1, 1, 1, dtype=torch.bool)

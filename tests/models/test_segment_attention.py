@@ -1,0 +1,104 @@
+"""Padding-free and shared-prompt forwards equal the padded forward: log-probs, entropy, values
+and gradients, on both supported architectures, with and without activation checkpointing."""
+
+import pytest
+import torch
+
+from hybridflow.data.packing import PackedResponses
+from hybridflow.models import ValueModel, build_tiny_model, compute_log_probs, packed_log_probs
+from hybridflow.models.logprob import packed_forward_inputs
+
+PROMPT_COLS, RESPONSE_COLS = 7, 6
+
+
+def grpo_like_rows(vocab: int, *, groups=((5, 3), (7, 3), (4, 1)), seed: int = 0):
+    """``input_ids, attention_mask, position_ids`` ``[B, 13]``: left-padded prompts, each repeated for
+    its group's samples, followed by right-padded responses of random lengths (1..6)."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = []
+    for prompt_len, samples in groups:
+        prompt = torch.randint(5, vocab, (prompt_len,), generator=gen)
+        for _ in range(samples):
+            response = torch.randint(5, vocab, (int(torch.randint(1, RESPONSE_COLS + 1, (), generator=gen)),),
+                                     generator=gen)
+            ids = torch.zeros(PROMPT_COLS + RESPONSE_COLS, dtype=torch.long)
+            ids[PROMPT_COLS - prompt_len:PROMPT_COLS] = prompt
+            ids[PROMPT_COLS:PROMPT_COLS + response.numel()] = response
+            mask = torch.zeros_like(ids)
+            mask[PROMPT_COLS - prompt_len:PROMPT_COLS + response.numel()] = 1
+            rows.append((ids, mask))
+    input_ids = torch.stack([r[0] for r in rows])
+    attention_mask = torch.stack([r[1] for r in rows])
+    return input_ids, attention_mask, (attention_mask.cumsum(-1) - 1).clamp(min=0)
+
+
+def grads(model) -> dict[str, torch.Tensor]:
+    out = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    return out
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_packed_and_shared_prompt_log_probs_and_gradients_equal_padded(tiny_tokenizer, arch, checkpointing):
+    model, _ = build_tiny_model(arch, seed=1, tokenizer=tiny_tokenizer)
+    if checkpointing:  # the recompute in backward must see the same segments as the forward
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    input_ids, attention_mask, position_ids = grpo_like_rows(model.config.vocab_size)
+    valid = attention_mask[:, PROMPT_COLS:].bool()
+    weights = torch.randn(valid.shape, generator=torch.Generator().manual_seed(3))  # a loss that weighs tokens
+
+    padded, padded_entropy = compute_log_probs(model, input_ids=input_ids, attention_mask=attention_mask,
+                                               position_ids=position_ids, response_length=RESPONSE_COLS,
+                                               temperature=0.7, calculate_entropy=True)
+    ((padded + padded_entropy) * weights * valid).sum().backward()
+    expected = grads(model)
+    for share_prompt in (False, True):
+        packed = PackedResponses(input_ids, attention_mask, response_length=RESPONSE_COLS, share_prompt=share_prompt)
+        log_probs, entropy = packed_log_probs(model, packed, temperature=0.7, calculate_entropy=True)
+        torch.testing.assert_close(log_probs[valid], padded[valid], rtol=0, atol=2e-5)
+        torch.testing.assert_close(entropy[valid], padded_entropy[valid], rtol=0, atol=2e-5)
+        assert (log_probs[~valid] == 0).all() and (entropy[~valid] == 0).all()
+        ((log_probs + entropy) * weights * valid).sum().backward()
+        got = grads(model)
+        assert got.keys() == expected.keys()
+        for name in expected:
+            torch.testing.assert_close(got[name], expected[name], rtol=1e-4, atol=2e-5, msg=name)
+
+
+def test_shared_prompt_row_is_shorter_by_the_repeated_prompts(tiny_tokenizer):
+    input_ids, attention_mask, _ = grpo_like_rows(500)
+    unshared = PackedResponses(input_ids, attention_mask, response_length=RESPONSE_COLS, share_prompt=False)
+    shared = PackedResponses(input_ids, attention_mask, response_length=RESPONSE_COLS, share_prompt=True)
+    # groups (5 tokens x 3 samples), (7 x 3), (4 x 1): two extra copies of the first two prompts are saved
+    assert unshared.input_ids.shape[1] - shared.input_ids.shape[1] == 2 * 5 + 2 * 7
+    assert unshared.input_ids.shape[1] == int(attention_mask.sum())
+
+
+def test_packed_values_equal_padded_values(tiny_tokenizer):
+    backbone, _ = build_tiny_model("llama", seed=2, tokenizer=tiny_tokenizer)
+    model = ValueModel(backbone.model)
+    torch.nn.init.normal_(model.value_head.weight, std=0.5)  # a zero head would hide any mismatch
+    input_ids, attention_mask, position_ids = grpo_like_rows(backbone.config.vocab_size, seed=5)
+    valid = attention_mask[:, PROMPT_COLS:].bool()
+    padded = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+    padded = padded[:, PROMPT_COLS - 1:-1]  # V(s_t) is read at the position before token t
+    for share_prompt in (False, True):
+        packed = PackedResponses(input_ids, attention_mask, response_length=RESPONSE_COLS, share_prompt=share_prompt)
+        values = packed.scatter(model(**packed_forward_inputs(model, packed))[0, packed.source])
+        torch.testing.assert_close(values[valid], padded[valid], rtol=0, atol=2e-5)
+
+
+def test_without_a_layout_the_switched_model_is_plain_sdpa(tiny_tokenizer):
+    """Generation and the padded path keep working after a model has run packed forwards."""
+    model, _ = build_tiny_model("llama", seed=1, tokenizer=tiny_tokenizer)
+    input_ids, attention_mask, position_ids = grpo_like_rows(model.config.vocab_size)
+    before = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
+    packed_log_probs(model, PackedResponses(input_ids, attention_mask, response_length=RESPONSE_COLS,
+                                            share_prompt=True))
+    assert model.config._attn_implementation == "hybridflow_segments"
+    after = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
+    torch.testing.assert_close(after, before, rtol=0, atol=1e-6)
+    generated = model.generate(input_ids[:1, 2:PROMPT_COLS], max_new_tokens=3, do_sample=False)
+    assert generated.shape == (1, PROMPT_COLS - 2 + 3)
