@@ -27,7 +27,7 @@ class OptimConfig:
     lr_scheduler_type: Optional[str] = None
     """Alias of ``warmup_style`` used by newer verl versions; wins when set."""
     total_training_steps: int = -1
-    """Filled in by the trainer from the dataset size and epochs; leave at -1."""
+    """Compatibility-only (compat.py); in verl: filled in by the trainer from the dataset size and epochs; leave at -1."""
     weight_decay: float = 0.01
     """AdamW decoupled weight decay."""
     betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
@@ -41,7 +41,7 @@ class WrapPolicyConfig:
     """Which modules FSDP2 shards as separate units."""
 
     min_num_params: int = 0
-    """Shard every decoder layer (0) or only modules with at least this many parameters."""
+    """Compatibility-only (compat.py); in verl: shard every decoder layer (0) or only modules with at least this many parameters."""
 
 
 @dataclass
@@ -51,21 +51,24 @@ class FSDPConfig:
     wrap_policy: WrapPolicyConfig = field(default_factory=WrapPolicyConfig)
     """Sharding granularity."""
     param_offload: bool = False
-    """Keep parameters on the CPU between uses (CPUOffloadPolicy)."""
+    """Keep sharded parameters, gradients and optimizer state on the CPU between uses (FSDP2's
+    CPUOffloadPolicy; pinned memory only with CUDA). Applies when the model is sharded (world size > 1)."""
     optimizer_offload: bool = False
-    """Keep optimizer state on the CPU."""
+    """Keep the optimizer state in CPU memory between steps; it visits the parameters' device for the update."""
     offload_policy: bool = False
     """verl's switch for FSDP2's CPUOffloadPolicy (params, grads and optimizer on CPU)."""
     reshard_after_forward: bool = True
     """Free gathered parameters after forward (ZeRO-3); False keeps them until backward (ZeRO-2-like)."""
     fsdp_size: int = -1
-    """Shard group size; -1 shards across the whole worker group."""
+    """Shard group size: parameters are sharded inside groups of this many ranks and replicated across
+    groups (HSDP, a 2-D mesh); -1 (or >= world size) shards across the whole worker group."""
     forward_prefetch: bool = False
-    """Prefetch the next unit's parameters during forward."""
+    """Compatibility-only (compat.py); in verl: prefetch the next unit's parameters during forward."""
     model_dtype: str = "fp32"
-    """Dtype the parameters are held in for training (``fp32`` on CPU; mixed precision on GPU)."""
+    """Dtype the trained parameters (and optimizer state) are held in: ``fp32``, ``bf16`` or ``fp16``."""
     mixed_precision: Optional[str] = None
-    """Compute dtype on GPU: ``bf16`` (params cast per layer, fp32 reduce) or null for the model dtype."""
+    """Compute dtype: ``bf16`` / ``fp16`` (FSDP2 casts per layer with fp32 gradient reduction; autocast
+    on a single process) or null for model_dtype. On a CPU without AMX / AVX-512 BF16 bf16 is slower."""
 
 
 @dataclass
@@ -77,4 +80,4 @@ class CheckpointContentsConfig:
     load_contents: Optional[List[str]] = None
     """What to restore on resume; null means the same as save_contents."""
     async_save: bool = False
-    """Accepted for verl compatibility; saving is synchronous."""
+    """Compatibility-only, no effect (see compat.py)."""

@@ -259,8 +259,14 @@ def to_object(cfg: DictConfig) -> Any:
 
 
 def load_config(schema: type, overrides: Iterable[str] = (), config_file: str | None = None) -> Any:
-    """Compose and resolve: the typed config object a trainer runs with."""
-    return to_object(compose(schema, overrides, config_file))
+    """Compose and resolve: the typed config object a trainer runs with. Compatibility-only keys
+    set to a non-default value are named once each (``hybridflow.config.compat``)."""
+    from hybridflow.config.compat import warn_compat_keys
+
+    cfg = compose(schema, overrides, config_file)
+    resolved = to_object(cfg)
+    warn_compat_keys(cfg, schema)
+    return resolved
 
 
 # --------------------------------------------------------------------------- command line

@@ -19,9 +19,9 @@ class CustomClassConfig:
     """A user class loaded from a file: ``path`` to a .py file, ``name`` of the class."""
 
     path: Optional[str] = None
-    """Python file that defines the class."""
+    """Compatibility-only (compat.py); in verl: python file that defines the class."""
     name: Optional[str] = None
-    """Class name inside that file."""
+    """Compatibility-only (compat.py); in verl: class name inside that file."""
 
 
 @dataclass
@@ -51,23 +51,23 @@ class DataConfig:
     val_batch_size: Optional[int] = None
     """Prompts per validation generation batch; null = the whole validation set at once."""
     return_raw_input_ids: bool = False
-    """Keep the unpadded prompt ids (needed when the reward model uses another tokenizer)."""
+    """Compatibility-only (compat.py); in verl: keep the unpadded prompt ids (needed when the reward model uses another tokenizer)."""
     return_raw_chat: bool = False
     """Keep the raw chat messages in the batch."""
     return_full_prompt: bool = False
-    """Keep the templated prompt text in the batch."""
+    """Compatibility-only (compat.py); in verl: keep the templated prompt text in the batch."""
     shuffle: bool = True
     """Shuffle the training set each epoch (reproducibly from ``seed`` and the epoch)."""
     seed: int = 1
     """Seed of the training-set shuffle."""
     dataloader_num_workers: int = 0
-    """Worker processes of the DataLoader (0 = in the main process; tokenisation is done up front)."""
+    """Compatibility-only (compat.py); in verl: worker processes of the DataLoader (0 = in the main process; tokenisation is done up front)."""
     validation_shuffle: bool = False
     """Shuffle the validation set."""
     filter_overlong_prompts: bool = False
     """Drop rows whose templated prompt is longer than ``max_prompt_length``."""
     filter_overlong_prompts_workers: int = 1
-    """Accepted for verl compatibility (filtering is a single pass)."""
+    """Compatibility-only, no effect (see compat.py)."""
     truncation: str = "error"
     """What to do with a prompt that is still too long: ``error``, ``left``, ``right`` or ``middle``."""
     max_samples: int = -1
@@ -83,7 +83,7 @@ class DataConfig:
     apply_chat_template_kwargs: Dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments for ``tokenizer.apply_chat_template`` (e.g. enable_thinking)."""
     use_shm: bool = False
-    """Accepted for verl compatibility; no effect."""
+    """Compatibility-only, no effect (see compat.py)."""
 
 
 # --------------------------------------------------------------------------- model
@@ -102,7 +102,7 @@ class ModelConfig:
     enable_gradient_checkpointing: bool = False
     """Recompute activations in backward to save memory (verl defaults to true; off is faster on CPU)."""
     enable_activation_offload: bool = False
-    """Accepted for verl compatibility; no effect."""
+    """Compatibility-only, no effect (see compat.py)."""
     use_remove_padding: bool = False
     """Padding-free forwards for the actor update and the old / reference log-prob passes: the
     valid tokens of a micro-batch go through the model as one packed row, attention kept inside
@@ -120,15 +120,16 @@ class ModelConfig:
     exclude_modules: Optional[Any] = None
     """Modules excluded from LoRA."""
     use_liger: bool = False
-    """Accepted for verl compatibility; no effect."""
+    """Compatibility-only, no effect (see compat.py)."""
     use_fused_kernels: bool = False
-    """Accepted for verl compatibility; no effect."""
+    """Compatibility-only, no effect (see compat.py)."""
     trust_remote_code: bool = False
     """Allow models with custom code."""
     use_shm: bool = False
-    """Accepted for verl compatibility: verl copies the model to /dev/shm before loading; no effect."""
+    """Compatibility-only (compat.py): verl copies the model to /dev/shm before loading."""
     dtype: Optional[str] = None
-    """Parameter dtype for training; null = fp32 on CPU, bf16 mixed precision on GPU."""
+    """Compute dtype of actor and reference (mixed precision: ``bf16`` or ``fp16``; weights stay in
+    ``fsdp_config.model_dtype``); ``fsdp_config.mixed_precision`` wins when set; null = the weights' dtype (fp32)."""
     attn_implementation: Optional[str] = None
     """HF attention implementation (``eager``, ``sdpa``, ``flash_attention_2``); null = transformers' default."""
 
@@ -161,7 +162,7 @@ class ActorConfig:
     """The trained policy (verl's ``actor_rollout_ref.actor.*``)."""
 
     strategy: str = "fsdp"
-    """Training backend: ``fsdp``/``fsdp2`` (FSDP2 ``fully_shard``; world size 1 runs it unsharded)."""
+    """Compatibility-only (compat.py); in verl: training backend: ``fsdp``/``fsdp2`` (FSDP2 ``fully_shard``; world size 1 runs it unsharded)."""
     ppo_mini_batch_size: int = 256
     """Prompts per optimizer step (multiplied by rollout.n internally, as in verl)."""
     ppo_micro_batch_size: Optional[int] = None
@@ -198,7 +199,8 @@ class ActorConfig:
     use_kl_loss: bool = False
     """Add KL(actor || reference) to the loss (GRPO style) instead of to the reward."""
     use_torch_compile: bool = False
-    """torch.compile the log-prob/entropy computation."""
+    """torch.compile the log-prob/entropy math from the logits (verl defaults to true; off here: on CPU
+    the compile time outweighs the gain, see docs/trainer.md)."""
     kl_loss_coef: float = 0.001
     """Weight of the KL loss."""
     kl_loss_type: str = "low_var_kl"
@@ -219,11 +221,11 @@ class ActorConfig:
     grad_clip: float = 1.0
     """Clip the global gradient norm to this value (<= 0 disables)."""
     ulysses_sequence_parallel_size: int = 1
-    """Sequence parallelism degree; only 1 is supported."""
+    """Compatibility-only (compat.py); in verl: sequence parallelism degree; only 1 is supported."""
     entropy_from_logits_with_chunking: bool = False
-    """Compute entropy in chunks (always done; accepted for verl compatibility)."""
+    """Compatibility-only, no effect (see compat.py)."""
     entropy_checkpointing: bool = False
-    """Recompute entropy in backward to save memory."""
+    """Recompute the entropy's softmax in backward instead of keeping a ``[B, T, V]`` tensor (saves memory)."""
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     """FSDP2 settings."""
 
@@ -233,7 +235,7 @@ class RefConfig:
     """The frozen reference policy (verl's ``actor_rollout_ref.ref.*``)."""
 
     strategy: str = II("actor_rollout_ref.actor.strategy")
-    """Backend; follows the actor."""
+    """Compatibility-only (compat.py); in verl: backend; follows the actor."""
     use_torch_compile: bool = II("actor_rollout_ref.actor.use_torch_compile")
     """torch.compile the log-prob computation."""
     log_prob_micro_batch_size: Optional[int] = None
@@ -247,7 +249,7 @@ class RefConfig:
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     """FSDP2 settings of the reference."""
     ulysses_sequence_parallel_size: int = 1
-    """Only 1 is supported."""
+    """Compatibility-only (compat.py); in verl: only 1 is supported."""
 
 
 @dataclass
@@ -300,14 +302,14 @@ class MultiTurnConfig:
     """End a turn as soon as it closes a tool call (``</tool_call>`` for hermes; hybridflow key): the model
     cannot write past its call or imagine the tool's answer, at the price of one call per turn."""
     use_inference_chat_template: bool = False
-    """Accepted for verl compatibility; only false is supported: the context keeps the generated ids
-    as generated (what verl does with false)."""
+    """Compatibility-only (compat.py); only false is supported (true is rejected): the context keeps
+    the generated ids as generated (what verl does with false)."""
     tokenization_sanity_check_mode: str = "strict"
     """Compare each finished context with the chat template's rendering of the conversation: ``strict``,
     ``ignore_strippable`` (ignore whitespace) or ``disable``; a mismatch warns once and counts in the
     ``multi_turn/tokenization_mismatch`` metric."""
     num_repeat_rollouts: Optional[int] = None
-    """Accepted for verl compatibility; no effect (use rollout.n)."""
+    """Compatibility-only (compat.py); use rollout.n."""
 
 
 @dataclass
@@ -315,7 +317,7 @@ class AgentLoopConfig:
     """Agent loops (verl's ``rollout.agent.*``)."""
 
     num_workers: int = 8
-    """Accepted for verl compatibility: all loops of a worker run concurrently in one event loop."""
+    """Compatibility-only (compat.py): all loops of a worker run concurrently in one event loop."""
     default_agent_loop: str = "single_turn_agent"
     """Loop for rows without ``agent_name``: ``single_turn_agent``, ``tool_agent`` or a custom one."""
     agent_loop_config_path: Optional[str] = None
@@ -330,7 +332,7 @@ class RolloutConfig:
     """Engine: ``native`` (built-in PyTorch engine, CPU/GPU), ``hf`` (model.generate), ``vllm`` or ``sglang``
     (optional GPU packages; a missing one is reported before any model loads)."""
     mode: str = "sync"
-    """Accepted for verl compatibility; generation is synchronous."""
+    """Compatibility-only, no effect (see compat.py)."""
     temperature: float = 1.0
     """Sampling temperature of training rollouts."""
     top_k: int = -1
@@ -338,23 +340,24 @@ class RolloutConfig:
     top_p: float = 1.0
     """Nucleus sampling mass."""
     prompt_length: int = II("data.max_prompt_length")
-    """Prompt length limit; follows data.max_prompt_length."""
+    """Prompt length limit (follows data.max_prompt_length); with response_length it sizes the engine's
+    context when max_model_len is null."""
     response_length: int = II("data.max_response_length")
     """Generated tokens limit; follows data.max_response_length."""
     dtype: str = "bfloat16"
-    """Engine dtype on GPU (fp32 is always used on CPU)."""
+    """Engine dtype on GPU (vllm / sglang; the native engine runs the model's own dtype, fp32 on CPU)."""
     gpu_memory_utilization: float = 0.5
     """vllm / sglang: fraction of GPU memory the engine may use for weights + KV cache."""
     ignore_eos: bool = False
-    """Keep generating after EOS (benchmarking only)."""
+    """Compatibility-only (compat.py); in verl: keep generating after EOS (benchmarking only)."""
     enforce_eager: bool = True
-    """vllm: disable CUDA graphs."""
+    """vllm / sglang: disable CUDA graphs."""
     free_cache_engine: bool = True
-    """Release the KV cache between rollouts (hybrid engine memory sharing)."""
+    """Compatibility-only (compat.py); in verl: release the KV cache between rollouts (hybrid engine memory sharing)."""
     load_format: str = "dummy_dtensor"
-    """Accepted for verl compatibility: weights always come from the actor in memory."""
+    """Compatibility-only, no effect (see compat.py)."""
     layered_summon: bool = False
-    """Accepted for verl compatibility; no effect."""
+    """Compatibility-only, no effect (see compat.py)."""
     tensor_model_parallel_size: int = 1
     """vllm / sglang tensor parallel degree (the native engine is single-device)."""
     max_num_batched_tokens: int = 8192
@@ -372,7 +375,7 @@ class RolloutConfig:
     log_prob_max_token_len_per_gpu: int = II("actor_rollout_ref.actor.ppo_max_token_len_per_gpu")
     """Token budget when log_prob_use_dynamic_bsz."""
     disable_log_stats: bool = True
-    """vllm: silence its statistics."""
+    """Compatibility-only (compat.py); in verl: vllm: silence its statistics."""
     enable_chunked_prefill: bool = True
     """vllm / sglang: chunked prefill."""
     do_sample: bool = True
@@ -386,14 +389,14 @@ class RolloutConfig:
     val_kwargs: SamplingConfig = field(default_factory=SamplingConfig)
     """Sampling used for validation."""
     calculate_log_probs: bool = False
-    """Record the engine's log-probs (for the rollout/training mismatch metric); the native engine always does."""
+    """Compatibility-only (compat.py); in verl: record the engine's log-probs (for the rollout/training mismatch metric); the native engine always does."""
     update_weights_bucket_megabytes: int = 512
-    """Size of the buckets weights are synced in."""
+    """Compatibility-only (compat.py); in verl: size of the buckets weights are synced in."""
     enable_prefix_caching: bool = True
     """native, multi-turn rollouts: keep the KV of finished turns and prefill only what a later prompt adds
     (the observation), and prefill identical prompts once; budget ``engine_kwargs.native.prefix_cache_tokens``
-    (default 32768 tokens). No effect on other backends (vllm: set engine_kwargs.vllm.enable_prefix_caching)
-    nor on single-turn rollouts, which never reuse a prefix (the weights change every step)."""
+    (default 32768 tokens). Read by the native engine only (vllm: set engine_kwargs.vllm.enable_prefix_caching);
+    single-turn rollouts never reuse a prefix (the weights change every step)."""
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
     """Multi-turn rollouts with tools and simulated users."""
     agent: AgentLoopConfig = field(default_factory=AgentLoopConfig)
@@ -405,7 +408,7 @@ class ActorRolloutRefConfig:
     """Actor, rollout and reference: colocated in one worker group by default (the hybrid engine)."""
 
     hybrid_engine: bool = True
-    """Colocate actor, rollout and reference in the same workers; weights resharded in memory."""
+    """Compatibility-only (compat.py); in verl: colocate actor, rollout and reference in the same workers; weights resharded in memory."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """The policy model."""
     actor: ActorConfig = field(default_factory=ActorConfig)
@@ -415,7 +418,7 @@ class ActorRolloutRefConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     """Generation."""
     nccl_timeout: int = 600
-    """Collective time-out in seconds."""
+    """Compatibility-only (compat.py); in verl: collective time-out in seconds."""
 
 
 # --------------------------------------------------------------------------- critic
@@ -436,7 +439,7 @@ class CriticModelConfig:
     enable_gradient_checkpointing: bool = False
     """Recompute activations in backward."""
     enable_activation_offload: bool = False
-    """Accepted for verl compatibility; no effect."""
+    """Compatibility-only, no effect (see compat.py)."""
     use_remove_padding: bool = False
     """Padding-free value forwards (one packed row per micro-batch); same values and gradients."""
     use_shared_prompt: bool = False
@@ -444,13 +447,13 @@ class CriticModelConfig:
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     """FSDP2 settings."""
     lora_rank: int = 0
-    """LoRA rank of the critic; 0 = full."""
+    """Compatibility-only (compat.py); in verl: LoRA rank of the critic; 0 = full."""
     lora_alpha: int = 16
-    """LoRA alpha."""
+    """Compatibility-only (compat.py); in verl: LoRA alpha of the critic."""
     target_modules: Any = "all-linear"
-    """LoRA target modules."""
+    """Compatibility-only (compat.py); in verl: LoRA target modules of the critic."""
     use_shm: bool = False
-    """Accepted for verl compatibility; no effect."""
+    """Compatibility-only, no effect (see compat.py)."""
 
 
 @dataclass
@@ -462,7 +465,7 @@ class CriticConfig:
     rollout_n: int = II("actor_rollout_ref.rollout.n")
     """Follows rollout.n."""
     strategy: str = "fsdp"
-    """Training backend."""
+    """Compatibility-only (compat.py); in verl: training backend."""
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5, min_lr_ratio=None))
     """Optimizer of the value model."""
     model: CriticModelConfig = field(default_factory=CriticModelConfig)
@@ -496,7 +499,7 @@ class CriticConfig:
     grad_clip: float = 1.0
     """Global gradient-norm clip."""
     ulysses_sequence_parallel_size: int = 1
-    """Only 1 is supported."""
+    """Compatibility-only (compat.py); in verl: only 1 is supported."""
     checkpoint: CheckpointContentsConfig = field(default_factory=CheckpointContentsConfig)
     """What critic checkpoints hold."""
 
@@ -507,7 +510,7 @@ class RewardModelModelConfig:
     """A sequence-classification reward model."""
 
     input_tokenizer: Optional[str] = II("actor_rollout_ref.model.path")
-    """Tokenizer of the policy (responses are decoded with it and re-templated for the RM)."""
+    """Compatibility-only (compat.py); in verl: tokenizer of the policy (responses are decoded with it and re-templated for the RM)."""
     path: Optional[str] = None
     """Reward model folder or hub id."""
     external_lib: Optional[str] = None
@@ -515,7 +518,7 @@ class RewardModelModelConfig:
     trust_remote_code: bool = False
     """Allow models with custom code."""
     use_remove_padding: bool = False
-    """Accepted for verl compatibility; no effect."""
+    """Compatibility-only, no effect (see compat.py)."""
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     """FSDP2 settings."""
 
@@ -525,11 +528,11 @@ class SandboxConfig:
     """Code-execution rewards."""
 
     url: Optional[str] = None
-    """A remote sandbox service; null runs code in a local sandboxed subprocess."""
+    """Compatibility-only (compat.py); in verl: a remote sandbox service; null runs code in a local sandboxed subprocess."""
     max_concurrent: int = 64
-    """Programs run at once."""
+    """Compatibility-only (compat.py); in verl: programs run at once."""
     memory_limit_mb: int = 1024
-    """Address-space limit of one program."""
+    """Address-space limit of one sandboxed program (MB)."""
     timeout_s: float = 10.0
     """Wall-clock limit of one program."""
     allow_unsandboxed: bool = False
@@ -549,7 +552,7 @@ class OverlongBufferConfig:
     penalty_factor: float = 1.0
     """Penalty at the maximum length."""
     log: bool = False
-    """Log the penalty as a metric."""
+    """Compatibility-only (compat.py); in verl: log the penalty as a metric."""
 
 
 @dataclass
@@ -569,11 +572,11 @@ class RewardRolloutConfig:
     engine_kwargs: Dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of the judge's engine."""
     dtype: str = "bfloat16"
-    """Accepted for verl compatibility: the judge runs in fp32 on CPU, as the policy's engine."""
+    """Compatibility-only (compat.py): the judge runs in fp32 on CPU, as the policy's engine."""
     gpu_memory_utilization: float = 0.5
-    """Accepted for verl compatibility; no effect."""
+    """Compatibility-only (verl's inference server)."""
     tensor_model_parallel_size: int = 1
-    """Accepted for verl compatibility; the native engine is single-device."""
+    """Compatibility-only (verl's inference server); the native engine is single-device."""
     enforce_eager: bool = True
     """Compatibility-only (verl's inference server)."""
     cudagraph_capture_sizes: Optional[List[int]] = None
@@ -626,7 +629,7 @@ class RewardModelConfig:
     enable: bool = False
     """Score with a reward model (in addition to / instead of rule-based scoring)."""
     strategy: str = "fsdp"
-    """Backend of the reward model."""
+    """Compatibility-only (compat.py); in verl: backend of the reward model."""
     model: RewardModelModelConfig = field(default_factory=RewardModelModelConfig)
     """The reward model."""
     micro_batch_size: Optional[int] = None
@@ -636,9 +639,9 @@ class RewardModelConfig:
     max_length: Optional[int] = None
     """Truncate re-templated inputs of the reward model to this length."""
     use_dynamic_bsz: bool = II("critic.use_dynamic_bsz")
-    """Token-budget micro-batches."""
+    """Compatibility-only (compat.py); in verl: token-budget micro-batches."""
     forward_max_token_len_per_gpu: int = II("critic.forward_max_token_len_per_gpu")
-    """Token budget when use_dynamic_bsz."""
+    """Compatibility-only (compat.py); in verl: token budget when use_dynamic_bsz."""
     reward_manager: str = "naive"
     """How rule-based scores are computed: ``naive`` (sequential), ``parallel`` / ``prime`` (process pool),
     ``dapo`` (with overlong penalty)."""
@@ -653,7 +656,7 @@ class RewardModelConfig:
     """Stop the run with an error when every sample of a step fails to score (a broken reward function or
     data); false trains on ``failure_score`` and only prints one line per step."""
     launch_reward_fn_async: bool = False
-    """Accepted for verl compatibility; scoring runs synchronously."""
+    """Compatibility-only, no effect (see compat.py)."""
     sandbox_fusion: SandboxConfig = field(default_factory=SandboxConfig)
     """Code execution settings."""
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
@@ -663,7 +666,7 @@ class RewardModelConfig:
     ({enable, len, penalty_factor, log}; wins over ``overlong_buffer``) and ``max_resp_len`` (wins over
     data.max_response_length). Arguments of the scoring function go in custom_reward_function.reward_kwargs."""
     ulysses_sequence_parallel_size: int = 1
-    """Only 1 is supported."""
+    """Compatibility-only (compat.py); in verl: only 1 is supported."""
     use_reward_loop: bool = True
     """verl's reward loop (its default). With ``enable``: a causal-LM ``model.path`` is a generative
     judge generating through ``rollout`` (verdict -> score); a sequence-classification model is scored
@@ -800,7 +803,7 @@ class TrainerConfig:
     experiment_name: str = "run"
     """Tracker run name."""
     logger: Any = field(default_factory=lambda: ["console"])
-    """Trackers: any of console, file, tensorboard, wandb, mlflow."""
+    """Trackers: any of console, file, tensorboard, wandb, swanlab, mlflow."""
     log_val_generations: int = 0
     """Validation samples (prompt, response, score) to log as text."""
     rollout_data_dir: Optional[str] = None
@@ -826,9 +829,9 @@ class TrainerConfig:
     critic_warmup: int = 0
     """Steps during which only the critic is updated."""
     default_hdfs_dir: Optional[str] = None
-    """Accepted for verl compatibility; no effect."""
+    """Compatibility-only, no effect (see compat.py)."""
     del_local_ckpt_after_load: bool = False
-    """Delete the local checkpoint after loading it."""
+    """Compatibility-only (compat.py); in verl: delete the local checkpoint after loading it."""
     default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
     """Checkpoint root: global_step_N/{actor,critic} and latest_checkpointed_iteration.txt."""
     max_actor_ckpt_to_keep: Optional[int] = None
@@ -847,7 +850,7 @@ class TrainerConfig:
     backend: str = "local"
     """Worker-group backend: ``local`` (in-process) or ``ray``."""
     use_legacy_worker_impl: str = "auto"
-    """Accepted for verl compatibility: picks verl's legacy or new worker classes; hybridflow has one."""
+    """Compatibility-only (compat.py): picks verl's legacy or new worker classes; hybridflow has one."""
 
 
 @dataclass
@@ -859,7 +862,7 @@ class RayInitConfig:
     address: Optional[str] = None
     """An existing cluster's address (``auto`` or host:port); null starts a local one (RAY_ADDRESS also works)."""
     timeline_json_file: Optional[str] = None
-    """Write a Ray timeline here at the end."""
+    """Compatibility-only (compat.py); in verl: write a Ray timeline here at the end."""
 
 
 @dataclass

@@ -18,9 +18,9 @@ class MultiturnConfig:
     messages_key: str = "messages"
     """Column with the list of {role, content} messages."""
     tools_key: str = "tools"
-    """Column with tool schemas passed to the chat template."""
+    """Compatibility-only (compat.py); in verl: column with tool schemas passed to the chat template."""
     enable_thinking_key: str = "enable_thinking"
-    """Column with a per-row enable_thinking flag for the chat template."""
+    """Compatibility-only (compat.py); in verl: column with a per-row enable_thinking flag for the chat template."""
 
 
 @dataclass
@@ -53,7 +53,7 @@ class SFTDataConfig:
     truncation: str = "error"
     """Longer examples: ``error``, ``left`` or ``right``."""
     balance_dp_token: bool = False
-    """Equalise tokens across data-parallel ranks."""
+    """Compatibility-only (compat.py); in verl: equalise tokens across data-parallel ranks."""
     chat_template: Optional[str] = None
     """A Jinja chat template that replaces the tokenizer's."""
     use_packing: bool = False
@@ -67,7 +67,7 @@ class SFTDataConfig:
     custom_cls: Dict[str, Any] = field(default_factory=lambda: {"path": None, "name": None})
     """A user dataset class (path + name)."""
     use_shm: bool = False
-    """Accepted for verl compatibility; no effect."""
+    """Compatibility-only, no effect (see compat.py)."""
 
 
 @dataclass
@@ -93,9 +93,9 @@ class SFTModelConfig:
     target_modules: Any = "all-linear"
     """LoRA target modules."""
     use_liger: bool = False
-    """Accepted for verl compatibility; no effect."""
+    """Compatibility-only, no effect (see compat.py)."""
     strategy: str = "fsdp2"
-    """Training backend."""
+    """Compatibility-only (compat.py); in verl: training backend."""
     override_config: Dict[str, Any] = field(default_factory=dict)
     """Entries that override the model's HF config."""
 
@@ -131,7 +131,7 @@ class SFTTrainerConfig:
     default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
     """Checkpoint root."""
     default_hdfs_dir: Optional[str] = None
-    """Accepted for verl compatibility; no effect."""
+    """Compatibility-only, no effect (see compat.py)."""
     project_name: str = "hybridflow-sft"
     """Tracker project name."""
     experiment_name: str = "sft"
@@ -141,7 +141,7 @@ class SFTTrainerConfig:
     total_training_steps: Optional[int] = None
     """Stop after this many steps."""
     logger: Any = field(default_factory=lambda: ["console"])
-    """Trackers: console, file, tensorboard, wandb, mlflow."""
+    """Trackers: console, file, tensorboard, wandb, swanlab, mlflow."""
     seed: int = 1
     """Global seed."""
     save_freq: int = -1
@@ -175,8 +175,8 @@ class SFTConfig:
     optim: SFTOptimConfig = field(default_factory=SFTOptimConfig)
     """Optimizer."""
     ulysses_sequence_parallel_size: int = 1
-    """Only 1 is supported."""
+    """Compatibility-only (compat.py); in verl: only 1 is supported."""
     use_remove_padding: bool = False
-    """Accepted for verl compatibility; use data.use_packing for padding-free training."""
+    """verl's padding-free switch: the same as data.use_packing (micro-batches as one packed row)."""
     trainer: SFTTrainerConfig = field(default_factory=SFTTrainerConfig)
     """Loop, logging, checkpoints."""

@@ -12,6 +12,7 @@ import copy
 
 import torch
 
+from hybridflow.models.loader import resolve_dtype
 from hybridflow.workers.distributed import DataParallel
 
 
@@ -20,19 +21,33 @@ def rank_device() -> torch.device:
     return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
 
 
-def shard_for_group(model: torch.nn.Module, *, dp: DataParallel, fsdp_cfg, device: torch.device) -> torch.nn.Module:
-    """FSDP2 over all ranks of the group; unchanged at world size 1 (the local reference)."""
+def shard_for_group(model: torch.nn.Module, *, dp: DataParallel, fsdp_cfg, device: torch.device,
+                    precision: str | None = None) -> torch.nn.Module:
+    """FSDP2 over the ranks of the group (HSDP with ``fsdp_size``) computing in ``precision``
+    (MixedPrecisionPolicy); at world size 1 the plain model with its forward under autocast."""
+    from hybridflow.models.fsdp import autocast_forward, compute_dtype, data_parallel_mesh, shard_model
+
     if dp.world_size == 1:
-        return model
-    from torch.distributed.device_mesh import init_device_mesh
-
-    from hybridflow.models.fsdp import shard_model
-
-    mesh = init_device_mesh(device.type, (dp.world_size,))
-    on_gpu = device.type == "cuda"
-    return shard_model(model, mesh=mesh, mixed_precision=fsdp_cfg.mixed_precision if on_gpu else None,
+        return autocast_forward(model, device_type=device.type, dtype=compute_dtype(precision))
+    mesh = data_parallel_mesh(device.type, dp.world_size, fsdp_cfg.fsdp_size)
+    return shard_model(model, mesh=mesh, mixed_precision=precision,
                        param_offload=fsdp_cfg.param_offload or fsdp_cfg.offload_policy,
                        reshard_after_forward=fsdp_cfg.reshard_after_forward)
+
+
+def training_precision(fsdp_cfg, model_dtype: str | None = None) -> str | None:
+    """Compute dtype of a trained or reference model: ``fsdp_config.mixed_precision``, else the
+    policy's ``model.dtype``, else None (the parameters' ``fsdp_config.model_dtype``, fp32)."""
+    return fsdp_cfg.mixed_precision or model_dtype
+
+
+def policy_tokenizer(cfg):
+    """The policy's tokenizer: ``data.tokenizer`` or the model's, with ``model.custom_chat_template``."""
+    from hybridflow.models import load_tokenizer
+
+    model = cfg.actor_rollout_ref.model
+    return load_tokenizer(cfg.data.tokenizer or model.path, chat_template=model.custom_chat_template,
+                          trust_remote_code=model.trust_remote_code or cfg.data.trust_remote_code)
 
 
 def model_layout(model_cfg) -> str:
@@ -47,15 +62,17 @@ def build_hybrid_engine(dp: DataParallel, *, cfg, total_steps: int, with_rollout
                         with_reference: bool | None = None):
     """Actor (FSDP2-sharded), rollout engine (full weights) and reference of one rank, from a PPOConfig."""
     from hybridflow.controller.roles import HybridEngineWorker
-    from hybridflow.models import load_causal_lm, load_tokenizer
+    from hybridflow.models import load_causal_lm
+    from hybridflow.models.loader import import_external_lib
     from hybridflow.models.sharded_checkpoint import FSDPModelComponent
     from hybridflow.workers.actor import ActorWorker
     from hybridflow.workers.optim import train_state_from_config
 
     torch.manual_seed(cfg.trainer.seed)
     arr, device = cfg.actor_rollout_ref, rank_device()
-    tokenizer = load_tokenizer(cfg.data.tokenizer or arr.model.path, trust_remote_code=arr.model.trust_remote_code)
-    model = load_causal_lm(arr.model.path, dtype="float32", trust_remote_code=arr.model.trust_remote_code,
+    tokenizer = policy_tokenizer(cfg)
+    import_external_lib(arr.model.external_lib)
+    model = load_causal_lm(arr.model.path, dtype=arr.actor.fsdp_config.model_dtype, trust_remote_code=arr.model.trust_remote_code,
                            override_config=dict(arr.model.override_config),
                            gradient_checkpointing=arr.model.enable_gradient_checkpointing,
                            attn_implementation=arr.model.attn_implementation).to(device)
@@ -63,27 +80,47 @@ def build_hybrid_engine(dp: DataParallel, *, cfg, total_steps: int, with_rollout
         with_reference = arr.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
     use_lora = arr.model.lora_rank > 0
     # Copies for generation and a separate reference are taken before sharding and LoRA: full, plain weights.
-    rollout = (_rollout_worker(copy.deepcopy(model).eval(), tokenizer, arr.rollout,
+    engine_model = copy.deepcopy(model).eval()
+    if device.type == "cpu":
+        engine_model = engine_model.float()  # the engine generates in fp32 on CPU whatever the training dtype
+    rollout = (_rollout_worker(engine_model, tokenizer, arr.rollout,
                                template_kwargs=dict(cfg.data.apply_chat_template_kwargs)) if with_rollout else None)
-    ref_model = copy.deepcopy(model).eval() if with_reference and not use_lora else None
+    ref_model = None
+    if with_reference and not use_lora:
+        ref_model = copy.deepcopy(model).to(resolve_dtype(arr.ref.fsdp_config.model_dtype)).eval()
     if use_lora:
         from hybridflow.models.lora import apply_lora
 
         model = apply_lora(model, rank=arr.model.lora_rank, alpha=arr.model.lora_alpha,
                            target_modules=arr.model.target_modules, exclude_modules=arr.model.exclude_modules)
-    model = shard_for_group(model, dp=dp, fsdp_cfg=arr.actor.fsdp_config, device=device)
+    model = shard_for_group(model, dp=dp, fsdp_cfg=arr.actor.fsdp_config, device=device,
+                            precision=training_precision(arr.actor.fsdp_config, arr.model.dtype))
     reference = None
     if with_reference:
         reference = _reference_worker(actor_model=model, ref_model=ref_model, arr=arr, dp=dp, device=device)
-    state = train_state_from_config(model, arr.actor.optim, grad_clip=arr.actor.grad_clip, total_steps=total_steps)
+    state = train_state_from_config(model, arr.actor.optim, grad_clip=arr.actor.grad_clip, total_steps=total_steps,
+                                    offload_optimizer=arr.actor.fsdp_config.optimizer_offload)
     actor = ActorWorker(state=state, cfg=arr.actor, rollout_n=arr.rollout.n, max_response_length=cfg.data.max_response_length,
-                        log_prob_micro_batch_size=arr.rollout.log_prob_micro_batch_size_per_gpu, dp=dp,
-                        seed=cfg.trainer.seed, rollout_correction=cfg.algorithm.rollout_correction,
-                        layout=model_layout(arr.model))
-    checkpoint = FSDPModelComponent(model, state.optimizer, state.scheduler, tokenizer=tokenizer)
+                        log_prob=log_prob_batching(arr.rollout, dp), dp=dp, seed=cfg.trainer.seed,
+                        rollout_correction=cfg.algorithm.rollout_correction, layout=model_layout(arr.model))
+    checkpoint = FSDPModelComponent(model, state.optimizer, state.scheduler, tokenizer=tokenizer,
+                                    save_contents=arr.actor.checkpoint.save_contents,
+                                    load_contents=arr.actor.checkpoint.load_contents)
     ref_checkpoint = FSDPModelComponent(reference.model, tokenizer=tokenizer) if ref_model is not None else None
     return HybridEngineWorker(actor=actor, rollout=rollout, reference=reference, checkpoint=checkpoint,
                               reference_checkpoint=ref_checkpoint)
+
+
+def log_prob_batching(section, dp: DataParallel):
+    """How the rollout's (old log-probs) or the reference's section cuts its no-grad forward:
+    verl's ``log_prob_micro_batch_size[_per_gpu]``, ``log_prob_use_dynamic_bsz`` and
+    ``log_prob_max_token_len_per_gpu``."""
+    from hybridflow.workers.micro_batches import LogProbBatching, per_rank_micro_batch_size
+
+    size = per_rank_micro_batch_size(section.log_prob_micro_batch_size_per_gpu, section.log_prob_micro_batch_size,
+                                     dp.world_size)
+    return LogProbBatching(micro_batch_size=size, use_dynamic_bsz=section.log_prob_use_dynamic_bsz,
+                           max_token_len=section.log_prob_max_token_len_per_gpu)
 
 
 def _reference_worker(*, actor_model, ref_model, arr, dp: DataParallel, device: torch.device):
@@ -94,12 +131,14 @@ def _reference_worker(*, actor_model, ref_model, arr, dp: DataParallel, device: 
     from hybridflow.models.lora import disable_adapter
     from hybridflow.workers.reference import ReferenceWorker
 
-    kwargs = dict(micro_batch_size=arr.ref.log_prob_micro_batch_size_per_gpu,
-                  use_dynamic_bsz=arr.ref.log_prob_use_dynamic_bsz, max_token_len=arr.ref.log_prob_max_token_len_per_gpu,
-                  dp=dp, layout=model_layout(arr.model))
+    batching = log_prob_batching(arr.ref, dp)
+    kwargs = dict(micro_batch_size=batching.micro_batch_size, use_dynamic_bsz=batching.use_dynamic_bsz,
+                  max_token_len=batching.max_token_len, dp=dp, layout=model_layout(arr.model),
+                  use_torch_compile=arr.ref.use_torch_compile)
     if ref_model is None:
         return ReferenceWorker(model=actor_model, adapter_off=functools.partial(disable_adapter, actor_model), **kwargs)
-    ref_model = shard_for_group(ref_model, dp=dp, fsdp_cfg=arr.ref.fsdp_config, device=device)
+    ref_model = shard_for_group(ref_model, dp=dp, fsdp_cfg=arr.ref.fsdp_config, device=device,
+                                precision=training_precision(arr.ref.fsdp_config, arr.model.dtype))
     return ReferenceWorker(model=ref_model, **kwargs)
 
 
@@ -130,19 +169,27 @@ def build_critic_worker(dp: DataParallel, *, cfg, total_steps: int):
     """The critic of one rank: value model (FSDP2 across the group), optimizer, checkpoint component."""
     from hybridflow.controller.roles import CriticGroupWorker
     from hybridflow.models import load_tokenizer, load_value_model
+    from hybridflow.models.loader import import_external_lib
     from hybridflow.models.sharded_checkpoint import FSDPModelComponent
     from hybridflow.workers.critic import CriticWorker
     from hybridflow.workers.optim import train_state_from_config
 
     torch.manual_seed(cfg.trainer.seed)
     critic_cfg, device = cfg.critic, rank_device()
-    model = load_value_model(critic_cfg.model.path, dtype="float32", trust_remote_code=critic_cfg.model.trust_remote_code,
-                             override_config=dict(critic_cfg.model.override_config)).to(device)
-    model = shard_for_group(model, dp=dp, fsdp_cfg=critic_cfg.model.fsdp_config, device=device)
-    state = train_state_from_config(model, critic_cfg.optim, grad_clip=critic_cfg.grad_clip, total_steps=total_steps)
-    critic = CriticWorker(state=state, cfg=critic_cfg, rollout_n=cfg.actor_rollout_ref.rollout.n, dp=dp,
-                          max_response_length=cfg.data.max_response_length, layout=model_layout(critic_cfg.model))
+    import_external_lib(critic_cfg.model.external_lib)
+    fsdp_cfg = critic_cfg.model.fsdp_config
+    model = load_value_model(critic_cfg.model.path, dtype=fsdp_cfg.model_dtype, trust_remote_code=critic_cfg.model.trust_remote_code,
+                             override_config=dict(critic_cfg.model.override_config),
+                             gradient_checkpointing=critic_cfg.model.enable_gradient_checkpointing).to(device)
+    model = shard_for_group(model, dp=dp, fsdp_cfg=fsdp_cfg, device=device, precision=training_precision(fsdp_cfg))
+    state = train_state_from_config(model, critic_cfg.optim, grad_clip=critic_cfg.grad_clip, total_steps=total_steps,
+                                    offload_optimizer=fsdp_cfg.optimizer_offload)
+    critic = CriticWorker(state=state, cfg=critic_cfg, rollout_n=critic_cfg.rollout_n, dp=dp, seed=cfg.trainer.seed,
+                          max_response_length=cfg.data.max_response_length,
+                          layout=model_layout(critic_cfg.model))
     tokenizer = load_tokenizer(critic_cfg.model.tokenizer_path or critic_cfg.model.path,
                                trust_remote_code=critic_cfg.model.trust_remote_code)
-    return CriticGroupWorker(critic=critic, checkpoint=FSDPModelComponent(model, state.optimizer, state.scheduler,
-                                                                         tokenizer=tokenizer))
+    checkpoint = FSDPModelComponent(model, state.optimizer, state.scheduler, tokenizer=tokenizer,
+                                    save_contents=critic_cfg.checkpoint.save_contents,
+                                    load_contents=critic_cfg.checkpoint.load_contents)
+    return CriticGroupWorker(critic=critic, checkpoint=checkpoint)

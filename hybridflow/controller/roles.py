@@ -151,6 +151,6 @@ class CriticGroupWorker(CheckpointedRank):
         return self.critic.compute_values(batch)
 
     @dispatch(Mode.DP_COMPUTE, collect="mean")
-    def update_critic(self, batch: Batch) -> dict[str, float]:
-        return self.critic.update_critic(batch)
+    def update_critic(self, batch: Batch, *, step: int = 0) -> dict[str, float]:
+        return self.critic.update_critic(batch, step=step)
 

@@ -7,10 +7,14 @@ layer in full (ZeRO-3; Rajbhandari et al., "ZeRO", SC 2020; Zhao et al., "PyTorc
 VLDB 2023). Gradients are reduce-scattered as the *mean* over ranks, which is why the
 workers multiply their globally-normalised losses by the world size.
 
-Precision: on GPU ``mixed_precision="bf16"`` computes in bf16 with fp32 master weights
-and fp32 gradient reduction; on CPU everything stays fp32 (bf16 matmuls are far slower
-there). ``param_offload`` keeps the sharded parameters, gradients and optimizer state in
-CPU memory between uses (``CPUOffloadPolicy``).
+Precision: ``mixed_precision="bf16"`` (or ``fp16``) computes in that dtype with the master
+weights in ``model_dtype`` (fp32) and fp32 gradient reduction: FSDP2's
+``MixedPrecisionPolicy`` when sharded, autocast around the forward on a single process. The
+default is the parameter dtype: fp32 on CPU, where bf16 matmuls are slower without AMX / AVX-512
+BF16 (docs/trainer.md has numbers). ``param_offload`` keeps the sharded parameters, gradients
+and optimizer state in CPU memory between uses (``CPUOffloadPolicy``); ``optimizer_offload``
+keeps only the optimizer state there between steps. ``fsdp_size`` < world size shards inside
+groups of that size and replicates across them (HSDP, a 2-D mesh).
 """
 
 from __future__ import annotations
@@ -24,11 +28,40 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 
 from hybridflow.errors import ConfigError
 
-PRECISIONS = {
-    None: None,
-    "fp32": None,
-    "bf16": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32),
-}
+COMPUTE_DTYPES = {"fp32": None, "float32": None, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+                  "fp16": torch.float16, "float16": torch.float16}
+"""Names accepted for a compute dtype -> the dtype (None: no mixed precision)."""
+
+
+def compute_dtype(*choices: str | None) -> torch.dtype | None:
+    """The first choice that is set (``fsdp_config.mixed_precision``, then ``model.dtype``) as a dtype;
+    None when none is set or it is fp32 (compute in the parameters' dtype)."""
+    for choice in choices:
+        if choice is not None:
+            if choice not in COMPUTE_DTYPES:
+                raise ConfigError(f"mixed precision {choice!r} is not one of {', '.join(COMPUTE_DTYPES)} or null")
+            return COMPUTE_DTYPES[choice]
+    return None
+
+
+def autocast_forward(model: torch.nn.Module, *, device_type: str, dtype: torch.dtype | None) -> torch.nn.Module:
+    """Run ``model``'s forward under autocast to ``dtype`` (mixed precision of an unsharded model:
+    the weights stay in their dtype, matmuls run in ``dtype``); no-op for None."""
+    if dtype is not None:
+        model.forward = torch.autocast(device_type=device_type, dtype=dtype)(model.forward)
+    return model
+
+
+def data_parallel_mesh(device_type: str, world_size: int, fsdp_size: int = -1):
+    """1-D mesh over all ranks, or with ``fsdp_size`` in (1, world) a 2-D (replicate, shard) mesh:
+    HSDP, parameters sharded inside each group of ``fsdp_size`` ranks and replicated across groups."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if fsdp_size <= 0 or fsdp_size >= world_size:
+        return init_device_mesh(device_type, (world_size,))
+    if world_size % fsdp_size:
+        raise ConfigError(f"fsdp_config.fsdp_size={fsdp_size} does not divide the {world_size} data-parallel ranks")
+    return init_device_mesh(device_type, (world_size // fsdp_size, fsdp_size), mesh_dim_names=("replicate", "shard"))
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -43,13 +76,13 @@ def shard_model(model: torch.nn.Module, *, mesh=None, mixed_precision: str | Non
                 param_offload: bool = False, reshard_after_forward: bool = True) -> torch.nn.Module:
     """``fully_shard`` each decoder layer, then the root; returns the same (now sharded) module.
 
-    ``mesh``: a 1-D ``DeviceMesh`` over the data-parallel ranks (None = the default group).
+    ``mesh``: a 1-D ``DeviceMesh`` over the data-parallel ranks (None = the default group) or a
+    2-D (replicate, shard) one for HSDP (``data_parallel_mesh``).
     """
-    if mixed_precision not in PRECISIONS:
-        raise ConfigError(f"fsdp_config.mixed_precision={mixed_precision!r}; use one of bf16, fp32 or null")
     kwargs = {"mesh": mesh, "reshard_after_forward": reshard_after_forward}
-    if PRECISIONS[mixed_precision] is not None:
-        kwargs["mp_policy"] = PRECISIONS[mixed_precision]
+    dtype = compute_dtype(mixed_precision)
+    if dtype is not None:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
     if param_offload:
         # Pinned memory needs a GPU; on CPU the "offload" is the resting place of the shards anyway.
         kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())

@@ -12,6 +12,7 @@ folder that ``AutoModelForCausalLM.from_pretrained`` loads.
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 from collections.abc import Callable
 
@@ -118,3 +119,19 @@ def merge_into_hf_folder(
     has_tokenizer = os.path.isfile(os.path.join(hf_dir, "tokenizer_config.json"))
     tokenizer = AutoTokenizer.from_pretrained(hf_dir) if has_tokenizer else None
     return save_hf_folder(model, tokenizer, target_dir)
+
+
+def plain_hf_model(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """A plain ``*ForCausalLM`` holding ``state`` (LoRA merged in), built on the meta device: no copy of the weights.
+
+    Works for a sharded model too: ``state`` is its gathered full state dict, ``model`` only supplies the structure.
+    """
+    lora_config = copy.deepcopy(model.peft_config["default"]) if is_lora_model(model) else None
+    if lora_config is not None:
+        # merging adds B A into W in place, and an unsharded model's state shares storage with its live weights
+        state = {name: tensor.clone() for name, tensor in state.items()}
+    plain = plain_causal_lm(model.config, lora_config=lora_config, on_meta=True,
+                            load_weights=lambda clone: clone.load_state_dict(state, strict=True, assign=True))
+    plain.tie_weights()  # a gathered state holds tied weights as two tensors; the export stores them once
+    plain.generation_config = copy.deepcopy(model.generation_config)
+    return plain

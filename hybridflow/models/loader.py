@@ -7,6 +7,7 @@ names the path and the two ways to get a model without a hub.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import struct
@@ -128,17 +129,27 @@ def load_causal_lm(
     return model
 
 
+def import_external_lib(module: str | None) -> None:
+    """Import the module a config names in ``external_lib`` (it registers custom architectures)."""
+    if module:
+        importlib.import_module(module)
+
+
 def enable_gradient_checkpointing(model) -> None:
     """Recompute activations in backward; non-reentrant so frozen inputs still get gradients."""
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = False  # a KV cache is useless (and wasted memory) in training
 
 
-def load_tokenizer(path: str, *, trust_remote_code: bool = False, padding_side: str = "left"):
-    """The model's tokenizer; a missing pad token falls back to EOS (as verl does)."""
+def load_tokenizer(path: str, *, trust_remote_code: bool = False, padding_side: str = "left",
+                   chat_template: str | None = None):
+    """The model's tokenizer; a missing pad token falls back to EOS (as verl does); ``chat_template``
+    (a Jinja string) replaces the tokenizer's own."""
     from transformers import AutoTokenizer
 
     tokenizer = _from_pretrained(AutoTokenizer, path, trust_remote_code=trust_remote_code)
+    if chat_template:
+        tokenizer.chat_template = chat_template
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = padding_side

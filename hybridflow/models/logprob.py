@@ -6,7 +6,10 @@ which keeps the memory and the head's FLOPs at ``[B, T, V]`` instead of ``[B, L,
 
 from __future__ import annotations
 
+import functools
+
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from hybridflow.algos import entropy_from_logits, logprobs_from_logits
 from hybridflow.algos.logprob import sum_pi_squared_from_logits
@@ -14,21 +17,16 @@ from hybridflow.data.packing import PackedResponses
 from hybridflow.models.segment_attention import SegmentLayout, packed_row_mask, use_segment_attention
 
 
-def _token_outputs(logits: torch.Tensor, labels: torch.Tensor, *, temperature: float, calculate_entropy: bool,
-                   calculate_sum_pi_squared: bool) -> tuple:
-    """(log-probs, entropy or None[, sum_v pi(v)^2]) per position of ``logits [..., V]``."""
-    if temperature != 1.0:
-        logits = logits / temperature
-    log_probs = logprobs_from_logits(logits=logits, labels=labels)
-    entropy = entropy_from_logits(logits=logits) if calculate_entropy else None
-    if calculate_sum_pi_squared:
-        return log_probs, entropy, sum_pi_squared_from_logits(logits=logits.detach())
-    return log_probs, entropy
+@functools.cache
+def _compiled(fn):
+    """``fn`` through torch.compile (dynamic shapes: response lengths change every step), compiled once."""
+    return torch.compile(fn, dynamic=True)
 
 
 def compute_log_probs(model, *, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                       position_ids: torch.Tensor | None, response_length: int, temperature: float = 1.0,
-                      calculate_entropy: bool = False, calculate_sum_pi_squared: bool = False):
+                      calculate_entropy: bool = False, calculate_sum_pi_squared: bool = False,
+                      entropy_checkpointing: bool = False, use_torch_compile: bool = False) -> tuple:
     """log p(response token t | prefix) ``[B, T]`` and optionally the entropy ``[B, T]``; with
     ``calculate_sum_pi_squared`` a third element, sum_v p(v | prefix)^2 ``[B, T]``.
 
@@ -36,6 +34,10 @@ def compute_log_probs(model, *, input_ids: torch.Tensor, attention_mask: torch.T
         input_ids / attention_mask / position_ids: ``[B, L]`` = left-padded prompt ++ response.
         response_length: ``T``, the last T columns are the response.
         temperature: logits are divided by it first (log-probs of the sampling distribution).
+        entropy_checkpointing: with gradients on, keep no ``[B, T, V]`` softmax for the entropy's
+            backward; recompute it there (verl's ``actor.entropy_checkpointing``).
+        use_torch_compile: run the log-prob and entropy math from the logits through torch.compile
+            (verl's ``use_torch_compile``: the model forward itself stays eager).
     """
     # Position L-T-1 predicts the first response token, L-2 the last one: only those T
     # positions go through the LM head (logits_to_keep), saving [B, L-T, V] of work.
@@ -43,11 +45,32 @@ def compute_log_probs(model, *, input_ids: torch.Tensor, attention_mask: torch.T
                 logits_to_keep=response_length + 1)
     return _token_outputs(out.logits[:, -response_length - 1 : -1, :], input_ids[:, -response_length:],
                           temperature=temperature, calculate_entropy=calculate_entropy,
-                          calculate_sum_pi_squared=calculate_sum_pi_squared)
+                          calculate_sum_pi_squared=calculate_sum_pi_squared,
+                          entropy_checkpointing=entropy_checkpointing, use_torch_compile=use_torch_compile)
+
+
+def _token_outputs(logits: torch.Tensor, labels: torch.Tensor, *, temperature: float, calculate_entropy: bool,
+                   calculate_sum_pi_squared: bool, entropy_checkpointing: bool, use_torch_compile: bool) -> tuple:
+    """(log-probs, entropy or None[, sum_v pi(v)^2]) per position of ``logits [..., V]`` (the
+    switches: see :func:`compute_log_probs`)."""
+    if temperature != 1.0:
+        logits = logits / temperature
+    logprob_fn = _compiled(logprobs_from_logits) if use_torch_compile else logprobs_from_logits
+    entropy_fn = _compiled(entropy_from_logits) if use_torch_compile else entropy_from_logits
+    log_probs = logprob_fn(logits=logits, labels=labels)
+    entropy = None
+    if calculate_entropy and entropy_checkpointing and torch.is_grad_enabled():
+        entropy = checkpoint(entropy_fn, logits=logits, use_reentrant=False)
+    elif calculate_entropy:
+        entropy = entropy_fn(logits=logits)
+    if calculate_sum_pi_squared:
+        return log_probs, entropy, sum_pi_squared_from_logits(logits=logits.detach())
+    return log_probs, entropy
 
 
 def packed_log_probs(model, packed: PackedResponses, *, temperature: float = 1.0, calculate_entropy: bool = False,
-                     calculate_sum_pi_squared: bool = False):
+                     calculate_sum_pi_squared: bool = False, entropy_checkpointing: bool = False,
+                     use_torch_compile: bool = False) -> tuple:
     """:func:`compute_log_probs` over a padding-free (optionally shared-prompt) packed row.
 
     Same values as the padded forward on every valid response token (zeros elsewhere), each
@@ -56,7 +79,8 @@ def packed_log_probs(model, packed: PackedResponses, *, temperature: float = 1.0
     """
     logits = model(**packed_forward_inputs(model, packed), logits_to_keep=packed.source).logits[0]
     outs = _token_outputs(logits, packed.labels, temperature=temperature, calculate_entropy=calculate_entropy,
-                          calculate_sum_pi_squared=calculate_sum_pi_squared)
+                          calculate_sum_pi_squared=calculate_sum_pi_squared,
+                          entropy_checkpointing=entropy_checkpointing, use_torch_compile=use_torch_compile)
     return tuple(None if out is None else packed.scatter(out) for out in outs)
 
 

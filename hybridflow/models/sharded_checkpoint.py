@@ -11,12 +11,14 @@ Layout of one component directory (``global_step_N/actor``)::
     dcp/                     DCP shards + .metadata: {"model": ..., "optim": ...}
     lr_scheduler.pt          scheduler state (identical on every rank; rank 0 writes it)
     rng_state_rank{r}.pt     each rank's RNG states
-    huggingface/             config, generation config, tokenizer (no weights; hf_folder.py)
+    huggingface/             config, generation config, tokenizer (+ weights with ``hf_model``; hf_folder.py)
+    contents.json            which of model / optimizer / extra / hf_model were saved
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import warnings
 
@@ -26,11 +28,14 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from hybridflow.errors import ModelError
-from hybridflow.models.hf_folder import HF_FOLDER, has_hf_config, merge_into_hf_folder, save_hf_folder
+from hybridflow.models.fsdp import full_state_dict
+from hybridflow.models.hf_folder import HF_FOLDER, has_hf_config, merge_into_hf_folder, plain_hf_model, save_hf_folder
 from hybridflow.models.rng_state import capture_rng_state, restore_rng_state, rng_file
 
 DCP_FOLDER = "dcp"
 SCHEDULER_FILE = "lr_scheduler.pt"
+CONTENTS_FILE = "contents.json"
+ALL_CONTENTS = ("model", "optimizer", "extra")
 
 
 def _rank() -> int:
@@ -75,24 +80,42 @@ class FSDPModelComponent:
 
     Implements the trainer's ``save_to(dir)`` / ``load_from(dir)`` protocol; call both on
     every rank of the group with the same ``directory`` (a shared file system on multi-node).
+
+    Contents (verl's ``checkpoint.save_contents`` / ``load_contents``): ``model`` (always: a
+    checkpoint without weights cannot be resumed), ``optimizer``, ``extra`` (LR schedule and RNG
+    state), ``hf_model`` (a loadable HF folder with full weights in ``huggingface/``; without it
+    that folder holds config and tokenizer only). Loading restores what is both asked for and saved.
     """
 
-    def __init__(self, model: torch.nn.Module, optimizer=None, lr_scheduler=None, tokenizer=None):
+    def __init__(self, model: torch.nn.Module, optimizer=None, lr_scheduler=None, tokenizer=None, *,
+                 save_contents=ALL_CONTENTS, load_contents=None):
         self.model, self.optimizer, self.lr_scheduler, self.tokenizer = model, optimizer, lr_scheduler, tokenizer
+        self.save_contents = set(save_contents) | {"model"}
+        self.load_contents = set(save_contents if load_contents is None else load_contents) | {"model"}
 
     def save_to(self, directory: str) -> None:
         rank = _rank()
-        save_sharded(os.path.join(directory, DCP_FOLDER), model=self.model, optimizer=self.optimizer)
-        torch.save(capture_rng_state(), os.path.join(directory, rng_file(rank)))
+        optimizer = self.optimizer if "optimizer" in self.save_contents else None
+        save_sharded(os.path.join(directory, DCP_FOLDER), model=self.model, optimizer=optimizer)
+        if "extra" in self.save_contents:
+            torch.save(capture_rng_state(), os.path.join(directory, rng_file(rank)))
+        hf_state = full_state_dict(self.model) if "hf_model" in self.save_contents else None  # a collective
         if rank != 0:
             return
-        if self.lr_scheduler is not None:
+        with open(os.path.join(directory, CONTENTS_FILE), "w") as fh:
+            json.dump(sorted(self.save_contents), fh)
+        if self.lr_scheduler is not None and "extra" in self.save_contents:
             torch.save(self.lr_scheduler.state_dict(), os.path.join(directory, SCHEDULER_FILE))
         if has_hf_config(self.model):
-            save_hf_folder(self.model, self.tokenizer, os.path.join(directory, HF_FOLDER), include_weights=False)
+            model = plain_hf_model(self.model, hf_state) if hf_state is not None else self.model
+            save_hf_folder(model, self.tokenizer, os.path.join(directory, HF_FOLDER), include_weights=hf_state is not None)
 
     def load_from(self, directory: str) -> None:
-        load_sharded(os.path.join(directory, DCP_FOLDER), model=self.model, optimizer=self.optimizer)
+        contents = self.load_contents & saved_contents(directory)
+        optimizer = self.optimizer if "optimizer" in contents else None
+        load_sharded(os.path.join(directory, DCP_FOLDER), model=self.model, optimizer=optimizer)
+        if "extra" not in contents:
+            return
         if self.lr_scheduler is not None:
             self.lr_scheduler.load_state_dict(torch.load(os.path.join(directory, SCHEDULER_FILE), weights_only=True))
         rng_path = os.path.join(directory, rng_file(_rank()))
@@ -107,6 +130,15 @@ def holds_value_model(dcp_dir: str) -> bool:
     if not os.path.isfile(os.path.join(dcp_dir, ".metadata")):
         return False
     return any(key.startswith("model.value_head.") for key in FileSystemReader(dcp_dir).read_metadata().state_dict_metadata)
+
+
+def saved_contents(directory: str) -> set[str]:
+    """What a component directory holds (checkpoints from before contents.json hold everything)."""
+    path = os.path.join(directory, CONTENTS_FILE)
+    if not os.path.isfile(path):
+        return set(ALL_CONTENTS)
+    with open(path) as fh:
+        return set(json.load(fh))
 
 
 def merge_sharded_checkpoint(local_dir: str, target_dir: str) -> str:

@@ -258,12 +258,30 @@ def _publish(temp: str, final: str) -> None:
     _fsync_path(os.path.dirname(final))
 
 
-def rotate_checkpoints(root: str, max_to_keep: int | None, keep: str) -> list[str]:
-    """Delete the oldest complete steps so at most ``max_to_keep`` remain, never ``keep``; returns the deleted paths."""
+def _oldest_beyond(paths: list[str], max_to_keep: int | None) -> list[str]:
+    """The oldest of ``paths`` (sorted old to new, the kept newest step not among them) beyond
+    ``max_to_keep`` - 1 (that step counts as one); none when the limit is unset or <= 0."""
     if not max_to_keep or max_to_keep <= 0:
         return []
-    others = sorted((s, p) for s, p in complete_steps(root).items() if os.path.abspath(p) != os.path.abspath(keep))
-    doomed = [path for _, path in others[: max(0, len(others) - (max_to_keep - 1))]]
+    return paths[: max(0, len(paths) - (max_to_keep - 1))]
+
+
+def rotate_checkpoints(root: str, max_to_keep: int | None | Mapping[str, int | None], keep: str) -> list[str]:
+    """Delete the oldest complete steps so at most ``max_to_keep`` remain, never ``keep``; returns the deleted paths.
+
+    A mapping gives each component its own limit (verl's ``max_actor_ckpt_to_keep`` /
+    ``max_critic_ckpt_to_keep``): a component's directory goes once its own limit is exceeded,
+    a whole step once every component of it has gone.
+    """
+    others = [p for _, p in sorted(complete_steps(root).items()) if os.path.abspath(p) != os.path.abspath(keep)]
+    if not isinstance(max_to_keep, Mapping):
+        doomed = _oldest_beyond(others, max_to_keep)
+    else:
+        removed = {name: set(_oldest_beyond(others, limit)) for name, limit in max_to_keep.items()}
+        doomed = [p for p in others if all(p in paths for paths in removed.values())]
+        for name, paths in removed.items():
+            for path in sorted(paths - set(doomed)):
+                shutil.rmtree(os.path.join(path, name), ignore_errors=True)
     for path in doomed:
         shutil.rmtree(path)
     return doomed
@@ -274,13 +292,13 @@ def save_checkpoint(
     step: int,
     components: Mapping[str, Checkpointable | HasStateDict],
     extra: Mapping[str, Any] | None = None,
-    max_to_keep: int | None = None,
+    max_to_keep: int | None | Mapping[str, int | None] = None,
 ) -> str:
     """Save ``components`` (``{"actor": ..., "critic": ...}``) and ``extra`` as step ``step``; returns its directory.
 
     ``extra`` (dataloader state, KL-controller state, ...) goes to ``data.pt``. After the
     tracker names the new step, the oldest complete steps beyond ``max_to_keep`` are
-    deleted (None or <= 0 keeps all).
+    deleted (None or <= 0 keeps all; a mapping limits each component, see ``rotate_checkpoints``).
     """
     os.makedirs(root, exist_ok=True)
     _remove_leftovers(root)

@@ -330,27 +330,28 @@ def build_generative_judge(cfg: PPOConfig):
 def build_reward_model_scorer(cfg: PPOConfig):
     """A sequence-classification reward model scoring (prompt, response) in its own chat template."""
     from hybridflow.models import load_reward_model, load_tokenizer
+    from hybridflow.models.loader import import_external_lib
     from hybridflow.rewards import RewardModelScorer
 
     rm = cfg.reward_model
     if not rm.model.path:
         raise ConfigError("reward_model.enable=True needs reward_model.model.path (a sequence-classification model)")
+    import_external_lib(rm.model.external_lib)
     tokenizer = load_tokenizer(rm.model.path, trust_remote_code=rm.model.trust_remote_code)
     model = load_reward_model(rm.model.path, trust_remote_code=rm.model.trust_remote_code,
                               pad_token_id=tokenizer.pad_token_id)
     return RewardModelScorer(model=model, tokenizer=tokenizer, max_length=rm.max_length,
-                             micro_batch_size=rm.micro_batch_size_per_gpu or 8)
+                             micro_batch_size=rm.micro_batch_size_per_gpu or rm.micro_batch_size or 8)
 
 
 def build_trainer(cfg: PPOConfig) -> PPOTrainer:
     """Everything the loop needs, from a validated config."""
+    from hybridflow.controller.builders import policy_tokenizer
     from hybridflow.controller.roles import GroupCheckpoint
-    from hybridflow.models import load_tokenizer
 
     seed_everything(cfg.trainer.seed)
     device = resolve_device(cfg.trainer.device)
-    tokenizer = load_tokenizer(cfg.data.tokenizer or cfg.actor_rollout_ref.model.path,
-                               trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code)
+    tokenizer = policy_tokenizer(cfg)
     train_loader, val_loader = build_datasets(cfg, tokenizer)
     check_reward_inputs(cfg, {"data.train_files": train_loader, "data.val_files": val_loader})
     total_steps = total_training_steps(cfg, len(train_loader))

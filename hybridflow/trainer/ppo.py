@@ -43,6 +43,7 @@ from hybridflow.data.batch import Batch
 from hybridflow.errors import CheckpointError, HybridflowError, WorkerDiedError
 from hybridflow.rollout import SamplingParams
 from hybridflow.trainer.checkpoint import find_resume_checkpoint, load_checkpoint, save_checkpoint
+from hybridflow.trainer.generations import batch_samples, dump_generations, pick_generations
 from hybridflow.trainer.metrics import (
     Timer,
     agent_metrics,
@@ -165,11 +166,14 @@ class PPOTrainer:
                     batch["values"] = self.w.critic.compute_values(batch)
             with timer("adv"):
                 metrics.update(self.compute_rewards_and_advantages(batch))
+            if self.cfg.trainer.rollout_data_dir:
+                with timer("dump_rollout_generations"):
+                    dump_generations(self.cfg.trainer.rollout_data_dir, step, **batch_samples(batch, self.tokenizer))
             if self.cfg.algorithm.use_pf_ppo:
                 batch = self.pf_ppo_resample(batch, step=step)
             if self.w.critic is not None:
                 with timer("update_critic"):
-                    metrics.update(self.w.critic.update_critic(batch))
+                    metrics.update(self.w.critic.update_critic(batch, step=step))
             if step > self.cfg.trainer.critic_warmup:
                 with timer("update_actor"):
                     metrics.update(self.w.actor.update_policy(batch, temperature=temperature, step=step))
@@ -326,20 +330,28 @@ class PPOTrainer:
 
     # ================================================================== validation
     def validate(self) -> dict[str, float]:
-        """Generate on the validation set with ``val_kwargs``; reward mean@n per data source."""
-        n = self.rollout_cfg.val_kwargs.n
-        scores, sources, lengths, tool_uses = [], [], [], []
-        reward = self.w.reward
+        """Generate on the validation set with ``val_kwargs``; reward mean@n per data source. The samples
+        go to ``trainer.validation_data_dir`` and (``trainer.log_val_generations`` of them) to the trackers."""
+        n, trainer = self.rollout_cfg.val_kwargs.n, self.cfg.trainer
+        sources, lengths, tool_uses = [], [], []
+        samples: dict[str, Any] = {"inputs": [], "outputs": [], "gts": [], "scores": [], "extras": {}}
         for collated in self.val_loader:
             prompts = prompts_to_batch(collated)
             batch = self.w.rollout.generate(prompts, self.sampling_params(step=self.global_step, validate=True))
-            _, batch_scores, _, _ = reward.compute_scores(batch)
-            scores.extend(batch_scores.tolist())
+            _, batch["seq_score"], _, _ = self.w.reward.compute_scores(batch)
+            for key, values in batch_samples(batch, self.tokenizer).items():
+                if key != "extras":
+                    samples[key].extend(values)
             sources.extend(batch[self.cfg.data.reward_fn_key])
             lengths.extend(batch["response_mask"].sum(-1).tolist())
             if "tool_call_counts" in batch:  # multi-turn: did the conversation call a tool at all
                 tool_uses.extend(float(count > 0) for count in batch["tool_call_counts"])
-        metrics = validation_metrics(scores=scores, sources=sources, lengths=lengths, n=n)
+        if trainer.validation_data_dir:
+            dump_generations(trainer.validation_data_dir, self.global_step, **samples)
+        if trainer.log_val_generations > 0:
+            self.tracking.log_generations(pick_generations(samples["inputs"], samples["outputs"], samples["scores"],
+                                                           trainer.log_val_generations), step=self.global_step)
+        metrics = validation_metrics(scores=samples["scores"], sources=sources, lengths=lengths, n=n)
         if tool_uses:
             metrics[f"val-aux/tool_call_share@{n}"] = float(np.mean(tool_uses))
         return metrics
@@ -358,11 +370,15 @@ class PPOTrainer:
         """Save this step; a failed save stops the run unless ``trainer.stop_on_checkpoint_error=false``."""
         extra = {"dataloader": self.train_loader.state_dict(), "kl_coef": self.kl_ctrl.value,
                  "global_step": self.global_step}
+        trainer = self.cfg.trainer
+        # per role; other components (a self-play reference) follow the actor's limit
+        limits = {"actor": trainer.max_actor_ckpt_to_keep, "critic": trainer.max_critic_ckpt_to_keep}
         try:
-            return save_checkpoint(self.cfg.trainer.default_local_dir, self.global_step, self.checkpoint_components,
-                                   extra=extra, max_to_keep=self.cfg.trainer.max_actor_ckpt_to_keep)
+            return save_checkpoint(trainer.default_local_dir, self.global_step, self.checkpoint_components,
+                                   extra=extra, max_to_keep={name: limits.get(name, trainer.max_actor_ckpt_to_keep)
+                                                             for name in self.checkpoint_components})
         except CheckpointError as error:
-            if self.cfg.trainer.stop_on_checkpoint_error:
+            if trainer.stop_on_checkpoint_error:
                 raise
             logger.warning("checkpoint of step %d not saved, training on as asked: %s", self.global_step, error)
             return None

@@ -21,7 +21,6 @@ last shard is on disk.
 
 from __future__ import annotations
 
-import copy
 import os
 from collections.abc import Callable
 
@@ -29,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from hybridflow.models.fsdp import full_state_dict
-from hybridflow.models.hf_folder import HF_FOLDER, LORA_FOLDER, plain_causal_lm, save_hf_folder
+from hybridflow.models.hf_folder import HF_FOLDER, LORA_FOLDER, plain_hf_model, save_hf_folder
 from hybridflow.models.lora import is_lora_model, save_adapter
 from hybridflow.models.sharded_checkpoint import FSDPModelComponent
 from hybridflow.workers.distributed import DataParallel
@@ -46,22 +45,6 @@ def _broadcast_from_rank0(value, dp: DataParallel):
 def _barrier(dp: DataParallel) -> None:
     if dp.world_size > 1:
         dist.barrier(group=dp.group)
-
-
-def plain_hf_model(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> torch.nn.Module:
-    """A plain ``*ForCausalLM`` holding ``state`` (LoRA merged in), built on the meta device: no copy of the weights.
-
-    Works for a sharded model too: ``state`` is its gathered full state dict, ``model`` only supplies the structure.
-    """
-    lora_config = copy.deepcopy(model.peft_config["default"]) if is_lora_model(model) else None
-    if lora_config is not None:
-        # merging adds B A into W in place, and an unsharded model's state shares storage with its live weights
-        state = {name: tensor.clone() for name, tensor in state.items()}
-    plain = plain_causal_lm(model.config, lora_config=lora_config, on_meta=True,
-                            load_weights=lambda clone: clone.load_state_dict(state, strict=True, assign=True))
-    plain.tie_weights()  # a gathered state holds tied weights as two tensors; the export stores them once
-    plain.generation_config = copy.deepcopy(model.generation_config)
-    return plain
 
 
 def export_hf(model: torch.nn.Module, tokenizer, out_dir: str, *, dp: DataParallel) -> str | None:

@@ -42,7 +42,7 @@ from hybridflow.config.validate import as_list, sft_micro_batch_size_per_gpu, sf
 from hybridflow.data.dataloader import StatefulDataLoader
 from hybridflow.data.sft_dataset import SFTDataset
 from hybridflow.errors import ConfigError, run_entry_point
-from hybridflow.models.fsdp import micro_batch_sync, shard_model
+from hybridflow.models.fsdp import data_parallel_mesh, micro_batch_sync, shard_model
 from hybridflow.models import load_causal_lm, load_tokenizer, resolve_dtype
 from hybridflow.models.lora import apply_lora
 from hybridflow.models.segment_attention import use_segment_attention
@@ -161,7 +161,8 @@ def build_train_state(cfg: SFTConfig, model: torch.nn.Module, *, steps: int) -> 
     scheduler = build_scheduler(optimizer, warmup_steps=int(optim.warmup_steps_ratio * steps), total_steps=steps,
                                 style=optim.lr_scheduler, min_lr_ratio=optim.min_lr_ratio,
                                 num_cycles=optim.num_cycles)
-    return TrainState(model, optimizer, scheduler, grad_clip=optim.clip_grad)
+    return TrainState(model, optimizer, scheduler, grad_clip=optim.clip_grad,
+                      offload_optimizer=cfg.model.fsdp_config.optimizer_offload)
 
 
 # ------------------------------------------------------------------ the trainer
@@ -177,7 +178,8 @@ class SFTTrainer:
         self.total_steps = total_steps(cfg, len(self.loader))
         fsdp = cfg.model.fsdp_config
         if dp.world_size > 1:
-            model = shard_model(model, mixed_precision=fsdp.mixed_precision,
+            model = shard_model(model, mesh=data_parallel_mesh(device.type, dp.world_size, fsdp.fsdp_size),
+                                mixed_precision=fsdp.mixed_precision,
                                 reshard_after_forward=fsdp.reshard_after_forward,
                                 param_offload=fsdp.param_offload or fsdp.offload_policy)
         self.model = model
@@ -195,7 +197,7 @@ class SFTTrainer:
 
     # ---- one step ------------------------------------------------------------------
     def _forward(self, micro: list, *, global_num_tokens: float):
-        inputs = micro_batch_inputs(micro, use_packing=self.cfg.data.use_packing,
+        inputs = micro_batch_inputs(micro, use_packing=self.cfg.data.use_packing or self.cfg.use_remove_padding,
                                     pad_token_id=self.tokenizer.pad_token_id,
                                     attn_implementation=self.model.config._attn_implementation)
         extra = {}
@@ -249,8 +251,11 @@ class SFTTrainer:
 
     # ---- checkpoints ---------------------------------------------------------------
     def checkpoint_component(self) -> SharedDirComponent:
-        inner = FSDPModelComponent(self.model, self.state.optimizer, self.state.scheduler, self.tokenizer)
-        contents = self.cfg.trainer.checkpoint.save_contents
+        contents = self.cfg.trainer.checkpoint
+        inner = FSDPModelComponent(self.model, self.state.optimizer, self.state.scheduler, self.tokenizer,
+                                   save_contents=set(contents.save_contents) - {"hf_model"},
+                                   load_contents=contents.load_contents)
+        contents = contents.save_contents
         return SharedDirComponent(inner, dp=self.dp, export_weights=lambda: self._saving_last or "hf_model" in contents)
 
     def save(self) -> None:

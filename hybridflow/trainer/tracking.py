@@ -2,7 +2,7 @@
 
 Backends are chosen by name (``trainer.logger=['console','file']``, verl's names) from a
 registry; each is a small class with ``log(metrics, step)`` and ``finish()``. Optional
-packages (wandb, mlflow) are imported only when their backend is asked for.
+packages (wandb, swanlab, mlflow) are imported only when their backend is asked for.
 
 Where each backend writes (``local_dir`` is the run's log directory):
 
@@ -14,6 +14,9 @@ Where each backend writes (``local_dir`` is the run's log directory):
 - ``wandb``: run files under ``{local_dir}/wandb``. The mode is ``$WANDB_MODE`` when set;
   otherwise ``online`` if ``$WANDB_API_KEY`` is set and ``offline`` if not, so a laptop
   without an account or network still records the run (``wandb sync`` uploads it later).
+- ``swanlab``: run files under ``{local_dir}/swanlog``. The mode is ``$SWANLAB_MODE`` when set;
+  otherwise ``cloud`` if ``$SWANLAB_API_KEY`` is set and ``offline`` if not (``swanlab sync``
+  uploads an offline run later).
 - ``mlflow``: ``$MLFLOW_TRACKING_URI`` when set, else the local file store
   ``file:{local_dir}/mlruns`` (``MLFLOW_ALLOW_FILE_STORE=true`` is set for it, since
   MLflow 3 otherwise refuses the file store; point ``MLFLOW_TRACKING_URI`` at
@@ -28,7 +31,7 @@ import json
 import logging
 import math
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from tqdm import tqdm
@@ -54,6 +57,18 @@ class TrackingBackend(Protocol):
     def log(self, metrics: Mapping[str, float], step: int) -> None: ...
 
     def finish(self) -> None: ...
+
+    # Optional: ``log_generations(samples, step)`` with samples [(input, output, score), ...]
+    # (``trainer.log_val_generations``); backends without it skip the samples.
+
+
+Generations = Sequence[tuple[str, str, float]]
+GENERATION_COLUMNS = ("step", "input", "output", "score")
+
+
+def generation_rows(samples: Generations, step: int) -> list[list[Any]]:
+    """One row per sample, columns ``GENERATION_COLUMNS``."""
+    return [[step, text_in, text_out, float(score)] for text_in, text_out, score in samples]
 
 
 BackendFactory = Callable[..., TrackingBackend]
@@ -134,6 +149,12 @@ class JsonlBackend:
         self._file.write(json.dumps({"step": step, **metrics}) + "\n")
         self._file.flush()  # a crash after this step must not lose its line
 
+    def log_generations(self, samples: Generations, step: int) -> None:
+        """Append the samples to ``{local_dir}/val_generations.jsonl``, one line per sample."""
+        with open(os.path.join(os.path.dirname(self.path), "val_generations.jsonl"), "a", encoding="utf-8") as fh:
+            for row in generation_rows(samples, step):
+                fh.write(json.dumps(dict(zip(GENERATION_COLUMNS, row)), ensure_ascii=False) + "\n")
+
     def finish(self) -> None:
         self._file.close()
 
@@ -150,6 +171,12 @@ class TensorboardBackend:
     def log(self, metrics: Mapping[str, float], step: int) -> None:
         for key, value in metrics.items():
             self._writer.add_scalar(key, value, global_step=step)
+        self._writer.flush()
+
+    def log_generations(self, samples: Generations, step: int) -> None:
+        """One markdown text entry ``val/generations`` per validation."""
+        lines = [f"**input:** {i}\n\n**output:** {o}\n\n**score:** {s}" for i, o, s in samples]
+        self._writer.add_text("val/generations", "\n\n---\n\n".join(lines), global_step=step)
         self._writer.flush()
 
     def finish(self) -> None:
@@ -175,8 +202,43 @@ class WandbBackend:
     def log(self, metrics: Mapping[str, float], step: int) -> None:
         self._run.log(dict(metrics), step=step)
 
+    def log_generations(self, samples: Generations, step: int) -> None:
+        """A ``val/generations`` table (step, input, output, score); rows of earlier steps are kept."""
+        import wandb
+
+        self._rows = getattr(self, "_rows", []) + generation_rows(samples, step)
+        self._run.log({"val/generations": wandb.Table(columns=list(GENERATION_COLUMNS), data=self._rows)}, step=step)
+
     def finish(self) -> None:
         self._run.finish()
+
+
+def swanlab_mode(environ: Mapping[str, str]) -> str:
+    """``$SWANLAB_MODE`` if set; else cloud with an API key, offline without (no network needed)."""
+    if environ.get("SWANLAB_MODE"):
+        return environ["SWANLAB_MODE"]
+    return "cloud" if environ.get("SWANLAB_API_KEY") else "offline"
+
+
+@register_backend("swanlab")
+class SwanlabBackend:
+    def __init__(self, *, project_name: str, experiment_name: str, config: Mapping[str, Any], local_dir: str):
+        self._swanlab = _import_optional("swanlab")
+        logdir = os.path.join(local_dir, "swanlog")
+        os.makedirs(logdir, exist_ok=True)
+        self._run = self._swanlab.init(project=project_name, experiment_name=experiment_name, config=dict(config),
+                                       logdir=logdir, mode=swanlab_mode(os.environ))
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        self._swanlab.log(dict(metrics), step=step)
+
+    def log_generations(self, samples: Generations, step: int) -> None:
+        """One ``val/generations`` text per sample (input, output and score in its caption)."""
+        texts = [self._swanlab.Text(f"input: {i}\n\noutput: {o}", caption=f"score {s:.4g}") for i, o, s in samples]
+        self._swanlab.log({"val/generations": texts}, step=step)
+
+    def finish(self) -> None:
+        self._swanlab.finish()
 
 
 def mlflow_metric_name(name: str) -> str:
@@ -201,6 +263,11 @@ class MlflowBackend:
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
         self._mlflow.log_metrics({mlflow_metric_name(k): v for k, v in metrics.items()}, step=step)
+
+    def log_generations(self, samples: Generations, step: int) -> None:
+        """A ``val_generations/step_{N}.json`` artifact with the samples."""
+        rows = [dict(zip(GENERATION_COLUMNS, row)) for row in generation_rows(samples, step)]
+        self._mlflow.log_dict(rows, f"val_generations/step_{step}.json")
 
     def finish(self) -> None:
         self._mlflow.end_run()
@@ -246,6 +313,13 @@ class Tracking:
             self._progress.update(step - self._progress.n)
             if "critic/score/mean" in values and not math.isnan(values["critic/score/mean"]):
                 self._progress.set_postfix(score=f"{values['critic/score/mean']:.3f}", refresh=False)
+
+    def log_generations(self, samples: Generations, step: int) -> None:
+        """Validation samples (input, output, score) to every backend that keeps text: file, tensorboard,
+        wandb, swanlab, mlflow (the console prints none)."""
+        for backend in self._backends:
+            if hasattr(backend, "log_generations"):
+                backend.log_generations(samples, step)
 
     @contextlib.contextmanager
     def progress(self, total_steps: int, initial_step: int = 0) -> Iterator[tqdm]:

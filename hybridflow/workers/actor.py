@@ -30,7 +30,7 @@ from hybridflow.data.batch import Batch
 from hybridflow.models.fsdp import micro_batch_sync
 from hybridflow.workers.distributed import DataParallel, LOCAL
 from hybridflow.workers.logprob import batch_log_probs, micro_batch_log_probs
-from hybridflow.workers.micro_batches import micro_batches
+from hybridflow.workers.micro_batches import LogProbBatching, micro_batches, mini_batches, per_rank_micro_batch_size
 from hybridflow.workers.optim import TrainState
 from hybridflow.workers.preference_update import OBJECTIVES, preference_micro_loss
 
@@ -44,7 +44,7 @@ class ActorWorker:
     """Policy model + optimizer + LR schedule, configured by an ``ActorConfig`` section."""
 
     def __init__(self, *, state: TrainState, cfg, rollout_n: int, max_response_length: int,
-                 log_prob_micro_batch_size: int | None = None, dp: DataParallel = LOCAL, seed: int = 0,
+                 log_prob: LogProbBatching | None = None, dp: DataParallel = LOCAL, seed: int = 0,
                  rollout_correction=None, layout: str = "padded"):
         self.state = state
         self.layout = layout
@@ -52,7 +52,10 @@ class ActorWorker:
         self.cfg = cfg
         self.rollout_n = rollout_n
         self.max_response_length = max_response_length
-        self.log_prob_micro_batch_size = log_prob_micro_batch_size
+        self.log_prob = log_prob or LogProbBatching(use_dynamic_bsz=cfg.use_dynamic_bsz,
+                                                    max_token_len=cfg.ppo_max_token_len_per_gpu)
+        self.micro_batch_size = per_rank_micro_batch_size(cfg.ppo_micro_batch_size_per_gpu, cfg.ppo_micro_batch_size,
+                                                          dp.world_size)
         self.dp = dp
         self.seed = seed
         self.policy_loss_fn = get_policy_loss(cfg.policy_loss.loss_mode)
@@ -70,10 +73,10 @@ class ActorWorker:
         """Old log-probs ``[B, T]`` and entropy ``[B, T]`` of the rollout under the current weights; with
         ``calculate_sum_pi_squared`` a third element, sum_v pi(v)^2 ``[B, T]``."""
         return batch_log_probs(
-            self.model, batch, temperature=temperature, micro_batch_size=self.log_prob_micro_batch_size,
-            use_dynamic_bsz=self.cfg.use_dynamic_bsz, max_token_len=self.cfg.ppo_max_token_len_per_gpu,
+            self.model, batch, temperature=temperature, micro_batch_size=self.log_prob.micro_batch_size,
+            use_dynamic_bsz=self.log_prob.use_dynamic_bsz, max_token_len=self.log_prob.max_token_len,
             calculate_entropy=True, calculate_sum_pi_squared=self.cfg.calculate_sum_pi_squared, dp=self.dp,
-            layout=self.layout,
+            layout=self.layout, use_torch_compile=self.cfg.use_torch_compile,
         )
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
@@ -87,9 +90,9 @@ class ActorWorker:
         metrics: dict[str, list[float]] = defaultdict(list)
         mini_size = self.cfg.ppo_mini_batch_size * self.rollout_n // self.dp.world_size
         for epoch in range(self.cfg.ppo_epochs):
-            for mini in self._mini_batches(batch, mini_size, step=step, epoch=epoch):
+            for mini in mini_batches(batch, mini_size, shuffle=self.cfg.shuffle, seed=self.seed, step=step, epoch=epoch):
                 counts = self.dp.global_counts(mini["response_mask"])
-                micros = micro_batches(mini, micro_batch_size=self.cfg.ppo_micro_batch_size_per_gpu,
+                micros = micro_batches(mini, micro_batch_size=self.micro_batch_size,
                                        use_dynamic_bsz=self.cfg.use_dynamic_bsz,
                                        max_token_len=self.cfg.ppo_max_token_len_per_gpu, dp=self.dp)
                 loss_fn = functools.partial(self._micro_loss, temperature=temperature, counts=counts)
@@ -127,12 +130,6 @@ class ActorWorker:
         out["actor/lr"] = self.state.lr
         return out
 
-    def _mini_batches(self, batch: Batch, size: int, *, step: int, epoch: int) -> list[Batch]:
-        if self.cfg.shuffle:
-            gen = torch.Generator().manual_seed(self.seed * 1_000_003 + step * 1009 + epoch)
-            batch = batch.index_select(torch.randperm(len(batch), generator=gen))
-        return batch.split(size)
-
     def _optimizer_step(self, micros: list[Batch], *, loss_fn, metrics: dict[str, list[float]]) -> None:
         """One optimizer step over a mini-batch's ``micros``; ``loss_fn(micro) -> (loss, shares, metrics)``."""
         self.state.zero_grad()
@@ -157,7 +154,9 @@ class ActorWorker:
         # Without a recompute pass the entropy metric comes from this forward (detached if unused).
         report_entropy = use_entropy or self.cfg.use_rollout_log_probs
         log_prob, entropy = micro_batch_log_probs(self.model, micro, temperature=temperature,
-                                                  calculate_entropy=report_entropy, layout=self.layout)
+                                                  calculate_entropy=report_entropy, layout=self.layout,
+                                                  entropy_checkpointing=self.cfg.entropy_checkpointing,
+                                                  use_torch_compile=self.cfg.use_torch_compile)
         mask = micro["response_mask"]
         agg = dict(loss_mask=mask, loss_agg_mode=self.cfg.loss_agg_mode, max_response_length=self.norm_length,
                    global_num_tokens=counts["tokens"], global_num_seqs=counts["seqs"])

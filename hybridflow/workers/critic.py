@@ -16,7 +16,7 @@ from hybridflow.models.fsdp import micro_batch_sync
 from hybridflow.workers.distributed import DataParallel, LOCAL
 from hybridflow.models.logprob import packed_forward_inputs
 from hybridflow.workers.logprob import pack_micro_batch
-from hybridflow.workers.micro_batches import micro_batches, trim_padding
+from hybridflow.workers.micro_batches import micro_batches, mini_batches, per_rank_micro_batch_size, trim_padding
 from hybridflow.workers.optim import TrainState
 
 
@@ -38,7 +38,7 @@ def _micro_values(model, micro: Batch, *, layout: str = "padded") -> torch.Tenso
 class CriticWorker:
     """Value model + optimizer + schedule, configured by a ``CriticConfig`` section."""
 
-    def __init__(self, *, state: TrainState, cfg, rollout_n: int, dp: DataParallel = LOCAL,
+    def __init__(self, *, state: TrainState, cfg, rollout_n: int, dp: DataParallel = LOCAL, seed: int = 0,
                  max_response_length: int | None = None, layout: str = "padded"):
         self.state = state
         self.max_response_length = max_response_length
@@ -47,23 +47,29 @@ class CriticWorker:
         self.cfg = cfg
         self.rollout_n = rollout_n
         self.dp = dp
+        self.seed = seed
+        self.forward_micro_batch_size = per_rank_micro_batch_size(
+            cfg.forward_micro_batch_size_per_gpu, cfg.forward_micro_batch_size, dp.world_size)
+        self.ppo_micro_batch_size = per_rank_micro_batch_size(
+            cfg.ppo_micro_batch_size_per_gpu, cfg.ppo_micro_batch_size, dp.world_size)
 
     @torch.no_grad()
     def compute_values(self, batch: Batch) -> torch.Tensor:
         """V(s_t) ``[B, T]`` for every response token (0 on padding)."""
         self.model.eval()
-        pieces = micro_batches(batch, micro_batch_size=self.cfg.forward_micro_batch_size_per_gpu,
+        pieces = micro_batches(batch, micro_batch_size=self.forward_micro_batch_size,
                                use_dynamic_bsz=self.cfg.use_dynamic_bsz,
                                max_token_len=self.cfg.forward_max_token_len_per_gpu, dp=self.dp)
         return torch.cat([_micro_values(self.model, m, layout=self.layout) for m in pieces])
 
-    def update_critic(self, batch: Batch) -> dict[str, float]:
-        """Value-loss steps over mini-batches x ppo_epochs (needs values, returns)."""
+    def update_critic(self, batch: Batch, *, step: int = 0) -> dict[str, float]:
+        """Value-loss steps over mini-batches x ppo_epochs (needs values, returns); with ``shuffle``
+        the mini-batches are drawn from a permutation fixed by (seed, step, epoch)."""
         self.model.train()
         metrics: dict[str, list[float]] = defaultdict(list)
         mini_size = self.cfg.ppo_mini_batch_size * self.rollout_n // self.dp.world_size
-        for _ in range(self.cfg.ppo_epochs):
-            for mini in batch.split(mini_size):
+        for epoch in range(self.cfg.ppo_epochs):
+            for mini in mini_batches(batch, mini_size, shuffle=self.cfg.shuffle, seed=self.seed, step=step, epoch=epoch):
                 self._optimizer_step(mini, metrics)
         self.state.scheduler.step()
         out = {f"critic/{k}": sum(v) / len(v) for k, v in metrics.items()}
@@ -74,7 +80,7 @@ class CriticWorker:
         counts = self.dp.global_counts(mini["response_mask"])
         self.state.zero_grad()
         total = 0.0
-        micros = micro_batches(mini, micro_batch_size=self.cfg.ppo_micro_batch_size_per_gpu,
+        micros = micro_batches(mini, micro_batch_size=self.ppo_micro_batch_size,
                                use_dynamic_bsz=self.cfg.use_dynamic_bsz,
                                max_token_len=self.cfg.ppo_max_token_len_per_gpu, dp=self.dp)
         for index, micro in enumerate(micros):

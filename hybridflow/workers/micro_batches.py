@@ -7,6 +7,7 @@ changes the gradient: the split below is free to optimise for memory and speed.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
@@ -49,6 +50,33 @@ def split_to_count(groups: list[list[int]], count: int) -> list[list[int]]:
         half = len(group) // 2
         groups[largest:largest] = [group[:half], group[half:]]
     return groups
+
+
+@dataclass(frozen=True)
+class LogProbBatching:
+    """How a no-grad log-prob forward is cut: fixed ``micro_batch_size`` rows (None = all at once),
+    or token-budget micro-batches of ``max_token_len`` when ``use_dynamic_bsz``."""
+
+    micro_batch_size: int | None = None
+    use_dynamic_bsz: bool = False
+    max_token_len: int | None = None
+
+
+def per_rank_micro_batch_size(per_gpu: int | None, deprecated_global: int | None, world_size: int) -> int | None:
+    """verl's ``*_micro_batch_size_per_gpu``, or the deprecated global ``*_micro_batch_size``
+    divided over the data-parallel ranks (at least 1) when only that one is set."""
+    if per_gpu is not None or deprecated_global is None:
+        return per_gpu
+    return max(1, deprecated_global // world_size)
+
+
+def mini_batches(batch: Batch, size: int, *, shuffle: bool, seed: int, step: int, epoch: int) -> list[Batch]:
+    """Optimizer mini-batches of ``size`` rows; with ``shuffle`` the rows are permuted first, by a
+    permutation fixed by (seed, step, epoch) so a resumed run sees the same mini-batches."""
+    if shuffle:
+        gen = torch.Generator().manual_seed(seed * 1_000_003 + step * 1009 + epoch)
+        batch = batch.index_select(torch.randperm(len(batch), generator=gen))
+    return batch.split(size)
 
 
 def micro_batches(batch: Batch, *, micro_batch_size: int | None, use_dynamic_bsz: bool = False,

@@ -79,13 +79,18 @@ class TrainState:
     ``step`` clips the gradient norm and applies the update, unless the loss or the norm
     is not finite (NaN guard): then the gradients are dropped, the weights and the
     optimizer state stay as they were, and ``skipped_steps`` counts it.
+
+    ``offload_optimizer`` (verl's ``fsdp_config.optimizer_offload``) keeps the optimizer state in
+    CPU memory between steps and brings it to the parameters' device only for the update.
     """
 
-    def __init__(self, model: torch.nn.Module, optimizer, scheduler, *, grad_clip: float | None):
+    def __init__(self, model: torch.nn.Module, optimizer, scheduler, *, grad_clip: float | None,
+                 offload_optimizer: bool = False):
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.grad_clip = grad_clip
+        self.offload_optimizer = offload_optimizer
         self.skipped_steps = 0
 
     @property
@@ -101,7 +106,11 @@ class TrainState:
         params = [p for p in self.model.parameters() if p.requires_grad]
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
         if math.isfinite(grad_norm) and math.isfinite(loss_value):
+            if self.offload_optimizer:
+                move_optimizer_state(self.optimizer, to_params=True)
             self.optimizer.step()
+            if self.offload_optimizer:
+                move_optimizer_state(self.optimizer, to_params=False)
         else:
             self.zero_grad()
             self.skipped_steps += 1
@@ -118,7 +127,20 @@ class TrainState:
         self.skipped_steps = state.get("skipped_steps", 0)
 
 
-def train_state_from_config(model: torch.nn.Module, optim_cfg, *, grad_clip: float, total_steps: int) -> TrainState:
+def move_optimizer_state(optimizer, *, to_params: bool, offload_device: str = "cpu") -> None:
+    """Move every tensor of the optimizer state to its parameter's device (``to_params``) or to
+    ``offload_device``; a no-op where they already are (a CPU run)."""
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            state = optimizer.state.get(param, {})
+            device = param.device if to_params else torch.device(offload_device)
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor) and value.device != device:
+                    state[key] = value.to(device, non_blocking=True)
+
+
+def train_state_from_config(model: torch.nn.Module, optim_cfg, *, grad_clip: float, total_steps: int,
+                            offload_optimizer: bool = False) -> TrainState:
     """TrainState for a PPO actor or critic from its ``optim`` section."""
     optimizer, scheduler = optimizer_from_config(model, optim_cfg, total_steps=total_steps)
-    return TrainState(model, optimizer, scheduler, grad_clip=grad_clip)
+    return TrainState(model, optimizer, scheduler, grad_clip=grad_clip, offload_optimizer=offload_optimizer)

@@ -20,9 +20,11 @@ class ReferenceWorker:
     that switches a shared LoRA model to its base weights (None for a separate copy)."""
 
     def __init__(self, *, model: torch.nn.Module, micro_batch_size: int | None = None, use_dynamic_bsz: bool = False,
-                 max_token_len: int | None = None, adapter_off=None, dp=None, layout: str = "padded"):
+                 max_token_len: int | None = None, adapter_off=None, dp=None, layout: str = "padded",
+                 use_torch_compile: bool = False):
         self.model = model
         self.layout = layout
+        self.use_torch_compile = use_torch_compile
         self.dp = dp
         self.micro_batch_size = micro_batch_size
         self.use_dynamic_bsz = use_dynamic_bsz
@@ -37,7 +39,7 @@ class ReferenceWorker:
             log_probs, _ = batch_log_probs(self.model, batch, temperature=temperature,
                                            micro_batch_size=self.micro_batch_size,
                                            use_dynamic_bsz=self.use_dynamic_bsz, max_token_len=self.max_token_len,
-                                           dp=self.dp, layout=self.layout)
+                                           dp=self.dp, layout=self.layout, use_torch_compile=self.use_torch_compile)
         return log_probs
 
     def load_weights_from(self, model: torch.nn.Module) -> None:

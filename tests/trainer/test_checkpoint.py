@@ -173,6 +173,23 @@ def test_rotation_keeps_newest_and_never_the_one_just_written(tmp_path):
     assert sorted(complete_steps(str(tmp_path))) == [2, 5, 6, 7]
 
 
+def test_each_component_keeps_its_own_number_of_checkpoints(tmp_path):
+    """max_actor_ckpt_to_keep=3, max_critic_ckpt_to_keep=1: critic/ goes from all but the newest step,
+    a step goes once neither component is kept, and the newest step is always whole."""
+    limits = {"actor": 3, "critic": 1}
+    for step in [1, 2, 3, 4]:
+        save_checkpoint(str(tmp_path), step, {"actor": Counter(step), "critic": Counter(-step)}, max_to_keep=limits)
+    assert sorted(complete_steps(str(tmp_path))) == [2, 3, 4]
+    parts = {s: sorted(p.name for p in (tmp_path / f"global_step_{s}").iterdir() if p.is_dir()) for s in [2, 3, 4]}
+    assert parts == {2: ["actor"], 3: ["actor"], 4: ["actor", "critic"]}
+    critic = Counter()
+    load_checkpoint(str(tmp_path / "global_step_4"), {"critic": critic})
+    assert critic.value == -4
+    save_checkpoint(str(tmp_path), 5, {"actor": Counter(5), "critic": Counter(-5)}, max_to_keep={"actor": 1, "critic": None})
+    assert sorted(complete_steps(str(tmp_path))) == [2, 3, 4, 5]  # the critic keeps all: no step is removed whole
+    assert not (tmp_path / "global_step_4" / "actor").exists() and (tmp_path / "global_step_4" / "critic").exists()
+
+
 def test_resaving_a_step_replaces_it(tmp_path):
     save_counter_steps(tmp_path, [1])
     save_checkpoint(str(tmp_path), 1, {"actor": Counter(42)})
@@ -245,3 +262,38 @@ def test_merge_keeps_bf16_weights_bit_exact(tmp_path, tiny_tokenizer):
     assert merged and all(tensor.dtype == torch.bfloat16 for tensor in merged.values())
     for key, tensor in merged.items():
         assert torch.equal(tensor, original[key]), key
+
+
+def test_save_and_load_contents_choose_what_a_component_holds(tmp_path):
+    """checkpoint.save_contents / load_contents on the FSDP2 component the PPO workers use."""
+    from transformers import AutoModelForCausalLM
+
+    from hybridflow.models.sharded_checkpoint import FSDPModelComponent
+
+    model, optimizer, scheduler, tokenizer = trained_actor()
+    lean = FSDPModelComponent(model, optimizer, scheduler, tokenizer, save_contents=["model", "hf_model"])
+    path = save_checkpoint(str(tmp_path), 1, {"actor": lean})
+    actor_dir = os.path.join(path, "actor")
+    assert not os.path.exists(os.path.join(actor_dir, "lr_scheduler.pt"))  # no "extra"
+    exported = AutoModelForCausalLM.from_pretrained(os.path.join(actor_dir, "huggingface"))
+    for name, tensor in model.state_dict().items():
+        torch.testing.assert_close(exported.state_dict()[name], tensor)
+
+    fresh, fresh_optimizer, fresh_scheduler, _ = trained_actor(seed=1)
+    moments = {k: v.clone() for k, v in fresh_optimizer.state_dict()["state"][0].items()}
+    # asks for the optimizer too, but the checkpoint has none: the weights load, the optimizer is left alone
+    load_checkpoint(path, {"actor": FSDPModelComponent(fresh, fresh_optimizer, fresh_scheduler)})
+    torch.testing.assert_close(fresh.state_dict(), model.state_dict())
+    torch.testing.assert_close(fresh_optimizer.state_dict()["state"][0], moments)
+
+    full = save_checkpoint(str(tmp_path), 2, {"actor": FSDPModelComponent(model, optimizer, scheduler, tokenizer)})
+    assert not os.path.exists(os.path.join(full, "actor", "huggingface", "model.safetensors"))  # no hf_model
+    other, other_optimizer, other_scheduler, _ = trained_actor(seed=2)
+    load_checkpoint(full, {"actor": FSDPModelComponent(other, other_optimizer, other_scheduler,
+                                                       load_contents=["model", "optimizer", "extra"])})
+    torch.testing.assert_close(other_optimizer.state_dict()["state"][0], optimizer.state_dict()["state"][0])
+    weights_only, weights_only_optimizer, _, _ = trained_actor(seed=3)
+    before = {k: v.clone() for k, v in weights_only_optimizer.state_dict()["state"][0].items()}
+    load_checkpoint(full, {"actor": FSDPModelComponent(weights_only, weights_only_optimizer, load_contents=["model"])})
+    torch.testing.assert_close(weights_only.state_dict(), model.state_dict())
+    torch.testing.assert_close(weights_only_optimizer.state_dict()["state"][0], before)

@@ -142,6 +142,17 @@ def test_packing_gives_the_same_loss_and_update_as_padding(tmp_path, tiny_model_
         torch.testing.assert_close(param, expected[name], rtol=0, atol=1e-5, msg=name)
 
 
+def test_verl_use_remove_padding_selects_the_packed_layout(tmp_path, tiny_model_dir, sums_file, monkeypatch):
+    import hybridflow.trainer.sft_trainer as sft_trainer
+
+    layouts = []
+    real = sft_trainer.micro_batch_inputs
+    monkeypatch.setattr(sft_trainer, "micro_batch_inputs",
+                        lambda micro, **kw: layouts.append(kw["use_packing"]) or real(micro, **kw))
+    _train(_cfg(tmp_path, tiny_model_dir, sums_file, "use_remove_padding=True"))
+    assert layouts and all(layouts)
+
+
 def test_validation_loss_is_the_token_mean_over_the_whole_val_set(tmp_path, tiny_model_dir, sums_file):
     # val set = the train set and a batch = the whole set: val/loss after the update and a
     # zero-lr train step on the updated weights measure the same token mean

@@ -93,7 +93,7 @@ def test_missing_optional_package_gives_install_hint(monkeypatch, package):
 def test_unknown_backend_lists_choices():
     with pytest.raises(ConfigError, match=r"unknown trainer.logger backend\(s\) \['wandbb'\]; choose from \[.*'wandb'"):
         Tracking("p", "e", ["console", "wandbb"], local_dir="unused")
-    assert {"console", "file", "tensorboard", "wandb", "mlflow"} <= set(available_backends())
+    assert {"console", "file", "tensorboard", "wandb", "swanlab", "mlflow"} <= set(available_backends())
 
 
 def test_wandb_mode_and_mlflow_names():
@@ -111,6 +111,44 @@ def test_wandb_offline_run_when_installed(tmp_path, monkeypatch):
     tracking.log({"critic/score/mean": 0.5}, step=1)
     tracking.finish()
     assert any(name.startswith("offline-run") for name in os.listdir(tmp_path / "wandb"))
+
+
+def test_swanlab_offline_run_when_installed(tmp_path, monkeypatch):
+    """swanlab is an optional extra (pip install 'hybridflow[swanlab]'); offline without an API key."""
+    pytest.importorskip("swanlab")
+    monkeypatch.delenv("SWANLAB_API_KEY", raising=False)
+    monkeypatch.delenv("SWANLAB_MODE", raising=False)
+    tracking = Tracking("p", "e", ["swanlab"], config={"lr": 1.0}, local_dir=str(tmp_path))
+    tracking.log({"critic/score/mean": 0.5}, step=1)
+    tracking.log_generations([("1+1?", "2", 1.0)], step=1)
+    tracking.finish()
+    runs = [p for p in (tmp_path / "swanlog").iterdir() if p.is_dir()]
+    assert len(runs) == 1
+    records = b"".join(p.read_bytes() for p in runs[0].rglob("*.swanlab"))
+    assert b"critic/score/mean" in records and b"val/generations" in records  # metrics and samples recorded
+
+
+def test_swanlab_mode():
+    from hybridflow.trainer.tracking import swanlab_mode
+
+    assert swanlab_mode({}) == "offline"
+    assert swanlab_mode({"SWANLAB_API_KEY": "k"}) == "cloud"
+    assert swanlab_mode({"SWANLAB_API_KEY": "k", "SWANLAB_MODE": "disabled"}) == "disabled"
+
+
+def test_validation_generations_reach_file_and_tensorboard(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tracking = Tracking("p", "e", ["console", "file", "tensorboard"], local_dir=str(tmp_path))
+    tracking.log_generations([("What is 1+1?", "2", 1.0), ("What is 2+2?", "5", 0.0)], step=3)
+    tracking.finish()
+    rows = [json.loads(line) for line in (tmp_path / "val_generations.jsonl").read_text().splitlines()]
+    assert rows == [{"step": 3, "input": "What is 1+1?", "output": "2", "score": 1.0},
+                    {"step": 3, "input": "What is 2+2?", "output": "5", "score": 0.0}]
+    events = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"tensors": 0})
+    events.Reload()
+    text = events.Tensors("val/generations/text_summary")[0].tensor_proto.string_val[0].decode()
+    assert "What is 2+2?" in text and "**output:** 5" in text
 
 
 def test_mlflow_local_store_when_installed(tmp_path, monkeypatch):
