@@ -13,15 +13,15 @@ from hybridflow.data.packing import PackedResponses
 from hybridflow.models import compute_log_probs, packed_log_probs
 from hybridflow.workers.micro_batches import micro_batches, trim_padding
 
-LAYOUTS = ("padded", "packed", "shared_prompt")
-"""How a micro-batch goes through the model: ``padded`` ``[b, L]`` rows (all-pad columns trimmed);
-``packed``: the valid tokens of all rows in one row (``use_remove_padding``); ``shared_prompt``:
-packed, and the rows of one prompt share its tokens (``use_shared_prompt``). Same values on every
-valid response token (see hybridflow.models.segment_attention)."""
-
 
 def forward_layout(*, use_remove_padding: bool, use_shared_prompt: bool = False) -> str:
-    """The layout the model config keys select (shared prompts imply packing)."""
+    """The layout the model config keys select (shared prompts imply packing).
+
+    How a micro-batch goes through the model: ``padded`` ``[b, L]`` rows (all-pad columns trimmed);
+    ``packed``: the valid tokens of all rows in one row (``use_remove_padding``); ``shared_prompt``:
+    packed, and the rows of one prompt share its tokens (``use_shared_prompt``). Same values on every
+    valid response token (see hybridflow.models.segment_attention).
+    """
     if use_shared_prompt:
         return "shared_prompt"
     return "packed" if use_remove_padding else "padded"
