@@ -838,6 +838,16 @@ class TrainerConfig:
     """Keep only the newest N actor checkpoints (null = all)."""
     max_critic_ckpt_to_keep: Optional[int] = None
     """Keep only the newest N critic checkpoints (null = all)."""
+    keep_best_checkpoint: bool = False
+    """Save a checkpoint at every validation that sets a new best ``best_metric`` and never rotate it away;
+    ``best_checkpoint.json`` in default_local_dir names its step, score and folder. Needs validation
+    (``data.val_files`` and ``test_freq`` > 0)."""
+    best_metric: Optional[str] = None
+    """The validation metric (higher is better) that picks the best checkpoint and drives early stopping,
+    e.g. ``val-core/openai/gsm8k/reward/mean@1``; null = the mean of the run's ``val-core/`` metrics."""
+    early_stop_patience: int = 0
+    """Stop after this many validations in a row without a new best ``best_metric`` (0 = never). The
+    final step is then checkpointed as the last one would be."""
     stop_on_checkpoint_error: bool = True
     """Stop the run when a checkpoint cannot be written (disk full, I/O error); the partial step is removed and
     earlier checkpoints stay intact. false logs one warning and keeps training (the next save tries again)."""

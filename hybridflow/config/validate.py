@@ -227,6 +227,21 @@ def _check_trainer(problems: list[str], trainer: Any) -> None:
     _check_positive(problems, "trainer.total_epochs", trainer.total_epochs)
 
 
+def _check_best_checkpoint(problems: list[str], cfg: Any) -> None:
+    """keep_best_checkpoint / early_stop_patience act on validation scores: validation must run."""
+    trainer = cfg.trainer
+    if trainer.early_stop_patience < 0:
+        problems.append(f"trainer.early_stop_patience={trainer.early_stop_patience}: use 0 (never) or a positive count")
+    wanted = [k for k, on in (("trainer.keep_best_checkpoint", trainer.keep_best_checkpoint),
+                              ("trainer.early_stop_patience", trainer.early_stop_patience > 0)) if on]
+    if wanted and (not cfg.data.val_files or trainer.test_freq <= 0):
+        problems.append(f"{' and '.join(wanted)} select on validation scores, but no validation runs: set "
+                        "data.val_files and trainer.test_freq > 0 (e.g. trainer.test_freq=10)")
+    if trainer.best_metric is not None and not str(trainer.best_metric).startswith(("val-core/", "val-aux/")):
+        problems.append(f"trainer.best_metric='{trainer.best_metric}' is not a validation metric: name one that "
+                        "starts with val-core/ or val-aux/ (e.g. val-core/<data_source>/reward/mean@1), or null")
+
+
 def raise_if_problems(problems: list[str]) -> None:
     if problems:
         raise ConfigError("\n".join(problems))
@@ -247,6 +262,7 @@ def validate_ppo_config(cfg: Any, *, model_max_len: int | None = None, check_pat
     _check_rollout(problems, cfg, model_max_len)
     _check_multi_turn(problems, cfg.actor_rollout_ref.rollout.multi_turn)
     _check_trainer(problems, cfg.trainer)
+    _check_best_checkpoint(problems, cfg)
     _check_optim(problems, "actor_rollout_ref.actor.optim", cfg.actor_rollout_ref.actor.optim)
     if critic_enabled(cfg):
         _check_optim(problems, "critic.optim", cfg.critic.optim)

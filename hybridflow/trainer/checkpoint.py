@@ -37,7 +37,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -266,14 +266,19 @@ def _oldest_beyond(paths: list[str], max_to_keep: int | None) -> list[str]:
     return paths[: max(0, len(paths) - (max_to_keep - 1))]
 
 
-def rotate_checkpoints(root: str, max_to_keep: int | None | Mapping[str, int | None], keep: str) -> list[str]:
+def rotate_checkpoints(root: str, max_to_keep: int | None | Mapping[str, int | None], keep: str,
+                       protect: Sequence[str] = ()) -> list[str]:
     """Delete the oldest complete steps so at most ``max_to_keep`` remain, never ``keep``; returns the deleted paths.
+
+    Steps in ``protect`` (the best checkpoint, ``trainer.keep_best_checkpoint``) are never deleted and
+    do not count against the limit.
 
     A mapping gives each component its own limit (verl's ``max_actor_ckpt_to_keep`` /
     ``max_critic_ckpt_to_keep``): a component's directory goes once its own limit is exceeded,
     a whole step once every component of it has gone.
     """
-    others = [p for _, p in sorted(complete_steps(root).items()) if os.path.abspath(p) != os.path.abspath(keep)]
+    spared = {os.path.abspath(p) for p in (keep, *protect)}
+    others = [p for _, p in sorted(complete_steps(root).items()) if os.path.abspath(p) not in spared]
     if not isinstance(max_to_keep, Mapping):
         doomed = _oldest_beyond(others, max_to_keep)
     else:
@@ -293,12 +298,14 @@ def save_checkpoint(
     components: Mapping[str, Checkpointable | HasStateDict],
     extra: Mapping[str, Any] | None = None,
     max_to_keep: int | None | Mapping[str, int | None] = None,
+    protect: Sequence[str] = (),
 ) -> str:
     """Save ``components`` (``{"actor": ..., "critic": ...}``) and ``extra`` as step ``step``; returns its directory.
 
     ``extra`` (dataloader state, KL-controller state, ...) goes to ``data.pt``. After the
     tracker names the new step, the oldest complete steps beyond ``max_to_keep`` are
-    deleted (None or <= 0 keeps all; a mapping limits each component, see ``rotate_checkpoints``).
+    deleted (None or <= 0 keeps all; a mapping limits each component, see ``rotate_checkpoints``),
+    except the steps in ``protect``.
     """
     os.makedirs(root, exist_ok=True)
     _remove_leftovers(root)
@@ -313,7 +320,7 @@ def save_checkpoint(
     except BaseException as error:
         _fail_save(error, root=root, temp=temp, needed=needed)
         raise
-    rotate_checkpoints(root, max_to_keep, keep=final)
+    rotate_checkpoints(root, max_to_keep, keep=final, protect=protect)
     return final
 
 

@@ -404,8 +404,17 @@ def train_and_report(trainer, cfg) -> PPORun:
         trainer.close()
     history = trainer.tracking.history
     print(summary_table(history))
+    if cfg.trainer.keep_best_checkpoint or cfg.trainer.early_stop_patience > 0:
+        print(trainer.best.describe() + _best_folder(cfg.trainer.default_local_dir))
     plots = plot_curves(history, os.path.join(cfg.trainer.default_local_dir, "plots"))
     return PPORun(history=history, last=last, steps=trainer.global_step, plots=plots)
+
+
+def _best_folder(root: str) -> str:
+    from hybridflow.trainer.best_checkpoint import read_best_record
+
+    record = read_best_record(root)
+    return f" (kept at {record.path})" if record is not None else ""
 
 
 USAGE_SUMMARY = "PPO / GRPO / DAPO / ... training with verl's main_ppo keys (also: hybridflow ppo)."

@@ -42,6 +42,7 @@ from hybridflow.data.balance import balance_batch
 from hybridflow.data.batch import Batch
 from hybridflow.errors import CheckpointError, HybridflowError, WorkerDiedError
 from hybridflow.rollout import SamplingParams
+from hybridflow.trainer.best_checkpoint import BestCheckpoint, BestRecord, read_best_record, write_best_record
 from hybridflow.trainer.checkpoint import find_resume_checkpoint, load_checkpoint, save_checkpoint
 from hybridflow.trainer.generations import batch_samples, dump_generations, pick_generations
 from hybridflow.trainer.metrics import (
@@ -108,6 +109,7 @@ class PPOTrainer:
         self.checkpoint_components = checkpoint_components
         self.stop_token_ids = stop_token_ids
         self.global_step = 0
+        self.best = BestCheckpoint.from_trainer_config(cfg.trainer)
 
     # ================================================================== the loop
     def fit(self) -> dict[str, float]:
@@ -116,6 +118,7 @@ class PPOTrainer:
         last: dict[str, float] = {}
         if self.val_loader is not None and self.cfg.trainer.val_before_train and self.global_step == 0:
             last = self.validate()
+            self.best.observe(last, step=0)  # the model before training is the score to beat
             self.tracking.log(last, step=0)
             if self.cfg.trainer.val_only:
                 return last
@@ -127,6 +130,10 @@ class PPOTrainer:
                 metrics.update(self._maybe_validate_and_save())
                 self.tracking.log(metrics, step=self.global_step)
                 last = metrics
+                if self.best.should_stop():
+                    logger.warning("early stop at step %d: %d validations without a new best (%s)",
+                                   self.global_step, self.best.patience, self.best.describe())
+                    break
         return last
 
     def train_step_naming_failures(self, batches: Iterator[Batch]) -> dict[str, float]:
@@ -359,29 +366,41 @@ class PPOTrainer:
     def _maybe_validate_and_save(self) -> dict[str, float]:
         trainer, step, metrics = self.cfg.trainer, self.global_step, {}
         last = step >= self.total_steps
+        keep_as_best = False
         if self.val_loader is not None and trainer.test_freq > 0 and (step % trainer.test_freq == 0 or last):
             metrics.update(self.validate())
-        if trainer.save_freq > 0 and (step % trainer.save_freq == 0 or last):
-            self.save_checkpoint()
+            keep_as_best = self.best.observe(metrics, step=step) and trainer.keep_best_checkpoint
+        last = last or self.best.should_stop()
+        if keep_as_best or (trainer.save_freq > 0 and (step % trainer.save_freq == 0 or last)):
+            path = self.save_checkpoint()
+            if keep_as_best and path is not None:
+                write_best_record(trainer.default_local_dir, BestRecord(
+                    step=step, metric=self.best.metric_name, value=self.best.best_value, path=path))
         return metrics
 
     # ================================================================== checkpoints
     def save_checkpoint(self) -> str | None:
         """Save this step; a failed save stops the run unless ``trainer.stop_on_checkpoint_error=false``."""
         extra = {"dataloader": self.train_loader.state_dict(), "kl_coef": self.kl_ctrl.value,
-                 "global_step": self.global_step}
+                 "global_step": self.global_step, "best": self.best.state_dict()}
         trainer = self.cfg.trainer
         # per role; other components (a self-play reference) follow the actor's limit
         limits = {"actor": trainer.max_actor_ckpt_to_keep, "critic": trainer.max_critic_ckpt_to_keep}
         try:
             return save_checkpoint(trainer.default_local_dir, self.global_step, self.checkpoint_components,
                                    extra=extra, max_to_keep={name: limits.get(name, trainer.max_actor_ckpt_to_keep)
-                                                             for name in self.checkpoint_components})
+                                                             for name in self.checkpoint_components},
+                                   protect=self.protected_checkpoints())
         except CheckpointError as error:
             if trainer.stop_on_checkpoint_error:
                 raise
             logger.warning("checkpoint of step %d not saved, training on as asked: %s", self.global_step, error)
             return None
+
+    def protected_checkpoints(self) -> tuple[str, ...]:
+        """The best checkpoint (``trainer.keep_best_checkpoint``), which rotation never deletes."""
+        record = read_best_record(self.cfg.trainer.default_local_dir) if self.cfg.trainer.keep_best_checkpoint else None
+        return (record.path,) if record is not None else ()
 
     def load_checkpoint(self) -> int:
         """Resume per ``trainer.resume_mode``; returns the step to continue from (0 = fresh)."""
@@ -393,6 +412,7 @@ class PPOTrainer:
         step, extra = load_checkpoint(path, self.checkpoint_components)
         self.train_loader.load_state_dict(extra["dataloader"])
         self.kl_ctrl.value = extra.get("kl_coef", self.kl_ctrl.value)
+        self.best.load_state_dict(extra.get("best", {}))
         self.w.rollout.load_weights(self.w.actor.named_weights())
         logger.info("resumed from %s (step %d)", path, step)
         return step
