@@ -6,7 +6,10 @@ so it is safe at the end of a run on a headless machine.
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -48,7 +51,7 @@ CURVES = (
 )
 
 
-def _draw(curve: Curve, series: dict[str, tuple[list[int], list[float]]], path: str) -> None:
+def _draw(curve: Curve, series: Mapping[str, tuple[list[int], list[float]]], path: str) -> None:
     figure = Figure(figsize=(6, 4), dpi=100, layout="tight")
     FigureCanvasAgg(figure)
     axes = figure.add_subplot()
@@ -75,3 +78,37 @@ def plot_curves(history: History, out_dir: str, *, curves: Sequence[Curve] = CUR
             _draw(curve, series, path)
             paths.append(path)
     return paths
+
+
+def read_history(run_dir: str) -> list[dict[str, float]]:
+    """A finished run's per-step metrics: ``<run_dir>/logs/metrics.jsonl`` (the ``file`` logger)."""
+    path = os.path.join(run_dir, "logs", "metrics.jsonl")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path} not found: runs need trainer.logger=[console,file] to be compared")
+    with open(path, encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def plot_comparison(runs: Mapping[str, History], metric: str, path: str, *, title: str = "") -> str:
+    """One metric of several runs on one figure (a line per run, labelled by the mapping's keys)."""
+    series = {label: metric_series(history, metric) for label, history in runs.items()}
+    _draw(Curve(os.path.basename(path), title or metric, metric, fixed_keys()), series, path)
+    return path
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m hybridflow.trainer.plots LABEL=RUN_DIR ... --metric KEY -o out.png``."""
+    parser = argparse.ArgumentParser(description="compare one metric of several runs (their logs/metrics.jsonl)")
+    parser.add_argument("runs", nargs="+", help="LABEL=RUN_DIR (a trainer.default_local_dir)")
+    parser.add_argument("--metric", required=True, help="e.g. val-core/basic_arithmetic/reward/mean@1")
+    parser.add_argument("--title", default="")
+    parser.add_argument("-o", "--output", required=True)
+    args = parser.parse_args(argv)
+    runs = dict(item.split("=", 1) for item in args.runs)
+    plot_comparison({label: read_history(d) for label, d in runs.items()}, args.metric, args.output, title=args.title)
+    print(args.output)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
