@@ -12,9 +12,7 @@ context with the template's rendering of the whole conversation.
 
 from __future__ import annotations
 
-import json
-
-from hybridflow.data.chat import encode, render
+from hybridflow.data.chat import encode, render, with_tools
 
 SENTINEL_USER = "<hybridflow sentinel question>"
 SENTINEL_ASSISTANT = "<hybridflow sentinel answer>"
@@ -23,40 +21,16 @@ SANITY_MODES = ("strict", "ignore_strippable", "disable")
 
 def render_conversation(tokenizer, messages: list[dict], *, tool_schemas: list[dict], template_kwargs: dict,
                         add_generation_prompt: bool) -> str:
-    """The template's text for ``messages`` with the tools described: through the template's
-    ``tools`` argument, or, for a template that ignores it, in a Hermes-style system message."""
-    if not tool_schemas:
-        return render(tokenizer, messages, add_generation_prompt=add_generation_prompt, template_kwargs=template_kwargs)
-    if template_renders_tools(tokenizer, template_kwargs):
-        return render(tokenizer, messages, add_generation_prompt=add_generation_prompt,
-                      template_kwargs={**template_kwargs, "tools": tool_schemas})
-    return render(tokenizer, with_tools_system_message(messages, tool_schemas),
-                  add_generation_prompt=add_generation_prompt, template_kwargs=template_kwargs)
-
-
-def template_renders_tools(tokenizer, template_kwargs: dict) -> bool:
-    probe = [{"role": "user", "content": SENTINEL_USER}]
-    schema = [{"type": "function", "function": {"name": "hybridflow_probe", "parameters": {"type": "object"}}}]
-    with_tools = render(tokenizer, probe, add_generation_prompt=True, template_kwargs={**template_kwargs, "tools": schema})
-    return "hybridflow_probe" in with_tools
+    """The template's text for ``messages`` with the tools described (``hybridflow.data.chat.with_tools``:
+    the template's ``tools`` argument, or a Hermes-style system message for a template that ignores it)."""
+    messages, template_kwargs = with_tools(tokenizer, messages, tool_schemas, template_kwargs=template_kwargs)
+    return render(tokenizer, messages, add_generation_prompt=add_generation_prompt, template_kwargs=template_kwargs)
 
 
 def render_prompt(tokenizer, messages: list[dict], *, tool_schemas: list[dict], template_kwargs: dict) -> list[int]:
     """Prompt ids of ``messages`` (with the tools described) ready for the first assistant turn."""
     return encode(tokenizer, render_conversation(tokenizer, messages, tool_schemas=tool_schemas,
                                                  template_kwargs=template_kwargs, add_generation_prompt=True))
-
-
-def with_tools_system_message(messages: list[dict], tool_schemas: list[dict]) -> list[dict]:
-    """``messages`` with the tool list and the Hermes call format in the system message."""
-    listing = "\n".join(json.dumps(schema) for schema in tool_schemas)
-    text = ("You may call one or more functions to assist with the user query. The functions are:\n<tools>\n"
-            f"{listing}\n</tools>\nFor each function call, write a JSON object with the function name and arguments "
-            'within <tool_call></tool_call> tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}'
-            "\n</tool_call>")
-    if messages and messages[0]["role"] == "system":
-        return [{"role": "system", "content": messages[0]["content"] + "\n\n" + text}, *messages[1:]]
-    return [{"role": "system", "content": text}, *messages]
 
 
 def observation_ids(tokenizer, messages: list[dict], *, turn_end: str, template_kwargs: dict) -> list[int]:

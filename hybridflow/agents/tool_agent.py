@@ -55,7 +55,7 @@ class ToolAgentLoop:
         traj.counts.update(session.counts)
         traj.counts["tokenization_mismatch"] = float(not self.sanity_check(traj))
         return traj.output(extra_info={"tool_rewards": tool_rewards, "tool_step_rewards": session.step_rewards,
-                                       "turn_scores": turn_scores})
+                                       "turn_scores": turn_scores, "final_answer": self.final_answer(traj)})
 
     def start(self, row: dict) -> Trajectory:
         messages = list(row["raw_prompt"])
@@ -78,6 +78,11 @@ class ToolAgentLoop:
         traj.messages.append({"role": "assistant", "content": text})
         traj.turn_end = self.context.tokenizer.decode(ids[-1:], skip_special_tokens=False) if closed else ""
         return completion.finish_reason == "stop" and len(traj.response_ids) < self.settings.response_length
+
+    def final_answer(self, traj: Trajectory) -> str:
+        """The last assistant turn without its tool calls: the conversation's answer ('' when it ended on a call)."""
+        last = next((m["content"] for m in reversed(traj.messages) if m["role"] == "assistant"), "")
+        return self.parse(last).content.strip()
 
     def turn_limit_reached(self, traj: Trajectory) -> bool:
         s, counts = self.settings, traj.counts

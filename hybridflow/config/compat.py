@@ -35,7 +35,6 @@ COMPAT_ONLY: dict[str, str] = {
     "data.custom_cls.name": "a user dataset class is not supported; rows must follow verl's parquet schema",
     "data.use_shm": _NO_SHM,
     "data.balance_dp_token": "SFT micro-batches are fixed-size per rank; losses use global token counts",
-    "data.multiturn.tools_key": "tool schemas are not passed to the SFT chat template",
     "data.multiturn.enable_thinking_key": "per-row enable_thinking is not passed to the SFT chat template",
     # policy model
     "actor_rollout_ref.hybrid_engine": "actor, rollout and reference are always colocated (the hybrid engine)",

@@ -18,7 +18,8 @@ class MultiturnConfig:
     messages_key: str = "messages"
     """Column with the list of {role, content} messages."""
     tools_key: str = "tools"
-    """Compatibility-only (compat.py); in verl: column with tool schemas passed to the chat template."""
+    """Column with the row's tool schemas (a list or its JSON text), described to the model as the
+    multi-turn rollout describes them: the template's ``tools`` argument, or a Hermes system message."""
     enable_thinking_key: str = "enable_thinking"
     """Compatibility-only (compat.py); in verl: column with a per-row enable_thinking flag for the chat template."""
 

@@ -8,6 +8,7 @@ verl does, so the ids match what a verl-trained model saw.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from hybridflow.errors import DataError
@@ -52,6 +53,40 @@ def render(
     return tokenizer.apply_chat_template(
         messages, tokenize=False, add_generation_prompt=add_generation_prompt, **(template_kwargs or {})
     )
+
+
+def with_tools(tokenizer, messages: list[dict[str, Any]], tool_schemas: list[dict] | None, *,
+               template_kwargs: dict | None = None) -> tuple[list[dict[str, Any]], dict]:
+    """``(messages, template_kwargs)`` that describe ``tool_schemas`` to the model: through the
+    template's ``tools`` argument, or, for a template that ignores it (SmolLM2's), in a Hermes-style
+    system message. The multi-turn rollout and SFT on tool traces both render through this, so a
+    model is trained on exactly the prompt it is later rolled out on."""
+    template_kwargs = dict(template_kwargs or {})
+    if not tool_schemas:
+        return messages, template_kwargs
+    if template_renders_tools(tokenizer, template_kwargs):
+        return messages, {**template_kwargs, "tools": list(tool_schemas)}
+    return with_tools_system_message(messages, tool_schemas), template_kwargs
+
+
+def template_renders_tools(tokenizer, template_kwargs: dict) -> bool:
+    """Whether the chat template writes the schemas passed as ``tools`` (a probe rendering)."""
+    probe = [{"role": "user", "content": "<hybridflow probe question>"}]
+    schema = [{"type": "function", "function": {"name": "hybridflow_probe", "parameters": {"type": "object"}}}]
+    with_schema = render(tokenizer, probe, add_generation_prompt=True, template_kwargs={**template_kwargs, "tools": schema})
+    return "hybridflow_probe" in with_schema
+
+
+def with_tools_system_message(messages: list[dict[str, Any]], tool_schemas: list[dict]) -> list[dict[str, Any]]:
+    """``messages`` with the tool list and the Hermes call format in the system message."""
+    listing = "\n".join(json.dumps(schema) for schema in tool_schemas)
+    text = ("You may call one or more functions to assist with the user query. The functions are:\n<tools>\n"
+            f"{listing}\n</tools>\nFor each function call, write a JSON object with the function name and arguments "
+            'within <tool_call></tool_call> tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}'
+            "\n</tool_call>")
+    if messages and messages[0]["role"] == "system":
+        return [{"role": "system", "content": messages[0]["content"] + "\n\n" + text}, *messages[1:]]
+    return [{"role": "system", "content": text}, *messages]
 
 
 def encode(tokenizer, text: str) -> list[int]:

@@ -6,7 +6,9 @@ Two row layouts, as in verl:
   ``extra_info.question``, or verl's ``prompt_dict_keys`` / ``response_dict_keys``);
   the prompt is a string (one user message) or a message list, the response a string;
 * multi turn: ``messages_key`` names a column of chat messages (verl's
-  ``data.multiturn.messages_key``, used when ``data.multiturn.enable``).
+  ``data.multiturn.messages_key``, used when ``data.multiturn.enable``); an optional
+  ``tools_key`` column holds the row's tool schemas (a list, or its JSON text), described to
+  the model as the multi-turn rollout describes them (:func:`hybridflow.data.chat.with_tools`).
 
 Both become one conversation rendered by the chat template; ``loss_mask`` is 1 on the
 tokens of every assistant turn, their end-of-turn token included (see
@@ -18,6 +20,7 @@ targets from crossing sequence boundaries when samples are packed.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from functools import partial
 from typing import Any
@@ -25,7 +28,7 @@ from typing import Any
 import torch
 
 from hybridflow.data.assistant_mask import tokenize_with_assistant_mask
-from hybridflow.data.chat import as_messages, validate_messages
+from hybridflow.data.chat import as_messages, validate_messages, with_tools
 from hybridflow.data.files import get_path, read_nonempty_rows, require_columns, split_key
 from hybridflow.data.padding import pad_sequences, pad_token_id_of, position_ids_from_mask
 from hybridflow.data.rl_dataset import subsample
@@ -54,6 +57,7 @@ class SFTDataset(torch.utils.data.Dataset):
         prompt_dict_keys: Sequence[str] | None = None,
         response_dict_keys: Sequence[str] | None = None,
         messages_key: str | None = None,
+        tools_key: str | None = None,
         max_length: int = 1024,
         truncation: str = "error",
         padding: str = "longest",
@@ -73,7 +77,9 @@ class SFTDataset(torch.utils.data.Dataset):
         if messages_key is not None:
             require_columns(rows, {messages_key: "data.multiturn.messages_key"}, source=f"data file(s) {files!r}")
             to_messages = partial(_multiturn_messages, key=messages_key)
+            tools_of = partial(_row_tools, key=tools_key)
         else:
+            tools_of = partial(_row_tools, key=None)  # single turn: no tools
             prompt_path, response_path = (
                 split_key(prompt_key, prompt_dict_keys),
                 split_key(response_key, response_dict_keys),
@@ -82,13 +88,16 @@ class SFTDataset(torch.utils.data.Dataset):
             require_columns(rows, columns, source=f"data file(s) {files!r}")
             to_messages = partial(_single_turn_messages, prompt_path=prompt_path, response_path=response_path)
         self.samples = [
-            self._tokenize(to_messages(rows[i], row_index=i), row_index=i)
+            self._tokenize(to_messages(rows[i], row_index=i), tools=tools_of(rows[i], row_index=i), row_index=i)
             for i in subsample(len(rows), max_samples=max_samples, shuffle=False, seed=0)
         ]
 
-    def _tokenize(self, messages: list[dict[str, Any]], *, row_index: int) -> dict[str, torch.Tensor]:
+    def _tokenize(
+        self, messages: list[dict[str, Any]], *, tools: list[dict] | None, row_index: int
+    ) -> dict[str, torch.Tensor]:
+        messages, template_kwargs = with_tools(self.tokenizer, messages, tools, template_kwargs=self.template_kwargs)
         ids, mask = tokenize_with_assistant_mask(
-            self.tokenizer, messages, row_index=row_index, template_kwargs=self.template_kwargs
+            self.tokenizer, messages, row_index=row_index, template_kwargs=template_kwargs
         )
         fix = "raise data.max_length or set data.truncation='left'|'right'"
         fit = partial(
@@ -140,6 +149,26 @@ def _multiturn_messages(row, *, row_index: int, key: str) -> list[dict[str, Any]
             f"row {row_index}: no assistant message in data.multiturn.messages_key, nothing to train on; remove the row"
         )
     return messages
+
+
+def _row_tools(row, *, row_index: int, key: str | None) -> list[dict] | None:
+    """The row's tool schemas from the ``key`` column (a list of OpenAI function schemas or its JSON
+    text); None when there is no such column or it is empty."""
+    value = row.get(key) if key else None
+    if isinstance(value, str):
+        try:
+            value = json.loads(value) if value.strip() else None
+        except json.JSONDecodeError as error:
+            raise DataError(f"row {row_index}: data.multiturn.tools_key column {key!r} is not valid JSON ({error}); "
+                            "write a list of tool schemas (or its JSON text)") from None
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    if value is None or (isinstance(value, list) and not value):
+        return None
+    if not isinstance(value, list) or not all(isinstance(tool, dict) for tool in value):
+        raise DataError(f"row {row_index}: data.multiturn.tools_key column {key!r} must be a list of tool schemas "
+                        f"like {{'type': 'function', 'function': {{'name': ...}}}}, got {str(value)[:80]}")
+    return value
 
 
 def collate_sft(

@@ -8,6 +8,11 @@ The main job, end to end, with nothing but PyPI:
 3. held-out accuracy before training (greedy), GRPO with a progress bar, accuracy after;
 4. a summary (before -> after, steps, wall time, tokens/s) and PNG plots under the run folder.
 
+``--preset tools`` (``tools-tiny``: its plumbing on the tiny model) runs the same job as an agent:
+multi-digit arithmetic where the model may call a calculator (``hybridflow/trainer/demo_tools.py``:
+tool-agent rows, ``tools.yaml`` in the run folder, multi-turn rollouts, an optional SFT warm-up on
+synthetic tool-use traces); its summary adds the share of held-out answers that called the tool.
+
 Everything a preset sets is an ordinary ``key=value`` override, printed at the start; any
 extra ``key=value`` on the command line wins (e.g. ``trainer.total_training_steps=60`` to
 run longer, ``trainer.device=cuda`` on a GPU).
@@ -19,9 +24,11 @@ import argparse
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from hybridflow.errors import run_entry_point
+from hybridflow.trainer.demo_tools import (SFTWarmup, run_sft_warmup, tool_overrides, write_tool_config,
+                                           write_tool_rows, write_warmup_traces)
 
 
 @dataclass(frozen=True)
@@ -40,6 +47,13 @@ class DemoPreset:
     test_size: int = 64
     overrides: tuple[str, ...] = field(default_factory=tuple)
     """Config overrides of the run."""
+    tools: tuple[str, ...] = ()
+    """Tool classes offered to the model (written to ``tools.yaml``); non-empty: tool-agent rows whose
+    ``tools_kwargs`` name the first tool, and multi-turn rollouts."""
+    system_prompt: str = ""
+    """System message of the tool-agent rows (the tool schemas are added to it when rendered)."""
+    warmup: SFTWarmup | None = None
+    """SFT on synthetic tool-use traces before GRPO (the held-out numbers are then also measured on the base model)."""
 
 
 PRESETS: dict[str, DemoPreset] = {
@@ -89,6 +103,45 @@ PRESETS: dict[str, DemoPreset] = {
     ),
 }
 
+TOOL_TASK = ("min_terms=2", "max_terms=2", "min_digits=2", "max_digits=3", 'operators=["+","-","*"]',
+             "allow_parentheses=false", "allow_negation=false")
+PRESETS["tools"] = DemoPreset(
+    model="smollm2-135m-instruct",
+    task="basic_arithmetic",
+    task_config=TOOL_TASK,
+    system_prompt="You can use the calculator tool for arithmetic. Reply with only the final answer.",
+    tools=("hybridflow.tools.calculator.CalculatorTool",),
+    train_size=256,
+    test_size=64,
+    # SmolLM2-135M never calls the tool from its prompt alone (0 of 64 sampled answers): a short SFT first
+    warmup=SFTWarmup(traces=32, overrides=("data.train_batch_size=8", "data.micro_batch_size_per_gpu=8",
+                                           "data.max_length=512", "optim.lr=1e-5", "trainer.total_epochs=1")),
+    overrides=(
+        "algorithm.adv_estimator=grpo",
+        "data.train_batch_size=8",
+        "data.max_prompt_length=384",
+        "data.max_response_length=96",
+        "actor_rollout_ref.rollout.n=4",
+        "actor_rollout_ref.rollout.temperature=1.0",
+        "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3",
+        "actor_rollout_ref.rollout.multi_turn.stop_after_tool_call=True",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+        "actor_rollout_ref.actor.optim.lr=2e-5",
+        "actor_rollout_ref.actor.use_rollout_log_probs=True",
+        "actor_rollout_ref.model.use_shared_prompt=True",
+        "trainer.total_training_steps=20",
+        "trainer.test_freq=10",
+    ),
+)
+PRESETS["tools-tiny"] = replace(
+    PRESETS["tools"], model="tiny", train_size=16, test_size=4,
+    warmup=SFTWarmup(traces=4, overrides=("data.train_batch_size=4", "data.micro_batch_size_per_gpu=4",
+                                          "data.max_length=512", "optim.lr=1e-3", "trainer.total_epochs=1")),
+    overrides=tuple(o for o in PRESETS["tools"].overrides if not o.startswith("trainer.total_training_steps"))
+    + ("trainer.total_training_steps=2", "actor_rollout_ref.actor.optim.lr=1e-3"),
+)
+
 
 def prepare_model(preset: DemoPreset, run_dir: str) -> str:
     """The model folder: the offline default (installed + converted once) or a fresh tiny one."""
@@ -104,6 +157,12 @@ def prepare_model(preset: DemoPreset, run_dir: str) -> str:
 def prepare_data(preset: DemoPreset, run_dir: str) -> tuple[str, str]:
     """train.parquet / test.parquet in verl's schema under ``run_dir/data``."""
     out = os.path.join(run_dir, "data")
+    if preset.tools:
+        from hybridflow.tools.config import load_tools
+
+        tool = load_tools(os.path.join(run_dir, "tools.yaml"))[0].name
+        return write_tool_rows(task=preset.task, task_config=preset.task_config, train_size=preset.train_size,
+                               test_size=preset.test_size, tool=tool, system_prompt=preset.system_prompt, out=out)
     if preset.task == "hybridflow/digits":
         return write_digits_task(out, train_size=preset.train_size, test_size=preset.test_size)
     from hybridflow.data.preprocess import reasoning_gym
@@ -131,6 +190,7 @@ def write_digits_task(out: str, *, train_size: int, test_size: int) -> tuple[str
 
 
 def demo_overrides(preset: DemoPreset, *, model: str, train: str, test: str, run_dir: str) -> list[str]:
+    tool_config = os.path.join(run_dir, "tools.yaml")
     return [
         f"actor_rollout_ref.model.path={model}",
         f"data.train_files={train}",
@@ -140,14 +200,17 @@ def demo_overrides(preset: DemoPreset, *, model: str, train: str, test: str, run
         "trainer.project_name=hybridflow-demo",
         f"trainer.experiment_name={os.path.basename(run_dir)}",
         f"trainer.default_local_dir={run_dir}",
+        f"trainer.validation_data_dir={os.path.join(run_dir, 'generations')}",
         "reward_model.timeout_s=null",
+        *(tool_overrides(tool_config) if preset.tools else []),
         *preset.overrides,
     ]
 
 
-def before_after(history: list[dict]) -> tuple[str, float, float]:
-    """(metric name, held-out score before training, after the last step)."""
-    keys = sorted(k for row in history for k in row if k.startswith("val-core/"))
+def before_after(history: list[dict], prefix: str = "val-core/") -> tuple[str, float, float]:
+    """(metric name, held-out value before training, after the last step) of the first metric named
+    ``prefix...`` (the accuracy; ``val-aux/tool_call_share@`` for the tool-call share)."""
+    keys = sorted(k for row in history for k in row if k.startswith(prefix))
     if not keys:
         return "", float("nan"), float("nan")
     key = keys[0]
@@ -155,26 +218,74 @@ def before_after(history: list[dict]) -> tuple[str, float, float]:
     return key, values[0], values[-1]
 
 
+TOOL_SHARE = "val-aux/tool_call_share@"
+
+
+def evaluate_base_model(overrides: list[str], out: str) -> list[dict]:
+    """Held-out validation of the model in ``overrides`` alone (``trainer.val_only``), logged under ``out``."""
+    from hybridflow.config import PPOConfig, load_config
+    from hybridflow.trainer.main_ppo import run_ppo
+
+    print("[demo] held-out validation of the base model (before the SFT warm-up)")
+    only = ["trainer.val_only=True", "trainer.val_before_train=True", f"trainer.default_local_dir={out}",
+            f"trainer.validation_data_dir={os.path.join(out, 'generations')}"]
+    return run_ppo(load_config(PPOConfig, overrides + only)).history
+
+
+def warm_up(preset: DemoPreset, *, model: str, train: str, run_dir: str) -> str:
+    """The preset's SFT warm-up on synthetic tool traces; returns the warmed-up model folder."""
+    out = os.path.join(run_dir, "sft")
+    traces = write_warmup_traces(train, os.path.join(run_dir, "tools.yaml"), os.path.join(run_dir, "data"),
+                                 count=preset.warmup.traces)
+    return run_sft_warmup(preset.warmup, model=model, traces=traces, out=out)
+
+
+def report(history: list[dict], *, base: list[dict] | None, steps: int, seconds: float) -> dict:
+    """Print held-out accuracy (and tool-call share) before -> after; returns them."""
+    key, before, after = before_after(history)
+    result = {"before": before, "after": after}
+    print(f"[demo] held-out {key}: {before:.3f} -> {after:.3f} after {steps} GRPO steps in {seconds / 60:.1f} min")
+    share_key, share_before, share_after = before_after(history, TOOL_SHARE)
+    if share_key:
+        result.update(tool_share_before=share_before, tool_share_after=share_after)
+        print(f"[demo] held-out answers that called a tool ({share_key}): {share_before:.3f} -> {share_after:.3f}")
+    if base is not None:
+        _, result["base"], _ = before_after(base)
+        _, result["tool_share_base"], _ = before_after(base, TOOL_SHARE)
+        print(f"[demo] base model before the SFT warm-up: {key} {result['base']:.3f}, tool-call share "
+              f"{result['tool_share_base']:.3f} (the GRPO 'before' above is after the warm-up)")
+    return result
+
+
 def run_demo(preset_name: str, run_dir: str, extra_overrides: list[str]) -> dict:
-    """Prepare, train, report. Returns {'before', 'after', 'steps', 'seconds', 'run_dir'}."""
+    """Prepare, (warm up,) train, report. Returns {'before', 'after', 'steps', 'seconds', 'run_dir'}, plus
+    'tool_share_before' / 'tool_share_after' with tools and 'base' / 'tool_share_base' with a warm-up."""
     from hybridflow.config import PPOConfig, load_config
     from hybridflow.trainer.main_ppo import run_ppo
 
     preset = PRESETS[preset_name]
     os.makedirs(run_dir, exist_ok=True)
     print(f"[demo] preset {preset_name}: model {preset.model}, task {preset.task}, run folder {run_dir}")
+    if preset.tools:
+        write_tool_config(run_dir, preset.tools)
     model = prepare_model(preset, run_dir)
     train, test = prepare_data(preset, run_dir)
-    overrides = demo_overrides(preset, model=model, train=train, test=test, run_dir=run_dir) + extra_overrides
-    print("[demo] config overrides:\n  " + "\n  ".join(overrides))
     start = time.time()
+
+    def overrides_for(model_path: str) -> list[str]:
+        return demo_overrides(preset, model=model_path, train=train, test=test, run_dir=run_dir) + extra_overrides
+
+    base = None
+    if preset.warmup is not None:
+        base = evaluate_base_model(overrides_for(model), os.path.join(run_dir, "base"))
+        model = warm_up(preset, model=model, train=train, run_dir=run_dir)
+    overrides = overrides_for(model)
+    print("[demo] config overrides:\n  " + "\n  ".join(overrides))
     run = run_ppo(load_config(PPOConfig, overrides))
     seconds = time.time() - start
-    key, before, after = before_after(run.history)
-    print(f"[demo] held-out {key}: {before:.3f} -> {after:.3f} after {run.steps} GRPO steps "
-          f"in {seconds / 60:.1f} min")
+    result = report(run.history, base=base, steps=run.steps, seconds=seconds)
     print(f"[demo] plots: {', '.join(run.plots)}")
-    return {"before": before, "after": after, "steps": run.steps, "seconds": seconds, "run_dir": run_dir}
+    return {**result, "steps": run.steps, "seconds": seconds, "run_dir": run_dir}
 
 
 def _main(argv: list[str]) -> int:

@@ -146,6 +146,7 @@ def build_dataset(cfg: SFTConfig, files, tokenizer) -> SFTDataset:
     return SFTDataset(files, tokenizer, prompt_key=data.prompt_key, response_key=data.response_key,
                       prompt_dict_keys=data.prompt_dict_keys, response_dict_keys=data.response_dict_keys,
                       messages_key=data.multiturn.messages_key if data.multiturn.enable else None,
+                      tools_key=data.multiturn.tools_key,
                       max_length=data.max_length, truncation=data.truncation, max_samples=data.max_samples)
 
 

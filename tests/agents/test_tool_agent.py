@@ -49,6 +49,7 @@ def test_observation_tokens_are_masked_out_and_the_context_reads_as_the_template
     assert out.num_turns == 4  # prompt + assistant + tool + assistant (verl's count)
     assert out.metrics["tool_calls"] == 1 and out.metrics["tool_errors"] == 0
     assert out.metrics["tokenization_mismatch"] == 0.0
+    assert out.extra_info["final_answer"] == "The answer is 42."  # the last turn, not the tool's "42"
 
 
 def test_strict_sanity_check_catches_a_missing_newline_and_ignore_strippable_does_not(tiny_tokenizer):
@@ -135,6 +136,7 @@ def always_call(text: str) -> str:
 def test_turn_limits(tiny_tokenizer, limits, assistant_turns, user_turns):
     out = run(manager(tiny_tokenizer, always_call, **limits)[0], tiny_tokenizer)[0]
     assert (out.metrics["assistant_turns"], out.metrics["user_turns"]) == (assistant_turns, user_turns)
+    assert out.extra_info["final_answer"] == ""  # it ended on a call: no answer
 
 
 def test_length_budget_ends_the_conversation_within_response_length(tiny_tokenizer):

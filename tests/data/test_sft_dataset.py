@@ -190,3 +190,47 @@ def test_empty_file_and_max_samples(tiny_tokenizer, write_rows):
     dataset = SFTDataset(write_rows(rows), tiny_tokenizer, max_samples=2)
     assert len(dataset) == 2
     assert masked_text(tiny_tokenizer, dataset[1]) == "2<|im_end|>"
+
+
+CALCULATOR = {"type": "function", "function": {"name": "calculator", "description": "Evaluate an expression",
+                                               "parameters": {"type": "object", "properties": {}}}}
+TOOL_TRACE = [
+    {"role": "user", "content": "Calculate 12 * 34."},
+    {"role": "assistant", "content": '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12 * 34"}}\n</tool_call>'},
+    {"role": "tool", "content": "408"},
+    {"role": "assistant", "content": "408"},
+]
+NO_TOOLS_TEMPLATE = (  # SmolLM2-style ChatML that ignores the `tools` argument
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+@pytest.mark.parametrize("template", ["tiny (renders tools)", "ignores tools"])
+@pytest.mark.parametrize("as_json", [False, True])
+def test_tools_column_renders_as_the_multi_turn_rollout_does(tiny_tokenizer_dir, write_rows, template, as_json):
+    """A tool trace is trained on exactly the text the tool agent rolls out on (schemas through the template's
+    `tools` argument or, for a template that ignores it, a Hermes system message); the tool turn is masked."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    from hybridflow.agents.chat import render_conversation
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_tokenizer_dir)
+    if template == "ignores tools":
+        tokenizer.chat_template = NO_TOOLS_TEMPLATE
+    tools = json.dumps([CALCULATOR]) if as_json else [CALCULATOR]
+    path = write_rows([{"messages": TOOL_TRACE, "tools": tools}])
+    sample = SFTDataset(path, tokenizer, messages_key="messages", tools_key="tools")[0]
+    rollout_text = render_conversation(tokenizer, TOOL_TRACE, tool_schemas=[CALCULATOR], template_kwargs={},
+                                       add_generation_prompt=False)
+    assert sample["input_ids"].tolist() == tokenizer(rollout_text, add_special_tokens=False)["input_ids"]
+    assert "calculator" in tokenizer.decode(sample["input_ids"][:-20])  # the schema is in the prompt
+    assert masked_text(tokenizer, sample) == TOOL_TRACE[1]["content"] + "<|im_end|>408<|im_end|>"
+
+
+def test_tools_column_that_is_not_a_schema_list_is_an_error(tiny_tokenizer, write_rows):
+    for bad, message in (("{not json", "not valid JSON"), ('{"name": "x"}', "must be a list of tool schemas")):
+        path = write_rows([{"messages": TOOL_TRACE, "tools": bad}])
+        with pytest.raises(DataError, match=message):
+            SFTDataset(path, tiny_tokenizer, messages_key="messages", tools_key="tools")

@@ -1,7 +1,7 @@
 """A tool-use dataset in verl's multi-turn schema, from GSM8K (a local file) or a reasoning-gym task (offline).
 
     python -m hybridflow.data.preprocess.tool_use --local_save_dir DIR [--tool calc_gsm8k_reward|calculator]
-        [--interaction gsm8k] -- gsm8k --local_dataset_path GSM8K_FILE_OR_DIR
+        [--system_prompt TEXT] [--interaction gsm8k] -- gsm8k --local_dataset_path GSM8K_FILE_OR_DIR
     python -m hybridflow.data.preprocess.tool_use --local_save_dir DIR -- reasoning_gym --task basic_arithmetic --size 1000
 
 Everything after ``--`` is the source script's command line (``hybridflow.data.preprocess.gsm8k`` or
@@ -33,15 +33,18 @@ SYSTEM_PROMPT = {
 }
 
 
-def to_tool_row(row: dict[str, Any], *, tool: str, interaction: str | None) -> dict[str, Any]:
-    """A verl single-turn row as a tool-agent row (the prompt gains the system message)."""
+def to_tool_row(row: dict[str, Any], *, tool: str, interaction: str | None,
+                system_prompt: str | None = None) -> dict[str, Any]:
+    """A verl single-turn row as a tool-agent row (the prompt gains the system message:
+    ``system_prompt``, or the tool's default one)."""
     ground_truth = str(row["reward_model"]["ground_truth"])
     messages = [m for m in row["prompt"] if m["role"] != "system"]
     extra = dict(row.get("extra_info") or {})
     extra["tools_kwargs"] = {tool: {"create_kwargs": {"ground_truth": ground_truth}}}
     if interaction:
         extra["interaction_kwargs"] = {"name": interaction, "query": messages[-1]["content"], "ground_truth": ground_truth}
-    return {**row, "prompt": [{"role": "system", "content": SYSTEM_PROMPT[tool]}, *messages],
+    system = SYSTEM_PROMPT[tool] if system_prompt is None else system_prompt
+    return {**row, "prompt": [{"role": "system", "content": system}, *messages],
             "agent_name": "tool_agent", "extra_info": extra}
 
 
@@ -61,6 +64,8 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tool", default="calc_gsm8k_reward", choices=sorted(SYSTEM_PROMPT),
                         help="the tool the system message offers (its ground truth goes in tools_kwargs)")
+    parser.add_argument("--system_prompt", default=None,
+                        help="the system message of every row (default: the tool's own, see SYSTEM_PROMPT)")
     parser.add_argument("--interaction", default=None, help="also write interaction_kwargs for this interaction name")
     add_output_args(parser)
     return parser.parse_args(own), source
@@ -69,7 +74,8 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str
 def main(argv: Sequence[str] | None = None) -> dict[str, str]:
     """Write ``train.parquet`` and ``test.parquet``; returns split -> path."""
     args, source_argv = parse_args(argv)
-    splits = {split: [to_tool_row(row, tool=args.tool, interaction=args.interaction) for row in rows]
+    splits = {split: [to_tool_row(row, tool=args.tool, interaction=args.interaction,
+                                          system_prompt=args.system_prompt) for row in rows]
               for split, rows in source_splits(source_argv).items()}
     return write_splits(splits, args.local_save_dir)
 
