@@ -119,7 +119,7 @@ class ActorWorker:
                                        use_dynamic_bsz=self.cfg.use_dynamic_bsz and spec.rows_per_item == 1,
                                        max_token_len=self.cfg.ppo_max_token_len_per_gpu, dp=self.dp)
                 loss_fn = functools.partial(preference_micro_loss, model=self.model, objective=spec, params=params,
-                                            counts=counts, temperature=temperature)
+                                            counts=counts, temperature=temperature, layout=self.layout)
                 self._optimizer_step(micros, loss_fn=loss_fn, metrics=metrics)
         return self._finish_step(metrics)
 

@@ -301,3 +301,20 @@ def test_spin_proper_pairs_the_dataset_answer_with_each_sample_by_hand(tmp_path,
     ref = response_log_probs(hf_model(tiny_model_dir), pairs)
     h = (policy[0::2] - ref[0::2]) - (policy[1::2] - ref[1::2])
     assert metrics["actor/dpo_loss"] == pytest.approx(-F.logsigmoid(beta * h).mean().item(), rel=1e-5, abs=1e-6)
+
+
+def test_shared_prompt_layout_reaches_the_preference_update(tmp_path, tiny_model_dir, monkeypatch):
+    """``use_shared_prompt`` must shape the SPPO / SPIN update's forward too (it silently ran padded before)."""
+    import hybridflow.workers.preference_update as preference_update
+
+    layouts, original = [], preference_update.micro_batch_log_probs
+
+    def recording(*args, **kwargs):
+        layouts.append(kwargs.get("layout", "padded"))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(preference_update, "micro_batch_log_probs", recording)
+    overrides = self_play_overrides(tmp_path, tiny_model_dir, steps=1) + ONE_MINI_BATCH + [
+        "actor_rollout_ref.model.use_shared_prompt=True"]
+    run_sppo(load_config(SPPOConfig, overrides))
+    assert layouts and set(layouts) == {"shared_prompt"}
