@@ -34,6 +34,10 @@ class OptimConfig:
     """AdamW (beta1, beta2)."""
     eps: float = 1e-8
     """AdamW epsilon."""
+    skip_zero_grad_steps: bool = False
+    """Skip the optimizer step when the gradient is exactly zero (e.g. every GRPO group scored alike, no KL or
+    entropy term): AdamW would otherwise still move every weight by its momentum and weight decay, replaying the
+    last real update with no new signal. The schedule still advances (``actor/grad_norm`` is 0 on such steps)."""
 
 
 @dataclass

@@ -104,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--title", default="")
     parser.add_argument("-o", "--output", required=True)
     args = parser.parse_args(argv)
-    runs = dict(item.split("=", 1) for item in args.runs)
+    runs = dict(item.rsplit("=", 1) for item in args.runs)  # labels may hold "=" (n=8), folders rarely do
     plot_comparison({label: read_history(d) for label, d in runs.items()}, args.metric, args.output, title=args.title)
     print(args.output)
     return 0

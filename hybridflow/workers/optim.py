@@ -80,18 +80,24 @@ class TrainState:
     is not finite (NaN guard): then the gradients are dropped, the weights and the
     optimizer state stay as they were, and ``skipped_steps`` counts it.
 
+    With ``skip_zero_grad`` (``optim.skip_zero_grad_steps``) a gradient that is exactly zero
+    everywhere is not applied either (``zero_grad_steps`` counts it): it carries no signal, and
+    AdamW would still move the weights by its momentum and decay.
+
     ``offload_optimizer`` (verl's ``fsdp_config.optimizer_offload``) keeps the optimizer state in
     CPU memory between steps and brings it to the parameters' device only for the update.
     """
 
     def __init__(self, model: torch.nn.Module, optimizer, scheduler, *, grad_clip: float | None,
-                 offload_optimizer: bool = False):
+                 offload_optimizer: bool = False, skip_zero_grad: bool = False):
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.grad_clip = grad_clip
         self.offload_optimizer = offload_optimizer
+        self.skip_zero_grad = skip_zero_grad
         self.skipped_steps = 0
+        self.zero_grad_steps = 0
 
     @property
     def lr(self) -> float:
@@ -105,7 +111,10 @@ class TrainState:
         max_norm = self.grad_clip if self.grad_clip and self.grad_clip > 0 else float("inf")
         params = [p for p in self.model.parameters() if p.requires_grad]
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-        if math.isfinite(grad_norm) and math.isfinite(loss_value):
+        if self.skip_zero_grad and grad_norm == 0.0:
+            self.zero_grad()
+            self.zero_grad_steps += 1
+        elif math.isfinite(grad_norm) and math.isfinite(loss_value):
             if self.offload_optimizer:
                 move_optimizer_state(self.optimizer, to_params=True)
             self.optimizer.step()
@@ -118,13 +127,15 @@ class TrainState:
 
     def state_dict(self) -> dict:
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(), "skipped_steps": self.skipped_steps}
+                "scheduler": self.scheduler.state_dict(), "skipped_steps": self.skipped_steps,
+                "zero_grad_steps": self.zero_grad_steps}
 
     def load_state_dict(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.skipped_steps = state.get("skipped_steps", 0)
+        self.zero_grad_steps = state.get("zero_grad_steps", 0)
 
 
 def move_optimizer_state(optimizer, *, to_params: bool, offload_device: str = "cpu") -> None:
@@ -143,4 +154,5 @@ def train_state_from_config(model: torch.nn.Module, optim_cfg, *, grad_clip: flo
                             offload_optimizer: bool = False) -> TrainState:
     """TrainState for a PPO actor or critic from its ``optim`` section."""
     optimizer, scheduler = optimizer_from_config(model, optim_cfg, total_steps=total_steps)
-    return TrainState(model, optimizer, scheduler, grad_clip=grad_clip, offload_optimizer=offload_optimizer)
+    return TrainState(model, optimizer, scheduler, grad_clip=grad_clip, offload_optimizer=offload_optimizer,
+                      skip_zero_grad=optim_cfg.skip_zero_grad_steps)

@@ -71,6 +71,30 @@ def test_finite_step_clips_and_updates():
     assert state.optimizer.state
 
 
+@pytest.mark.parametrize("skip", [False, True])
+def test_zero_gradient_step_moves_weights_only_by_momentum_unless_skipped(skip):
+    """After one real step, an exactly-zero gradient: AdamW (beta1 0.9, beta2 0.999, lr 0.1, no decay here)
+    still moves each weight by lr * m2_hat / (sqrt(v2_hat) + eps) with m2 = 0.9 m1, v2 = 0.999 v1;
+    ``skip_zero_grad`` leaves it where it was."""
+    layer = torch.nn.Linear(1, 1, bias=False)
+    with torch.no_grad():
+        layer.weight.fill_(1.0)
+    optimizer = torch.optim.AdamW(layer.parameters(), lr=0.1, weight_decay=0.0)
+    state = TrainState(layer, optimizer, build_scheduler(optimizer, warmup_steps=0, total_steps=10, style="constant"),
+                       grad_clip=None, skip_zero_grad=skip)
+    layer(torch.tensor([[1.0]])).sum().backward()  # d/dw (w x) = x = 1
+    state.step(loss_value=1.0)
+    after_real = layer.weight.item()
+    assert after_real == pytest.approx(1.0 - 0.1)  # first Adam step: m_hat / sqrt(v_hat) = 1
+    state.zero_grad()
+    (layer(torch.tensor([[1.0]])) * 0.0).sum().backward()  # gradient exactly 0
+    assert state.step(loss_value=0.0) == 0.0
+    m2_hat, v2_hat = 0.9 * 0.1 / (1 - 0.9**2), 0.999 * 0.001 / (1 - 0.999**2)
+    drift = 0.1 * m2_hat / (math.sqrt(v2_hat) + 1e-8)
+    assert layer.weight.item() == pytest.approx(after_real if skip else after_real - drift, rel=1e-6)
+    assert state.zero_grad_steps == (1 if skip else 0)
+
+
 def test_token_budget_groups_consecutive_rows():
     # padded cost = rows x longest; budget 10
     assert split_by_token_budget([3, 3, 3, 4, 9, 2], 10) == [[0, 1, 2], [3], [4], [5]]
