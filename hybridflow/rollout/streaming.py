@@ -34,11 +34,11 @@ from hybridflow.rollout.types import SamplingParams, validate_prompts
 
 
 @dataclass
-class StreamedCompletion:
-    """One finished response of a streaming session.
+class PausedSequence:
+    """An unfinished response taken out of the engine by ``pause``.
 
     ``logprobs[i]`` is the behaviour log-prob of ``token_ids[i]``; ``weight_versions[i]``
-    is the weight version that sampled it (more than one value after a partial rollout).
+    is the weight version that sampled it.
     """
 
     request_id: Hashable
@@ -47,19 +47,13 @@ class StreamedCompletion:
     token_ids: list[int]
     logprobs: list[float]
     weight_versions: list[int]
-    finish_reason: str
 
 
 @dataclass
-class PausedSequence:
-    """An unfinished response taken out of the engine by ``pause`` (same fields, no finish reason)."""
+class StreamedCompletion(PausedSequence):
+    """One finished response (more than one weight version after a partial rollout)."""
 
-    request_id: Hashable
-    output_index: int
-    prompt_ids: list[int]
-    token_ids: list[int]
-    logprobs: list[float]
-    weight_versions: list[int]
+    finish_reason: str = "stop"
 
 
 @dataclass
@@ -192,5 +186,5 @@ class StreamingSession:
         request.finished += 1
         if request.finished == self.params.n:
             del self.requests[sequence.prompt_index]
-        return StreamedCompletion(request.request_id, sequence.output_index, request.prompt_ids,
-                                  sequence.token_ids, sequence.logprobs, versions, sequence.finish_reason)
+        return StreamedCompletion(request.request_id, sequence.output_index, request.prompt_ids, sequence.token_ids,
+                                  sequence.logprobs, versions, finish_reason=sequence.finish_reason)
