@@ -886,6 +886,41 @@ class RayKwargsConfig:
 
 
 @dataclass
+class AsyncTrainingConfig:
+    """Asynchronous training (verl's ``async_training.*``, fully_async_policy and one_step_off_policy recipes),
+    read by ``python -m hybridflow.trainer.main_fully_async`` and ``main_one_step_off``; main_ppo ignores it.
+    A rollouter thread generates prompt batches into a bounded queue while the trainer consumes them."""
+
+    staleness_threshold: float = 0.0
+    """How far the rollouter may run ahead, as a fraction of one sync period's batches: it may have generated at
+    most ``(syncs_done + 1 + staleness_threshold) * trigger_parameter_sync_step * require_batches`` batches, so no
+    trained batch is more than ``ceil(staleness_threshold)`` weight versions old. 0 = synchronous (bit-for-bit
+    the main_ppo loop); 1 with trigger 1 = one-step off-policy."""
+    trigger_parameter_sync_step: int = 1
+    """Trainer steps between weight syncs to the rollout engine."""
+    require_batches: int = 1
+    """Prompt batches (data.train_batch_size prompts each) the trainer takes from the queue per step."""
+    partial_rollout: bool = False
+    """Pause in-flight sequences at a weight sync and continue them with the new weights. Not yet wired into the
+    trainer (the engine's StreamingSession supports it); True is an error that says so."""
+    use_rollout_log_probs: bool = True
+    """Use the engine's per-token behaviour log-probs as the old policy when compute_prox_log_prob is False."""
+    compute_prox_log_prob: bool = True
+    """Recompute old log-probs with the trainer's current weights (the proximal policy) and correct behaviour ->
+    proximal with ``algorithm.rollout_correction`` importance weights; False uses the behaviour log-probs as the
+    old policy (needs use_rollout_log_probs)."""
+
+
+@dataclass
+class AsyncRolloutConfig:
+    """The async rollouter's budget (verl's top-level ``rollout.*`` in the fully async recipe)."""
+
+    total_rollout_steps: Optional[int] = None
+    """Prompt batches the rollouter generates in the whole run (null = trainer.total_training_steps x
+    async_training.require_batches); the trainer runs total_rollout_steps // require_batches steps."""
+
+
+@dataclass
 class PPOConfig:
     """Everything ``python -m hybridflow.trainer.main_ppo`` reads."""
 
@@ -905,3 +940,7 @@ class PPOConfig:
     """Loop, logging, checkpoints."""
     ray_kwargs: RayKwargsConfig = field(default_factory=RayKwargsConfig)
     """Ray settings."""
+    async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)
+    """Asynchronous training (main_fully_async / main_one_step_off only)."""
+    rollout: AsyncRolloutConfig = field(default_factory=AsyncRolloutConfig)
+    """The async rollouter's budget (main_fully_async only)."""

@@ -58,6 +58,14 @@ class PendingPrompt:
     remaining: int
     prefix: torch.Tensor | None = None
     first_logits: torch.Tensor | None = None
+    resumed: Sequence | None = None
+    """A paused sequence this prompt continues (``token_ids`` is then its prompt plus its
+    tokens so far, ``remaining`` is 1): the next sampled token is appended to it."""
+
+    def start_sequence(self, output_index: int, *, keep_prompt: bool) -> Sequence:
+        if self.resumed is not None:
+            return self.resumed
+        return Sequence(self.index, output_index, len(self.token_ids), prompt_ids=self.token_ids if keep_prompt else None)
 
 
 class NativeEngine:
@@ -149,8 +157,7 @@ class NativeEngine:
             run.last_tokens[first_slot : first_slot + count] = tokens
             output_start = run.params.n - pending.remaining
             for offset, (token, logprob) in enumerate(zip(tokens.tolist(), logprobs.tolist())):
-                run.live.append(Sequence(pending.index, output_start + offset, len(pending.token_ids),
-                                         prompt_ids=pending.token_ids if self.prefix_cache is not None else None))
+                run.live.append(pending.start_sequence(output_start + offset, keep_prompt=self.prefix_cache is not None))
                 run.append(run.live[-1], token, logprob)
             pending.remaining -= count
             if pending.remaining == 0:

@@ -344,8 +344,8 @@ def build_reward_model_scorer(cfg: PPOConfig):
                              micro_batch_size=rm.micro_batch_size_per_gpu or rm.micro_batch_size or 8)
 
 
-def build_trainer(cfg: PPOConfig) -> PPOTrainer:
-    """Everything the loop needs, from a validated config."""
+def build_trainer(cfg: PPOConfig, *, trainer_class=PPOTrainer, count_steps=total_training_steps) -> PPOTrainer:
+    """Everything the loop needs, from a validated config (the async entry points pass their trainer)."""
     from hybridflow.controller.builders import policy_tokenizer
     from hybridflow.controller.roles import GroupCheckpoint
 
@@ -354,13 +354,13 @@ def build_trainer(cfg: PPOConfig) -> PPOTrainer:
     tokenizer = policy_tokenizer(cfg)
     train_loader, val_loader = build_datasets(cfg, tokenizer)
     check_reward_inputs(cfg, {"data.train_files": train_loader, "data.val_files": val_loader})
-    total_steps = total_training_steps(cfg, len(train_loader))
+    total_steps = count_steps(cfg, len(train_loader))
     engine, critic = build_worker_groups(cfg, total_steps=total_steps)
     uses_reference = cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
     workers = PPOWorkers(actor=engine, rollout=engine, reward=build_reward_worker(cfg, tokenizer),
                          reference=engine if uses_reference else None, critic=critic)
     components = {"actor": GroupCheckpoint(engine), **({"critic": GroupCheckpoint(critic)} if critic else {})}
-    return PPOTrainer(cfg=cfg, workers=workers, train_loader=train_loader, val_loader=val_loader,
+    return trainer_class(cfg=cfg, workers=workers, train_loader=train_loader, val_loader=val_loader,
                       tracking=build_tracking(cfg),
                       tokenizer=tokenizer, total_steps=total_steps, device=device, checkpoint_components=components,
                       stop_token_ids=stop_token_ids(cfg.actor_rollout_ref.model.path, tokenizer))
@@ -387,10 +387,10 @@ class PPORun:
     plots: list[str]
 
 
-def run_ppo(cfg: PPOConfig) -> PPORun:
+def run_ppo(cfg: PPOConfig, **build_kwargs) -> PPORun:
     """Validate, build, train; print the summary and write the plots."""
     preflight(cfg)
-    return train_and_report(build_trainer(cfg), cfg)
+    return train_and_report(build_trainer(cfg, **build_kwargs), cfg)
 
 
 def train_and_report(trainer, cfg) -> PPORun:

@@ -155,37 +155,50 @@ class PPOTrainer:
     def train_step(self, batches: Iterator[Batch], *, step: int) -> dict[str, float]:
         """One PPO step on the next batch of prompts; returns its metrics."""
         timer, metrics = Timer(), {}
-        temperature = self.rollout_cfg.temperature
         with timer("step"):
             batch = self.rollout_and_score(next(batches), step=step, timer=timer, metrics=metrics)
             if self.cfg.algorithm.filter_groups.enable:
                 batch = self.keep_informative_groups(batch, batches, step=step, timer=timer, metrics=metrics)
-            dp_size = getattr(self.w.actor, "world_size", 1)
-            if self.cfg.trainer.balance_batch and dp_size > 1:
-                metrics.update(balance_batch(batch, dp_size=dp_size))  # equal tokens per data-parallel rank
-            with timer("old_log_prob"):
-                metrics.update(self.old_log_probs(batch, temperature=temperature))
-            if self.w.reference is not None:
-                with timer("ref"):
-                    batch["ref_log_prob"] = self.w.reference.compute_ref_log_prob(batch, temperature=temperature)
-            if self.w.critic is not None:
-                with timer("values"):
-                    batch["values"] = self.w.critic.compute_values(batch)
-            with timer("adv"):
-                metrics.update(self.compute_rewards_and_advantages(batch))
-            if self.cfg.trainer.rollout_data_dir:
-                with timer("dump_rollout_generations"):
-                    dump_generations(self.cfg.trainer.rollout_data_dir, step, **batch_samples(batch, self.tokenizer))
-            if self.cfg.algorithm.use_pf_ppo:
-                batch = self.pf_ppo_resample(batch, step=step)
-            if self.w.critic is not None:
-                with timer("update_critic"):
-                    metrics.update(self.w.critic.update_critic(batch, step=step))
-            if step > self.cfg.trainer.critic_warmup:
-                with timer("update_actor"):
-                    metrics.update(self.w.actor.update_policy(batch, temperature=temperature, step=step))
-                with timer("sync_weights"):
-                    self.w.rollout.load_weights(self.w.actor.named_weights())
+            batch = self.train_on_batch(batch, step=step, timer=timer, metrics=metrics)
+        return self.finish_step_metrics(metrics, batch=batch, timer=timer, step=step)
+
+    def train_on_batch(self, batch: Batch, *, step: int, timer: Timer, metrics: dict) -> Batch:
+        """Everything after the rollout: log-probs, advantages, updates and the weight sync (shared with
+        the async trainers); returns the batch as trained (PF-PPO may resample it)."""
+        temperature = self.rollout_cfg.temperature
+        dp_size = getattr(self.w.actor, "world_size", 1)
+        if self.cfg.trainer.balance_batch and dp_size > 1:
+            metrics.update(balance_batch(batch, dp_size=dp_size))  # equal tokens per data-parallel rank
+        with timer("old_log_prob"):
+            metrics.update(self.old_log_probs(batch, temperature=temperature))
+        if self.w.reference is not None:
+            with timer("ref"):
+                batch["ref_log_prob"] = self.w.reference.compute_ref_log_prob(batch, temperature=temperature)
+        if self.w.critic is not None:
+            with timer("values"):
+                batch["values"] = self.w.critic.compute_values(batch)
+        with timer("adv"):
+            metrics.update(self.compute_rewards_and_advantages(batch))
+        if self.cfg.trainer.rollout_data_dir:
+            with timer("dump_rollout_generations"):
+                dump_generations(self.cfg.trainer.rollout_data_dir, step, **batch_samples(batch, self.tokenizer))
+        if self.cfg.algorithm.use_pf_ppo:
+            batch = self.pf_ppo_resample(batch, step=step)
+        if self.w.critic is not None:
+            with timer("update_critic"):
+                metrics.update(self.w.critic.update_critic(batch, step=step))
+        if step > self.cfg.trainer.critic_warmup:
+            with timer("update_actor"):
+                metrics.update(self.w.actor.update_policy(batch, temperature=temperature, step=step))
+            with timer("sync_weights"):
+                self.sync_rollout_weights(step=step)
+        return batch
+
+    def sync_rollout_weights(self, *, step: int) -> None:
+        """Copy the actor's weights into the rollout engine (the async trainers override when)."""
+        self.w.rollout.load_weights(self.w.actor.named_weights())
+
+    def finish_step_metrics(self, metrics: dict, *, batch: Batch, timer: Timer, step: int) -> dict[str, float]:
         metrics.update(data_metrics(batch, max_response_length=self.cfg.data.max_response_length,
                                     use_critic=self.w.critic is not None))
         metrics.update(agent_metrics(batch))

@@ -1,0 +1,234 @@
+"""Asynchronous PPO / GRPO: a rollouter fills a bounded queue while the trainer consumes it.
+
+Dataflow (verl's fully_async_policy and one_step_off_policy recipes, on the same worker groups)::
+
+    rollouter thread:  prompts ──► rollout.generate + reward (PPOTrainer.rollout_and_score, weight version v)
+                       ──► queue  (waits while it is as far ahead as async_training.staleness_threshold allows)
+    trainer (caller):  queue ──► PPOTrainer.train_on_batch (old / ref log-probs, advantages, updates)
+                       ──► every trigger_parameter_sync_step steps: weights → engine, version v + 1
+
+How far ahead: with ``P = trigger_parameter_sync_step * require_batches`` batches per sync period and
+``s = staleness_threshold``, the rollouter may have generated at most ``floor((syncs_done + 1 + s) * P)``
+batches, so a batch is trained at most ``ceil(s)`` versions after the weights that generated it.
+``s = 0`` is the synchronous loop (same seeds, same order: bit-for-bit main_ppo); ``s = 1`` with a sync
+every step is one-step off-policy: step k + 1's rollout runs while step k trains.
+
+Off-policy correction: with ``compute_prox_log_prob`` the trainer recomputes old log-probs with its
+current weights (the proximal policy) and the existing ``algorithm.rollout_correction`` importance
+weights correct behaviour → proximal; without it the behaviour log-probs are the old policy.
+
+The engine is shared by both threads (local backend) or by the controller's calls (Ray backend): a lock
+keeps a weight sync from landing inside a ``generate`` call.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Iterator
+
+from hybridflow.data.batch import Batch
+from hybridflow.errors import HybridflowError
+from hybridflow.trainer.metrics import Timer
+from hybridflow.trainer.ppo import PPOTrainer
+
+
+@dataclass
+class RolloutItem:
+    """One generated and scored prompt batch in the queue."""
+
+    batch: Batch
+    index: int
+    """Position of its prompt batch in the run (0-based)."""
+    version: int
+    """Weight version (syncs done) that generated it."""
+    metrics: dict = field(default_factory=dict)
+    timings: dict = field(default_factory=dict)
+
+
+@dataclass
+class StalenessGate:
+    """How many prompt batches the rollouter may have generated when ``syncs_done`` syncs happened."""
+
+    staleness_threshold: float
+    batches_per_sync: int
+
+    def allowed(self, syncs_done: int) -> int:
+        return math.floor((syncs_done + 1 + self.staleness_threshold) * self.batches_per_sync + 1e-9)
+
+    @property
+    def max_staleness(self) -> int:
+        return math.ceil(self.staleness_threshold)
+
+
+def check_async_config(cfg) -> None:
+    """One clear error per unsupported or contradictory async_training setting."""
+    a = cfg.async_training
+    problems = []
+    if a.staleness_threshold < 0:
+        problems.append(f"async_training.staleness_threshold must be >= 0 (got {a.staleness_threshold})")
+    if a.trigger_parameter_sync_step < 1:
+        problems.append("async_training.trigger_parameter_sync_step must be >= 1")
+    if a.require_batches != 1:
+        problems.append("async_training.require_batches > 1 is not supported yet; raise data.train_batch_size instead")
+    if a.partial_rollout:
+        problems.append("async_training.partial_rollout=True is not wired into the trainer yet (the native engine's "
+                        "StreamingSession supports it); set async_training.partial_rollout=False")
+    if not a.compute_prox_log_prob and not a.use_rollout_log_probs:
+        problems.append("async_training: with compute_prox_log_prob=False the old policy is the behaviour one; "
+                        "set use_rollout_log_probs=True (or compute_prox_log_prob=True)")
+    if cfg.algorithm.filter_groups.enable:
+        problems.append("algorithm.filter_groups (DAPO dynamic sampling) is not supported by the async trainers; "
+                        "use main_ppo or set algorithm.filter_groups.enable=False")
+    if cfg.trainer.save_freq > 0:
+        problems.append("checkpointing the async trainers is not implemented yet (queue contents are not saved); "
+                        "set trainer.save_freq=-1")
+    if problems:
+        raise HybridflowError("; ".join(problems))
+
+
+def async_training_steps(cfg, steps_per_epoch: int) -> int:
+    """Trainer steps: rollout.total_rollout_steps // require_batches when set, else main_ppo's count."""
+    if cfg.rollout.total_rollout_steps is not None:
+        return cfg.rollout.total_rollout_steps // cfg.async_training.require_batches
+    steps = steps_per_epoch * cfg.trainer.total_epochs
+    return cfg.trainer.total_training_steps if cfg.trainer.total_training_steps is not None else steps
+
+
+class AsyncPPOTrainer(PPOTrainer):
+    """PPOTrainer whose rollout runs ahead in a thread, bounded by ``async_training.staleness_threshold``."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        check_async_config(self.cfg)
+        self.acfg = self.cfg.async_training
+        self.gate = StalenessGate(self.acfg.staleness_threshold,
+                                  self.acfg.trigger_parameter_sync_step * self.acfg.require_batches)
+        self.syncs_done = 0
+        self.actor_updated = False
+        self.engine_lock = threading.Lock()
+        self.changed = threading.Condition()
+        self.queue: deque[RolloutItem] = deque()
+        self.generated = 0
+        self.stopping = False
+        self.rollouter_error: BaseException | None = None
+        self.rollouter: threading.Thread | None = None
+        self.staleness_counts: dict[int, int] = {}
+        """staleness -> trained batches, over the run (the histogram the metrics report)."""
+
+    # ================================================================== the trainer side
+    def train_step(self, batches: Iterator[Batch], *, step: int) -> dict[str, float]:
+        """One PPO step on the oldest queued batch; starts the rollouter on the first call."""
+        if self.rollouter is None:
+            self.start_rollouter(batches, total=self.total_steps * self.acfg.require_batches)
+        timer, metrics = Timer(), {}
+        with timer("step"):
+            with timer("wait_for_rollout"):
+                item = self.take()
+            batch = self.train_on_batch(item.batch, step=step, timer=timer, metrics=metrics)
+            with timer("sync_weights"):
+                self.end_sync_period(step=step)
+        timer.timings.update(item.timings)
+        metrics.update(item.metrics)
+        metrics.update(self.staleness_metrics(item))
+        return self.finish_step_metrics(metrics, batch=batch, timer=timer, step=step)
+
+    def old_log_probs(self, batch: Batch, *, temperature: float) -> dict[str, float]:
+        """The proximal policy's log-probs (recomputed, then rollout correction) or the behaviour ones."""
+        if self.acfg.compute_prox_log_prob:
+            return super().old_log_probs(batch, temperature=temperature)
+        batch["old_log_probs"] = batch["rollout_log_probs"]
+        return {}
+
+    def take(self) -> RolloutItem:
+        with self.changed:
+            self.changed.wait_for(lambda: self.queue or self.rollouter_error is not None)
+            if self.rollouter_error is not None:
+                raise HybridflowError(f"the rollouter failed: {self.rollouter_error}") from self.rollouter_error
+            item = self.queue.popleft()
+            self.changed.notify_all()
+            return item
+
+    def sync_rollout_weights(self, *, step: int) -> None:
+        """Called by train_on_batch after an actor update: the load waits for the end of the sync period."""
+        self.actor_updated = True
+
+    def end_sync_period(self, *, step: int) -> None:
+        """At the end of a sync period load the actor's weights (if it was updated; not during critic warm-up)
+        and count a new version, both under the engine lock so a generate sees matching weights and version."""
+        if step % self.acfg.trigger_parameter_sync_step != 0:
+            return
+        with self.engine_lock:
+            if self.actor_updated:
+                super().sync_rollout_weights(step=step)
+                self.actor_updated = False
+            with self.changed:
+                self.syncs_done += 1
+                self.changed.notify_all()
+
+    def staleness_metrics(self, item: RolloutItem) -> dict[str, float]:
+        """verl's ``fully_async/*`` counts plus the staleness histogram of the trained batches."""
+        staleness = max(0, self.version_at_training(item) - item.version)
+        self.staleness_counts[staleness] = self.staleness_counts.get(staleness, 0) + 1
+        with self.changed:
+            queued = len(self.queue)
+        metrics = {"fully_async/count/current_param_version": self.syncs_done,
+                   "fully_async/count/total_generated_samples": self.generated * self.rollout_cfg.n
+                   * self.cfg.data.train_batch_size,
+                   "fully_async/count/stale_samples_processed": sum(
+                       count for s, count in self.staleness_counts.items() if s > 0) * len(item.batch),
+                   "fully_async/staleness/mean": float(staleness), "fully_async/queue_size": queued}
+        metrics.update({f"fully_async/staleness/hist_{s}": count for s, count in sorted(self.staleness_counts.items())})
+        return metrics
+
+    def version_at_training(self, item: RolloutItem) -> int:
+        """Syncs done before the step that trained ``item`` (the weights the update started from)."""
+        return item.index // self.gate.batches_per_sync
+
+    # ================================================================== the rollouter side
+    def start_rollouter(self, batches: Iterator[Batch], *, total: int) -> None:
+        self.rollouter = threading.Thread(target=self.rollouter_loop, args=(batches, total),
+                                          name="hybridflow-rollouter", daemon=True)
+        self.rollouter.start()
+
+    def rollouter_loop(self, batches: Iterator[Batch], total: int) -> None:
+        try:
+            for index in range(total):
+                with self.changed:
+                    self.changed.wait_for(lambda: self.stopping or index < self.gate.allowed(self.syncs_done))
+                    if self.stopping:
+                        return
+                item = self.generate_item(next(batches), index=index)
+                with self.changed:
+                    self.queue.append(item)
+                    self.generated += 1
+                    self.changed.notify_all()
+        except BaseException as err:  # handed to the trainer, which raises it with the step
+            with self.changed:
+                self.rollouter_error = err
+                self.changed.notify_all()
+
+    def generate_item(self, prompts: Batch, *, index: int) -> RolloutItem:
+        """Generate and score one prompt batch with the weights loaded now (seeded as main_ppo's step)."""
+        timer, metrics = Timer(), {}
+        require = self.acfg.require_batches
+        with self.engine_lock:
+            version = self.syncs_done
+            batch = self.rollout_and_score(prompts, step=index // require + 1, timer=timer, metrics=metrics,
+                                           attempt=index % require)
+        return RolloutItem(batch=batch, index=index, version=version, metrics=metrics, timings=timer.timings)
+
+    # ================================================================== shared engine
+    def validate(self) -> dict[str, float]:
+        with self.engine_lock:
+            return super().validate()
+
+    def close(self) -> None:
+        with self.changed:
+            self.stopping = True
+            self.changed.notify_all()
+        if self.rollouter is not None:
+            self.rollouter.join()
+        super().close()

@@ -1,0 +1,40 @@
+"""Fully asynchronous PPO / GRPO (verl's ``fully_async_policy`` recipe), with main_ppo's keys plus
+``async_training.*`` and ``rollout.total_rollout_steps``::
+
+    python -m hybridflow.trainer.main_fully_async async_training.staleness_threshold=1 ...
+"""
+
+from __future__ import annotations
+
+import sys
+
+from hybridflow.config import PPOConfig, load_config
+from hybridflow.trainer.async_ppo import AsyncPPOTrainer, async_training_steps, check_async_config
+from hybridflow.config import split_config_args
+from hybridflow.errors import run_entry_point
+from hybridflow.trainer.main_ppo import run_ppo
+
+USAGE_SUMMARY = "Fully async PPO / GRPO: a rollouter thread runs ahead of the trainer (async_training.* keys)."
+
+
+def run_async_from_args(args: list[str], *, prog: str, defaults: tuple[str, ...] = ()) -> int:
+    """``[--config-path D --config-name N] key=value ...`` -> an async run; ``defaults`` go before the user's."""
+    from hybridflow.config.loader import help_requested, trainer_usage
+
+    if help_requested(args):
+        print(trainer_usage(prog, USAGE_SUMMARY, "ppo"), end="")
+        return 0
+    config_file, overrides = split_config_args(args)
+    cfg = load_config(PPOConfig, list(defaults) + list(overrides), config_file)
+    check_async_config(cfg)
+    run_ppo(cfg, trainer_class=AsyncPPOTrainer, count_steps=async_training_steps)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    return run_entry_point(lambda a: run_async_from_args(a, prog="python -m hybridflow.trainer.main_fully_async"), args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
