@@ -82,9 +82,9 @@ def check_async_config(cfg) -> None:
     if cfg.algorithm.filter_groups.enable:
         problems.append("algorithm.filter_groups (DAPO dynamic sampling) is not supported by the async trainers; "
                         "use main_ppo or set algorithm.filter_groups.enable=False")
-    if cfg.trainer.save_freq > 0:
+    if cfg.trainer.save_freq > 0 or cfg.trainer.keep_best_checkpoint:
         problems.append("checkpointing the async trainers is not implemented yet (queue contents are not saved); "
-                        "set trainer.save_freq=-1")
+                        "set trainer.save_freq=-1 and trainer.keep_best_checkpoint=False")
     if problems:
         raise HybridflowError("; ".join(problems))
 
