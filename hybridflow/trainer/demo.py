@@ -114,8 +114,8 @@ PRESETS["tools"] = DemoPreset(
     train_size=256,
     test_size=64,
     # SmolLM2-135M never calls the tool from its prompt alone (0 of 64 sampled answers): a short SFT first
-    warmup=SFTWarmup(traces=32, overrides=("data.train_batch_size=8", "data.micro_batch_size_per_gpu=8",
-                                           "data.max_length=512", "optim.lr=1e-5", "trainer.total_epochs=1")),
+    warmup=SFTWarmup(traces=64, overrides=("data.train_batch_size=8", "data.micro_batch_size_per_gpu=8",
+                                           "data.max_length=512", "optim.lr=5e-5", "trainer.total_epochs=1")),
     overrides=(
         "algorithm.adv_estimator=grpo",
         "data.train_batch_size=8",
