@@ -66,3 +66,25 @@ def test_tools_tiny_demo_warms_up_on_tool_traces_then_trains_with_the_tool(tmp_p
     assert messages[4]["content"] == row["reward_model"]["ground_truth"]
     assert (run / "sft" / "global_step_1" / "model" / "huggingface" / "config.json").exists()
     assert (run / "base" / "generations" / "0.jsonl").exists() and (run / "generations" / "1.jsonl").exists()
+
+
+def test_warmup_traces_call_the_tool_every_nth_question_and_end_on_the_right_answer(tmp_path):
+    import pandas as pd
+
+    from hybridflow.errors import DataError
+    from hybridflow.trainer.demo import TOOL_TASK
+    from hybridflow.trainer.demo_tools import write_tool_config, write_tool_rows, write_warmup_traces
+
+    train, _ = write_tool_rows(task="basic_arithmetic", task_config=TOOL_TASK, train_size=6, test_size=2,
+                               tool="calculator", system_prompt="Use the tool.", out=str(tmp_path / "data"))
+    config = write_tool_config(str(tmp_path), ("hybridflow.tools.calculator.CalculatorTool",))
+    traces = pd.read_parquet(write_warmup_traces(train, config, str(tmp_path), count=6, tool_every=3))
+    with_tool, direct = ["system", "user", "assistant", "tool", "assistant"], ["system", "user", "assistant"]
+    assert [[m["role"] for m in t] for t in traces["messages"]] == [with_tool, direct, direct] * 2
+    truths = [row["ground_truth"] for row in pd.read_parquet(train)["reward_model"]]
+    assert [t[-1]["content"] for t in traces["messages"]] == truths
+    rows = pd.read_parquet(train)
+    rows.at[0, "extra_info"] = {**rows.at[0, "extra_info"], "metadata": "{}"}
+    rows.to_parquet(train)
+    with pytest.raises(DataError, match="no extra_info.metadata.expression"):
+        write_warmup_traces(train, config, str(tmp_path), count=1)
