@@ -73,8 +73,8 @@ def template_renders_tools(tokenizer, template_kwargs: dict) -> bool:
     """Whether the chat template writes the schemas passed as ``tools`` (a probe rendering)."""
     probe = [{"role": "user", "content": "<hybridflow probe question>"}]
     schema = [{"type": "function", "function": {"name": "hybridflow_probe", "parameters": {"type": "object"}}}]
-    with_schema = render(tokenizer, probe, add_generation_prompt=True, template_kwargs={**template_kwargs, "tools": schema})
-    return "hybridflow_probe" in with_schema
+    kwargs = {**template_kwargs, "tools": schema}
+    return "hybridflow_probe" in render(tokenizer, probe, add_generation_prompt=True, template_kwargs=kwargs)
 
 
 def with_tools_system_message(messages: list[dict[str, Any]], tool_schemas: list[dict]) -> list[dict[str, Any]]:

@@ -113,9 +113,11 @@ PRESETS["tools"] = DemoPreset(
     tools=("hybridflow.tools.calculator.CalculatorTool",),
     train_size=256,
     test_size=64,
-    # SmolLM2-135M never calls the tool from its prompt alone (0 of 64 sampled answers): a short SFT first
-    warmup=SFTWarmup(traces=32, overrides=("data.train_batch_size=8", "data.micro_batch_size_per_gpu=8",
-                                           "data.max_length=512", "optim.lr=1e-5", "trainer.total_epochs=1")),
+    # SmolLM2-135M never calls the tool from its prompt alone (0 of 64 sampled answers): a short SFT first,
+    # where one trace in 3 calls the tool and the others answer directly
+    warmup=SFTWarmup(traces=64, tool_every=3,
+                     overrides=("data.train_batch_size=8", "data.micro_batch_size_per_gpu=8", "data.max_length=512",
+                                "optim.lr=5e-5", "trainer.total_epochs=1")),
     overrides=(
         "algorithm.adv_estimator=grpo",
         "data.train_batch_size=8",
@@ -138,7 +140,8 @@ PRESETS["tools-tiny"] = replace(
     PRESETS["tools"], model="tiny", train_size=16, test_size=4,
     warmup=SFTWarmup(traces=4, overrides=("data.train_batch_size=4", "data.micro_batch_size_per_gpu=4",
                                           "data.max_length=512", "optim.lr=1e-3", "trainer.total_epochs=1")),
-    overrides=tuple(o for o in PRESETS["tools"].overrides if not o.startswith("trainer.total_training_steps"))
+    overrides=tuple(o for o in PRESETS["tools"].overrides
+                    if not o.startswith(("trainer.total_training_steps=", "actor_rollout_ref.actor.optim.lr=")))
     + ("trainer.total_training_steps=2", "actor_rollout_ref.actor.optim.lr=1e-3"),
 )
 
@@ -236,7 +239,7 @@ def warm_up(preset: DemoPreset, *, model: str, train: str, run_dir: str) -> str:
     """The preset's SFT warm-up on synthetic tool traces; returns the warmed-up model folder."""
     out = os.path.join(run_dir, "sft")
     traces = write_warmup_traces(train, os.path.join(run_dir, "tools.yaml"), os.path.join(run_dir, "data"),
-                                 count=preset.warmup.traces)
+                                 count=preset.warmup.traces, tool_every=preset.warmup.tool_every)
     return run_sft_warmup(preset.warmup, model=model, traces=traces, out=out)
 
 

@@ -31,6 +31,10 @@ class SFTWarmup:
 
     traces: int
     """How many training questions become traces (the first ones of the train split)."""
+    tool_every: int = 1
+    """Every ``tool_every``-th trace calls the tool; the others answer directly (the same right answer,
+    no tool turn). Above 1 the warmed-up model knows the format but mostly answers without the tool,
+    so GRPO, rewarded for right answers only, has to find out that the tool pays."""
     overrides: tuple[str, ...] = field(default_factory=tuple)
     """SFT config overrides (batch size, learning rate, epochs)."""
 
@@ -81,8 +85,9 @@ async def tool_answer(tool, arguments: dict[str, Any], create_kwargs: dict[str, 
     return response if isinstance(response, str) else response.text
 
 
-def calculator_trace(row: dict[str, Any], tool, *, index: int) -> dict[str, Any]:
-    """One SFT row: the row's prompt, a call with the question's expression, the tool's reply, the answer."""
+def calculator_trace(row: dict[str, Any], tool, *, index: int, use_tool: bool) -> dict[str, Any]:
+    """One SFT row: the row's prompt, a call with the question's expression, the tool's reply, the answer
+    (``use_tool=False``: the prompt and the answer alone)."""
     metadata = json.loads((row.get("extra_info") or {}).get("metadata") or "{}")
     expression = metadata.get("expression")
     if not expression:
@@ -92,13 +97,14 @@ def calculator_trace(row: dict[str, Any], tool, *, index: int) -> dict[str, Any]
     kwargs = ((row["extra_info"].get("tools_kwargs") or {}).get(tool.name) or {}).get("create_kwargs") or {}
     result = asyncio.run(tool_answer(tool, arguments, kwargs))
     prompt = list(row["prompt"].tolist() if hasattr(row["prompt"], "tolist") else row["prompt"])
-    messages = [*prompt, {"role": "assistant", "content": call_text(tool.name, arguments)},
-                {"role": "tool", "content": result}, {"role": "assistant", "content": result}]
+    call = [{"role": "assistant", "content": call_text(tool.name, arguments)}, {"role": "tool", "content": result}]
+    messages = [*prompt, *(call if use_tool else []), {"role": "assistant", "content": result}]
     return {"messages": messages, "tools": json.dumps([tool.get_openai_tool_schema()])}
 
 
-def write_warmup_traces(train: str, tool_config: str, out: str, *, count: int) -> str:
-    """``out/sft_traces.parquet``: calculator traces of the first ``count`` training questions."""
+def write_warmup_traces(train: str, tool_config: str, out: str, *, count: int, tool_every: int = 1) -> str:
+    """``out/sft_traces.parquet``: traces of the first ``count`` training questions, every ``tool_every``-th
+    through the calculator."""
     from hybridflow.data.files import read_rows
     from hybridflow.data.preprocess.common import write_splits
     from hybridflow.tools.config import load_tools
@@ -107,7 +113,8 @@ def write_warmup_traces(train: str, tool_config: str, out: str, *, count: int) -
     if "calculator" not in tools:
         raise DataError(f"the SFT warm-up writes calculator traces, but {tool_config} has no calculator tool")
     rows = read_rows(train)[:count]
-    traces = [calculator_trace(row, tools["calculator"], index=i) for i, row in enumerate(rows)]
+    traces = [calculator_trace(row, tools["calculator"], index=i, use_tool=i % tool_every == 0)
+              for i, row in enumerate(rows)]
     return write_splits({"sft_traces": traces}, out)["sft_traces"]
 
 

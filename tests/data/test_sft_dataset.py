@@ -194,9 +194,10 @@ def test_empty_file_and_max_samples(tiny_tokenizer, write_rows):
 
 CALCULATOR = {"type": "function", "function": {"name": "calculator", "description": "Evaluate an expression",
                                                "parameters": {"type": "object", "properties": {}}}}
+CALL_12_TIMES_34 = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12 * 34"}}\n</tool_call>'
 TOOL_TRACE = [
     {"role": "user", "content": "Calculate 12 * 34."},
-    {"role": "assistant", "content": '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12 * 34"}}\n</tool_call>'},
+    {"role": "assistant", "content": CALL_12_TIMES_34},
     {"role": "tool", "content": "408"},
     {"role": "assistant", "content": "408"},
 ]

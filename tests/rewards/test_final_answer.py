@@ -15,7 +15,8 @@ CONVERSATION = ('<tool_call>\n{"name": "calculator", "arguments": {"expression":
 
 
 def test_the_final_answer_is_scored_not_the_number_the_tool_printed():
-    assert compute_score("basic_arithmetic", CONVERSATION + "260380", "260380", {**META, "final_answer": "260380"}) == 1.0
+    right = {**META, "final_answer": "260380"}
+    assert compute_score("basic_arithmetic", CONVERSATION + "260380", "260380", right) == 1.0
     # the last number of the whole text is the tool's (right) result, but the model answered nothing
     assert compute_score("basic_arithmetic", CONVERSATION, "260380", {**META, "final_answer": ""}) == 0.0
     assert compute_score("basic_arithmetic", CONVERSATION + "26038", "260380", {**META, "final_answer": "26038"}) == 0.0

@@ -3,7 +3,7 @@
 import pytest
 
 from hybridflow.cli import main
-from hybridflow.trainer.demo import PRESETS, before_after, run_demo
+from hybridflow.trainer.demo import PRESETS, before_after, report, run_demo
 
 
 def test_tiny_demo_runs_and_reports_before_after(tmp_path, capsys):
@@ -25,4 +25,66 @@ def test_before_after_reads_the_first_and_last_validation():
     history = [{"step": 0, "val-core/x/reward/mean@1": 0.25}, {"step": 1, "critic/score/mean": 0.5},
                {"step": 2, "val-core/x/reward/mean@1": 0.75}]
     assert before_after(history) == ("val-core/x/reward/mean@1", 0.25, 0.75)
-    assert set(PRESETS) == {"default", "tiny"}
+    assert set(PRESETS) == {"default", "tiny", "tools", "tools-tiny"}
+
+
+def test_report_reads_the_tool_call_share_of_the_validations(capsys):
+    history = [{"val-core/x/reward/mean@1": 0.25, "val-aux/tool_call_share@1": 0.5},
+               {"val-core/x/reward/mean@1": 0.75, "val-aux/tool_call_share@1": 0.875}]
+    base = [{"val-core/x/reward/mean@1": 0.0, "val-aux/tool_call_share@1": 0.0}]
+    result = report(history, base=base, steps=2, seconds=60)
+    assert result == {"before": 0.25, "after": 0.75, "tool_share_before": 0.5, "tool_share_after": 0.875,
+                      "base": 0.0, "tool_share_base": 0.0}
+    assert "(val-aux/tool_call_share@1): 0.500 -> 0.875" in capsys.readouterr().out
+
+
+def test_tools_tiny_demo_warms_up_on_tool_traces_then_trains_with_the_tool(tmp_path, capsys):
+    """--preset tools end to end on the tiny model: tool-agent rows, tools.yaml, SFT traces in the format the
+    tool agent parses (the tool turn is the calculator's real reply), base validation, GRPO, the summary."""
+    import json
+
+    import pandas as pd
+
+    from hybridflow.tools.calculator import evaluate, format_number
+    from hybridflow.tools.parsers import parse_hermes
+
+    run = tmp_path / "run"
+    assert main(["demo", "--preset", "tools-tiny", "--out", str(run), "trainer.total_training_steps=1",
+                 "trainer.test_freq=1"]) == 0
+    out = capsys.readouterr().out
+    assert "[demo] held-out answers that called a tool (val-aux/tool_call_share@1):" in out
+    assert "[demo] base model before the SFT warm-up:" in out
+    assert "CalculatorTool" in (run / "tools.yaml").read_text()
+    row = pd.read_parquet(run / "data" / "train.parquet").iloc[0]
+    assert row["agent_name"] == "tool_agent" and "calculator" in row["extra_info"]["tools_kwargs"]
+    trace = pd.read_parquet(run / "data" / "sft_traces.parquet").iloc[0]
+    messages = list(trace["messages"])
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool", "assistant"]
+    (call,) = parse_hermes(messages[2]["content"]).calls
+    assert call.name == "calculator" and json.loads(trace["tools"])[0]["function"]["name"] == "calculator"
+    assert messages[3]["content"] == messages[4]["content"] == format_number(evaluate(call.arguments["expression"]))
+    assert messages[4]["content"] == row["reward_model"]["ground_truth"]
+    assert (run / "sft" / "global_step_1" / "model" / "huggingface" / "config.json").exists()
+    assert (run / "base" / "generations" / "0.jsonl").exists() and (run / "generations" / "1.jsonl").exists()
+
+
+def test_warmup_traces_call_the_tool_every_nth_question_and_end_on_the_right_answer(tmp_path):
+    import pandas as pd
+
+    from hybridflow.errors import DataError
+    from hybridflow.trainer.demo import TOOL_TASK
+    from hybridflow.trainer.demo_tools import write_tool_config, write_tool_rows, write_warmup_traces
+
+    train, _ = write_tool_rows(task="basic_arithmetic", task_config=TOOL_TASK, train_size=6, test_size=2,
+                               tool="calculator", system_prompt="Use the tool.", out=str(tmp_path / "data"))
+    config = write_tool_config(str(tmp_path), ("hybridflow.tools.calculator.CalculatorTool",))
+    traces = pd.read_parquet(write_warmup_traces(train, config, str(tmp_path), count=6, tool_every=3))
+    with_tool, direct = ["system", "user", "assistant", "tool", "assistant"], ["system", "user", "assistant"]
+    assert [[m["role"] for m in t] for t in traces["messages"]] == [with_tool, direct, direct] * 2
+    truths = [row["ground_truth"] for row in pd.read_parquet(train)["reward_model"]]
+    assert [t[-1]["content"] for t in traces["messages"]] == truths
+    rows = pd.read_parquet(train)
+    rows.at[0, "extra_info"] = {**rows.at[0, "extra_info"], "metadata": "{}"}
+    rows.to_parquet(train)
+    with pytest.raises(DataError, match="no extra_info.metadata.expression"):
+        write_warmup_traces(train, config, str(tmp_path), count=1)
