@@ -157,7 +157,10 @@ def _check_gen_batch_size(problems: list[str], cfg: Any) -> None:
 
 def _check_rollout(problems: list[str], cfg: Any, model_max_len: int | None) -> None:
     rollout, data = cfg.actor_rollout_ref.rollout, cfg.data
-    if cfg.actor_rollout_ref.actor.use_rollout_log_probs and (rollout.top_p < 1 or rollout.top_k != -1):
+    for key, top_k in (("rollout.top_k", rollout.top_k), ("rollout.val_kwargs.top_k", rollout.val_kwargs.top_k)):
+        if top_k < -1:
+            problems.append(f"actor_rollout_ref.{key}={top_k} must be -1 or 0 (off) or a positive number of tokens")
+    if cfg.actor_rollout_ref.actor.use_rollout_log_probs and (rollout.top_p < 1 or rollout.top_k > 0):
         problems.append("actor_rollout_ref.actor.use_rollout_log_probs=True needs rollout.top_p=1 and rollout.top_k=-1: "
                         "the engine's log-probs are of the filtered distribution, the trainer's are not")
     if rollout.temperature < 0:

@@ -101,7 +101,7 @@ def check_algorithm_settings(cfg: PPOConfig) -> None:
         problems.append("algorithm.rollout_correction.bypass_mode=True replaces the policy loss (loss_type=ppo_clip is "
                         f"vanilla PPO, or reinforce); leave policy_loss.loss_mode=vanilla, not "
                         f"{actor.policy_loss.loss_mode!r}")
-    if corr.bypass_mode and (rollout.top_p < 1 or rollout.top_k != -1):
+    if corr.bypass_mode and (rollout.top_p < 1 or rollout.top_k > 0):
         problems.append("algorithm.rollout_correction.bypass_mode=True needs rollout.top_p=1 and rollout.top_k=-1: "
                         "the engine's log-probs are of the filtered distribution, the trainer's are not")
     try:

@@ -41,7 +41,7 @@ from hybridflow.algos.rollout_correction import rollout_correction
 from hybridflow.data.balance import balance_batch
 from hybridflow.data.batch import Batch
 from hybridflow.errors import CheckpointError, HybridflowError, WorkerDiedError
-from hybridflow.rollout import SamplingParams
+from hybridflow.rollout import SamplingParams, sampling_params_from_rollout_config
 from hybridflow.trainer.checkpoint import find_resume_checkpoint, load_checkpoint, save_checkpoint
 from hybridflow.trainer.generations import batch_samples, dump_generations, pick_generations
 from hybridflow.trainer.metrics import (
@@ -249,15 +249,9 @@ class PPOTrainer:
 
     def sampling_params(self, *, step: int, validate: bool, attempt: int = 0) -> SamplingParams:
         """Training or validation sampling, seeded by (seed, step, attempt) so resumed runs sample identically."""
-        rollout = self.rollout_cfg
-        src = rollout.val_kwargs if validate else rollout
-        greedy = not src.do_sample or src.temperature == 0
-        return SamplingParams(
-            n=src.n, temperature=0.0 if greedy else src.temperature, top_p=src.top_p, top_k=src.top_k,
-            max_tokens=rollout.response_length, stop_token_ids=self.stop_token_ids,
-            seed=int(np.random.SeedSequence([rollout.seed, step, attempt, int(validate)]).generate_state(1)[0]),
-            logprobs=True,
-        )
+        seed = int(np.random.SeedSequence([self.rollout_cfg.seed, step, attempt, int(validate)]).generate_state(1)[0])
+        return sampling_params_from_rollout_config(self.rollout_cfg, validate=validate,
+                                                   eos_token_id=self.stop_token_ids, seed=seed, logprobs=True)
 
     def greedy_baseline(self, prompts: Batch, *, step: int) -> torch.Tensor:
         """ReMax's baseline (arXiv 2310.10505): the reward of the greedy response, repeated n times."""

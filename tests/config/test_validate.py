@@ -183,3 +183,13 @@ def test_gen_batch_size_needs_dynamic_sampling(files):
     validate_ppo_config(ppo(files, "data.gen_batch_size=24", "algorithm.filter_groups.enable=True",
                             "algorithm.filter_groups.metric=acc"))
     validate_ppo_config(ppo(files, "data.gen_batch_size=8"))
+
+
+def test_top_k_zero_is_off_and_negative_top_k_is_rejected(files):
+    validate_ppo_config(ppo(files, "actor_rollout_ref.rollout.top_k=0", "actor_rollout_ref.rollout.val_kwargs.top_k=0",
+                            "actor_rollout_ref.actor.use_rollout_log_probs=True"), model_max_len=2048)
+    lines = problems(ppo(files, "actor_rollout_ref.rollout.top_k=-2", "actor_rollout_ref.rollout.val_kwargs.top_k=-5"))
+    assert "actor_rollout_ref.rollout.top_k=-2 must be -1 or 0 (off) or a positive number of tokens" in lines
+    assert "actor_rollout_ref.rollout.val_kwargs.top_k=-5 must be -1 or 0 (off) or a positive number of tokens" in lines
+    (line,) = problems(ppo(files, "actor_rollout_ref.rollout.top_k=20", "actor_rollout_ref.actor.use_rollout_log_probs=True"))
+    assert line.startswith("actor_rollout_ref.actor.use_rollout_log_probs=True needs rollout.top_p=1")
