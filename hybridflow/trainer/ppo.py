@@ -13,7 +13,7 @@ Dataflow of one step (the HybridFlow paper's Fig. 1, verl's ``RayPPOTrainer.fit`
             ──► advantage estimator (registry) ──► PF-PPO resampling (use_pf_ppo)
             ──► critic.update_critic                     (gae only)
             ──► actor.update_policy                      (after critic_warmup steps)
-            ──► rollout.load_weights(actor weights)      (in memory: no disk round trip)
+            ──► rollout.sync_rollout_weights()          (actor -> engine in memory: no disk round trip)
             ──► metrics ──► tracking;  validation every test_freq;  checkpoint every save_freq
 
 Deviations from verl, on purpose:
@@ -35,7 +35,8 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from hybridflow.algos import AdaptiveKLController, FixedKLController, apply_kl_penalty, get_advantage, masked_mean
+from hybridflow.algos import (AdaptiveKLController, FixedKLController, advantage_spec, apply_kl_penalty, get_advantage,
+                             masked_mean)
 from hybridflow.algos.pf_ppo import pf_ppo_resample
 from hybridflow.algos.rollout_correction import rollout_correction
 from hybridflow.data.balance import balance_batch
@@ -160,7 +161,7 @@ class PPOTrainer:
                 metrics.update(self.old_log_probs(batch, temperature=temperature))
             if self.w.reference is not None:
                 with timer("ref"):
-                    batch["ref_log_prob"] = self.w.reference.compute_ref_log_prob(batch, temperature=temperature)
+                    batch["ref_log_probs"] = self.w.reference.compute_ref_log_prob(batch, temperature=temperature)
             if self.w.critic is not None:
                 with timer("values"):
                     batch["values"] = self.w.critic.compute_values(batch)
@@ -178,7 +179,7 @@ class PPOTrainer:
                 with timer("update_actor"):
                     metrics.update(self.w.actor.update_policy(batch, temperature=temperature, step=step))
                 with timer("sync_weights"):
-                    self.w.rollout.load_weights(self.w.actor.named_weights())
+                    self.w.rollout.sync_rollout_weights()
         metrics.update(data_metrics(batch, max_response_length=self.cfg.data.max_response_length,
                                     use_critic=self.w.critic is not None))
         metrics.update(agent_metrics(batch))
@@ -187,7 +188,8 @@ class PPOTrainer:
     def step_metrics(self, metrics: dict[str, float], *, batch: Batch, timer: Timer, step: int) -> dict[str, float]:
         """``metrics`` plus the timing, throughput, memory and progress ones every trainer reports."""
         metrics.update(timer.metrics())
-        metrics.update(throughput_metrics(batch=batch, step_seconds=timer.timings["step"]))
+        metrics.update(throughput_metrics(batch=batch, step_seconds=timer.timings["step"],
+                                          num_workers=self.w.actor.world_size))
         metrics.update(memory_metrics())
         metrics["training/global_step"] = step
         metrics["training/epoch"] = self.train_loader.epoch
@@ -199,7 +201,7 @@ class PPOTrainer:
         with timer("gen"):
             batch = self.w.rollout.generate(prompts, self.sampling_params(step=step, validate=False, attempt=attempt))
             batch = batch.to(self.device)
-        if self.cfg.algorithm.adv_estimator == "remax":
+        if advantage_spec(self.cfg.algorithm.adv_estimator).needs_greedy_baseline:
             with timer("gen_max"):
                 batch["reward_baselines"] = self.greedy_baseline(prompts, step=step)
         with timer("reward"):
@@ -268,7 +270,7 @@ class PPOTrainer:
         if algo.use_kl_in_reward:
             batch["token_level_rewards"], current_kl = apply_kl_penalty(
                 token_level_scores=batch["token_level_scores"], old_log_prob=batch["old_log_probs"],
-                ref_log_prob=batch["ref_log_prob"], response_mask=batch["response_mask"],
+                ref_log_prob=batch["ref_log_probs"], response_mask=batch["response_mask"],
                 kl_coef=self.kl_ctrl.value, kl_penalty_type=algo.kl_penalty)
             metrics = {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": self.kl_ctrl.value}
             self.kl_ctrl.update(current_kl=current_kl, n_steps=len(batch))
@@ -387,7 +389,7 @@ class PPOTrainer:
         step, extra = load_checkpoint(path, self.checkpoint_components)
         self.train_loader.load_state_dict(extra["dataloader"])
         self.kl_ctrl.value = extra.get("kl_coef", self.kl_ctrl.value)
-        self.w.rollout.load_weights(self.w.actor.named_weights())
+        self.w.rollout.sync_rollout_weights()
         logger.info("resumed from %s (step %d)", path, step)
         return step
 
