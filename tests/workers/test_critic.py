@@ -33,7 +33,7 @@ def test_values_are_the_head_at_the_position_before_each_response_token(tiny_mod
 
 
 def test_value_update_moves_values_toward_returns(tiny_model_dir):
-    critic = critic_with_random_head(tiny_model_dir, "critic.optim.lr=1e-2", "critic.ppo_mini_batch_size=4",
+    critic = critic_with_random_head(tiny_model_dir, "critic.optim.lr=1e-3", "critic.ppo_mini_batch_size=4",
                                      "critic.ppo_micro_batch_size_per_gpu=2")
     batch = _batch(prompt=PROMPT, response=RESPONSE)
     returns, mask = torch.full((8, RESPONSE), 2.0), batch["response_mask"]
@@ -46,5 +46,5 @@ def test_value_update_moves_values_toward_returns(tiny_model_dir):
     for step in range(3):
         batch["values"] = critic.compute_values(batch)
         metrics = critic.update_critic(batch, step=step)
-    assert error() < 0.5 * before
+    assert error() < 0.8 * before
     assert metrics["critic/vf_loss"] > 0 and metrics["critic/grad_norm"] > 0
