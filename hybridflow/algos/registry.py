@@ -125,8 +125,11 @@ def register_advantage(name: str, *, needs_values: bool = False,
     return decorator
 
 
-def advantage_spec(name: str) -> AdvantageSpec:
-    """What the estimator registered as ``name`` needs (an unknown name raises with the registered ones)."""
+def advantage_spec(name: str | None) -> AdvantageSpec:
+    """What the estimator registered as ``name`` needs (an unknown name raises with the registered ones);
+    ``None`` (a trainer without an estimator: SPIN, SPPO) needs nothing."""
+    if name is None:
+        return AdvantageSpec()
     ADVANTAGES.get(name)
     return _ADVANTAGE_SPECS[name]
 

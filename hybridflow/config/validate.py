@@ -134,8 +134,6 @@ def _estimator_needs_values(name: str) -> bool:
     from hybridflow.algos import advantage_spec
     from hybridflow.algos.errors import UnknownAlgorithmError
 
-    if not isinstance(name, str):
-        return False  # trainers without an advantage estimator (SPIN / SPPO)
     try:
         return advantage_spec(name).needs_values
     except UnknownAlgorithmError:

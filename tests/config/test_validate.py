@@ -209,3 +209,4 @@ def test_an_estimator_that_needs_values_gets_a_critic_by_registering_only(files)
     lines = problems(ppo(files, "algorithm.adv_estimator=test_only_valued_estimator", "critic.enable=False"))
     assert lines[0].startswith("algorithm.adv_estimator=test_only_valued_estimator needs a critic but critic.enable=False")
     assert advantage_spec("remax").needs_greedy_baseline and not advantage_spec("grpo").needs_values
+    assert advantage_spec(None) == type(advantage_spec("grpo"))()  # SPIN / SPPO: no estimator, nothing needed
