@@ -17,6 +17,7 @@ from hybridflow.algos.logprob import entropy_from_logits, logprobs_from_logits
 from hybridflow.algos.overlong import overlong_penalty
 from hybridflow.algos.preference import dpo_loss, ipo_loss, sppo_loss
 from hybridflow.algos.registry import (
+    advantage_spec,
     get_advantage,
     get_policy_loss,
     list_advantages,
@@ -36,6 +37,7 @@ __all__ = [
     "apply_kl_penalty",
     "dpo_loss",
     "entropy_from_logits",
+    "advantage_spec",
     "get_advantage",
     "get_policy_loss",
     "ipo_loss",

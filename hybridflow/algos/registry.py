@@ -34,6 +34,12 @@ remax                          reward_baselines
 reinforce_plus_plus            gamma
 =============================  ==========================================================
 
+An estimator declares what the loop must provide for it when it registers, and the loop,
+validation and the role builders ask :func:`advantage_spec` instead of comparing names::
+
+    @register_advantage("gae", needs_values=True)              # the critic runs
+    @register_advantage("remax", needs_greedy_baseline=True)   # a greedy rollout per prompt
+
 Every policy loss is called as::
 
     fn(*, old_log_prob [B, T], log_prob [B, T], advantages [B, T], response_mask [B, T],
@@ -47,6 +53,7 @@ Every policy loss is called as::
 from __future__ import annotations
 
 import difflib
+from dataclasses import dataclass
 from typing import Callable
 
 from hybridflow.algos.errors import AlgorithmError, UnknownAlgorithmError
@@ -90,13 +97,41 @@ class Registry:
         return sorted(self._fns)
 
 
+@dataclass(frozen=True)
+class AdvantageSpec:
+    """What an advantage estimator needs besides rewards, mask and group index."""
+
+    needs_values: bool = False
+    """Critic values ``[B, T]``: the critic is built and trained (``critic.enable`` null means this)."""
+    needs_greedy_baseline: bool = False
+    """``reward_baselines [B]``: the reward of one greedy response per prompt, generated every step."""
+
+
 ADVANTAGES = Registry("advantage estimator")
 POLICY_LOSSES = Registry("policy loss")
+_ADVANTAGE_SPECS: dict[str, AdvantageSpec] = {}
 
 
-def register_advantage(name: str) -> Callable[[Callable], Callable]:
-    """Decorator: make ``fn`` available as ``algorithm.adv_estimator=name``."""
-    return ADVANTAGES.register(name)
+def register_advantage(name: str, *, needs_values: bool = False,
+                       needs_greedy_baseline: bool = False) -> Callable[[Callable], Callable]:
+    """Decorator: make ``fn`` available as ``algorithm.adv_estimator=name``, with what it needs."""
+    register = ADVANTAGES.register(name)
+
+    def decorator(fn: Callable) -> Callable:
+        fn = register(fn)  # raises before the spec changes when the name is taken by another function
+        _ADVANTAGE_SPECS[name] = AdvantageSpec(needs_values=needs_values, needs_greedy_baseline=needs_greedy_baseline)
+        return fn
+
+    return decorator
+
+
+def advantage_spec(name: str | None) -> AdvantageSpec:
+    """What the estimator registered as ``name`` needs (an unknown name raises with the registered ones);
+    ``None`` (a trainer without an estimator: SPIN, SPPO) needs nothing."""
+    if name is None:
+        return AdvantageSpec()
+    ADVANTAGES.get(name)
+    return _ADVANTAGE_SPECS[name]
 
 
 def get_advantage(name: str) -> Callable:

@@ -118,19 +118,35 @@ def _check_micro(problems: list[str], section: str, mini_sequences: int, world: 
 
 
 def critic_enabled(cfg: Any) -> bool:
-    """The critic runs when forced on, or by default exactly for GAE."""
+    """The critic runs when forced on, or by default exactly for estimators registered with ``needs_values``."""
     if cfg.critic.enable is not None:
         return bool(cfg.critic.enable)
-    return cfg.algorithm.adv_estimator == "gae"
+    return _estimator_needs_values(cfg.algorithm.adv_estimator)
+
+
+def reference_enabled(cfg: Any) -> bool:
+    """Reference log-probs are computed when a KL term uses them: in the loss or in the reward."""
+    return bool(cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward)
+
+
+def _estimator_needs_values(name: str) -> bool:
+    """The estimator's registered spec (pure algos/ metadata); an unknown name is reported elsewhere."""
+    from hybridflow.algos import advantage_spec
+    from hybridflow.algos.errors import UnknownAlgorithmError
+
+    try:
+        return advantage_spec(name).needs_values
+    except UnknownAlgorithmError:
+        return False
 
 
 def _check_algorithm(problems: list[str], cfg: Any) -> None:
     algo, actor = cfg.algorithm, cfg.actor_rollout_ref.actor
-    if algo.adv_estimator == "gae" and cfg.critic.enable is False:
-        problems.append("algorithm.adv_estimator=gae needs a critic but critic.enable=False: "
+    if _estimator_needs_values(algo.adv_estimator) and cfg.critic.enable is False:
+        problems.append(f"algorithm.adv_estimator={algo.adv_estimator} needs a critic but critic.enable=False: "
                         "enable the critic or pick a critic-free estimator such as grpo")
     if critic_enabled(cfg) and cfg.critic.model.path in (None, ""):
-        problems.append("critic.model.path is not set (it is needed because adv_estimator=gae)")
+        problems.append(f"critic.model.path is not set (it is needed because adv_estimator={algo.adv_estimator})")
     _check_choice(problems, "algorithm.kl_ctrl.type", algo.kl_ctrl.type, KL_CTRL_TYPES)
     if algo.filter_groups.enable and not algo.filter_groups.metric:
         problems.append("algorithm.filter_groups.enable=True needs algorithm.filter_groups.metric (acc, score or seq_reward)")
@@ -157,7 +173,10 @@ def _check_gen_batch_size(problems: list[str], cfg: Any) -> None:
 
 def _check_rollout(problems: list[str], cfg: Any, model_max_len: int | None) -> None:
     rollout, data = cfg.actor_rollout_ref.rollout, cfg.data
-    if cfg.actor_rollout_ref.actor.use_rollout_log_probs and (rollout.top_p < 1 or rollout.top_k != -1):
+    for key, top_k in (("rollout.top_k", rollout.top_k), ("rollout.val_kwargs.top_k", rollout.val_kwargs.top_k)):
+        if top_k < -1:
+            problems.append(f"actor_rollout_ref.{key}={top_k} must be -1 or 0 (off) or a positive number of tokens")
+    if cfg.actor_rollout_ref.actor.use_rollout_log_probs and (rollout.top_p < 1 or rollout.top_k > 0):
         problems.append("actor_rollout_ref.actor.use_rollout_log_probs=True needs rollout.top_p=1 and rollout.top_k=-1: "
                         "the engine's log-probs are of the filtered distribution, the trainer's are not")
     if rollout.temperature < 0:

@@ -12,6 +12,7 @@ import copy
 
 import torch
 
+from hybridflow.config import reference_enabled
 from hybridflow.models.loader import resolve_dtype
 from hybridflow.workers.distributed import DataParallel
 
@@ -77,7 +78,7 @@ def build_hybrid_engine(dp: DataParallel, *, cfg, total_steps: int, with_rollout
                            gradient_checkpointing=arr.model.enable_gradient_checkpointing,
                            attn_implementation=arr.model.attn_implementation).to(device)
     if with_reference is None:
-        with_reference = arr.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
+        with_reference = reference_enabled(cfg)
     use_lora = arr.model.lora_rank > 0
     # Copies for generation and a separate reference are taken before sharding and LoRA: full, plain weights.
     engine_model = copy.deepcopy(model).eval()

@@ -1,7 +1,7 @@
-"""Dispatch declarations of the role workers, and the hybrid-engine worker.
+"""The group workers of the PPO roles: each composes plain workers and declares its dispatch modes.
 
-The plain workers (``hybridflow.workers``) stay free of distribution concerns; their
-dispatch modes are declared here as tables. :class:`HybridEngineWorker` composes the
+The plain workers (``hybridflow.workers``) stay free of distribution concerns; only the group
+workers below are ever built as worker groups. :class:`HybridEngineWorker` composes the
 actor, rollout engine and reference of one rank (the HybridFlow paper's "3D-HybridEngine",
 verl's ``ActorRolloutRefWorker``): the same process trains with sharded weights and
 generates with full weights, and moving weights from one to the other is an all-gather
@@ -10,30 +10,11 @@ in memory, never a disk round trip.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from hybridflow.controller.dispatch import DispatchSpec, Mode, dispatch, register_dispatch_table
+from hybridflow.controller.dispatch import Mode, dispatch
 from hybridflow.data.batch import Batch
 from hybridflow.workers.actor import ActorWorker
 from hybridflow.workers.critic import CriticWorker
 from hybridflow.workers.reference import ReferenceWorker
-
-SPLIT_CONCAT = DispatchSpec(Mode.DP_COMPUTE, "concat")
-SPLIT_MEAN = DispatchSpec(Mode.DP_COMPUTE, "mean")
-
-register_dispatch_table(ActorWorker, {"compute_log_prob": SPLIT_CONCAT, "update_policy": SPLIT_MEAN})
-register_dispatch_table(CriticWorker, {"compute_values": SPLIT_CONCAT, "update_critic": SPLIT_MEAN})
-register_dispatch_table(ReferenceWorker, {"compute_ref_log_prob": SPLIT_CONCAT})
-
-
-@dataclass(frozen=True)
-class ColocatedWeights:
-    """What ``named_weights`` returns in a hybrid engine: a token meaning "the actor's weights, in
-    this same process". ``load_weights(token)`` then gathers and loads on every rank, so the
-    loop's ``rollout.load_weights(actor.named_weights())`` moves no tensor through the driver."""
-
-    source: str = "actor"
-
 
 class CheckpointedRank:
     """Save / load of one rank's ``self.checkpoint`` component, called on every rank with the same directory."""
@@ -95,8 +76,10 @@ class HybridEngineWorker(CheckpointedRank):
         return self.rollout.generate(prompts, params)
 
     @dispatch(Mode.ONE_TO_ALL, collect="first")
-    def named_weights(self) -> ColocatedWeights:
-        return ColocatedWeights()
+    def sync_rollout_weights(self) -> None:
+        """Rollout engine <- the colocated actor's current weights, gathered in memory on every rank
+        (no tensor moves through the driver, no disk round trip; LoRA folded in)."""
+        self.rollout.load_weights(actor_weights_for_rollout(self.actor.model).items())
 
     @dispatch(Mode.ONE_TO_ALL, collect="first")
     def full_weights(self) -> dict:
@@ -107,10 +90,8 @@ class HybridEngineWorker(CheckpointedRank):
 
     @dispatch(Mode.ONE_TO_ALL, collect="first")
     def load_weights(self, named) -> None:
-        """Into this rank's engine: the colocated actor's gathered weights, or given (name, tensor)s."""
-        if isinstance(named, ColocatedWeights):
-            named = actor_weights_for_rollout(self.actor.model).items()
-        elif isinstance(named, dict):
+        """Into this rank's engine: given (name, tensor)s or a ``{name: tensor}`` dict."""
+        if isinstance(named, dict):
             named = named.items()
         self.rollout.load_weights(named)
 

@@ -17,7 +17,8 @@ key                         shape       meaning
 ``position_ids``            ``[B, L]``  positions that skip left padding
 ``response_mask``           ``[B, T]``  1 on response tokens that count in losses
 ``old_log_probs``           ``[B, T]``  behaviour-policy log-probs (actor, pre-update)
-``ref_log_prob``            ``[B, T]``  reference-policy log-probs
+``ref_log_probs``           ``[B, T]``  reference-policy log-probs
+``rollout_log_probs``       ``[B, T]``  the engine's log-probs of the sampled tokens
 ``values``                  ``[B, T]``  critic values
 ``token_level_scores``      ``[B, T]``  reward-function score (on the last token)
 ``token_level_rewards``     ``[B, T]``  scores minus the KL penalty

@@ -13,7 +13,8 @@ in ``num_failed`` (time-outs also in ``num_timed_out``).
   and replaced when a sample overruns -- a thread cannot be stopped, and
   ``signal.alarm`` cannot interrupt C code or work off the main thread, so only a
   process really bounds the time.
-- ``parallel``: ``num_workers`` such processes at once (:class:`ScoringPool`).
+- ``parallel``: ``num_workers`` such processes at once (:class:`ScoringPool`); the same
+  :class:`RewardManager`, registered with ``num_workers=4, timeout_s=30`` as defaults.
 - ``prime``: verl's process-pool manager (PRIME's), the same pool. verl's waits 300 s for the
   whole batch and scores every sample 0 on a time-out; here each sample has its own
   ``timeout_s``, so one hung program costs only its own score.
@@ -84,9 +85,13 @@ def collect(samples: list[SampleScore], *, failure_score: float) -> RewardResult
     )
 
 
-@register_reward_manager("naive")
-class NaiveRewardManager:
-    """Sequential scoring; ``timeout_s`` moves the scorer into one killable worker process."""
+class RewardManager:
+    """Scores a batch with ``compute_score``; ``num_workers`` killable processes when set.
+
+    ``num_workers=None`` (``naive``): in this process, or in one killable worker process when
+    ``timeout_s`` is set. ``num_workers=k`` (``parallel`` / ``prime``): ``k`` worker processes,
+    a sample past ``timeout_s`` has its worker killed and replaced.
+    """
 
     def __init__(
         self,
@@ -94,6 +99,7 @@ class NaiveRewardManager:
         *,
         reward_kwargs: dict | None = None,
         failure_score: float = 0.0,
+        num_workers: int | None = None,
         timeout_s: float | None = None,
         mp_context: str = "spawn",
         preload: tuple[str, ...] = DEFAULT_PRELOAD,
@@ -101,8 +107,9 @@ class NaiveRewardManager:
         self.compute_score = _bind(compute_score, reward_kwargs)
         self.failure_score = failure_score
         self.pool = None
-        if timeout_s is not None:
-            self.pool = ScoringPool(num_workers=1, timeout_s=timeout_s, mp_context=mp_context, preload=preload)
+        if num_workers is not None or timeout_s is not None:
+            self.pool = ScoringPool(num_workers=1 if num_workers is None else num_workers, timeout_s=timeout_s,
+                                    mp_context=mp_context, preload=preload)
 
     def score(self, tasks: list[tuple[tuple, dict]]) -> list[SampleScore]:
         if self.pool is not None:
@@ -118,32 +125,8 @@ class NaiveRewardManager:
             self.pool.close()
 
 
-@register_reward_manager("prime")
-@register_reward_manager("parallel")
-class ParallelRewardManager:
-    """``num_workers`` scoring processes; a sample past ``timeout_s`` has its worker killed."""
-
-    def __init__(
-        self,
-        compute_score: Callable | None = None,
-        *,
-        reward_kwargs: dict | None = None,
-        failure_score: float = 0.0,
-        num_workers: int = 4,
-        timeout_s: float | None = 30.0,
-        mp_context: str = "spawn",
-        preload: tuple[str, ...] = DEFAULT_PRELOAD,
-    ):
-        self.compute_score = _bind(compute_score, reward_kwargs)
-        self.failure_score = failure_score
-        self.pool = ScoringPool(num_workers=num_workers, timeout_s=timeout_s, mp_context=mp_context, preload=preload)
-
-    def __call__(self, responses, data_sources, ground_truths, extra_infos, response_lengths=None) -> RewardResult:
-        samples = self.pool.map(self.compute_score, _tasks(data_sources, responses, ground_truths, extra_infos))
-        return collect(samples, failure_score=self.failure_score)
-
-    def close(self) -> None:
-        self.pool.close()
+_MANAGERS["naive"] = RewardManager
+_MANAGERS["parallel"] = _MANAGERS["prime"] = functools.partial(RewardManager, num_workers=4, timeout_s=30.0)
 
 
 @register_reward_manager("dapo")
@@ -172,7 +155,7 @@ class DapoRewardManager:
                 f"overlong_buffer.len must be in (0, max_response_length={max_response_length}], got "
                 f"{overlong_buffer_len}; set reward_model.overlong_buffer.len"
             )
-        self.naive = NaiveRewardManager(compute_score, **naive_kwargs)
+        self.naive = RewardManager(compute_score, **naive_kwargs)
         self.max_response_length = max_response_length
         self.overlong_buffer_len = overlong_buffer_len
         self.penalty_factor = penalty_factor

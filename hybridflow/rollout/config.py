@@ -8,10 +8,13 @@ node, a ``SimpleNamespace``):
 | ``n`` | ``n`` |
 | ``temperature`` | ``temperature`` |
 | ``top_p`` | ``top_p`` |
-| ``top_k`` (``-1`` or ``0`` = off) | ``top_k`` (``-1`` = off) |
+| ``top_k`` (``-1`` or ``0`` = off, as verl's vLLM / HF defaults) | ``top_k`` (``-1`` = off) |
 | ``response_length`` | ``max_tokens`` |
 | ``do_sample=False`` | ``temperature=0`` (greedy) |
 | ``val_kwargs.{n,temperature,top_p,top_k,do_sample}`` | the same, when ``validate=True`` |
+
+This is the only place the mapping is written: the PPO loop calls it for training, validation and
+the ReMax baseline; ``config/validate.py`` rejects ``top_k < -1`` before any model loads.
 """
 
 from __future__ import annotations
@@ -20,9 +23,13 @@ from hybridflow.rollout.types import SamplingParams
 
 
 def sampling_params_from_rollout_config(
-    rollout_cfg, *, validate: bool = False, eos_token_id: int | list[int] | None, seed: int | None = None
+    rollout_cfg, *, validate: bool = False, eos_token_id: int | list[int] | None, seed: int | None = None,
+    logprobs: bool = False,
 ) -> SamplingParams:
-    """Build the ``SamplingParams`` of a training (or, with ``validate``, a validation) rollout."""
+    """Build the ``SamplingParams`` of a training (or, with ``validate``, a validation) rollout.
+
+    ``logprobs=True`` asks the engine for the sampled tokens' log-probs (the trainer's rollout log-probs).
+    """
     source = rollout_cfg.val_kwargs if validate else rollout_cfg
     do_sample = getattr(source, "do_sample", True)
     top_k = int(getattr(source, "top_k", -1))
@@ -35,6 +42,7 @@ def sampling_params_from_rollout_config(
         max_tokens=int(rollout_cfg.response_length),
         stop_token_ids=stop_token_ids,
         seed=seed,
+        logprobs=logprobs,
     )
 
 

@@ -9,17 +9,15 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import sys
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-import torch
-
-from hybridflow.config import PPOConfig, critic_enabled, load_config, split_config_args, validate_ppo_config
+from hybridflow.config import (PPOConfig, critic_enabled, load_config, reference_enabled, split_config_args,
+                               validate_ppo_config)
 from hybridflow.config.validate import as_list
 from hybridflow.errors import ConfigError, run_entry_point
+from hybridflow.trainer.entry import model_context_length, resolve_device, seed_everything
 from hybridflow.trainer.ppo import PPOTrainer, PPOWorkers
 
 logger = logging.getLogger(__name__)
@@ -101,7 +99,7 @@ def check_algorithm_settings(cfg: PPOConfig) -> None:
         problems.append("algorithm.rollout_correction.bypass_mode=True replaces the policy loss (loss_type=ppo_clip is "
                         f"vanilla PPO, or reinforce); leave policy_loss.loss_mode=vanilla, not "
                         f"{actor.policy_loss.loss_mode!r}")
-    if corr.bypass_mode and (rollout.top_p < 1 or rollout.top_k != -1):
+    if corr.bypass_mode and (rollout.top_p < 1 or rollout.top_k > 0):
         problems.append("algorithm.rollout_correction.bypass_mode=True needs rollout.top_p=1 and rollout.top_k=-1: "
                         "the engine's log-probs are of the filtered distribution, the trainer's are not")
     try:
@@ -112,20 +110,6 @@ def check_algorithm_settings(cfg: PPOConfig) -> None:
         problems.append(str(err))
     if problems:
         raise ConfigError("\n".join(problems))
-
-
-def model_context_length(path: str, trust_remote_code: bool, override_config: dict | None = None) -> int | None:
-    """max_position_embeddings from the model's config (no weights loaded); ``model.override_config``
-    wins, as it does when the model loads (verl's long-context scripts raise it that way)."""
-    from transformers import AutoConfig
-
-    if (override_config or {}).get("max_position_embeddings"):
-        return int(override_config["max_position_embeddings"])
-    try:
-        config = AutoConfig.from_pretrained(os.path.expanduser(path), trust_remote_code=trust_remote_code)
-    except (OSError, ValueError):
-        return None  # the loader reports an unreadable model with its own message
-    return getattr(config, "max_position_embeddings", None)
 
 
 def warn_about_ignored_gpus(cfg: PPOConfig) -> None:
@@ -154,20 +138,6 @@ def preflight(cfg: PPOConfig) -> None:
     if problems:
         raise ConfigError("\n".join(problems))
     warn_about_ignored_gpus(cfg)
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("trainer.device=cuda but no CUDA device is available: use trainer.device=cpu or auto")
-    return torch.device(name)
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
 
 
 # ------------------------------------------------------------------ building the parts
@@ -356,9 +326,8 @@ def build_trainer(cfg: PPOConfig, *, trainer_class=PPOTrainer, count_steps=total
     check_reward_inputs(cfg, {"data.train_files": train_loader, "data.val_files": val_loader})
     total_steps = count_steps(cfg, len(train_loader))
     engine, critic = build_worker_groups(cfg, total_steps=total_steps)
-    uses_reference = cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
     workers = PPOWorkers(actor=engine, rollout=engine, reward=build_reward_worker(cfg, tokenizer),
-                         reference=engine if uses_reference else None, critic=critic)
+                         reference=engine if reference_enabled(cfg) else None, critic=critic)
     components = {"actor": GroupCheckpoint(engine), **({"critic": GroupCheckpoint(critic)} if critic else {})}
     return trainer_class(cfg=cfg, workers=workers, train_loader=train_loader, val_loader=val_loader,
                       tracking=build_tracking(cfg),

@@ -13,7 +13,7 @@ Dataflow of one step (the HybridFlow paper's Fig. 1, verl's ``RayPPOTrainer.fit`
             ──► advantage estimator (registry) ──► PF-PPO resampling (use_pf_ppo)
             ──► critic.update_critic                     (gae only)
             ──► actor.update_policy                      (after critic_warmup steps)
-            ──► rollout.load_weights(actor weights)      (in memory: no disk round trip)
+            ──► rollout.sync_rollout_weights()          (actor -> engine in memory: no disk round trip)
             ──► metrics ──► tracking;  validation every test_freq;  checkpoint every save_freq
 
 Deviations from verl, on purpose:
@@ -35,13 +35,14 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from hybridflow.algos import AdaptiveKLController, FixedKLController, apply_kl_penalty, get_advantage, masked_mean
+from hybridflow.algos import (AdaptiveKLController, FixedKLController, advantage_spec, apply_kl_penalty, get_advantage,
+                             masked_mean)
 from hybridflow.algos.pf_ppo import pf_ppo_resample
 from hybridflow.algos.rollout_correction import rollout_correction
 from hybridflow.data.balance import balance_batch
 from hybridflow.data.batch import Batch
 from hybridflow.errors import CheckpointError, HybridflowError, WorkerDiedError
-from hybridflow.rollout import SamplingParams
+from hybridflow.rollout import SamplingParams, sampling_params_from_rollout_config
 from hybridflow.trainer.best_checkpoint import BestCheckpoint, BestRecord, read_best_record, write_best_record
 from hybridflow.trainer.checkpoint import find_resume_checkpoint, load_checkpoint, save_checkpoint
 from hybridflow.trainer.generations import batch_samples, dump_generations, pick_generations
@@ -173,7 +174,7 @@ class PPOTrainer:
             metrics.update(self.old_log_probs(batch, temperature=temperature))
         if self.w.reference is not None:
             with timer("ref"):
-                batch["ref_log_prob"] = self.w.reference.compute_ref_log_prob(batch, temperature=temperature)
+                batch["ref_log_probs"] = self.w.reference.compute_ref_log_prob(batch, temperature=temperature)
         if self.w.critic is not None:
             with timer("values"):
                 batch["values"] = self.w.critic.compute_values(batch)
@@ -196,7 +197,7 @@ class PPOTrainer:
 
     def sync_rollout_weights(self, *, step: int) -> None:
         """Copy the actor's weights into the rollout engine (the async trainers override when)."""
-        self.w.rollout.load_weights(self.w.actor.named_weights())
+        self.w.rollout.sync_rollout_weights()
 
     def finish_step_metrics(self, metrics: dict, *, batch: Batch, timer: Timer, step: int) -> dict[str, float]:
         metrics.update(data_metrics(batch, max_response_length=self.cfg.data.max_response_length,
@@ -207,7 +208,8 @@ class PPOTrainer:
     def step_metrics(self, metrics: dict[str, float], *, batch: Batch, timer: Timer, step: int) -> dict[str, float]:
         """``metrics`` plus the timing, throughput, memory and progress ones every trainer reports."""
         metrics.update(timer.metrics())
-        metrics.update(throughput_metrics(batch=batch, step_seconds=timer.timings["step"]))
+        metrics.update(throughput_metrics(batch=batch, step_seconds=timer.timings["step"],
+                                          num_workers=self.w.actor.world_size))
         metrics.update(memory_metrics())
         metrics["training/global_step"] = step
         metrics["training/epoch"] = self.train_loader.epoch
@@ -219,7 +221,7 @@ class PPOTrainer:
         with timer("gen"):
             batch = self.w.rollout.generate(prompts, self.sampling_params(step=step, validate=False, attempt=attempt))
             batch = batch.to(self.device)
-        if self.cfg.algorithm.adv_estimator == "remax":
+        if advantage_spec(self.cfg.algorithm.adv_estimator).needs_greedy_baseline:
             with timer("gen_max"):
                 batch["reward_baselines"] = self.greedy_baseline(prompts, step=step)
         with timer("reward"):
@@ -269,15 +271,9 @@ class PPOTrainer:
 
     def sampling_params(self, *, step: int, validate: bool, attempt: int = 0) -> SamplingParams:
         """Training or validation sampling, seeded by (seed, step, attempt) so resumed runs sample identically."""
-        rollout = self.rollout_cfg
-        src = rollout.val_kwargs if validate else rollout
-        greedy = not src.do_sample or src.temperature == 0
-        return SamplingParams(
-            n=src.n, temperature=0.0 if greedy else src.temperature, top_p=src.top_p, top_k=src.top_k,
-            max_tokens=rollout.response_length, stop_token_ids=self.stop_token_ids,
-            seed=int(np.random.SeedSequence([rollout.seed, step, attempt, int(validate)]).generate_state(1)[0]),
-            logprobs=True,
-        )
+        seed = int(np.random.SeedSequence([self.rollout_cfg.seed, step, attempt, int(validate)]).generate_state(1)[0])
+        return sampling_params_from_rollout_config(self.rollout_cfg, validate=validate,
+                                                   eos_token_id=self.stop_token_ids, seed=seed, logprobs=True)
 
     def greedy_baseline(self, prompts: Batch, *, step: int) -> torch.Tensor:
         """ReMax's baseline (arXiv 2310.10505): the reward of the greedy response, repeated n times."""
@@ -294,7 +290,7 @@ class PPOTrainer:
         if algo.use_kl_in_reward:
             batch["token_level_rewards"], current_kl = apply_kl_penalty(
                 token_level_scores=batch["token_level_scores"], old_log_prob=batch["old_log_probs"],
-                ref_log_prob=batch["ref_log_prob"], response_mask=batch["response_mask"],
+                ref_log_prob=batch["ref_log_probs"], response_mask=batch["response_mask"],
                 kl_coef=self.kl_ctrl.value, kl_penalty_type=algo.kl_penalty)
             metrics = {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": self.kl_ctrl.value}
             self.kl_ctrl.update(current_kl=current_kl, n_steps=len(batch))
@@ -426,7 +422,7 @@ class PPOTrainer:
         self.train_loader.load_state_dict(extra["dataloader"])
         self.kl_ctrl.value = extra.get("kl_coef", self.kl_ctrl.value)
         self.best.load_state_dict(extra.get("best", {}))
-        self.w.rollout.load_weights(self.w.actor.named_weights())
+        self.w.rollout.sync_rollout_weights()
         logger.info("resumed from %s (step %d)", path, step)
         return step
 

@@ -14,6 +14,7 @@ from typing import Any, Mapping
 
 from hybridflow.algos import masked_sum
 from hybridflow.data.batch import Batch
+from hybridflow.trainer.entry import model_context_length, resolve_device, seed_everything
 from hybridflow.trainer.metrics import Timer
 from hybridflow.trainer.ppo import PPOTrainer, PPOWorkers
 
@@ -46,7 +47,7 @@ class SelfPlayTrainer(PPOTrainer):
                                                      rows_per_prompt=rows_per_prompt, temperature=temperature,
                                                      step=step)
         with timer("sync_weights"):
-            self.w.rollout.load_weights(self.w.actor.named_weights())
+            self.w.rollout.sync_rollout_weights()
         return metrics
 
 
@@ -83,8 +84,8 @@ def build_self_play_trainer(cfg, trainer_cls: type[SelfPlayTrainer]) -> SelfPlay
     from hybridflow.models import load_tokenizer
     from hybridflow.trainer import main_ppo
 
-    main_ppo.seed_everything(cfg.trainer.seed)
-    device = main_ppo.resolve_device(cfg.trainer.device)
+    seed_everything(cfg.trainer.seed)
+    device = resolve_device(cfg.trainer.device)
     tokenizer = load_tokenizer(cfg.data.tokenizer or cfg.actor_rollout_ref.model.path,
                                trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code)
     train_loader, val_loader = main_ppo.build_datasets(cfg, tokenizer)
@@ -122,7 +123,7 @@ def check_self_play_config(cfg, *, schema: type, trainer: str, min_n: int = 2,
     raise_if_problems(problems)
     warn_keys_without_effect(cfg, schema, trainer=trainer, hint=hints)
     arr = cfg.actor_rollout_ref
-    validate_ppo_config(cfg, model_max_len=main_ppo.model_context_length(arr.model.path, arr.model.trust_remote_code))
+    validate_ppo_config(cfg, model_max_len=model_context_length(arr.model.path, arr.model.trust_remote_code))
 
 
 def run_self_play(cfg, *, schema: type, trainer_cls: type[SelfPlayTrainer], min_n: int = 2,

@@ -28,16 +28,15 @@ import contextlib
 import functools
 import importlib
 import os
-import random
 import sys
 import time
 from collections.abc import Sequence
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
 from hybridflow.config import SFTConfig, load_config, split_config_args, validate_sft_config
+from hybridflow.trainer.entry import model_context_length, resolve_device, seed_everything
 from hybridflow.config.validate import as_list, sft_micro_batch_size_per_gpu, sft_model_path
 from hybridflow.data.dataloader import StatefulDataLoader
 from hybridflow.data.sft_dataset import SFTDataset
@@ -79,23 +78,6 @@ def init_data_parallel(device: torch.device) -> DataParallel:
     return DataParallel(world_size=dist.get_world_size(), rank=dist.get_rank())
 
 
-def resolve_device(name: str) -> torch.device:
-    """``trainer.device``; on GPU each torchrun process takes ``cuda:LOCAL_RANK``."""
-    if name == "cpu" or (name == "auto" and not torch.cuda.is_available()):
-        return torch.device("cpu")
-    if not torch.cuda.is_available():
-        raise ConfigError("trainer.device=cuda but no CUDA device is available: use trainer.device=cpu or auto")
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    torch.cuda.set_device(local_rank)
-    return torch.device("cuda", local_rank)
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
 # ------------------------------------------------------------------ building the parts
 def load_model(cfg: SFTConfig, *, device: torch.device) -> torch.nn.Module:
     """The causal LM to train (a LoRA-wrapped one when ``model.lora_rank > 0``), on ``device``."""
@@ -112,21 +94,10 @@ def load_model(cfg: SFTConfig, *, device: torch.device) -> torch.nn.Module:
     return model.to(device)
 
 
-def model_context_length(cfg: SFTConfig) -> int | None:
-    """``max_position_embeddings`` from the model's config.json (no weights); None if unreadable."""
-    from transformers import AutoConfig
-
-    try:
-        config = AutoConfig.from_pretrained(os.path.expanduser(str(sft_model_path(cfg))),
-                                            trust_remote_code=cfg.model.trust_remote_code)
-    except (OSError, ValueError):
-        return None  # validation reports the bad path; the loader reports an unreadable model
-    return getattr(config, "max_position_embeddings", None)
-
-
 def preflight(cfg: SFTConfig, *, world_size: int) -> None:
     """Every check that needs no model weights (files, batch arithmetic, the context from config.json)."""
-    validate_sft_config(cfg, world_size=world_size, model_max_len=model_context_length(cfg))
+    validate_sft_config(cfg, world_size=world_size, model_max_len=model_context_length(
+        sft_model_path(cfg), cfg.model.trust_remote_code))
 
 
 def build_tokenizer(cfg: SFTConfig):

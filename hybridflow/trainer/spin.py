@@ -9,7 +9,7 @@ Dataflow of one step (Chen et al. 2024, arXiv 2401.01335; online DPO as in verl'
             ──► reference.compute_ref_log_prob on the pairs ──► log pi_ref(y | x) summed per response
             ──► actor.update_preference("dpo" | "ipo", beta = actor.dpo_beta)
                     -log sigmoid(beta [(log pi/pi_ref)(y_w) - (log pi/pi_ref)(y_l)])   (DPO eq. 7)
-            ──► rollout.load_weights(actor weights)
+            ──► rollout.sync_rollout_weights()
             ──► metrics ──► tracking (every trainer.log_freq);  validation every test_freq;  checkpoint
 
 Fit, validation (``val-core/...``), checkpoints and resume are the PPO trainer's

@@ -9,7 +9,7 @@ Dataflow of one step (Wu et al. 2024, arXiv 2405.00675, Algorithm 1 with K = rol
             ──► reference.compute_ref_log_prob ──► log pi_t(y | x) summed per response
             ──► actor.update_preference("sppo", eta = actor.sppo_eta or algorithm.sppo_eta)
                     (log pi(y|x) - log pi_t(y|x) - eta (P(y > pi_t | x) - 1/2))^2
-            ──► rollout.load_weights(actor weights)
+            ──► rollout.sync_rollout_weights()
             ──► metrics ──► tracking (every trainer.log_freq);  validation every test_freq;  checkpoint
 
 Fit, validation (``val-core/...``), checkpoints and resume are the PPO trainer's

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import functools
 from collections import defaultdict
-from typing import Iterator
 
 import torch
 
@@ -78,10 +77,6 @@ class ActorWorker:
             calculate_entropy=True, calculate_sum_pi_squared=self.cfg.calculate_sum_pi_squared, dp=self.dp,
             layout=self.layout, use_torch_compile=self.cfg.use_torch_compile,
         )
-
-    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Full (unsharded) weights for the rollout engine, by HF parameter name."""
-        yield from self.model.state_dict().items()
 
     # ------------------------------------------------------------------ training
     def update_policy(self, batch: Batch, *, temperature: float, step: int) -> dict[str, float]:
@@ -176,7 +171,7 @@ class ActorWorker:
         if use_entropy:
             loss = loss - self.cfg.entropy_coeff * agg_loss(loss_mat=entropy, **agg)
         if self.cfg.use_kl_loss:
-            kld = kl_penalty(logprob=log_prob, ref_logprob=micro["ref_log_prob"], kl_penalty=self.cfg.kl_loss_type)
+            kld = kl_penalty(logprob=log_prob, ref_logprob=micro["ref_log_probs"], kl_penalty=self.cfg.kl_loss_type)
             kl_term = agg_loss(loss_mat=kld, **agg)
             loss = loss + self.cfg.kl_loss_coef * kl_term
             shares["kl_loss"] = kl_term.item()

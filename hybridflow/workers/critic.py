@@ -16,7 +16,8 @@ from hybridflow.models.fsdp import micro_batch_sync
 from hybridflow.workers.distributed import DataParallel, LOCAL
 from hybridflow.models.logprob import packed_forward_inputs
 from hybridflow.workers.logprob import pack_micro_batch
-from hybridflow.workers.micro_batches import micro_batches, mini_batches, per_rank_micro_batch_size, trim_padding
+from hybridflow.workers.micro_batches import (micro_batches, mini_batches, pad_right, per_rank_micro_batch_size,
+                                              trimmed_inputs)
 from hybridflow.workers.optim import TrainState
 
 
@@ -27,12 +28,9 @@ def _micro_values(model, micro: Batch, *, layout: str = "padded") -> torch.Tenso
         packed = pack_micro_batch(micro, layout=layout)
         values = model(**packed_forward_inputs(model, packed))[0, packed.source].float()
         return packed.scatter(values) * micro["response_mask"]
-    response_length = micro["responses"].shape[1]
-    cols, resp_len = trim_padding(micro, response_length=response_length)
-    values = model(input_ids=micro["input_ids"][:, cols], attention_mask=micro["attention_mask"][:, cols],
-                   position_ids=micro["position_ids"][:, cols])
-    values = values[:, -resp_len - 1 : -1].float()
-    return torch.nn.functional.pad(values, (0, response_length - resp_len)) * micro["response_mask"]
+    inputs, resp_len = trimmed_inputs(micro)
+    values = model(**inputs)[:, -resp_len - 1 : -1].float()  # V(s_t) = head(h[P-1+t])
+    return pad_right(values, micro["responses"].shape[1]) * micro["response_mask"]
 
 
 class CriticWorker:

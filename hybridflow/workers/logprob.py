@@ -11,7 +11,7 @@ import torch
 from hybridflow.data.batch import Batch
 from hybridflow.data.packing import PackedResponses
 from hybridflow.models import compute_log_probs, packed_log_probs
-from hybridflow.workers.micro_batches import micro_batches, trim_padding
+from hybridflow.workers.micro_batches import micro_batches, pad_right, trimmed_inputs
 
 
 def forward_layout(*, use_remove_padding: bool, use_shared_prompt: bool = False) -> str:
@@ -44,25 +44,10 @@ def micro_batch_log_probs(model, micro: Batch, *, temperature: float, calculate_
     if layout != "padded":
         return packed_log_probs(model, pack_micro_batch(micro, layout=layout), temperature=temperature,
                                 calculate_entropy=calculate_entropy, **switches)
-    response_length = micro["responses"].shape[1]
-    cols, resp_len = trim_padding(micro, response_length=response_length)
-    outs = compute_log_probs(
-        model,
-        input_ids=micro["input_ids"][:, cols],
-        attention_mask=micro["attention_mask"][:, cols],
-        position_ids=micro["position_ids"][:, cols],
-        response_length=resp_len,
-        temperature=temperature,
-        calculate_entropy=calculate_entropy,
-        **switches,
-    )
-    return tuple(None if out is None else _pad_right(out, response_length) for out in outs)
-
-
-def _pad_right(values: torch.Tensor, length: int) -> torch.Tensor:
-    if values.shape[1] == length:
-        return values
-    return torch.nn.functional.pad(values, (0, length - values.shape[1]))
+    inputs, resp_len = trimmed_inputs(micro)
+    outs = compute_log_probs(model, **inputs, response_length=resp_len, temperature=temperature,
+                             calculate_entropy=calculate_entropy, **switches)
+    return tuple(None if out is None else pad_right(out, micro["responses"].shape[1]) for out in outs)
 
 
 @torch.no_grad()

@@ -111,6 +111,20 @@ def trim_padding(batch: Batch, *, response_length: int) -> tuple[slice, int]:
     return slice(start, prompt_len + resp_len), resp_len
 
 
+def trimmed_inputs(micro: Batch) -> tuple[dict[str, torch.Tensor], int]:
+    """The padded-layout forward inputs (``input_ids`` / ``attention_mask`` / ``position_ids`` ``[b, L']``)
+    without all-pad columns, and the response length ``T'`` inside them; :func:`pad_right` restores ``T``."""
+    cols, resp_len = trim_padding(micro, response_length=micro["responses"].shape[1])
+    return {key: micro[key][:, cols] for key in ("input_ids", "attention_mask", "position_ids")}, resp_len
+
+
+def pad_right(values: torch.Tensor, length: int) -> torch.Tensor:
+    """``[b, T']`` per-response-token values back to ``[b, T]`` with zeros on the trimmed columns."""
+    if values.shape[1] == length:
+        return values
+    return torch.nn.functional.pad(values, (0, length - values.shape[1]))
+
+
 def token_count(batch: Batch) -> torch.Tensor:
     """Number of valid response tokens."""
     return batch["response_mask"].sum()

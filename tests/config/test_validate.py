@@ -183,3 +183,30 @@ def test_gen_batch_size_needs_dynamic_sampling(files):
     validate_ppo_config(ppo(files, "data.gen_batch_size=24", "algorithm.filter_groups.enable=True",
                             "algorithm.filter_groups.metric=acc"))
     validate_ppo_config(ppo(files, "data.gen_batch_size=8"))
+
+
+def test_top_k_zero_is_off_and_negative_top_k_is_rejected(files):
+    validate_ppo_config(ppo(files, "actor_rollout_ref.rollout.top_k=0", "actor_rollout_ref.rollout.val_kwargs.top_k=0",
+                            "actor_rollout_ref.actor.use_rollout_log_probs=True"), model_max_len=2048)
+    lines = problems(ppo(files, "actor_rollout_ref.rollout.top_k=-2", "actor_rollout_ref.rollout.val_kwargs.top_k=-5"))
+    assert "actor_rollout_ref.rollout.top_k=-2 must be -1 or 0 (off) or a positive number of tokens" in lines
+    assert "actor_rollout_ref.rollout.val_kwargs.top_k=-5 must be -1 or 0 (off) or a positive number of tokens" in lines
+    (line,) = problems(ppo(files, "actor_rollout_ref.rollout.top_k=20", "actor_rollout_ref.actor.use_rollout_log_probs=True"))
+    assert line.startswith("actor_rollout_ref.actor.use_rollout_log_probs=True needs rollout.top_p=1")
+
+
+def test_an_estimator_that_needs_values_gets_a_critic_by_registering_only(files):
+    """What an estimator needs is declared in algos/ when it registers; validation asks the spec, not the name."""
+    from hybridflow.algos import advantage_spec, get_advantage, register_advantage
+
+    @register_advantage("test_only_valued_estimator", needs_values=True)
+    def valued(*, token_level_rewards, values, **_):
+        return token_level_rewards - values, token_level_rewards
+
+    cfg = ppo(files, "algorithm.adv_estimator=test_only_valued_estimator")
+    assert critic_enabled(cfg) and advantage_spec("test_only_valued_estimator").needs_values
+    assert get_advantage("test_only_valued_estimator") is valued
+    lines = problems(ppo(files, "algorithm.adv_estimator=test_only_valued_estimator", "critic.enable=False"))
+    assert lines[0].startswith("algorithm.adv_estimator=test_only_valued_estimator needs a critic but critic.enable=False")
+    assert advantage_spec("remax").needs_greedy_baseline and not advantage_spec("grpo").needs_values
+    assert advantage_spec(None) == type(advantage_spec("grpo"))()  # SPIN / SPPO: no estimator, nothing needed

@@ -116,9 +116,14 @@ def test_unknown_backend_and_collector_name_the_choices():
 
 
 def test_role_tables_cover_the_loop_methods():
-    import hybridflow.controller.roles  # noqa: F401  (registers the tables)
-    from hybridflow.workers.actor import ActorWorker
-    from hybridflow.workers.critic import CriticWorker
+    """The group workers (the only classes built as groups) declare every method the loops call."""
+    from hybridflow.controller.roles import CriticGroupWorker, HybridEngineWorker
 
-    assert dispatch_table(ActorWorker)["update_policy"] == DispatchSpec(Mode.DP_COMPUTE, "mean")
-    assert dispatch_table(CriticWorker)["compute_values"] == DispatchSpec(Mode.DP_COMPUTE, "concat")
+    engine = dispatch_table(HybridEngineWorker)
+    assert engine["update_policy"] == DispatchSpec(Mode.DP_COMPUTE, "mean")
+    assert engine["compute_log_prob"] == DispatchSpec(Mode.DP_COMPUTE, "concat")
+    assert engine["sync_rollout_weights"] == DispatchSpec(Mode.ONE_TO_ALL, "first")
+    assert "named_weights" not in engine
+    critic = dispatch_table(CriticGroupWorker)
+    assert critic["compute_values"] == DispatchSpec(Mode.DP_COMPUTE, "concat")
+    assert critic["update_critic"] == DispatchSpec(Mode.DP_COMPUTE, "mean")

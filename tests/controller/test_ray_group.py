@@ -72,7 +72,7 @@ def two_steps(group) -> tuple[list[list[float]], list[torch.Tensor], dict]:
     batch, losses, old = rollout_batch(), [], []
     for step in (1, 2):
         batch["old_log_probs"], _ = group.compute_log_prob(batch, temperature=1.0)
-        batch["ref_log_prob"] = group.compute_ref_log_prob(batch, temperature=1.0)
+        batch["ref_log_probs"] = group.compute_ref_log_prob(batch, temperature=1.0)
         old.append(batch["old_log_probs"])
         metrics = group.update_policy(batch, temperature=1.0, step=step)
         losses.append([metrics[key] for key in LOSS_KEYS])
@@ -118,7 +118,7 @@ def test_two_ray_workers_train_like_one_local_process(ray_cluster, tiny_model_di
     # The optimizer state came along: one more identical step on both stays equal.
     batch = rollout_batch(seed=1)
     batch["old_log_probs"], _ = local.compute_log_prob(batch, temperature=1.0)
-    batch["ref_log_prob"] = local.compute_ref_log_prob(batch, temperature=1.0)
+    batch["ref_log_probs"] = local.compute_ref_log_prob(batch, temperature=1.0)
     assert remote.update_policy(batch, temperature=1.0, step=3)["actor/kl_loss"] == pytest.approx(
         local.update_policy(batch, temperature=1.0, step=3)["actor/kl_loss"], abs=ATOL)
     remote.shutdown()

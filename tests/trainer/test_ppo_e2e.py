@@ -248,6 +248,41 @@ def test_informative_rows_drops_constant_groups():
     assert informative_rows(batch, metric="seq_reward", n=2) == []
 
 
+def dapo_scores_batch(scores: list[float]):
+    from hybridflow.data.batch import Batch
+
+    return Batch.from_dict(tensors={"seq_score": torch.tensor(scores), "token_level_scores": torch.zeros(len(scores), 2)},
+                           non_tensors={"row": list(range(len(scores)))})
+
+
+def test_dapo_all_equal_groups_trigger_another_generation_round():
+    """A first batch whose groups all have equal scores keeps nothing and makes the loop generate again;
+    only groups with varied scores reach the update (the e2e run above cannot tell these apart)."""
+    from types import SimpleNamespace
+
+    from hybridflow.trainer.ppo import PPOTrainer, Timer
+
+    n, wanted = 2, 2
+    first = dapo_scores_batch([1.0, 1.0, 0.0, 0.0, 1.0, 1.0])  # three constant groups
+    later = iter([dapo_scores_batch([0.0, 1.0, 1.0, 1.0, 0.5, 0.0])])
+    generated = []
+
+    def rollout_and_score(prompts, *, step, timer, metrics, attempt):
+        generated.append(attempt)
+        return prompts
+
+    trainer = SimpleNamespace(
+        cfg=SimpleNamespace(algorithm=SimpleNamespace(filter_groups=SimpleNamespace(metric="score", max_num_gen_batches=0)),
+                            data=SimpleNamespace(train_batch_size=wanted)),
+        rollout_cfg=SimpleNamespace(n=n), rollout_and_score=rollout_and_score)
+    metrics = {}
+    kept = PPOTrainer.keep_informative_groups(trainer, first, later, step=1, timer=Timer(), metrics=metrics)
+    assert generated == [1] and metrics == {"train/num_gen_batches": 2, "train/num_informative_groups": 2}
+    groups = kept["seq_score"].view(-1, n)
+    assert len(kept) == wanted * n and bool((groups.max(dim=1).values > groups.min(dim=1).values).all())
+    assert torch.equal(kept["seq_score"], torch.tensor([0.0, 1.0, 0.5, 0.0]))
+
+
 # ---------------------------------------------------------------------------- reward model
 def test_reward_model_scores_replace_rule_scores(tmp_path, tiny_model_dir):
     from transformers import AutoModelForSequenceClassification

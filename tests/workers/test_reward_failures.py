@@ -6,7 +6,7 @@ import math
 import pytest
 
 from hybridflow.errors import DataError
-from hybridflow.rewards import NaiveRewardManager
+from hybridflow.rewards import RewardManager
 from hybridflow.workers.reward import report_failures
 
 BAD_RETURNS = {
@@ -27,7 +27,7 @@ def scorer(data_source, solution_str, ground_truth, extra_info=None):
 
 
 def score(responses, sources=None):
-    manager = NaiveRewardManager(scorer)
+    manager = RewardManager(scorer)
     sources = sources or ["custom"] * len(responses)
     return manager(responses, sources, ["1"] * len(responses), [{}] * len(responses))
 
@@ -44,7 +44,7 @@ def test_each_bad_return_is_counted_and_printed(kind, caplog):
 
 
 def test_misspelled_data_source_fails_every_sample_and_stops():
-    manager = NaiveRewardManager()  # the built-in scorers, routed by data_source
+    manager = RewardManager()  # the built-in scorers, routed by data_source
     result = manager(["4", "5"], ["openai/gsm8kk"] * 2, ["4", "4"], [{}, {}])
     assert result.num_failed == 2
     with pytest.raises(DataError, match=r"every sample failed to score: 2 of 2 .*did you mean 'openai/gsm8k'"):

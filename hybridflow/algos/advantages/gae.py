@@ -22,7 +22,7 @@ from hybridflow.algos.registry import register_advantage
 from hybridflow.algos.stats import masked_whiten
 
 
-@register_advantage("gae")
+@register_advantage("gae", needs_values=True)
 @torch.no_grad()
 def gae_advantage(
     *,

@@ -24,7 +24,7 @@ def return_to_go(*, token_level_rewards: torch.Tensor, response_mask: torch.Tens
     return masked.flip(dims=[-1]).cumsum(dim=-1).flip(dims=[-1])
 
 
-@register_advantage("remax")
+@register_advantage("remax", needs_greedy_baseline=True)
 @torch.no_grad()
 def remax_advantage(
     *,
