@@ -14,7 +14,7 @@ from hybridflow.algos import masked_mean, value_loss
 from hybridflow.data.batch import Batch
 from hybridflow.models.fsdp import micro_batch_sync
 from hybridflow.workers.distributed import DataParallel, LOCAL
-from hybridflow.models.logprob import packed_forward_inputs
+from hybridflow.models.logprob import packed_forward_inputs, packed_shard
 from hybridflow.workers.logprob import pack_micro_batch
 from hybridflow.workers.micro_batches import micro_batches, mini_batches, per_rank_micro_batch_size, trim_padding
 from hybridflow.workers.optim import TrainState
@@ -25,8 +25,9 @@ def _micro_values(model, micro: Batch, *, layout: str = "padded") -> torch.Tenso
     packed layouts: read at each response token's predecessor in the packed row)."""
     if layout != "padded":
         packed = pack_micro_batch(micro, layout=layout)
-        values = model(**packed_forward_inputs(model, packed))[0, packed.source].float()
-        return packed.scatter(values) * micro["response_mask"]
+        shard = packed_shard(model, packed)  # this rank's slice under sequence parallelism
+        values = model(**packed_forward_inputs(model, packed, shard=shard))[0, shard.local_keep].float()
+        return packed.scatter(shard.gather(values)) * micro["response_mask"]
     response_length = micro["responses"].shape[1]
     cols, resp_len = trim_padding(micro, response_length=response_length)
     values = model(input_ids=micro["input_ids"][:, cols], attention_mask=micro["attention_mask"][:, cols],
