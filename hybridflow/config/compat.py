@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 logger = logging.getLogger(__name__)
 
 _FSDP2_ONLY = "hybridflow trains with FSDP2 (fully_shard) only; fsdp and fsdp2 both select it"
-_NO_SP = "sequence parallelism is not implemented; values other than 1 are rejected"
+_NO_SP = "the reward model scores whole sequences on each rank (no sequence parallelism)"
 _NO_SHM = "models are read from the local filesystem; there is no shared-memory copy"
 _WRAP = "every decoder layer is one FSDP2 unit; there is no size-based wrap policy"
 _PREFETCH = "FSDP2 prefetches the next unit itself; there is no forward-prefetch switch"
@@ -44,15 +44,12 @@ COMPAT_ONLY: dict[str, str] = {
     "actor_rollout_ref.model.use_fused_kernels": "no fused log-prob kernel; log-probs come from the logits",
     "model.use_liger": "Liger kernels are not used; the HF model's own layers run",
     "model.strategy": _FSDP2_ONLY,
-    "ulysses_sequence_parallel_size": _NO_SP,
     # actor / reference
     "actor_rollout_ref.actor.strategy": _FSDP2_ONLY,
-    "actor_rollout_ref.actor.ulysses_sequence_parallel_size": _NO_SP,
     "actor_rollout_ref.actor.entropy_from_logits_with_chunking": "entropy is always computed from the logits in one pass per micro-batch",
     "actor_rollout_ref.actor.checkpoint.async_save": _ASYNC_SAVE,
     "actor_rollout_ref.actor.optim.total_training_steps": _TOTAL_STEPS,
     "actor_rollout_ref.ref.strategy": _FSDP2_ONLY,
-    "actor_rollout_ref.ref.ulysses_sequence_parallel_size": _NO_SP,
     "actor_rollout_ref.ref.fsdp_config.optimizer_offload": "the reference policy has no optimizer",
     # rollout
     "actor_rollout_ref.rollout.mode": "generation is synchronous within a step",
@@ -65,7 +62,6 @@ COMPAT_ONLY: dict[str, str] = {
     "actor_rollout_ref.rollout.disable_log_stats": _VLLM,
     # critic
     "critic.strategy": _FSDP2_ONLY,
-    "critic.ulysses_sequence_parallel_size": _NO_SP,
     "critic.model.enable_activation_offload": "activations stay on the device; use gradient checkpointing",
     "critic.model.use_shm": _NO_SHM,
     "critic.checkpoint.async_save": _ASYNC_SAVE,

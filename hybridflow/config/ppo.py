@@ -221,7 +221,10 @@ class ActorConfig:
     grad_clip: float = 1.0
     """Clip the global gradient norm to this value (<= 0 disables)."""
     ulysses_sequence_parallel_size: int = 1
-    """Compatibility-only (compat.py); in verl: sequence parallelism degree; only 1 is supported."""
+    """Ulysses sequence parallelism: groups of this many ranks split each packed row between them and
+    exchange attention heads with all-to-all (hybridflow.models.ulysses); the data-parallel size is
+    ranks / this. Must divide nnodes x n_gpus_per_node and the attention heads; needs
+    model.use_remove_padding. The local backend (one process) runs whole sequences and warns."""
     entropy_from_logits_with_chunking: bool = False
     """Compatibility-only, no effect (see compat.py)."""
     entropy_checkpointing: bool = False
@@ -248,8 +251,10 @@ class RefConfig:
     """Token budget when log_prob_use_dynamic_bsz."""
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     """FSDP2 settings of the reference."""
-    ulysses_sequence_parallel_size: int = 1
-    """Compatibility-only (compat.py); in verl: only 1 is supported."""
+    ulysses_sequence_parallel_size: int = II("actor_rollout_ref.actor.ulysses_sequence_parallel_size")
+    """Sequence parallelism of the reference; it runs in the actor's processes, so it follows
+    actor.ulysses_sequence_parallel_size; 1 runs whole sequences on every rank of a group (same values,
+    redundant work)."""
 
 
 @dataclass
@@ -499,7 +504,8 @@ class CriticConfig:
     grad_clip: float = 1.0
     """Global gradient-norm clip."""
     ulysses_sequence_parallel_size: int = 1
-    """Compatibility-only (compat.py); in verl: only 1 is supported."""
+    """Ulysses sequence parallelism of the critic's group (as actor.ulysses_sequence_parallel_size);
+    needs critic.model.use_remove_padding."""
     checkpoint: CheckpointContentsConfig = field(default_factory=CheckpointContentsConfig)
     """What critic checkpoints hold."""
 

@@ -176,7 +176,10 @@ class SFTConfig:
     optim: SFTOptimConfig = field(default_factory=SFTOptimConfig)
     """Optimizer."""
     ulysses_sequence_parallel_size: int = 1
-    """Compatibility-only (compat.py); in verl: only 1 is supported."""
+    """Ulysses sequence parallelism: groups of this many torchrun processes share one slice of each batch
+    and split every packed row between them (hybridflow.models.ulysses). Must divide the processes and
+    the attention heads; needs use_remove_padding (or data.use_packing). One process runs whole
+    sequences and warns."""
     use_remove_padding: bool = False
     """verl's padding-free switch: the same as data.use_packing (micro-batches as one packed row)."""
     trainer: SFTTrainerConfig = field(default_factory=SFTTrainerConfig)

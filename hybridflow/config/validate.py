@@ -63,11 +63,16 @@ def _check_positive(problems: list[str], key: str, value: Any) -> None:
         problems.append(f"{key}={value} must be a positive integer")
 
 
-def ppo_world_size(cfg: Any) -> int:
-    """Data-parallel size of the actor worker group."""
+def ppo_ranks(cfg: Any) -> int:
+    """Ranks of a worker group: 1 on the local backend, else ``nnodes x n_gpus_per_node``."""
     if cfg.trainer.backend == "local":
         return 1
     return cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+
+
+def ppo_world_size(cfg: Any) -> int:
+    """Data-parallel size of the actor worker group: its ranks over the actor's sequence-parallel size."""
+    return max(1, ppo_ranks(cfg) // cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size)
 
 
 def _check_batch_sizes(problems: list[str], cfg: Any, world: int) -> None:
@@ -89,7 +94,8 @@ def _check_batch_sizes(problems: list[str], cfg: Any, world: int) -> None:
                  actor.ppo_micro_batch_size_per_gpu, actor.use_dynamic_bsz)
     if critic_enabled(cfg):
         critic = cfg.critic
-        _check_micro(problems, "critic", critic.ppo_mini_batch_size * rollout.n, world,
+        critic_world = max(1, ppo_ranks(cfg) // critic.ulysses_sequence_parallel_size)
+        _check_micro(problems, "critic", critic.ppo_mini_batch_size * rollout.n, critic_world,
                      critic.ppo_micro_batch_size_per_gpu, critic.use_dynamic_bsz)
     if (data.train_batch_size * rollout.n) % world:
         problems.append(
@@ -153,10 +159,33 @@ def _check_algorithm(problems: list[str], cfg: Any) -> None:
     _check_gen_batch_size(problems, cfg)
     if actor.clip_ratio_c <= 1.0:
         problems.append(f"actor_rollout_ref.actor.clip_ratio_c={actor.clip_ratio_c} must be > 1 (dual-clip bound)")
-    for key, value in (("actor_rollout_ref.actor.ulysses_sequence_parallel_size", actor.ulysses_sequence_parallel_size),
-                       ("critic.ulysses_sequence_parallel_size", cfg.critic.ulysses_sequence_parallel_size)):
-        if value != 1:
-            problems.append(f"{key}={value}: sequence parallelism is not supported; set it to 1")
+
+def _check_sequence_parallel(problems: list[str], cfg: Any) -> None:
+    """Ulysses needs packed rows and a size that divides the group's ranks; the reference lives in
+    the actor's processes, so it splits sequences like the actor or not at all."""
+    arr, ranks = cfg.actor_rollout_ref, cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+    sections = [("actor_rollout_ref.actor", arr.actor.ulysses_sequence_parallel_size, arr.model, "actor_rollout_ref.model")]
+    if critic_enabled(cfg):
+        sections.append(("critic", cfg.critic.ulysses_sequence_parallel_size, cfg.critic.model, "critic.model"))
+    for section, size, model, model_key in sections:
+        _check_sp_size(problems, f"{section}.ulysses_sequence_parallel_size", size, ranks,
+                       packed=model.use_remove_padding or model.use_shared_prompt, packing_key=f"{model_key}.use_remove_padding")
+    if arr.ref.ulysses_sequence_parallel_size not in (1, arr.actor.ulysses_sequence_parallel_size):
+        problems.append(f"actor_rollout_ref.ref.ulysses_sequence_parallel_size={arr.ref.ulysses_sequence_parallel_size} "
+                        "differs from actor_rollout_ref.actor.ulysses_sequence_parallel_size="
+                        f"{arr.actor.ulysses_sequence_parallel_size}: the reference runs in the actor's processes and "
+                        "splits sequences over the same groups (or, at 1, runs them whole); drop the ref key "
+                        "(it follows the actor)")
+
+
+def _check_sp_size(problems: list[str], key: str, size: int, ranks: int, *, packed: bool, packing_key: str,
+                   ranks_name: str = "trainer.nnodes x trainer.n_gpus_per_node") -> None:
+    if size < 1:
+        problems.append(f"{key}={size} must be >= 1")
+    if size > 1 and ranks > 1 and ranks % size:
+        problems.append(f"{key}={size} must divide the {ranks} ranks of the worker group ({ranks_name})")
+    if size > 1 and not packed:
+        problems.append(f"{key}={size} splits packed rows over ranks: set {packing_key}=True")
 
 
 def _check_gen_batch_size(problems: list[str], cfg: Any) -> None:
@@ -278,6 +307,7 @@ def validate_ppo_config(cfg: Any, *, model_max_len: int | None = None, check_pat
     _check_choice(problems, "data.truncation", cfg.data.truncation, TRUNCATION_MODES)
     _check_batch_sizes(problems, cfg, ppo_world_size(cfg))
     _check_algorithm(problems, cfg)
+    _check_sequence_parallel(problems, cfg)
     _check_rollout(problems, cfg, model_max_len)
     _check_multi_turn(problems, cfg.actor_rollout_ref.rollout.multi_turn)
     _check_trainer(problems, cfg.trainer)
@@ -302,6 +332,13 @@ def sft_micro_batch_size_per_gpu(data: Any, world_size: int) -> int:
     if data.micro_batch_size is not None:
         return data.micro_batch_size // world_size
     return data.micro_batch_size_per_gpu
+
+
+def sft_data_parallel_size(cfg: Any, world_size: int) -> int:
+    """Data-parallel workers of an SFT run of ``world_size`` processes: groups of
+    ``ulysses_sequence_parallel_size`` processes share one slice of the batch."""
+    size = cfg.ulysses_sequence_parallel_size
+    return world_size // size if size > 0 and world_size % size == 0 else world_size
 
 
 def _check_sft_batch_sizes(problems: list[str], data: Any, world_size: int) -> None:
@@ -329,13 +366,14 @@ def validate_sft_config(cfg: Any, *, world_size: int = 1, model_max_len: int | N
         _check_files(problems, "data.train_files", cfg.data.train_files)
         _check_files(problems, "data.val_files", cfg.data.val_files)
     data = cfg.data
-    _check_sft_batch_sizes(problems, data, world_size)
+    _check_sft_batch_sizes(problems, data, sft_data_parallel_size(cfg, world_size))
     _check_choice(problems, "data.truncation", data.truncation, ("error", "left", "right"))
     _check_choice(problems, "optim.lr_scheduler", cfg.optim.lr_scheduler, LR_SCHEDULES)
     _check_optim(problems, "optim", cfg.optim)
     if model_max_len is not None and data.max_length > model_max_len:
         problems.append(f"data.max_length={data.max_length} exceeds the model's context of {model_max_len} tokens")
     _check_choice(problems, "trainer.resume_mode", cfg.trainer.resume_mode, RESUME_MODES)
-    if cfg.ulysses_sequence_parallel_size != 1:
-        problems.append("ulysses_sequence_parallel_size must be 1: sequence parallelism is not supported")
+    _check_sp_size(problems, "ulysses_sequence_parallel_size", cfg.ulysses_sequence_parallel_size, world_size,
+                   packed=cfg.use_remove_padding or data.use_packing, packing_key="use_remove_padding",
+                   ranks_name="torchrun's processes")
     raise_if_problems(problems)

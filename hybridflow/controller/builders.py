@@ -14,6 +14,7 @@ import torch
 
 from hybridflow.config import reference_enabled
 from hybridflow.models.loader import resolve_dtype
+from hybridflow.models.ulysses import split_sequences
 from hybridflow.workers.distributed import DataParallel
 
 
@@ -40,6 +41,13 @@ def training_precision(fsdp_cfg, model_dtype: str | None = None) -> str | None:
     """Compute dtype of a trained or reference model: ``fsdp_config.mixed_precision``, else the
     policy's ``model.dtype``, else None (the parameters' ``fsdp_config.model_dtype``, fp32)."""
     return fsdp_cfg.mixed_precision or model_dtype
+
+
+def _split_world(world: DataParallel, sp_size: int, device: torch.device, *, key: str):
+    """(data-parallel view, sequence-parallel group or None) of this rank (workers/sequence_parallel.py)."""
+    from hybridflow.workers.sequence_parallel import split_world
+
+    return split_world(world, sp_size=sp_size, device_type=device.type, key=key)
 
 
 def policy_tokenizer(cfg):
@@ -71,6 +79,8 @@ def build_hybrid_engine(dp: DataParallel, *, cfg, total_steps: int, with_rollout
 
     torch.manual_seed(cfg.trainer.seed)
     arr, device = cfg.actor_rollout_ref, rank_device()
+    world, (dp, sp) = dp, _split_world(dp, arr.actor.ulysses_sequence_parallel_size, device,
+                                       key="actor_rollout_ref.actor.ulysses_sequence_parallel_size")
     tokenizer = policy_tokenizer(cfg)
     import_external_lib(arr.model.external_lib)
     model = load_causal_lm(arr.model.path, dtype=arr.actor.fsdp_config.model_dtype, trust_remote_code=arr.model.trust_remote_code,
@@ -94,11 +104,13 @@ def build_hybrid_engine(dp: DataParallel, *, cfg, total_steps: int, with_rollout
 
         model = apply_lora(model, rank=arr.model.lora_rank, alpha=arr.model.lora_alpha,
                            target_modules=arr.model.target_modules, exclude_modules=arr.model.exclude_modules)
-    model = shard_for_group(model, dp=dp, fsdp_cfg=arr.actor.fsdp_config, device=device,
+    model = shard_for_group(model, dp=world, fsdp_cfg=arr.actor.fsdp_config, device=device,
                             precision=training_precision(arr.actor.fsdp_config, arr.model.dtype))
+    split_sequences(model, sp, key="actor_rollout_ref.actor.ulysses_sequence_parallel_size")
     reference = None
     if with_reference:
-        reference = _reference_worker(actor_model=model, ref_model=ref_model, arr=arr, dp=dp, device=device)
+        reference = _reference_worker(actor_model=model, ref_model=ref_model, arr=arr, dp=dp, device=device,
+                                      world=world, sp=sp)
     state = train_state_from_config(model, arr.actor.optim, grad_clip=arr.actor.grad_clip, total_steps=total_steps,
                                     offload_optimizer=arr.actor.fsdp_config.optimizer_offload)
     actor = ActorWorker(state=state, cfg=arr.actor, rollout_n=arr.rollout.n, max_response_length=cfg.data.max_response_length,
@@ -124,9 +136,11 @@ def log_prob_batching(section, dp: DataParallel):
                            max_token_len=section.log_prob_max_token_len_per_gpu)
 
 
-def _reference_worker(*, actor_model, ref_model, arr, dp: DataParallel, device: torch.device):
+def _reference_worker(*, actor_model, ref_model, arr, dp: DataParallel, device: torch.device,
+                      world: DataParallel, sp=None):
     """The reference policy: with LoRA (``ref_model`` None) the actor itself with its adapter off,
-    so no second model is held; otherwise the frozen initial copy, sharded like the actor."""
+    so no second model is held; otherwise the frozen initial copy, sharded like the actor (FSDP2
+    over the ``world`` ranks, sequences split over ``sp``)."""
     import functools
 
     from hybridflow.models.lora import disable_adapter
@@ -138,8 +152,11 @@ def _reference_worker(*, actor_model, ref_model, arr, dp: DataParallel, device: 
                   use_torch_compile=arr.ref.use_torch_compile)
     if ref_model is None:
         return ReferenceWorker(model=actor_model, adapter_off=functools.partial(disable_adapter, actor_model), **kwargs)
-    ref_model = shard_for_group(ref_model, dp=dp, fsdp_cfg=arr.ref.fsdp_config, device=device,
+    ref_model = shard_for_group(ref_model, dp=world, fsdp_cfg=arr.ref.fsdp_config, device=device,
                                 precision=training_precision(arr.ref.fsdp_config, arr.model.dtype))
+    # The ranks of a sequence-parallel group hold the same rows: at size 1 each runs them whole (redundant, exact).
+    ref_sp = sp if arr.ref.ulysses_sequence_parallel_size > 1 else None
+    split_sequences(ref_model, ref_sp, key="actor_rollout_ref.ref.ulysses_sequence_parallel_size")
     return ReferenceWorker(model=ref_model, **kwargs)
 
 
@@ -177,12 +194,15 @@ def build_critic_worker(dp: DataParallel, *, cfg, total_steps: int):
 
     torch.manual_seed(cfg.trainer.seed)
     critic_cfg, device = cfg.critic, rank_device()
+    world, (dp, sp) = dp, _split_world(dp, critic_cfg.ulysses_sequence_parallel_size, device,
+                                       key="critic.ulysses_sequence_parallel_size")
     import_external_lib(critic_cfg.model.external_lib)
     fsdp_cfg = critic_cfg.model.fsdp_config
     model = load_value_model(critic_cfg.model.path, dtype=fsdp_cfg.model_dtype, trust_remote_code=critic_cfg.model.trust_remote_code,
                              override_config=dict(critic_cfg.model.override_config),
                              gradient_checkpointing=critic_cfg.model.enable_gradient_checkpointing).to(device)
-    model = shard_for_group(model, dp=dp, fsdp_cfg=fsdp_cfg, device=device, precision=training_precision(fsdp_cfg))
+    model = shard_for_group(model, dp=world, fsdp_cfg=fsdp_cfg, device=device, precision=training_precision(fsdp_cfg))
+    split_sequences(model, sp, key="critic.ulysses_sequence_parallel_size")
     state = train_state_from_config(model, critic_cfg.optim, grad_clip=critic_cfg.grad_clip, total_steps=total_steps,
                                     offload_optimizer=fsdp_cfg.optimizer_offload)
     critic = CriticWorker(state=state, cfg=critic_cfg, rollout_n=critic_cfg.rollout_n, dp=dp, seed=cfg.trainer.seed,

@@ -37,8 +37,9 @@ class RankProcess:
         torch.set_num_threads(max(1, threads))
         self.worker = None
 
-    def location(self) -> tuple[str, int]:
-        return ray.util.get_node_ip_address(), os.getpid()
+    def location(self) -> tuple[str, int, str]:
+        """(node IP, pid, Ray node id): several logical nodes of a local cluster share one IP."""
+        return ray.util.get_node_ip_address(), os.getpid(), ray.get_runtime_context().get_node_id()
 
     def free_endpoint(self) -> tuple[str, int]:
         with socket.socket() as sock:
@@ -79,7 +80,8 @@ class RayBackend:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         cpus, gpus = self.pool.cpus_per_proc * share, self.pool.gpus_per_proc * share
-        strategy = PlacementGroupSchedulingStrategy(self.placement_group, placement_group_bundle_index=rank)
+        strategy = PlacementGroupSchedulingStrategy(self.placement_group,
+                                                    placement_group_bundle_index=self.pool.node_of(rank))
         threads = max(1, int(self.pool.cpus_per_proc))
         env = {"OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
         actor_cls = ray.remote(RankProcess).options(
@@ -109,9 +111,10 @@ class RayBackend:
                 results[rank] = ray.get(ref)
             except ray.exceptions.RayActorError as err:
                 self.shutdown()
-                node, pid = self.locations[rank] if hasattr(self, "locations") else ("?", "?")
+                node, pid, node_id = self.locations[rank] if hasattr(self, "locations") else ("?", "?", "?")
                 raise WorkerDiedError(
-                    f"worker group {self.name!r}: rank {rank} (pid {pid} on {node}) died during {method}(); "
+                    f"worker group {self.name!r}: rank {rank} (pid {pid} on {node}, node "
+                    f"{self.pool.node_of(rank)} of {self.pool.nnodes}, Ray node id {node_id[:12]}) died during {method}(); "
                     f"resume from the last checkpoint (trainer.resume_mode=auto) [{type(err).__name__}]") from err
             except ray.exceptions.RayTaskError as err:
                 self.shutdown()

@@ -1,9 +1,11 @@
 """Resource pools: how many worker processes, where, with what; and joining the Ray cluster.
 
-A pool is ``nnodes x procs_per_node`` bundles (``trainer.nnodes`` x
-``trainer.n_gpus_per_node``; on a CPU run that key counts worker processes), reserved
-up front as one Ray placement group so that a group's ranks are all scheduled or none
-is. Roles that share a pool share its bundles (colocation): each takes a fraction of a
+A pool is ``nnodes`` bundles, one per node, each holding ``procs_per_node`` worker
+processes (``trainer.nnodes`` x ``trainer.n_gpus_per_node``; on a CPU run that key counts
+worker processes), reserved up front as one Ray placement group so that a group's ranks
+are all scheduled or none is. Several nodes are spread strictly (``STRICT_SPREAD``: each
+bundle on its own Ray node), so ranks ``k * procs_per_node ...`` share node ``k`` and its
+fast local links; one node is one bundle, which Ray places on one machine. Roles that share a pool share its bundles (colocation): each takes a fraction of a
 bundle's CPUs/GPUs, which is how the hybrid engine's actor, rollout and reference live
 in one process and a critic can sit beside them.
 """
@@ -36,11 +38,21 @@ class ResourcePool:
         return self.nnodes * self.procs_per_node
 
     def bundles(self) -> list[dict[str, float]]:
-        bundle = {"CPU": self.cpus_per_proc, **({"GPU": self.gpus_per_proc} if self.gpus_per_proc else {})}
-        return [dict(bundle) for _ in range(self.world_size)]
+        """One bundle per node, with the resources of its ``procs_per_node`` processes."""
+        bundle = {"CPU": self.cpus_per_proc * self.procs_per_node,
+                  **({"GPU": self.gpus_per_proc * self.procs_per_node} if self.gpus_per_proc else {})}
+        return [dict(bundle) for _ in range(self.nnodes)]
 
     def total(self) -> dict[str, float]:
-        return {key: value * self.world_size for key, value in self.bundles()[0].items()}
+        return {key: value * self.nnodes for key, value in self.bundles()[0].items()}
+
+    def node_of(self, rank: int) -> int:
+        """The bundle (node) index of ``rank``: ranks fill node 0, then node 1, ..."""
+        return rank // self.procs_per_node
+
+    @property
+    def strategy(self) -> str:
+        return "STRICT_SPREAD" if self.nnodes > 1 else "STRICT_PACK"
 
 
 def pool_from_trainer_config(trainer_cfg, *, use_gpu: bool, cpus_per_proc: float = 1.0) -> ResourcePool:
@@ -96,16 +108,18 @@ def check_capacity(pool: ResourcePool) -> None:
 
 
 def reserve(pool: ResourcePool, *, timeout_s: float = 60.0):
-    """A ready placement group holding the pool's bundles (PACK: as few nodes as possible)."""
+    """A ready placement group holding the pool's per-node bundles, each on its own node."""
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
 
     check_capacity(pool)
-    group = placement_group(pool.bundles(), strategy="PACK")
+    group = placement_group(pool.bundles(), strategy=pool.strategy)
     ready, _ = ray.wait([group.ready()], timeout=timeout_s)
     if not ready:
         remove_placement_group(group)
-        raise ConfigError(f"Ray could not place {pool.world_size} workers of {pool.bundles()[0]} within "
-                          f"{timeout_s:g}s (available now: {ray.available_resources()}); "
-                          "free the resources or lower trainer.n_gpus_per_node")
+        nodes = sum(1 for node in ray.nodes() if node.get("Alive"))
+        raise ConfigError(f"Ray could not place {pool.nnodes} node(s) x {pool.procs_per_node} workers "
+                          f"({pool.bundles()[0]} on each of {pool.nnodes} distinct nodes; the cluster has {nodes} "
+                          f"alive) within {timeout_s:g}s (available now: {ray.available_resources()}); "
+                          "free the resources, add nodes or lower trainer.nnodes / trainer.n_gpus_per_node")
     return group

@@ -21,7 +21,7 @@ import functools
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from hybridflow.controller.dispatch import COLLECTORS, SPLITTERS, Call, dispatch_table
+from hybridflow.controller.dispatch import COLLECTORS, SPLITTERS, Call, Mode, dispatch_table
 from hybridflow.errors import ConfigError
 from hybridflow.workers.distributed import LOCAL
 
@@ -62,11 +62,14 @@ BACKENDS: dict[str, Callable[..., Backend]] = {"local": LocalBackend, "ray": _ra
 class WorkerGroup:
     """The ranks of one role; attribute access returns the dispatched methods of ``worker_cls``."""
 
-    def __init__(self, *, worker_cls: type, backend: Backend, name: str = "worker"):
+    def __init__(self, *, worker_cls: type, backend: Backend, name: str = "worker", ranks_per_shard: int = 1):
         self.worker_cls = worker_cls
         self.backend = backend
         self.name = name
         self.methods = dispatch_table(worker_cls)
+        # Sequence parallelism: consecutive groups of ranks_per_shard ranks take the same data shard
+        # (workers/sequence_parallel.py); the local backend's one rank takes everything.
+        self.ranks_per_shard = ranks_per_shard if backend.world_size > 1 else 1
 
     @property
     def world_size(self) -> int:
@@ -75,8 +78,13 @@ class WorkerGroup:
     def call(self, method: str, *args, **kwargs) -> Any:
         """Split the arguments, run on the ranks, collect: one call of the declared method."""
         spec = self.methods[method]
-        calls = SPLITTERS[spec.mode](args, kwargs, self.world_size)
-        return COLLECTORS[spec.collect](self.backend.execute(method, calls))
+        if spec.mode is not Mode.DP_COMPUTE or self.ranks_per_shard == 1:
+            calls = SPLITTERS[spec.mode](args, kwargs, self.world_size)
+            return COLLECTORS[spec.collect](self.backend.execute(method, calls))
+        repeat = self.ranks_per_shard  # every rank of a shard gets it; the first one answers for all
+        shards = SPLITTERS[spec.mode](args, kwargs, self.world_size // repeat)
+        results = self.backend.execute(method, [call for call in shards for _ in range(repeat)])
+        return COLLECTORS[spec.collect](results[::repeat])
 
     def __getattr__(self, method: str) -> Callable:
         methods = self.__dict__.get("methods", {})
@@ -90,9 +98,10 @@ class WorkerGroup:
 
 
 def build_worker_group(factory: Callable, *, worker_cls: type, backend: str = "local", name: str = "worker",
-                       **backend_kwargs) -> WorkerGroup:
-    """A group of ``worker_cls`` built by ``factory`` on the named backend (``local`` or ``ray``)."""
+                       ranks_per_shard: int = 1, **backend_kwargs) -> WorkerGroup:
+    """A group of ``worker_cls`` built by ``factory`` on the named backend (``local`` or ``ray``);
+    ``ranks_per_shard`` consecutive ranks receive the same data shard (the sequence-parallel size)."""
     if backend not in BACKENDS:
         raise ConfigError(f"trainer.backend={backend!r}; choose from {', '.join(BACKENDS)}")
     return WorkerGroup(worker_cls=worker_cls, backend=BACKENDS[backend](factory, name=name, **backend_kwargs),
-                       name=name)
+                       name=name, ranks_per_shard=ranks_per_shard)

@@ -15,6 +15,7 @@ from hybridflow.algos import entropy_from_logits, logprobs_from_logits
 from hybridflow.algos.logprob import sum_pi_squared_from_logits
 from hybridflow.data.packing import PackedResponses
 from hybridflow.models.segment_attention import SegmentLayout, packed_row_mask, use_segment_attention
+from hybridflow.models.ulysses import SequenceShard, sequence_parallel_of
 
 
 @functools.cache
@@ -75,19 +76,41 @@ def packed_log_probs(model, packed: PackedResponses, *, temperature: float = 1.0
 
     Same values as the padded forward on every valid response token (zeros elsewhere), each
     ``[B, T]``. Only the ``K`` positions that predict a response token go through the LM head
-    (``logits_to_keep`` as an index tensor).
+    (``logits_to_keep`` as an index tensor). With sequence parallelism (hybridflow.models.ulysses)
+    each rank runs its slice of the row and the ``K`` values are gathered.
     """
-    logits = model(**packed_forward_inputs(model, packed), logits_to_keep=packed.source).logits[0]
-    outs = _token_outputs(logits, packed.labels, temperature=temperature, calculate_entropy=calculate_entropy,
-                          calculate_sum_pi_squared=calculate_sum_pi_squared,
+    shard = packed_shard(model, packed)
+    logits = model(**packed_forward_inputs(model, packed, shard=shard), logits_to_keep=shard.local_keep).logits[0]
+    outs = _token_outputs(logits, packed.labels[shard.own], temperature=temperature,
+                          calculate_entropy=calculate_entropy, calculate_sum_pi_squared=calculate_sum_pi_squared,
                           entropy_checkpointing=entropy_checkpointing, use_torch_compile=use_torch_compile)
-    return tuple(None if out is None else packed.scatter(out) for out in outs)
+    return tuple(None if out is None else packed.scatter(shard.gather(out)) for out in outs)
 
 
-def packed_forward_inputs(model, packed: PackedResponses) -> dict:
-    """Forward kwargs of a packed row for a model switched to segment attention."""
+def packed_shard(model, packed: PackedResponses) -> SequenceShard:
+    """This rank's slice of ``packed`` and its positions that predict / value a response token
+    (the whole row without sequence parallelism)."""
+    return SequenceShard(sequence_parallel_of(model), length=packed.input_ids.shape[1], keep=packed.source)
+
+
+def packed_forward_inputs(model, packed: PackedResponses, *, shard: SequenceShard | None = None) -> dict:
+    """Forward kwargs of a packed row (this rank's slice of it under sequence parallelism) for a
+    model switched to segment attention."""
+    return row_forward_inputs(model, input_ids=packed.input_ids, position_ids=packed.position_ids,
+                              layout=SegmentLayout(packed.bounds, packed.masks),
+                              shard=shard or packed_shard(model, packed))
+
+
+def row_forward_inputs(model, *, input_ids: torch.Tensor, position_ids: torch.Tensor, layout: SegmentLayout,
+                       shard: SequenceShard) -> dict:
+    """Forward kwargs of one packed row ``[1, N]`` with segment ``layout``: the whole row, or
+    ``shard``'s slice of it plus the sequence-parallel group the attention exchanges heads with."""
     use_segment_attention(model)
-    device = packed.input_ids.device
-    return dict(input_ids=packed.input_ids, position_ids=packed.position_ids,
-                attention_mask=packed_row_mask().to(device), use_cache=False,
-                segment_layout=SegmentLayout(packed.bounds, packed.masks).to(device))
+    device = input_ids.device
+    bounds, masks = shard.layout(layout.bounds, layout.masks)
+    inputs = dict(input_ids=shard.slice(input_ids), position_ids=shard.slice(position_ids),
+                  attention_mask=packed_row_mask().to(device), use_cache=False,
+                  segment_layout=SegmentLayout(bounds, masks).to(device))
+    if shard.sp is not None:
+        inputs["sequence_parallel"] = shard.sp
+    return inputs

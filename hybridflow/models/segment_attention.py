@@ -47,7 +47,14 @@ class SegmentLayout:
 
 
 def _segment_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
-    """``query [1, H, N, D]``, ``key/value [1, H_kv, N, D]`` -> ``([1, N, H, D], None)``."""
+    """``query [1, H, N, D]``, ``key/value [1, H_kv, N, D]`` -> ``([1, N, H, D], None)``.
+
+    With a ``sequence_parallel`` kwarg (hybridflow.models.ulysses) this rank holds a slice of the
+    row: the heads are exchanged for the whole sequence around this same function."""
+    sequence_parallel = kwargs.pop("sequence_parallel", None)
+    if sequence_parallel is not None:
+        return sequence_parallel.attention(_segment_attention, module, query, key, value, attention_mask,
+                                           dropout=dropout, scaling=scaling, **kwargs)
     layout: SegmentLayout | None = kwargs.pop("segment_layout", None)
     if layout is None:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward

@@ -120,6 +120,10 @@ def warn_about_ignored_gpus(cfg: PPOConfig) -> None:
     if trainer.backend == "local" and trainer.nnodes * trainer.n_gpus_per_node > 1:
         logger.warning("hybridflow: warning: trainer.nnodes x trainer.n_gpus_per_node = %d workers, but trainer.backend=local runs one "
                        "process: set trainer.backend=ray to use them", trainer.nnodes * trainer.n_gpus_per_node)
+    sizes = [cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size, cfg.critic.ulysses_sequence_parallel_size]
+    if trainer.backend == "local" and any(size > 1 for size in sizes):
+        logger.warning("hybridflow: warning: ulysses_sequence_parallel_size > 1 splits sequences over ranks, but "
+                       "trainer.backend=local runs one process with whole sequences: set trainer.backend=ray")
 
 
 def preflight(cfg: PPOConfig) -> None:
@@ -189,13 +193,15 @@ def build_worker_groups(cfg: PPOConfig, *, total_steps: int):
 
     backend, kwargs = cfg.trainer.backend, ray_group_kwargs(cfg)
     engine = build_worker_group(functools.partial(build_hybrid_engine, cfg=cfg, total_steps=total_steps),
-                                worker_cls=HybridEngineWorker, backend=backend, name="actor_rollout_ref", **kwargs)
+                                worker_cls=HybridEngineWorker, backend=backend, name="actor_rollout_ref",
+                                ranks_per_shard=cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size, **kwargs)
     critic = None
     if critic_enabled(cfg):
         if backend == "ray":  # colocated with the actor: same bundles, half of each
             kwargs = dict(kwargs, placement_group=engine.backend.placement_group, share=0.5)
         critic = build_worker_group(functools.partial(build_critic_worker, cfg=cfg, total_steps=total_steps),
-                                    worker_cls=CriticGroupWorker, backend=backend, name="critic", **kwargs)
+                                    worker_cls=CriticGroupWorker, backend=backend, name="critic",
+                                    ranks_per_shard=cfg.critic.ulysses_sequence_parallel_size, **kwargs)
     return engine, critic
 
 

@@ -35,6 +35,14 @@ def sft_loss(*, logits: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.
         ``num_tokens`` of this micro-batch (summed, not averaged, so they add up).
     """
     token_logprobs = logprobs_from_logits(logits=logits[:, :-1], labels=input_ids[:, 1:])  # [B, T-1]
+    return sft_loss_from_log_probs(token_logprobs=token_logprobs, loss_mask=loss_mask,
+                                   global_num_tokens=global_num_tokens)
+
+
+def sft_loss_from_log_probs(*, token_logprobs: torch.Tensor, loss_mask: torch.Tensor,
+                            global_num_tokens: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """:func:`sft_loss` from ``token_logprobs [B, T-1]`` = log p(x[:, t + 1] | x[:, <= t]) (the form a
+    sequence-parallel forward gathers)."""
     targets = loss_mask[:, 1:]
     loss = agg_loss(loss_mat=-token_logprobs, loss_mask=targets, loss_agg_mode="token-mean",
                     global_num_tokens=global_num_tokens)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import logging
 import os
 import sys
 import time
@@ -45,16 +46,19 @@ from hybridflow.models.fsdp import data_parallel_mesh, micro_batch_sync, shard_m
 from hybridflow.models import load_causal_lm, load_tokenizer, resolve_dtype
 from hybridflow.models.lora import apply_lora
 from hybridflow.models.segment_attention import use_segment_attention
+from hybridflow.models.ulysses import split_sequences
 from hybridflow.models.sharded_checkpoint import FSDPModelComponent
 from hybridflow.trainer.checkpoint import find_resume_checkpoint, load_checkpoint, save_checkpoint
 from hybridflow.trainer.sft_batches import count_targets, even_shard, micro_batch_inputs, rank_slice, split_micro
 from hybridflow.trainer.sft_checkpoint import SharedDirComponent
 from hybridflow.trainer.sft_loss import sft_loss
+from hybridflow.trainer.sft_sequence_parallel import sequence_parallel_sft_loss
 from hybridflow.trainer.plots import Curve, fixed_keys, plot_curves
 from hybridflow.trainer.summary import summary_table
 from hybridflow.trainer.tracking import Tracking
 from hybridflow.workers.distributed import LOCAL, DataParallel
 from hybridflow.workers.optim import TrainState, build_optimizer, build_scheduler
+from hybridflow.workers.sequence_parallel import split_world
 
 COMPONENT = "model"
 
@@ -144,6 +148,9 @@ class SFTTrainer:
     def __init__(self, cfg: SFTConfig, *, model, tokenizer, train_dataset: SFTDataset,
                  val_dataset: SFTDataset | None, dp: DataParallel = LOCAL, device=torch.device("cpu")):
         self.cfg, self.tokenizer, self.dp, self.device = cfg, tokenizer, dp, device
+        # Sequence parallelism: groups of ranks share one slice of the batch (self.data) and split rows
+        self.data, self.sp = split_world(dp, sp_size=cfg.ulysses_sequence_parallel_size, device_type=device.type,
+                                         key="ulysses_sequence_parallel_size")
         self.val_dataset = val_dataset
         self.loader = StatefulDataLoader(train_dataset, batch_size=cfg.data.train_batch_size, collate_fn=list,
                                          shuffle=cfg.data.shuffle, seed=cfg.data.seed, drop_last=True)
@@ -154,14 +161,14 @@ class SFTTrainer:
                                 mixed_precision=fsdp.mixed_precision,
                                 reshard_after_forward=fsdp.reshard_after_forward,
                                 param_offload=fsdp.param_offload or fsdp.offload_policy)
-        self.model = model
+        self.model = split_sequences(model, self.sp, key="ulysses_sequence_parallel_size")
         self.state = build_train_state(cfg, model, steps=self.total_steps)
         self.compute_dtype = resolve_dtype(fsdp.mixed_precision or fsdp.model_dtype)
         # FSDP2 casts per layer when sharded; the plain single-process model gets autocast instead
         plain_mixed = dp.world_size == 1 and self.compute_dtype != resolve_dtype(fsdp.model_dtype)
         self.autocast = (torch.autocast(device.type, dtype=self.compute_dtype) if plain_mixed
                          else contextlib.nullcontext())
-        self.micro_batch_size = sft_micro_batch_size_per_gpu(cfg.data, dp.world_size)
+        self.micro_batch_size = sft_micro_batch_size_per_gpu(cfg.data, self.data.world_size)
         self.global_step = 0
         self.tracking: Tracking | None = None
         self._bar = None
@@ -177,6 +184,10 @@ class SFTTrainer:
             use_segment_attention(self.model)
             extra["segment_layout"] = inputs.pop("segment_layout").to(self.device)
         inputs = {key: None if value is None else value.to(self.device) for key, value in inputs.items()}
+        if self.sp is not None:
+            with self.autocast:
+                return sequence_parallel_sft_loss(self.model, {**inputs, **extra}, sp=self.sp,
+                                                  global_num_tokens=global_num_tokens)
         with self.autocast:
             logits = self.model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
                                 position_ids=inputs["position_ids"], use_cache=False, **extra).logits
@@ -187,7 +198,7 @@ class SFTTrainer:
         """One optimizer step on a global batch; returns its metrics."""
         start = time.perf_counter()
         num_targets = count_targets(samples)
-        micros = split_micro(rank_slice(samples, rank=self.dp.rank, world_size=self.dp.world_size),
+        micros = split_micro(rank_slice(samples, rank=self.data.rank, world_size=self.data.world_size),
                              micro_batch_size=self.micro_batch_size)
         self.model.train()
         self.state.zero_grad()
@@ -196,9 +207,9 @@ class SFTTrainer:
             with micro_batch_sync(self.model, index=index, count=len(micros)):
                 loss, parts = self._forward(micro, global_num_tokens=num_targets)
                 # FSDP2 averages gradients over ranks; the loss is already a share of the global sum
-                (loss * self.dp.world_size).backward()
+                (loss * self.data.world_size).backward()
             nll_sum += parts["nll_sum"]
-        loss_value = float(self.dp.all_reduce_sum(nll_sum)) / max(num_targets, 1)
+        loss_value = float(self.data.all_reduce_sum(nll_sum)) / max(num_targets, 1)
         lr = self.state.lr
         grad_norm = self.state.step(loss_value=loss_value)
         self.state.scheduler.step()
@@ -211,14 +222,14 @@ class SFTTrainer:
     @torch.no_grad()
     def validate(self) -> dict[str, float]:
         """``val/loss``: token-mean CE over every target token of the validation set."""
-        micros = even_shard(self.val_dataset, rank=self.dp.rank, world_size=self.dp.world_size,
+        micros = even_shard(self.val_dataset, rank=self.data.rank, world_size=self.data.world_size,
                             micro_batch_size=self.micro_batch_size)
         self.model.eval()
         totals = torch.zeros(2, device=self.device)
         for micro in micros:
             _, parts = self._forward(micro, global_num_tokens=1.0)
             totals += torch.stack([parts["nll_sum"], parts["num_tokens"]])
-        nll, count = self.dp.all_reduce_sum(totals).tolist()
+        nll, count = self.data.all_reduce_sum(totals).tolist()
         return {"val/loss": nll / max(count, 1.0)}
 
     # ---- checkpoints ---------------------------------------------------------------
@@ -295,6 +306,11 @@ def build_trainer(cfg: SFTConfig) -> SFTTrainer:
     device = resolve_device(cfg.trainer.device)
     dp = init_data_parallel(device)
     preflight(cfg, world_size=dp.world_size)
+    if dp.world_size == 1 and cfg.ulysses_sequence_parallel_size > 1:
+        logging.getLogger(__name__).warning(
+            "hybridflow: warning: ulysses_sequence_parallel_size=%d splits sequences over processes, but this run "
+            "has one: it trains on whole sequences (launch with torchrun --nproc_per_node=N)",
+            cfg.ulysses_sequence_parallel_size)
     seed_everything(cfg.trainer.seed)
     tokenizer = build_tokenizer(cfg)
     train = build_dataset(cfg, cfg.data.train_files, tokenizer)

@@ -13,8 +13,8 @@ import torch
 from hybridflow.algos import masked_mean, value_loss
 from hybridflow.data.batch import Batch
 from hybridflow.models.fsdp import micro_batch_sync
+from hybridflow.models.logprob import packed_forward_inputs, packed_shard
 from hybridflow.workers.distributed import DataParallel, LOCAL
-from hybridflow.models.logprob import packed_forward_inputs
 from hybridflow.workers.logprob import pack_micro_batch
 from hybridflow.workers.micro_batches import (micro_batches, mini_batches, pad_right, per_rank_micro_batch_size,
                                               trimmed_inputs)
@@ -26,8 +26,9 @@ def _micro_values(model, micro: Batch, *, layout: str = "padded") -> torch.Tenso
     packed layouts: read at each response token's predecessor in the packed row)."""
     if layout != "padded":
         packed = pack_micro_batch(micro, layout=layout)
-        values = model(**packed_forward_inputs(model, packed))[0, packed.source].float()
-        return packed.scatter(values) * micro["response_mask"]
+        shard = packed_shard(model, packed)  # this rank's slice under sequence parallelism
+        values = model(**packed_forward_inputs(model, packed, shard=shard))[0, shard.local_keep].float()
+        return packed.scatter(shard.gather(values)) * micro["response_mask"]
     inputs, resp_len = trimmed_inputs(micro)
     values = model(**inputs)[:, -resp_len - 1 : -1].float()  # V(s_t) = head(h[P-1+t])
     return pad_right(values, micro["responses"].shape[1]) * micro["response_mask"]

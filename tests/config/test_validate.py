@@ -110,9 +110,12 @@ def test_filter_groups_needs_metric(files):
     assert line.startswith("algorithm.filter_groups.enable=True needs algorithm.filter_groups.metric")
 
 
-def test_sequence_parallel_is_rejected(files):
+def test_sequence_parallel_needs_packed_rows(files):
     (line,) = problems(ppo(files, "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"))
-    assert "sequence parallelism is not supported" in line
+    assert line == ("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2 splits packed rows over ranks: "
+                    "set actor_rollout_ref.model.use_remove_padding=True")
+    validate_ppo_config(ppo(files, "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+                            "actor_rollout_ref.model.use_remove_padding=True"))
 
 
 def test_sft_validation(tmp_path):
