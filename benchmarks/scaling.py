@@ -112,7 +112,7 @@ def connect(nodes: int, cores: int) -> None:
     import ray
 
     if nodes == 1:
-        ray.init(num_cpus=cores, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=cores, include_dashboard=False, log_to_driver=False)
         return
     from ray.cluster_utils import Cluster
 

@@ -89,7 +89,10 @@ def connect_ray(*, address: str | None = None, num_cpus: float | None = None) ->
             raise ConfigError(f"cannot connect to the Ray cluster at {address!r}: {err}; "
                               "run `ray start --head` first or unset RAY_ADDRESS to start a local one") from err
         return
-    ray.init(num_cpus=num_cpus, include_dashboard=False)
+    # address="local": a new local instance even when /tmp/ray/ray_current_cluster names another one (a
+    # stale file from a crashed `ray start` or a test cluster would otherwise make ray.init join it and refuse
+    # num_cpus)
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False)
 
 
 def check_capacity(pool: ResourcePool) -> None:

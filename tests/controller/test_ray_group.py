@@ -33,7 +33,7 @@ ROWS, PROMPT, RESPONSE = 8, 5, 6
 @pytest.fixture(scope="module")
 def ray_cluster():
     os.environ["RAY_AUTH_MODE"] = "disabled"
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # test-only worker classes
     yield
     ray.shutdown()
