@@ -70,9 +70,10 @@ def ppo_ranks(cfg: Any) -> int:
     return cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
 
 
-def ppo_world_size(cfg: Any) -> int:
-    """Data-parallel size of the actor worker group: its ranks over the actor's sequence-parallel size."""
-    return max(1, ppo_ranks(cfg) // cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size)
+def ppo_world_size(cfg: Any, sp_size: int | None = None) -> int:
+    """Data-parallel size of a worker group: its ranks over its sequence-parallel size (default: the actor's)."""
+    sp_size = cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size if sp_size is None else sp_size
+    return max(1, ppo_ranks(cfg) // sp_size)
 
 
 def _check_batch_sizes(problems: list[str], cfg: Any, world: int) -> None:
@@ -94,7 +95,7 @@ def _check_batch_sizes(problems: list[str], cfg: Any, world: int) -> None:
                  actor.ppo_micro_batch_size_per_gpu, actor.use_dynamic_bsz)
     if critic_enabled(cfg):
         critic = cfg.critic
-        critic_world = max(1, ppo_ranks(cfg) // critic.ulysses_sequence_parallel_size)
+        critic_world = ppo_world_size(cfg, critic.ulysses_sequence_parallel_size)
         _check_micro(problems, "critic", critic.ppo_mini_batch_size * rollout.n, critic_world,
                      critic.ppo_micro_batch_size_per_gpu, critic.use_dynamic_bsz)
     if (data.train_batch_size * rollout.n) % world:

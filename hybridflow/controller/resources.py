@@ -5,9 +5,10 @@ processes (``trainer.nnodes`` x ``trainer.n_gpus_per_node``; on a CPU run that k
 worker processes), reserved up front as one Ray placement group so that a group's ranks
 are all scheduled or none is. Several nodes are spread strictly (``STRICT_SPREAD``: each
 bundle on its own Ray node), so ranks ``k * procs_per_node ...`` share node ``k`` and its
-fast local links; one node is one bundle, which Ray places on one machine. Roles that share a pool share its bundles (colocation): each takes a fraction of a
-bundle's CPUs/GPUs, which is how the hybrid engine's actor, rollout and reference live
-in one process and a critic can sit beside them.
+fast local links; one node is one bundle, which Ray places on one machine. Roles that share
+a pool share its bundles (colocation): each takes a fraction of a bundle's CPUs/GPUs, which
+is how the hybrid engine's actor, rollout and reference live in one process and a critic can
+sit beside them.
 """
 
 from __future__ import annotations

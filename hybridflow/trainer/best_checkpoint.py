@@ -26,7 +26,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-VALIDATION_PREFIX = "val-core/"
+from hybridflow.trainer.summary import VALIDATION_PREFIX
+
 RECORD_FILE = "best_checkpoint.json"
 
 

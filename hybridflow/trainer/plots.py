@@ -18,6 +18,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from hybridflow.trainer.summary import VALIDATION_PREFIX, metric_series
+from hybridflow.trainer.tracking import METRICS_FILE
 
 History = Sequence[Mapping[str, float]]
 
@@ -82,7 +83,7 @@ def plot_curves(history: History, out_dir: str, *, curves: Sequence[Curve] = CUR
 
 def read_history(run_dir: str) -> list[dict[str, float]]:
     """A finished run's per-step metrics: ``<run_dir>/logs/metrics.jsonl`` (the ``file`` logger)."""
-    path = os.path.join(run_dir, "logs", "metrics.jsonl")
+    path = os.path.join(run_dir, "logs", METRICS_FILE)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path} not found: runs need trainer.logger=[console,file] to be compared")
     with open(path, encoding="utf-8") as handle:

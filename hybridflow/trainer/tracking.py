@@ -136,13 +136,17 @@ class ConsoleBackend:
         pass
 
 
+METRICS_FILE = "metrics.jsonl"
+"""What the ``file`` logger writes under its ``local_dir`` (``<default_local_dir>/logs`` in a run)."""
+
+
 @register_backend("file")
 class JsonlBackend:
     """verl's ``file`` logger: append ``{"step": N, **metrics}`` per step to ``{local_dir}/metrics.jsonl``."""
 
     def __init__(self, *, local_dir: str, **_: Any):
         os.makedirs(local_dir, exist_ok=True)
-        self.path = os.path.join(local_dir, "metrics.jsonl")
+        self.path = os.path.join(local_dir, METRICS_FILE)
         self._file = open(self.path, "a", encoding="utf-8")
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
