@@ -171,6 +171,8 @@ def _rollout_worker(engine_model, tokenizer, rollout_cfg, *, template_kwargs=Non
     from hybridflow.workers.rollout import RolloutWorker
 
     kwargs = engine_kwargs_from_rollout_config(rollout_cfg)
+    if rollout_cfg.name == "native":
+        kwargs["own_model"] = True  # engine_model is the engine's private copy: it keeps only the packed weights
     if rollout_cfg.name == "native" and rollout_cfg.multi_turn.enable and rollout_cfg.enable_prefix_caching:
         kwargs.setdefault("prefix_cache_tokens", DEFAULT_PREFIX_CACHE_TOKENS)
     engine = build_engine(rollout_cfg.name, engine_model, tokenizer, **kwargs)

@@ -12,6 +12,12 @@ equal HF ``generate``. Projections that read the same input are fused (q|k|v and
 gate|up) into one matmul each, and on CPU every projection's weight is packed once for
 oneDNN (:mod:`hybridflow.rollout.packed_linear`); :meth:`LlamaFamilyDecoder.refresh`
 rebuilds these copies after the HF weights change.
+
+Memory: the fused / packed copies are the only weights decoding reads. An engine that owns its
+HF module (the trainer's rollout copy) drops the module's projection weights after packing
+(:meth:`LlamaFamilyDecoder.release_module_projections`, ~0.42 GB on SmolLM2-135M in fp32), and
+new weights then go straight from the trainer's tensors into the packed copies
+(:meth:`LlamaFamilyDecoder.load_weights`).
 """
 
 from __future__ import annotations
@@ -22,12 +28,22 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from hybridflow.errors import RolloutError
 from hybridflow.rollout.kv_cache import SlotKVCache
 from hybridflow.rollout.packed_linear import PackedLinear
+from hybridflow.rollout.weights import copy_named_tensors
 
 logger = logging.getLogger(__name__)
 
 SUPPORTED_MODEL_TYPES = frozenset({"llama", "qwen2"})
+
+FUSED_PROJECTIONS = {
+    "qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "o_proj": ("self_attn.o_proj",),
+    "gate_up": ("mlp.gate_proj", "mlp.up_proj"),
+    "down": ("mlp.down_proj",),
+}
+"""Each :class:`LayerWeights` projection and the HF linear modules (under ``model.layers.{i}``) it fuses."""
 
 
 def supports(model) -> bool:
@@ -70,34 +86,98 @@ class LlamaFamilyDecoder:
         self.intermediate = config.intermediate_size
         self.scale = self.head_dim**-0.5
         self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.released = False  # whether the module's projection weights were dropped (release_module_projections)
         self.refresh()
 
     @property
     def num_layers(self) -> int:
         return len(self.layers)
 
-    def refresh(self) -> None:
-        """(Re)build the fused weight copies from the HF module's current parameters."""
+    def refresh(self, incoming: dict[str, torch.Tensor] | None = None) -> None:
+        """(Re)build the fused weight copies: from ``incoming`` (HF name -> new weight) where given,
+        else from the HF module's current parameters (which must still be held)."""
+        incoming = incoming or {}
         inner = self.model.model
         self.embed = inner.embed_tokens.weight
         self.final_norm = inner.norm.weight
-        self.lm_head = PackedLinear(self.model.lm_head.weight)
-        self.layers = [self._layer_weights(layer) for layer in inner.layers]
+        if self._lm_head_tied():  # the head is the embedding, which the module keeps
+            head = self.model.lm_head.weight
+        else:
+            head = incoming.get("lm_head.weight", None if self.released else self.model.lm_head.weight)
+        if head is not None:
+            self.lm_head = PackedLinear(head)
+        old = getattr(self, "layers", [None] * len(inner.layers))
+        self.layers = [self._layer_weights(i, layer, incoming, old[i]) for i, layer in enumerate(inner.layers)]
         logger.debug("native decoder projections: %s", self.lm_head.path)
 
-    @staticmethod
-    def _layer_weights(layer) -> LayerWeights:
-        attn, mlp = layer.self_attn, layer.mlp
+    def _lm_head_tied(self) -> bool:
+        return self.model.lm_head.weight is self.model.model.embed_tokens.weight
+
+    def _projection_weight(self, name: str, module, incoming: dict) -> torch.Tensor | None:
+        if name in incoming:
+            return incoming[name]
+        return None if self.released else module.weight
+
+    def _fused(self, index: int, layer, part: str, incoming: dict) -> torch.Tensor | None:
+        """One fused projection's weight for layer ``index``, or ``None`` to keep the current copy."""
+        names = [f"model.layers.{index}.{path}.weight" for path in FUSED_PROJECTIONS[part]]
+        modules = [layer.get_submodule(path) for path in FUSED_PROJECTIONS[part]]
+        weights = [self._projection_weight(n, m, incoming) for n, m in zip(names, modules)]
+        if all(w is None for w in weights):
+            return None
+        if any(w is None for w in weights):
+            missing = [n for n, w in zip(names, weights) if w is None]
+            raise RolloutError(f"load_weights got only part of a fused projection: send {missing} with the rest "
+                               "(the engine keeps only the fused copy)")
         with torch.no_grad():
-            return LayerWeights(
-                input_norm=layer.input_layernorm.weight,
-                qkv=PackedLinear(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]),
-                                 _cat_or_none([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])),
-                o_proj=PackedLinear(attn.o_proj.weight, attn.o_proj.bias),
-                post_norm=layer.post_attention_layernorm.weight,
-                gate_up=PackedLinear(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])),
-                down=PackedLinear(mlp.down_proj.weight),
-            )
+            return weights[0] if len(weights) == 1 else torch.cat(weights)
+
+    def _layer_weights(self, index: int, layer, incoming: dict, current: LayerWeights | None) -> LayerWeights:
+        attn, mlp = layer.self_attn, layer.mlp
+        biases = {"qkv": _cat_or_none([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]),
+                  "o_proj": attn.o_proj.bias, "gate_up": None, "down": None}
+        linears = {}
+        for part in FUSED_PROJECTIONS:
+            weight = self._fused(index, layer, part, incoming)
+            if weight is None:  # kept: only the (module-held, maybe updated) bias is taken anew
+                linears[part] = getattr(current, part)
+                linears[part].bias = None if biases[part] is None else biases[part].detach()
+            else:
+                linears[part] = PackedLinear(weight, biases[part])
+        return LayerWeights(input_norm=layer.input_layernorm.weight, post_norm=layer.post_attention_layernorm.weight,
+                            **linears)
+
+    def projection_names(self) -> set[str]:
+        """The HF names whose weights live only in the fused copies once released."""
+        names = {f"model.layers.{i}.{path}.weight" for i in range(self.num_layers)
+                 for paths in FUSED_PROJECTIONS.values() for path in paths}
+        return names if self._lm_head_tied() else names | {"lm_head.weight"}
+
+    def release_module_projections(self) -> None:
+        """Drop the HF module's projection weights (the fused copies hold them): the module's own forward
+        no longer runs afterwards, and :meth:`load_weights` must send every projection it changes."""
+        for name in self.projection_names():
+            module = self.model.get_submodule(name.rsplit(".", 1)[0])
+            module.weight = torch.nn.Parameter(torch.empty(0, dtype=module.weight.dtype, device=module.weight.device),
+                                               requires_grad=False)
+        self.released = True
+
+    def load_weights(self, named_tensors) -> None:
+        """New trainer weights (HF names): copied into the module, or, once released, the projections straight
+        into new fused copies (the rest, norms, embeddings and biases, into the module)."""
+        if not self.released:
+            copy_named_tensors(self.model, named_tensors)
+            self.refresh()
+            return
+        projections, rest = {}, []
+        routed = self.projection_names()
+        for name, tensor in named_tensors:
+            if name in routed:
+                projections[name] = tensor.to(device=self.embed.device, dtype=self.embed.dtype)
+            else:
+                rest.append((name, tensor))
+        copy_named_tensors(self.model, rest)
+        self.refresh(projections)
 
     def rope_table(self, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``cos, sin`` ``[max_len, head_dim]`` from the model's rotary module (cached)."""

@@ -146,6 +146,42 @@ def test_load_weights_switches_to_the_new_policy(tiny_tokenizer):
         engine.load_weights([("model.not_a_layer.weight", torch.zeros(1))])
 
 
+@pytest.mark.parametrize("arch,tied", [("qwen2", True), ("llama", False)])
+def test_an_engine_that_owns_its_model_keeps_one_copy_of_the_projections(tiny_tokenizer, arch, tied):
+    """own_model=True drops the module's projection weights once packed; generation and weight loads are
+    unchanged (qwen2: q/k/v biases through the fused copy; llama untied: the LM head too)."""
+    import copy
+
+    model, tokenizer = build_tiny_model(arch, seed=1, tokenizer=tiny_tokenizer, tie_word_embeddings=tied)
+    trained, _ = build_tiny_model(arch, seed=5, tokenizer=tiny_tokenizer, tie_word_embeddings=tied)
+    owned = NativeEngine(copy.deepcopy(model), tokenizer, own_model=True)
+    shared = NativeEngine(model, tokenizer)
+    released = [n for n, p in owned.model.named_parameters() if p.numel() == 0]
+    assert len(released) == 7 * model.config.num_hidden_layers + (0 if tied else 1)
+    assert ("lm_head.weight" in released) == (not tied)
+    prompts = chat_prompts(tokenizer)
+    params = SamplingParams(temperature=0, max_tokens=16, stop_token_ids=[tokenizer.eos_token_id])
+    assert [c.token_ids for c in owned.generate(prompts, params)] == [c.token_ids for c in shared.generate(prompts, params)]
+    owned.load_weights(trained.state_dict().items())
+    expected = [hf_greedy(trained, p, max_new_tokens=16, eos=tokenizer.eos_token_id) for p in prompts]
+    assert [c.token_ids for c in owned.generate(prompts, params)] == expected
+    logits, _ = owned.decoder.prefill(torch.tensor(prompts[0]))
+    torch.testing.assert_close(logits, trained(torch.tensor([prompts[0]])).logits[0, -1], rtol=1e-4, atol=1e-4)
+    # Once released, a fused projection can only be replaced whole.
+    with pytest.raises(RolloutError, match="part of a fused projection"):
+        owned.load_weights([("model.layers.0.self_attn.q_proj.weight", trained.model.layers[0].self_attn.q_proj.weight)])
+    # A load that leaves the projections out keeps the current ones (and takes the new norms).
+    norm = torch.full_like(trained.model.norm.weight, 0.5)
+    owned.load_weights([("model.norm.weight", norm)])
+    torch.testing.assert_close(owned.decoder.final_norm, norm)
+    if arch == "qwen2":  # new q/k/v biases (HF initialises them to 0) alone reach the kept fused projection
+        ones = [(f"model.layers.0.self_attn.{p}_proj.bias", torch.ones_like(getattr(trained.model.layers[0].self_attn,
+                                                                                       f"{p}_proj").bias)) for p in "qkv"]
+        owned.load_weights(ones)
+        assert torch.equal(owned.decoder.layers[0].qkv.bias, torch.ones_like(owned.decoder.layers[0].qkv.bias))
+    assert [c.token_ids for c in owned.generate(prompts[:1], params)] != []
+
+
 def test_packed_prefill_equals_one_prompt_at_a_time(tiny):
     model, tokenizer = tiny
     decoder = NativeEngine(model, tokenizer).decoder
