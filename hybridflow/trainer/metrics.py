@@ -105,13 +105,41 @@ def throughput_metrics(*, batch: Batch, step_seconds: float, num_workers: int = 
 
 
 def memory_metrics() -> dict[str, float]:
-    """Peak memory: CUDA allocator on GPU, resident set size of this process on CPU (GiB)."""
+    """Peak memory: CUDA allocator on GPU; on CPU the resident set of this process (GiB), both the peak
+    since start (``perf/max_memory_rss_gb``) and, on Linux, the peak since the previous call
+    (``perf/step_peak_rss_gb``: this step's, when called once per step)."""
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         return {"perf/max_memory_allocated_gb": torch.cuda.max_memory_allocated() / 2**30,
                 "perf/max_memory_reserved_gb": torch.cuda.max_memory_reserved() / 2**30}
     import resource
 
-    return {"perf/max_memory_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+    global _process_peak_rss_gb
+    # Read before the window resets: resetting VmHWM resets ru_maxrss too, so the process peak is kept here.
+    _process_peak_rss_gb = max(_process_peak_rss_gb, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20)
+    metrics = {"perf/max_memory_rss_gb": _process_peak_rss_gb}
+    step_peak = peak_rss_since_last_call_gb()
+    if step_peak is not None:
+        metrics["perf/step_peak_rss_gb"] = step_peak
+    return metrics
+
+
+_process_peak_rss_gb = 0.0
+
+
+def peak_rss_since_last_call_gb() -> float | None:
+    """The resident set's high-water mark (``VmHWM``) since the previous call, in GiB; ``None`` off Linux.
+
+    Linux lets a process reset its own high-water mark to the current resident set (writing 5 to
+    ``/proc/self/clear_refs``), so each call reads the mark and starts a new window.
+    """
+    try:
+        with open("/proc/self/status") as status:
+            peak_kib = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+        with open("/proc/self/clear_refs", "w") as clear_refs:
+            clear_refs.write("5")
+    except (OSError, StopIteration, ValueError):
+        return None
+    return peak_kib / 2**20
 
 
 class Timer:

@@ -1,0 +1,21 @@
+"""perf/step_peak_rss_gb is the resident peak of the window since the previous call, not of the process."""
+
+import sys
+
+import numpy as np
+import pytest
+
+from hybridflow.trainer.metrics import memory_metrics
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="VmHWM / clear_refs are Linux's")
+
+
+def test_step_peak_follows_each_window_while_the_process_peak_only_grows():
+    memory_metrics()  # start a window
+    big = np.ones(400 * 2**20 // 8)  # 400 MiB, touched
+    del big
+    with_big = memory_metrics()
+    without = memory_metrics()  # the next window holds no such allocation
+    assert with_big["perf/step_peak_rss_gb"] - without["perf/step_peak_rss_gb"] > 0.3
+    assert without["perf/max_memory_rss_gb"] >= with_big["perf/step_peak_rss_gb"] > 0.39
+    assert without["perf/max_memory_rss_gb"] == pytest.approx(with_big["perf/max_memory_rss_gb"])
