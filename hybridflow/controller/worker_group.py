@@ -75,6 +75,11 @@ class WorkerGroup:
     def world_size(self) -> int:
         return self.backend.world_size
 
+    @property
+    def data_parallel_size(self) -> int:
+        """Data shards per call: the ranks over the sequence-parallel size (what batch balancing splits for)."""
+        return self.world_size // self.ranks_per_shard
+
     def call(self, method: str, *args, **kwargs) -> Any:
         """Split the arguments, run on the ranks, collect: one call of the declared method."""
         spec = self.methods[method]

@@ -124,11 +124,6 @@ def warn_about_ignored_gpus(cfg: PPOConfig) -> None:
     if trainer.backend == "local" and any(size > 1 for size in sizes):
         logger.warning("hybridflow: warning: ulysses_sequence_parallel_size > 1 splits sequences over ranks, but "
                        "trainer.backend=local runs one process with whole sequences: set trainer.backend=ray")
-    if trainer.backend != "local" and any(size > 1 for size in sizes):
-        # Known defect (issue 18, docs/distributed.md): the trainer's sp > 1 update does not yet equal sp = 1.
-        logger.warning("hybridflow: warning: ulysses_sequence_parallel_size > 1 through the PPO trainer is not yet "
-                       "verified equal to sp = 1 (an open defect, see docs/distributed.md); use it for memory "
-                       "experiments only, or set it to 1")
 
 
 def preflight(cfg: PPOConfig) -> None:

@@ -167,7 +167,9 @@ class PPOTrainer:
         """Everything after the rollout: log-probs, advantages, updates and the weight sync (shared with
         the async trainers); returns the batch as trained (PF-PPO may resample it)."""
         temperature = self.rollout_cfg.temperature
-        dp_size = getattr(self.w.actor, "world_size", 1)
+        # Shards, not ranks: the ranks of a sequence-parallel group share one shard (balancing for the rank
+        # count would reorder the rows of a dp = 1 run into other mini-batches than sp = 1 trains on).
+        dp_size = getattr(self.w.actor, "data_parallel_size", 1)
         if self.cfg.trainer.balance_batch and dp_size > 1:
             metrics.update(balance_batch(batch, dp_size=dp_size))  # equal tokens per data-parallel rank
         with timer("old_log_prob"):

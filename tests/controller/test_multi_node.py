@@ -5,8 +5,8 @@ two raylets on this machine, 1 CPU each).
   workers: the ranks, their prompt shards and their seeds are the same, only the placement
   and the gloo links differ. Tolerance fp32, atol 1e-5 on per-step losses and final weights.
 - Ulysses over the two nodes (dp 1 x sp 2, padding-free, greedy) against one local process: per-step
-  with a reward that leaves a real policy gradient, the per-step losses and final weights should match at
-  1e-5; they do not yet (strict xfail, see the marker).
+  with a reward that leaves a real policy gradient and two mini-batches per step, per-step losses and
+  final weights match at 1e-5 (this caught the trainer balancing rows for 2 ranks of a dp = 1 group).
 - Removing one node mid-run gives the error that names the rank, its node and the step
   (seen: "training step 2: worker group 'actor_rollout_ref': rank 0 (pid ... on ..., node 0 of
   2, Ray node id ...) died during generate(); ...");
@@ -94,12 +94,6 @@ def test_two_nodes_equal_one_node_and_a_lost_node_resumes(tmp_path, tiny_model_d
     assert_same_weights(weights(broken, STEPS), weights(two_nodes, STEPS))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "open (issue 18): with a real policy gradient the Ray trainer's sp=2 update differs from one process "
-    "from the first optimizer step (step 1: actor/ppo_kl 0.354 vs -0.066, pg_loss 0.188 vs 0.040), on one "
-    "node as on two, while the rollout and the old log-probs agree (rollout_corr/training_ppl 182.2564 both) "
-    "and the worker-level test (tests/workers/test_sequence_parallel.py, fixed advantages) matches at 1e-5: "
-    "the defect sits between the trainer's batch and the sp update, not in the Ulysses math"))
 def test_sequence_parallel_over_two_nodes_equals_one_process(tmp_path, tiny_model_dir, cluster):
     # Greedy single samples (REINFORCE++ advantages): both runs generate the same responses, so only the
     # sequence-parallel forward and backward can differ. The digits reward scores every greedy response of

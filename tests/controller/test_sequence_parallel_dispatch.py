@@ -48,8 +48,10 @@ def test_each_shard_goes_to_its_sp_group_and_the_first_rank_answers():
     assert backend.given == [[0, 1], [0, 1], [2, 3], [2, 3]]
     assert out.tolist() == [0, 10, 22, 32]  # rows 0-1 from rank 0, rows 2-3 from rank 2
     assert group.rank() == [0, 1, 2, 3]  # other modes still reach every rank once
+    assert (group.world_size, group.data_parallel_size) == (4, 2)  # the trainer balances rows for 2 shards
 
 
 def test_one_process_takes_everything_whatever_the_sp_size():
     group = WorkerGroup(worker_cls=Echo, backend=LocalBackend(Echo), ranks_per_shard=2)
+    assert group.data_parallel_size == 1
     assert group.rows(Batch.from_dict(tensors={"x": torch.arange(4)})).tolist() == [0, 10, 20, 30]
