@@ -1,4 +1,4 @@
-"""The record that flows between pipeline stages: per-sample tensors, per-sample objects, batch meta.
+"""The record that flows between pipeline stages: per-sample tensors and per-sample objects.
 
 This is hybridflow's equivalent of verl's ``DataProto``, kept deliberately small: three
 dictionaries and the row operations the controller and workers need (select, union,
@@ -27,7 +27,8 @@ key                         shape       meaning
 
 Non-tensor columns are 1-D ``numpy`` arrays of length ``B`` (``dtype=object`` when built
 from lists): ``raw_prompt``, ``data_source``, ``reward_model``, ``extra_info``, ``uid``.
-``meta`` holds batch-level values (``temperature``, global token counts, metrics).
+Batch-level values (temperature, global token counts, metrics) travel as call arguments and
+return values, not in the batch: nothing downstream has to look for them in two places.
 """
 
 from __future__ import annotations
@@ -78,10 +79,10 @@ def _index_tensor(indices: Sequence[int] | np.ndarray | torch.Tensor, size: int)
 
 
 class Batch:
-    """``B`` samples as aligned columns: ``tensors`` (leading dim ``B``), ``non_tensors`` (length ``B``), ``meta``.
+    """``B`` samples as aligned columns: ``tensors`` (leading dim ``B``), ``non_tensors`` (length ``B``).
 
     Every operation returns a new ``Batch`` (columns are shared, not copied, where
-    indexing allows) except ``batch[key] = value``, ``pop`` and ``meta`` edits. Columns
+    indexing allows) except ``batch[key] = value`` and ``pop``. Columns
     are written only through ``batch[key] = value``, which checks the length; the
     ``tensors`` / ``non_tensors`` properties are read-only views.
     """
@@ -90,11 +91,9 @@ class Batch:
         self,
         tensors: Mapping[str, torch.Tensor] | None = None,
         non_tensors: Mapping[str, Sequence[Any] | np.ndarray] | None = None,
-        meta: Mapping[str, Any] | None = None,
     ):
         self._tensors: dict[str, torch.Tensor] = {}
         self._non_tensors: dict[str, np.ndarray] = {}
-        self.meta: dict[str, Any] = dict(meta or {})
         for key, value in (tensors or {}).items():
             self._set_tensor(key, value)
         for key, value in (non_tensors or {}).items():
@@ -106,10 +105,9 @@ class Batch:
         *,
         tensors: Mapping[str, torch.Tensor] | None = None,
         non_tensors: Mapping[str, Sequence[Any] | np.ndarray] | None = None,
-        meta: Mapping[str, Any] | None = None,
     ) -> Batch:
         """Build a batch from column dictionaries; lists become 1-D object arrays."""
-        return cls(tensors=tensors, non_tensors=non_tensors, meta=meta)
+        return cls(tensors=tensors, non_tensors=non_tensors)
 
     # ---- columns -------------------------------------------------------------------
 
@@ -166,23 +164,23 @@ class Batch:
     def _set_non_tensor(self, key: str, value: Sequence[Any] | np.ndarray) -> None:
         array = _as_object_array(value)
         if array.ndim == 0:
-            raise TypeError(f"non-tensor column {key!r} must be a sequence of length B; put scalars in meta")
+            raise TypeError(f"non-tensor column {key!r} must be a sequence of length B; pass scalars as arguments")
         self._check_length(key, array.shape[0])
         self._non_tensors[key] = array
 
     # ---- whole-column operations ---------------------------------------------------
 
-    def _from_columns(self, columns: Mapping[str, Column], meta: Mapping[str, Any] | None = None) -> Batch:
+    def _from_columns(self, columns: Mapping[str, Column]) -> Batch:
         tensors = {k: v for k, v in columns.items() if isinstance(v, torch.Tensor)}
         non_tensors = {k: v for k, v in columns.items() if not isinstance(v, torch.Tensor)}
-        return Batch(tensors, non_tensors, dict(self.meta) if meta is None else meta)
+        return Batch(tensors, non_tensors)
 
     def select(self, keys: Iterable[str]) -> Batch:
-        """A batch with only ``keys`` (tensor or non-tensor); ``meta`` is copied shallowly."""
+        """A batch with only ``keys`` (tensor or non-tensor)."""
         return self._from_columns({key: self[key] for key in keys})
 
     def pop(self, keys: Iterable[str]) -> Batch:
-        """Remove ``keys`` from this batch and return them as a new batch (with a copy of ``meta``)."""
+        """Remove ``keys`` from this batch and return them as a new batch."""
         keys = list(keys)
         popped = self.select(keys)
         for key in keys:
@@ -191,22 +189,20 @@ class Batch:
         return popped
 
     def union(self, other: Batch) -> Batch:
-        """Columns and meta of both batches; a key present in both must hold equal values."""
+        """Columns of both batches; a key present in both must hold equal values."""
         if self.keys() and other.keys() and len(self) != len(other):
             raise ValueError(f"cannot union batches of {len(self)} and {len(other)} samples")
         columns: dict[str, Column] = {key: self[key] for key in self.keys()}
-        meta = dict(self.meta)
-        for target, source, kind in ((columns, other, "column"), (meta, other.meta, "meta key")):
-            for key in source.keys():
-                if key in target and not _same_value(target[key], source[key]):
-                    raise ValueError(f"union: {kind} {key!r} differs between the two batches")
-                target[key] = source[key]
-        return self._from_columns(columns, meta)
+        for key in other.keys():
+            if key in columns and not _same_value(columns[key], other[key]):
+                raise ValueError(f"union: column {key!r} differs between the two batches")
+            columns[key] = other[key]
+        return self._from_columns(columns)
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
-        """Move every tensor column to ``device``; non-tensors and meta are shared."""
+        """Move every tensor column to ``device``; non-tensors are shared."""
         moved = {k: v.to(device, non_blocking=non_blocking) for k, v in self._tensors.items()}
-        return Batch(moved, self._non_tensors, dict(self.meta))
+        return Batch(moved, self._non_tensors)
 
     # ---- row operations ------------------------------------------------------------
 
@@ -250,7 +246,7 @@ class Batch:
 
     @staticmethod
     def concat(batches: Sequence[Batch]) -> Batch:
-        """Stack batches with identical keys along B; ``meta`` is taken from the first (as verl does)."""
+        """Stack batches with identical keys along B."""
         if not batches:
             raise ValueError("Batch.concat needs at least one batch")
         keys = batches[0].keys()
@@ -260,10 +256,9 @@ class Batch:
         first = batches[0]
         tensors = {k: torch.cat([b[k] for b in batches]) for k in first._tensors}
         non_tensors = {k: np.concatenate([b[k] for b in batches]) for k in first._non_tensors}
-        return Batch(tensors, non_tensors, dict(first.meta))
+        return Batch(tensors, non_tensors)
 
     def __repr__(self) -> str:
         tensors = ", ".join(f"{k}: {list(v.shape)} {str(v.dtype)[len('torch.'):]}" for k, v in self._tensors.items())
         non_tensors = ", ".join(f"{k}: [{len(v)}] {v.dtype}" for k, v in self._non_tensors.items())
-        meta = ", ".join(f"{k}={v!r}" if np.isscalar(v) else f"{k}=<{type(v).__name__}>" for k, v in self.meta.items())
-        return f"Batch(B={len(self)}, tensors={{{tensors}}}, non_tensors={{{non_tensors}}}, meta={{{meta}}})"
+        return f"Batch(B={len(self)}, tensors={{{tensors}}}, non_tensors={{{non_tensors}}})"

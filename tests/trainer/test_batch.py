@@ -19,7 +19,6 @@ def make_batch(size: int = 4) -> Batch:
             "uid": [f"u{i}" for i in range(size)],
             "reward_model": [{"ground_truth": str(i)} for i in range(size)],
         },
-        meta={"temperature": 0.7},
     )
 
 
@@ -34,7 +33,6 @@ def test_columns_and_len():
     assert batch["uid"].tolist() == ["u0", "u1", "u2", "u3"]
     assert batch["uid"].dtype == object and batch["uid"].shape == (4,)
     assert "uid" in batch and "nope" not in batch
-    assert batch.meta["temperature"] == 0.7
 
 
 def test_list_of_equal_length_lists_stays_one_dimensional():
@@ -49,7 +47,7 @@ def test_length_mismatch_rejected_on_construction_and_set():
     batch = make_batch(4)
     with pytest.raises(ValueError, match="has 5 rows but the batch has 4"):
         batch["values"] = torch.zeros(5, 2)
-    with pytest.raises(TypeError, match="put scalars in meta"):
+    with pytest.raises(TypeError, match="pass scalars as arguments"):
         batch["scalar"] = np.array(1.0)
     batch["values"] = torch.zeros(4, 2)  # right length is accepted
     assert batch["values"].shape == (4, 2)
@@ -94,7 +92,6 @@ def test_split_concat_round_trip_and_uneven_last_piece():
     joined = Batch.concat(pieces)
     assert torch.equal(joined["input_ids"], batch["input_ids"])
     assert joined["uid"].tolist() == batch["uid"].tolist()
-    assert joined.meta == batch.meta
 
 
 def test_chunk_requires_divisible_and_split_by_sizes():
@@ -120,7 +117,7 @@ def test_concat_rejects_mismatched_keys():
 def test_select_pop_union():
     batch = make_batch(3)
     only = batch.select(["input_ids", "uid"])
-    assert sorted(only.keys()) == ["input_ids", "uid"] and only.meta == {"temperature": 0.7}
+    assert sorted(only.keys()) == ["input_ids", "uid"] 
     popped = batch.pop(["response_mask"])
     assert popped.keys() == ["response_mask"] and "response_mask" not in batch
     merged = batch.union(popped)
@@ -130,8 +127,6 @@ def test_select_pop_union():
     conflicting = Batch.from_dict(tensors={"input_ids": torch.zeros(3, 3, dtype=torch.long)})
     with pytest.raises(ValueError, match="'input_ids' differs"):
         batch.union(conflicting)
-    with pytest.raises(ValueError, match="meta key 'temperature' differs"):
-        batch.union(Batch.from_dict(meta={"temperature": 1.0}))
     with pytest.raises(ValueError, match="3 and 2 samples"):
         batch.union(make_batch(2))
 
@@ -141,7 +136,6 @@ def test_to_device_and_repr():
     assert batch["input_ids"].device.type == "cpu"
     text = repr(batch)
     assert "B=2" in text and "input_ids: [2, 3] int64" in text and "uid: [2] object" in text
-    assert "temperature=0.7" in text
 
 
 def test_setting_a_key_switches_its_kind():
