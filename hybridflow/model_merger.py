@@ -4,8 +4,8 @@ verl's merger command line: turns an actor (or SFT) checkpoint directory into a 
 HF folder that ``AutoModelForCausalLM.from_pretrained`` loads, and a critic checkpoint
 (``global_step_N/critic``) into a value-model folder: the backbone as an HF folder plus
 ``value_head.safetensors`` (``hybridflow.models.load_value_model`` reads it, and so does
-``critic.model.path``). ``--backend fsdp`` reads both the single-file layout
-(``model.safetensors``) and sharded (DCP) checkpoints.
+``critic.model.path``). ``--backend fsdp`` reads the trainers' checkpoints: weights as DCP shards
+in ``dcp/``, config and tokenizer in ``huggingface/``.
 """
 
 from __future__ import annotations
@@ -17,19 +17,13 @@ from hybridflow.errors import ConfigError, run_entry_point
 
 
 def merge(local_dir: str, target_dir: str) -> str:
-    """Write the merged HF folder; sharded checkpoints go through the DCP merger."""
+    """Write the merged HF folder from a checkpoint directory (``dcp/`` + ``huggingface/``)."""
     import os
 
-    from hybridflow.trainer.hf_export import WEIGHTS_FILE, merge_checkpoint
+    from hybridflow.models.sharded_checkpoint import merge_sharded_checkpoint
 
     if not os.path.isdir(local_dir):
         raise ConfigError(f"--local_dir '{local_dir}' does not exist; pass {{default_local_dir}}/global_step_N/actor")
-    if os.path.isfile(os.path.join(local_dir, WEIGHTS_FILE)):
-        return merge_checkpoint(local_dir, target_dir)
-    try:
-        from hybridflow.models.sharded_checkpoint import merge_sharded_checkpoint
-    except ImportError:
-        return merge_checkpoint(local_dir, target_dir)  # reports what the directory lacks
     return merge_sharded_checkpoint(local_dir, target_dir)
 
 

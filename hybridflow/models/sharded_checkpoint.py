@@ -132,6 +132,18 @@ def holds_value_model(dcp_dir: str) -> bool:
     return any(key.startswith("model.value_head.") for key in FileSystemReader(dcp_dir).read_metadata().state_dict_metadata)
 
 
+def stored_weight_dtype(dcp_dir: str) -> torch.dtype:
+    """The dtype of the first floating model tensor in a DCP checkpoint (a merged model keeps it: a bf16-trained
+    model merges to bf16, not to an fp32 folder twice its size)."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    for key, meta in FileSystemReader(dcp_dir).read_metadata().state_dict_metadata.items():
+        if key.startswith("model.") and isinstance(meta, TensorStorageMetadata) and meta.properties.dtype.is_floating_point:
+            return meta.properties.dtype
+    return torch.float32
+
+
 def saved_contents(directory: str) -> set[str]:
     """What a component directory holds (checkpoints from before contents.json hold everything)."""
     path = os.path.join(directory, CONTENTS_FILE)
@@ -146,12 +158,13 @@ def merge_sharded_checkpoint(local_dir: str, target_dir: str) -> str:
 
     An actor becomes a causal LM folder; a critic a value-model folder (the backbone plus
     ``value_head.safetensors``, what ``load_value_model`` and ``critic.model.path`` read)."""
-    if not os.path.isfile(os.path.join(local_dir, HF_FOLDER, "config.json")):
-        raise ModelError(f"{local_dir} has no {HF_FOLDER}/config.json; pass --local_dir global_step_N/actor")
     dcp_dir = os.path.join(local_dir, DCP_FOLDER)
+    if not os.path.isfile(os.path.join(local_dir, HF_FOLDER, "config.json")) or not os.path.isdir(dcp_dir):
+        raise ModelError(f"{local_dir} is not a checkpoint directory (needs {DCP_FOLDER}/ and {HF_FOLDER}/config.json); "
+                         "pass --local_dir {default_local_dir}/global_step_N/actor")
     load_weights = lambda model: load_sharded(dcp_dir, model=model)  # noqa: E731
     if holds_value_model(dcp_dir):
         from hybridflow.models.value_model import export_value_model
 
         return export_value_model(os.path.join(local_dir, HF_FOLDER), target_dir, load_weights=load_weights)
-    return merge_into_hf_folder(local_dir, target_dir, dtype=torch.float32, load_weights=load_weights)
+    return merge_into_hf_folder(local_dir, target_dir, dtype=stored_weight_dtype(dcp_dir), load_weights=load_weights)

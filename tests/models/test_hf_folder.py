@@ -6,13 +6,13 @@ import random
 
 import numpy as np
 import torch
-from safetensors.torch import save_model
 
 from hybridflow.models.hf_folder import HF_FOLDER, LORA_FOLDER, save_hf_folder
 from hybridflow.models.lora import apply_lora, merge_lora, save_adapter
 from hybridflow.models.rng_state import capture_rng_state, restore_rng_state
 from hybridflow.models.tiny import build_tiny_model
-from hybridflow.trainer.hf_export import WEIGHTS_FILE, merge_checkpoint
+from hybridflow.model_merger import merge as merge_checkpoint
+from hybridflow.models.sharded_checkpoint import DCP_FOLDER, save_sharded
 
 IDS = torch.tensor([[5, 17, 42, 99, 3]])
 
@@ -62,7 +62,7 @@ def test_merger_finds_the_lora_structure_in_the_adapter_folder(tmp_path):
     expected = logits(model)
     local_dir = tmp_path / "actor"
     local_dir.mkdir()
-    save_model(model, str(local_dir / WEIGHTS_FILE))  # LoRA names, as ModelComponent writes them
+    save_sharded(str(local_dir / DCP_FOLDER), model=model)  # LoRA names, as the SFT checkpoint writes them
     save_hf_folder(merge_lora(copy.deepcopy(model)), tokenizer, str(local_dir / HF_FOLDER), include_weights=False)
     save_adapter(model, str(local_dir / LORA_FOLDER))
     assert not (local_dir / HF_FOLDER / "adapter_config.json").exists()

@@ -20,8 +20,8 @@ from hybridflow.trainer.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from hybridflow.trainer.checkpoint_components import ModelComponent
-from hybridflow.trainer.hf_export import merge_checkpoint
+from hybridflow.model_merger import merge as merge_checkpoint
+from hybridflow.models.sharded_checkpoint import FSDPModelComponent  # at world size 1: one process, no group
 
 
 def trained_actor(seed: int = 0):
@@ -64,13 +64,13 @@ def test_round_trip_restores_weights_optimizer_scheduler_rng_and_extra(tmp_path)
     expected_weights = {k: v.clone() for k, v in model.state_dict().items()}
     expected_optim = optimizer.state_dict()
     extra = {"dataloader": {"epoch": 1, "index": 3}}
-    actor = ModelComponent(model, optimizer, scheduler, tokenizer)
+    actor = FSDPModelComponent(model, optimizer, scheduler, tokenizer)
     path = save_checkpoint(str(tmp_path), 3, {"actor": actor}, extra=extra)
     expected_draws = draw_random_numbers()  # what the run would draw next
 
     fresh_model, fresh_optimizer, fresh_scheduler, _ = trained_actor(seed=1)
     draw_random_numbers()  # move every generator on
-    step, loaded_extra = load_checkpoint(path, {"actor": ModelComponent(fresh_model, fresh_optimizer, fresh_scheduler)})
+    step, loaded_extra = load_checkpoint(path, {"actor": FSDPModelComponent(fresh_model, fresh_optimizer, fresh_scheduler)})
 
     assert step == 3 and loaded_extra == extra
     for key, value in fresh_model.state_dict().items():
@@ -88,14 +88,14 @@ def test_round_trip_restores_weights_optimizer_scheduler_rng_and_extra(tmp_path)
 
 def test_layout_matches_verl(tmp_path):
     model, optimizer, scheduler, tokenizer = trained_actor()
-    components = {"actor": ModelComponent(model, optimizer, scheduler, tokenizer), "critic": Counter(5)}
+    components = {"actor": FSDPModelComponent(model, optimizer, scheduler, tokenizer), "critic": Counter(5)}
     path = save_checkpoint(str(tmp_path), 7, components, extra={"dataloader": {}})
     assert path == str(tmp_path / "global_step_7")
     actor_files = set(os.listdir(tmp_path / "global_step_7" / "actor"))
-    assert {"model.safetensors", "optim.pt", "lr_scheduler.pt", "rng_state_rank0.pt", "huggingface"} <= actor_files
+    assert {"dcp", "lr_scheduler.pt", "rng_state_rank0.pt", "huggingface"} <= actor_files
     hf_files = set(os.listdir(tmp_path / "global_step_7" / "actor" / "huggingface"))
     assert {"config.json", "generation_config.json", "tokenizer.json"} <= hf_files
-    assert not any(name.endswith(".safetensors") for name in hf_files)  # weights live once, in model.safetensors
+    assert any(name.endswith(".distcp") for name in os.listdir(tmp_path / "global_step_7" / "actor" / "dcp"))
     assert sorted(os.listdir(tmp_path / "global_step_7")) == ["actor", COMPLETE_MARKER, "critic", "data.pt"]
     assert (tmp_path / TRACKER_FILE).read_text() == "7"
     assert sorted(os.listdir(tmp_path)) == ["global_step_7", TRACKER_FILE]  # no temp files left behind
@@ -227,7 +227,7 @@ def test_merge_checkpoint_gives_a_loadable_model_with_identical_logits(tmp_path)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model, optimizer, scheduler, tokenizer = trained_actor()
-    path = save_checkpoint(str(tmp_path / "ckpt"), 1, {"actor": ModelComponent(model, optimizer, scheduler, tokenizer)})
+    path = save_checkpoint(str(tmp_path / "ckpt"), 1, {"actor": FSDPModelComponent(model, optimizer, scheduler, tokenizer)})
     target = merge_checkpoint(os.path.join(path, "actor"), str(tmp_path / "merged"))
     merged = AutoModelForCausalLM.from_pretrained(target)
     ids = torch.tensor([[5, 17, 42, 99, 3]])
@@ -236,7 +236,7 @@ def test_merge_checkpoint_gives_a_loadable_model_with_identical_logits(tmp_path)
     merged_tokenizer = AutoTokenizer.from_pretrained(target)
     assert merged_tokenizer("3 + 4 = 7")["input_ids"] == tokenizer("3 + 4 = 7")["input_ids"]
     assert merged.generation_config.eos_token_id == tokenizer.eos_token_id
-    with pytest.raises(ModelError, match="is not an actor checkpoint"):
+    with pytest.raises(ModelError, match="is not a checkpoint directory"):
         merge_checkpoint(path, str(tmp_path / "wrong"))
 
 
@@ -255,7 +255,7 @@ def test_merge_keeps_bf16_weights_bit_exact(tmp_path, tiny_tokenizer):
 
     model, tokenizer = build_tiny_model(arch="qwen2", seed=2, tokenizer=tiny_tokenizer)
     model.to(torch.bfloat16)
-    path = save_checkpoint(str(tmp_path / "ckpt"), 4, {"actor": ModelComponent(model, tokenizer=tokenizer)})
+    path = save_checkpoint(str(tmp_path / "ckpt"), 4, {"actor": FSDPModelComponent(model, tokenizer=tokenizer)})
     target = merge_checkpoint(os.path.join(path, "actor"), str(tmp_path / "merged"))
     merged = load_file(os.path.join(target, "model.safetensors"))
     original = model.state_dict()
@@ -267,8 +267,6 @@ def test_merge_keeps_bf16_weights_bit_exact(tmp_path, tiny_tokenizer):
 def test_save_and_load_contents_choose_what_a_component_holds(tmp_path):
     """checkpoint.save_contents / load_contents on the FSDP2 component the PPO workers use."""
     from transformers import AutoModelForCausalLM
-
-    from hybridflow.models.sharded_checkpoint import FSDPModelComponent
 
     model, optimizer, scheduler, tokenizer = trained_actor()
     lean = FSDPModelComponent(model, optimizer, scheduler, tokenizer, save_contents=["model", "hf_model"])
