@@ -26,11 +26,11 @@ import torch
 
 from hybridflow.algos import agg_loss, get_policy_loss, kl_penalty, masked_mean
 from hybridflow.data.batch import Batch
-from hybridflow.models.fsdp import micro_batch_sync
 from hybridflow.workers.distributed import DataParallel, LOCAL
 from hybridflow.workers.logprob import batch_log_probs, micro_batch_log_probs
-from hybridflow.workers.micro_batches import LogProbBatching, micro_batches, mini_batches, per_rank_micro_batch_size
+from hybridflow.workers.micro_batches import LogProbBatching, micro_batches, per_rank_micro_batch_size
 from hybridflow.workers.optim import TrainState
+from hybridflow.workers.ppo_update import averaged, optimizer_step, ppo_mini_batches
 from hybridflow.workers.preference_update import OBJECTIVES, preference_micro_loss
 
 POLICY_LOSS_KNOBS = ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio", "ppo_kl_coef", "dro_beta")
@@ -83,15 +83,10 @@ class ActorWorker:
         """One training step on ``batch`` (needs old_log_probs, advantages, response_mask)."""
         self.model.train()
         metrics: dict[str, list[float]] = defaultdict(list)
-        mini_size = self.cfg.ppo_mini_batch_size * self.rollout_n // self.dp.world_size
-        for epoch in range(self.cfg.ppo_epochs):
-            for mini in mini_batches(batch, mini_size, shuffle=self.cfg.shuffle, seed=self.seed, step=step, epoch=epoch):
-                counts = self.dp.global_counts(mini["response_mask"])
-                micros = micro_batches(mini, micro_batch_size=self.micro_batch_size,
-                                       use_dynamic_bsz=self.cfg.use_dynamic_bsz,
-                                       max_token_len=self.cfg.ppo_max_token_len_per_gpu, dp=self.dp)
-                loss_fn = functools.partial(self._micro_loss, temperature=temperature, counts=counts)
-                self._optimizer_step(micros, loss_fn=loss_fn, metrics=metrics)
+        for counts, micros in ppo_mini_batches(batch, cfg=self.cfg, rows_per_prompt=self.rollout_n, dp=self.dp,
+                                               seed=self.seed, step=step, micro_batch_size=self.micro_batch_size):
+            loss_fn = functools.partial(self._micro_loss, temperature=temperature, counts=counts)
+            optimizer_step(state=self.state, dp=self.dp, micros=micros, loss_fn=loss_fn, metrics=metrics)
         return self._finish_step(metrics)
 
     def update_preference(self, batch: Batch, *, objective: str, params: dict, rows_per_prompt: int,
@@ -115,34 +110,14 @@ class ActorWorker:
                                        max_token_len=self.cfg.ppo_max_token_len_per_gpu, dp=self.dp)
                 loss_fn = functools.partial(preference_micro_loss, model=self.model, objective=spec, params=params,
                                             counts=counts, temperature=temperature, layout=self.layout)
-                self._optimizer_step(micros, loss_fn=loss_fn, metrics=metrics)
+                optimizer_step(state=self.state, dp=self.dp, micros=micros, loss_fn=loss_fn, metrics=metrics)
         return self._finish_step(metrics)
 
     def _finish_step(self, metrics: dict[str, list[float]]) -> dict[str, float]:
         self.state.scheduler.step()
-        # rollout_corr/* (bypass mode) keep verl's names; everything else is the actor's
-        out = {k if k.startswith("rollout_corr/") else f"actor/{k}": sum(v) / len(v) for k, v in metrics.items()}
+        out = averaged(metrics, prefix="actor/")
         out["actor/lr"] = self.state.lr
         return out
-
-    def _optimizer_step(self, micros: list[Batch], *, loss_fn, metrics: dict[str, list[float]]) -> None:
-        """One optimizer step over a mini-batch's ``micros``; ``loss_fn(micro) -> (loss, shares, metrics)``."""
-        self.state.zero_grad()
-        # Micro-batch losses are shares of the mini-batch loss (global normalisation): sum them.
-        sums: dict[str, float] = defaultdict(float)
-        for index, micro in enumerate(micros):
-            loss, shares, micro_metrics = loss_fn(micro)
-            # FSDP averages gradients over ranks; the losses are already global sums, so undo the mean.
-            # Gradients are reduced once, in the last micro-batch's backward.
-            with micro_batch_sync(self.model, index=index, count=len(micros)):
-                (loss * self.dp.world_size).backward()
-            for key, value in shares.items():
-                sums[key] += value
-            for key, value in micro_metrics.items():
-                metrics[key].append(value)
-        for key, value in sums.items():
-            metrics[key].append(float(self.dp.all_reduce_sum(torch.tensor(value))))
-        metrics["grad_norm"].append(self.state.step(loss_value=sums["loss"]))
 
     def _micro_loss(self, micro: Batch, *, temperature: float, counts: dict[str, float]):
         use_entropy = self.cfg.entropy_coeff != 0

@@ -6,19 +6,19 @@ generated from): values[:, t] = head(h[P - 1 + t]) with P the prompt length.
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 
 import torch
 
 from hybridflow.algos import masked_mean, value_loss
 from hybridflow.data.batch import Batch
-from hybridflow.models.fsdp import micro_batch_sync
 from hybridflow.models.logprob import packed_forward_inputs, packed_shard
 from hybridflow.workers.distributed import DataParallel, LOCAL
 from hybridflow.workers.logprob import pack_micro_batch
-from hybridflow.workers.micro_batches import (micro_batches, mini_batches, pad_right, per_rank_micro_batch_size,
-                                              trimmed_inputs)
+from hybridflow.workers.micro_batches import micro_batches, pad_right, per_rank_micro_batch_size, trimmed_inputs
 from hybridflow.workers.optim import TrainState
+from hybridflow.workers.ppo_update import averaged, optimizer_step, ppo_mini_batches
 
 
 def _micro_values(model, micro: Batch, *, layout: str = "padded") -> torch.Tensor:
@@ -62,39 +62,27 @@ class CriticWorker:
         return torch.cat([_micro_values(self.model, m, layout=self.layout) for m in pieces])
 
     def update_critic(self, batch: Batch, *, step: int = 0) -> dict[str, float]:
-        """Value-loss steps over mini-batches x ppo_epochs (needs values, returns); with ``shuffle``
-        the mini-batches are drawn from a permutation fixed by (seed, step, epoch)."""
+        """Value-loss steps over mini-batches x ppo_epochs (needs values, returns): the actor's loop
+        (``workers/ppo_update.py``) with the clipped value loss."""
         self.model.train()
         metrics: dict[str, list[float]] = defaultdict(list)
-        mini_size = self.cfg.ppo_mini_batch_size * self.rollout_n // self.dp.world_size
-        for epoch in range(self.cfg.ppo_epochs):
-            for mini in mini_batches(batch, mini_size, shuffle=self.cfg.shuffle, seed=self.seed, step=step, epoch=epoch):
-                self._optimizer_step(mini, metrics)
+        for counts, micros in ppo_mini_batches(batch, cfg=self.cfg, rows_per_prompt=self.rollout_n, dp=self.dp,
+                                               seed=self.seed, step=step, micro_batch_size=self.ppo_micro_batch_size):
+            loss_fn = functools.partial(self._micro_loss, counts=counts)
+            optimizer_step(state=self.state, dp=self.dp, micros=micros, loss_fn=loss_fn, metrics=metrics,
+                           loss_key="vf_loss")
         self.state.scheduler.step()
-        out = {f"critic/{k}": sum(v) / len(v) for k, v in metrics.items()}
+        out = averaged(metrics, prefix="critic/")
         out["critic/lr"] = self.state.lr
         return out
 
-    def _optimizer_step(self, mini: Batch, metrics: dict[str, list[float]]) -> None:
-        counts = self.dp.global_counts(mini["response_mask"])
-        self.state.zero_grad()
-        total = 0.0
-        micros = micro_batches(mini, micro_batch_size=self.ppo_micro_batch_size,
-                               use_dynamic_bsz=self.cfg.use_dynamic_bsz,
-                               max_token_len=self.cfg.ppo_max_token_len_per_gpu, dp=self.dp)
-        for index, micro in enumerate(micros):
-            vpreds = _micro_values(self.model, micro, layout=self.layout)
-            loss, micro_metrics = value_loss(
-                vpreds=vpreds, values=micro["values"], returns=micro["returns"], response_mask=micro["response_mask"],
-                cliprange_value=self.cfg.cliprange_value, loss_agg_mode=self.cfg.loss_agg_mode,
-                global_num_tokens=counts["tokens"], global_num_seqs=counts["seqs"],
-                max_response_length=self.max_response_length, loss_scale_factor=self.cfg.loss_scale_factor,
-            )
-            with micro_batch_sync(self.model, index=index, count=len(micros)):
-                (loss * self.dp.world_size).backward()
-            total += loss.item()
-            metrics["vf_clipfrac"].append(micro_metrics["vf_clipfrac"])
-            metrics["vpred_mean"].append(masked_mean(values=vpreds.detach(), mask=micro["response_mask"]).item())
-        total = float(self.dp.all_reduce_sum(torch.tensor(total)))
-        metrics["vf_loss"].append(total)
-        metrics["grad_norm"].append(self.state.step(loss_value=total))
+    def _micro_loss(self, micro: Batch, *, counts: dict[str, float]):
+        vpreds = _micro_values(self.model, micro, layout=self.layout)
+        loss, micro_metrics = value_loss(
+            vpreds=vpreds, values=micro["values"], returns=micro["returns"], response_mask=micro["response_mask"],
+            cliprange_value=self.cfg.cliprange_value, loss_agg_mode=self.cfg.loss_agg_mode,
+            global_num_tokens=counts["tokens"], global_num_seqs=counts["seqs"],
+            max_response_length=self.max_response_length, loss_scale_factor=self.cfg.loss_scale_factor,
+        )
+        vpred_mean = masked_mean(values=vpreds.detach(), mask=micro["response_mask"]).item()
+        return loss, {"vf_loss": loss.item()}, {"vf_clipfrac": micro_metrics["vf_clipfrac"], "vpred_mean": vpred_mean}

@@ -2,7 +2,7 @@
 micro-batching, critic shuffle / rollout_n / gradient checkpointing, external_lib, chat template.
 
 Workers are built from a PPOConfig by the real factories (hybridflow.controller.builders) on a
-tiny model; a spy on ``_optimizer_step`` records which rows each critic optimizer step saw.
+tiny model; a spy on the critic's ``optimizer_step`` records which rows each optimizer step saw.
 """
 
 import sys
@@ -60,7 +60,8 @@ def test_mini_batch_shuffle_is_a_seeded_permutation():
 # ------------------------------------------------------------------ critic
 def _rows_per_step(monkeypatch, critic: CriticWorker, batch: Batch, step: int) -> list[list[int]]:
     seen = []
-    monkeypatch.setattr(critic, "_optimizer_step", lambda mini, metrics: seen.append(mini["row"].tolist()))
+    monkeypatch.setattr("hybridflow.workers.critic.optimizer_step",
+                        lambda *, micros, **_: seen.append(sum((m["row"].tolist() for m in micros), [])))
     critic.update_critic(batch, step=step)
     return seen
 
