@@ -187,8 +187,8 @@ def build_worker_groups(cfg: PPOConfig, *, total_steps: int):
     """
     import functools
 
-    from hybridflow.controller.builders import build_critic_worker, build_hybrid_engine
-    from hybridflow.controller.roles import CriticGroupWorker, HybridEngineWorker
+    from hybridflow.trainer.ppo_builders import build_critic_worker, build_hybrid_engine
+    from hybridflow.trainer.ppo_roles import CriticGroupWorker, HybridEngineWorker
     from hybridflow.controller.worker_group import build_worker_group
 
     backend, kwargs = cfg.trainer.backend, ray_group_kwargs(cfg)
@@ -322,8 +322,8 @@ def build_reward_model_scorer(cfg: PPOConfig):
 
 def build_trainer(cfg: PPOConfig, *, trainer_class=PPOTrainer, count_steps=total_training_steps) -> PPOTrainer:
     """Everything the loop needs, from a validated config (the async entry points pass their trainer)."""
-    from hybridflow.controller.builders import policy_tokenizer
-    from hybridflow.controller.roles import GroupCheckpoint
+    from hybridflow.trainer.ppo_builders import policy_tokenizer
+    from hybridflow.trainer.ppo_roles import GroupCheckpoint
 
     seed_everything(cfg.trainer.seed)
     device = resolve_device(cfg.trainer.device)

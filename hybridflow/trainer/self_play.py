@@ -78,8 +78,8 @@ def build_self_play_trainer(cfg, trainer_cls: type[SelfPlayTrainer]) -> SelfPlay
     """Workers, data and trackers for a self-play trainer, from a validated SPIN / SPPO config."""
     import functools
 
-    from hybridflow.controller.builders import build_hybrid_engine
-    from hybridflow.controller.roles import GroupCheckpoint, HybridEngineWorker
+    from hybridflow.trainer.ppo_builders import build_hybrid_engine
+    from hybridflow.trainer.ppo_roles import GroupCheckpoint, HybridEngineWorker
     from hybridflow.controller.worker_group import build_worker_group
     from hybridflow.models import load_tokenizer
     from hybridflow.trainer import main_ppo

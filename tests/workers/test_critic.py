@@ -3,7 +3,7 @@
 import torch
 
 from hybridflow.algos import masked_mean
-from hybridflow.controller.builders import build_critic_worker
+from hybridflow.trainer.ppo_builders import build_critic_worker
 from hybridflow.workers.distributed import LOCAL
 from tests.workers.test_verl_worker_keys import _batch, _cfg
 

@@ -70,7 +70,7 @@ def model_layout(model_cfg) -> str:
 def build_hybrid_engine(dp: DataParallel, *, cfg, total_steps: int, with_rollout: bool = True,
                         with_reference: bool | None = None):
     """Actor (FSDP2-sharded), rollout engine (full weights) and reference of one rank, from a PPOConfig."""
-    from hybridflow.controller.roles import HybridEngineWorker
+    from hybridflow.trainer.ppo_roles import HybridEngineWorker
     from hybridflow.models import load_causal_lm
     from hybridflow.models.loader import import_external_lib
     from hybridflow.models.sharded_checkpoint import FSDPModelComponent
@@ -187,7 +187,7 @@ def _rollout_worker(engine_model, tokenizer, rollout_cfg, *, template_kwargs=Non
 
 def build_critic_worker(dp: DataParallel, *, cfg, total_steps: int):
     """The critic of one rank: value model (FSDP2 across the group), optimizer, checkpoint component."""
-    from hybridflow.controller.roles import CriticGroupWorker
+    from hybridflow.trainer.ppo_roles import CriticGroupWorker
     from hybridflow.models import load_tokenizer, load_value_model
     from hybridflow.models.loader import import_external_lib
     from hybridflow.models.sharded_checkpoint import FSDPModelComponent
