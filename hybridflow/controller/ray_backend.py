@@ -110,19 +110,35 @@ class RayBackend:
             try:
                 results[rank] = ray.get(ref)
             except ray.exceptions.RayActorError as err:
-                self.shutdown()
-                node, pid, node_id = self.locations[rank] if hasattr(self, "locations") else ("?", "?", "?")
-                raise WorkerDiedError(
-                    f"worker group {self.name!r}: rank {rank} (pid {pid} on {node}, node "
-                    f"{self.pool.node_of(rank)} of {self.pool.nnodes}, Ray node id {node_id[:12]}) died during {method}(); "
-                    f"resume from the last checkpoint (trainer.resume_mode=auto) [{type(err).__name__}]") from err
+                self._raise_died(rank, method, err)
             except ray.exceptions.RayTaskError as err:
+                # A rank that lost its peer fails in a collective (gloo: "connection reset") before Ray reports
+                # the peer's death: name the dead rank when there is one, not the survivor's symptom.
+                self._raise_died_peer(pending, method)
                 self.shutdown()
-                cause = err.cause
-                if isinstance(cause, HybridflowError):
-                    raise cause from None
+                if isinstance(err.cause, HybridflowError):
+                    raise err.cause from None
                 raise err.as_instanceof_cause() from None
         return results
+
+    def _raise_died_peer(self, pending: dict, method: str, timeout_s: float = 30.0) -> None:
+        """Raise ``WorkerDiedError`` for a rank among ``pending`` whose process died (waits up to ``timeout_s``)."""
+        ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=timeout_s)
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError as err:
+                self._raise_died(pending[ref], method, err)
+            except ray.exceptions.RayTaskError:
+                continue
+
+    def _raise_died(self, rank: int, method: str, err: Exception) -> None:
+        self.shutdown()
+        node, pid, node_id = self.locations[rank] if hasattr(self, "locations") else ("?", "?", "?")
+        raise WorkerDiedError(
+            f"worker group {self.name!r}: rank {rank} (pid {pid} on {node}, node "
+            f"{self.pool.node_of(rank)} of {self.pool.nnodes}, Ray node id {node_id[:12]}) died during {method}(); "
+            f"resume from the last checkpoint (trainer.resume_mode=auto) [{type(err).__name__}]") from err
 
     def shutdown(self) -> None:
         from ray.util.placement_group import remove_placement_group

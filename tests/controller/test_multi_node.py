@@ -29,7 +29,7 @@ from hybridflow.config import PPOConfig, load_config  # noqa: E402
 from hybridflow.errors import WorkerDiedError  # noqa: E402
 from hybridflow.trainer.main_ppo import run_ppo  # noqa: E402
 from tests.controller.test_ppo_ray import ATOL, assert_same_weights, losses, weights  # noqa: E402
-from tests.trainer.ppo_fixtures import base_overrides  # noqa: E402
+from tests.trainer.ppo_fixtures import REWARD_FILE, base_overrides  # noqa: E402
 
 STEPS = 3
 
@@ -77,7 +77,13 @@ def test_two_nodes_equal_one_node_and_a_lost_node_resumes(tmp_path, tiny_model_d
 
     killer = threading.Thread(target=remove_when_step_1_is_saved, daemon=True)
     killer.start()
-    args = overrides(broken, tiny_model_dir, cluster, nnodes=2, per_node=1)
+    # The same scores, slower: each step then outlasts the node's removal, so the run cannot finish first.
+    slow_reward = broken / "slow_reward.py"
+    broken.mkdir(parents=True, exist_ok=True)
+    slow_reward.write_text(REWARD_FILE + "\nimport time\n_score = compute_score\n\n"
+                           "def compute_score(*args, **kwargs):\n    time.sleep(0.5)\n    return _score(*args, **kwargs)\n")
+    args = overrides(broken, tiny_model_dir, cluster, nnodes=2, per_node=1,
+                     extra=[f"custom_reward_function.path={slow_reward}"])
     with pytest.raises(WorkerDiedError) as err:
         run_ppo(load_config(PPOConfig, args))
     killer.join()
