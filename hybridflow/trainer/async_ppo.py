@@ -72,7 +72,12 @@ def check_async_config(cfg) -> None:
     if a.trigger_parameter_sync_step < 1:
         problems.append("async_training.trigger_parameter_sync_step must be >= 1")
     if a.require_batches != 1:
-        problems.append("async_training.require_batches > 1 is not supported yet; raise data.train_batch_size instead")
+        # verl's trainer trains once it holds require_batches x ppo_mini_batch_size samples; ours trains on
+        # data.train_batch_size prompts a step, so that is the equivalent setting.
+        per_step = a.require_batches * cfg.actor_rollout_ref.actor.ppo_mini_batch_size
+        problems.append(f"async_training.require_batches > 1 is not supported yet; to train on the same samples per "
+                        f"step set async_training.require_batches=1 and data.train_batch_size={per_step} "
+                        "(require_batches x actor.ppo_mini_batch_size)")
     if a.partial_rollout:
         problems.append("async_training.partial_rollout=True is not wired into the trainer yet (the native engine's "
                         "StreamingSession supports it); set async_training.partial_rollout=False")

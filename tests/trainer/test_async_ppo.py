@@ -119,7 +119,7 @@ def test_behaviour_log_probs_as_the_old_policy(tmp_path, tiny_model_dir):
 
 @pytest.mark.parametrize("override, message", [
     ("async_training.partial_rollout=True", "partial_rollout"),
-    ("async_training.require_batches=2", "require_batches"),
+    ("async_training.require_batches=2", r"data.train_batch_size=4 \(require_batches x actor.ppo_mini_batch_size\)"),
     ("trainer.save_freq=1", "save_freq=-1"),
 ])
 def test_unsupported_settings_are_one_clear_error(tmp_path, tiny_model_dir, override, message):
