@@ -114,13 +114,12 @@ def memory_metrics() -> dict[str, float]:
     import resource
 
     global _process_peak_rss_gb
-    # Read before the window resets: resetting VmHWM resets ru_maxrss too, so the process peak is kept here.
-    _process_peak_rss_gb = max(_process_peak_rss_gb, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20)
-    metrics = {"perf/max_memory_rss_gb": _process_peak_rss_gb}
     step_peak = peak_rss_since_last_call_gb()
-    if step_peak is not None:
-        metrics["perf/step_peak_rss_gb"] = step_peak
-    return metrics
+    if step_peak is None:  # no resettable window here: the OS's own process peak
+        return {"perf/max_memory_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+    # Resetting the window resets ru_maxrss too (one counter), so the process peak is the max of the windows.
+    _process_peak_rss_gb = max(_process_peak_rss_gb, step_peak)
+    return {"perf/max_memory_rss_gb": _process_peak_rss_gb, "perf/step_peak_rss_gb": step_peak}
 
 
 _process_peak_rss_gb = 0.0
