@@ -147,7 +147,7 @@ def test_load_weights_switches_to_the_new_policy(tiny_tokenizer):
 
 
 @pytest.mark.parametrize("arch,tied", [("qwen2", True), ("llama", False)])
-def test_an_engine_that_owns_its_model_keeps_one_copy_of_the_projections(tiny_tokenizer, arch, tied):
+def test_an_engine_that_owns_its_model_keeps_one_copy_of_the_projections(tiny_tokenizer, arch, tied, kernel_path):
     """own_model=True drops the module's projection weights once packed; generation and weight loads are
     unchanged (qwen2: q/k/v biases through the fused copy; llama untied: the LM head too)."""
     import copy
