@@ -11,17 +11,15 @@ in ``dcp/``, config and tokenizer in ``huggingface/``.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from hybridflow.errors import ConfigError, run_entry_point
+from hybridflow.models.sharded_checkpoint import merge_sharded_checkpoint
 
 
 def merge(local_dir: str, target_dir: str) -> str:
     """Write the merged HF folder from a checkpoint directory (``dcp/`` + ``huggingface/``)."""
-    import os
-
-    from hybridflow.models.sharded_checkpoint import merge_sharded_checkpoint
-
     if not os.path.isdir(local_dir):
         raise ConfigError(f"--local_dir '{local_dir}' does not exist; pass {{default_local_dir}}/global_step_N/actor")
     return merge_sharded_checkpoint(local_dir, target_dir)

@@ -14,12 +14,13 @@ import logging
 from dataclasses import replace
 
 from hybridflow.agents.base import AgentLoopOutput, get_agent_loop, register_agent_loop
-from hybridflow.agents.context import AgentContext
+from hybridflow.agents.context import AgentContext, MultiTurnSettings
 from hybridflow.agents.generator import TurnGenerator
+from hybridflow.agents.interactions import load_interactions
 from hybridflow.errors import ConfigError
 from hybridflow.rollout import SamplingParams
-from hybridflow.tools.config import import_class, read_yaml
-from hybridflow.tools.parsers import CALL_END_STRINGS
+from hybridflow.tools.config import import_class, load_tools, read_yaml
+from hybridflow.tools.parsers import CALL_END_STRINGS, get_tool_parser
 
 logger = logging.getLogger(__name__)
 
@@ -74,11 +75,6 @@ class AgentLoopManager:
 def build_agent_loop_manager(*, engine, tokenizer, rollout_cfg, template_kwargs: dict | None = None
                              ) -> AgentLoopManager:
     """The manager for ``actor_rollout_ref.rollout`` (its ``multi_turn`` and ``agent`` sections)."""
-    from hybridflow.agents.context import MultiTurnSettings
-    from hybridflow.agents.interactions import load_interactions
-    from hybridflow.tools.config import load_tools
-    from hybridflow.tools.parsers import get_tool_parser
-
     mt, agent = rollout_cfg.multi_turn, rollout_cfg.agent
     get_tool_parser(mt.format)
     settings = MultiTurnSettings(

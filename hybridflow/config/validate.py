@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from hybridflow.algos import advantage_spec
+from hybridflow.algos.errors import UnknownAlgorithmError
 from hybridflow.errors import ConfigError
 
 TRUNCATION_MODES = ("error", "left", "right", "middle")
@@ -138,9 +140,6 @@ def reference_enabled(cfg: Any) -> bool:
 
 def _estimator_needs_values(name: str) -> bool:
     """The estimator's registered spec (pure algos/ metadata); an unknown name is reported elsewhere."""
-    from hybridflow.algos import advantage_spec
-    from hybridflow.algos.errors import UnknownAlgorithmError
-
     try:
         return advantage_spec(name).needs_values
     except UnknownAlgorithmError:

@@ -24,7 +24,7 @@ import ray
 from hybridflow.controller.dispatch import Call
 from hybridflow.controller.resources import ResourcePool, connect_ray, reserve
 from hybridflow.errors import HybridflowError, WorkerDiedError
-from hybridflow.workers.distributed import DataParallel
+from hybridflow.data.parallel import DataParallel
 
 
 class RankProcess:

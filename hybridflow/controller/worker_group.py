@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from hybridflow.controller.dispatch import COLLECTORS, SPLITTERS, Call, Mode, dispatch_table
 from hybridflow.errors import ConfigError
-from hybridflow.workers.distributed import LOCAL
+from hybridflow.data.parallel import LOCAL
 
 
 class Backend(Protocol):

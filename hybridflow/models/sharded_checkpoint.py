@@ -25,12 +25,15 @@ import warnings
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from hybridflow.errors import ModelError
 from hybridflow.models.fsdp import full_state_dict
 from hybridflow.models.hf_folder import HF_FOLDER, has_hf_config, merge_into_hf_folder, plain_hf_model, save_hf_folder
 from hybridflow.models.rng_state import capture_rng_state, restore_rng_state, rng_file
+from hybridflow.models.value_model import export_value_model
 
 DCP_FOLDER = "dcp"
 SCHEDULER_FILE = "lr_scheduler.pt"
@@ -125,8 +128,6 @@ class FSDPModelComponent:
 
 def holds_value_model(dcp_dir: str) -> bool:
     """Whether a DCP checkpoint holds a critic (a ``ValueModel``: backbone + ``value_head``)."""
-    from torch.distributed.checkpoint import FileSystemReader
-
     if not os.path.isfile(os.path.join(dcp_dir, ".metadata")):
         return False
     return any(key.startswith("model.value_head.") for key in FileSystemReader(dcp_dir).read_metadata().state_dict_metadata)
@@ -135,9 +136,6 @@ def holds_value_model(dcp_dir: str) -> bool:
 def stored_weight_dtype(dcp_dir: str) -> torch.dtype:
     """The dtype of the first floating model tensor in a DCP checkpoint (a merged model keeps it: a bf16-trained
     model merges to bf16, not to an fp32 folder twice its size)."""
-    from torch.distributed.checkpoint import FileSystemReader
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
     for key, meta in FileSystemReader(dcp_dir).read_metadata().state_dict_metadata.items():
         if key.startswith("model.") and isinstance(meta, TensorStorageMetadata) and meta.properties.dtype.is_floating_point:
             return meta.properties.dtype
@@ -164,7 +162,5 @@ def merge_sharded_checkpoint(local_dir: str, target_dir: str) -> str:
                          "pass --local_dir {default_local_dir}/global_step_N/actor")
     load_weights = lambda model: load_sharded(dcp_dir, model=model)  # noqa: E731
     if holds_value_model(dcp_dir):
-        from hybridflow.models.value_model import export_value_model
-
         return export_value_model(os.path.join(local_dir, HF_FOLDER), target_dir, load_weights=load_weights)
     return merge_into_hf_folder(local_dir, target_dir, dtype=stored_weight_dtype(dcp_dir), load_weights=load_weights)

@@ -28,6 +28,9 @@ import functools
 import math
 from typing import Any, Callable
 
+import torch
+
+from hybridflow.algos.overlong import overlong_penalty
 from hybridflow.errors import ConfigError
 from hybridflow.rewards.registry import default_compute_score
 from hybridflow.rewards.result import RewardResult, SampleScore, score_sample
@@ -162,10 +165,6 @@ class DapoRewardManager:
         self.enable_overlong_buffer = enable_overlong_buffer
 
     def _penalties(self, response_lengths: list[int]) -> list[float]:
-        import torch
-
-        from hybridflow.algos.overlong import overlong_penalty
-
         penalty = overlong_penalty(
             response_lengths=torch.as_tensor(response_lengths, dtype=torch.float32),
             max_response_length=self.max_response_length,

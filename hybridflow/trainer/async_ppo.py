@@ -17,6 +17,15 @@ Off-policy correction: with ``compute_prox_log_prob`` the trainer recomputes old
 current weights (the proximal policy) and the existing ``algorithm.rollout_correction`` importance
 weights correct behaviour → proximal; without it the behaviour log-probs are the old policy.
 
+Checkpoints: a checkpoint holds the trained weights, the dataloader position *after the last trained
+batch* (each queued batch carries the loader state taken with its prompts), the weight version and the
+staleness histogram. Batches generated but not yet trained (queued or in flight) are dropped at a save
+and generated again after a resume, from the same prompts with the same sampling seeds: no prompt is
+lost or trained twice, and at ``s = 0`` (nothing runs ahead) a resumed run equals an uninterrupted one
+bit for bit. A resume loads the checkpoint's actor weights into the engine: with
+``trigger_parameter_sync_step > 1`` a checkpoint taken inside a sync period therefore resumes one sync
+early.
+
 The engine is shared by both threads (local backend) or by the controller's calls (Ray backend): a lock
 keeps a weight sync from landing inside a ``generate`` call.
 """
@@ -44,6 +53,8 @@ class RolloutItem:
     """Position of its prompt batch in the run (0-based)."""
     version: int
     """Weight version (syncs done) that generated it."""
+    loader_state: dict = field(default_factory=dict)
+    """The dataloader's state right after its prompts were taken: where a resume after training it continues."""
     metrics: dict = field(default_factory=dict)
     timings: dict = field(default_factory=dict)
 
@@ -87,9 +98,6 @@ def check_async_config(cfg) -> None:
     if cfg.algorithm.filter_groups.enable:
         problems.append("algorithm.filter_groups (DAPO dynamic sampling) is not supported by the async trainers; "
                         "use main_ppo or set algorithm.filter_groups.enable=False")
-    if cfg.trainer.save_freq > 0 or cfg.trainer.keep_best_checkpoint:
-        problems.append("checkpointing the async trainers is not implemented yet (queue contents are not saved); "
-                        "set trainer.save_freq=-1 and trainer.keep_best_checkpoint=False")
     if problems:
         raise HybridflowError("; ".join(problems))
 
@@ -122,16 +130,20 @@ class AsyncPPOTrainer(PPOTrainer):
         self.rollouter: threading.Thread | None = None
         self.staleness_counts: dict[int, int] = {}
         """staleness -> trained batches, over the run (the histogram the metrics report)."""
+        self.trained_loader_state: dict | None = None
+        """The loader state after the last trained batch's prompts (what a checkpoint records)."""
 
     # ================================================================== the trainer side
     def train_step(self, batches: Iterator[Batch], *, step: int) -> dict[str, float]:
         """One PPO step on the oldest queued batch; starts the rollouter on the first call."""
         if self.rollouter is None:
-            self.start_rollouter(batches, total=self.total_steps * self.acfg.require_batches)
+            require = self.acfg.require_batches
+            self.start_rollouter(batches, start=(step - 1) * require, total=self.total_steps * require)
         timer, metrics = Timer(), {}
         with timer("step"):
             with timer("wait_for_rollout"):
                 item = self.take()
+            self.trained_loader_state = item.loader_state
             batch = self.train_on_batch(item.batch, step=step, timer=timer, metrics=metrics)
             with timer("sync_weights"):
                 self.end_sync_period(step=step)
@@ -192,20 +204,38 @@ class AsyncPPOTrainer(PPOTrainer):
         """Syncs done before the step that trained ``item`` (the weights the update started from)."""
         return item.index // self.gate.batches_per_sync
 
+    # ================================================================== checkpoints
+    def checkpoint_extra(self) -> dict:
+        """main_ppo's state with the loader rewound to the last trained batch, plus the async counters."""
+        extra = super().checkpoint_extra()
+        if self.trained_loader_state is not None:
+            extra["dataloader"] = self.trained_loader_state
+        extra["async"] = {"syncs_done": self.syncs_done, "staleness_counts": dict(self.staleness_counts)}
+        return extra
+
+    def restore_extra(self, extra: dict) -> None:
+        super().restore_extra(extra)
+        state = extra.get("async", {})
+        self.syncs_done = state.get("syncs_done", 0)
+        self.staleness_counts = dict(state.get("staleness_counts", {}))
+
     # ================================================================== the rollouter side
-    def start_rollouter(self, batches: Iterator[Batch], *, total: int) -> None:
-        self.rollouter = threading.Thread(target=self.rollouter_loop, args=(batches, total),
+    def start_rollouter(self, batches: Iterator[Batch], *, start: int, total: int) -> None:
+        """Generate prompt batches ``start .. total - 1`` (``start`` > 0 after a resume)."""
+        self.generated = start
+        self.rollouter = threading.Thread(target=self.rollouter_loop, args=(batches, start, total),
                                           name="hybridflow-rollouter", daemon=True)
         self.rollouter.start()
 
-    def rollouter_loop(self, batches: Iterator[Batch], total: int) -> None:
+    def rollouter_loop(self, batches: Iterator[Batch], start: int, total: int) -> None:
         try:
-            for index in range(total):
+            for index in range(start, total):
                 with self.changed:
                     self.changed.wait_for(lambda: self.stopping or index < self.gate.allowed(self.syncs_done))
                     if self.stopping:
                         return
-                item = self.generate_item(next(batches), index=index)
+                prompts = next(batches)
+                item = self.generate_item(prompts, index=index, loader_state=self.train_loader.state_dict())
                 with self.changed:
                     self.queue.append(item)
                     self.generated += 1
@@ -215,7 +245,7 @@ class AsyncPPOTrainer(PPOTrainer):
                 self.rollouter_error = err
                 self.changed.notify_all()
 
-    def generate_item(self, prompts: Batch, *, index: int) -> RolloutItem:
+    def generate_item(self, prompts: Batch, *, index: int, loader_state: dict) -> RolloutItem:
         """Generate and score one prompt batch with the weights loaded now (seeded as main_ppo's step)."""
         timer, metrics = Timer(), {}
         require = self.acfg.require_batches
@@ -223,7 +253,8 @@ class AsyncPPOTrainer(PPOTrainer):
             version = self.syncs_done
             batch = self.rollout_and_score(prompts, step=index // require + 1, timer=timer, metrics=metrics,
                                            attempt=index % require)
-        return RolloutItem(batch=batch, index=index, version=version, metrics=metrics, timings=timer.timings)
+        return RolloutItem(batch=batch, index=index, version=version, loader_state=loader_state, metrics=metrics,
+                           timings=timer.timings)
 
     # ================================================================== shared engine
     def validate(self) -> dict[str, float]:

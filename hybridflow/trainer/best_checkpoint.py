@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from hybridflow.trainer.checkpoint import write_text_atomic
 from hybridflow.trainer.summary import VALIDATION_PREFIX
 
 RECORD_FILE = "best_checkpoint.json"
@@ -107,8 +108,6 @@ class BestRecord:
 
 def write_best_record(root: str, record: BestRecord) -> str:
     """Write ``root/best_checkpoint.json`` atomically; returns its path."""
-    from hybridflow.trainer.checkpoint import write_text_atomic
-
     path = os.path.join(root, RECORD_FILE)
     write_text_atomic(path, json.dumps(asdict(record), indent=2) + "\n")
     return path

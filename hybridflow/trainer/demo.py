@@ -26,9 +26,16 @@ import sys
 import time
 from dataclasses import dataclass, field, replace
 
+from hybridflow.config import PPOConfig, load_config
+from hybridflow.data.preprocess import reasoning_gym
+from hybridflow.data.preprocess.common import write_splits
 from hybridflow.errors import run_entry_point
+from hybridflow.models.default_model import fetch_default_model
+from hybridflow.models.tiny import save_tiny_model
+from hybridflow.tools.config import load_tools
 from hybridflow.trainer.demo_tools import (SFTWarmup, run_sft_warmup, tool_overrides, write_tool_config,
                                            write_tool_rows, write_warmup_traces)
+from hybridflow.trainer.main_ppo import run_ppo
 
 
 @dataclass(frozen=True)
@@ -149,10 +156,7 @@ PRESETS["tools-tiny"] = replace(
 def prepare_model(preset: DemoPreset, run_dir: str) -> str:
     """The model folder: the offline default (installed + converted once) or a fresh tiny one."""
     if preset.model == "tiny":
-        from hybridflow.models.tiny import save_tiny_model
-
         return save_tiny_model(os.path.join(run_dir, "tiny_model"), arch="qwen2", seed=0)
-    from hybridflow.models.default_model import fetch_default_model
 
     return fetch_default_model(preset.model)
 
@@ -161,14 +165,11 @@ def prepare_data(preset: DemoPreset, run_dir: str) -> tuple[str, str]:
     """train.parquet / test.parquet in verl's schema under ``run_dir/data``."""
     out = os.path.join(run_dir, "data")
     if preset.tools:
-        from hybridflow.tools.config import load_tools
-
         tool = load_tools(os.path.join(run_dir, "tools.yaml"))[0].name
         return write_tool_rows(task=preset.task, task_config=preset.task_config, train_size=preset.train_size,
                                test_size=preset.test_size, tool=tool, system_prompt=preset.system_prompt, out=out)
     if preset.task == "hybridflow/digits":
         return write_digits_task(out, train_size=preset.train_size, test_size=preset.test_size)
-    from hybridflow.data.preprocess import reasoning_gym
 
     argv = ["--task", preset.task, "--size", str(preset.train_size), "--test_size", str(preset.test_size),
             "--instruction", preset.instruction, "--local_save_dir", out]
@@ -180,8 +181,6 @@ def prepare_data(preset: DemoPreset, run_dir: str) -> tuple[str, str]:
 
 def write_digits_task(out: str, *, train_size: int, test_size: int) -> tuple[str, str]:
     """Prompts for the synthetic ``hybridflow/digits`` task (reward: share of digit characters)."""
-    from hybridflow.data.preprocess.common import write_splits
-
     def rows(split: str, count: int, offset: int) -> list[dict]:
         return [{"data_source": "hybridflow/digits", "ability": "synthetic",
                  "prompt": [{"role": "user", "content": f"Write a number that starts with {i % 10}."}],
@@ -226,9 +225,6 @@ TOOL_SHARE = "val-aux/tool_call_share@"
 
 def evaluate_base_model(overrides: list[str], out: str) -> list[dict]:
     """Held-out validation of the model in ``overrides`` alone (``trainer.val_only``), logged under ``out``."""
-    from hybridflow.config import PPOConfig, load_config
-    from hybridflow.trainer.main_ppo import run_ppo
-
     print("[demo] held-out validation of the base model (before the SFT warm-up)")
     only = ["trainer.val_only=True", "trainer.val_before_train=True", f"trainer.default_local_dir={out}",
             f"trainer.validation_data_dir={os.path.join(out, 'generations')}"]
@@ -263,9 +259,6 @@ def report(history: list[dict], *, base: list[dict] | None, steps: int, seconds:
 def run_demo(preset_name: str, run_dir: str, extra_overrides: list[str]) -> dict:
     """Prepare, (warm up,) train, report. Returns {'before', 'after', 'steps', 'seconds', 'run_dir'}, plus
     'tool_share_before' / 'tool_share_after' with tools and 'base' / 'tool_share_base' with a warm-up."""
-    from hybridflow.config import PPOConfig, load_config
-    from hybridflow.trainer.main_ppo import run_ppo
-
     preset = PRESETS[preset_name]
     os.makedirs(run_dir, exist_ok=True)
     print(f"[demo] preset {preset_name}: model {preset.model}, task {preset.task}, run folder {run_dir}")

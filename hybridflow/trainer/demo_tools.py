@@ -22,7 +22,14 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from hybridflow.config import SFTConfig, load_config
+from hybridflow.data.files import read_rows
+from hybridflow.data.preprocess import tool_use
+from hybridflow.data.preprocess.common import write_splits
 from hybridflow.errors import DataError
+from hybridflow.rewards import final_answer
+from hybridflow.tools.config import load_tools
+from hybridflow.trainer.sft_trainer import build_trainer, make_tracking
 
 
 @dataclass(frozen=True)
@@ -50,8 +57,6 @@ def write_tool_config(run_dir: str, class_names: tuple[str, ...]) -> str:
 def tool_overrides(tool_config: str) -> list[str]:
     """What every tools-preset run sets: multi-turn rollouts with the tools of ``tool_config``, scored by
     the task's answer check on the final answer (not on numbers a tool printed; rewards/final_answer.py)."""
-    from hybridflow.rewards import final_answer
-
     return ["actor_rollout_ref.rollout.multi_turn.enable=True",
             f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tool_config}",
             f"custom_reward_function.path={final_answer.__file__}"]
@@ -60,8 +65,6 @@ def tool_overrides(tool_config: str) -> list[str]:
 def write_tool_rows(*, task: str, task_config: tuple[str, ...], train_size: int, test_size: int, tool: str,
                     system_prompt: str, out: str) -> tuple[str, str]:
     """Train/test parquet of tool-agent rows (the tool_use preprocess script over reasoning-gym)."""
-    from hybridflow.data.preprocess import tool_use
-
     argv = ["--local_save_dir", out, "--tool", tool, "--system_prompt", system_prompt, "--", "reasoning_gym",
             "--task", task, "--size", str(train_size), "--test_size", str(test_size)]
     for item in task_config:
@@ -105,10 +108,6 @@ def calculator_trace(row: dict[str, Any], tool, *, index: int, use_tool: bool) -
 def write_warmup_traces(train: str, tool_config: str, out: str, *, count: int, tool_every: int = 1) -> str:
     """``out/sft_traces.parquet``: traces of the first ``count`` training questions, every ``tool_every``-th
     through the calculator."""
-    from hybridflow.data.files import read_rows
-    from hybridflow.data.preprocess.common import write_splits
-    from hybridflow.tools.config import load_tools
-
     tools = {tool.name: tool for tool in load_tools(tool_config)}
     if "calculator" not in tools:
         raise DataError(f"the SFT warm-up writes calculator traces, but {tool_config} has no calculator tool")
@@ -120,9 +119,6 @@ def write_warmup_traces(train: str, tool_config: str, out: str, *, count: int, t
 
 def run_sft_warmup(warmup: SFTWarmup, *, model: str, traces: str, out: str) -> str:
     """SFT ``model`` on ``traces`` into ``out``; returns the trained model's HF folder."""
-    from hybridflow.config import SFTConfig, load_config
-    from hybridflow.trainer.sft_trainer import build_trainer, make_tracking
-
     overrides = [f"model.partial_pretrain={model}", f"data.train_files={traces}", "data.multiturn.enable=True",
                  "data.multiturn.messages_key=messages", "data.multiturn.tools_key=tools",
                  "trainer.logger=[console,file]", f"trainer.default_local_dir={out}",

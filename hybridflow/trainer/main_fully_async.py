@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import sys
 
-from hybridflow.config import PPOConfig, load_config
-from hybridflow.trainer.async_ppo import AsyncPPOTrainer, async_training_steps, check_async_config
-from hybridflow.config import split_config_args
+from hybridflow.config import PPOConfig, load_config, split_config_args
+from hybridflow.config.loader import help_requested, trainer_usage
 from hybridflow.errors import run_entry_point
+from hybridflow.trainer.async_ppo import AsyncPPOTrainer, async_training_steps, check_async_config
 from hybridflow.trainer.main_ppo import run_ppo
 
 USAGE_SUMMARY = "Fully async PPO / GRPO: a rollouter thread runs ahead of the trainer (async_training.* keys)."
@@ -19,8 +19,6 @@ USAGE_SUMMARY = "Fully async PPO / GRPO: a rollouter thread runs ahead of the tr
 
 def run_async_from_args(args: list[str], *, prog: str, defaults: tuple[str, ...] = ()) -> int:
     """``[--config-path D --config-name N] key=value ...`` -> an async run; ``defaults`` go before the user's."""
-    from hybridflow.config.loader import help_requested, trainer_usage
-
     if help_requested(args):
         print(trainer_usage(prog, USAGE_SUMMARY, "ppo"), end="")
         return 0

@@ -7,18 +7,50 @@ from its config.json) is checked first, so a typo costs a second, not a model lo
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
 from dataclasses import dataclass
 from typing import Any
 
+from omegaconf import OmegaConf
+
+from hybridflow.algos import get_advantage, get_policy_loss, list_kl_penalties, list_loss_agg_modes
+from hybridflow.algos.advantages.optimal_token_baseline import SUM_PI_SQUARED_ESTIMATORS
+from hybridflow.algos.errors import AlgorithmError, UnknownAlgorithmError
+from hybridflow.algos.pf_ppo import PF_PPO_METHODS
+from hybridflow.algos.policy_losses.bypass import BYPASS_LOSS_TYPES
+from hybridflow.algos.rollout_correction.is_weights import IS_LEVELS
+from hybridflow.algos.rollout_correction.rejection import parse_options
+from hybridflow.algos.rollout_correction.thresholds import parse_bounds, parse_rs_thresholds
 from hybridflow.config import (PPOConfig, critic_enabled, load_config, reference_enabled, split_config_args,
                                validate_ppo_config)
+from hybridflow.config.loader import help_requested, trainer_usage
 from hybridflow.config.validate import as_list
+from hybridflow.controller.resources import pool_from_trainer_config
+from hybridflow.controller.worker_group import build_worker_group
+from hybridflow.data.dataloader import StatefulDataLoader
+from hybridflow.data.rl_dataset import RLDataset
 from hybridflow.errors import ConfigError, run_entry_point
+from hybridflow.models import load_causal_lm, load_reward_model, load_tokenizer
+from hybridflow.models.loader import import_external_lib
+from hybridflow.rewards import RewardModelScorer, build_reward_manager, load_reward_function
+from hybridflow.rewards.code_sandbox import apply_sandbox_settings
+from hybridflow.rewards.generative_judge import DEFAULT_TEMPLATE, GenerativeJudge
+from hybridflow.rewards.registry import check_rows_scorable
+from hybridflow.rollout import SamplingParams
+from hybridflow.rollout.engine import build_engine, engine_unavailable
+from hybridflow.trainer.best_checkpoint import read_best_record
 from hybridflow.trainer.entry import model_context_length, resolve_device, seed_everything
+from hybridflow.trainer.plots import plot_curves
 from hybridflow.trainer.ppo import PPOTrainer, PPOWorkers
+from hybridflow.trainer.ppo_builders import build_critic_worker, build_hybrid_engine, policy_tokenizer
+from hybridflow.trainer.ppo_roles import CriticGroupWorker, GroupCheckpoint, HybridEngineWorker
+from hybridflow.trainer.reward_config import reward_manager_kwargs, reward_manager_problems
+from hybridflow.trainer.summary import summary_table
+from hybridflow.trainer.tracking import Tracking, available_backends
+from hybridflow.workers.reward import RewardWorker
 
 logger = logging.getLogger(__name__)
 
@@ -26,10 +58,6 @@ logger = logging.getLogger(__name__)
 # ------------------------------------------------------------------ checks before loading
 def check_registered_names(cfg: PPOConfig) -> None:
     """Names that live in registries: each unknown one is an error listing the valid ones."""
-    from hybridflow.algos import get_advantage, get_policy_loss, list_kl_penalties, list_loss_agg_modes
-    from hybridflow.algos.errors import UnknownAlgorithmError
-    from hybridflow.trainer.reward_config import reward_manager_problems
-
     actor = cfg.actor_rollout_ref.actor
     problems = []
     for lookup in (lambda: get_advantage(cfg.algorithm.adv_estimator),
@@ -53,9 +81,6 @@ def name_problems(checks) -> list[str]:
 
 def engine_and_logger_problems(cfg) -> list[str]:
     """Registered names every trainer that generates reads: the rollout engine and the trackers."""
-    from hybridflow.rollout.engine import engine_unavailable
-    from hybridflow.trainer.tracking import available_backends
-
     engine_problem = engine_unavailable(cfg.actor_rollout_ref.rollout.name)
     problems = [f"actor_rollout_ref.{engine_problem}"] if engine_problem else []
     for name in as_list(cfg.trainer.logger):
@@ -66,14 +91,6 @@ def engine_and_logger_problems(cfg) -> list[str]:
 
 def check_algorithm_settings(cfg: PPOConfig) -> None:
     """Settings the chosen estimator / loss / correction needs, checked before any model is loaded."""
-    from hybridflow.algos.advantages.optimal_token_baseline import SUM_PI_SQUARED_ESTIMATORS
-    from hybridflow.algos.errors import AlgorithmError
-    from hybridflow.algos.pf_ppo import PF_PPO_METHODS
-    from hybridflow.algos.policy_losses.bypass import BYPASS_LOSS_TYPES
-    from hybridflow.algos.rollout_correction.is_weights import IS_LEVELS
-    from hybridflow.algos.rollout_correction.rejection import parse_options
-    from hybridflow.algos.rollout_correction.thresholds import parse_bounds, parse_rs_thresholds
-
     algo, actor = cfg.algorithm, cfg.actor_rollout_ref.actor
     corr, rollout = algo.rollout_correction, cfg.actor_rollout_ref.rollout
     problems = []
@@ -147,9 +164,6 @@ def preflight(cfg: PPOConfig) -> None:
 # ------------------------------------------------------------------ building the parts
 def build_datasets(cfg: PPOConfig, tokenizer):
     """(train loader, val loader or None) over verl-schema parquet/jsonl files."""
-    from hybridflow.data.dataloader import StatefulDataLoader
-    from hybridflow.data.rl_dataset import RLDataset
-
     data = cfg.data
 
     def dataset(files, max_samples):
@@ -185,11 +199,7 @@ def build_worker_groups(cfg: PPOConfig, *, total_steps: int):
     The actor, rollout and reference share one group (the hybrid engine); ``local`` runs it
     in this process at world size 1, ``ray`` as ``nnodes x n_gpus_per_node`` FSDP2 ranks.
     """
-    import functools
 
-    from hybridflow.trainer.ppo_builders import build_critic_worker, build_hybrid_engine
-    from hybridflow.trainer.ppo_roles import CriticGroupWorker, HybridEngineWorker
-    from hybridflow.controller.worker_group import build_worker_group
 
     backend, kwargs = cfg.trainer.backend, ray_group_kwargs(cfg)
     engine = build_worker_group(functools.partial(build_hybrid_engine, cfg=cfg, total_steps=total_steps),
@@ -209,7 +219,6 @@ def ray_group_kwargs(cfg: PPOConfig) -> dict[str, Any]:
     """Resource pool and cluster address of the Ray backend (nothing for ``local``)."""
     if cfg.trainer.backend != "ray":
         return {}
-    from hybridflow.controller.resources import pool_from_trainer_config
 
     ray_init = cfg.ray_kwargs.ray_init
     pool = pool_from_trainer_config(cfg.trainer, use_gpu=resolve_device(cfg.trainer.device).type == "cuda",
@@ -233,10 +242,6 @@ def stop_token_ids(path: str, tokenizer) -> list[int]:
 
 def build_reward_worker(cfg: PPOConfig, tokenizer):
     """The configured manager around the built-in scorers or ``custom_reward_function``."""
-    from hybridflow.rewards import build_reward_manager, load_reward_function
-    from hybridflow.trainer.reward_config import reward_manager_kwargs
-    from hybridflow.workers.reward import RewardWorker
-
     rm = cfg.reward_model
     compute_score = None
     if cfg.custom_reward_function.path:
@@ -255,9 +260,6 @@ def check_reward_inputs(cfg: PPOConfig, loaders: dict[str, Any]) -> None:
 
     Skipped for a custom reward function or a reward model (they decide what they need).
     """
-    from hybridflow.rewards.code_sandbox import apply_sandbox_settings
-    from hybridflow.rewards.registry import check_rows_scorable
-
     sandbox = cfg.reward_model.sandbox_fusion
     apply_sandbox_settings(allow_unsandboxed=sandbox.allow_unsandboxed, timeout_s=sandbox.timeout_s,
                            memory_mb=sandbox.memory_limit_mb)
@@ -282,11 +284,6 @@ def uses_generative_judge(cfg: PPOConfig) -> bool:
 
 def build_generative_judge(cfg: PPOConfig):
     """``reward_model.use_reward_loop``: a causal-LM judge generating verdicts through ``reward_model.rollout``."""
-    from hybridflow.models import load_causal_lm, load_tokenizer
-    from hybridflow.rewards.generative_judge import DEFAULT_TEMPLATE, GenerativeJudge
-    from hybridflow.rollout import SamplingParams
-    from hybridflow.rollout.engine import build_engine
-
     rm = cfg.reward_model
     if not rm.model.path:
         raise ConfigError("reward_model.use_reward_loop=True needs reward_model.model.path (a causal LM judge)")
@@ -305,10 +302,6 @@ def build_generative_judge(cfg: PPOConfig):
 
 def build_reward_model_scorer(cfg: PPOConfig):
     """A sequence-classification reward model scoring (prompt, response) in its own chat template."""
-    from hybridflow.models import load_reward_model, load_tokenizer
-    from hybridflow.models.loader import import_external_lib
-    from hybridflow.rewards import RewardModelScorer
-
     rm = cfg.reward_model
     if not rm.model.path:
         raise ConfigError("reward_model.enable=True needs reward_model.model.path (a sequence-classification model)")
@@ -322,9 +315,6 @@ def build_reward_model_scorer(cfg: PPOConfig):
 
 def build_trainer(cfg: PPOConfig, *, trainer_class=PPOTrainer, count_steps=total_training_steps) -> PPOTrainer:
     """Everything the loop needs, from a validated config (the async entry points pass their trainer)."""
-    from hybridflow.trainer.ppo_builders import policy_tokenizer
-    from hybridflow.trainer.ppo_roles import GroupCheckpoint
-
     seed_everything(cfg.trainer.seed)
     device = resolve_device(cfg.trainer.device)
     tokenizer = policy_tokenizer(cfg)
@@ -343,9 +333,7 @@ def build_trainer(cfg: PPOConfig, *, trainer_class=PPOTrainer, count_steps=total
 
 def build_tracking(cfg):
     """The trackers of ``trainer.logger``, recording the resolved config; file backends write under logs/."""
-    from omegaconf import OmegaConf
 
-    from hybridflow.trainer.tracking import Tracking
 
     return Tracking(cfg.trainer.project_name, cfg.trainer.experiment_name, as_list(cfg.trainer.logger),
                     config=OmegaConf.to_container(OmegaConf.structured(cfg)),
@@ -370,9 +358,6 @@ def run_ppo(cfg: PPOConfig, **build_kwargs) -> PPORun:
 
 def train_and_report(trainer, cfg) -> PPORun:
     """Run a built trainer to the end; print the summary and write the plots (every RL trainer's ending)."""
-    from hybridflow.trainer.plots import plot_curves
-    from hybridflow.trainer.summary import summary_table
-
     try:
         last = trainer.fit()
     finally:
@@ -386,8 +371,6 @@ def train_and_report(trainer, cfg) -> PPORun:
 
 
 def _best_folder(root: str) -> str:
-    from hybridflow.trainer.best_checkpoint import read_best_record
-
     record = read_best_record(root)
     return f" (kept at {record.path})" if record is not None else ""
 
@@ -397,8 +380,6 @@ USAGE_SUMMARY = "PPO / GRPO / DAPO / ... training with verl's main_ppo keys (als
 
 def run_from_args(args: list[str], *, prog: str = "python -m hybridflow.trainer.main_ppo") -> int:
     """``[--config-path D --config-name N] key=value ...`` -> a run (shared by ``hybridflow ppo``)."""
-    from hybridflow.config.loader import help_requested, trainer_usage
-
     if help_requested(args):
         print(trainer_usage(prog, USAGE_SUMMARY, "ppo"), end="")
         return 0

@@ -10,6 +10,7 @@ import sys
 from hybridflow.config import load_config, split_config_args
 from hybridflow.config.spin import SPINConfig
 from hybridflow.errors import ConfigError, run_entry_point
+from hybridflow.trainer.self_play import run_self_play
 from hybridflow.trainer.spin import LOSS_TYPES, PAIR_SOURCES, SPINTrainer
 
 HINTS = {"algorithm.kl_ctrl.kl_coef": "the DPO beta is actor_rollout_ref.actor.dpo_beta, as in verl's recipe/spin"}
@@ -17,8 +18,6 @@ HINTS = {"algorithm.kl_ctrl.kl_coef": "the DPO beta is actor_rollout_ref.actor.d
 
 def run_spin(cfg: SPINConfig):
     """Check, build, train; print the summary and write the plots."""
-    from hybridflow.trainer.self_play import run_self_play
-
     algo = cfg.algorithm
     for key, value, names in (("algorithm.dpo_loss_type", algo.dpo_loss_type, LOSS_TYPES),
                               ("algorithm.preference_source", algo.preference_source, PAIR_SOURCES)):

@@ -10,13 +10,12 @@ import sys
 from hybridflow.config import load_config, split_config_args
 from hybridflow.config.sppo import SPPOConfig
 from hybridflow.errors import run_entry_point
+from hybridflow.trainer.self_play import run_self_play
 from hybridflow.trainer.sppo import SPPOTrainer, sppo_eta
 
 
 def run_sppo(cfg: SPPOConfig):
     """Check, build, train; print the summary and write the plots."""
-    from hybridflow.trainer.self_play import run_self_play
-
     sppo_eta(cfg)  # the two eta keys agree
     return run_self_play(cfg, schema=SPPOConfig, trainer_cls=SPPOTrainer)
 

@@ -91,6 +91,15 @@ def prompts_to_batch(collated: dict[str, Any]) -> Batch:
     return Batch.from_dict(tensors=tensors, non_tensors=non_tensors)
 
 
+def balance_over_shards(batch: Batch, *, group) -> dict[str, float]:
+    """Reorder ``batch`` so each data shard of the actor ``group`` gets an equal token count (verl's
+    ``balance_batch``). Shards, not ranks: the ranks of a sequence-parallel group share one shard, and
+    balancing for the rank count would move the rows of a dp = 1 run into other mini-batches than sp = 1
+    trains on. A plain worker (no group) is one shard: nothing to balance."""
+    dp_size = getattr(group, "data_parallel_size", 1)
+    return balance_batch(batch, dp_size=dp_size) if dp_size > 1 else {}
+
+
 class PPOTrainer:
     """Drives the workers through ``total_steps`` PPO steps, validating and checkpointing."""
 
@@ -167,11 +176,8 @@ class PPOTrainer:
         """Everything after the rollout: log-probs, advantages, updates and the weight sync (shared with
         the async trainers); returns the batch as trained (PF-PPO may resample it)."""
         temperature = self.rollout_cfg.temperature
-        # Shards, not ranks: the ranks of a sequence-parallel group share one shard (balancing for the rank
-        # count would reorder the rows of a dp = 1 run into other mini-batches than sp = 1 trains on).
-        dp_size = getattr(self.w.actor, "data_parallel_size", 1)
-        if self.cfg.trainer.balance_batch and dp_size > 1:
-            metrics.update(balance_batch(batch, dp_size=dp_size))  # equal tokens per data-parallel rank
+        if self.cfg.trainer.balance_batch:
+            metrics.update(balance_over_shards(batch, group=self.w.actor))
         with timer("old_log_prob"):
             metrics.update(self.old_log_probs(batch, temperature=temperature))
         if self.w.reference is not None:
@@ -392,8 +398,7 @@ class PPOTrainer:
     # ================================================================== checkpoints
     def save_checkpoint(self) -> str | None:
         """Save this step; a failed save stops the run unless ``trainer.stop_on_checkpoint_error=false``."""
-        extra = {"dataloader": self.train_loader.state_dict(), "kl_coef": self.kl_ctrl.value,
-                 "global_step": self.global_step, "best": self.best.state_dict()}
+        extra = self.checkpoint_extra()
         trainer = self.cfg.trainer
         # per role; other components (a self-play reference) follow the actor's limit
         limits = {"actor": trainer.max_actor_ckpt_to_keep, "critic": trainer.max_critic_ckpt_to_keep}
@@ -408,6 +413,18 @@ class PPOTrainer:
             logger.warning("checkpoint of step %d not saved, training on as asked: %s", self.global_step, error)
             return None
 
+    def checkpoint_extra(self) -> dict[str, Any]:
+        """The trainer state beside the weights (``data.pt``): where the prompts continue, the KL
+        coefficient, the step and the best-checkpoint record."""
+        return {"dataloader": self.train_loader.state_dict(), "kl_coef": self.kl_ctrl.value,
+                "global_step": self.global_step, "best": self.best.state_dict()}
+
+    def restore_extra(self, extra: dict[str, Any]) -> None:
+        """The inverse of :meth:`checkpoint_extra` on resume."""
+        self.train_loader.load_state_dict(extra["dataloader"])
+        self.kl_ctrl.value = extra.get("kl_coef", self.kl_ctrl.value)
+        self.best.load_state_dict(extra.get("best", {}))
+
     def protected_checkpoints(self) -> tuple[str, ...]:
         """The best checkpoint (``trainer.keep_best_checkpoint``), which rotation never deletes."""
         record = read_best_record(self.cfg.trainer.default_local_dir) if self.cfg.trainer.keep_best_checkpoint else None
@@ -421,9 +438,7 @@ class PPOTrainer:
         if path is None:
             return 0
         step, extra = load_checkpoint(path, self.checkpoint_components)
-        self.train_loader.load_state_dict(extra["dataloader"])
-        self.kl_ctrl.value = extra.get("kl_coef", self.kl_ctrl.value)
-        self.best.load_state_dict(extra.get("best", {}))
+        self.restore_extra(extra)
         self.w.rollout.sync_rollout_weights()
         logger.info("resumed from %s (step %d)", path, step)
         return step

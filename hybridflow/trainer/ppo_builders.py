@@ -9,13 +9,31 @@ the local backend (``dp`` = world size 1: no sharding) and in every Ray rank (``
 from __future__ import annotations
 
 import copy
+import functools
 
 import torch
 
+from hybridflow.agents.manager import build_agent_loop_manager
 from hybridflow.config import reference_enabled
-from hybridflow.models.loader import resolve_dtype
+from hybridflow.data.parallel import DataParallel
+from hybridflow.models import load_causal_lm, load_tokenizer, load_value_model
+from hybridflow.models.fsdp import autocast_forward, compute_dtype, data_parallel_mesh, shard_model
+from hybridflow.models.loader import import_external_lib, resolve_dtype
+from hybridflow.models.lora import apply_lora, disable_adapter
+from hybridflow.models.sharded_checkpoint import FSDPModelComponent
 from hybridflow.models.ulysses import split_sequences
-from hybridflow.workers.distributed import DataParallel
+from hybridflow.rollout.config import engine_kwargs_from_rollout_config
+from hybridflow.rollout.engine import build_engine
+from hybridflow.trainer.ppo_roles import CriticGroupWorker, HybridEngineWorker
+from hybridflow.workers.actor import ActorWorker, PolicyObjective
+from hybridflow.workers.critic import CriticWorker, ValueObjective
+from hybridflow.workers.logprob import forward_layout
+from hybridflow.workers.micro_batches import LogProbBatching, per_rank_micro_batch_size
+from hybridflow.workers.optim import train_state_from_config
+from hybridflow.workers.ppo_update import UpdateSchedule
+from hybridflow.workers.reference import ReferenceWorker
+from hybridflow.workers.rollout import RolloutWorker
+from hybridflow.workers.sequence_parallel import split_world
 
 
 def rank_device() -> torch.device:
@@ -27,8 +45,6 @@ def shard_for_group(model: torch.nn.Module, *, dp: DataParallel, fsdp_cfg, devic
                     precision: str | None = None) -> torch.nn.Module:
     """FSDP2 over the ranks of the group (HSDP with ``fsdp_size``) computing in ``precision``
     (MixedPrecisionPolicy); at world size 1 the plain model with its forward under autocast."""
-    from hybridflow.models.fsdp import autocast_forward, compute_dtype, data_parallel_mesh, shard_model
-
     if dp.world_size == 1:
         return autocast_forward(model, device_type=device.type, dtype=compute_dtype(precision))
     mesh = data_parallel_mesh(device.type, dp.world_size, fsdp_cfg.fsdp_size)
@@ -45,15 +61,11 @@ def training_precision(fsdp_cfg, model_dtype: str | None = None) -> str | None:
 
 def _split_world(world: DataParallel, sp_size: int, device: torch.device, *, key: str):
     """(data-parallel view, sequence-parallel group or None) of this rank (workers/sequence_parallel.py)."""
-    from hybridflow.workers.sequence_parallel import split_world
-
     return split_world(world, sp_size=sp_size, device_type=device.type, key=key)
 
 
 def policy_tokenizer(cfg):
     """The policy's tokenizer: ``data.tokenizer`` or the model's, with ``model.custom_chat_template``."""
-    from hybridflow.models import load_tokenizer
-
     model = cfg.actor_rollout_ref.model
     return load_tokenizer(cfg.data.tokenizer or model.path, chat_template=model.custom_chat_template,
                           trust_remote_code=model.trust_remote_code or cfg.data.trust_remote_code)
@@ -61,8 +73,6 @@ def policy_tokenizer(cfg):
 
 def model_layout(model_cfg) -> str:
     """The forward layout a model section's ``use_remove_padding`` / ``use_shared_prompt`` select."""
-    from hybridflow.workers.logprob import forward_layout
-
     return forward_layout(use_remove_padding=model_cfg.use_remove_padding,
                           use_shared_prompt=model_cfg.use_shared_prompt)
 
@@ -70,13 +80,6 @@ def model_layout(model_cfg) -> str:
 def build_hybrid_engine(dp: DataParallel, *, cfg, total_steps: int, with_rollout: bool = True,
                         with_reference: bool | None = None):
     """Actor (FSDP2-sharded), rollout engine (full weights) and reference of one rank, from a PPOConfig."""
-    from hybridflow.trainer.ppo_roles import HybridEngineWorker
-    from hybridflow.models import load_causal_lm
-    from hybridflow.models.loader import import_external_lib
-    from hybridflow.models.sharded_checkpoint import FSDPModelComponent
-    from hybridflow.workers.actor import ActorWorker
-    from hybridflow.workers.optim import train_state_from_config
-
     torch.manual_seed(cfg.trainer.seed)
     arr, device = cfg.actor_rollout_ref, rank_device()
     world, (dp, sp) = dp, _split_world(dp, arr.actor.ulysses_sequence_parallel_size, device,
@@ -100,8 +103,6 @@ def build_hybrid_engine(dp: DataParallel, *, cfg, total_steps: int, with_rollout
     if with_reference and not use_lora:
         ref_model = copy.deepcopy(model).to(resolve_dtype(arr.ref.fsdp_config.model_dtype)).eval()
     if use_lora:
-        from hybridflow.models.lora import apply_lora
-
         model = apply_lora(model, rank=arr.model.lora_rank, alpha=arr.model.lora_alpha,
                            target_modules=arr.model.target_modules, exclude_modules=arr.model.exclude_modules)
     model = shard_for_group(model, dp=world, fsdp_cfg=arr.actor.fsdp_config, device=device,
@@ -113,9 +114,13 @@ def build_hybrid_engine(dp: DataParallel, *, cfg, total_steps: int, with_rollout
                                       world=world, sp=sp)
     state = train_state_from_config(model, arr.actor.optim, grad_clip=arr.actor.grad_clip, total_steps=total_steps,
                                     offload_optimizer=arr.actor.fsdp_config.optimizer_offload)
-    actor = ActorWorker(state=state, cfg=arr.actor, rollout_n=arr.rollout.n, max_response_length=cfg.data.max_response_length,
+    actor = ActorWorker(state=state, schedule=update_schedule(arr.actor, rows_per_prompt=arr.rollout.n, dp=dp),
+                        objective=policy_objective(arr.actor, rollout_correction=cfg.algorithm.rollout_correction,
+                                                   max_response_length=cfg.data.max_response_length),
                         log_prob=log_prob_batching(arr.rollout, dp), dp=dp, seed=cfg.trainer.seed,
-                        rollout_correction=cfg.algorithm.rollout_correction, layout=model_layout(arr.model))
+                        layout=model_layout(arr.model), use_torch_compile=arr.actor.use_torch_compile,
+                        entropy_checkpointing=arr.actor.entropy_checkpointing,
+                        calculate_sum_pi_squared=arr.actor.calculate_sum_pi_squared)
     checkpoint = FSDPModelComponent(model, state.optimizer, state.scheduler, tokenizer=tokenizer,
                                     save_contents=arr.actor.checkpoint.save_contents,
                                     load_contents=arr.actor.checkpoint.load_contents)
@@ -124,12 +129,49 @@ def build_hybrid_engine(dp: DataParallel, *, cfg, total_steps: int, with_rollout
                               reference_checkpoint=ref_checkpoint)
 
 
+def update_schedule(section, *, rows_per_prompt: int, dp: DataParallel):
+    """How a trained role's update walks its batch, from its section's verl keys (``ppo_mini_batch_size``,
+    ``ppo_epochs``, ``shuffle``, ``ppo_micro_batch_size[_per_gpu]``, ``use_dynamic_bsz``,
+    ``ppo_max_token_len_per_gpu``)."""
+    return UpdateSchedule(
+        mini_batch_size=section.ppo_mini_batch_size, rows_per_prompt=rows_per_prompt, epochs=section.ppo_epochs,
+        shuffle=section.shuffle, use_dynamic_bsz=section.use_dynamic_bsz,
+        micro_batch_size=per_rank_micro_batch_size(section.ppo_micro_batch_size_per_gpu, section.ppo_micro_batch_size,
+                                                   dp.world_size),
+        max_token_len=section.ppo_max_token_len_per_gpu)
+
+
+POLICY_LOSS_KNOBS = ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio", "ppo_kl_coef", "dro_beta")
+ACTOR_LOSS_KNOBS = ("tau_pos", "tau_neg")
+BYPASS_KNOBS = ("loss_type", "rollout_is", "rollout_is_threshold", "rollout_is_batch_normalize", "rollout_rs",
+                "rollout_rs_threshold")
+
+
+def policy_objective(actor_cfg, *, rollout_correction, max_response_length: int):
+    """The actor's loss from its section's keys; verl's bypass mode (``algorithm.rollout_correction``)
+    swaps in the loss that compares pi_theta with the engine's pi_rollout."""
+    loss_mode = actor_cfg.policy_loss.loss_mode
+    knobs = {**{k: getattr(actor_cfg.policy_loss, k) for k in POLICY_LOSS_KNOBS},
+             **{k: getattr(actor_cfg, k) for k in ACTOR_LOSS_KNOBS}}
+    if rollout_correction is not None and rollout_correction.bypass_mode:
+        loss_mode = "bypass_mode"
+        knobs.update({k: getattr(rollout_correction, k) for k in BYPASS_KNOBS})
+    return PolicyObjective(
+        loss_mode=loss_mode, knobs=knobs, loss_agg_mode=actor_cfg.loss_agg_mode, clip_ratio=actor_cfg.clip_ratio,
+        clip_ratio_low=actor_cfg.clip_ratio_low, clip_ratio_high=actor_cfg.clip_ratio_high,
+        clip_ratio_c=actor_cfg.clip_ratio_c,
+        # seq-mean-token-sum-norm's divisor: loss_scale_factor when set, as verl's agg_loss
+        norm_length=actor_cfg.loss_scale_factor if actor_cfg.loss_scale_factor is not None else max_response_length,
+        entropy_coeff=actor_cfg.entropy_coeff, use_kl_loss=actor_cfg.use_kl_loss, kl_loss_coef=actor_cfg.kl_loss_coef,
+        kl_loss_type=actor_cfg.kl_loss_type,
+        # without a recompute pass the entropy metric comes from the training forward
+        report_entropy=actor_cfg.use_rollout_log_probs)
+
+
 def log_prob_batching(section, dp: DataParallel):
     """How the rollout's (old log-probs) or the reference's section cuts its no-grad forward:
     verl's ``log_prob_micro_batch_size[_per_gpu]``, ``log_prob_use_dynamic_bsz`` and
     ``log_prob_max_token_len_per_gpu``."""
-    from hybridflow.workers.micro_batches import LogProbBatching, per_rank_micro_batch_size
-
     size = per_rank_micro_batch_size(section.log_prob_micro_batch_size_per_gpu, section.log_prob_micro_batch_size,
                                      dp.world_size)
     return LogProbBatching(micro_batch_size=size, use_dynamic_bsz=section.log_prob_use_dynamic_bsz,
@@ -141,10 +183,7 @@ def _reference_worker(*, actor_model, ref_model, arr, dp: DataParallel, device: 
     """The reference policy: with LoRA (``ref_model`` None) the actor itself with its adapter off,
     so no second model is held; otherwise the frozen initial copy, sharded like the actor (FSDP2
     over the ``world`` ranks, sequences split over ``sp``)."""
-    import functools
 
-    from hybridflow.models.lora import disable_adapter
-    from hybridflow.workers.reference import ReferenceWorker
 
     batching = log_prob_batching(arr.ref, dp)
     kwargs = dict(micro_batch_size=batching.micro_batch_size, use_dynamic_bsz=batching.use_dynamic_bsz,
@@ -166,10 +205,6 @@ x 2 x kv_heads x head_dim x 4: 1.5 GB for SmolLM2-135M)."""
 
 
 def _rollout_worker(engine_model, tokenizer, rollout_cfg, *, template_kwargs=None):
-    from hybridflow.rollout.config import engine_kwargs_from_rollout_config
-    from hybridflow.rollout.engine import build_engine
-    from hybridflow.workers.rollout import RolloutWorker
-
     kwargs = engine_kwargs_from_rollout_config(rollout_cfg)
     if rollout_cfg.name == "native":
         kwargs["own_model"] = True  # engine_model is the engine's private copy: it keeps only the packed weights
@@ -178,8 +213,6 @@ def _rollout_worker(engine_model, tokenizer, rollout_cfg, *, template_kwargs=Non
     engine = build_engine(rollout_cfg.name, engine_model, tokenizer, **kwargs)
     agent_loops = None
     if rollout_cfg.multi_turn.enable:
-        from hybridflow.agents.manager import build_agent_loop_manager
-
         agent_loops = build_agent_loop_manager(engine=engine, tokenizer=tokenizer, rollout_cfg=rollout_cfg,
                                                template_kwargs=template_kwargs)
     return RolloutWorker(engine=engine, pad_token_id=tokenizer.pad_token_id, agent_loops=agent_loops)
@@ -187,13 +220,6 @@ def _rollout_worker(engine_model, tokenizer, rollout_cfg, *, template_kwargs=Non
 
 def build_critic_worker(dp: DataParallel, *, cfg, total_steps: int):
     """The critic of one rank: value model (FSDP2 across the group), optimizer, checkpoint component."""
-    from hybridflow.trainer.ppo_roles import CriticGroupWorker
-    from hybridflow.models import load_tokenizer, load_value_model
-    from hybridflow.models.loader import import_external_lib
-    from hybridflow.models.sharded_checkpoint import FSDPModelComponent
-    from hybridflow.workers.critic import CriticWorker
-    from hybridflow.workers.optim import train_state_from_config
-
     torch.manual_seed(cfg.trainer.seed)
     critic_cfg, device = cfg.critic, rank_device()
     world, (dp, sp) = dp, _split_world(dp, critic_cfg.ulysses_sequence_parallel_size, device,
@@ -207,8 +233,15 @@ def build_critic_worker(dp: DataParallel, *, cfg, total_steps: int):
     split_sequences(model, sp, key="critic.ulysses_sequence_parallel_size")
     state = train_state_from_config(model, critic_cfg.optim, grad_clip=critic_cfg.grad_clip, total_steps=total_steps,
                                     offload_optimizer=fsdp_cfg.optimizer_offload)
-    critic = CriticWorker(state=state, cfg=critic_cfg, rollout_n=critic_cfg.rollout_n, dp=dp, seed=cfg.trainer.seed,
-                          max_response_length=cfg.data.max_response_length,
+    forward = LogProbBatching(
+        micro_batch_size=per_rank_micro_batch_size(critic_cfg.forward_micro_batch_size_per_gpu,
+                                                   critic_cfg.forward_micro_batch_size, dp.world_size),
+        use_dynamic_bsz=critic_cfg.use_dynamic_bsz, max_token_len=critic_cfg.forward_max_token_len_per_gpu)
+    objective = ValueObjective(cliprange_value=critic_cfg.cliprange_value, loss_agg_mode=critic_cfg.loss_agg_mode,
+                               max_response_length=cfg.data.max_response_length,
+                               loss_scale_factor=critic_cfg.loss_scale_factor)
+    critic = CriticWorker(state=state, schedule=update_schedule(critic_cfg, rows_per_prompt=critic_cfg.rollout_n, dp=dp),
+                          objective=objective, forward=forward, dp=dp, seed=cfg.trainer.seed,
                           layout=model_layout(critic_cfg.model))
     tokenizer = load_tokenizer(critic_cfg.model.tokenizer_path or critic_cfg.model.path,
                                trust_remote_code=critic_cfg.model.trust_remote_code)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from hybridflow.controller.dispatch import Mode, dispatch
 from hybridflow.data.batch import Batch
+from hybridflow.models.fsdp import full_state_dict
+from hybridflow.models.lora import is_lora_model, lora_scaling, merged_state_dict
 from hybridflow.workers.actor import ActorWorker
 from hybridflow.workers.critic import CriticWorker
 from hybridflow.workers.reference import ReferenceWorker
@@ -84,8 +86,6 @@ class HybridEngineWorker(CheckpointedRank):
     @dispatch(Mode.ONE_TO_ALL, collect="first")
     def full_weights(self) -> dict:
         """The unsharded actor weights (every rank gathers; rank 0's copy comes back)."""
-        from hybridflow.models.fsdp import full_state_dict
-
         return full_state_dict(self.actor.model)
 
     @dispatch(Mode.ONE_TO_ALL, collect="first")
@@ -99,9 +99,6 @@ class HybridEngineWorker(CheckpointedRank):
 
 def actor_weights_for_rollout(model) -> dict:
     """The actor's full weights by HF name; with LoRA, the adapter folded in (W + alpha/r B A)."""
-    from hybridflow.models.fsdp import full_state_dict
-    from hybridflow.models.lora import is_lora_model, lora_scaling, merged_state_dict
-
     weights = full_state_dict(model)
     return merged_state_dict(weights, scaling=lora_scaling(model)) if is_lora_model(model) else weights
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
+from hybridflow.rewards import list_reward_managers
+
 VERL_MANAGER_KWARGS: dict[str, tuple[str, ...]] = {"dapo": ("overlong_buffer_cfg", "max_resp_len")}
 """``reward_model.reward_kwargs`` entries each manager takes (verl's constructor arguments)."""
 
@@ -51,8 +53,6 @@ def reward_manager_kwargs(cfg) -> dict[str, Any]:
 
 def reward_manager_problems(cfg) -> list[str]:
     """An unregistered manager name, and ``reward_kwargs`` the manager does not take."""
-    from hybridflow.rewards import list_reward_managers
-
     name = cfg.reward_model.reward_manager
     if name not in list_reward_managers():
         return [f"reward_model.reward_manager={name!r} is not one of {', '.join(list_reward_managers())}"]

@@ -10,13 +10,23 @@ weights (so it can be refreshed and checkpointed) and no critic.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Mapping
 
 from hybridflow.algos import masked_sum
+from hybridflow.config import validate_ppo_config
+from hybridflow.config.selfplay import resolve_legacy_micro_batch_sizes, self_play_problems, warn_keys_without_effect
+from hybridflow.config.validate import ppo_world_size, raise_if_problems
+from hybridflow.controller.worker_group import build_worker_group
 from hybridflow.data.batch import Batch
+from hybridflow.models import load_tokenizer
+from hybridflow.trainer import main_ppo
 from hybridflow.trainer.entry import model_context_length, resolve_device, seed_everything
+from hybridflow.trainer.main_ppo import train_and_report
 from hybridflow.trainer.metrics import Timer
 from hybridflow.trainer.ppo import PPOTrainer, PPOWorkers
+from hybridflow.trainer.ppo_builders import build_hybrid_engine
+from hybridflow.trainer.ppo_roles import GroupCheckpoint, HybridEngineWorker
 
 REFERENCE_COMPONENT = "ref"
 """Checkpoint component of a refreshed reference: ``global_step_N/ref`` beside ``global_step_N/actor``."""
@@ -76,13 +86,7 @@ class EveryNthStep:
 
 def build_self_play_trainer(cfg, trainer_cls: type[SelfPlayTrainer]) -> SelfPlayTrainer:
     """Workers, data and trackers for a self-play trainer, from a validated SPIN / SPPO config."""
-    import functools
 
-    from hybridflow.trainer.ppo_builders import build_hybrid_engine
-    from hybridflow.trainer.ppo_roles import GroupCheckpoint, HybridEngineWorker
-    from hybridflow.controller.worker_group import build_worker_group
-    from hybridflow.models import load_tokenizer
-    from hybridflow.trainer import main_ppo
 
     seed_everything(cfg.trainer.seed)
     device = resolve_device(cfg.trainer.device)
@@ -108,15 +112,6 @@ def check_self_play_config(cfg, *, schema: type, trainer: str, min_n: int = 2,
                            hints: dict[str, str] | None = None) -> None:
     """Everything checkable before a model loads: PPO's checks, the self-play ones, legacy sizes; warns for
     keys without effect."""
-    from hybridflow.config import validate_ppo_config
-    from hybridflow.config.selfplay import (
-        resolve_legacy_micro_batch_sizes,
-        self_play_problems,
-        warn_keys_without_effect,
-    )
-    from hybridflow.config.validate import ppo_world_size, raise_if_problems
-    from hybridflow.trainer import main_ppo
-
     problems = main_ppo.engine_and_logger_problems(cfg)
     problems += resolve_legacy_micro_batch_sizes(cfg, world_size=ppo_world_size(cfg))
     problems += self_play_problems(cfg, min_n=min_n)
@@ -129,8 +124,6 @@ def check_self_play_config(cfg, *, schema: type, trainer: str, min_n: int = 2,
 def run_self_play(cfg, *, schema: type, trainer_cls: type[SelfPlayTrainer], min_n: int = 2,
                   hints: dict[str, str] | None = None):
     """Check, build, train, report (``main_spin`` / ``main_sppo``)."""
-    from hybridflow.trainer.main_ppo import train_and_report
-
     check_self_play_config(cfg, schema=schema, trainer=trainer_cls.__name__, min_n=min_n, hints=hints)
     return train_and_report(build_self_play_trainer(cfg, trainer_cls), cfg)
 

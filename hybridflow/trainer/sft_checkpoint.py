@@ -31,7 +31,7 @@ from hybridflow.models.fsdp import full_state_dict
 from hybridflow.models.hf_folder import HF_FOLDER, LORA_FOLDER, plain_hf_model, save_hf_folder
 from hybridflow.models.lora import is_lora_model, save_adapter
 from hybridflow.models.sharded_checkpoint import FSDPModelComponent
-from hybridflow.workers.distributed import DataParallel
+from hybridflow.data.parallel import DataParallel
 
 
 def _broadcast_from_rank0(value, dp: DataParallel):

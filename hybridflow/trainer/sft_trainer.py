@@ -32,31 +32,33 @@ import os
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import asdict
 
 import torch
 import torch.distributed as dist
 
 from hybridflow.config import SFTConfig, load_config, split_config_args, validate_sft_config
-from hybridflow.trainer.entry import model_context_length, resolve_device, seed_everything
+from hybridflow.config.loader import help_requested, trainer_usage
 from hybridflow.config.validate import as_list, sft_micro_batch_size_per_gpu, sft_model_path
 from hybridflow.data.dataloader import StatefulDataLoader
+from hybridflow.data.parallel import DataParallel, LOCAL
 from hybridflow.data.sft_dataset import SFTDataset
 from hybridflow.errors import ConfigError, run_entry_point
-from hybridflow.models.fsdp import data_parallel_mesh, micro_batch_sync, shard_model
 from hybridflow.models import load_causal_lm, load_tokenizer, resolve_dtype
+from hybridflow.models.fsdp import data_parallel_mesh, micro_batch_sync, shard_model
 from hybridflow.models.lora import apply_lora
 from hybridflow.models.segment_attention import use_segment_attention
-from hybridflow.models.ulysses import split_sequences
 from hybridflow.models.sharded_checkpoint import FSDPModelComponent
+from hybridflow.models.ulysses import split_sequences
 from hybridflow.trainer.checkpoint import find_resume_checkpoint, load_checkpoint, save_checkpoint
+from hybridflow.trainer.entry import model_context_length, resolve_device, seed_everything
+from hybridflow.trainer.plots import Curve, fixed_keys, plot_curves
 from hybridflow.trainer.sft_batches import count_targets, even_shard, micro_batch_inputs, rank_slice, split_micro
 from hybridflow.trainer.sft_checkpoint import SharedDirComponent
 from hybridflow.trainer.sft_loss import sft_loss
 from hybridflow.trainer.sft_sequence_parallel import sequence_parallel_sft_loss
-from hybridflow.trainer.plots import Curve, fixed_keys, plot_curves
 from hybridflow.trainer.summary import summary_table
 from hybridflow.trainer.tracking import Tracking
-from hybridflow.workers.distributed import LOCAL, DataParallel
 from hybridflow.workers.optim import TrainState, build_optimizer, build_scheduler
 from hybridflow.workers.sequence_parallel import split_world
 
@@ -321,8 +323,6 @@ def build_trainer(cfg: SFTConfig) -> SFTTrainer:
 
 
 def make_tracking(cfg: SFTConfig) -> Tracking:
-    from dataclasses import asdict
-
     return Tracking(cfg.trainer.project_name, cfg.trainer.experiment_name, as_list(cfg.trainer.logger),
                     config=asdict(cfg), local_dir=os.path.join(cfg.trainer.default_local_dir, "logs"))
 
@@ -332,8 +332,6 @@ USAGE_SUMMARY = ("Supervised fine-tuning with verl's sft_trainer keys; under tor
 
 
 def _main(argv: list[str], *, prog: str = "python -m hybridflow.trainer.sft_trainer") -> int:
-    from hybridflow.config.loader import help_requested, trainer_usage
-
     if help_requested(argv):
         print(trainer_usage(prog, USAGE_SUMMARY, "sft"), end="")
         return 0

@@ -19,53 +19,70 @@ data-parallel sharding (the losses in hybridflow.algos take them as arguments).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections import defaultdict
+from dataclasses import dataclass, field
 
 import torch
 
 from hybridflow.algos import agg_loss, get_policy_loss, kl_penalty, masked_mean
 from hybridflow.data.batch import Batch
-from hybridflow.workers.distributed import DataParallel, LOCAL
+from hybridflow.data.parallel import DataParallel, LOCAL
 from hybridflow.workers.logprob import batch_log_probs, micro_batch_log_probs
-from hybridflow.workers.micro_batches import LogProbBatching, micro_batches, per_rank_micro_batch_size
+from hybridflow.workers.micro_batches import LogProbBatching
 from hybridflow.workers.optim import TrainState
-from hybridflow.workers.ppo_update import averaged, optimizer_step, ppo_mini_batches
+from hybridflow.workers.ppo_update import UpdateSchedule, averaged, optimizer_step, ppo_mini_batches
 from hybridflow.workers.preference_update import OBJECTIVES, preference_micro_loss
 
-POLICY_LOSS_KNOBS = ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio", "ppo_kl_coef", "dro_beta")
-ACTOR_LOSS_KNOBS = ("tau_pos", "tau_neg")
-BYPASS_KNOBS = ("loss_type", "rollout_is", "rollout_is_threshold", "rollout_is_batch_normalize", "rollout_rs",
-                "rollout_rs_threshold")
+
+@dataclass(frozen=True)
+class PolicyObjective:
+    """What the actor minimises on a micro-batch (the role builder maps verl's actor keys onto it):
+
+        loss = policy_loss(loss_mode; clip ratios, knobs) - entropy_coeff * H + kl_loss_coef * KL(pi || ref)
+    """
+
+    loss_mode: str = "vanilla"
+    """Registered policy loss (``hybridflow.algos.get_policy_loss``); ``bypass_mode`` compares with pi_rollout."""
+    knobs: dict = field(default_factory=dict)
+    """Extra keyword arguments of that loss (clip-cov ratios, GPG/SAPO temperatures, bypass thresholds)."""
+    loss_agg_mode: str = "token-mean"
+    """How token losses become one number (``algos/agg.py``)."""
+    clip_ratio: float = 0.2
+    clip_ratio_low: float | None = None
+    clip_ratio_high: float | None = None
+    clip_ratio_c: float = 3.0
+    """Dual-clip bound for negative advantages (Ye et al. 2020)."""
+    norm_length: int | None = None
+    """``seq-mean-token-sum-norm``'s divisor (loss_scale_factor, else the max response length)."""
+    entropy_coeff: float = 0.0
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.0
+    kl_loss_type: str = "low_var_kl"
+    report_entropy: bool = False
+    """Compute the entropy metric in the training forward even when entropy_coeff is 0 (no recompute pass)."""
 
 
 class ActorWorker:
-    """Policy model + optimizer + LR schedule, configured by an ``ActorConfig`` section."""
+    """Policy model + optimizer + LR schedule, told explicitly what to minimise and how to walk a batch."""
 
-    def __init__(self, *, state: TrainState, cfg, rollout_n: int, max_response_length: int,
-                 log_prob: LogProbBatching | None = None, dp: DataParallel = LOCAL, seed: int = 0,
-                 rollout_correction=None, layout: str = "padded"):
+    def __init__(self, *, state: TrainState, schedule: UpdateSchedule, objective: PolicyObjective,
+                 log_prob: LogProbBatching = LogProbBatching(), dp: DataParallel = LOCAL, seed: int = 0,
+                 layout: str = "padded", use_torch_compile: bool = False, entropy_checkpointing: bool = False,
+                 calculate_sum_pi_squared: bool = False):
         self.state = state
-        self.layout = layout
         self.model = state.model
-        self.cfg = cfg
-        self.rollout_n = rollout_n
-        self.max_response_length = max_response_length
-        self.log_prob = log_prob or LogProbBatching(use_dynamic_bsz=cfg.use_dynamic_bsz,
-                                                    max_token_len=cfg.ppo_max_token_len_per_gpu)
-        self.micro_batch_size = per_rank_micro_batch_size(cfg.ppo_micro_batch_size_per_gpu, cfg.ppo_micro_batch_size,
-                                                          dp.world_size)
+        self.schedule = schedule
+        self.objective = objective
+        self.policy_loss_fn = get_policy_loss(objective.loss_mode)
+        self.log_prob = log_prob
         self.dp = dp
         self.seed = seed
-        self.policy_loss_fn = get_policy_loss(cfg.policy_loss.loss_mode)
-        self.loss_knobs = {**{k: getattr(cfg.policy_loss, k) for k in POLICY_LOSS_KNOBS},
-                           **{k: getattr(cfg, k) for k in ACTOR_LOSS_KNOBS}}
-        if rollout_correction is not None and rollout_correction.bypass_mode:
-            # verl's bypass mode: the loss itself compares pi_theta with the engine's pi_rollout
-            self.policy_loss_fn = get_policy_loss("bypass_mode")
-            self.loss_knobs.update({k: getattr(rollout_correction, k) for k in BYPASS_KNOBS})
-        # seq-mean-token-sum-norm's divisor: loss_scale_factor when set, as verl's agg_loss
-        self.norm_length = cfg.loss_scale_factor if cfg.loss_scale_factor is not None else max_response_length
+        self.layout = layout
+        self.use_torch_compile = use_torch_compile
+        self.entropy_checkpointing = entropy_checkpointing
+        self.calculate_sum_pi_squared = calculate_sum_pi_squared
 
     # ------------------------------------------------------------------ inference
     def compute_log_prob(self, batch: Batch, *, temperature: float) -> tuple[torch.Tensor, ...]:
@@ -74,8 +91,8 @@ class ActorWorker:
         return batch_log_probs(
             self.model, batch, temperature=temperature, micro_batch_size=self.log_prob.micro_batch_size,
             use_dynamic_bsz=self.log_prob.use_dynamic_bsz, max_token_len=self.log_prob.max_token_len,
-            calculate_entropy=True, calculate_sum_pi_squared=self.cfg.calculate_sum_pi_squared, dp=self.dp,
-            layout=self.layout, use_torch_compile=self.cfg.use_torch_compile,
+            calculate_entropy=True, calculate_sum_pi_squared=self.calculate_sum_pi_squared, dp=self.dp,
+            layout=self.layout, use_torch_compile=self.use_torch_compile,
         )
 
     # ------------------------------------------------------------------ training
@@ -83,8 +100,7 @@ class ActorWorker:
         """One training step on ``batch`` (needs old_log_probs, advantages, response_mask)."""
         self.model.train()
         metrics: dict[str, list[float]] = defaultdict(list)
-        for counts, micros in ppo_mini_batches(batch, cfg=self.cfg, rows_per_prompt=self.rollout_n, dp=self.dp,
-                                               seed=self.seed, step=step, micro_batch_size=self.micro_batch_size):
+        for counts, micros in ppo_mini_batches(batch, schedule=self.schedule, dp=self.dp, seed=self.seed, step=step):
             loss_fn = functools.partial(self._micro_loss, temperature=temperature, counts=counts)
             optimizer_step(state=self.state, dp=self.dp, micros=micros, loss_fn=loss_fn, metrics=metrics)
         return self._finish_step(metrics)
@@ -93,24 +109,20 @@ class ActorWorker:
                           temperature: float, step: int) -> dict[str, float]:
         """One training step of a sequence-level preference objective (``workers/preference_update``).
 
-        Mini-batches of ``ppo_mini_batch_size`` prompts (``rows_per_prompt`` rows each: 2 per SPIN
-        pair, rollout.n for SPPO) x ``ppo_epochs``, in row order (pairs stay whole);
-        micro-batches of ``ppo_micro_batch_size_per_gpu`` items (pairs for DPO, as verl's recipe).
+        The actor's schedule with ``rows_per_prompt`` rows per prompt (2 per SPIN pair, rollout.n for
+        SPPO), in row order (pairs stay whole); micro-batch sizes count items (pairs for DPO, as verl's
+        recipe), and only one-row items may use the token budget.
         """
         spec = OBJECTIVES[objective]
         self.model.train()
         metrics: dict[str, list[float]] = defaultdict(list)
-        mini_size = max(self.cfg.ppo_mini_batch_size * rows_per_prompt // self.dp.world_size, spec.rows_per_item)
-        micro_size = self.cfg.ppo_micro_batch_size_per_gpu
-        for _epoch in range(self.cfg.ppo_epochs):
-            for mini in batch.split(mini_size):
-                counts = self.dp.global_counts(mini["response_mask"])
-                micros = micro_batches(mini, micro_batch_size=micro_size and micro_size * spec.rows_per_item,
-                                       use_dynamic_bsz=self.cfg.use_dynamic_bsz and spec.rows_per_item == 1,
-                                       max_token_len=self.cfg.ppo_max_token_len_per_gpu, dp=self.dp)
-                loss_fn = functools.partial(preference_micro_loss, model=self.model, objective=spec, params=params,
-                                            counts=counts, temperature=temperature, layout=self.layout)
-                optimizer_step(state=self.state, dp=self.dp, micros=micros, loss_fn=loss_fn, metrics=metrics)
+        schedule = dataclasses.replace(self.schedule, rows_per_prompt=rows_per_prompt, shuffle=False,
+                                       item_rows=spec.rows_per_item)
+        loss_fn = functools.partial(preference_micro_loss, model=self.model, objective=spec, params=params,
+                                    temperature=temperature, layout=self.layout)
+        for counts, micros in ppo_mini_batches(batch, schedule=schedule, dp=self.dp, seed=self.seed, step=step):
+            optimizer_step(state=self.state, dp=self.dp, micros=micros,
+                           loss_fn=functools.partial(loss_fn, counts=counts), metrics=metrics)
         return self._finish_step(metrics)
 
     def _finish_step(self, metrics: dict[str, list[float]]) -> dict[str, float]:
@@ -120,36 +132,36 @@ class ActorWorker:
         return out
 
     def _micro_loss(self, micro: Batch, *, temperature: float, counts: dict[str, float]):
-        use_entropy = self.cfg.entropy_coeff != 0
-        # Without a recompute pass the entropy metric comes from this forward (detached if unused).
-        report_entropy = use_entropy or self.cfg.use_rollout_log_probs
+        obj = self.objective
+        use_entropy = obj.entropy_coeff != 0
+        report_entropy = use_entropy or obj.report_entropy
         log_prob, entropy = micro_batch_log_probs(self.model, micro, temperature=temperature,
                                                   calculate_entropy=report_entropy, layout=self.layout,
-                                                  entropy_checkpointing=self.cfg.entropy_checkpointing,
-                                                  use_torch_compile=self.cfg.use_torch_compile)
+                                                  entropy_checkpointing=self.entropy_checkpointing,
+                                                  use_torch_compile=self.use_torch_compile)
         mask = micro["response_mask"]
-        agg = dict(loss_mask=mask, loss_agg_mode=self.cfg.loss_agg_mode, max_response_length=self.norm_length,
+        agg = dict(loss_mask=mask, loss_agg_mode=obj.loss_agg_mode, max_response_length=obj.norm_length,
                    global_num_tokens=counts["tokens"], global_num_seqs=counts["seqs"])
         pg_loss, metrics = self.policy_loss_fn(
             old_log_prob=micro["old_log_probs"], log_prob=log_prob, advantages=micro["advantages"],
-            response_mask=mask, loss_agg_mode=self.cfg.loss_agg_mode, clip_ratio=self.cfg.clip_ratio,
-            clip_ratio_low=self.cfg.clip_ratio_low, clip_ratio_high=self.cfg.clip_ratio_high,
-            clip_ratio_c=self.cfg.clip_ratio_c, global_num_tokens=counts["tokens"], global_num_seqs=counts["seqs"],
-            max_response_length=self.norm_length,
+            response_mask=mask, loss_agg_mode=obj.loss_agg_mode, clip_ratio=obj.clip_ratio,
+            clip_ratio_low=obj.clip_ratio_low, clip_ratio_high=obj.clip_ratio_high,
+            clip_ratio_c=obj.clip_ratio_c, global_num_tokens=counts["tokens"], global_num_seqs=counts["seqs"],
+            max_response_length=obj.norm_length,
             rollout_is_weights=micro["rollout_is_weights"] if "rollout_is_weights" in micro else None,
-            **self.loss_knobs,
+            **obj.knobs,
         )
         loss = pg_loss
         shares = {"pg_loss": pg_loss.item()}
         if report_entropy:
             metrics["entropy"] = masked_mean(values=entropy.detach(), mask=mask).item()
         if use_entropy:
-            loss = loss - self.cfg.entropy_coeff * agg_loss(loss_mat=entropy, **agg)
-        if self.cfg.use_kl_loss:
-            kld = kl_penalty(logprob=log_prob, ref_logprob=micro["ref_log_probs"], kl_penalty=self.cfg.kl_loss_type)
+            loss = loss - obj.entropy_coeff * agg_loss(loss_mat=entropy, **agg)
+        if obj.use_kl_loss:
+            kld = kl_penalty(logprob=log_prob, ref_logprob=micro["ref_log_probs"], kl_penalty=obj.kl_loss_type)
             kl_term = agg_loss(loss_mat=kld, **agg)
-            loss = loss + self.cfg.kl_loss_coef * kl_term
+            loss = loss + obj.kl_loss_coef * kl_term
             shares["kl_loss"] = kl_term.item()
-            metrics["kl_coef"] = self.cfg.kl_loss_coef
+            metrics["kl_coef"] = obj.kl_loss_coef
         shares["loss"] = loss.item()
         return loss, shares, metrics

@@ -8,17 +8,18 @@ from __future__ import annotations
 
 import functools
 from collections import defaultdict
+from dataclasses import dataclass
 
 import torch
 
 from hybridflow.algos import masked_mean, value_loss
 from hybridflow.data.batch import Batch
 from hybridflow.models.logprob import packed_forward_inputs, packed_shard
-from hybridflow.workers.distributed import DataParallel, LOCAL
+from hybridflow.data.parallel import DataParallel, LOCAL
 from hybridflow.workers.logprob import pack_micro_batch
-from hybridflow.workers.micro_batches import micro_batches, pad_right, per_rank_micro_batch_size, trimmed_inputs
+from hybridflow.workers.micro_batches import LogProbBatching, micro_batches, pad_right, trimmed_inputs
 from hybridflow.workers.optim import TrainState
-from hybridflow.workers.ppo_update import averaged, optimizer_step, ppo_mini_batches
+from hybridflow.workers.ppo_update import UpdateSchedule, averaged, optimizer_step, ppo_mini_batches
 
 
 def _micro_values(model, micro: Batch, *, layout: str = "padded") -> torch.Tensor:
@@ -34,31 +35,38 @@ def _micro_values(model, micro: Batch, *, layout: str = "padded") -> torch.Tenso
     return pad_right(values, micro["responses"].shape[1]) * micro["response_mask"]
 
 
-class CriticWorker:
-    """Value model + optimizer + schedule, configured by a ``CriticConfig`` section."""
+@dataclass(frozen=True)
+class ValueObjective:
+    """The critic's clipped value loss (``algos/value_loss.py``), mapped from verl's critic keys."""
 
-    def __init__(self, *, state: TrainState, cfg, rollout_n: int, dp: DataParallel = LOCAL, seed: int = 0,
-                 max_response_length: int | None = None, layout: str = "padded"):
+    cliprange_value: float = 0.5
+    loss_agg_mode: str = "token-mean"
+    max_response_length: int | None = None
+    loss_scale_factor: float | None = None
+
+
+class CriticWorker:
+    """Value model + optimizer + schedule, told explicitly how to batch its forward and walk an update."""
+
+    def __init__(self, *, state: TrainState, schedule: UpdateSchedule, objective: ValueObjective = ValueObjective(),
+                 forward: LogProbBatching = LogProbBatching(), dp: DataParallel = LOCAL, seed: int = 0,
+                 layout: str = "padded"):
         self.state = state
-        self.max_response_length = max_response_length
-        self.layout = layout
         self.model = state.model
-        self.cfg = cfg
-        self.rollout_n = rollout_n
+        self.schedule = schedule
+        self.objective = objective
+        self.forward = forward
         self.dp = dp
         self.seed = seed
-        self.forward_micro_batch_size = per_rank_micro_batch_size(
-            cfg.forward_micro_batch_size_per_gpu, cfg.forward_micro_batch_size, dp.world_size)
-        self.ppo_micro_batch_size = per_rank_micro_batch_size(
-            cfg.ppo_micro_batch_size_per_gpu, cfg.ppo_micro_batch_size, dp.world_size)
+        self.layout = layout
 
     @torch.no_grad()
     def compute_values(self, batch: Batch) -> torch.Tensor:
         """V(s_t) ``[B, T]`` for every response token (0 on padding)."""
         self.model.eval()
-        pieces = micro_batches(batch, micro_batch_size=self.forward_micro_batch_size,
-                               use_dynamic_bsz=self.cfg.use_dynamic_bsz,
-                               max_token_len=self.cfg.forward_max_token_len_per_gpu, dp=self.dp)
+        pieces = micro_batches(batch, micro_batch_size=self.forward.micro_batch_size,
+                               use_dynamic_bsz=self.forward.use_dynamic_bsz, max_token_len=self.forward.max_token_len,
+                               dp=self.dp)
         return torch.cat([_micro_values(self.model, m, layout=self.layout) for m in pieces])
 
     def update_critic(self, batch: Batch, *, step: int = 0) -> dict[str, float]:
@@ -66,8 +74,7 @@ class CriticWorker:
         (``workers/ppo_update.py``) with the clipped value loss."""
         self.model.train()
         metrics: dict[str, list[float]] = defaultdict(list)
-        for counts, micros in ppo_mini_batches(batch, cfg=self.cfg, rows_per_prompt=self.rollout_n, dp=self.dp,
-                                               seed=self.seed, step=step, micro_batch_size=self.ppo_micro_batch_size):
+        for counts, micros in ppo_mini_batches(batch, schedule=self.schedule, dp=self.dp, seed=self.seed, step=step):
             loss_fn = functools.partial(self._micro_loss, counts=counts)
             optimizer_step(state=self.state, dp=self.dp, micros=micros, loss_fn=loss_fn, metrics=metrics,
                            loss_key="vf_loss")
@@ -80,9 +87,10 @@ class CriticWorker:
         vpreds = _micro_values(self.model, micro, layout=self.layout)
         loss, micro_metrics = value_loss(
             vpreds=vpreds, values=micro["values"], returns=micro["returns"], response_mask=micro["response_mask"],
-            cliprange_value=self.cfg.cliprange_value, loss_agg_mode=self.cfg.loss_agg_mode,
+            cliprange_value=self.objective.cliprange_value, loss_agg_mode=self.objective.loss_agg_mode,
             global_num_tokens=counts["tokens"], global_num_seqs=counts["seqs"],
-            max_response_length=self.max_response_length, loss_scale_factor=self.cfg.loss_scale_factor,
+            max_response_length=self.objective.max_response_length,
+            loss_scale_factor=self.objective.loss_scale_factor,
         )
         vpred_mean = masked_mean(values=vpreds.detach(), mask=micro["response_mask"]).item()
         return loss, {"vf_loss": loss.item()}, {"vf_clipfrac": micro_metrics["vf_clipfrac"], "vpred_mean": vpred_mean}

@@ -10,7 +10,8 @@ epochs of minibatch SGD over the collected batch).
                 (loss x dp_size).backward()             # FSDP averages over ranks: undo the mean
             optimizer step
 
-Mini-batches hold ``ppo_mini_batch_size x rows per prompt / dp`` rows. With ``shuffle`` the rows are
+An :class:`UpdateSchedule` (built from a role's ``ppo_*`` keys by ``trainer/ppo_builders.py``) says how the
+batch is walked. Mini-batches hold ``mini_batch_size x rows_per_prompt / dp`` rows. With ``shuffle`` the rows are
 permuted first by a permutation fixed by (seed, step, epoch) — the same rule for actor and critic, so
 a resumed run draws the same mini-batches; without it they are taken in row order. Because each
 micro-batch loss is normalised by the mini-batch's global counts, the micro-batch gradients add up
@@ -22,12 +23,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import torch
 
 from hybridflow.data.batch import Batch
 from hybridflow.models.fsdp import micro_batch_sync
-from hybridflow.workers.distributed import DataParallel
+from hybridflow.data.parallel import DataParallel
 from hybridflow.workers.micro_batches import micro_batches, mini_batches
 from hybridflow.workers.optim import TrainState
 
@@ -36,17 +38,42 @@ LossFn = Callable[[Batch], tuple[torch.Tensor, dict[str, float], dict[str, float
 mini-batch sums (added over micro-batches and ranks), ``metrics`` per-micro-batch values (averaged)."""
 
 
-def ppo_mini_batches(batch: Batch, *, cfg, rows_per_prompt: int, dp: DataParallel, seed: int, step: int,
-                     micro_batch_size: int | None) -> Iterator[tuple[dict[str, float], list[Batch]]]:
-    """``(global counts, micro-batches)`` of every optimizer step of one update, in training order.
+@dataclass(frozen=True)
+class UpdateSchedule:
+    """How one update walks its batch: ``epochs`` x mini-batches (one optimizer step each) x micro-batches."""
 
-    ``cfg``: the actor's or critic's section (``ppo_mini_batch_size``, ``ppo_epochs``, ``shuffle``,
-    ``use_dynamic_bsz``, ``ppo_max_token_len_per_gpu``); ``rows_per_prompt``: rollout.n."""
-    rows = cfg.ppo_mini_batch_size * rows_per_prompt // dp.world_size
-    for epoch in range(cfg.ppo_epochs):
-        for mini in mini_batches(batch, rows, shuffle=cfg.shuffle, seed=seed, step=step, epoch=epoch):
-            micros = micro_batches(mini, micro_batch_size=micro_batch_size, use_dynamic_bsz=cfg.use_dynamic_bsz,
-                                   max_token_len=cfg.ppo_max_token_len_per_gpu, dp=dp)
+    mini_batch_size: int
+    """Prompts per optimizer step over all data-parallel ranks (verl's ``ppo_mini_batch_size``)."""
+    rows_per_prompt: int = 1
+    """Rows of one prompt in the batch (``rollout.n``; 2 for a SPIN pair)."""
+    epochs: int = 1
+    """Passes over the batch (``ppo_epochs``)."""
+    shuffle: bool = False
+    """Permute the rows before cutting mini-batches (fixed by seed, step, epoch)."""
+    micro_batch_size: int | None = None
+    """Items per micro-batch on this rank; None: one micro-batch per mini-batch (or the token budget)."""
+    use_dynamic_bsz: bool = False
+    """Cut micro-batches by ``max_token_len`` tokens instead of a row count (only when ``item_rows`` is 1)."""
+    max_token_len: int | None = None
+    """The token budget of one dynamic micro-batch (``ppo_max_token_len_per_gpu``)."""
+    item_rows: int = 1
+    """Consecutive rows that stay together (2: a chosen/rejected pair); micro-batch sizes count items."""
+
+    def mini_batch_rows(self, dp: DataParallel) -> int:
+        """Rows of one mini-batch on one rank (at least one item)."""
+        return max(self.mini_batch_size * self.rows_per_prompt // dp.world_size, self.item_rows)
+
+
+def ppo_mini_batches(batch: Batch, *, schedule: UpdateSchedule, dp: DataParallel, seed: int,
+                     step: int) -> Iterator[tuple[dict[str, float], list[Batch]]]:
+    """``(global counts, micro-batches)`` of every optimizer step of one update, in training order."""
+    micro_rows = schedule.micro_batch_size and schedule.micro_batch_size * schedule.item_rows
+    for epoch in range(schedule.epochs):
+        for mini in mini_batches(batch, schedule.mini_batch_rows(dp), shuffle=schedule.shuffle, seed=seed, step=step,
+                                 epoch=epoch):
+            micros = micro_batches(mini, micro_batch_size=micro_rows,
+                                   use_dynamic_bsz=schedule.use_dynamic_bsz and schedule.item_rows == 1,
+                                   max_token_len=schedule.max_token_len, dp=dp)
             yield dp.global_counts(mini["response_mask"]), micros
 
 

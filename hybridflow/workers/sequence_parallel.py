@@ -11,7 +11,7 @@ FSDP2-sharded over all ``W`` ranks. A worker sees only the data-parallel view: w
 from __future__ import annotations
 
 from hybridflow.models.ulysses import SequenceParallel, build_sequence_parallel
-from hybridflow.workers.distributed import DataParallel
+from hybridflow.data.parallel import DataParallel
 
 
 def split_world(world: DataParallel, *, sp_size: int, device_type: str,

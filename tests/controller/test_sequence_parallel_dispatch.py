@@ -7,7 +7,7 @@ import torch
 from hybridflow.controller.dispatch import Mode, dispatch
 from hybridflow.controller.worker_group import LocalBackend, WorkerGroup
 from hybridflow.data.batch import Batch
-from hybridflow.workers.distributed import DataParallel
+from hybridflow.data.parallel import DataParallel
 
 
 class Echo:

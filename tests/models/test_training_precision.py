@@ -13,7 +13,7 @@ from hybridflow.config import PPOConfig, load_config
 from hybridflow.trainer.ppo_builders import build_hybrid_engine
 from hybridflow.models import compute_log_probs
 from hybridflow.models.tiny import build_tiny_model
-from hybridflow.workers.distributed import LOCAL
+from hybridflow.data.parallel import LOCAL
 from hybridflow.workers.optim import TrainState, move_optimizer_state
 from tests.models.test_fsdp import STEPS, _free_port, assert_same_weights, reference_training, summed_token_nll, token_batch
 from tests.workers.test_verl_worker_keys import _batch

@@ -1,6 +1,9 @@
-"""The async trainers: staleness 0 is main_ppo bit for bit; every prompt once; the staleness bound; IS weights."""
+"""The async trainers: staleness 0 is main_ppo bit for bit; every prompt once; the staleness bound; IS weights;
+checkpoint and resume (bitwise at staleness 0 after SIGKILL; no lost or repeated prompt when running ahead)."""
 
 from __future__ import annotations
+
+import signal
 
 import pytest
 import torch
@@ -11,6 +14,7 @@ from hybridflow.trainer.async_ppo import AsyncPPOTrainer, StalenessGate, async_t
 from hybridflow.trainer.main_ppo import build_trainer
 from hybridflow.trainer.main_one_step_off import main as one_step_off_main
 from tests.trainer.ppo_fixtures import base_overrides
+from tests.trainer.test_ppo_e2e import SLOW_REWARD, _run_cli, merged_weights
 
 
 def actor_weights(trainer) -> dict[str, torch.Tensor]:
@@ -120,7 +124,6 @@ def test_behaviour_log_probs_as_the_old_policy(tmp_path, tiny_model_dir):
 @pytest.mark.parametrize("override, message", [
     ("async_training.partial_rollout=True", "partial_rollout"),
     ("async_training.require_batches=2", r"data.train_batch_size=4 \(require_batches x actor.ppo_mini_batch_size\)"),
-    ("trainer.save_freq=1", "save_freq=-1"),
 ])
 def test_unsupported_settings_are_one_clear_error(tmp_path, tiny_model_dir, override, message):
     with pytest.raises(HybridflowError, match=message):
@@ -129,3 +132,71 @@ def test_unsupported_settings_are_one_clear_error(tmp_path, tiny_model_dir, over
 
 def test_one_step_off_entry_point_runs(tmp_path, tiny_model_dir):
     assert one_step_off_main(base_overrides(tmp_path, tiny_model_dir, steps=2)) == 0
+
+
+# ---------------------------------------------------------------------------- checkpoint and resume
+def test_resume_after_sigkill_at_staleness_zero_is_bitwise_equal(tmp_path, tiny_model_dir):
+    reward = tmp_path / "slow_reward.py"
+    reward.write_text(SLOW_REWARD)
+
+    def overrides(root):
+        return base_overrides(root, tiny_model_dir, steps=4) + [
+            f"custom_reward_function.path={reward}", "trainer.save_freq=2", "trainer.logger=[file]",
+            "data.shuffle=True", "async_training.staleness_threshold=0"]
+
+    module = "hybridflow.trainer.main_fully_async"
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    _run_cli(overrides(straight), module=module)
+    tracker = resumed / "ckpt" / "latest_checkpointed_iteration.txt"
+    assert _run_cli(overrides(resumed), kill_after_checkpoint=str(tracker), module=module) == -signal.SIGKILL
+    assert tracker.read_text().strip() == "2" and not (resumed / "ckpt" / "global_step_4").exists()
+    _run_cli(overrides(resumed), module=module)
+    a = merged_weights(straight / "ckpt" / "global_step_4" / "actor", tmp_path / "a")
+    b = merged_weights(resumed / "ckpt" / "global_step_4" / "actor", tmp_path / "b")
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+def _recording(trainer, trained: list[int], n: int) -> None:
+    train_on_batch = trainer.train_on_batch
+
+    def recording(batch, **kwargs):
+        trained.extend(row["index"] for row in batch["extra_info"][::n])
+        return train_on_batch(batch, **kwargs)
+
+    trainer.train_on_batch = recording
+
+
+def test_resume_while_running_ahead_trains_every_prompt_once(tmp_path, tiny_model_dir):
+    """Staleness 1: at the interruption the rollouter holds a generated, untrained batch; the resumed run
+    generates it again (the checkpoint's loader position is after the last *trained* batch)."""
+    cfg = load_config(PPOConfig, base_overrides(tmp_path, tiny_model_dir, steps=4) + [
+        "async_training.staleness_threshold=1", "trainer.save_freq=2", "data.shuffle=True"])
+    n = cfg.actor_rollout_ref.rollout.n
+    first, trained_first, queued_at_stop = build_async(cfg), [], []
+    _recording(first, trained_first, n)
+    train_step = first.train_step
+
+    def stop_at_step_3(batches, *, step):
+        if step == 3:
+            with first.changed:  # wait until the rollouter has run ahead: step 3's batch is generated
+                first.changed.wait_for(lambda: first.queue)
+                queued_at_stop.extend(first.queue)
+            raise KeyboardInterrupt("stopped")
+        return train_step(batches, step=step)
+
+    first.train_step = stop_at_step_3
+    with pytest.raises(KeyboardInterrupt):
+        first.fit()
+    first.close()
+    assert len(trained_first) == 8 and queued_at_stop  # 2 steps x 4 prompts trained; a batch was waiting
+    resumed, trained_resumed = build_async(cfg), []
+    _recording(resumed, trained_resumed, n)
+    last = resumed.fit()
+    resumed.close()
+    assert sorted(trained_first + trained_resumed) == list(range(16))  # one epoch, each prompt once
+    queued = [row["index"] for row in queued_at_stop[0].batch["extra_info"][::n]]
+    assert trained_resumed[:4] == queued  # the dropped batch came back first, from the same prompts
+    assert sum(v for k, v in last.items() if k.startswith("fully_async/staleness/hist_")) == 4
+    assert last["fully_async/count/current_param_version"] == 4

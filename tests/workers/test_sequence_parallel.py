@@ -25,7 +25,7 @@ from hybridflow.config import PPOConfig, SFTConfig, load_config
 from hybridflow.data.batch import Batch
 from hybridflow.errors import ConfigError
 from hybridflow.models.ulysses import SequenceParallel, SequenceShard, check_heads
-from hybridflow.workers.distributed import LOCAL, DataParallel
+from hybridflow.data.parallel import LOCAL, DataParallel
 
 WORLD, ATOL, WEIGHT_ATOL = 2, 1e-5, 5e-5
 ROWS, PROMPT, RESPONSE = 4, 5, 6
@@ -66,9 +66,9 @@ def run_actor(engine) -> dict:
     batch, out = rollout_batch(), {"old": [], "ref": [], "metrics": []}
     for step in (1, 2):
         batch["old_log_probs"], _ = engine.compute_log_prob(batch, temperature=1.0)
-        batch["ref_log_prob"] = engine.compute_ref_log_prob(batch, temperature=1.0)
+        batch["ref_log_probs"] = engine.compute_ref_log_prob(batch, temperature=1.0)
         out["old"].append(batch["old_log_probs"])
-        out["ref"].append(batch["ref_log_prob"])
+        out["ref"].append(batch["ref_log_probs"])
         out["metrics"].append(engine.update_policy(batch, temperature=1.0, step=step))
     out["weights"] = engine.full_weights()
     return out

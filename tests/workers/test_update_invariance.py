@@ -12,7 +12,7 @@ import torch
 
 from hybridflow.config import PPOConfig, load_config
 from hybridflow.trainer.ppo_builders import build_hybrid_engine
-from hybridflow.workers.distributed import LOCAL
+from hybridflow.data.parallel import LOCAL
 from tests.controller.test_ray_group import RESPONSE, rollout_batch
 
 CUTS = {"micro_1": ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1"],

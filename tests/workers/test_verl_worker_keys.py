@@ -14,7 +14,7 @@ from hybridflow.config import PPOConfig, load_config
 from hybridflow.trainer.ppo_builders import build_critic_worker, build_hybrid_engine, policy_tokenizer
 from hybridflow.data.batch import Batch
 from hybridflow.workers.critic import CriticWorker
-from hybridflow.workers.distributed import LOCAL
+from hybridflow.data.parallel import LOCAL
 from hybridflow.workers.micro_batches import LogProbBatching, mini_batches, per_rank_micro_batch_size
 
 
@@ -79,9 +79,9 @@ def test_critic_follows_its_own_keys(tiny_model_dir):
     cfg = _cfg(tiny_model_dir, "critic.rollout_n=4", "critic.model.enable_gradient_checkpointing=True",
                "critic.ppo_micro_batch_size=2", "critic.forward_micro_batch_size=4")
     critic = build_critic_worker(LOCAL, cfg=cfg, total_steps=2).critic
-    assert critic.rollout_n == 4  # critic.rollout_n, not actor_rollout_ref.rollout.n (2)
+    assert critic.schedule.rows_per_prompt == 4  # critic.rollout_n, not actor_rollout_ref.rollout.n (2)
     assert critic.model.backbone.is_gradient_checkpointing
-    assert (critic.ppo_micro_batch_size, critic.forward_micro_batch_size) == (2, 4)
+    assert (critic.schedule.micro_batch_size, critic.forward.micro_batch_size) == (2, 4)
     plain = build_critic_worker(LOCAL, cfg=_cfg(tiny_model_dir), total_steps=2).critic
     assert not plain.model.backbone.is_gradient_checkpointing
 
@@ -93,7 +93,7 @@ def test_rollout_log_prob_keys_set_the_old_log_prob_forward(tiny_model_dir):
                "actor_rollout_ref.rollout.log_prob_micro_batch_size=3")
     actor = build_hybrid_engine(LOCAL, cfg=cfg, total_steps=2, with_rollout=False).actor
     assert actor.log_prob == LogProbBatching(micro_batch_size=3, use_dynamic_bsz=True, max_token_len=21)
-    assert actor.micro_batch_size is None  # the training micro-batch keys are separate
+    assert actor.schedule.micro_batch_size is None  # the training micro-batch keys are separate
     follows = build_hybrid_engine(LOCAL, cfg=_cfg(tiny_model_dir, "actor_rollout_ref.actor.use_dynamic_bsz=True"),
                                   total_steps=2, with_rollout=False).actor
     assert follows.log_prob.use_dynamic_bsz  # verl's default: follows actor.use_dynamic_bsz
