@@ -3,8 +3,6 @@ checkpoint and resume (bitwise at staleness 0 after SIGKILL; no lost or repeated
 
 from __future__ import annotations
 
-import signal
-
 import pytest
 import torch
 
@@ -14,7 +12,7 @@ from hybridflow.trainer.async_ppo import AsyncPPOTrainer, StalenessGate, async_t
 from hybridflow.trainer.main_ppo import build_trainer
 from hybridflow.trainer.main_one_step_off import main as one_step_off_main
 from tests.trainer.ppo_fixtures import base_overrides
-from tests.trainer.test_ppo_e2e import SLOW_REWARD, _run_cli, merged_weights
+from tests.trainer.test_ppo_e2e import SLOW_REWARD, kill_after_step_2_and_resume
 
 
 def actor_weights(trainer) -> dict[str, torch.Tensor]:
@@ -139,23 +137,9 @@ def test_resume_after_sigkill_at_staleness_zero_is_bitwise_equal(tmp_path, tiny_
     reward = tmp_path / "slow_reward.py"
     reward.write_text(SLOW_REWARD)
 
-    def overrides(root):
-        return base_overrides(root, tiny_model_dir, steps=4) + [
-            f"custom_reward_function.path={reward}", "trainer.save_freq=2", "trainer.logger=[file]",
-            "data.shuffle=True", "async_training.staleness_threshold=0"]
-
-    module = "hybridflow.trainer.main_fully_async"
-    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    _run_cli(overrides(straight), module=module)
-    tracker = resumed / "ckpt" / "latest_checkpointed_iteration.txt"
-    assert _run_cli(overrides(resumed), kill_after_checkpoint=str(tracker), module=module) == -signal.SIGKILL
-    assert tracker.read_text().strip() == "2" and not (resumed / "ckpt" / "global_step_4").exists()
-    _run_cli(overrides(resumed), module=module)
-    a = merged_weights(straight / "ckpt" / "global_step_4" / "actor", tmp_path / "a")
-    b = merged_weights(resumed / "ckpt" / "global_step_4" / "actor", tmp_path / "b")
-    assert a.keys() == b.keys()
-    for key in a:
-        assert torch.equal(a[key], b[key]), key
+    kill_after_step_2_and_resume(tmp_path, lambda root: base_overrides(root, tiny_model_dir, steps=4) + [
+        f"custom_reward_function.path={reward}", "trainer.save_freq=2", "trainer.logger=[file]", "data.shuffle=True",
+        "async_training.staleness_threshold=0"], module="hybridflow.trainer.main_fully_async")
 
 
 def _recording(trainer, trained: list[int], n: int) -> None:

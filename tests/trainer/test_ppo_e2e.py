@@ -110,27 +110,32 @@ def _run_cli(overrides: list[str], *, kill_after_checkpoint: str | None = None,
     return proc.returncode
 
 
+def kill_after_step_2_and_resume(tmp_path, overrides, *, module: str = "hybridflow.trainer.main_ppo",
+                                 components=("actor",)) -> tuple:
+    """Run ``overrides(root)`` (4 steps, save_freq=2) straight through, and again killed with SIGKILL once
+    the step-2 checkpoint is published, then resumed; returns (straight root, resumed root) after checking
+    that each ``component``'s step-4 weights are bitwise equal."""
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    _run_cli(overrides(straight), module=module)
+    tracker = resumed / "ckpt" / "latest_checkpointed_iteration.txt"
+    assert _run_cli(overrides(resumed), kill_after_checkpoint=str(tracker), module=module) == -signal.SIGKILL
+    assert tracker.read_text().strip() == "2"
+    assert not (resumed / "ckpt" / "global_step_4").exists()
+    _run_cli(overrides(resumed), module=module)
+    for component in components:
+        a = merged_weights(straight / "ckpt" / "global_step_4" / component, tmp_path / f"a_{component}")
+        b = merged_weights(resumed / "ckpt" / "global_step_4" / component, tmp_path / f"b_{component}")
+        assert a.keys() == b.keys()
+        for key in a:
+            assert torch.equal(a[key], b[key]), (component, key)
+    return straight, resumed
+
+
 def test_resume_after_sigkill_is_bitwise_equal(tmp_path, tiny_model_dir):
     reward = tmp_path / "slow_reward.py"
     reward.write_text(SLOW_REWARD)
-
-    def overrides(root):
-        return base_overrides(root, tiny_model_dir, steps=4) + [
-            f"custom_reward_function.path={reward}", "trainer.save_freq=2", "trainer.logger=[file]",
-            "data.shuffle=True"]
-
-    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    _run_cli(overrides(straight))
-    tracker = resumed / "ckpt" / "latest_checkpointed_iteration.txt"
-    assert _run_cli(overrides(resumed), kill_after_checkpoint=str(tracker)) == -signal.SIGKILL
-    assert tracker.read_text().strip() == "2"
-    assert not (resumed / "ckpt" / "global_step_4").exists()
-    _run_cli(overrides(resumed))
-    a = merged_weights(straight / "ckpt" / "global_step_4" / "actor", tmp_path / "a")
-    b = merged_weights(resumed / "ckpt" / "global_step_4" / "actor", tmp_path / "b")
-    assert a.keys() == b.keys()
-    for key in a:
-        assert torch.equal(a[key], b[key]), key
+    kill_after_step_2_and_resume(tmp_path, lambda root: base_overrides(root, tiny_model_dir, steps=4) + [
+        f"custom_reward_function.path={reward}", "trainer.save_freq=2", "trainer.logger=[file]", "data.shuffle=True"])
 
 
 def merged_weights(actor_dir, out_dir) -> dict:

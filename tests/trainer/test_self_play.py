@@ -251,7 +251,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 @pytest.mark.parametrize("name", ["spin", pytest.param("sppo", marks=pytest.mark.slow)])  # ~2 min each
 def test_resume_after_sigkill_is_bitwise_equal(tmp_path, tiny_model_dir, name):
     """Killed after the step-2 checkpoint; step 3 must use the checkpointed reference (refreshed at step 2)."""
-    from tests.trainer.test_ppo_e2e import _run_cli, merged_weights
+    from tests.trainer.test_ppo_e2e import kill_after_step_2_and_resume
 
     reward = tmp_path / "slow_reward.py"
     reward.write_text(SLOW_REWARD)
@@ -261,20 +261,8 @@ def test_resume_after_sigkill_is_bitwise_equal(tmp_path, tiny_model_dir, name):
             f"custom_reward_function.path={reward}", "trainer.save_freq=2", "trainer.logger=[file]",
             "data.shuffle=True", "trainer.ref_update_freq=2"]
 
-    module = f"hybridflow.trainer.main_{name}"
-    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    _run_cli(overrides(straight), module=module)
-    tracker = resumed / "ckpt" / "latest_checkpointed_iteration.txt"
-    assert _run_cli(overrides(resumed), kill_after_checkpoint=str(tracker), module=module) == -signal.SIGKILL
-    assert tracker.read_text().strip() == "2"
-    assert not (resumed / "ckpt" / "global_step_4").exists()
-    _run_cli(overrides(resumed), module=module)
-    for component in ("actor", "ref"):
-        a = merged_weights(straight / "ckpt" / "global_step_4" / component, tmp_path / f"a_{component}")
-        b = merged_weights(resumed / "ckpt" / "global_step_4" / component, tmp_path / f"b_{component}")
-        assert a.keys() == b.keys()
-        for key in a:
-            assert torch.equal(a[key], b[key]), (component, key)
+    straight, resumed = kill_after_step_2_and_resume(tmp_path, overrides, module=f"hybridflow.trainer.main_{name}",
+                                                     components=("actor", "ref"))
     loss = "actor/dpo_loss" if name == "spin" else "actor/sppo_loss"
     straight_rows = {r["step"]: r[loss] for r in read_metrics(straight)}
     resumed_rows = {r["step"]: r[loss] for r in read_metrics(resumed)}
