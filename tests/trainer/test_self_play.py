@@ -7,7 +7,6 @@ import copy
 import json
 import logging
 import math
-import signal
 
 import pytest
 import torch

@@ -12,7 +12,6 @@ key/value head for two ranks, so its KV head is repeated (GQA path).
 
 from __future__ import annotations
 
-import functools
 import os
 import socket
 
