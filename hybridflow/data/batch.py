@@ -65,6 +65,52 @@ def _same_value(a: Any, b: Any) -> bool:
         return a is b
 
 
+def _pad_columns(value: torch.Tensor, left: int, right: int) -> torch.Tensor:
+    """``value`` with ``left`` / ``right`` zero columns added along dim 1 (any trailing dims kept)."""
+    if left == right == 0:
+        return value
+    shape = list(value.shape)
+    parts = []
+    for width in (left, None, right):
+        if width is None:
+            parts.append(value)
+        elif width:
+            parts.append(value.new_zeros([shape[0], width, *shape[2:]]))
+    return torch.cat(parts, dim=1)
+
+
+def _aligned_column(key: str, value: torch.Tensor, *, prompt: tuple[int, int], response: tuple[int, int]):
+    """One column padded from (prompt width p, response width t) to (P, T); masks pad with 0 (padding)."""
+    (p, P), (t, T) = prompt, response
+    if value.dim() < 2:
+        return value
+    width = value.shape[1]
+    if width == p + t:  # input_ids, attention_mask, position_ids: [left pad | prompt | response | right pad]
+        return torch.cat([_pad_columns(value[:, :p], P - p, 0), _pad_columns(value[:, p:], 0, T - t)], dim=1)
+    if key.startswith("prompt") and width == p:
+        return _pad_columns(value, P - p, 0)
+    if width == t:
+        return _pad_columns(value, 0, T - t)
+    raise ValueError(f"Batch.concat: column {key!r} has width {width}, neither the prompt ({p}), the response "
+                     f"({t}) nor the sequence ({p + t}) width, so rollouts of different widths cannot be aligned")
+
+
+def _common_widths(batches: Sequence[Batch]) -> Sequence[Batch]:
+    """Rollout batches (with ``prompts`` and ``responses``) padded to one prompt and one response width."""
+    if not all("prompts" in b and "responses" in b for b in batches):
+        return batches
+    P = max(b["prompts"].shape[1] for b in batches)
+    T = max(b["responses"].shape[1] for b in batches)
+    if all(b["prompts"].shape[1] == P and b["responses"].shape[1] == T for b in batches):
+        return batches
+    aligned = []
+    for b in batches:
+        widths = dict(prompt=(b["prompts"].shape[1], P), response=(b["responses"].shape[1], T))
+        tensors = {k: _aligned_column(k, v, **widths) for k, v in b.tensors.items()}
+        aligned.append(Batch(tensors, dict(b.non_tensors)))
+    return aligned
+
+
 def _index_tensor(indices: Sequence[int] | np.ndarray | torch.Tensor, size: int) -> torch.Tensor:
     """Normalise integer or boolean-mask indices to an int64 CPU tensor, bounds-checked against ``size``."""
     index = torch.as_tensor(np.asarray(indices) if not isinstance(indices, torch.Tensor) else indices)
@@ -246,13 +292,16 @@ class Batch:
 
     @staticmethod
     def concat(batches: Sequence[Batch]) -> Batch:
-        """Stack batches with identical keys along B."""
+        """Stack batches with identical keys along B. Rollouts of different widths (each generate call pads to
+        its own longest prompt and response) are first padded to the widest: prompt-side columns on the
+        left, response-side ones on the right, ``[B, P + T]`` ones on both sides (``_common_widths``)."""
         if not batches:
             raise ValueError("Batch.concat needs at least one batch")
         keys = batches[0].keys()
         for i, batch in enumerate(batches[1:], start=1):
             if sorted(batch.keys()) != sorted(keys):
                 raise ValueError(f"Batch.concat: batch {i} has keys {batch.keys()}, batch 0 has {keys}")
+        batches = _common_widths(batches)
         first = batches[0]
         tensors = {k: torch.cat([b[k] for b in batches]) for k in first._tensors}
         non_tensors = {k: np.concatenate([b[k] for b in batches]) for k in first._non_tensors}

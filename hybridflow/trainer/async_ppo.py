@@ -38,6 +38,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterator
 
+from hybridflow.controller.dispatch import mean_metrics
 from hybridflow.data.batch import Batch
 from hybridflow.errors import HybridflowError
 from hybridflow.trainer.metrics import Timer
@@ -82,13 +83,8 @@ def check_async_config(cfg) -> None:
         problems.append(f"async_training.staleness_threshold must be >= 0 (got {a.staleness_threshold})")
     if a.trigger_parameter_sync_step < 1:
         problems.append("async_training.trigger_parameter_sync_step must be >= 1")
-    if a.require_batches != 1:
-        # verl's trainer trains once it holds require_batches x ppo_mini_batch_size samples; ours trains on
-        # data.train_batch_size prompts a step, so that is the equivalent setting.
-        per_step = a.require_batches * cfg.actor_rollout_ref.actor.ppo_mini_batch_size
-        problems.append(f"async_training.require_batches > 1 is not supported yet; to train on the same samples per "
-                        f"step set async_training.require_batches=1 and data.train_batch_size={per_step} "
-                        "(require_batches x actor.ppo_mini_batch_size)")
+    if a.require_batches < 1:
+        problems.append(f"async_training.require_batches must be >= 1 (got {a.require_batches})")
     if a.partial_rollout:
         problems.append("async_training.partial_rollout=True is not wired into the trainer yet (the native engine's "
                         "StreamingSession supports it); set async_training.partial_rollout=False")
@@ -103,10 +99,12 @@ def check_async_config(cfg) -> None:
 
 
 def async_training_steps(cfg, steps_per_epoch: int) -> int:
-    """Trainer steps: rollout.total_rollout_steps // require_batches when set, else main_ppo's count."""
+    """Trainer steps: rollout.total_rollout_steps // require_batches when set, else trainer.total_training_steps,
+    else the epochs' prompt batches // require_batches. Checks the async settings first (before any model loads)."""
+    check_async_config(cfg)
     if cfg.rollout.total_rollout_steps is not None:
         return cfg.rollout.total_rollout_steps // cfg.async_training.require_batches
-    steps = steps_per_epoch * cfg.trainer.total_epochs
+    steps = steps_per_epoch * cfg.trainer.total_epochs // cfg.async_training.require_batches
     return cfg.trainer.total_training_steps if cfg.trainer.total_training_steps is not None else steps
 
 
@@ -135,21 +133,24 @@ class AsyncPPOTrainer(PPOTrainer):
 
     # ================================================================== the trainer side
     def train_step(self, batches: Iterator[Batch], *, step: int) -> dict[str, float]:
-        """One PPO step on the oldest queued batch; starts the rollouter on the first call."""
+        """One PPO step on the ``require_batches`` oldest queued batches; starts the rollouter on the first call."""
+        require = self.acfg.require_batches
         if self.rollouter is None:
-            require = self.acfg.require_batches
             self.start_rollouter(batches, start=(step - 1) * require, total=self.total_steps * require)
         timer, metrics = Timer(), {}
         with timer("step"):
             with timer("wait_for_rollout"):
-                item = self.take()
-            self.trained_loader_state = item.loader_state
-            batch = self.train_on_batch(item.batch, step=step, timer=timer, metrics=metrics)
+                items = [self.take() for _ in range(require)]
+            self.trained_loader_state = items[-1].loader_state
+            batch = self.train_on_batch(Batch.concat([item.batch for item in items]), step=step, timer=timer,
+                                        metrics=metrics)
             with timer("sync_weights"):
                 self.end_sync_period(step=step)
-        timer.timings.update(item.timings)
-        metrics.update(item.metrics)
-        metrics.update(self.staleness_metrics(item))
+        for item in items:  # generation times add up; the rollout metrics are averaged over the batches
+            for key, seconds in item.timings.items():
+                timer.timings[key] = timer.timings.get(key, 0.0) + seconds
+        metrics.update(mean_metrics([item.metrics for item in items]))
+        metrics.update(self.staleness_metrics(items))
         return self.finish_step_metrics(metrics, batch=batch, timer=timer, step=step)
 
     def old_log_probs(self, batch: Batch, *, temperature: float) -> dict[str, float]:
@@ -185,18 +186,20 @@ class AsyncPPOTrainer(PPOTrainer):
                 self.syncs_done += 1
                 self.changed.notify_all()
 
-    def staleness_metrics(self, item: RolloutItem) -> dict[str, float]:
+    def staleness_metrics(self, items: list[RolloutItem]) -> dict[str, float]:
         """verl's ``fully_async/*`` counts plus the staleness histogram of the trained batches."""
-        staleness = max(0, self.version_at_training(item) - item.version)
-        self.staleness_counts[staleness] = self.staleness_counts.get(staleness, 0) + 1
+        staleness = [max(0, self.version_at_training(item) - item.version) for item in items]
+        for value in staleness:
+            self.staleness_counts[value] = self.staleness_counts.get(value, 0) + 1
         with self.changed:
             queued = len(self.queue)
+        rows = len(items[0].batch)
         metrics = {"fully_async/count/current_param_version": self.syncs_done,
                    "fully_async/count/total_generated_samples": self.generated * self.rollout_cfg.n
                    * self.cfg.data.train_batch_size,
                    "fully_async/count/stale_samples_processed": sum(
-                       count for s, count in self.staleness_counts.items() if s > 0) * len(item.batch),
-                   "fully_async/staleness/mean": float(staleness), "fully_async/queue_size": queued}
+                       count for s, count in self.staleness_counts.items() if s > 0) * rows,
+                   "fully_async/staleness/mean": sum(staleness) / len(staleness), "fully_async/queue_size": queued}
         metrics.update({f"fully_async/staleness/hist_{s}": count for s, count in sorted(self.staleness_counts.items())})
         return metrics
 

@@ -52,11 +52,13 @@ def test_staleness_zero_equals_the_synchronous_loop_bitwise(tmp_path, tiny_model
     assert async_last["fully_async/staleness/hist_0"] == 3
 
 
-@pytest.mark.parametrize("threshold, trigger", [(1, 1), (0.5, 2)])
-def test_every_prompt_once_and_no_batch_older_than_the_threshold(tmp_path, tiny_model_dir, threshold, trigger):
-    steps = 4  # 16 rows / 4 prompts per batch: one epoch
+@pytest.mark.parametrize("threshold, trigger, require", [(1, 1, 1), (0.5, 2, 1), (1, 1, 2)])
+def test_every_prompt_once_and_no_batch_older_than_the_threshold(tmp_path, tiny_model_dir, threshold, trigger,
+                                                                 require):
+    steps = 4 // require  # 16 rows / 4 prompts per batch: one epoch; require_batches batches per step
     cfg = load_config(PPOConfig, base_overrides(tmp_path, tiny_model_dir, steps=steps) + [
-        f"async_training.staleness_threshold={threshold}", f"async_training.trigger_parameter_sync_step={trigger}"])
+        f"async_training.staleness_threshold={threshold}", f"async_training.trigger_parameter_sync_step={trigger}",
+        f"async_training.require_batches={require}"])
     trainer = build_async(cfg)
     trained, queue_ages = [], []
     take, train_on_batch = trainer.take, trainer.train_on_batch
@@ -69,6 +71,7 @@ def test_every_prompt_once_and_no_batch_older_than_the_threshold(tmp_path, tiny_
         return item
 
     def recording(batch, **kwargs):
+        assert len(batch) == require * 4 * cfg.actor_rollout_ref.rollout.n  # require_batches prompt batches
         trained.extend(row["index"] for row in batch["extra_info"][:: cfg.actor_rollout_ref.rollout.n])
         return train_on_batch(batch, **kwargs)
 
@@ -78,7 +81,7 @@ def test_every_prompt_once_and_no_batch_older_than_the_threshold(tmp_path, tiny_
     assert sorted(trained) == list(range(16))
     assert max(queue_ages) <= 1 and min(queue_ages) >= 0
     assert max(queue_ages) == 1  # the rollouter did run ahead
-    assert sum(v for k, v in last.items() if k.startswith("fully_async/staleness/hist_")) == steps
+    assert sum(v for k, v in last.items() if k.startswith("fully_async/staleness/hist_")) == steps * require
 
 
 def test_importance_weights_correct_behaviour_to_proximal(tmp_path, tiny_model_dir):
@@ -121,7 +124,7 @@ def test_behaviour_log_probs_as_the_old_policy(tmp_path, tiny_model_dir):
 
 @pytest.mark.parametrize("override, message", [
     ("async_training.partial_rollout=True", "partial_rollout"),
-    ("async_training.require_batches=2", r"data.train_batch_size=4 \(require_batches x actor.ppo_mini_batch_size\)"),
+    ("async_training.require_batches=0", "require_batches must be >= 1"),
 ])
 def test_unsupported_settings_are_one_clear_error(tmp_path, tiny_model_dir, override, message):
     with pytest.raises(HybridflowError, match=message):

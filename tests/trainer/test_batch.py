@@ -142,3 +142,39 @@ def test_setting_a_key_switches_its_kind():
     batch = make_batch(2)
     batch["uid"] = torch.tensor([7, 8])
     assert "uid" in batch.tensors and "uid" not in batch.non_tensors
+
+
+def _rollout(prompts: list[list[int]], responses: list[list[int]], p: int, t: int) -> Batch:
+    """Left-padded prompts, right-padded responses (pad 0), as the rollout worker builds them."""
+    prompt_ids = torch.tensor([[0] * (p - len(x)) + x for x in prompts])
+    response_ids = torch.tensor([y + [0] * (t - len(y)) for y in responses])
+    prompt_mask = torch.tensor([[0] * (p - len(x)) + [1] * len(x) for x in prompts])
+    response_mask = torch.tensor([[1] * len(y) + [0] * (t - len(y)) for y in responses])
+    return Batch({"prompts": prompt_ids, "responses": response_ids, "response_mask": response_mask,
+                  "input_ids": torch.cat([prompt_ids, response_ids], 1),
+                  "attention_mask": torch.cat([prompt_mask, response_mask], 1),
+                  "old_log_probs": response_mask * -0.5},
+                 {"uid": [f"{len(x)}" for x in prompts]})
+
+
+def test_concat_pads_rollouts_of_different_widths():
+    """Two generate calls: widths (P, T) = (2, 3) and (3, 1); the result is (3, 3) with prompts padded on
+    the left, responses on the right and input_ids / attention_mask on both sides of the prompt|response cut."""
+    a = _rollout([[5, 6]], [[7, 8, 9]], p=2, t=3)
+    b = _rollout([[1, 2, 3], [4]], [[9], [8]], p=3, t=1)
+    both = Batch.concat([a, b])
+    assert both["prompts"].tolist() == [[0, 5, 6], [1, 2, 3], [0, 0, 4]]
+    assert both["responses"].tolist() == [[7, 8, 9], [9, 0, 0], [8, 0, 0]]
+    assert both["input_ids"].tolist() == [[0, 5, 6, 7, 8, 9], [1, 2, 3, 9, 0, 0], [0, 0, 4, 8, 0, 0]]
+    assert both["attention_mask"].tolist() == [[0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0], [0, 0, 1, 1, 0, 0]]
+    assert both["response_mask"].tolist() == [[1, 1, 1], [1, 0, 0], [1, 0, 0]]
+    assert both["old_log_probs"].tolist() == [[-0.5] * 3, [-0.5, 0, 0], [-0.5, 0, 0]]
+    assert list(both["uid"]) == ["2", "3", "1"]
+
+
+def test_concat_names_a_column_it_cannot_align():
+    a = _rollout([[5, 6]], [[7, 8, 9]], p=2, t=3)
+    b = _rollout([[1, 2, 3]], [[9]], p=3, t=1)
+    a["odd"], b["odd"] = torch.zeros(1, 7), torch.zeros(1, 7)
+    with pytest.raises(ValueError, match="column 'odd' has width 7"):
+        Batch.concat([a, b])
