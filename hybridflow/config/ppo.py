@@ -907,8 +907,8 @@ class AsyncTrainingConfig:
     require_batches: int = 1
     """Prompt batches (data.train_batch_size prompts each) the trainer takes from the queue per step."""
     partial_rollout: bool = False
-    """Pause in-flight sequences at a weight sync and continue them with the new weights. Not yet wired into the
-    trainer (the engine's StreamingSession supports it); True is an error that says so."""
+    """Pause in-flight sequences at a weight sync and continue them with the new weights (each token keeps the
+    behaviour log-prob it was sampled with). Native engine, single-turn, trainer.backend=local."""
     use_rollout_log_probs: bool = True
     """Use the engine's per-token behaviour log-probs as the old policy when compute_prox_log_prob is False."""
     compute_prox_log_prob: bool = True

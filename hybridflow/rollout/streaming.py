@@ -145,6 +145,13 @@ class StreamingSession:
             raise RolloutError("update_weights() while sequences are decoding; call pause() first "
                                "(or step until idle) so no sequence mixes weights within one step")
         self.engine.load_weights(named_tensors)
+        self.weights_reloaded(version=version)
+
+    def weights_reloaded(self, *, version: int) -> None:
+        """The engine's weights were replaced from outside (a trainer's weight sync while this session was
+        paused): waiting prompts are prefilled again and new tokens carry ``version``."""
+        if self.run.live:
+            raise RolloutError("the weights changed while sequences were decoding; pause() the session first")
         for pending in self.run.waiting:
             pending.prefix = pending.first_logits = None
         self.weight_version = version

@@ -227,7 +227,7 @@ class PPOTrainer:
     def rollout_and_score(self, prompts: Batch, *, step: int, timer: Timer, metrics: dict, attempt: int = 0) -> Batch:
         """Generate n responses per prompt, then score them (token_level_scores [B, T])."""
         with timer("gen"):
-            batch = self.w.rollout.generate(prompts, self.sampling_params(step=step, validate=False, attempt=attempt))
+            batch = self.generate(prompts, self.sampling_params(step=step, validate=False, attempt=attempt))
             batch = batch.to(self.device)
         if advantage_spec(self.cfg.algorithm.adv_estimator).needs_greedy_baseline:
             with timer("gen_max"):
@@ -240,6 +240,10 @@ class PPOTrainer:
                     batch[f"reward_extra/{key}"] = torch.tensor(values, dtype=torch.float32)
             metrics.update(reward_metrics)
         return batch
+
+    def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
+        """The training rollout (the async trainer's partial rollouts hand the engine over to weight syncs)."""
+        return self.w.rollout.generate(prompts, params)
 
     def keep_informative_groups(self, batch: Batch, batches: Iterator[Batch], *, step: int, timer: Timer,
                                 metrics: dict) -> Batch:

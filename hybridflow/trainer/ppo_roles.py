@@ -74,8 +74,9 @@ class HybridEngineWorker(CheckpointedRank):
         self.reference_checkpoint.load_from(directory)
 
     @dispatch(Mode.DP_COMPUTE)
-    def generate(self, prompts: Batch, params) -> Batch:
-        return self.rollout.generate(prompts, params)
+    def generate(self, prompts: Batch, params, handover=None) -> Batch:
+        """``handover`` (a partial rollout's weight-sync handshake) is an in-process object: local backend only."""
+        return self.rollout.generate(prompts, params, handover=handover)
 
     @dispatch(Mode.ONE_TO_ALL, collect="first")
     def sync_rollout_weights(self) -> None:

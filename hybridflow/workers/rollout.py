@@ -20,13 +20,29 @@ observation (tool / user) tokens while ``attention_mask`` is 1 on them; non-tens
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Protocol
 
 import torch
 
 from hybridflow.data.batch import Batch
 from hybridflow.data.padding import pad_sequences, position_ids_from_mask
+from hybridflow.errors import RolloutError
 from hybridflow.rollout import Completion, SamplingParams
+from hybridflow.rollout.native import NativeEngine
+from hybridflow.rollout.streaming import StreamingSession
+
+
+class WeightHandover(Protocol):
+    """How a running partial rollout learns of a weight sync (``trainer/async_ppo.py:EngineHandover``)."""
+
+    version: int
+    """The version of the weights loaded in the engine now."""
+
+    def requested(self) -> bool:
+        """A weight sync is waiting for the engine."""
+
+    def wait(self) -> int:
+        """Lend the engine to the sync; returns the new weights' version once they are loaded."""
 
 
 class RolloutWorker:
@@ -40,12 +56,45 @@ class RolloutWorker:
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         self.engine.load_weights(named_tensors)
 
-    def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
-        """Sample ``params.n`` responses for each prompt of ``prompts`` (needs ``raw_prompt_ids``)."""
+    def generate(self, prompts: Batch, params: SamplingParams, *, handover: WeightHandover | None = None) -> Batch:
+        """Sample ``params.n`` responses for each prompt of ``prompts`` (needs ``raw_prompt_ids``); with a
+        ``handover``, a partial rollout (:meth:`generate_partial`)."""
         if self.agent_loops is not None:
             return self.run_agent_loops(prompts, params)
+        if handover is not None:
+            return self.generate_partial(prompts, params, handover=handover)
         completions = self.engine.generate([list(ids) for ids in prompts["raw_prompt_ids"]], params)
         return self.assemble(prompts, completions, n=params.n)
+
+    def generate_partial(self, prompts: Batch, params: SamplingParams, *, handover: WeightHandover) -> Batch:
+        """A generation that a weight sync may interrupt between two decode steps (verl's partial rollout).
+
+        When ``handover.requested()``, the in-flight sequences are paused, the engine is handed over
+        (``handover.wait()`` returns once the new weights are loaded, with their version), and the sequences
+        continue from their exact next token with the new weights. ``rollout_log_probs`` hold each token's
+        behaviour log-prob, whichever weights sampled it; ``rollout_first_version`` / ``rollout_last_version``
+        ``[B]`` are the weight versions of a response's first and last token."""
+        if not isinstance(self.engine, NativeEngine):
+            raise RolloutError(f"partial rollouts need the native engine (rollout.name=native), not "
+                               f"{type(self.engine).__name__}")
+        prompt_ids = [list(ids) for ids in prompts["raw_prompt_ids"]]
+        session = StreamingSession(self.engine, params, max_prompt_length=max(map(len, prompt_ids)),
+                                   weight_version=handover.version)
+        for index, ids in enumerate(prompt_ids):
+            session.submit(index, ids)
+        done = []
+        while not session.idle:
+            done += session.step()
+            if handover.requested():
+                paused = session.pause()
+                session.weights_reloaded(version=handover.wait())
+                session.resume(paused)
+        done.sort(key=lambda c: (c.request_id, c.output_index))
+        batch = self.assemble(prompts, done, n=params.n)
+        versions = [c.weight_versions or [session.weight_version] for c in done]
+        batch["rollout_first_version"] = torch.tensor([v[0] for v in versions])
+        batch["rollout_last_version"] = torch.tensor([v[-1] for v in versions])
+        return batch
 
     def assemble(self, prompts: Batch, completions: list[Completion], *, n: int) -> Batch:
         """Join prompts (repeated n times, interleaved) with their completions."""

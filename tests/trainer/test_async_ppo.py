@@ -123,7 +123,6 @@ def test_behaviour_log_probs_as_the_old_policy(tmp_path, tiny_model_dir):
 
 
 @pytest.mark.parametrize("override, message", [
-    ("async_training.partial_rollout=True", "partial_rollout"),
     ("async_training.require_batches=0", "require_batches must be >= 1"),
 ])
 def test_unsupported_settings_are_one_clear_error(tmp_path, tiny_model_dir, override, message):
@@ -187,3 +186,51 @@ def test_resume_while_running_ahead_trains_every_prompt_once(tmp_path, tiny_mode
     assert trained_resumed[:4] == queued  # the dropped batch came back first, from the same prompts
     assert sum(v for k, v in last.items() if k.startswith("fully_async/staleness/hist_")) == 4
     assert last["fully_async/count/current_param_version"] == 4
+
+
+# ---------------------------------------------------------------------------- partial rollout
+def test_partial_rollout_pauses_at_a_sync_and_trains_every_prompt_once(tmp_path, tiny_model_dir, monkeypatch):
+    """Staleness 1: the second batch is generating while step 1 ends. Its generate is held after 2 decode steps
+    until the weight sync asks for the engine, so the sync lands inside it: the responses still decoding
+    continue with version 1 and every prompt is still trained once."""
+    from hybridflow.rollout.streaming import StreamingSession
+
+    cfg = load_config(PPOConfig, base_overrides(tmp_path, tiny_model_dir, steps=4) + [
+        "async_training.staleness_threshold=1", "async_training.partial_rollout=True",
+        "actor_rollout_ref.rollout.temperature=0"])
+    trainer, trained, spans = build_async(cfg), [], []
+    n = cfg.actor_rollout_ref.rollout.n
+    step, steps_taken = StreamingSession.step, {}
+
+    def held_step(session):
+        steps_taken[id(session)] = steps_taken.get(id(session), 0) + 1
+        if trainer.generated == 1 and steps_taken[id(session)] == 2:  # batch 2, mid-generation
+            with trainer.handover.cond:
+                assert trainer.handover.cond.wait_for(trainer.handover.requested, timeout=60)
+        return step(session)
+
+    monkeypatch.setattr(StreamingSession, "step", held_step)
+    train_on_batch = trainer.train_on_batch
+
+    def recording(batch, **kwargs):
+        trained.extend(row["index"] for row in batch["extra_info"][::n])
+        spans.append((batch["rollout_first_version"].tolist(), batch["rollout_last_version"].tolist()))
+        return train_on_batch(batch, **kwargs)
+
+    trainer.train_on_batch = recording
+    last = trainer.fit()
+    trainer.close()
+    assert sorted(trained) == list(range(16))
+    first, last_versions = spans[1]  # batch 2 started with version 0 and was finished by version 1
+    assert set(first) == {0} and 1 in last_versions
+    assert all(f <= l for f, l in zip(*spans[1]))
+    assert last["fully_async/count/current_param_version"] == 4
+
+
+def test_partial_rollout_needs_the_native_engine_in_one_process(tmp_path, tiny_model_dir):
+    with pytest.raises(HybridflowError, match="rollout.name=native"):
+        build_async(load_config(PPOConfig, base_overrides(tmp_path, tiny_model_dir) + [
+            "async_training.partial_rollout=True", "actor_rollout_ref.rollout.name=hf"]))
+    with pytest.raises(HybridflowError, match="trainer.backend=local"):
+        build_async(load_config(PPOConfig, base_overrides(tmp_path, tiny_model_dir) + [
+            "async_training.partial_rollout=True", "trainer.backend=ray"]))
