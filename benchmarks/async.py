@@ -8,7 +8,9 @@ temperature 1), in its own process, one after the other:
 - ``one_step_off``: ``python -m hybridflow.trainer.main_one_step_off`` (step k + 1's rollout runs in a
   thread while step k trains; weights synced after every update);
 - ``fully_async``: ``python -m hybridflow.trainer.main_fully_async`` with
-  ``async_training.staleness_threshold=--staleness`` (partial rollout is not wired in yet).
+  ``async_training.staleness_threshold=--staleness``;
+- ``fully_async_partial``: the same with ``async_training.partial_rollout=True`` (a weight sync pauses the
+  running generate and its sequences continue with the new weights).
 
 Printed per mode: wall seconds of the run, steps per hour of wall time and its ratio to sync (the
 goal's measure), median trainer seconds per step after the first
@@ -39,6 +41,7 @@ ENTRY_POINTS = {
     "sync": ("hybridflow.trainer.main_ppo", []),
     "one_step_off": ("hybridflow.trainer.main_one_step_off", []),
     "fully_async": ("hybridflow.trainer.main_fully_async", None),  # filled from --staleness
+    "fully_async_partial": ("hybridflow.trainer.main_fully_async", ["async_training.partial_rollout=True"]),
 }
 
 
@@ -48,7 +51,7 @@ def parse_args(argv=None):
     parser.add_argument("--length", type=int, default=256, help="response limit (max new tokens)")
     parser.add_argument("--steps", type=int, default=8, help="GRPO steps per mode")
     parser.add_argument("--staleness", type=float, default=1.0, help="fully_async staleness_threshold")
-    parser.add_argument("--modes", default="sync,one_step_off,fully_async")
+    parser.add_argument("--modes", default="sync,one_step_off,fully_async,fully_async_partial")
     parser.add_argument("--out", default=None, help="work folder (default: a temp dir)")
     return parser.parse_args(argv)
 
@@ -77,8 +80,8 @@ def prepare(model_arg: str, out: str) -> tuple[str, str]:
 def run_mode(mode: str, *, model: str, train: str, args, out: str) -> tuple[float, list[dict]]:
     """(wall seconds, metrics rows) of one mode's run."""
     module, extra = ENTRY_POINTS[mode]
-    if extra is None:
-        extra = [f"async_training.staleness_threshold={args.staleness}"]
+    if module.endswith("fully_async"):
+        extra = [f"async_training.staleness_threshold={args.staleness}", *(extra or [])]
     overrides = [
         f"actor_rollout_ref.model.path={model}", f"data.train_files={train}", f"data.val_files={train}",
         "algorithm.adv_estimator=grpo", f"data.train_batch_size={BATCH_PROMPTS}", "data.max_prompt_length=256",
@@ -123,10 +126,10 @@ def main(argv=None) -> int:
     sync = next((r for r in results if r["mode"] == "sync"), None)
     # steps/hour from wall time (process start to exit, the same startup in every mode) is the goal's measure;
     # the trainer's step time leaves out the generation the async modes overlap.
-    print(f"{'mode':<14}{'wall s':>9}{'steps/h':>9}{'vs sync':>9}{'step s':>9}{'trained tok/s':>15}  reward per step")
+    print(f"{'mode':<20}{'wall s':>9}{'steps/h':>9}{'vs sync':>9}{'step s':>9}{'trained tok/s':>15}  reward per step")
     for r in results:
         speedup = r["steps_per_hour"] / sync["steps_per_hour"] if sync else float("nan")
-        print(f"{r['mode']:<14}{r['wall_s']:>9.1f}{r['steps_per_hour']:>9.1f}{speedup:>8.2f}x{r['step_s']:>9.2f}"
+        print(f"{r['mode']:<20}{r['wall_s']:>9.1f}{r['steps_per_hour']:>9.1f}{speedup:>8.2f}x{r['step_s']:>9.2f}"
               f"{r['trained_tok_s']:>15.1f}  {r['scores']}")
     return 0
 
