@@ -10,7 +10,9 @@ temperature 1), in its own process, one after the other:
 - ``fully_async``: ``python -m hybridflow.trainer.main_fully_async`` with
   ``async_training.staleness_threshold=--staleness``;
 - ``fully_async_partial``: the same with ``async_training.partial_rollout=True`` (a weight sync pauses the
-  running generate and its sequences continue with the new weights).
+  running generate and its sequences continue with the new weights);
+- ``fully_async_split``: fully async on ``trainer.backend=ray`` with split placement: one training process and
+  one rollout process (``rollout.n_gpus_per_node=1``), one core each, weights synced through the driver.
 
 Printed per mode: wall seconds of the run, steps per hour of wall time and its ratio to sync (the
 goal's measure), median trainer seconds per step after the first
@@ -35,6 +37,7 @@ import time
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("OMP_NUM_THREADS", "2")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 BATCH_PROMPTS, SAMPLES, LEARNING_RATE = 8, 4, 2e-5
 ENTRY_POINTS = {
@@ -42,6 +45,9 @@ ENTRY_POINTS = {
     "one_step_off": ("hybridflow.trainer.main_one_step_off", []),
     "fully_async": ("hybridflow.trainer.main_fully_async", None),  # filled from --staleness
     "fully_async_partial": ("hybridflow.trainer.main_fully_async", ["async_training.partial_rollout=True"]),
+    "fully_async_split": ("hybridflow.trainer.main_fully_async", [
+        "trainer.backend=ray", "trainer.n_gpus_per_node=1", "rollout.n_gpus_per_node=1", "ray_kwargs.cpus_per_worker=1",
+        "ray_kwargs.ray_init.num_cpus=2"]),
 }
 
 

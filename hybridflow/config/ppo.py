@@ -924,6 +924,12 @@ class AsyncRolloutConfig:
     total_rollout_steps: Optional[int] = None
     """Prompt batches the rollouter generates in the whole run (null = trainer.total_training_steps x
     async_training.require_batches); the trainer runs total_rollout_steps // require_batches steps."""
+    nnodes: int = 1
+    """Nodes of the rollout pool when the rollout is placed apart from training (split placement)."""
+    n_gpus_per_node: int = 0
+    """Rollout processes per node in their own pool (verl's split placement of the one-step-off and fully async
+    recipes; GPUs on a GPU cluster, processes on CPU); 0 = the rollout runs inside the training processes (the
+    hybrid engine). Needs trainer.backend=ray; weights go actor rank 0 -> driver -> every rollout rank."""
 
 
 @dataclass

@@ -295,6 +295,25 @@ def raise_if_problems(problems: list[str]) -> None:
         raise ConfigError("\n".join(problems))
 
 
+def _check_split_placement(problems: list[str], cfg: Any) -> None:
+    """A rollout pool of its own (``rollout.n_gpus_per_node`` > 0) is a set of Ray processes that split each prompt
+    batch between them."""
+    pool = cfg.rollout
+    if pool.n_gpus_per_node < 0 or pool.nnodes < 1:
+        problems.append(f"rollout.nnodes={pool.nnodes}, rollout.n_gpus_per_node={pool.n_gpus_per_node}: nnodes must be "
+                        ">= 1 and n_gpus_per_node >= 0 (0 = the rollout runs in the training processes)")
+        return
+    if pool.n_gpus_per_node == 0:
+        return
+    if cfg.trainer.backend != "ray":
+        problems.append(f"rollout.n_gpus_per_node={pool.n_gpus_per_node} places the rollout in processes of its own, "
+                        "which needs trainer.backend=ray; or set rollout.n_gpus_per_node=0 (the hybrid engine)")
+    ranks = pool.nnodes * pool.n_gpus_per_node
+    if cfg.data.train_batch_size % ranks:
+        problems.append(f"data.train_batch_size={cfg.data.train_batch_size} prompts cannot be split over the "
+                        f"{ranks} rollout processes (rollout.nnodes x rollout.n_gpus_per_node); make it a multiple")
+
+
 def validate_ppo_config(cfg: Any, *, model_max_len: int | None = None, check_paths: bool = True) -> None:
     """Raise ConfigError listing every problem of a resolved PPOConfig."""
     problems: list[str] = []
@@ -311,6 +330,7 @@ def validate_ppo_config(cfg: Any, *, model_max_len: int | None = None, check_pat
     _check_rollout(problems, cfg, model_max_len)
     _check_multi_turn(problems, cfg.actor_rollout_ref.rollout.multi_turn)
     _check_trainer(problems, cfg.trainer)
+    _check_split_placement(problems, cfg)
     _check_best_checkpoint(problems, cfg)
     _check_optim(problems, "actor_rollout_ref.actor.optim", cfg.actor_rollout_ref.actor.optim)
     if critic_enabled(cfg):

@@ -28,7 +28,7 @@ from hybridflow.config import (PPOConfig, critic_enabled, load_config, reference
                                validate_ppo_config)
 from hybridflow.config.loader import help_requested, trainer_usage
 from hybridflow.config.validate import as_list
-from hybridflow.controller.resources import pool_from_trainer_config
+from hybridflow.controller.resources import ResourcePool, pool_from_trainer_config
 from hybridflow.controller.worker_group import build_worker_group
 from hybridflow.data.dataloader import StatefulDataLoader
 from hybridflow.data.rl_dataset import RLDataset
@@ -45,8 +45,9 @@ from hybridflow.trainer.best_checkpoint import read_best_record
 from hybridflow.trainer.entry import model_context_length, resolve_device, seed_everything
 from hybridflow.trainer.plots import plot_curves
 from hybridflow.trainer.ppo import PPOTrainer, PPOWorkers
-from hybridflow.trainer.ppo_builders import build_critic_worker, build_hybrid_engine, policy_tokenizer
-from hybridflow.trainer.ppo_roles import CriticGroupWorker, GroupCheckpoint, HybridEngineWorker
+from hybridflow.trainer.ppo_builders import (build_critic_worker, build_hybrid_engine, build_rollout_worker,
+                                             policy_tokenizer)
+from hybridflow.trainer.ppo_roles import CriticGroupWorker, GroupCheckpoint, HybridEngineWorker, RolloutGroupWorker
 from hybridflow.trainer.reward_config import reward_manager_kwargs, reward_manager_problems
 from hybridflow.trainer.summary import summary_table
 from hybridflow.trainer.tracking import Tracking, available_backends
@@ -194,17 +195,24 @@ def total_training_steps(cfg: PPOConfig, steps_per_epoch: int) -> int:
 
 
 def build_worker_groups(cfg: PPOConfig, *, total_steps: int):
-    """(actor/rollout/reference group, critic group or None) on ``trainer.backend``.
+    """(actor/reference group, rollout group, critic group or None) on ``trainer.backend``.
 
-    The actor, rollout and reference share one group (the hybrid engine); ``local`` runs it
-    in this process at world size 1, ``ray`` as ``nnodes x n_gpus_per_node`` FSDP2 ranks.
+    The actor, rollout and reference share one group (the hybrid engine) unless ``rollout.n_gpus_per_node``
+    places the rollout in its own pool (split placement); ``local`` runs the group in this process at world
+    size 1, ``ray`` as ``nnodes x n_gpus_per_node`` FSDP2 ranks.
     """
-
-
     backend, kwargs = cfg.trainer.backend, ray_group_kwargs(cfg)
-    engine = build_worker_group(functools.partial(build_hybrid_engine, cfg=cfg, total_steps=total_steps),
+    split = split_placement(cfg)
+    engine = build_worker_group(functools.partial(build_hybrid_engine, cfg=cfg, total_steps=total_steps,
+                                                  with_rollout=not split),
                                 worker_cls=HybridEngineWorker, backend=backend, name="actor_rollout_ref",
                                 ranks_per_shard=cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size, **kwargs)
+    rollout = engine
+    if split:
+        pool = ResourcePool(nnodes=cfg.rollout.nnodes, procs_per_node=cfg.rollout.n_gpus_per_node,
+                            cpus_per_proc=kwargs["pool"].cpus_per_proc, gpus_per_proc=kwargs["pool"].gpus_per_proc)
+        rollout = build_worker_group(functools.partial(build_rollout_worker, cfg=cfg), worker_cls=RolloutGroupWorker,
+                                     backend=backend, name="rollout", **dict(kwargs, pool=pool))
     critic = None
     if critic_enabled(cfg):
         if backend == "ray":  # colocated with the actor: same bundles, half of each
@@ -212,7 +220,12 @@ def build_worker_groups(cfg: PPOConfig, *, total_steps: int):
         critic = build_worker_group(functools.partial(build_critic_worker, cfg=cfg, total_steps=total_steps),
                                     worker_cls=CriticGroupWorker, backend=backend, name="critic",
                                     ranks_per_shard=cfg.critic.ulysses_sequence_parallel_size, **kwargs)
-    return engine, critic
+    return engine, rollout, critic
+
+
+def split_placement(cfg: PPOConfig) -> bool:
+    """The rollout runs in its own pool of processes (``rollout.n_gpus_per_node`` > 0)."""
+    return cfg.rollout.n_gpus_per_node > 0
 
 
 def ray_group_kwargs(cfg: PPOConfig) -> dict[str, Any]:
@@ -321,8 +334,8 @@ def build_trainer(cfg: PPOConfig, *, trainer_class=PPOTrainer, count_steps=total
     train_loader, val_loader = build_datasets(cfg, tokenizer)
     check_reward_inputs(cfg, {"data.train_files": train_loader, "data.val_files": val_loader})
     total_steps = count_steps(cfg, len(train_loader))
-    engine, critic = build_worker_groups(cfg, total_steps=total_steps)
-    workers = PPOWorkers(actor=engine, rollout=engine, reward=build_reward_worker(cfg, tokenizer),
+    engine, rollout, critic = build_worker_groups(cfg, total_steps=total_steps)
+    workers = PPOWorkers(actor=engine, rollout=rollout, reward=build_reward_worker(cfg, tokenizer),
                          reference=engine if reference_enabled(cfg) else None, critic=critic)
     components = {"actor": GroupCheckpoint(engine), **({"critic": GroupCheckpoint(critic)} if critic else {})}
     return trainer_class(cfg=cfg, workers=workers, train_loader=train_loader, val_loader=val_loader,

@@ -205,7 +205,15 @@ class PPOTrainer:
 
     def sync_rollout_weights(self, *, step: int) -> None:
         """Copy the actor's weights into the rollout engine (the async trainers override when)."""
-        self.w.rollout.sync_rollout_weights()
+        self.push_weights_to_rollout()
+
+    def push_weights_to_rollout(self) -> None:
+        """Actor -> engine: in memory inside every rank of the hybrid engine, or, with the rollout in a pool of
+        its own (split placement), gathered on the training ranks and handed by the driver to every rollout rank."""
+        if self.w.rollout is self.w.actor:
+            self.w.actor.sync_rollout_weights()
+        else:
+            self.w.rollout.load_weights(self.w.actor.rollout_weights())
 
     def finish_step_metrics(self, metrics: dict, *, batch: Batch, timer: Timer, step: int) -> dict[str, float]:
         metrics.update(data_metrics(batch, max_response_length=self.cfg.data.max_response_length,
@@ -443,7 +451,7 @@ class PPOTrainer:
             return 0
         step, extra = load_checkpoint(path, self.checkpoint_components)
         self.restore_extra(extra)
-        self.w.rollout.sync_rollout_weights()
+        self.push_weights_to_rollout()
         logger.info("resumed from %s (step %d)", path, step)
         return step
 

@@ -24,7 +24,7 @@ from hybridflow.models.sharded_checkpoint import FSDPModelComponent
 from hybridflow.models.ulysses import split_sequences
 from hybridflow.rollout.config import engine_kwargs_from_rollout_config
 from hybridflow.rollout.engine import build_engine
-from hybridflow.trainer.ppo_roles import CriticGroupWorker, HybridEngineWorker
+from hybridflow.trainer.ppo_roles import CriticGroupWorker, HybridEngineWorker, RolloutGroupWorker
 from hybridflow.workers.actor import ActorWorker, PolicyObjective
 from hybridflow.workers.critic import CriticWorker, ValueObjective
 from hybridflow.workers.logprob import forward_layout
@@ -166,6 +166,21 @@ def policy_objective(actor_cfg, *, rollout_correction, max_response_length: int)
         kl_loss_type=actor_cfg.kl_loss_type,
         # without a recompute pass the entropy metric comes from the training forward
         report_entropy=actor_cfg.use_rollout_log_probs)
+
+
+def build_rollout_worker(dp: DataParallel, *, cfg):
+    """A rollout engine of one rank of a separate rollout pool (split placement): the policy's weights at
+    load time, replaced by every weight sync."""
+    torch.manual_seed(cfg.trainer.seed)
+    arr, device = cfg.actor_rollout_ref, rank_device()
+    import_external_lib(arr.model.external_lib)
+    model = load_causal_lm(arr.model.path, dtype=arr.actor.fsdp_config.model_dtype,
+                           trust_remote_code=arr.model.trust_remote_code, override_config=dict(arr.model.override_config),
+                           attn_implementation=arr.model.attn_implementation).to(device).eval()
+    if device.type == "cpu":
+        model = model.float()  # the engine generates in fp32 on CPU whatever the training dtype
+    return RolloutGroupWorker(rollout=_rollout_worker(model, policy_tokenizer(cfg), arr.rollout,
+                                                      template_kwargs=dict(cfg.data.apply_chat_template_kwargs)))
 
 
 def log_prob_batching(section, dp: DataParallel):

@@ -85,6 +85,12 @@ class HybridEngineWorker(CheckpointedRank):
         self.rollout.load_weights(actor_weights_for_rollout(self.actor.model).items())
 
     @dispatch(Mode.ONE_TO_ALL, collect="first")
+    def rollout_weights(self) -> dict:
+        """The weights a rollout engine needs (LoRA folded in), gathered on every rank; rank 0's copy comes back
+        (split placement: the driver hands them to the rollout group)."""
+        return actor_weights_for_rollout(self.actor.model)
+
+    @dispatch(Mode.ONE_TO_ALL, collect="first")
     def full_weights(self) -> dict:
         """The unsharded actor weights (every rank gathers; rank 0's copy comes back)."""
         return full_state_dict(self.actor.model)
@@ -102,6 +108,22 @@ def actor_weights_for_rollout(model) -> dict:
     """The actor's full weights by HF name; with LoRA, the adapter folded in (W + alpha/r B A)."""
     weights = full_state_dict(model)
     return merged_state_dict(weights, scaling=lora_scaling(model)) if is_lora_model(model) else weights
+
+
+class RolloutGroupWorker:
+    """A rollout engine in its own process (split placement): generates, and takes weights from the driver."""
+
+    def __init__(self, *, rollout):
+        self.rollout = rollout
+
+    @dispatch(Mode.DP_COMPUTE)
+    def generate(self, prompts: Batch, params, handover=None) -> Batch:
+        return self.rollout.generate(prompts, params, handover=handover)
+
+    @dispatch(Mode.ONE_TO_ALL, collect="first")
+    def load_weights(self, named) -> None:
+        """Given a ``{name: tensor}`` dict (the training group's ``rollout_weights()``)."""
+        self.rollout.load_weights(named.items() if isinstance(named, dict) else named)
 
 
 class GroupCheckpoint:

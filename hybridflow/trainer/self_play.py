@@ -57,7 +57,7 @@ class SelfPlayTrainer(PPOTrainer):
                                                      rows_per_prompt=rows_per_prompt, temperature=temperature,
                                                      step=step)
         with timer("sync_weights"):
-            self.w.rollout.sync_rollout_weights()
+            self.push_weights_to_rollout()
         return metrics
 
 
@@ -86,8 +86,6 @@ class EveryNthStep:
 
 def build_self_play_trainer(cfg, trainer_cls: type[SelfPlayTrainer]) -> SelfPlayTrainer:
     """Workers, data and trackers for a self-play trainer, from a validated SPIN / SPPO config."""
-
-
     seed_everything(cfg.trainer.seed)
     device = resolve_device(cfg.trainer.device)
     tokenizer = load_tokenizer(cfg.data.tokenizer or cfg.actor_rollout_ref.model.path,
@@ -115,6 +113,9 @@ def check_self_play_config(cfg, *, schema: type, trainer: str, min_n: int = 2,
     problems = main_ppo.engine_and_logger_problems(cfg)
     problems += resolve_legacy_micro_batch_sizes(cfg, world_size=ppo_world_size(cfg))
     problems += self_play_problems(cfg, min_n=min_n)
+    if main_ppo.split_placement(cfg):
+        problems.append(f"rollout.n_gpus_per_node={cfg.rollout.n_gpus_per_node}: the {trainer} trainer runs the "
+                        "rollout inside the training processes (hybrid engine); set rollout.n_gpus_per_node=0")
     raise_if_problems(problems)
     warn_keys_without_effect(cfg, schema, trainer=trainer, hint=hints)
     arr = cfg.actor_rollout_ref

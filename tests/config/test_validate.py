@@ -213,3 +213,13 @@ def test_an_estimator_that_needs_values_gets_a_critic_by_registering_only(files)
     assert lines[0].startswith("algorithm.adv_estimator=test_only_valued_estimator needs a critic but critic.enable=False")
     assert advantage_spec("remax").needs_greedy_baseline and not advantage_spec("grpo").needs_values
     assert advantage_spec(None) == type(advantage_spec("grpo"))()  # SPIN / SPPO: no estimator, nothing needed
+
+
+def test_split_placement_needs_ray_and_a_batch_the_rollout_ranks_divide(files):
+    (line,) = problems(ppo(files, "rollout.n_gpus_per_node=1"))
+    assert "rollout.n_gpus_per_node=1 places the rollout in processes of its own, which needs trainer.backend=ray" in line
+    (line,) = problems(ppo(files, "rollout.n_gpus_per_node=3", "trainer.backend=ray"))
+    assert "data.train_batch_size=8 prompts cannot be split over the 3 rollout processes" in line
+    (line,) = problems(ppo(files, "rollout.n_gpus_per_node=-1"))
+    assert "n_gpus_per_node >= 0" in line
+    validate_ppo_config(ppo(files, "rollout.n_gpus_per_node=2", "trainer.backend=ray"), model_max_len=2048)
