@@ -69,14 +69,7 @@ def _pad_columns(value: torch.Tensor, left: int, right: int) -> torch.Tensor:
     """``value`` with ``left`` / ``right`` zero columns added along dim 1 (any trailing dims kept)."""
     if left == right == 0:
         return value
-    shape = list(value.shape)
-    parts = []
-    for width in (left, None, right):
-        if width is None:
-            parts.append(value)
-        elif width:
-            parts.append(value.new_zeros([shape[0], width, *shape[2:]]))
-    return torch.cat(parts, dim=1)
+    return torch.nn.functional.pad(value, (0, 0) * (value.dim() - 2) + (left, right))
 
 
 def _aligned_column(key: str, value: torch.Tensor, *, prompt: tuple[int, int], response: tuple[int, int]):

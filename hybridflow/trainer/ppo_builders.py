@@ -59,11 +59,6 @@ def training_precision(fsdp_cfg, model_dtype: str | None = None) -> str | None:
     return fsdp_cfg.mixed_precision or model_dtype
 
 
-def _split_world(world: DataParallel, sp_size: int, device: torch.device, *, key: str):
-    """(data-parallel view, sequence-parallel group or None) of this rank (workers/sequence_parallel.py)."""
-    return split_world(world, sp_size=sp_size, device_type=device.type, key=key)
-
-
 def policy_tokenizer(cfg):
     """The policy's tokenizer: ``data.tokenizer`` or the model's, with ``model.custom_chat_template``."""
     model = cfg.actor_rollout_ref.model
@@ -82,23 +77,15 @@ def build_hybrid_engine(dp: DataParallel, *, cfg, total_steps: int, with_rollout
     """Actor (FSDP2-sharded), rollout engine (full weights) and reference of one rank, from a PPOConfig."""
     torch.manual_seed(cfg.trainer.seed)
     arr, device = cfg.actor_rollout_ref, rank_device()
-    world, (dp, sp) = dp, _split_world(dp, arr.actor.ulysses_sequence_parallel_size, device,
-                                       key="actor_rollout_ref.actor.ulysses_sequence_parallel_size")
+    world, (dp, sp) = dp, split_world(dp, sp_size=arr.actor.ulysses_sequence_parallel_size, device_type=device.type,
+                                      key="actor_rollout_ref.actor.ulysses_sequence_parallel_size")
     tokenizer = policy_tokenizer(cfg)
-    import_external_lib(arr.model.external_lib)
-    model = load_causal_lm(arr.model.path, dtype=arr.actor.fsdp_config.model_dtype, trust_remote_code=arr.model.trust_remote_code,
-                           override_config=dict(arr.model.override_config),
-                           gradient_checkpointing=arr.model.enable_gradient_checkpointing,
-                           attn_implementation=arr.model.attn_implementation).to(device)
+    model = load_policy(cfg, device, gradient_checkpointing=arr.model.enable_gradient_checkpointing)
     if with_reference is None:
         with_reference = reference_enabled(cfg)
     use_lora = arr.model.lora_rank > 0
     # Copies for generation and a separate reference are taken before sharding and LoRA: full, plain weights.
-    engine_model = copy.deepcopy(model).eval()
-    if device.type == "cpu":
-        engine_model = engine_model.float()  # the engine generates in fp32 on CPU whatever the training dtype
-    rollout = (_rollout_worker(engine_model, tokenizer, arr.rollout,
-                               template_kwargs=dict(cfg.data.apply_chat_template_kwargs)) if with_rollout else None)
+    rollout = rollout_around(copy.deepcopy(model), cfg=cfg, tokenizer=tokenizer) if with_rollout else None
     ref_model = None
     if with_reference and not use_lora:
         ref_model = copy.deepcopy(model).to(resolve_dtype(arr.ref.fsdp_config.model_dtype)).eval()
@@ -172,15 +159,28 @@ def build_rollout_worker(dp: DataParallel, *, cfg):
     """A rollout engine of one rank of a separate rollout pool (split placement): the policy's weights at
     load time, replaced by every weight sync."""
     torch.manual_seed(cfg.trainer.seed)
-    arr, device = cfg.actor_rollout_ref, rank_device()
-    import_external_lib(arr.model.external_lib)
-    model = load_causal_lm(arr.model.path, dtype=arr.actor.fsdp_config.model_dtype,
-                           trust_remote_code=arr.model.trust_remote_code, override_config=dict(arr.model.override_config),
-                           attn_implementation=arr.model.attn_implementation).to(device).eval()
-    if device.type == "cpu":
-        model = model.float()  # the engine generates in fp32 on CPU whatever the training dtype
-    return RolloutGroupWorker(rollout=_rollout_worker(model, policy_tokenizer(cfg), arr.rollout,
-                                                      template_kwargs=dict(cfg.data.apply_chat_template_kwargs)))
+    model = load_policy(cfg, rank_device())
+    return RolloutGroupWorker(rollout=rollout_around(model, cfg=cfg, tokenizer=policy_tokenizer(cfg)))
+
+
+def load_policy(cfg, device: torch.device, *, gradient_checkpointing: bool = False) -> torch.nn.Module:
+    """``actor_rollout_ref.model`` on ``device`` in the actor's parameter dtype (``model.external_lib`` first)."""
+    model_cfg = cfg.actor_rollout_ref.model
+    import_external_lib(model_cfg.external_lib)
+    return load_causal_lm(model_cfg.path, dtype=cfg.actor_rollout_ref.actor.fsdp_config.model_dtype,
+                          trust_remote_code=model_cfg.trust_remote_code, override_config=dict(model_cfg.override_config),
+                          gradient_checkpointing=gradient_checkpointing,
+                          attn_implementation=model_cfg.attn_implementation).to(device)
+
+
+def rollout_around(model: torch.nn.Module, *, cfg, tokenizer):
+    """The rollout worker whose engine takes ``model`` over (its private copy: fp32 on CPU whatever the training
+    dtype, so the engine generates in fp32)."""
+    model = model.eval()
+    if next(model.parameters()).device.type == "cpu":
+        model = model.float()
+    return _rollout_worker(model, tokenizer, cfg.actor_rollout_ref.rollout,
+                           template_kwargs=dict(cfg.data.apply_chat_template_kwargs))
 
 
 def log_prob_batching(section, dp: DataParallel):
@@ -237,8 +237,8 @@ def build_critic_worker(dp: DataParallel, *, cfg, total_steps: int):
     """The critic of one rank: value model (FSDP2 across the group), optimizer, checkpoint component."""
     torch.manual_seed(cfg.trainer.seed)
     critic_cfg, device = cfg.critic, rank_device()
-    world, (dp, sp) = dp, _split_world(dp, critic_cfg.ulysses_sequence_parallel_size, device,
-                                       key="critic.ulysses_sequence_parallel_size")
+    world, (dp, sp) = dp, split_world(dp, sp_size=critic_cfg.ulysses_sequence_parallel_size, device_type=device.type,
+                                      key="critic.ulysses_sequence_parallel_size")
     import_external_lib(critic_cfg.model.external_lib)
     fsdp_cfg = critic_cfg.model.fsdp_config
     model = load_value_model(critic_cfg.model.path, dtype=fsdp_cfg.model_dtype, trust_remote_code=critic_cfg.model.trust_remote_code,

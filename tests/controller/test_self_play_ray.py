@@ -8,7 +8,6 @@ neither method has a preference to learn from.
 
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
@@ -19,16 +18,8 @@ ray = pytest.importorskip("ray")
 from hybridflow.config import SPINConfig, SPPOConfig, load_config  # noqa: E402
 from hybridflow.trainer.main_spin import run_spin  # noqa: E402
 from hybridflow.trainer.main_sppo import run_sppo  # noqa: E402
-from tests.controller.test_ppo_ray import RAY, weights  # noqa: E402
+from tests.controller.test_ppo_ray import RAY, ray_session, weights  # noqa: E402,F401 (ray_session: autouse)
 from tests.trainer.test_self_play import read_metrics, self_play_overrides  # noqa: E402
-
-
-@pytest.fixture(scope="module", autouse=True)
-def ray_session():
-    os.environ["RAY_AUTH_MODE"] = "disabled"
-    yield
-    if ray.is_initialized():
-        ray.shutdown()
 
 
 def overrides(root, model_dir, *, steps: int, extra=()) -> list[str]:

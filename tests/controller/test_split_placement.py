@@ -7,7 +7,6 @@ arrive, 0.16 at lr 1e-2 when they do not)."""
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
@@ -15,18 +14,11 @@ pytestmark = pytest.mark.ray
 ray = pytest.importorskip("ray")
 
 from hybridflow.trainer.main_fully_async import main as fully_async_main  # noqa: E402
+from tests.controller.test_ppo_ray import ray_session  # noqa: E402,F401 (module-scoped, autouse)
 from tests.trainer.ppo_fixtures import base_overrides  # noqa: E402
 
 SPLIT = ["trainer.backend=ray", "trainer.n_gpus_per_node=1", "rollout.n_gpus_per_node=1",
          "ray_kwargs.cpus_per_worker=0.5", "ray_kwargs.ray_init.num_cpus=2"]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def ray_session():
-    os.environ["RAY_AUTH_MODE"] = "disabled"
-    yield
-    if ray.is_initialized():
-        ray.shutdown()
 
 
 def test_the_rollout_process_generates_with_the_trained_weights(tmp_path, tiny_model_dir):
