@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import os
 import socket
+import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import ray
+import torch
 
 from hybridflow.controller.dispatch import Call
 from hybridflow.controller.resources import ResourcePool, connect_ray, reserve
@@ -31,8 +34,6 @@ class RankProcess:
     """The body of one rank's Ray actor: process-group membership, the worker, and calls on it."""
 
     def __init__(self, *, rank: int, world_size: int, threads: int):
-        import torch
-
         self.rank, self.world_size = rank, world_size
         torch.set_num_threads(max(1, threads))
         self.worker = None
@@ -56,8 +57,61 @@ class RankProcess:
     def build(self, factory: Callable) -> None:
         self.worker = factory(DataParallel(world_size=self.world_size, rank=self.rank, group=None))
 
-    def call(self, method: str, args: tuple, kwargs: dict) -> Any:
-        return getattr(self.worker, method)(*args, **kwargs)
+    def call(self, method: str, args: tuple, kwargs: dict, *, keep: bool = False) -> Any:
+        """Run ``method``; an argument that is a Ray object reference (another group's kept result) is read
+        here, straight from the object store. ``keep``: put the result in the object store and return only
+        its reference (``RayBackend.execute_by_reference``)."""
+        args = tuple(_resolve(a) for a in args)
+        kwargs = {k: _resolve(v) for k, v in kwargs.items()}
+        result = getattr(self.worker, method)(*args, **kwargs)
+        return StoredResult(ray.put(pack_tensors(result))) if keep else result
+
+
+@dataclass(frozen=True)
+class StoredResult:
+    """A rank's result left in Ray's object store: what the driver holds instead of the data."""
+
+    ref: ray.ObjectRef
+
+
+def _resolve(value: Any) -> Any:
+    return unpack_tensors(ray.get(value)) if isinstance(value, ray.ObjectRef) else value
+
+
+@dataclass(frozen=True)
+class PackedTensor:
+    """A CPU tensor as its raw bytes in a numpy array. Ray stores numpy arrays out of band, so a reader on the
+    node maps them from shared memory; a pickled torch tensor is copied by the pickler and again by each
+    reader's unpickler (``benchmarks/weight_sync.py``)."""
+
+    data: Any  # np.ndarray of uint8
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+    @classmethod
+    def of(cls, tensor: torch.Tensor) -> "PackedTensor":
+        flat = tensor.detach().contiguous().reshape(-1)
+        return cls(flat.view(torch.uint8).numpy(), tensor.dtype, tuple(tensor.shape))
+
+    def unpack(self) -> torch.Tensor:
+        """A private copy (the mapped object is read-only and shared by every reader)."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # "the given NumPy array is not writable": copied next
+            return torch.from_numpy(self.data).view(self.dtype).reshape(self.shape).clone()
+
+
+def pack_tensors(value: Any) -> Any:
+    """A ``{name: tensor}`` dict's CPU tensors as ``PackedTensor`` (anything else unchanged)."""
+    if isinstance(value, dict) and value and all(isinstance(v, torch.Tensor) and v.device.type == "cpu"
+                                                 for v in value.values()):
+        return {name: PackedTensor.of(tensor) for name, tensor in value.items()}
+    return value
+
+
+def unpack_tensors(value: Any) -> Any:
+    if isinstance(value, dict) and value and all(isinstance(v, PackedTensor) for v in value.values()):
+        return {name: packed.unpack() for name, packed in value.items()}
+    return value
 
 
 class RayBackend:
@@ -65,12 +119,15 @@ class RayBackend:
 
     def __init__(self, factory: Callable, *, name: str = "worker", pool: ResourcePool | None = None,
                  placement_group=None, share: float = 1.0, ray_address: str | None = None,
-                 ray_num_cpus: float | None = None, timeout_s: float = 300.0):
+                 ray_num_cpus: float | None = None, timeout_s: float = 300.0, concurrency: int = 1):
         connect_ray(address=ray_address, num_cpus=ray_num_cpus)
         self.name, self.pool = name, pool or ResourcePool()
         self.world_size = self.pool.world_size
         self._owns_group = placement_group is None
         self.placement_group = placement_group or reserve(self.pool, timeout_s=timeout_s)
+        self.concurrency = concurrency
+        """Calls one rank runs at once, each in a thread: 2 for a rollout pool whose generate a weight sync pauses
+        (partial rollouts); the worker then keeps its own state consistent (``EngineHandover``)."""
         self.actors = [self._spawn(rank, share) for rank in range(self.world_size)]
         self.locations = ray.get([actor.location.remote() for actor in self.actors])
         self._join()
@@ -85,7 +142,7 @@ class RayBackend:
         threads = max(1, int(self.pool.cpus_per_proc))
         env = {"OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
         actor_cls = ray.remote(RankProcess).options(
-            num_cpus=cpus, num_gpus=gpus, scheduling_strategy=strategy, name=None,
+            num_cpus=cpus, num_gpus=gpus, scheduling_strategy=strategy, name=None, max_concurrency=self.concurrency,
             runtime_env={"env_vars": env})
         return actor_cls.remote(rank=rank, world_size=self.world_size, threads=threads)
 
@@ -100,6 +157,14 @@ class RayBackend:
     def execute(self, method: str, calls: list[Call]) -> list[Any]:
         refs = [actor.call.remote(method, args, kwargs) for actor, (args, kwargs) in zip(self.actors, calls)]
         return self._wait(refs, method=method)
+
+    def execute_by_reference(self, method: str, calls: list[Call]) -> list[Any]:
+        """Like ``execute``, but rank 0's result stays in the object store and only its reference comes back
+        (a one-element list); the other ranks run the method too (it may be a collective) and drop theirs.
+        Passed as an argument to another group's call, each of its ranks reads the object directly."""
+        refs = [actor.call.remote(method, args, kwargs, keep=rank == 0)
+                for rank, (actor, (args, kwargs)) in enumerate(zip(self.actors, calls))]
+        return [self._wait(refs, method=method)[0].ref]
 
     def _wait(self, refs: list, *, method: str) -> list[Any]:
         """Results in rank order; the first failing rank tears the group down and is named."""

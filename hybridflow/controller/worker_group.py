@@ -32,6 +32,9 @@ class Backend(Protocol):
     def execute(self, method: str, calls: list[Call]) -> list[Any]:
         """Run ``method`` with ``calls[r]`` on rank r (fewer calls = the first ranks only)."""
 
+    def execute_by_reference(self, method: str, calls: list[Call]) -> list[Any]:
+        """``execute``, keeping rank 0's result where it was made: ``[a handle another group's call accepts]``."""
+
     def shutdown(self) -> None: ...
 
 
@@ -45,6 +48,9 @@ class LocalBackend:
 
     def execute(self, method: str, calls: list[Call]) -> list[Any]:
         return [getattr(self.worker, method)(*args, **kwargs) for args, kwargs in calls]
+
+    def execute_by_reference(self, method: str, calls: list[Call]) -> list[Any]:
+        return self.execute(method, calls)[:1]  # in one process the value itself is the handle: no copy
 
     def shutdown(self) -> None:
         self.worker = None
@@ -90,6 +96,17 @@ class WorkerGroup:
         shards = SPLITTERS[spec.mode](args, kwargs, self.world_size // repeat)
         results = self.backend.execute(method, [call for call in shards for _ in range(repeat)])
         return COLLECTORS[spec.collect](results[::repeat])
+
+    def call_by_reference(self, method: str, *args, **kwargs) -> Any:
+        """``call`` for a result that goes on to another group (a weight sync from the training ranks to the
+        rollout ranks): on Ray, rank 0's answer stays in the object store and a reference comes back, which the
+        other group's ranks read directly, so the driver never deserialises or re-sends the data; in one
+        process, the value itself. Only for methods whose collector is ``first`` (rank 0 answers for all)."""
+        spec = self.methods[method]
+        if spec.collect != "first":
+            raise ValueError(f"{self.name}.{method} is collected as {spec.collect!r}; call_by_reference keeps "
+                             f"rank 0's result only, so it needs collect='first'")
+        return self.backend.execute_by_reference(method, SPLITTERS[spec.mode](args, kwargs, self.world_size))[0]
 
     def __getattr__(self, method: str) -> Callable:
         methods = self.__dict__.get("methods", {})

@@ -26,14 +26,17 @@ bit for bit. A resume loads the checkpoint's actor weights into the engine: with
 ``trigger_parameter_sync_step > 1`` a checkpoint taken inside a sync period therefore resumes one sync
 early.
 
-Partial rollouts (``partial_rollout``, native engine, local backend): a weight sync does not wait for a
-running generate to finish. The generate pauses its in-flight sequences between two decode steps, hands
-the engine over (``EngineHandover``), and continues each sequence from its exact next token with the new
-weights; every token keeps the behaviour log-prob it was sampled with, so the proximal recompute and the
-rollout-correction weights see a per-token mixture of behaviour policies.
+Partial rollouts (``partial_rollout``, native engine; local backend, or Ray with split placement): a
+weight sync does not wait for a running generate to finish. The generate pauses its in-flight sequences
+between two decode steps, hands the engine over (``workers/rollout.py:EngineHandover``, kept by the rank
+that holds the engine, so a Ray rollout actor runs the generate and the sync in two threads), and
+continues each sequence from its exact next token with the new weights; every token keeps the behaviour
+log-prob it was sampled with, so the proximal recompute and the rollout-correction weights see a per-token
+mixture of behaviour policies.
 
-The engine is shared by both threads (local backend) or by the controller's calls (Ray backend): a lock
-keeps a weight sync from landing inside a ``generate`` call.
+The engine is shared by both threads (local backend) or by the controller's calls (Ray backend): the
+driver's ``engine_lock`` keeps a weight sync out of a validation and, without partial rollouts, out of a
+generate; the engine's own lock keeps any two calls on it apart.
 """
 
 from __future__ import annotations
@@ -67,45 +70,6 @@ class RolloutItem:
     timings: dict = field(default_factory=dict)
 
 
-class EngineHandover:
-    """A partial rollout's weight-sync handshake: the sync asks for the engine; the generating thread pauses
-    its in-flight sequences between two decode steps, lends the engine lock, and continues them with the new
-    weights (``RolloutWorker.generate_partial``). Without a running generate the sync takes the lock at once."""
-
-    def __init__(self, lock: threading.Lock, *, version: int = 0):
-        self.lock = lock
-        self.version = version
-        self.pending = False
-        self.cond = threading.Condition()
-
-    def requested(self) -> bool:
-        return self.pending
-
-    def wait(self) -> int:
-        """The generating thread (holding the lock): hand the engine over until the sync is done."""
-        self.lock.release()
-        try:
-            with self.cond:
-                self.cond.wait_for(lambda: not self.pending)
-        finally:
-            self.lock.acquire()
-        return self.version
-
-    @contextlib.contextmanager
-    def sync(self):
-        """The trainer: hold the engine, as soon as a running generate has paused."""
-        with self.cond:
-            self.pending = True
-            self.cond.notify_all()
-        try:
-            with self.lock:
-                yield
-        finally:
-            with self.cond:
-                self.pending = False
-                self.cond.notify_all()
-
-
 @dataclass
 class StalenessGate:
     """How many prompt batches the rollouter may have generated when ``syncs_done`` syncs happened."""
@@ -136,9 +100,10 @@ def check_async_config(cfg) -> None:
         if rollout.name != "native" or rollout.multi_turn.enable:
             problems.append("async_training.partial_rollout=True pauses sequences of the native engine: set "
                             "actor_rollout_ref.rollout.name=native and multi_turn.enable=False, or partial_rollout=False")
-        if cfg.trainer.backend != "local":
-            problems.append("async_training.partial_rollout=True runs with trainer.backend=local (the engine is handed "
-                            "to the weight sync inside one process); set partial_rollout=False for the Ray backend")
+        if cfg.trainer.backend != "local" and not cfg.rollout.n_gpus_per_node:
+            problems.append("async_training.partial_rollout=True on trainer.backend=ray needs split placement (the "
+                            "rollout engines in a pool of their own, whose actors take a weight sync while they "
+                            "generate): set rollout.n_gpus_per_node (and rollout.nnodes), or partial_rollout=False")
     if not a.compute_prox_log_prob and not a.use_rollout_log_probs:
         problems.append("async_training: with compute_prox_log_prob=False the old policy is the behaviour one; "
                         "set use_rollout_log_probs=True (or compute_prox_log_prob=True)")
@@ -171,7 +136,8 @@ class AsyncPPOTrainer(PPOTrainer):
         self.syncs_done = 0
         self.actor_updated = False
         self.engine_lock = threading.Lock()
-        self.handover = EngineHandover(self.engine_lock) if self.acfg.partial_rollout else None
+        """Held by a weight sync, a validation and (without partial rollouts) a generate: one at a time."""
+        self.partial = self.acfg.partial_rollout
         self.changed = threading.Condition()
         self.queue: deque[RolloutItem] = deque()
         self.generated = 0
@@ -230,15 +196,17 @@ class AsyncPPOTrainer(PPOTrainer):
         and count a new version, both under the engine lock so a generate sees matching weights and version."""
         if step % self.acfg.trigger_parameter_sync_step != 0:
             return
-        with self.handover.sync() if self.handover is not None else self.engine_lock:
-            if self.actor_updated:
-                super().sync_rollout_weights(step=step)
+        with self.engine_lock:  # a partial generate does not hold it: the engine's own handover pauses it
+            if self.actor_updated or self.partial:  # (partial: the engine learns the new version even so)
+                self.push_weights_to_rollout(version=self.syncs_done + 1)
                 self.actor_updated = False
             with self.changed:
                 self.syncs_done += 1
                 self.changed.notify_all()
-            if self.handover is not None:
-                self.handover.version = self.syncs_done
+
+    def push_weights_to_rollout(self, *, version: int | None = None) -> None:
+        """Tagged with the weight version (syncs done; a resume reloads the checkpoint's)."""
+        super().push_weights_to_rollout(version=self.syncs_done if version is None else version)
 
     def staleness_metrics(self, items: list[RolloutItem]) -> dict[str, float]:
         """verl's ``fully_async/*`` counts plus the staleness histogram of the trained batches."""
@@ -255,7 +223,7 @@ class AsyncPPOTrainer(PPOTrainer):
                        count for s, count in self.staleness_counts.items() if s > 0) * rows,
                    "fully_async/staleness/mean": sum(staleness) / len(staleness), "fully_async/queue_size": queued}
         metrics.update({f"fully_async/staleness/hist_{s}": count for s, count in sorted(self.staleness_counts.items())})
-        if self.handover is not None:  # responses whose tokens came from more than one weight version
+        if self.partial:  # responses whose tokens came from more than one weight version
             resumed = sum(int((item.batch["rollout_first_version"] != item.batch["rollout_last_version"]).sum())
                           for item in items)
             metrics["fully_async/partial/resumed_samples"] = resumed
@@ -267,9 +235,9 @@ class AsyncPPOTrainer(PPOTrainer):
 
     def generate(self, prompts: Batch, params) -> Batch:
         """With ``partial_rollout`` a weight sync pauses this generate and its sequences continue with the new weights."""
-        if self.handover is None:
+        if not self.partial:
             return super().generate(prompts, params)
-        return self.w.rollout.generate(prompts, params, handover=self.handover)
+        return self.w.rollout.generate(prompts, params, partial=True)
 
     # ================================================================== checkpoints
     def checkpoint_extra(self) -> dict:
@@ -285,8 +253,6 @@ class AsyncPPOTrainer(PPOTrainer):
         state = extra.get("async", {})
         self.syncs_done = state.get("syncs_done", 0)
         self.staleness_counts = dict(state.get("staleness_counts", {}))
-        if self.handover is not None:
-            self.handover.version = self.syncs_done
 
     # ================================================================== the rollouter side
     def start_rollouter(self, batches: Iterator[Batch], *, start: int, total: int) -> None:
@@ -318,10 +284,12 @@ class AsyncPPOTrainer(PPOTrainer):
         """Generate and score one prompt batch with the weights loaded now (seeded as main_ppo's step)."""
         timer, metrics = Timer(), {}
         require = self.acfg.require_batches
-        with self.engine_lock:
+        with contextlib.nullcontext() if self.partial else self.engine_lock:
             version = self.syncs_done
             batch = self.rollout_and_score(prompts, step=index // require + 1, timer=timer, metrics=metrics,
                                            attempt=index % require)
+        if self.partial:  # the engine's version when its first token was sampled (a sync may have just landed)
+            version = int(batch["rollout_first_version"].min())
         return RolloutItem(batch=batch, index=index, version=version, loader_state=loader_state, metrics=metrics,
                            timings=timer.timings)
 

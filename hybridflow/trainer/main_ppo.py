@@ -211,8 +211,10 @@ def build_worker_groups(cfg: PPOConfig, *, total_steps: int):
     if split:
         pool = ResourcePool(nnodes=cfg.rollout.nnodes, procs_per_node=cfg.rollout.n_gpus_per_node,
                             cpus_per_proc=kwargs["pool"].cpus_per_proc, gpus_per_proc=kwargs["pool"].gpus_per_proc)
+        # Partial rollouts: a rollout actor takes the weight sync in a second thread while its generate runs.
+        concurrency = 2 if cfg.async_training.partial_rollout else 1
         rollout = build_worker_group(functools.partial(build_rollout_worker, cfg=cfg), worker_cls=RolloutGroupWorker,
-                                     backend=backend, name="rollout", **dict(kwargs, pool=pool))
+                                     backend=backend, name="rollout", **dict(kwargs, pool=pool, concurrency=concurrency))
     critic = None
     if critic_enabled(cfg):
         if backend == "ray":  # colocated with the actor: same bundles, half of each

@@ -207,13 +207,15 @@ class PPOTrainer:
         """Copy the actor's weights into the rollout engine (the async trainers override when)."""
         self.push_weights_to_rollout()
 
-    def push_weights_to_rollout(self) -> None:
+    def push_weights_to_rollout(self, *, version: int | None = None) -> None:
         """Actor -> engine: in memory inside every rank of the hybrid engine, or, with the rollout in a pool of
-        its own (split placement), gathered on the training ranks and handed by the driver to every rollout rank."""
+        its own (split placement), gathered on the training ranks and read by every rollout rank from training
+        rank 0's object in Ray's store (the driver passes only its reference).
+        ``version`` (the async trainers' weight version) tags the tokens the engine samples with them."""
         if self.w.rollout is self.w.actor:
-            self.w.actor.sync_rollout_weights()
+            self.w.actor.sync_rollout_weights(version)
         else:
-            self.w.rollout.load_weights(self.w.actor.rollout_weights())
+            self.w.rollout.load_weights(self.w.actor.call_by_reference("rollout_weights"), version)
 
     def finish_step_metrics(self, metrics: dict, *, batch: Batch, timer: Timer, step: int) -> dict[str, float]:
         metrics.update(data_metrics(batch, max_response_length=self.cfg.data.max_response_length,

@@ -74,15 +74,15 @@ class HybridEngineWorker(CheckpointedRank):
         self.reference_checkpoint.load_from(directory)
 
     @dispatch(Mode.DP_COMPUTE)
-    def generate(self, prompts: Batch, params, handover=None) -> Batch:
-        """``handover`` (a partial rollout's weight-sync handshake) is an in-process object: local backend only."""
-        return self.rollout.generate(prompts, params, handover=handover)
+    def generate(self, prompts: Batch, params, partial: bool = False) -> Batch:
+        """``partial``: a weight sync may pause it between two decode steps (``RolloutWorker.generate``)."""
+        return self.rollout.generate(prompts, params, partial=partial)
 
     @dispatch(Mode.ONE_TO_ALL, collect="first")
-    def sync_rollout_weights(self) -> None:
+    def sync_rollout_weights(self, version: int | None = None) -> None:
         """Rollout engine <- the colocated actor's current weights, gathered in memory on every rank
-        (no tensor moves through the driver, no disk round trip; LoRA folded in)."""
-        self.rollout.load_weights(actor_weights_for_rollout(self.actor.model).items())
+        (no tensor moves through the driver, no disk round trip; LoRA folded in); ``version`` tags them."""
+        self.rollout.load_weights(actor_weights_for_rollout(self.actor.model).items(), version=version)
 
     @dispatch(Mode.ONE_TO_ALL, collect="first")
     def rollout_weights(self) -> dict:
@@ -117,13 +117,15 @@ class RolloutGroupWorker:
         self.rollout = rollout
 
     @dispatch(Mode.DP_COMPUTE)
-    def generate(self, prompts: Batch, params, handover=None) -> Batch:
-        return self.rollout.generate(prompts, params, handover=handover)
+    def generate(self, prompts: Batch, params, partial: bool = False) -> Batch:
+        """``partial``: a weight sync (``load_weights``, run by a second thread of this rank's actor) may pause
+        it between two decode steps."""
+        return self.rollout.generate(prompts, params, partial=partial)
 
     @dispatch(Mode.ONE_TO_ALL, collect="first")
-    def load_weights(self, named) -> None:
-        """Given a ``{name: tensor}`` dict (the training group's ``rollout_weights()``)."""
-        self.rollout.load_weights(named.items() if isinstance(named, dict) else named)
+    def load_weights(self, named, version: int | None = None) -> None:
+        """Given a ``{name: tensor}`` dict (the training group's ``rollout_weights()``); ``version`` tags them."""
+        self.rollout.load_weights(named.items() if isinstance(named, dict) else named, version=version)
 
 
 class GroupCheckpoint:

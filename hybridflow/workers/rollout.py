@@ -20,7 +20,9 @@ observation (tool / user) tokens while ``attention_mask`` is 1 on them; non-tens
 
 from __future__ import annotations
 
-from typing import Iterable, Protocol
+import contextlib
+import threading
+from typing import Iterable
 
 import torch
 
@@ -32,17 +34,50 @@ from hybridflow.rollout.native import NativeEngine
 from hybridflow.rollout.streaming import StreamingSession
 
 
-class WeightHandover(Protocol):
-    """How a running partial rollout learns of a weight sync (``trainer/async_ppo.py:EngineHandover``)."""
+class EngineHandover:
+    """The engine's lock, and a partial rollout's weight-sync handshake (verl's partial rollout).
 
-    version: int
-    """The version of the weights loaded in the engine now."""
+    A weight sync asks for the engine (``sync``); a running partial generate sees ``requested()`` between two
+    decode steps, pauses its in-flight sequences and lends the lock (``wait``) until the new weights (and their
+    ``version``) are loaded, then continues them. Without a partial generate running, the sync takes the lock
+    as soon as the engine is free. Lives in the rank that holds the engine, so it works the same in one
+    process and in a Ray actor that runs a generate and a sync at once."""
+
+    def __init__(self, *, version: int = 0):
+        self.lock = threading.Lock()
+        self.version = version
+        """The version of the weights loaded in the engine now."""
+        self.pending = False
+        self.cond = threading.Condition()
 
     def requested(self) -> bool:
         """A weight sync is waiting for the engine."""
+        return self.pending
 
     def wait(self) -> int:
-        """Lend the engine to the sync; returns the new weights' version once they are loaded."""
+        """The generating thread (holding the lock): hand the engine over until the sync is done; returns the
+        new weights' version."""
+        self.lock.release()
+        try:
+            with self.cond:
+                self.cond.wait_for(lambda: not self.pending)
+        finally:
+            self.lock.acquire()
+        return self.version
+
+    @contextlib.contextmanager
+    def sync(self):
+        """The weight sync: hold the engine, as soon as a running partial generate has paused."""
+        with self.cond:
+            self.pending = True
+            self.cond.notify_all()
+        try:
+            with self.lock:
+                yield
+        finally:
+            with self.cond:
+                self.pending = False
+                self.cond.notify_all()
 
 
 class RolloutWorker:
@@ -52,22 +87,31 @@ class RolloutWorker:
         self.engine = engine
         self.pad_token_id = pad_token_id
         self.agent_loops = agent_loops
+        self.handover = EngineHandover()
+        """One call uses the engine at a time; a partial generate lends it to a weight sync."""
 
-    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        self.engine.load_weights(named_tensors)
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, version: int | None = None) -> None:
+        """New weights, once the engine is free (a running partial generate pauses for them); ``version`` (the
+        async trainers' weight version) tags the tokens sampled with them."""
+        with self.handover.sync():
+            self.engine.load_weights(named_tensors)
+            if version is not None:
+                self.handover.version = version
 
-    def generate(self, prompts: Batch, params: SamplingParams, *, handover: WeightHandover | None = None) -> Batch:
-        """Sample ``params.n`` responses for each prompt of ``prompts`` (needs ``raw_prompt_ids``); with a
-        ``handover``, a partial rollout (:meth:`generate_partial`)."""
-        if self.agent_loops is not None:
-            return self.run_agent_loops(prompts, params)
-        if handover is not None:
-            return self.generate_partial(prompts, params, handover=handover)
-        completions = self.engine.generate([list(ids) for ids in prompts["raw_prompt_ids"]], params)
-        return self.assemble(prompts, completions, n=params.n)
+    def generate(self, prompts: Batch, params: SamplingParams, *, partial: bool = False) -> Batch:
+        """Sample ``params.n`` responses for each prompt of ``prompts`` (needs ``raw_prompt_ids``); ``partial``:
+        a weight sync may land between two decode steps (:meth:`generate_partial`)."""
+        with self.handover.lock:
+            if self.agent_loops is not None:
+                return self.run_agent_loops(prompts, params)
+            if partial:
+                return self.generate_partial(prompts, params, handover=self.handover)
+            completions = self.engine.generate([list(ids) for ids in prompts["raw_prompt_ids"]], params)
+            return self.assemble(prompts, completions, n=params.n)
 
-    def generate_partial(self, prompts: Batch, params: SamplingParams, *, handover: WeightHandover) -> Batch:
-        """A generation that a weight sync may interrupt between two decode steps (verl's partial rollout).
+    def generate_partial(self, prompts: Batch, params: SamplingParams, *, handover: EngineHandover) -> Batch:
+        """A generation that a weight sync may interrupt between two decode steps (verl's partial rollout); the
+        caller holds ``handover.lock``.
 
         When ``handover.requested()``, the in-flight sequences are paused, the engine is handed over
         (``handover.wait()`` returns once the new weights are loaded, with their version), and the sequences

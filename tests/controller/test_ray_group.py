@@ -172,3 +172,65 @@ def test_unreachable_cluster_fails_fast_with_the_fix():
         port = sock.getsockname()[1]
     with pytest.raises(ConfigError, match="cannot reach the Ray cluster.*ray start --head"):
         check_reachable(f"127.0.0.1:{port}", timeout_s=2.0)
+
+
+class WeightSource:
+    """Each rank holds different 'weights': what comes back shows whose copy travelled."""
+
+    def __init__(self, dp):
+        self.dp = dp
+
+    @dispatch(Mode.ONE_TO_ALL, collect="first")
+    def weights(self) -> dict:
+        return {"w": torch.full((4,), float(self.dp.rank + 1))}
+
+    @dispatch(Mode.ONE_TO_ALL)
+    def ranks(self) -> int:
+        return self.dp.rank
+
+
+class WeightSink:
+    def __init__(self, dp):
+        self.dp = dp
+
+    @dispatch(Mode.ONE_TO_ALL)
+    def load(self, named) -> tuple[str, float]:
+        return type(named).__name__, float(named["w"].sum())
+
+
+def test_a_kept_result_goes_from_group_to_group_without_the_driver_holding_it(ray_cluster):
+    """Split placement's weight sync: training rank 0's result stays in the object store, the driver holds a
+    reference only, and every rank of the other group reads rank 0's copy itself."""
+    pool = ResourcePool(procs_per_node=2, cpus_per_proc=0.5)
+    source = build_worker_group(WeightSource, worker_cls=WeightSource, backend="ray", name="source", pool=pool)
+    sink = build_worker_group(WeightSink, worker_cls=WeightSink, backend="ray", name="sink", pool=pool)
+    try:
+        handle = source.call_by_reference("weights")
+        assert isinstance(handle, ray.ObjectRef)
+        assert sink.load(handle) == [("dict", 4.0), ("dict", 4.0)]  # rank 0's weights (1.0 x 4) on both ranks
+        with pytest.raises(ValueError, match="collected as 'list'.*collect='first'"):
+            source.call_by_reference("ranks")
+    finally:
+        source.shutdown()
+        sink.shutdown()
+
+
+def test_in_one_process_the_kept_result_is_the_value_itself():
+    source = build_worker_group(WeightSource, worker_cls=WeightSource, backend="local")
+    sink = build_worker_group(WeightSink, worker_cls=WeightSink, backend="local")
+    handle = source.call_by_reference("weights")
+    assert torch.equal(handle["w"], torch.ones(4))
+    assert sink.load(handle) == [("dict", 4.0)]
+
+
+def test_packed_tensors_come_back_equal_in_dtype_shape_and_value():
+    from hybridflow.controller.ray_backend import PackedTensor, pack_tensors, unpack_tensors
+
+    weights = {"bf16": torch.randn(3, 5).to(torch.bfloat16), "scalar": torch.tensor(2.5),
+               "strided": torch.arange(12.0).reshape(3, 4).t(), "flag": torch.tensor([True, False])}
+    packed = pack_tensors(weights)
+    assert all(isinstance(p, PackedTensor) for p in packed.values())
+    back = unpack_tensors(packed)
+    for name, tensor in weights.items():
+        assert back[name].dtype == tensor.dtype and torch.equal(back[name], tensor), name
+    assert pack_tensors({"mixed": torch.ones(1), "other": 1}) == {"mixed": torch.ones(1), "other": 1}

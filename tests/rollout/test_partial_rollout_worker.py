@@ -49,7 +49,7 @@ def test_a_sync_with_the_same_weights_changes_no_token(tiny_tokenizer, n):
     worker = RolloutWorker(engine=NativeEngine(model, tokenizer, decode_lanes=False), pad_token_id=tokenizer.pad_token_id)
     plain = worker.generate(_prompts(tokenizer), params)
     handover = ScriptedHandover(worker.engine, list(model.named_parameters()), after=4)
-    partial = worker.generate(_prompts(tokenizer), params, handover=handover)
+    partial = worker.generate_partial(_prompts(tokenizer), params, handover=handover)
     assert handover.handed_over == 1
     assert torch.equal(partial["responses"], plain["responses"])
     assert torch.equal(partial["response_mask"], plain["response_mask"])
@@ -66,8 +66,8 @@ def test_tokens_after_the_sync_come_from_the_new_weights(tiny_tokenizer):
     params = SamplingParams(temperature=0, max_tokens=12, logprobs=True)
     worker = RolloutWorker(engine=NativeEngine(model, tokenizer, decode_lanes=False), pad_token_id=tokenizer.pad_token_id)
     prompts = _prompts(tokenizer)
-    partial = worker.generate(prompts, params, handover=ScriptedHandover(worker.engine, list(other.named_parameters()),
-                                                                         after=2))
+    partial = worker.generate_partial(prompts, params, handover=ScriptedHandover(worker.engine, list(other.named_parameters()),
+                                                                                 after=2))
     fresh = NativeEngine(other, tokenizer, decode_lanes=False)
     for row, prompt in enumerate(prompts["raw_prompt_ids"]):
         tokens = partial["responses"][row][partial["response_mask"][row].bool()].tolist()

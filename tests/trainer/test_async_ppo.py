@@ -201,12 +201,13 @@ def test_partial_rollout_pauses_at_a_sync_and_trains_every_prompt_once(tmp_path,
     trainer, trained, spans = build_async(cfg), [], []
     n = cfg.actor_rollout_ref.rollout.n
     step, steps_taken = StreamingSession.step, {}
+    handover = trainer.w.rollout.backend.worker.rollout.handover  # the engine's, in its (local) rank
 
     def held_step(session):
         steps_taken[id(session)] = steps_taken.get(id(session), 0) + 1
         if trainer.generated == 1 and steps_taken[id(session)] == 2:  # batch 2, mid-generation
-            with trainer.handover.cond:
-                assert trainer.handover.cond.wait_for(trainer.handover.requested, timeout=60)
+            with handover.cond:
+                assert handover.cond.wait_for(handover.requested, timeout=60)
         return step(session)
 
     monkeypatch.setattr(StreamingSession, "step", held_step)
@@ -227,10 +228,10 @@ def test_partial_rollout_pauses_at_a_sync_and_trains_every_prompt_once(tmp_path,
     assert last["fully_async/count/current_param_version"] == 4
 
 
-def test_partial_rollout_needs_the_native_engine_in_one_process(tmp_path, tiny_model_dir):
+def test_partial_rollout_needs_the_native_engine_and_split_placement_on_ray(tmp_path, tiny_model_dir):
     with pytest.raises(HybridflowError, match="rollout.name=native"):
         build_async(load_config(PPOConfig, base_overrides(tmp_path, tiny_model_dir) + [
             "async_training.partial_rollout=True", "actor_rollout_ref.rollout.name=hf"]))
-    with pytest.raises(HybridflowError, match="trainer.backend=local"):
+    with pytest.raises(HybridflowError, match="needs split placement.*rollout.n_gpus_per_node"):
         build_async(load_config(PPOConfig, base_overrides(tmp_path, tiny_model_dir) + [
             "async_training.partial_rollout=True", "trainer.backend=ray"]))
