@@ -12,7 +12,8 @@ temperature 1), in its own process, one after the other:
 - ``fully_async_partial``: the same with ``async_training.partial_rollout=True`` (a weight sync pauses the
   running generate and its sequences continue with the new weights);
 - ``fully_async_split``: fully async on ``trainer.backend=ray`` with split placement: one training process and
-  one rollout process (``rollout.n_gpus_per_node=1``), one core each, weights synced through the driver.
+  one rollout process (``rollout.n_gpus_per_node=1``), one core each, weights passed by reference through
+  Ray's object store.
 
 Printed per mode: wall seconds of the run, steps per hour of wall time and its ratio to sync (the
 goal's measure), median trainer seconds per step after the first

