@@ -25,7 +25,26 @@ def test_before_after_reads_the_first_and_last_validation():
     history = [{"step": 0, "val-core/x/reward/mean@1": 0.25}, {"step": 1, "critic/score/mean": 0.5},
                {"step": 2, "val-core/x/reward/mean@1": 0.75}]
     assert before_after(history) == ("val-core/x/reward/mean@1", 0.25, 0.75)
-    assert set(PRESETS) == {"default", "tiny", "tools", "tools-tiny"}
+    assert set(PRESETS) == {"default", "tiny", "tools", "tools-tiny", "reasoning"}
+
+
+def test_report_names_the_best_validation_when_the_run_ended_below_it(capsys):
+    key = "val-core/x/reward/mean@1"
+    history = [{"step": 0, key: 0.1}, {"step": 10, key: 0.3}, {"step": 20, key: 0.3}, {"step": 30, key: 0.2}]
+    result = report(history, base=None, steps=30, seconds=60)
+    assert (result["best_step"], result["best"]) == (10, 0.3)  # the first of equal scores
+    assert "best held-out val-core/x/reward/mean@1: 0.300 at step 10" in capsys.readouterr().out
+    assert "best" not in report(history[:3], base=None, steps=20, seconds=60)  # the last is the best
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_preset_is_a_valid_config(tmp_path, name):
+    from hybridflow.config import PPOConfig, load_config
+    from hybridflow.trainer.demo import demo_overrides
+
+    overrides = demo_overrides(PRESETS[name], model="m", train="t.parquet", test="v.parquet", run_dir=str(tmp_path))
+    cfg = load_config(PPOConfig, overrides)
+    assert cfg.trainer.total_training_steps > 0
 
 
 def test_report_reads_the_tool_call_share_of_the_validations(capsys):
