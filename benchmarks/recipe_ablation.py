@@ -121,7 +121,8 @@ def held_out(rows: list[dict]) -> dict[int, float]:
 def report(out: Path) -> str:
     runs: dict[tuple[str, str], list[list[dict]]] = {}
     for folder in sorted((out / "runs").glob("*.*.s*")):
-        task, arm, _ = folder.name.split(".")
+        task, rest = folder.name.split(".", 1)
+        arm = rest.rsplit(".", 1)[0]  # arm names may hold dots (lr5e-5 does not, a temperature may)
         rows = read_rows(folder)
         if rows:
             runs.setdefault((task, arm), []).append(rows)
