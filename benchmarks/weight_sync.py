@@ -23,6 +23,7 @@ reader's private copy, into the engine's tensors).
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import sys
@@ -86,8 +87,6 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--sinks", type=int, default=1, help="rollout ranks")
     args = parser.parse_args()
-    import functools
-
     import ray
 
     from hybridflow.models.default_model import fetch_default_model

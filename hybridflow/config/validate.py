@@ -138,6 +138,12 @@ def reference_enabled(cfg: Any) -> bool:
     return bool(cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward)
 
 
+def split_placement(cfg: Any) -> bool:
+    """The rollout runs in a pool of processes of its own (``rollout.n_gpus_per_node`` > 0), not in the training
+    processes (the hybrid engine)."""
+    return cfg.rollout.n_gpus_per_node > 0
+
+
 def _estimator_needs_values(name: str) -> bool:
     """The estimator's registered spec (pure algos/ metadata); an unknown name is reported elsewhere."""
     try:
@@ -303,7 +309,7 @@ def _check_split_placement(problems: list[str], cfg: Any) -> None:
         problems.append(f"rollout.nnodes={pool.nnodes}, rollout.n_gpus_per_node={pool.n_gpus_per_node}: nnodes must be "
                         ">= 1 and n_gpus_per_node >= 0 (0 = the rollout runs in the training processes)")
         return
-    if pool.n_gpus_per_node == 0:
+    if not split_placement(cfg):
         return
     if cfg.trainer.backend != "ray":
         problems.append(f"rollout.n_gpus_per_node={pool.n_gpus_per_node} places the rollout in processes of its own, "

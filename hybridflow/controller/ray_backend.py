@@ -57,14 +57,16 @@ class RankProcess:
     def build(self, factory: Callable) -> None:
         self.worker = factory(DataParallel(world_size=self.world_size, rank=self.rank, group=None))
 
-    def call(self, method: str, args: tuple, kwargs: dict, *, keep: bool = False) -> Any:
+    def call(self, method: str, args: tuple, kwargs: dict, *, reply: str = "value") -> Any:
         """Run ``method``; an argument that is a Ray object reference (another group's kept result) is read
-        here, straight from the object store. ``keep``: put the result in the object store and return only
-        its reference (``RayBackend.execute_by_reference``)."""
+        here, straight from the object store. ``reply``: ``value`` returns the result; ``reference`` puts it in
+        the object store and returns only its reference, ``nothing`` drops it (``RayBackend.execute_by_reference``)."""
         args = tuple(_resolve(a) for a in args)
         kwargs = {k: _resolve(v) for k, v in kwargs.items()}
         result = getattr(self.worker, method)(*args, **kwargs)
-        return StoredResult(ray.put(pack_tensors(result))) if keep else result
+        if reply == "reference":
+            return StoredResult(ray.put(pack_tensors(result)))
+        return None if reply == "nothing" else result
 
 
 @dataclass(frozen=True)
@@ -162,7 +164,7 @@ class RayBackend:
         """Like ``execute``, but rank 0's result stays in the object store and only its reference comes back
         (a one-element list); the other ranks run the method too (it may be a collective) and drop theirs.
         Passed as an argument to another group's call, each of its ranks reads the object directly."""
-        refs = [actor.call.remote(method, args, kwargs, keep=rank == 0)
+        refs = [actor.call.remote(method, args, kwargs, reply="reference" if rank == 0 else "nothing")
                 for rank, (actor, (args, kwargs)) in enumerate(zip(self.actors, calls))]
         return [self._wait(refs, method=method)[0].ref]
 

@@ -48,6 +48,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterator
 
+from hybridflow.config import split_placement
 from hybridflow.controller.dispatch import mean_metrics
 from hybridflow.data.batch import Batch
 from hybridflow.errors import HybridflowError
@@ -100,7 +101,7 @@ def check_async_config(cfg) -> None:
         if rollout.name != "native" or rollout.multi_turn.enable:
             problems.append("async_training.partial_rollout=True pauses sequences of the native engine: set "
                             "actor_rollout_ref.rollout.name=native and multi_turn.enable=False, or partial_rollout=False")
-        if cfg.trainer.backend != "local" and not cfg.rollout.n_gpus_per_node:
+        if cfg.trainer.backend != "local" and not split_placement(cfg):
             problems.append("async_training.partial_rollout=True on trainer.backend=ray needs split placement (the "
                             "rollout engines in a pool of their own, whose actors take a weight sync while they "
                             "generate): set rollout.n_gpus_per_node (and rollout.nnodes), or partial_rollout=False")

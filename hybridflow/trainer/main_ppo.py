@@ -25,7 +25,7 @@ from hybridflow.algos.rollout_correction.is_weights import IS_LEVELS
 from hybridflow.algos.rollout_correction.rejection import parse_options
 from hybridflow.algos.rollout_correction.thresholds import parse_bounds, parse_rs_thresholds
 from hybridflow.config import (PPOConfig, critic_enabled, load_config, reference_enabled, split_config_args,
-                               validate_ppo_config)
+                               split_placement, validate_ppo_config)
 from hybridflow.config.loader import help_requested, trainer_usage
 from hybridflow.config.validate import as_list
 from hybridflow.controller.resources import ResourcePool, pool_from_trainer_config
@@ -223,11 +223,6 @@ def build_worker_groups(cfg: PPOConfig, *, total_steps: int):
                                     worker_cls=CriticGroupWorker, backend=backend, name="critic",
                                     ranks_per_shard=cfg.critic.ulysses_sequence_parallel_size, **kwargs)
     return engine, rollout, critic
-
-
-def split_placement(cfg: PPOConfig) -> bool:
-    """The rollout runs in its own pool of processes (``rollout.n_gpus_per_node`` > 0)."""
-    return cfg.rollout.n_gpus_per_node > 0
 
 
 def ray_group_kwargs(cfg: PPOConfig) -> dict[str, Any]:

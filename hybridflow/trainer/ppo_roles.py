@@ -86,8 +86,8 @@ class HybridEngineWorker(CheckpointedRank):
 
     @dispatch(Mode.ONE_TO_ALL, collect="first")
     def rollout_weights(self) -> dict:
-        """The weights a rollout engine needs (LoRA folded in), gathered on every rank; rank 0's copy comes back
-        (split placement: the driver hands them to the rollout group)."""
+        """The weights a rollout engine needs (LoRA folded in), gathered on every rank; rank 0's copy is the answer
+        (split placement: ``call_by_reference`` leaves it in Ray's store for the rollout group to read)."""
         return actor_weights_for_rollout(self.actor.model)
 
     @dispatch(Mode.ONE_TO_ALL, collect="first")
@@ -111,7 +111,7 @@ def actor_weights_for_rollout(model) -> dict:
 
 
 class RolloutGroupWorker:
-    """A rollout engine in its own process (split placement): generates, and takes weights from the driver."""
+    """A rollout engine in its own process (split placement): generates, and takes the training group's weights."""
 
     def __init__(self, *, rollout):
         self.rollout = rollout

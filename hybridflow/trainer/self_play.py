@@ -14,7 +14,7 @@ import functools
 from typing import Any, Mapping
 
 from hybridflow.algos import masked_sum
-from hybridflow.config import validate_ppo_config
+from hybridflow.config import split_placement, validate_ppo_config
 from hybridflow.config.selfplay import resolve_legacy_micro_batch_sizes, self_play_problems, warn_keys_without_effect
 from hybridflow.config.validate import ppo_world_size, raise_if_problems
 from hybridflow.controller.worker_group import build_worker_group
@@ -113,7 +113,7 @@ def check_self_play_config(cfg, *, schema: type, trainer: str, min_n: int = 2,
     problems = main_ppo.engine_and_logger_problems(cfg)
     problems += resolve_legacy_micro_batch_sizes(cfg, world_size=ppo_world_size(cfg))
     problems += self_play_problems(cfg, min_n=min_n)
-    if main_ppo.split_placement(cfg):
+    if split_placement(cfg):
         problems.append(f"rollout.n_gpus_per_node={cfg.rollout.n_gpus_per_node}: the {trainer} trainer runs the "
                         "rollout inside the training processes (hybrid engine); set rollout.n_gpus_per_node=0")
     raise_if_problems(problems)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import threading
 
 import pytest
 import torch
@@ -182,7 +183,9 @@ class WeightSource:
 
     @dispatch(Mode.ONE_TO_ALL, collect="first")
     def weights(self) -> dict:
-        return {"w": torch.full((4,), float(self.dp.rank + 1))}
+        if self.dp.rank > 0:  # cannot be pickled: the other ranks' copies must stay where they were made
+            return {"w": torch.full((4,), float(self.dp.rank + 1)), "lock": threading.Lock()}
+        return {"w": torch.full((4,), 1.0)}
 
     @dispatch(Mode.ONE_TO_ALL)
     def ranks(self) -> int:
@@ -200,7 +203,7 @@ class WeightSink:
 
 def test_a_kept_result_goes_from_group_to_group_without_the_driver_holding_it(ray_cluster):
     """Split placement's weight sync: training rank 0's result stays in the object store, the driver holds a
-    reference only, and every rank of the other group reads rank 0's copy itself."""
+    reference only, every rank of the other group reads rank 0's copy itself, and rank 1's copy goes nowhere."""
     pool = ResourcePool(procs_per_node=2, cpus_per_proc=0.5)
     source = build_worker_group(WeightSource, worker_cls=WeightSource, backend="ray", name="source", pool=pool)
     sink = build_worker_group(WeightSink, worker_cls=WeightSink, backend="ray", name="sink", pool=pool)
