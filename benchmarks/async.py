@@ -13,7 +13,12 @@ temperature 1), in its own process, one after the other:
   running generate and its sequences continue with the new weights);
 - ``fully_async_split``: fully async on ``trainer.backend=ray`` with split placement: one training process and
   one rollout process (``rollout.n_gpus_per_node=1``), one core each, weights passed by reference through
-  Ray's object store.
+  Ray's object store;
+- ``sync_pair``: the bound of overlap on shared cores (issue 16): two ``sync`` runs at once, one thread
+  each, their steps counted together. Every core is busy all the time at one-thread efficiency, the most
+  a perfect overlap of generation and update can reach unless it also makes the work smaller: the
+  only way async does that is filling the decode tail (few live sequences, each decode step still
+  streaming every weight) with the next batch's sequences.
 
 Printed per mode: wall seconds of the run, steps per hour of wall time and its ratio to sync (the
 goal's measure), median trainer seconds per step after the first
@@ -59,6 +64,8 @@ def parse_args(argv=None):
     parser.add_argument("--steps", type=int, default=8, help="GRPO steps per mode")
     parser.add_argument("--staleness", type=float, default=1.0, help="fully_async staleness_threshold")
     parser.add_argument("--modes", default="sync,one_step_off,fully_async,fully_async_partial")
+    parser.add_argument("--rounds", type=int, default=1, help="runs per mode (every other round in reverse order); "
+                        "the table then has a line per run and one per mode over all its runs")
     parser.add_argument("--out", default=None, help="work folder (default: a temp dir)")
     return parser.parse_args(argv)
 
@@ -84,9 +91,9 @@ def prepare(model_arg: str, out: str) -> tuple[str, str]:
     return model, paths["train"]
 
 
-def run_mode(mode: str, *, model: str, train: str, args, out: str) -> tuple[float, list[dict]]:
-    """(wall seconds, metrics rows) of one mode's run."""
-    module, extra = ENTRY_POINTS[mode]
+def mode_command(mode: str, *, model: str, train: str, args, out: str, extra_overrides=()) -> list[str]:
+    """The command line of one mode's run, its metrics written under ``out``."""
+    module, extra = ENTRY_POINTS["sync" if mode == "sync_pair" else mode]
     if module.endswith("fully_async"):
         extra = [f"async_training.staleness_threshold={args.staleness}", *(extra or [])]
     overrides = [
@@ -98,24 +105,65 @@ def run_mode(mode: str, *, model: str, train: str, args, out: str) -> tuple[floa
         f"actor_rollout_ref.actor.optim.lr={LEARNING_RATE}", "actor_rollout_ref.model.use_shared_prompt=True",
         f"trainer.total_training_steps={args.steps}", "trainer.test_freq=-1", "trainer.val_before_train=False",
         "trainer.save_freq=-1", "trainer.logger=[file]", f"trainer.default_local_dir={out}",
-        "reward_model.timeout_s=null", *extra,
+        "reward_model.timeout_s=null", *(extra or []), *extra_overrides,
     ]
+    return [sys.executable, "-m", module, *overrides]
+
+
+def read_metrics(out: str) -> list[dict]:
+    with open(os.path.join(out, "logs", "metrics.jsonl")) as fh:
+        return [json.loads(line) for line in fh]
+
+
+def run_mode(mode: str, *, model: str, train: str, args, out: str) -> tuple[float, list[dict]]:
+    """(wall seconds, metrics rows) of one mode's run."""
+    if mode == "sync_pair":
+        return run_pair(model=model, train=train, args=args, out=out)
     os.makedirs(out, exist_ok=True)
     start = time.perf_counter()
     with open(os.path.join(out, "run.log"), "w") as log:
-        subprocess.run([sys.executable, "-m", module, *overrides], check=True, stdout=log, stderr=subprocess.STDOUT)
-    wall = time.perf_counter() - start
-    with open(os.path.join(out, "logs", "metrics.jsonl")) as fh:
-        return wall, [json.loads(line) for line in fh]
+        subprocess.run(mode_command(mode, model=model, train=train, args=args, out=out), check=True, stdout=log,
+                       stderr=subprocess.STDOUT)
+    return time.perf_counter() - start, read_metrics(out)
 
 
-def summarise(mode: str, wall: float, rows: list[dict]) -> dict:
-    measured = rows[1:] or rows  # the first step warms up
+def run_pair(*, model: str, train: str, args, out: str) -> tuple[float, list[dict]]:
+    """Two synchronous runs at once, one thread each (they sample with different seeds).
+
+    Both cores stay busy all the time and every piece of work runs at one-thread efficiency, which is what a
+    perfect overlap of generation and update on the same cores could at best achieve, so their combined
+    steps per hour bound any async schedule here that does not also shorten the work itself (filling the
+    decode tail with the next batch's sequences is the one way async does: see the module docstring).
+    The rows returned are both runs' rows, so steps per hour counts the steps of the two."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    folders = [os.path.join(out, name) for name in ("a", "b")]
+    start, procs = time.perf_counter(), []
+    for seed, folder in enumerate(folders, start=1):
+        os.makedirs(folder, exist_ok=True)
+        command = mode_command("sync", model=model, train=train, args=args, out=folder,
+                               extra_overrides=[f"actor_rollout_ref.rollout.seed={seed}"])
+        procs.append(subprocess.Popen(command, env=env, stdout=open(os.path.join(folder, "run.log"), "w"),
+                                      stderr=subprocess.STDOUT))
+    if any(proc.wait() for proc in procs):
+        raise SystemExit(f"a sync_pair run failed; see {out}/a/run.log and {out}/b/run.log")
+    return time.perf_counter() - start, read_metrics(folders[0]) + read_metrics(folders[1])
+
+
+def summarise(name: str, mode: str, wall: float, rows: list[dict]) -> dict:
+    """One line of the table: ``rows`` are the metrics of all runs of ``mode`` that took ``wall`` seconds."""
+    measured = [r for r in rows if r["step"] > 1] or rows  # the first step of a run warms up
     seconds = sum(r["timing_s/step"] for r in measured)
-    return {"mode": mode, "wall_s": wall, "steps_per_hour": 3600 * len(rows) / wall,
+    processes = 2 if mode == "sync_pair" else 1  # the pair's two runs train side by side
+    return {"mode": name, "wall_s": wall, "steps_per_hour": 3600 * len(rows) / wall,
             "step_s": statistics.median(r["timing_s/step"] for r in measured),
-            "trained_tok_s": sum(r["perf/total_num_tokens"] for r in measured) / seconds,
+            "gen_s": median_of(measured, "timing_s/gen"), "update_s": median_of(measured, "timing_s/update_actor"),
+            "trained_tok_s": processes * sum(r["perf/total_num_tokens"] for r in measured) / seconds,
             "scores": [round(r["critic/score/mean"], 3) for r in rows]}
+
+
+def median_of(rows: list[dict], key: str) -> float:
+    values = [r[key] for r in rows if key in r]
+    return statistics.median(values) if values else float("nan")
 
 
 def main(argv=None) -> int:
@@ -125,20 +173,30 @@ def main(argv=None) -> int:
     out = args.out or tempfile.mkdtemp(prefix="hybridflow-async-bench-")
     model, train = prepare(args.model, out)
     print(f"{describe_cpu()}; model {args.model}; {BATCH_PROMPTS} prompts x {SAMPLES} samples, "
-          f"responses <= {args.length} tokens, {args.steps} steps")
-    results = []
-    for mode in args.modes.split(","):
-        wall, rows = run_mode(mode, model=model, train=train, args=args, out=os.path.join(out, mode))
-        results.append(summarise(mode, wall, rows))
-    sync = next((r for r in results if r["mode"] == "sync"), None)
+          f"responses <= {args.length} tokens, {args.steps} steps, {args.rounds} round(s)")
+    modes, runs = args.modes.split(","), {}
+    for round_ in range(args.rounds):
+        # every other round runs the modes in reverse, so a drift in the machine's load favours none
+        for mode in modes if round_ % 2 == 0 else modes[::-1]:
+            folder = os.path.join(out, mode if args.rounds == 1 else f"{mode}.round{round_ + 1}")
+            runs.setdefault(mode, []).append(run_mode(mode, model=model, train=train, args=args, out=folder))
+    per_run = [summarise(f"{mode} #{k + 1}", mode, *run) for mode in modes for k, run in enumerate(runs[mode])]
+    together = [summarise(mode, mode, sum(w for w, _ in runs[mode]), [r for _, rows in runs[mode] for r in rows])
+                for mode in modes]
+    print_table(per_run + together if args.rounds > 1 else together)
+    return 0
+
+
+def print_table(results: list[dict]) -> None:
     # steps/hour from wall time (process start to exit, the same startup in every mode) is the goal's measure;
     # the trainer's step time leaves out the generation the async modes overlap.
-    print(f"{'mode':<20}{'wall s':>9}{'steps/h':>9}{'vs sync':>9}{'step s':>9}{'trained tok/s':>15}  reward per step")
+    sync = next((r for r in results if r["mode"] == "sync"), None)
+    print(f"{'mode':<24}{'wall s':>9}{'steps/h':>9}{'vs sync':>9}{'step s':>9}{'gen s':>8}{'update s':>9}"
+          f"{'trained tok/s':>15}  reward per step")
     for r in results:
         speedup = r["steps_per_hour"] / sync["steps_per_hour"] if sync else float("nan")
-        print(f"{r['mode']:<20}{r['wall_s']:>9.1f}{r['steps_per_hour']:>9.1f}{speedup:>8.2f}x{r['step_s']:>9.2f}"
-              f"{r['trained_tok_s']:>15.1f}  {r['scores']}")
-    return 0
+        print(f"{r['mode']:<24}{r['wall_s']:>9.1f}{r['steps_per_hour']:>9.1f}{speedup:>8.2f}x{r['step_s']:>9.2f}"
+              f"{r['gen_s']:>8.2f}{r['update_s']:>9.2f}{r['trained_tok_s']:>15.1f}  {r['scores']}")
 
 
 if __name__ == "__main__":
