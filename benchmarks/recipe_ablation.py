@@ -150,6 +150,23 @@ def report(out: Path) -> str:
     return "\n".join(lines)
 
 
+CURVE_KEYS = ("critic/score/mean", "actor/entropy", "response_length/mean", "actor/grad_norm", "timing_s/step",
+              "train/num_gen_batches")
+
+
+def export(out: Path, path: Path) -> None:
+    """Every run's held-out scores and per-step curves (``CURVE_KEYS``) as JSON: run folders do not last."""
+    runs = {}
+    for folder in sorted((out / "runs").glob("*.*.s*")):
+        rows = read_rows(folder)
+        if rows:
+            curves = {key: [round(r[key], 4) for r in rows if key in r] for key in CURVE_KEYS}
+            runs[folder.name] = {**parse_run(folder.name), "held_out": {str(k): round(v, 4) for k, v in
+                                                                       held_out(rows).items()},
+                                 "per_step": {key: values for key, values in curves.items() if values}}
+    path.write_text(json.dumps(runs, indent=1) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--arms", default="plain,recipe", help=f"comma-separated, from {', '.join(ARMS)}")
@@ -162,11 +179,14 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0, help="threads per run (0: cores / parallel)")
     parser.add_argument("--out", default="runs/ablation")
     parser.add_argument("--report", action="store_true", help="only print the table of the runs in --out")
+    parser.add_argument("--export", default="", help="also write every run's curves in --out to this JSON file")
     args = parser.parse_args()
     out = Path(args.out).resolve()
     if not args.report:
         sweep(args, out)
     print(report(out))
+    if args.export:
+        export(out, Path(args.export))
 
 
 def parse_run(name: str) -> dict:

@@ -36,13 +36,6 @@ def test_a_pair_counts_the_steps_and_tokens_of_both_runs_and_skips_each_runs_war
     assert single["trained_tok_s"] == pytest.approx(200 / 20)
 
 
-def test_recipe_ablation_reads_run_names_whose_arm_holds_dots():
-    ablation = load("recipe_ablation")
-    assert ablation.parse_run("chain_sum_3x2.recipe-t0.6.s12") == {"task": "chain_sum_3x2", "arm": "recipe-t0.6",
-                                                                   "seed": 12}
-    assert {"recipe-t0.6", "entropy", "dynamic"} <= set(ablation.ARMS)
-
-
 def test_async_benchmark_runs_sync_and_the_pair_and_compares_them(tmp_path):
     out = subprocess.run(
         [sys.executable, str(BENCHMARKS / "async.py"), "--model", "tiny", "--length", "8", "--steps", "2",
