@@ -93,7 +93,7 @@ def prepare(model_arg: str, out: str) -> tuple[str, str]:
 
 def mode_command(mode: str, *, model: str, train: str, args, out: str, extra_overrides=()) -> list[str]:
     """The command line of one mode's run, its metrics written under ``out``."""
-    module, extra = ENTRY_POINTS["sync" if mode == "sync_pair" else mode]
+    module, extra = ENTRY_POINTS[mode]
     if module.endswith("fully_async"):
         extra = [f"async_training.staleness_threshold={args.staleness}", *(extra or [])]
     overrides = [
@@ -115,15 +115,20 @@ def read_metrics(out: str) -> list[dict]:
         return [json.loads(line) for line in fh]
 
 
+def launch(command: list[str], folder: str, env: dict | None = None) -> subprocess.Popen:
+    """Start ``command`` with its output in ``folder``/run.log."""
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "run.log"), "w") as log:  # the child keeps its own copy of the handle
+        return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
 def run_mode(mode: str, *, model: str, train: str, args, out: str) -> tuple[float, list[dict]]:
     """(wall seconds, metrics rows) of one mode's run."""
     if mode == "sync_pair":
         return run_pair(model=model, train=train, args=args, out=out)
-    os.makedirs(out, exist_ok=True)
     start = time.perf_counter()
-    with open(os.path.join(out, "run.log"), "w") as log:
-        subprocess.run(mode_command(mode, model=model, train=train, args=args, out=out), check=True, stdout=log,
-                       stderr=subprocess.STDOUT)
+    if launch(mode_command(mode, model=model, train=train, args=args, out=out), out).wait():
+        raise SystemExit(f"the {mode} run failed; see {out}/run.log")
     return time.perf_counter() - start, read_metrics(out)
 
 
@@ -137,14 +142,11 @@ def run_pair(*, model: str, train: str, args, out: str) -> tuple[float, list[dic
     The rows returned are both runs' rows, so steps per hour counts the steps of the two."""
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     folders = [os.path.join(out, name) for name in ("a", "b")]
-    start, procs = time.perf_counter(), []
-    for seed, folder in enumerate(folders, start=1):
-        os.makedirs(folder, exist_ok=True)
-        command = mode_command("sync", model=model, train=train, args=args, out=folder,
-                               extra_overrides=[f"actor_rollout_ref.rollout.seed={seed}"])
-        procs.append(subprocess.Popen(command, env=env, stdout=open(os.path.join(folder, "run.log"), "w"),
-                                      stderr=subprocess.STDOUT))
-    if any(proc.wait() for proc in procs):
+    start = time.perf_counter()
+    procs = [launch(mode_command("sync", model=model, train=train, args=args, out=folder,
+                                 extra_overrides=[f"actor_rollout_ref.rollout.seed={seed}"]), folder, env)
+             for seed, folder in enumerate(folders, start=1)]
+    if any([proc.wait() for proc in procs]):  # a list: wait for both before judging
         raise SystemExit(f"a sync_pair run failed; see {out}/a/run.log and {out}/b/run.log")
     return time.perf_counter() - start, read_metrics(folders[0]) + read_metrics(folders[1])
 

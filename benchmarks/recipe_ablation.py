@@ -125,13 +125,17 @@ def held_out(rows: list[dict]) -> dict[int, float]:
     return scores
 
 
+def started_runs(out: Path) -> list[tuple[str, list[dict]]]:
+    """(folder name, metrics rows) of every run in ``out`` that logged at least one step."""
+    found = [(folder.name, read_rows(folder)) for folder in sorted((out / "runs").glob("*.*.s*"))]
+    return [(name, rows) for name, rows in found if rows]
+
+
 def report(out: Path) -> str:
     runs: dict[tuple[str, str], list[list[dict]]] = {}
-    for folder in sorted((out / "runs").glob("*.*.s*")):
-        run = parse_run(folder.name)
-        rows = read_rows(folder)
-        if rows:
-            runs.setdefault((run["task"], run["arm"]), []).append(rows)
+    for name, rows in started_runs(out):
+        run = parse_run(name)
+        runs.setdefault((run["task"], run["arm"]), []).append(rows)
     lines = []
     for (task, arm), seeds in sorted(runs.items()):
         curves = [held_out(rows) for rows in seeds]
@@ -157,13 +161,10 @@ CURVE_KEYS = ("critic/score/mean", "actor/entropy", "response_length/mean", "act
 def export(out: Path, path: Path) -> None:
     """Every run's held-out scores and per-step curves (``CURVE_KEYS``) as JSON: run folders do not last."""
     runs = {}
-    for folder in sorted((out / "runs").glob("*.*.s*")):
-        rows = read_rows(folder)
-        if rows:
-            curves = {key: [round(r[key], 4) for r in rows if key in r] for key in CURVE_KEYS}
-            runs[folder.name] = {**parse_run(folder.name), "held_out": {str(k): round(v, 4) for k, v in
-                                                                       held_out(rows).items()},
-                                 "per_step": {key: values for key, values in curves.items() if values}}
+    for name, rows in started_runs(out):
+        curves = {key: [round(r[key], 4) for r in rows if key in r] for key in CURVE_KEYS}
+        runs[name] = {**parse_run(name), "held_out": {str(k): round(v, 4) for k, v in held_out(rows).items()},
+                      "per_step": {key: values for key, values in curves.items() if values}}
     path.write_text(json.dumps(runs, indent=1) + "\n")
 
 

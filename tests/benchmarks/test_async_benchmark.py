@@ -1,20 +1,17 @@
 """benchmarks/async.py: the table's arithmetic, and sync vs sync_pair end to end on a tiny model."""
 
-import importlib.util
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+from tests.benchmarks.loader import BENCHMARKS, loaded_benchmark
 
 
-def load(name: str):
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCHMARKS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+@pytest.fixture(scope="module")
+def bench():
+    with loaded_benchmark("async") as module:
+        yield module
 
 
 def rows(steps: int, *, seconds: float, tokens: int) -> list[dict]:
@@ -22,8 +19,7 @@ def rows(steps: int, *, seconds: float, tokens: int) -> list[dict]:
              "perf/total_num_tokens": tokens, "critic/score/mean": 0.5} for s in range(1, steps + 1)]
 
 
-def test_a_pair_counts_the_steps_and_tokens_of_both_runs_and_skips_each_runs_warm_up():
-    bench = load("async")
+def test_a_pair_counts_the_steps_and_tokens_of_both_runs_and_skips_each_runs_warm_up(bench):
     # two runs of 3 steps in 60 s of wall time; each run's step 1 (a warm-up, 100 s) is left out
     both = rows(3, seconds=10.0, tokens=100) + rows(3, seconds=10.0, tokens=100)
     both[0]["timing_s/step"] = both[3]["timing_s/step"] = 100.0

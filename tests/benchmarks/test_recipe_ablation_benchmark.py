@@ -1,20 +1,17 @@
 """benchmarks/recipe_ablation.py: run names, the report's table and the exported curves, from metrics files."""
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "recipe_ablation.py"
+from tests.benchmarks.loader import loaded_benchmark
 
 
 @pytest.fixture(scope="module")
 def ablation():
-    spec = importlib.util.spec_from_file_location("bench_recipe_ablation", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    with loaded_benchmark("recipe_ablation") as module:
+        yield module
 
 
 def write_run(out: Path, name: str, rows: list[dict]) -> None:

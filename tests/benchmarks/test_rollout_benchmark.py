@@ -1,24 +1,16 @@
 """The rollout benchmark's floor arithmetic (hand-computed) and a tiny end-to-end run of the script."""
 
-import importlib.util
 import sys
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "rollout.py"
+from tests.benchmarks.loader import loaded_benchmark
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("rollout_benchmark", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    try:
-        spec.loader.exec_module(module)
+    with loaded_benchmark("rollout") as module:
         yield module
-    finally:
-        del sys.modules[spec.name]
 
 
 def test_decode_rows_per_step_counts_the_responses_still_running(bench):
