@@ -34,15 +34,21 @@ from pathlib import Path
 
 INSTRUCTION = " Reply with only the final answer."
 TASKS = {
-    # 2-3 terms of 1-2 digits: the demo's task (2 one-digit terms) made harder
-    "chain_sum_3x2": ("chain_sum", ["min_terms=2", "max_terms=3", "min_digits=1", "max_digits=2"], 168),
+    # name: (reasoning-gym task, its config, held-out draws, extra flags of the preprocess script)
+    # 2-3 terms of 1-2 digits: the demo's task (2 one-digit terms) made harder. Its held-out set drops the
+    # questions drawn for training, which are most of the easy ones: it is harder than the training set
+    "chain_sum_3x2": ("chain_sum", ["min_terms=2", "max_terms=3", "min_digits=1", "max_digits=2"], 168, []),
+    # the same task with the held-out set kept as drawn (the task's own mix of easy and hard questions) and
+    # its questions dropped from training instead
+    "chain_sum_3x2_drawn": ("chain_sum", ["min_terms=2", "max_terms=3", "min_digits=1", "max_digits=2"], 136,
+                            ["--test_as_drawn"]),
     # two 2-digit terms: 8100 questions, so dropping the held-out questions drawn for training (13 of 200)
     # leaves the held-out set as hard as the training set
-    "chain_sum_2x2d": ("chain_sum", ["min_terms=2", "max_terms=2", "min_digits=2", "max_digits=2"], 200),
+    "chain_sum_2x2d": ("chain_sum", ["min_terms=2", "max_terms=2", "min_digits=2", "max_digits=2"], 200, []),
     # a product of two numbers of 1-2 digits. Its held-out set is much harder than its training set: the
     # one-digit products repeat, so nearly every unseen question is 2-digit x 2-digit (1.99 two-digit
     # factors per held-out question against 1.01 in training); it measures transfer, not learning
-    "products_2x2": ("products", ["min_terms=2", "max_terms=2", "min_digits=1", "max_digits=2"], 320),
+    "products_2x2": ("products", ["min_terms=2", "max_terms=2", "min_digits=1", "max_digits=2"], 320, []),
 }
 PLAIN = [
     "algorithm.adv_estimator=grpo", "data.train_batch_size=8", "data.max_prompt_length=128",
@@ -72,9 +78,9 @@ def prepare_task(name: str, out: Path) -> Path:
     """The task's train (1024 prompts) and held-out parquet files (questions never drawn for training)."""
     folder = out / "data" / name
     if not (folder / "test.parquet").exists():
-        task, config, test_size = TASKS[name]
+        task, config, test_size, flags = TASKS[name]
         argv = [sys.executable, "-m", "hybridflow.data.preprocess.reasoning_gym", "--task", task, "--size", "1024",
-                "--test_size", str(test_size), "--instruction", INSTRUCTION, "--local_save_dir", str(folder)]
+                "--test_size", str(test_size), "--instruction", INSTRUCTION, "--local_save_dir", str(folder), *flags]
         for item in config:
             argv += ["--config", item]
         subprocess.run(argv, check=True)

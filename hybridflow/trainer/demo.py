@@ -52,6 +52,9 @@ class DemoPreset:
     """Appended to every question."""
     train_size: int = 256
     test_size: int = 64
+    test_as_drawn: bool = False
+    """Keep the held-out questions as the task draws them and drop them from training (the preprocess
+    script's ``--test_as_drawn``); otherwise held-out keeps only questions training never drew."""
     overrides: tuple[str, ...] = field(default_factory=tuple)
     """Config overrides of the run."""
     tools: tuple[str, ...] = ()
@@ -190,6 +193,8 @@ def prepare_data(preset: DemoPreset, run_dir: str) -> tuple[str, str]:
 
     argv = ["--task", preset.task, "--size", str(preset.train_size), "--test_size", str(preset.test_size),
             "--instruction", preset.instruction, "--local_save_dir", out]
+    if preset.test_as_drawn:
+        argv.append("--test_as_drawn")
     for item in preset.task_config:
         argv += ["--config", item]
     paths = reasoning_gym.main(argv)

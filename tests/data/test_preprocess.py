@@ -1,4 +1,5 @@
 import json
+import re
 import os
 import subprocess
 import sys
@@ -215,6 +216,39 @@ def test_reasoning_gym_dedupes_test_against_train(tmp_path):
     assert not train_questions & set(test_questions)
     assert len(set(test_questions)) == len(test_questions)
     assert [row["extra_info"]["index"] for row in test] == list(range(len(test)))
+
+
+def test_split_unseen_drops_the_overlap_from_the_side_asked():
+    def entries(*questions):
+        return [{"question": q} for q in questions]
+
+    train, test = entries("a", "b", "a", "c"), entries("b", "d", "d", "a")
+    kept_train, kept_test = rg_script.split_unseen(train, test, test_as_drawn=False)
+    assert kept_train == train and kept_test == entries("d")
+    kept_train, kept_test = rg_script.split_unseen(train, test, test_as_drawn=True)
+    assert kept_train == entries("c") and kept_test == entries("b", "d", "a")
+
+
+def test_test_as_drawn_keeps_the_easy_questions_in_the_held_out_set(tmp_path):
+    # 2-3 terms of 1-2 digits: training draws nearly all 100 two-term one-digit sums, so the default
+    # split's held-out set has almost none; drawn as the task draws, about a quarter of it is that easy.
+    def easy_share(folder, *extra):
+        argv = ["--task", "chain_sum", "--size", "1000", "--test_size", "120", "--local_save_dir", str(folder)]
+        for pair in ("min_terms=2", "max_terms=3", "min_digits=1", "max_digits=2"):
+            argv += ["--config", pair]
+        rg_script.main(argv + list(extra))
+        train, test = read(folder / "train.parquet"), read(folder / "test.parquet")
+        questions = [row["prompt"][0]["content"] for row in test]
+        assert not {row["prompt"][0]["content"] for row in train} & set(questions)
+        easy = [q for q in questions if re.fullmatch(r"State the final answer to the following arithmetic problem: "
+                                                       r"\d [+-] \d =", q.strip())]
+        return len(easy) / len(questions), len(train), len(test)
+
+    default_share, default_train, default_test = easy_share(tmp_path / "default")
+    drawn_share, drawn_train, drawn_test = easy_share(tmp_path / "drawn", "--test_as_drawn")
+    assert default_train == 1000 and default_test < 120
+    assert drawn_train < 1000 and drawn_test > default_test
+    assert drawn_share > default_share + 0.1
 
 
 def test_reasoning_gym_as_subprocess(tmp_path):

@@ -107,3 +107,24 @@ def test_warmup_traces_call_the_tool_every_nth_question_and_end_on_the_right_ans
     rows.to_parquet(train)
     with pytest.raises(DataError, match="no extra_info.metadata.expression"):
         write_warmup_traces(train, config, str(tmp_path), count=1)
+
+
+def test_a_preset_can_keep_its_held_out_questions_as_drawn(tmp_path):
+    """``test_as_drawn``: the held-out draws all stay (the default keeps only those training never drew)."""
+    from dataclasses import replace
+
+    import pandas as pd
+
+    from hybridflow.trainer.demo import prepare_data
+
+    def sizes(preset, folder):
+        train, test = (pd.read_parquet(path) for path in prepare_data(preset, str(tmp_path / folder)))
+        questions = [row[0]["content"] for row in test["prompt"]]
+        assert not set(questions) & {row[0]["content"] for row in train["prompt"]}
+        return len(train), len(questions)
+
+    preset = replace(PRESETS["default"], train_size=128, test_size=40)  # ~200 distinct questions: overlap is sure
+    default_train, default_test = sizes(preset, "default")
+    drawn_train, drawn_test = sizes(replace(preset, test_as_drawn=True), "drawn")
+    assert default_train == 128 and default_test < drawn_test
+    assert drawn_train < 128 and drawn_test > 30

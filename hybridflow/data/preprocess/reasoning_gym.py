@@ -7,7 +7,11 @@
 Entries come from ``reasoning_gym.create_dataset(task, size, seed, **config)``, whose
 entry ``i`` is drawn from ``Random(seed + i)``; so train uses ``--seed`` and test
 ``--seed + --size`` (a test seed of ``seed + 1`` would replay train entries 1..n), and
-any test question that still appears in train is dropped (small task spaces repeat). The
+any test question that still appears in train is dropped (small task spaces repeat). On a
+small task space that leaves a test set harder than the task: training draws nearly every
+easy question, so the unseen ones are the hard ones. ``--test_as_drawn`` keeps the test set
+as the task draws it (the same mix of easy and hard questions as training) and drops from
+train every question the test set holds instead. The
 entry's ``metadata`` is stored as a JSON string in ``extra_info.metadata`` (parquet
 cannot hold arbitrary nested dicts reliably) so a scorer can rebuild the entry for
 reasoning-gym's ``score_answer``.
@@ -96,8 +100,26 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--instruction", default="", help="text appended to every question, e.g. ' Reply with only the final answer.'"
     )
+    parser.add_argument(
+        "--test_as_drawn",
+        action="store_true",
+        help="keep every test question (repeats within test dropped) and drop from train the questions in test, "
+        "so the held-out set has the task's own mix of easy and hard questions (default: drop from test the "
+        "questions seen in train, which on a small task space leaves the hard ones)",
+    )
     add_output_args(parser)
     return parser.parse_args(argv)
+
+
+def split_unseen(
+    train: list[dict[str, Any]], test: list[dict[str, Any]], *, test_as_drawn: bool
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(train, test) with no question in both: drop the overlap from test, or from train if ``test_as_drawn``."""
+    if test_as_drawn:
+        test = drop_seen_questions(test, set())
+        test_questions = {entry["question"] for entry in test}
+        return [entry for entry in train if entry["question"] not in test_questions], test
+    return train, drop_seen_questions(test, {entry["question"] for entry in train})
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, str]:
@@ -110,15 +132,17 @@ def main(argv: Sequence[str] | None = None) -> dict[str, str]:
     train = generate(args.task, size=args.size, seed=args.seed, config=config)
     # Entry i uses Random(seed + i): starting test at seed + size keeps the two seed ranges disjoint.
     generated_test = generate(args.task, size=test_size, seed=args.seed + args.size, config=config)
-    test = drop_seen_questions(generated_test, {entry["question"] for entry in train})
+    generated_train = train
+    train, test = split_unseen(generated_train, generated_test, test_as_drawn=args.test_as_drawn)
     print(
-        f"{args.task}: dropped {len(generated_test) - len(test)} of {len(generated_test)} test entries that "
-        "repeat a question"
+        f"{args.task}: dropped {len(generated_test) - len(test)} of {len(generated_test)} test entries and "
+        f"{len(generated_train) - len(train)} of {len(generated_train)} train entries that repeat a question"
     )
-    if not test:
+    if not test or not train:
         raise DataError(
-            f"every test question of {args.task!r} also appears in train (the task space is too small); "
-            "lower --size or widen the task with --config"
+            f"every {'train' if test else 'test'} question of {args.task!r} also appears in "
+            f"{'test' if test else 'train'} (the task space is too small); lower --size or --test_size, or widen "
+            "the task with --config"
         )
     splits = {
         split: [
