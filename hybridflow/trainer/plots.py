@@ -52,15 +52,18 @@ CURVES = (
 )
 
 
-def _draw(curve: Curve, series: Mapping[str, tuple[list[int], list[float]]], path: str) -> None:
+def _draw(
+    curve: Curve, series: Mapping[str, tuple[Sequence[float], list[float]]], path: str, *, xlabel: str = "step"
+) -> None:
     figure = Figure(figsize=(6, 4), dpi=100, layout="tight")
     FigureCanvasAgg(figure)
     axes = figure.add_subplot()
     for key, (steps, values) in series.items():
         axes.plot(steps, values, marker="o" if len(steps) < 30 else None, markersize=3, label=key)
     axes.set_title(curve.title)
-    axes.set_xlabel("step")
-    axes.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
+    axes.set_xlabel(xlabel)
+    if xlabel == "step":
+        axes.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
     axes.set_ylabel(curve.ylabel)
     axes.grid(alpha=0.3)
     axes.legend(fontsize="small")
@@ -90,10 +93,38 @@ def read_history(run_dir: str) -> list[dict[str, float]]:
         return [json.loads(line) for line in handle if line.strip()]
 
 
-def plot_comparison(runs: Mapping[str, History], metric: str, path: str, *, title: str = "") -> str:
-    """One metric of several runs on one figure (a line per run, labelled by the mapping's keys)."""
+STEP_TIME = "timing_s/step"
+
+
+def training_minutes(history: History) -> dict[int, float]:
+    """Step -> minutes of training up to the end of that step: the sum of ``timing_s/step`` (validation and
+    start-up excluded, so runs on one machine compare by the work they did, not by when they were evaluated)."""
+    minutes, total = {0: 0.0}, 0.0
+    for row in history:
+        if STEP_TIME in row:
+            total += float(row[STEP_TIME]) / 60
+            minutes[int(row["step"])] = total
+    return minutes
+
+
+def comparison_series(runs: Mapping[str, History], metric: str, *, x: str = "step"
+                      ) -> dict[str, tuple[list[float], list[float]]]:
+    """Label -> (x, values) of ``metric``: x is the step, or (``x="minutes"``) the training minutes of
+    ``training_minutes`` at that step."""
     series = {label: metric_series(history, metric) for label, history in runs.items()}
-    _draw(Curve(os.path.basename(path), title or metric, metric, fixed_keys()), series, path)
+    if x == "step":
+        return series
+    clocks = {label: training_minutes(history) for label, history in runs.items()}
+    return {label: ([clocks[label][step] for step in steps if step in clocks[label]],
+                    [value for step, value in zip(steps, values) if step in clocks[label]])
+            for label, (steps, values) in series.items()}
+
+
+def plot_comparison(runs: Mapping[str, History], metric: str, path: str, *, title: str = "", x: str = "step") -> str:
+    """One metric of several runs on one figure (a line per run, labelled by the mapping's keys), against the
+    step or the training minutes (``comparison_series``)."""
+    _draw(Curve(os.path.basename(path), title or metric, metric, fixed_keys()), comparison_series(runs, metric, x=x),
+          path, xlabel="training minutes" if x == "minutes" else "step")
     return path
 
 
@@ -103,10 +134,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("runs", nargs="+", help="LABEL=RUN_DIR (a trainer.default_local_dir)")
     parser.add_argument("--metric", required=True, help="e.g. val-core/basic_arithmetic/reward/mean@1")
     parser.add_argument("--title", default="")
+    parser.add_argument("--x", choices=("step", "minutes"), default="step",
+                        help="the x axis: the step, or the training minutes (the sum of timing_s/step)")
     parser.add_argument("-o", "--output", required=True)
     args = parser.parse_args(argv)
     runs = dict(item.rsplit("=", 1) for item in args.runs)  # labels may hold "=" (n=8), folders rarely do
-    plot_comparison({label: read_history(d) for label, d in runs.items()}, args.metric, args.output, title=args.title)
+    plot_comparison({label: read_history(d) for label, d in runs.items()}, args.metric, args.output, title=args.title,
+                    x=args.x)
     print(args.output)
     return 0
 
