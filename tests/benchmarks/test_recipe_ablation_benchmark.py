@@ -40,3 +40,28 @@ def test_the_report_averages_seeds_per_validation_step_and_the_export_keeps_the_
     assert curves["arm"] == "recipe-t0.6" and curves["seed"] == 2
     assert curves["held_out"] == {"0": 0.1, "2": 0.5}
     assert curves["per_step"] == {"critic/score/mean": [0.25, 0.5], "actor/entropy": [2.0, 1.0]}
+
+
+def test_an_export_keeps_the_runs_already_in_the_file_and_names_the_machine(ablation, tmp_path):
+    path = tmp_path / "curves.json"
+    path.write_text(json.dumps({"old.plain.s1": {"held_out": {"0": 0.2}}, "a.plain.s1": {"held_out": {"0": 0.9}}}))
+    write_run(tmp_path, "a.plain.s1", [{"step": 0, "val-core/x": 0.1}])
+    ablation.record_machine(tmp_path / "runs" / "a.plain.s1", threads=1)
+    ablation.export(tmp_path, path)
+    runs = json.loads(path.read_text())
+    assert list(runs) == ["a.plain.s1", "old.plain.s1"]
+    assert runs["old.plain.s1"] == {"held_out": {"0": 0.2}}
+    assert runs["a.plain.s1"]["held_out"] == {"0": 0.1}  # exported again: replaced
+    assert runs["a.plain.s1"]["machine"].endswith("; 1 thread(s) a run") and "ISA" in runs["a.plain.s1"]["machine"]
+
+
+def test_plots_count_a_held_still_step_at_the_median(ablation, tmp_path):
+    run = {"task": "t", "arm": "plain", "seed": 1, "held_out": {"0": 0.1, "3": 0.4},
+           "per_step": {"timing_s/step": [30.0, 600.0, 60.0]}}
+    assert ablation.history_of(run) == [{"step": 1, "timing_s/step": 30.0}, {"step": 2, "timing_s/step": 60.0},
+                                        {"step": 3, "timing_s/step": 60.0}, {"step": 0, "val": 0.1},
+                                        {"step": 3, "val": 0.4}]
+    exported = tmp_path / "curves.json"
+    exported.write_text(json.dumps({"t.plain.s1": run}))
+    paths = ablation.plot(exported, tmp_path / "plots", ["t"])
+    assert [Path(p).name for p in paths] == ["recipe_t_step.png", "recipe_t_minutes.png"]
