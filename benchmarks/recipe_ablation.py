@@ -188,16 +188,17 @@ def export(out: Path, path: Path) -> None:
 
 
 PAUSE_FACTOR = 5
+HELD_OUT = "held-out score"
 
 
 def history_of(run: dict) -> list[dict]:
-    """An exported run as metrics rows (``held_out`` as ``val``, one ``timing_s/step`` a step), for the plots.
+    """An exported run as metrics rows (``held_out`` as ``HELD_OUT``, one ``timing_s/step`` a step), for the plots.
     A step longer than ``PAUSE_FACTOR`` x the run's median is counted at the median: on a shared machine that
     is the run held still (e.g. stopped while a test suite ran), not training time."""
     times = run["per_step"].get("timing_s/step", [])
     median = statistics.median(times) if times else 0.0
     rows = [{"step": i + 1, "timing_s/step": t if t <= PAUSE_FACTOR * median else median} for i, t in enumerate(times)]
-    return rows + [{"step": int(step), "val": score} for step, score in run["held_out"].items()]
+    return rows + [{"step": int(step), HELD_OUT: score} for step, score in run["held_out"].items()]
 
 
 def plot(exported: Path, folder: Path, tasks: list[str]) -> list[str]:
@@ -212,7 +213,7 @@ def plot(exported: Path, folder: Path, tasks: list[str]) -> list[str]:
                      for name, run in sorted(runs.items()) if run["task"] == task}
         for x in ("step", "minutes"):
             if histories:
-                paths.append(plot_comparison(histories, "val", str(folder / f"recipe_{task}_{x}.png"), x=x,
+                paths.append(plot_comparison(histories, HELD_OUT, str(folder / f"recipe_{task}_{x}.png"), x=x,
                                              title=f"{task}: held-out score (greedy)"))
     return paths
 

@@ -59,8 +59,8 @@ def test_plots_count_a_held_still_step_at_the_median(ablation, tmp_path):
     run = {"task": "t", "arm": "plain", "seed": 1, "held_out": {"0": 0.1, "3": 0.4},
            "per_step": {"timing_s/step": [30.0, 600.0, 60.0]}}
     assert ablation.history_of(run) == [{"step": 1, "timing_s/step": 30.0}, {"step": 2, "timing_s/step": 60.0},
-                                        {"step": 3, "timing_s/step": 60.0}, {"step": 0, "val": 0.1},
-                                        {"step": 3, "val": 0.4}]
+                                        {"step": 3, "timing_s/step": 60.0}, {"step": 0, "held-out score": 0.1},
+                                        {"step": 3, "held-out score": 0.4}]
     exported = tmp_path / "curves.json"
     exported.write_text(json.dumps({"t.plain.s1": run}))
     paths = ablation.plot(exported, tmp_path / "plots", ["t"])
