@@ -35,15 +35,15 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 INSTRUCTION = " Reply with only the final answer."
+CHAIN_SUM_3X2 = ["min_terms=2", "max_terms=3", "min_digits=1", "max_digits=2"]
 TASKS = {
     # name: (reasoning-gym task, its config, held-out draws, extra flags of the preprocess script)
     # 2-3 terms of 1-2 digits: the demo's task (2 one-digit terms) made harder. Its held-out set drops the
     # questions drawn for training, which are most of the easy ones: it is harder than the training set
-    "chain_sum_3x2": ("chain_sum", ["min_terms=2", "max_terms=3", "min_digits=1", "max_digits=2"], 168, []),
+    "chain_sum_3x2": ("chain_sum", CHAIN_SUM_3X2, 168, []),
     # the same task with the held-out set kept as drawn (the task's own mix of easy and hard questions) and
     # its questions dropped from training instead
-    "chain_sum_3x2_drawn": ("chain_sum", ["min_terms=2", "max_terms=3", "min_digits=1", "max_digits=2"], 136,
-                            ["--test_as_drawn"]),
+    "chain_sum_3x2_drawn": ("chain_sum", CHAIN_SUM_3X2, 136, ["--test_as_drawn"]),
     # two 2-digit terms: 8100 questions, so dropping the held-out questions drawn for training (13 of 200)
     # leaves the held-out set as hard as the training set
     "chain_sum_2x2d": ("chain_sum", ["min_terms=2", "max_terms=2", "min_digits=2", "max_digits=2"], 200, []),
@@ -195,9 +195,11 @@ def history_of(run: dict) -> list[dict]:
     """An exported run as metrics rows (``held_out`` as ``HELD_OUT``, one ``timing_s/step`` a step), for the plots.
     A step longer than ``PAUSE_FACTOR`` x the run's median is counted at the median: on a shared machine that
     is the run held still (e.g. stopped while a test suite ran), not training time."""
-    times = run["per_step"].get("timing_s/step", [])
+    from hybridflow.trainer.plots import STEP_TIME  # the key training_minutes sums
+
+    times = run["per_step"].get(STEP_TIME, [])
     median = statistics.median(times) if times else 0.0
-    rows = [{"step": i + 1, "timing_s/step": t if t <= PAUSE_FACTOR * median else median} for i, t in enumerate(times)]
+    rows = [{"step": i + 1, STEP_TIME: t if t <= PAUSE_FACTOR * median else median} for i, t in enumerate(times)]
     return rows + [{"step": int(step), HELD_OUT: score} for step, score in run["held_out"].items()]
 
 

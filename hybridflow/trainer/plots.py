@@ -114,10 +114,12 @@ def comparison_series(runs: Mapping[str, History], metric: str, *, x: str = "ste
     series = {label: metric_series(history, metric) for label, history in runs.items()}
     if x == "step":
         return series
-    clocks = {label: training_minutes(history) for label, history in runs.items()}
-    return {label: ([clocks[label][step] for step in steps if step in clocks[label]],
-                    [value for step, value in zip(steps, values) if step in clocks[label]])
-            for label, (steps, values) in series.items()}
+    timed = {}
+    for label, (steps, values) in series.items():
+        clock = training_minutes(runs[label])
+        points = [(clock[step], value) for step, value in zip(steps, values) if step in clock]
+        timed[label] = ([minutes for minutes, _ in points], [value for _, value in points])
+    return timed
 
 
 def plot_comparison(runs: Mapping[str, History], metric: str, path: str, *, title: str = "", x: str = "step") -> str:

@@ -1,6 +1,6 @@
 import json
-import re
 import os
+import re
 import subprocess
 import sys
 
@@ -230,8 +230,9 @@ def test_split_unseen_drops_the_overlap_from_the_side_asked():
 
 
 def test_test_as_drawn_keeps_the_easy_questions_in_the_held_out_set(tmp_path):
-    # 2-3 terms of 1-2 digits: training draws nearly all 100 two-term one-digit sums, so the default
-    # split's held-out set has almost none; drawn as the task draws, about a quarter of it is that easy.
+    # 2-3 terms of 1-2 digits: a quarter of the draws are two one-digit terms (about 200 questions), and 1000
+    # training draws hold most of them, so the default split's held-out set keeps few; drawn as the task
+    # draws, about a quarter of it is that easy.
     def easy_share(folder, *extra):
         argv = ["--task", "chain_sum", "--size", "1000", "--test_size", "120", "--local_save_dir", str(folder)]
         for pair in ("min_terms=2", "max_terms=3", "min_digits=1", "max_digits=2"):

@@ -8,8 +8,8 @@ Entries come from ``reasoning_gym.create_dataset(task, size, seed, **config)``, 
 entry ``i`` is drawn from ``Random(seed + i)``; so train uses ``--seed`` and test
 ``--seed + --size`` (a test seed of ``seed + 1`` would replay train entries 1..n), and
 any test question that still appears in train is dropped (small task spaces repeat). On a
-small task space that leaves a test set harder than the task: training draws nearly every
-easy question, so the unseen ones are the hard ones. ``--test_as_drawn`` keeps the test set
+small task space that leaves a test set harder than the task: training draws most of the
+easy questions, so the unseen ones are mostly the hard ones. ``--test_as_drawn`` keeps the test set
 as the task draws it (the same mix of easy and hard questions as training) and drops from
 train every question the test set holds instead. The
 entry's ``metadata`` is stored as a JSON string in ``extra_info.metadata`` (parquet
@@ -129,10 +129,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, str]:
         raise DataError(f"--size must be at least 1, got {args.size}")
     test_size = args.test_size if args.test_size is not None else max(1, args.size // 10)
     config = parse_config(args.config)
-    train = generate(args.task, size=args.size, seed=args.seed, config=config)
+    generated_train = generate(args.task, size=args.size, seed=args.seed, config=config)
     # Entry i uses Random(seed + i): starting test at seed + size keeps the two seed ranges disjoint.
     generated_test = generate(args.task, size=test_size, seed=args.seed + args.size, config=config)
-    generated_train = train
     train, test = split_unseen(generated_train, generated_test, test_as_drawn=args.test_as_drawn)
     print(
         f"{args.task}: dropped {len(generated_test) - len(test)} of {len(generated_test)} test entries and "
