@@ -26,9 +26,9 @@ class DataParallel:
             return value
         import torch.distributed as dist
 
-        value = value.clone()
-        dist.all_reduce(value, op=dist.ReduceOp.SUM, group=self.group)
-        return value
+        reduced = value.to(self.collective_device(), copy=True)
+        dist.all_reduce(reduced, op=dist.ReduceOp.SUM, group=self.group)
+        return reduced.to(value.device)
 
     def all_reduce_max(self, value: int) -> int:
         """Largest ``value`` over the group."""
@@ -36,14 +36,22 @@ class DataParallel:
             return value
         import torch.distributed as dist
 
-        tensor = torch.tensor([value])
+        tensor = torch.tensor([value], device=self.collective_device())
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.group)
         return int(tensor.item())
 
+    def collective_device(self) -> torch.device:
+        """Where the group's collectives take their tensors: NCCL reduces CUDA tensors only."""
+        import torch.distributed as dist
+
+        if dist.get_backend(self.group) == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
     def global_counts(self, response_mask: torch.Tensor) -> dict[str, float]:
         """Valid response tokens and sequences of a mini-batch across all ranks."""
-        local = torch.stack([response_mask.sum().float(), torch.tensor(float(response_mask.shape[0]))])
-        tokens, seqs = self.all_reduce_sum(local.to(response_mask.device)).tolist()
+        local = torch.tensor([response_mask.sum().item(), response_mask.shape[0]], dtype=torch.float32)
+        tokens, seqs = self.all_reduce_sum(local).tolist()
         return {"tokens": tokens, "seqs": seqs}
 
 

@@ -16,7 +16,7 @@ def place_scores_on_last_token(*, scores: torch.Tensor, response_mask: torch.Ten
     """Scatter ``scores`` onto the last ``1`` of each row of ``response_mask``.
 
     Args:
-        scores: ``[B]`` one score per response.
+        scores: ``[B]`` one score per response, on any device (scorers return CPU tensors).
         response_mask: ``[B, T]`` 1 (or True) on valid response tokens. Padding may be on
             either side; only the position of the last valid token matters.
 
@@ -33,5 +33,5 @@ def place_scores_on_last_token(*, scores: torch.Tensor, response_mask: torch.Ten
     has_token = last >= 0
     token_level_scores = torch.zeros(valid.shape, dtype=torch.float32, device=valid.device)
     rows = torch.nonzero(has_token).squeeze(1)
-    token_level_scores[rows, last[rows]] = scores[rows].float()
+    token_level_scores[rows, last[rows]] = scores.to(valid.device)[rows].float()
     return token_level_scores

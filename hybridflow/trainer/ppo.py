@@ -247,7 +247,7 @@ class PPOTrainer:
             batch["seq_score"] = scores.to(self.device)
             for key, values in extras.items():
                 if key != "response_text":
-                    batch[f"reward_extra/{key}"] = torch.tensor(values, dtype=torch.float32)
+                    batch[f"reward_extra/{key}"] = torch.tensor(values, dtype=torch.float32, device=self.device)
             metrics.update(reward_metrics)
         return batch
 
@@ -362,8 +362,10 @@ class PPOTrainer:
         pf = self.cfg.algorithm.pf_ppo
         generator = torch.Generator().manual_seed(int(np.random.SeedSequence([self.cfg.trainer.seed, step])
                                                       .generate_state(1)[0]))
-        rows = pf_ppo_resample(scores=batch["token_level_scores"].sum(dim=-1), reweight_method=pf.reweight_method,
-                               weight_pow=pf.weight_pow, generator=generator)
+        # the seeded generator is a CPU one, so the [B] scores go to the CPU (a CUDA tensor would refuse it)
+        scores = batch["token_level_scores"].sum(dim=-1).cpu()
+        rows = pf_ppo_resample(scores=scores, reweight_method=pf.reweight_method, weight_pow=pf.weight_pow,
+                               generator=generator)
         return batch.index_select(rows.tolist())
 
     # ================================================================== validation

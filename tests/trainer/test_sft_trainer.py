@@ -142,6 +142,18 @@ def test_packing_gives_the_same_loss_and_update_as_padding(tmp_path, tiny_model_
         torch.testing.assert_close(param, expected[name], rtol=0, atol=1e-5, msg=name)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("layout", [[], ["data.use_packing=True"]], ids=["padded", "packed"])
+def test_sft_learns_on_cuda(tmp_path, tiny_model_dir, sums_file, layout):
+    """The SFT trainer on ``cuda:0`` (``make test-gpu``): it trains, validates and checkpoints there."""
+    cfg = _cfg(tmp_path, tiny_model_dir, sums_file, "trainer.device=cuda", "trainer.total_training_steps=12",
+               "optim.lr=3e-3", f"data.val_files={sums_file}", "trainer.save_freq=12", *layout)
+    trainer, history = _train(cfg)
+    assert next(trainer.model.parameters()).is_cuda
+    assert history[-1]["train/loss"] < history[0]["train/loss"] - 1.5
+
+
 def test_verl_use_remove_padding_selects_the_packed_layout(tmp_path, tiny_model_dir, sums_file, monkeypatch):
     import hybridflow.trainer.sft_trainer as sft_trainer
 
