@@ -52,14 +52,31 @@ CURVES = (
 )
 
 
+DASHES = ("-", "--", ":", "-.")
+
+
+def grouped_styles(labels: Sequence[str]) -> dict[str, dict[str, str]]:
+    """A colour per label's first word (the arm in ``"dynamic s2"``) and a dash per label within it (the seed),
+    so a figure of arms x seeds reads by colour. Empty (matplotlib's colour cycle) when no two labels share one."""
+    groups: dict[str, list[str]] = {}
+    for label in labels:
+        groups.setdefault(label.split(" ", 1)[0], []).append(label)
+    if all(len(members) == 1 for members in groups.values()):
+        return {}
+    return {label: {"color": f"C{colour}", "linestyle": DASHES[place % len(DASHES)]}
+            for colour, members in enumerate(groups.values()) for place, label in enumerate(members)}
+
+
 def _draw(
-    curve: Curve, series: Mapping[str, tuple[Sequence[float], list[float]]], path: str, *, xlabel: str = "step"
+    curve: Curve, series: Mapping[str, tuple[Sequence[float], list[float]]], path: str, *, xlabel: str = "step",
+    styles: Mapping[str, Mapping[str, str]] | None = None,
 ) -> None:
     figure = Figure(figsize=(6, 4), dpi=100, layout="tight")
     FigureCanvasAgg(figure)
     axes = figure.add_subplot()
     for key, (steps, values) in series.items():
-        axes.plot(steps, values, marker="o" if len(steps) < 30 else None, markersize=3, label=key)
+        axes.plot(steps, values, marker="o" if len(steps) < 30 else None, markersize=3, label=key,
+                  **(styles or {}).get(key, {}))
     axes.set_title(curve.title)
     axes.set_xlabel(xlabel)
     if xlabel == "step":
@@ -123,10 +140,11 @@ def comparison_series(runs: Mapping[str, History], metric: str, *, x: str = "ste
 
 
 def plot_comparison(runs: Mapping[str, History], metric: str, path: str, *, title: str = "", x: str = "step") -> str:
-    """One metric of several runs on one figure (a line per run, labelled by the mapping's keys), against the
-    step or the training minutes (``comparison_series``)."""
+    """One metric of several runs on one figure (a line per run, labelled by the mapping's keys; runs whose labels
+    share a first word share a colour, ``grouped_styles``), against the step or the training minutes
+    (``comparison_series``)."""
     _draw(Curve(os.path.basename(path), title or metric, metric, fixed_keys()), comparison_series(runs, metric, x=x),
-          path, xlabel="training minutes" if x == "minutes" else "step")
+          path, xlabel="training minutes" if x == "minutes" else "step", styles=grouped_styles(list(runs)))
     return path
 
 

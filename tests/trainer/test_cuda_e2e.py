@@ -5,7 +5,8 @@ The CPU tier runs every configuration below on the CPU, where every tensor share
 tensor built on the CPU and combined with the batch (which the trainer moves to ``trainer.device`` after
 each rollout) goes unnoticed there. These runs put the model, the engine and the batch on ``cuda:0``:
 a CPU-built score, index or generator meeting a CUDA tensor raises here. The first of them found the
-reward placement doing exactly that (2026-11-26, H100).
+reward placement doing exactly that (2026-11-26, H100; 25 passed there after the fixes). The async, self-play
+and multi-turn tests at the end were added after that session: they have run on the CPU only so far.
 """
 
 from __future__ import annotations
@@ -77,3 +78,47 @@ def test_every_estimator_runs_a_step_on_cuda(tmp_path, tiny_model_dir, estimator
     run_ppo(load_config(PPOConfig, overrides + ESTIMATOR_OVERRIDES.get(estimator, [])))
     last = [json.loads(line) for line in (tmp_path / "ckpt" / "logs" / "metrics.jsonl").read_text().splitlines()][-1]
     assert torch.isfinite(torch.tensor(last["actor/pg_loss"]))
+
+
+# ---------------------------------------------------------------------------- the other entry points on CUDA
+def _fully_async(argv: list[str]) -> int:
+    from hybridflow.trainer.main_fully_async import main
+
+    return main([*argv, "async_training.staleness_threshold=1"])
+
+
+def _one_step_off(argv: list[str]) -> int:
+    from hybridflow.trainer.main_one_step_off import main
+
+    return main(argv)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("entry", [_one_step_off, _fully_async], ids=["one_step_off", "fully_async"])
+def test_async_trainers_run_on_cuda(tmp_path, tiny_model_dir, entry):
+    assert entry(base_overrides(tmp_path, tiny_model_dir) + ["trainer.device=cuda"]) == 0
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("name", ["spin", "sppo"])
+def test_self_play_runs_on_cuda(tmp_path, tiny_model_dir, name):
+    from hybridflow.cli import main as cli_main
+    from tests.trainer.test_self_play import self_play_overrides
+
+    assert cli_main([name, *self_play_overrides(tmp_path, tiny_model_dir), "trainer.device=cuda",
+                     "trainer.save_freq=2"]) == 0
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_multi_turn_tool_grpo_runs_on_cuda(tmp_path, tiny_model_dir):
+    from tests.trainer.test_agent_ppo import tool_task
+
+    overrides = base_overrides(tmp_path, tiny_model_dir) + tool_task(tmp_path) + [
+        "data.max_response_length=96", "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3",
+        "trainer.test_freq=2", "trainer.device=cuda"]
+    run_ppo(load_config(PPOConfig, overrides))
+    last = [json.loads(line) for line in (tmp_path / "ckpt" / "logs" / "metrics.jsonl").read_text().splitlines()][-1]
+    assert last["num_turns/min"] >= 2 and torch.isfinite(torch.tensor(last["actor/pg_loss"]))

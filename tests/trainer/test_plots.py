@@ -39,3 +39,12 @@ def test_comparison_against_training_minutes(tmp_path):
     out = tmp_path / "cmp.png"
     assert plots_main([f"A={tmp_path / 'a'}", "--metric", "m", "--x", "minutes", "-o", str(out)]) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_runs_of_one_arm_share_a_colour_and_differ_by_dash():
+    from hybridflow.trainer.plots import grouped_styles
+
+    assert grouped_styles(["dynamic s1", "dynamic s2", "plain s1"]) == {
+        "dynamic s1": {"color": "C0", "linestyle": "-"}, "dynamic s2": {"color": "C0", "linestyle": "--"},
+        "plain s1": {"color": "C1", "linestyle": "-"}}
+    assert grouped_styles(["n=4", "n=8"]) == {}  # nothing shared: matplotlib's own colour cycle
