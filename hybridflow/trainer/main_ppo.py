@@ -358,6 +358,7 @@ class PPORun:
     last: dict[str, float]
     steps: int
     plots: list[str]
+    resumed_from: int = 0  # the checkpoint's step this process started from (0: a fresh run)
 
 
 def run_ppo(cfg: PPOConfig, **build_kwargs) -> PPORun:
@@ -377,7 +378,8 @@ def train_and_report(trainer, cfg) -> PPORun:
     if cfg.trainer.keep_best_checkpoint or cfg.trainer.early_stop_patience > 0:
         print(trainer.best.describe() + _best_folder(cfg.trainer.default_local_dir))
     plots = plot_curves(history, os.path.join(cfg.trainer.default_local_dir, "plots"))
-    return PPORun(history=history, last=last, steps=trainer.global_step, plots=plots)
+    return PPORun(history=history, last=last, steps=trainer.global_step, plots=plots,
+                  resumed_from=trainer.resumed_from)
 
 
 def _best_folder(root: str) -> str:

@@ -119,12 +119,15 @@ class PPOTrainer:
         self.checkpoint_components = checkpoint_components
         self.stop_token_ids = stop_token_ids
         self.global_step = 0
+        self.resumed_from = 0  # the step fit() resumed from
         self.best = BestCheckpoint.from_trainer_config(cfg.trainer)
 
     # ================================================================== the loop
     def fit(self) -> dict[str, float]:
         """Train to ``total_steps``; returns the last step's metrics (with the last validation)."""
-        self.global_step = self.load_checkpoint()
+        self.global_step = self.resumed_from = self.load_checkpoint()
+        if self.global_step > 0:
+            self.tracking.resume_at(self.global_step)
         last: dict[str, float] = {}
         if self.val_loader is not None and self.cfg.trainer.val_before_train and self.global_step == 0:
             last = self.validate()
@@ -137,8 +140,11 @@ class PPOTrainer:
             while self.global_step < self.total_steps:
                 self.global_step += 1
                 metrics = self.train_step_naming_failures(batches)
-                metrics.update(self._maybe_validate_and_save())
+                validation, keep_as_best = self._maybe_validate()
+                metrics.update(validation)
+                # logged before the checkpoint: a run killed once the checkpoint is published has this step's row
                 self.tracking.log(metrics, step=self.global_step)
+                self._maybe_save(keep_as_best=keep_as_best)
                 last = metrics
                 if self.best.should_stop():
                     logger.warning("early stop at step %d: %d validations without a new best (%s)",
@@ -396,20 +402,23 @@ class PPOTrainer:
             metrics[f"val-aux/tool_call_share@{n}"] = float(np.mean(tool_uses))
         return metrics
 
-    def _maybe_validate_and_save(self) -> dict[str, float]:
-        trainer, step, metrics = self.cfg.trainer, self.global_step, {}
-        last = step >= self.total_steps
-        keep_as_best = False
-        if self.val_loader is not None and trainer.test_freq > 0 and (step % trainer.test_freq == 0 or last):
-            metrics.update(self.validate())
-            keep_as_best = self.best.observe(metrics, step=step) and trainer.keep_best_checkpoint
-        last = last or self.best.should_stop()
+    def _maybe_validate(self) -> tuple[dict[str, float], bool]:
+        """(validation metrics, whether this step is a new best to keep) on validation steps, else ({}, False)."""
+        trainer, step = self.cfg.trainer, self.global_step
+        due = trainer.test_freq > 0 and (step % trainer.test_freq == 0 or step >= self.total_steps)
+        if self.val_loader is None or not due:
+            return {}, False
+        metrics = self.validate()
+        return metrics, self.best.observe(metrics, step=step) and trainer.keep_best_checkpoint
+
+    def _maybe_save(self, *, keep_as_best: bool) -> None:
+        trainer, step = self.cfg.trainer, self.global_step
+        last = step >= self.total_steps or self.best.should_stop()
         if keep_as_best or (trainer.save_freq > 0 and (step % trainer.save_freq == 0 or last)):
             path = self.save_checkpoint()
             if keep_as_best and path is not None:
                 write_best_record(trainer.default_local_dir, BestRecord(
                     step=step, metric=self.best.metric_name, value=self.best.best_value, path=path))
-        return metrics
 
     # ================================================================== checkpoints
     def save_checkpoint(self) -> str | None:

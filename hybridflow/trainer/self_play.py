@@ -80,6 +80,9 @@ class EveryNthStep:
     def progress(self, total_steps: int, initial_step: int = 0):
         return self.tracking.progress(total_steps, initial_step=initial_step)
 
+    def resume_at(self, step: int) -> None:
+        self.tracking.resume_at(step)
+
     def finish(self) -> None:
         self.tracking.finish()
 

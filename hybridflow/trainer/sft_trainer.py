@@ -294,6 +294,8 @@ class SFTTrainer:
         """Resume if a checkpoint exists, train to ``total_steps``; returns the logged history (rank 0)."""
         self.tracking = tracking
         self.resume()
+        if tracking is not None and self.global_step > 0:
+            tracking.resume_at(self.global_step)
         if tracking is None:
             self._run_epochs()
             return []

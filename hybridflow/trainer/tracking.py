@@ -159,6 +159,31 @@ class JsonlBackend:
             for row in generation_rows(samples, step):
                 fh.write(json.dumps(dict(zip(GENERATION_COLUMNS, row)), ensure_ascii=False) + "\n")
 
+    def resume_at(self, step: int) -> list[dict[str, float]]:
+        """The rows logged up to ``step`` (a run resumed from that step's checkpoint), which stay in the file.
+        Rows past it were logged by steps after the last checkpoint, which the resumed run logs again: they
+        move to ``metrics.superseded.jsonl`` beside it, so the file holds each step once and nothing is lost.
+        A torn last line (a crash mid-write) is dropped."""
+        self._file.close()
+        kept, superseded = [], []
+        with open(self.path, encoding="utf-8") as handle:
+            for line in handle:
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                (kept if row.get("step", 0) <= step else superseded).append(row)
+        if superseded:
+            folder = os.path.dirname(self.path)
+            with open(os.path.join(folder, "metrics.superseded.jsonl"), "a", encoding="utf-8") as handle:
+                handle.writelines(json.dumps(row) + "\n" for row in superseded)
+            staging = self.path + ".tmp"
+            with open(staging, "w", encoding="utf-8") as handle:
+                handle.writelines(json.dumps(row) + "\n" for row in kept)
+            os.replace(staging, self.path)
+        self._file = open(self.path, "a", encoding="utf-8")
+        return kept
+
     def finish(self) -> None:
         self._file.close()
 
@@ -317,6 +342,14 @@ class Tracking:
             self._progress.update(step - self._progress.n)
             if "critic/score/mean" in values and not math.isnan(values["critic/score/mean"]):
                 self._progress.set_postfix(score=f"{values['critic/score/mean']:.3f}", refresh=False)
+
+    def resume_at(self, step: int) -> None:
+        """A run resumed from ``step``: the history starts with the steps before it, as the ``file`` backend
+        logged them, so the end-of-run summary, the plots and a demo's before -> after cover the whole run
+        (without the ``file`` logger they cover this process's steps only)."""
+        for backend in self._backends:
+            if hasattr(backend, "resume_at"):
+                self.history = backend.resume_at(step) + self.history
 
     def log_generations(self, samples: Generations, step: int) -> None:
         """Validation samples (input, output, score) to every backend that keeps text: file, tensorboard,

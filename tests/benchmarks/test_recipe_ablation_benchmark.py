@@ -66,3 +66,17 @@ def test_plots_count_a_held_still_step_at_the_median(ablation, tmp_path):
     assert ablation.plot(exported, tmp_path / "none", ["t"], ["dynamic"]) == []
     paths = ablation.plot(exported, tmp_path / "plots", ["t"], ["plain"])
     assert [Path(p).name for p in paths] == ["recipe_t_step.png", "recipe_t_minutes.png"]
+
+
+def test_breakdown_scores_each_kind_of_question(ablation, tmp_path):
+    prompt = "user\nState the final answer to the following arithmetic problem: {} = Reply with only the final answer."
+    rows = [("82 - 60 + 95", 0.0), ("7 + 0 + 5", 1.0), ("9 + 8 + 7", 0.0), ("59 - 32", 1.0)]
+    dump = tmp_path / "60.jsonl"
+    dump.write_text("".join(json.dumps({"input": prompt.format(q), "score": s}) + "\n" for q, s in rows))
+    assert ablation.question_kind(prompt.format("36 - 64 - 7")) == "3 terms of 2 digits"
+    assert ablation.breakdown([dump]).splitlines()[1:] == [
+        "2 terms of 2 digits | 1 / 1 = 1.00",
+        "3 terms of 1 digit | 1 / 2 = 0.50",
+        "3 terms of 2 digits | 0 / 1 = 0.00",
+        "all | 2 / 4 = 0.50",
+    ]

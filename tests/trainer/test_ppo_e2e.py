@@ -136,6 +136,8 @@ def test_resume_after_sigkill_is_bitwise_equal(tmp_path, tiny_model_dir):
     reward.write_text(SLOW_REWARD)
     kill_after_step_2_and_resume(tmp_path, lambda root: base_overrides(root, tiny_model_dir, steps=4) + [
         f"custom_reward_function.path={reward}", "trainer.save_freq=2", "trainer.logger=[file]", "data.shuffle=True"])
+    # the resumed run's log holds each step once, as the uninterrupted one does
+    assert [row["step"] for row in read_metrics(tmp_path / "resumed")] == [1, 2, 3, 4]
 
 
 def merged_weights(actor_dir, out_dir) -> dict:

@@ -49,6 +49,31 @@ def test_file_backend_writes_one_flushed_jsonl_line_per_step_and_appends(tmp_pat
     assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2, 3]
 
 
+def test_a_resume_starts_the_history_with_the_logged_steps_and_the_file_holds_each_step_once(tmp_path):
+    """Resumed from step 2's checkpoint after steps 3-4 were logged and a crash tore the next line: the
+    history (the summary's and the plots' source) holds steps 1-2 before this process's own, the file drops
+    3-4 to metrics.superseded.jsonl (the resumed run logs them again) and the torn line."""
+    rows = [{"step": step, "critic/score/mean": step / 10} for step in range(5)]
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows) + '{"step": 5, "critic/sc')
+    tracking = Tracking("proj", "exp", ["console", "file"], local_dir=str(tmp_path))
+    tracking.resume_at(2)
+    tracking.log({"critic/score/mean": 0.33}, step=3)
+    tracking.finish()
+    assert [row["step"] for row in tracking.history] == [0, 1, 2, 3]
+    assert tracking.history[:3] == rows[:3]
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [0, 1, 2, 3]
+    superseded = [json.loads(line) for line in (tmp_path / "metrics.superseded.jsonl").read_text().splitlines()]
+    assert superseded == rows[3:]
+
+
+def test_without_the_file_logger_a_resume_keeps_this_process_history():
+    tracking = Tracking("p", "e", ["console"], local_dir="unused")
+    tracking.resume_at(4)
+    tracking.log({"x": 1.0}, step=5)
+    assert tracking.history == [{"step": 5, "x": 1.0}]
+
+
 def test_history_keeps_plain_floats():
     tracking = Tracking("p", "e", [], local_dir="unused")
     tracking.log({"x": np.float64(1.5), "y": torch.tensor(2.0)}, step=7)
