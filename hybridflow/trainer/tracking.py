@@ -165,18 +165,20 @@ class JsonlBackend:
         move to ``metrics.superseded.jsonl`` beside it, so the file holds each step once and nothing is lost.
         A torn last line (a crash mid-write) is dropped."""
         self._file.close()
-        kept, superseded = [], []
+        kept, superseded, torn = [], [], False
         with open(self.path, encoding="utf-8") as handle:
             for line in handle:
                 try:
                     row = json.loads(line)
                 except json.JSONDecodeError:
+                    torn = True
                     continue
                 (kept if row.get("step", 0) <= step else superseded).append(row)
         if superseded:
             folder = os.path.dirname(self.path)
             with open(os.path.join(folder, "metrics.superseded.jsonl"), "a", encoding="utf-8") as handle:
                 handle.writelines(json.dumps(row) + "\n" for row in superseded)
+        if superseded or torn:  # rewritten, else the next row would be appended onto the torn line
             staging = self.path + ".tmp"
             with open(staging, "w", encoding="utf-8") as handle:
                 handle.writelines(json.dumps(row) + "\n" for row in kept)

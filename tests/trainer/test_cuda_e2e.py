@@ -11,8 +11,6 @@ and multi-turn tests at the end were added after that session: they have run on 
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
@@ -20,7 +18,7 @@ from hybridflow.algos import list_advantages
 from hybridflow.config import PPOConfig, load_config
 from hybridflow.trainer.main_ppo import run_ppo
 from tests.trainer.ppo_fixtures import base_overrides
-from tests.trainer.test_ppo_e2e import ESTIMATOR_OVERRIDES
+from tests.trainer.test_ppo_e2e import ESTIMATOR_OVERRIDES, read_metrics
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -53,7 +51,7 @@ MEMORY_METRIC = {"cpu": "perf/max_memory_rss_gb", "cuda": "perf/max_memory_alloc
 def test_training_steps_run_on_the_device(tmp_path, tiny_model_dir, name, device):
     overrides = base_overrides(tmp_path, tiny_model_dir) + [f"trainer.device={device}", *CONFIGS[name]]
     run_ppo(load_config(PPOConfig, overrides))
-    rows = [json.loads(line) for line in (tmp_path / "ckpt" / "logs" / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(tmp_path)
     last = rows[-1]
     assert last["step"] == 2
     assert torch.isfinite(torch.tensor(last["actor/pg_loss"]))
@@ -66,7 +64,7 @@ def test_resume_on_cuda_continues_from_the_checkpoint(tmp_path, tiny_model_dir):
     overrides = base_overrides(tmp_path, tiny_model_dir) + ["trainer.device=cuda", "trainer.save_freq=1"]
     run_ppo(load_config(PPOConfig, overrides))
     run_ppo(load_config(PPOConfig, [*overrides, "trainer.total_training_steps=3"]))
-    rows = [json.loads(line) for line in (tmp_path / "ckpt" / "logs" / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(tmp_path)
     assert [row["step"] for row in rows] == [1, 2, 3]
 
 
@@ -76,7 +74,7 @@ def test_resume_on_cuda_continues_from_the_checkpoint(tmp_path, tiny_model_dir):
 def test_every_estimator_runs_a_step_on_cuda(tmp_path, tiny_model_dir, estimator):
     overrides = base_overrides(tmp_path, tiny_model_dir, estimator=estimator, steps=1) + ["trainer.device=cuda"]
     run_ppo(load_config(PPOConfig, overrides + ESTIMATOR_OVERRIDES.get(estimator, [])))
-    last = [json.loads(line) for line in (tmp_path / "ckpt" / "logs" / "metrics.jsonl").read_text().splitlines()][-1]
+    last = read_metrics(tmp_path)[-1]
     assert torch.isfinite(torch.tensor(last["actor/pg_loss"]))
 
 
@@ -120,5 +118,5 @@ def test_multi_turn_tool_grpo_runs_on_cuda(tmp_path, tiny_model_dir):
         "data.max_response_length=96", "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3",
         "trainer.test_freq=2", "trainer.device=cuda"]
     run_ppo(load_config(PPOConfig, overrides))
-    last = [json.loads(line) for line in (tmp_path / "ckpt" / "logs" / "metrics.jsonl").read_text().splitlines()][-1]
+    last = read_metrics(tmp_path)[-1]
     assert last["num_turns/min"] >= 2 and torch.isfinite(torch.tensor(last["actor/pg_loss"]))

@@ -67,6 +67,17 @@ def test_a_resume_starts_the_history_with_the_logged_steps_and_the_file_holds_ea
     assert superseded == rows[3:]
 
 
+def test_a_torn_line_alone_is_dropped_so_the_next_row_starts_on_its_own_line(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "x": 0.1}\n{"step": 2, "x')  # killed mid-write of step 2's row
+    tracking = Tracking("proj", "exp", ["file"], local_dir=str(tmp_path))
+    tracking.resume_at(1)
+    tracking.log({"x": 0.2}, step=2)
+    tracking.finish()
+    assert [json.loads(line) for line in path.read_text().splitlines()] == [{"step": 1, "x": 0.1}, {"step": 2, "x": 0.2}]
+    assert not (tmp_path / "metrics.superseded.jsonl").exists()
+
+
 def test_without_the_file_logger_a_resume_keeps_this_process_history():
     tracking = Tracking("p", "e", ["console"], local_dir="unused")
     tracking.resume_at(4)

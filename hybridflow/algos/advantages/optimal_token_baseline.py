@@ -45,11 +45,11 @@ def unique_longest_tail(*, lengths: torch.Tensor, ids: torch.Tensor, members: to
     """``[B, T]`` bool: the columns past the runner-up's length of a group's unique longest member."""
     num_groups = int(ids.max()) + 1
     lengths = torch.where(members, lengths, torch.full_like(lengths, -1))
-    longest = torch.full((num_groups,), -1, dtype=lengths.dtype, device=lengths.device).scatter_reduce(0, ids, lengths, reduce="amax")[ids]
+    longest = lengths.new_full((num_groups,), -1).scatter_reduce(0, ids, lengths, reduce="amax")[ids]
     is_longest = members & (lengths == longest)
     n_longest = group_sum(values=is_longest.to(torch.float32), ids=ids)
     rest = torch.where(is_longest, torch.full_like(lengths, -1), lengths)
-    runner_up = torch.full((num_groups,), -1, dtype=lengths.dtype, device=lengths.device).scatter_reduce(0, ids, rest, reduce="amax")[ids]
+    runner_up = lengths.new_full((num_groups,), -1).scatter_reduce(0, ids, rest, reduce="amax")[ids]
     owner = is_longest & (n_longest == 1) & (runner_up >= 0)
     columns = torch.arange(width, device=lengths.device)[None, :]
     return owner[:, None] & (columns >= runner_up[:, None])
@@ -60,7 +60,7 @@ def token_baselines(*, returns, path_var, valid, ids, members) -> torch.Tensor:
     member and on the unique longest member's unshared tail."""
     num_groups = int(ids.max()) + 1
     weight = torch.where(valid, path_var, torch.zeros_like(path_var))
-    numerator = torch.zeros(num_groups, returns.shape[1], dtype=returns.dtype, device=returns.device).index_add(0, ids, returns * weight)
+    numerator = returns.new_zeros(num_groups, returns.shape[1]).index_add(0, ids, returns * weight)
     denominator = torch.zeros_like(numerator).index_add(0, ids, weight)
     baselines = (numerator / (denominator + 1e-8))[ids]
     count = group_sum(values=members.to(returns.dtype), ids=ids)
