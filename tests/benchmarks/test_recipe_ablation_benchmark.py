@@ -80,3 +80,20 @@ def test_breakdown_scores_each_kind_of_question(ablation, tmp_path):
         "3 terms of 2 digits | 0 / 1 = 0.00",
         "all | 2 / 4 = 0.50",
     ]
+
+
+def test_a_task_can_replace_the_instruction_and_keep_the_questions(ablation, tmp_path):
+    """chain_sum_3x2_drawn_steps is chain_sum_3x2_drawn with the steps instruction: same held-out questions."""
+    import pandas as pd
+
+    with loaded_benchmark("instruction_probe") as probe:
+        questions = {}
+        for task, instruction in (("chain_sum_3x2_drawn", ablation.INSTRUCTION),
+                                  ("chain_sum_3x2_drawn_steps", ablation.STEPS_INSTRUCTION)):
+            test = ablation.prepare_task(task, tmp_path) / "test.parquet"
+            contents = [row[-1]["content"] for row in pd.read_parquet(test)["prompt"]]
+            assert all(c.endswith(instruction) for c in contents) and len(contents) == 132
+            rows = probe.load_questions(str(test), instruction)
+            assert all(row["question"].endswith("=") and row["data_source"] == "chain_sum" for row in rows)
+            questions[task] = [row["question"] for row in rows]
+    assert questions["chain_sum_3x2_drawn"] == questions["chain_sum_3x2_drawn_steps"]
