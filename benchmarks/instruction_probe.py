@@ -8,8 +8,8 @@
 Before an RL run on a task the model fails, ask whether the prompt lets it succeed: the instruction decides
 whether a small model answers at once or writes intermediate steps. Each row's instruction (the text the
 preprocess script appended, ``--old``) is replaced by each ``--instruction`` in turn; the model answers the
-held-out questions greedily (HF ``generate``, fp32) and reasoning-gym's scorer (``hybridflow.rewards``) grades
-them. Prints the score overall and by question kind (``recipe_ablation.question_kind``) and three answers.
+held-out questions greedily (the native rollout engine, fp32, prompts tokenised as in training) and reasoning-gym's scorer (``hybridflow.rewards``) grades
+them. Prints the score overall and by question kind (``recipe_ablation.scores_by_kind``) and three answers.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from recipe_ablation import INSTRUCTION, question_kind  # noqa: E402
+from recipe_ablation import INSTRUCTION, scores_by_kind  # noqa: E402
 
 
 def load_questions(path: str, old: str) -> list[dict]:
@@ -36,29 +36,29 @@ def load_questions(path: str, old: str) -> list[dict]:
     return rows
 
 
-def answer_all(model, tokenizer, prompts: list[str], *, max_new_tokens: int, batch: int = 44) -> list[str]:
-    import torch
+def answer_all(engine, tokenizer, prompts: list[str], *, max_new_tokens: int, stop_token_ids: list[int]) -> list[str]:
+    """Greedy answers from the rollout engine, tokenised as the trainer tokenises prompts (``data.chat``)."""
+    from hybridflow.rollout import SamplingParams
 
-    answers = []
-    for start in range(0, len(prompts), batch):
-        encoded = tokenizer(prompts[start:start + batch], return_tensors="pt", padding=True)
-        with torch.no_grad():
-            out = model.generate(**encoded, max_new_tokens=max_new_tokens, do_sample=False)
-        answers += tokenizer.batch_decode(out[:, encoded["input_ids"].shape[1]:], skip_special_tokens=True)
+    ids = [tokenizer(prompt, add_special_tokens=False)["input_ids"] for prompt in prompts]
+    params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens, stop_token_ids=stop_token_ids)
+    answers = [""] * len(prompts)
+    for completion in engine.generate(ids, params):
+        answers[completion.prompt_index] = tokenizer.decode(completion.token_ids, skip_special_tokens=True)
     return answers
 
 
-def probe(model, tokenizer, rows: list[dict], instruction: str, *, max_new_tokens: int) -> str:
+def probe(engine, tokenizer, rows: list[dict], instruction: str, *, max_new_tokens: int,
+          stop_token_ids: list[int]) -> str:
+    from hybridflow.data.chat import render
     from hybridflow.rewards.reasoning_gym import compute_score
 
-    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": r["question"] + instruction}],
-                                             tokenize=False, add_generation_prompt=True) for r in rows]
+    prompts = [render(tokenizer, [{"role": "user", "content": r["question"] + instruction}], add_generation_prompt=True)
+               for r in rows]
     start = time.monotonic()
-    answers = answer_all(model, tokenizer, prompts, max_new_tokens=max_new_tokens)
-    by_kind: dict[str, list[float]] = {}
-    for row, answer in zip(rows, answers):
-        score = compute_score(row["data_source"], answer, row["ground_truth"], row["extra_info"])
-        by_kind.setdefault(question_kind(row["question"]), []).append(score)
+    answers = answer_all(engine, tokenizer, prompts, max_new_tokens=max_new_tokens, stop_token_ids=stop_token_ids)
+    by_kind = scores_by_kind((row["question"], compute_score(row["data_source"], answer, row["ground_truth"],
+                                                            row["extra_info"])) for row, answer in zip(rows, answers))
     scores = [s for kind in by_kind.values() for s in kind]
     kinds = "; ".join(f"{kind} {sum(v) / len(v):.2f} ({len(v)})" for kind, v in sorted(by_kind.items()))
     examples = "\n".join(f"    {a[:120]!r}" for a in answers[:3])
@@ -76,18 +76,21 @@ def main() -> None:
     args = parser.parse_args()
 
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from hybridflow.cpu import describe_cpu
-    from hybridflow.models.default_model import fetch_default_model
+    from hybridflow.models import fetch_default_model, load_causal_lm, load_tokenizer
+    from hybridflow.rollout import build_engine
+    from hybridflow.trainer.main_ppo import stop_token_ids
 
     path = args.model or fetch_default_model()
-    tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    tokenizer = load_tokenizer(path)
+    engine = build_engine("native", load_causal_lm(path).eval(), tokenizer)
+    stops = stop_token_ids(path, tokenizer)
     rows = load_questions(args.data, args.old)
     print(f"{path}, greedy, <= {args.max_new_tokens} new tokens; {describe_cpu()}, {torch.get_num_threads()} threads")
     for instruction in args.instruction:
-        print(probe(model, tokenizer, rows, instruction, max_new_tokens=args.max_new_tokens), flush=True)
+        print(probe(engine, tokenizer, rows, instruction, max_new_tokens=args.max_new_tokens, stop_token_ids=stops),
+              flush=True)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -252,16 +253,19 @@ def question_kind(prompt: str) -> str:
     return f"{len(numbers)} terms of {digits} digit{'' if digits == 1 else 's'}"
 
 
+def scores_by_kind(scored: Iterable[tuple[str, float]]) -> dict[str, list[float]]:
+    """(prompt, score) pairs -> question kind -> scores."""
+    table: dict[str, list[float]] = {}
+    for prompt, score in scored:
+        table.setdefault(question_kind(prompt), []).append(score)
+    return table
+
+
 def breakdown(dumps: list[Path]) -> str:
     """The held-out score of validation dumps (``trainer.validation_data_dir``'s ``STEP.jsonl``) by question
     kind: one column per dump, ``right / questions``."""
-    tables = []
-    for path in dumps:
-        table: dict[str, list[float]] = {}
-        for line in path.read_text().splitlines():
-            row = json.loads(line)
-            table.setdefault(question_kind(row["input"]), []).append(row["score"])
-        tables.append(table)
+    tables = [scores_by_kind((row["input"], row["score"]) for row in map(json.loads, path.read_text().splitlines()))
+              for path in dumps]
     kinds = sorted({kind for table in tables for kind in table})
     lines = ["kind | " + " | ".join(str(path) for path in dumps)]
     for kind in [*kinds, "all"]:

@@ -1,6 +1,7 @@
 """benchmarks/recipe_ablation.py: run names, the report's table and the exported curves, from metrics files."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -97,3 +98,27 @@ def test_a_task_can_replace_the_instruction_and_keep_the_questions(ablation, tmp
             assert all(row["question"].endswith("=") and row["data_source"] == "chain_sum" for row in rows)
             questions[task] = [row["question"] for row in rows]
     assert questions["chain_sum_3x2_drawn"] == questions["chain_sum_3x2_drawn_steps"]
+
+
+def test_the_probe_runs_end_to_end_on_the_rollout_engine(ablation, tmp_path, tiny_model_dir):
+    """A tiny random model through the probe: every question answered (by prompt index) and graded by kind."""
+    import pandas as pd
+
+    from hybridflow.models import load_causal_lm, load_tokenizer
+    from hybridflow.rollout import build_engine
+
+    test = ablation.prepare_task("chain_sum_3x2_drawn", tmp_path) / "test.parquet"
+    pd.read_parquet(test).head(6).to_parquet(tmp_path / "six.parquet")
+    tokenizer = load_tokenizer(tiny_model_dir)
+    engine = build_engine("native", load_causal_lm(tiny_model_dir).eval(), tokenizer)
+    with loaded_benchmark("instruction_probe") as probe:
+        rows = probe.load_questions(str(tmp_path / "six.parquet"), ablation.INSTRUCTION)
+        answers = probe.answer_all(engine, tokenizer, ["1 +", "2 +", "3 +"], max_new_tokens=3, stop_token_ids=[])
+        report = probe.probe(engine, tokenizer, rows, ablation.STEPS_INSTRUCTION, max_new_tokens=3,
+                             stop_token_ids=[])
+    assert len(answers) == 3 and all(answers)  # no prompt left without its answer
+    kinds = ablation.scores_by_kind((row["question"], 0.0) for row in rows)
+    first, by_kind = report.splitlines()[:2]
+    assert "over 6 questions" in first and ablation.STEPS_INSTRUCTION in first
+    assert re.findall(r"(\d+ terms of \d+ digits?) \d\.\d\d \((\d+)\)", by_kind) == [
+        (kind, str(len(scores))) for kind, scores in sorted(kinds.items())]
