@@ -136,16 +136,20 @@ def run_one(*, out: Path, task: str, arm: str, seed: int, steps: int, threads: i
     overrides = [f"actor_rollout_ref.model.path={model}", f"data.train_files={data / 'train.parquet'}",
                  f"data.val_files={data / 'test.parquet'}", *PLAIN, *ARMS[arm], f"trainer.total_training_steps={steps}",
                  f"trainer.seed={seed}", f"actor_rollout_ref.rollout.seed={seed}", f"data.seed={seed}",
-                 f"trainer.default_local_dir={folder}", f"trainer.validation_data_dir={folder / 'generations'}"]
+                 f"trainer.default_local_dir={folder}", f"trainer.validation_data_dir={folder / 'generations'}",
+                 # the newest checkpoint only, every 20 steps: a later, longer --steps resumes the run from it
+                 "trainer.save_freq=20", "trainer.max_actor_ckpt_to_keep=1"]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), HF_HOME=str(out / "hf"))
     folder.mkdir(parents=True, exist_ok=True)
     record_machine(folder, threads)
     start = time.monotonic()
-    with open(folder / "run.log", "w") as log:
+    with open(folder / "run.log", "a") as log:
         code = subprocess.run([sys.executable, "-m", "hybridflow.cli", "ppo", *overrides], env=env, stdout=log,
                               stderr=subprocess.STDOUT).returncode
     minutes = (time.monotonic() - start) / 60
-    (folder / "wall_minutes.txt").write_text(f"{minutes:.1f}\n")
+    wall = folder / "wall_minutes.txt"  # summed over the run's invocations: an extended run resumes
+    earlier = float(wall.read_text()) if wall.exists() else 0.0
+    wall.write_text(f"{earlier + minutes:.1f}\n")
     return f"{folder.name}: exit {code} in {minutes:.1f} min"
 
 
