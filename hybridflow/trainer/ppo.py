@@ -266,11 +266,12 @@ class PPOTrainer:
         """DAPO dynamic sampling (arXiv 2503.14476, Sec. 3.2): drop groups whose responses all get the same
         ``filter_groups.metric``, and sample more prompt batches until ``train_batch_size`` groups remain."""
         fg, n, wanted = self.cfg.algorithm.filter_groups, self.rollout_cfg.n, self.cfg.data.train_batch_size
-        kept, num_groups, gen_batches = [], 0, 1
+        kept, num_groups, groups_seen, gen_batches = [], 0, 0, 1
         while True:
             informative = informative_rows(batch, metric=fg.metric, n=n)
             kept.append(batch.index_select(informative))
             num_groups += len(informative) // n
+            groups_seen += len(batch) // n
             if num_groups >= wanted:
                 break
             if 0 < fg.max_num_gen_batches <= gen_batches:
@@ -281,6 +282,8 @@ class PPOTrainer:
             batch = self.rollout_and_score(next(batches), step=step, timer=timer, metrics={}, attempt=gen_batches)
             gen_batches += 1
         metrics.update({"train/num_gen_batches": gen_batches, "train/num_informative_groups": num_groups})
+        warn_if_filtering_is_costly(gen_batches=gen_batches, step=step, informative=num_groups, seen=groups_seen,
+                                    metric=fg.metric)
         return Batch.concat(kept).index_select(list(range(wanted * n)))
 
     def old_log_probs(self, batch: Batch, *, temperature: float) -> dict[str, float]:
@@ -484,6 +487,27 @@ def informative_rows(batch: Batch, *, metric: str, n: int) -> list[int]:
     groups = values.float().reshape(-1, n)
     varied = (groups.max(dim=1).values - groups.min(dim=1).values) > 0
     return [g * n + i for g in varied.nonzero().flatten().tolist() for i in range(n)]
+
+
+COSTLY_GEN_BATCHES = 4
+"""Generation batches in one step past which dynamic sampling warns: each one is a whole rollout."""
+_costly_filtering_warned = False
+
+
+def warn_if_filtering_is_costly(*, gen_batches: int, step: int, informative: int, seen: int, metric: str) -> bool:
+    """Warn once per process when a step needed more than ``COSTLY_GEN_BATCHES`` generation batches.
+    Nothing else caps the cost (``max_num_gen_batches`` defaults to 0, no limit, as in verl): on a task the
+    model almost never (or always) solves, a step takes many rollouts and the run looks stuck."""
+    global _costly_filtering_warned
+    if gen_batches <= COSTLY_GEN_BATCHES or _costly_filtering_warned:
+        return False
+    _costly_filtering_warned = True
+    logger.warning(
+        "dynamic sampling: step %d needed %d generation batches, only %d of %d prompt groups had varied %s; each "
+        "batch is a whole rollout. The task may be too hard (or too easy) for the model: try an easier task, an "
+        "SFT warm-up or a longer data.max_response_length, and cap the cost with "
+        "algorithm.filter_groups.max_num_gen_batches (0 = no limit)", step, gen_batches, informative, seen, metric)
+    return True
 
 
 def validation_metrics(*, scores: list[float], sources: list[str], lengths: list[int], n: int) -> dict[str, float]:

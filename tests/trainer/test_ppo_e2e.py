@@ -290,6 +290,40 @@ def test_dapo_all_equal_groups_trigger_another_generation_round():
     assert torch.equal(kept["seq_score"], torch.tensor([0.0, 1.0, 0.5, 0.0]))
 
 
+def test_dapo_warns_once_when_a_step_needs_many_generation_batches(monkeypatch, caplog):
+    """Five constant batches before a mixed one: six generation batches, past the threshold of four. The
+    warning names the step, the informative fraction and the cap to set, and comes once per process."""
+    from types import SimpleNamespace
+
+    import hybridflow.trainer.ppo as ppo
+
+    monkeypatch.setattr(ppo, "_costly_filtering_warned", False)
+    n, wanted = 2, 1
+
+    def run(step):
+        constant = [dapo_scores_batch([1.0, 1.0, 0.0, 0.0]) for _ in range(5)]
+        batches = iter([*constant[1:], dapo_scores_batch([0.0, 1.0, 1.0, 1.0])])
+        trainer = SimpleNamespace(
+            cfg=SimpleNamespace(algorithm=SimpleNamespace(filter_groups=SimpleNamespace(metric="score",
+                                                                                        max_num_gen_batches=0)),
+                                data=SimpleNamespace(train_batch_size=wanted)),
+            rollout_cfg=SimpleNamespace(n=n), rollout_and_score=lambda prompts, **_: prompts)
+        metrics = {}
+        ppo.PPOTrainer.keep_informative_groups(trainer, constant[0], batches, step=step, timer=ppo.Timer(),
+                                               metrics=metrics)
+        return metrics
+
+    with caplog.at_level("WARNING", logger="hybridflow.trainer.ppo"):
+        assert run(7)["train/num_gen_batches"] == 6
+        run(8)
+    warnings = [r.getMessage() for r in caplog.records if "dynamic sampling" in r.getMessage()]
+    assert len(warnings) == 1
+    assert "step 7 needed 6 generation batches, only 1 of 12 prompt groups had varied score" in warnings[0]
+    assert "algorithm.filter_groups.max_num_gen_batches" in warnings[0]
+    monkeypatch.setattr(ppo, "_costly_filtering_warned", False)
+    assert not ppo.warn_if_filtering_is_costly(gen_batches=4, step=1, informative=0, seen=8, metric="score")
+
+
 # ---------------------------------------------------------------------------- reward model
 def test_reward_model_scores_replace_rule_scores(tmp_path, tiny_model_dir):
     from transformers import AutoModelForSequenceClassification
