@@ -49,6 +49,10 @@ TASKS = {
     # the same task with the held-out set kept as drawn (the task's own mix of easy and hard questions) and
     # its questions dropped from training instead
     "chain_sum_3x2_drawn": ("chain_sum", CHAIN_SUM_3X2, 136, ["--test_as_drawn"]),
+    # the same 132 held-out questions (test seed 42 + 1024, as above) with 8x the training prompts: a run of
+    # 60 steps meets no prompt twice, where 1024 prompts are one epoch every ~20 steps of dynamic sampling
+    "chain_sum_3x2_drawn_8k": ("chain_sum", CHAIN_SUM_3X2, 136,
+                               ["--test_as_drawn", "--size", "8192", "--test_seed", "1066"]),
     # two 2-digit terms: 8100 questions, so dropping the held-out questions drawn for training (13 of 200)
     # leaves the held-out set as hard as the training set
     "chain_sum_2x2d": ("chain_sum", ["min_terms=2", "max_terms=2", "min_digits=2", "max_digits=2"], 200, []),

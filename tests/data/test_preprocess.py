@@ -252,6 +252,26 @@ def test_test_as_drawn_keeps_the_easy_questions_in_the_held_out_set(tmp_path):
     assert drawn_share > default_share + 0.1
 
 
+def test_a_fixed_test_seed_keeps_the_held_out_questions_when_the_train_set_grows(tmp_path):
+    # entry i is drawn from Random(seed + i): with --size 200 the default test seed (242) falls inside the
+    # larger train set's range, so the larger set holds the test questions and --test_as_drawn drops them
+    def split(folder, size, *extra):
+        argv = ["--task", "chain_sum", "--size", str(size), "--test_size", "20", "--test_as_drawn",
+                "--local_save_dir", str(folder), *extra]
+        rg_script.main(argv)
+        questions = [[row["prompt"][0]["content"] for row in read(folder / f"{name}.parquet")]
+                     for name in ("train", "test")]
+        assert not set(questions[0]) & set(questions[1])
+        return questions
+
+    small_train, small_test = split(tmp_path / "small", 200)
+    big_train, big_test = split(tmp_path / "big", 800, "--test_seed", "242")
+    assert big_test == small_test
+    assert len(big_train) > 3 * len(small_train) and set(small_train) <= set(big_train)
+    _, default_test = split(tmp_path / "default", 800)
+    assert default_test != small_test
+
+
 def test_reasoning_gym_as_subprocess(tmp_path):
     result = subprocess.run(
         [

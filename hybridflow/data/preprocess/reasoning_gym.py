@@ -95,6 +95,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--seed", type=int, default=42, help="train seed; test uses seed + size")
     parser.add_argument(
+        "--test_seed", type=int, default=None,
+        help="test seed (default: seed + size). A fixed one keeps the same test questions when --size grows; the "
+        "train entries that then repeat a test question are dropped from whichever split --test_as_drawn says",
+    )
+    parser.add_argument(
         "--config", action="append", default=[], metavar="KEY=VALUE", help="task config field (repeatable)"
     )
     parser.add_argument(
@@ -131,7 +136,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, str]:
     config = parse_config(args.config)
     generated_train = generate(args.task, size=args.size, seed=args.seed, config=config)
     # Entry i uses Random(seed + i): starting test at seed + size keeps the two seed ranges disjoint.
-    generated_test = generate(args.task, size=test_size, seed=args.seed + args.size, config=config)
+    test_seed = args.seed + args.size if args.test_seed is None else args.test_seed
+    generated_test = generate(args.task, size=test_size, seed=test_seed, config=config)
     train, test = split_unseen(generated_train, generated_test, test_as_drawn=args.test_as_drawn)
     print(
         f"{args.task}: dropped {len(generated_test) - len(test)} of {len(generated_test)} test entries and "
