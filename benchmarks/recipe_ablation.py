@@ -50,7 +50,8 @@ TASKS = {
     # its questions dropped from training instead
     "chain_sum_3x2_drawn": ("chain_sum", CHAIN_SUM_3X2, 136, ["--test_as_drawn"]),
     # the same 132 held-out questions (test seed 42 + 1024, as above) with 8x the training prompts: a run of
-    # 60 steps meets no prompt twice, where 1024 prompts are one epoch every ~20 steps of dynamic sampling
+    # 60 steps meets no prompt twice, where 1024 prompts are one epoch every ~20 steps of dynamic sampling.
+    # The flags come after prepare_task's own "--size 1024", and argparse keeps the later value
     "chain_sum_3x2_drawn_8k": ("chain_sum", CHAIN_SUM_3X2, 136,
                                ["--test_as_drawn", "--size", "8192", "--test_seed", "1066"]),
     # two 2-digit terms: 8100 questions, so dropping the held-out questions drawn for training (13 of 200)
