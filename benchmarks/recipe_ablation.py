@@ -33,6 +33,7 @@ import re
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -65,6 +66,10 @@ TASKS = {
     # replaces the default one): the base model's greedy score rises from 0.114 to 0.22 with it, at 64 tokens
     "chain_sum_3x2_drawn_steps": ("chain_sum", CHAIN_SUM_3X2, 136,
                                   ["--test_as_drawn", "--instruction", STEPS_INSTRUCTION]),
+    # chain_sum_3x1d with the instruction of chain_sum_3x2_drawn_steps: the prompt the worked-sum SFT warm-up
+    # (the "sft-" arms) answers
+    "chain_sum_3x1d_steps": ("chain_sum", ["min_terms=3", "max_terms=3", "min_digits=1", "max_digits=1"], 168,
+                             ["--instruction", STEPS_INSTRUCTION]),
     # two 3-digit terms: 810000 questions, as hard held-out as in training; the base model answers 1 % of them
     "chain_sum_2x3d": ("chain_sum", ["min_terms=2", "max_terms=2", "min_digits=3", "max_digits=3"], 200, []),
     # another task family: one-step linear equations ("Solve for e: e + 17 = 59", "24 - h = -15"), values 1-50.
@@ -104,6 +109,14 @@ ARMS["dynamic-len48"] = [*ARMS["dynamic"], "data.max_response_length=48"]
 # for chain_sum_3x2_drawn_steps: the base model's worked answers take 30-60 tokens
 ARMS["dynamic-len64"] = [*ARMS["dynamic"], "data.max_response_length=64"]
 ARMS["plain-len64"] = ["data.max_response_length=64"]
+# "sft-ARM" is ARM from a model first fine-tuned on worked sums (data/preprocess/worked_sums.py: "12 + 30 = 42",
+# "42 - 5 = 37", "The final answer is 37."), written from the first WARMUP_TRACES training rows. The model never
+# writes a running sum from its prompt alone, so the answer-only reward has nothing to reinforce one with. One
+# warm-up per task and seed, shared by its sft- arms; GRPO's step-0 validation is the warmed-up model's score
+WARMUP_PREFIX = "sft-"
+WARMUP_TRACES, WARMUP_BATCH = 256, 16  # one epoch: 16 optimizer steps
+WARMUP = [f"data.train_batch_size={WARMUP_BATCH}", f"data.micro_batch_size_per_gpu={WARMUP_BATCH}",
+          "data.max_length=256", "optim.lr=5e-5", "trainer.total_epochs=1"]
 
 
 def prepare_task(name: str, out: Path) -> Path:
@@ -117,6 +130,45 @@ def prepare_task(name: str, out: Path) -> Path:
             argv += ["--config", item]
         subprocess.run(argv, check=True)
     return folder
+
+
+WARMUP_LOCKS: dict[tuple[str, int], threading.Lock] = {}
+
+
+def arm_overrides(arm: str) -> list[str]:
+    """The PPO overrides of ``arm`` (an ``sft-`` arm trains as the arm it prefixes)."""
+    return ARMS[arm.removeprefix(WARMUP_PREFIX)]
+
+
+def warm_up(*, out: Path, task: str, seed: int, threads: int, model: str) -> str:
+    """SFT of ``model`` on worked sums of the task's first ``WARMUP_TRACES`` training rows, once per task and
+    seed; returns the fine-tuned model's HF folder."""
+    with WARMUP_LOCKS.setdefault((task, seed), threading.Lock()):  # two sft- arms of one task and seed at once
+        return warm_up_once(out=out, task=task, seed=seed, threads=threads, model=model)
+
+
+def warm_up_once(*, out: Path, task: str, seed: int, threads: int, model: str) -> str:
+    folder = out / "warmup" / f"{task}.s{seed}"
+    final = folder / f"global_step_{WARMUP_TRACES // WARMUP_BATCH}" / "model" / "huggingface"
+    if final.exists():
+        return str(final)
+    folder.mkdir(parents=True, exist_ok=True)
+    traces = folder / "traces.parquet"
+    subprocess.run([sys.executable, "-m", "hybridflow.data.preprocess.worked_sums", "--rows",
+                    str(out / "data" / task / "train.parquet"), "--count", str(WARMUP_TRACES), "--split", "traces",
+                    "--local_save_dir", str(folder)], check=True)
+    overrides = [f"model.partial_pretrain={model}", f"data.train_files={traces}", "data.multiturn.enable=True",
+                 "data.multiturn.messages_key=messages", *WARMUP, f"data.seed={seed}", f"trainer.seed={seed}",
+                 f"trainer.default_local_dir={folder}", "trainer.logger=[console,file]"]
+    env = job_env(out, threads)
+    with open(folder / "run.log", "a") as log:
+        subprocess.run([sys.executable, "-m", "hybridflow.cli", "sft", *overrides], env=env, stdout=log,
+                       stderr=subprocess.STDOUT, check=True)
+    return str(final)
+
+
+def job_env(out: Path, threads: int) -> dict[str, str]:
+    return dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), HF_HOME=str(out / "hf"))
 
 
 def run_dir(out: Path, task: str, arm: str, seed: int) -> Path:
@@ -137,14 +189,16 @@ def run_one(*, out: Path, task: str, arm: str, seed: int, steps: int, threads: i
     folder = run_dir(out, task, arm, seed)
     if finished(folder, steps):
         return f"{folder.name}: done before"
+    if arm.startswith(WARMUP_PREFIX):
+        model = warm_up(out=out, task=task, seed=seed, threads=threads, model=model)
     data = out / "data" / task
     overrides = [f"actor_rollout_ref.model.path={model}", f"data.train_files={data / 'train.parquet'}",
-                 f"data.val_files={data / 'test.parquet'}", *PLAIN, *ARMS[arm], f"trainer.total_training_steps={steps}",
+                 f"data.val_files={data / 'test.parquet'}", *PLAIN, *arm_overrides(arm), f"trainer.total_training_steps={steps}",
                  f"trainer.seed={seed}", f"actor_rollout_ref.rollout.seed={seed}", f"data.seed={seed}",
                  f"trainer.default_local_dir={folder}", f"trainer.validation_data_dir={folder / 'generations'}",
                  # the newest checkpoint only, every 20 steps: a later, longer --steps resumes the run from it
                  "trainer.save_freq=20", "trainer.max_actor_ckpt_to_keep=1"]
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), HF_HOME=str(out / "hf"))
+    env = job_env(out, threads)
     folder.mkdir(parents=True, exist_ok=True)
     record_machine(folder, threads)
     start = time.monotonic()
@@ -335,7 +389,7 @@ def sweep(args, out: Path) -> None:
     if args.runs:
         jobs = [parse_run(name) for name in args.runs.split(",")]
     tasks, arms = sorted({job["task"] for job in jobs}), sorted({job["arm"] for job in jobs})
-    unknown = [a for a in arms if a not in ARMS] + [t for t in tasks if t not in TASKS]
+    unknown = [a for a in arms if a.removeprefix(WARMUP_PREFIX) not in ARMS] + [t for t in tasks if t not in TASKS]
     if unknown:
         raise SystemExit(f"unknown arm or task {unknown}; arms: {', '.join(ARMS)}; tasks: {', '.join(TASKS)}")
     for task in tasks:

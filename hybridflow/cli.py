@@ -21,6 +21,7 @@ import argparse
 import importlib
 import sys
 
+from hybridflow.data.preprocess import SCRIPTS as PREPROCESS_SCRIPTS
 from hybridflow.errors import ConfigError, run_entry_point
 
 
@@ -107,16 +108,10 @@ def _merge(args: argparse.Namespace, rest: list[str]) -> int:
     return run_from_args(["merge", *rest])
 
 
-PREPROCESS_SCRIPTS = {
-    "gsm8k": "hybridflow.data.preprocess.gsm8k",
-    "reasoning_gym": "hybridflow.data.preprocess.reasoning_gym",
-    "tool_use": "hybridflow.data.preprocess.tool_use",
-}
-
-
 def _preprocess(args: argparse.Namespace, rest: list[str]) -> int:
-    module = importlib.import_module(PREPROCESS_SCRIPTS[args.script])
-    return module.main(rest) or 0
+    # a script's main returns the written paths (for callers in Python), not an exit status
+    importlib.import_module(PREPROCESS_SCRIPTS[args.script]).main(rest)
+    return 0
 
 
 def _demo(args: argparse.Namespace, rest: list[str]) -> int:

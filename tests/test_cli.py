@@ -50,6 +50,15 @@ def test_console_script_runs_as_subprocess():
     assert "did you mean 'algorithm.adv_estimator'" in proc.stderr
 
 
+def test_preprocess_exits_zero_after_writing(tmp_path):
+    # a script's main returns the written paths; the command must still exit 0, not print them and exit 1
+    proc = subprocess.run([sys.executable, "-m", "hybridflow.cli", "preprocess", "reasoning_gym", "--task",
+                           "chain_sum", "--size", "3", "--test_size", "1", "--local_save_dir", str(tmp_path)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "train.parquet").exists() and "{" not in proc.stderr
+
+
 ENTRY_POINTS = [  # (module run as ``python -m``, its arguments, what the usage must point at)
     ("hybridflow.trainer.main_ppo", ["--help"], "hybridflow config show --doc"),
     ("hybridflow.trainer.sft_trainer", ["-h"], "hybridflow config show --trainer sft --doc"),

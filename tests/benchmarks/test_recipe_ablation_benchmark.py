@@ -122,3 +122,24 @@ def test_the_probe_runs_end_to_end_on_the_rollout_engine(ablation, tmp_path, tin
     assert "over 6 questions" in first and ablation.STEPS_INSTRUCTION in first
     assert re.findall(r"(\d+ terms of \d+ digits?) \d\.\d\d \((\d+)\)", by_kind) == [
         (kind, str(len(scores))) for kind, scores in sorted(kinds.items())]
+
+
+def test_an_sft_arm_warms_up_once_on_worked_sums_then_trains_as_its_arm(ablation, tmp_path, tiny_model_dir,
+                                                                       monkeypatch):
+    """The sft- arms: the real SFT entry point on the tiny model, its worked-sum traces, reused by a second arm."""
+    import pandas as pd
+
+    assert ablation.arm_overrides("sft-dynamic-len64") == ablation.ARMS["dynamic-len64"]
+    monkeypatch.setattr(ablation, "WARMUP_TRACES", 32)  # 2 steps of 16
+    ablation.prepare_task("chain_sum_3x1d_steps", tmp_path)
+    model = ablation.warm_up(out=tmp_path, task="chain_sum_3x1d_steps", seed=3, threads=1, model=str(tiny_model_dir))
+    folder = tmp_path / "warmup" / "chain_sum_3x1d_steps.s3"
+    assert model == str(folder / "global_step_2" / "model" / "huggingface")
+    assert (Path(model) / "config.json").exists()
+    traces = pd.read_parquet(folder / "traces.parquet")["messages"]
+    assert len(traces) == 32 and traces[0][-1]["content"].endswith(".") and "The final answer is" in traces[0][-1]["content"]
+    assert traces[0][0]["content"].endswith(ablation.STEPS_INSTRUCTION)
+    log = (folder / "run.log").read_text()
+    assert ablation.warm_up(out=tmp_path, task="chain_sum_3x1d_steps", seed=3, threads=1,
+                            model=str(tiny_model_dir)) == model
+    assert (folder / "run.log").read_text() == log  # the second arm reuses the warm-up

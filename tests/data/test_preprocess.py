@@ -35,6 +35,7 @@ def test_scripts_are_listed():
         "gsm8k": "hybridflow.data.preprocess.gsm8k",
         "reasoning_gym": "hybridflow.data.preprocess.reasoning_gym",
         "tool_use": "hybridflow.data.preprocess.tool_use",
+        "worked_sums": "hybridflow.data.preprocess.worked_sums",
     }
 
 

@@ -10,10 +10,13 @@ Each is a module with ``main(argv)`` and a ``python -m`` entry point, and writes
   — a reasoning-gym task generated offline.
 * ``python -m hybridflow.data.preprocess.tool_use [--tool NAME] [--interaction NAME] --local_save_dir DIR
   -- gsm8k|reasoning_gym SOURCE_ARGS...`` — either of the above as tool-agent rows (multi-turn).
+* ``python -m hybridflow.data.preprocess.worked_sums --rows RL_ROWS [--count N] --local_save_dir DIR``
+  — SFT rows (``messages``) that answer reasoning-gym sums one term at a time (writes ``train.parquet``).
 """
 
 SCRIPTS = {
     "gsm8k": "hybridflow.data.preprocess.gsm8k",
     "reasoning_gym": "hybridflow.data.preprocess.reasoning_gym",
     "tool_use": "hybridflow.data.preprocess.tool_use",
+    "worked_sums": "hybridflow.data.preprocess.worked_sums",
 }
