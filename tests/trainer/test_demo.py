@@ -25,7 +25,8 @@ def test_before_after_reads_the_first_and_last_validation():
     history = [{"step": 0, "val-core/x/reward/mean@1": 0.25}, {"step": 1, "critic/score/mean": 0.5},
                {"step": 2, "val-core/x/reward/mean@1": 0.75}]
     assert before_after(history) == ("val-core/x/reward/mean@1", 0.25, 0.75)
-    assert set(PRESETS) == {"default", "tiny", "tools", "tools-tiny", "reasoning"}
+    assert set(PRESETS) == {"default", "tiny", "tools", "tools-tiny", "reasoning", "reasoning-sft",
+                            "reasoning-sft-tiny"}
 
 
 def test_report_names_the_best_validation_when_the_run_ended_below_it(capsys):
@@ -85,6 +86,29 @@ def test_tools_tiny_demo_warms_up_on_tool_traces_then_trains_with_the_tool(tmp_p
     assert messages[4]["content"] == row["reward_model"]["ground_truth"]
     assert (run / "sft" / "global_step_1" / "model" / "huggingface" / "config.json").exists()
     assert (run / "base" / "generations" / "0.jsonl").exists() and (run / "generations" / "1.jsonl").exists()
+
+
+def test_reasoning_sft_tiny_demo_warms_up_on_worked_sums_then_trains(tmp_path, capsys):
+    """--preset reasoning-sft end to end on the tiny model: the steps instruction, worked-sum traces of the
+    first training questions, base validation, the SFT, GRPO from its model, the three scores in the summary."""
+    import pandas as pd
+
+    from hybridflow.trainer.demo import STEPS_INSTRUCTION
+
+    run = tmp_path / "run"
+    assert main(["demo", "--preset", "reasoning-sft-tiny", "--out", str(run), "trainer.test_freq=2"]) == 0
+    out = capsys.readouterr().out
+    assert "[demo] base model before the SFT warm-up: val-core/chain_sum/reward/mean@1" in out
+    assert "tool-call share" not in out
+    rows = pd.read_parquet(run / "data" / "train.parquet")
+    traces = pd.read_parquet(run / "data" / "sft_traces.parquet")["messages"]
+    assert len(traces) == 8
+    for row, trace in zip(rows.itertuples(), traces):
+        assert list(trace[:-1]) == list(row.prompt) and row.prompt[-1]["content"].endswith(STEPS_INSTRUCTION)
+        assert trace[-1]["content"].endswith(f"The final answer is {row.reward_model['ground_truth']}.")
+    assert (run / "sft" / "global_step_1" / "model" / "huggingface" / "config.json").exists()
+    assert "data.max_response_length=64" in out and "algorithm.filter_groups.enable=True" in out
+    assert (run / "base" / "generations" / "0.jsonl").exists() and (run / "generations" / "2.jsonl").exists()
 
 
 def test_warmup_traces_call_the_tool_every_nth_question_and_end_on_the_right_answer(tmp_path):
