@@ -268,11 +268,22 @@ def export(out: Path, path: Path) -> None:
     runs = json.loads(path.read_text()) if path.exists() else {}
     for name, rows in started_runs(out):
         curves = {key: [round(r[key], 4) for r in rows if key in r] for key in CURVE_KEYS}
-        machine = out / "runs" / name / "machine.txt"
-        runs[name] = {**parse_run(name), "held_out": {str(k): round(v, 4) for k, v in held_out(rows).items()},
+        machine, run = out / "runs" / name / "machine.txt", parse_run(name)
+        runs[name] = {**run, "held_out": {str(k): round(v, 4) for k, v in held_out(rows).items()},
                       "per_step": {key: values for key, values in curves.items() if values},
-                      **({"machine": machine.read_text().strip()} if machine.exists() else {})}
+                      **({"machine": machine.read_text().strip()} if machine.exists() else {}),
+                      **warmup_record(out, run)}
     path.write_text(json.dumps(dict(sorted(runs.items())), indent=1) + "\n")
+
+
+def warmup_record(out: Path, run: dict) -> dict:
+    """``{"warmup_minutes": M}`` for an ``sft-`` arm whose warm-up logged its steps (the sum of their
+    ``timing_s/step``), else ``{}``."""
+    if not run["arm"].startswith(WARMUP_PREFIX):
+        return {}
+    rows = read_rows(out / "warmup" / f"{run['task']}.s{run['seed']}")
+    seconds = sum(row.get("timing_s/step", 0.0) for row in rows)
+    return {"warmup_minutes": round(seconds / 60, 2)} if rows else {}
 
 
 PAUSE_FACTOR = 5
@@ -282,12 +293,14 @@ HELD_OUT = "held-out score"
 def history_of(run: dict) -> list[dict]:
     """An exported run as metrics rows (``held_out`` as ``HELD_OUT``, one ``timing_s/step`` a step), for the plots.
     A step longer than ``PAUSE_FACTOR`` x the run's median is counted at the median: on a shared machine that
-    is the run held still (e.g. stopped while a test suite ran), not training time."""
+    is the run held still (e.g. stopped while a test suite ran), not training time. A warm-up's minutes come
+    first (as step 0's time), so against the minutes an ``sft-`` arm starts where its warm-up ended."""
     from hybridflow.trainer.plots import STEP_TIME  # the key training_minutes sums
 
     times = run["per_step"].get(STEP_TIME, [])
     median = statistics.median(times) if times else 0.0
-    rows = [{"step": i + 1, STEP_TIME: t if t <= PAUSE_FACTOR * median else median} for i, t in enumerate(times)]
+    rows = [{"step": 0, STEP_TIME: 60 * run["warmup_minutes"]}] if "warmup_minutes" in run else []
+    rows += [{"step": i + 1, STEP_TIME: t if t <= PAUSE_FACTOR * median else median} for i, t in enumerate(times)]
     return rows + [{"step": int(step), HELD_OUT: score} for step, score in run["held_out"].items()]
 
 

@@ -143,3 +143,25 @@ def test_an_sft_arm_warms_up_once_on_worked_sums_then_trains_as_its_arm(ablation
     assert ablation.warm_up(out=tmp_path, task="chain_sum_3x1d_steps", seed=3, threads=1,
                             model=str(tiny_model_dir)) == model
     assert (folder / "run.log").read_text() == log  # the second arm reuses the warm-up
+
+
+def test_an_sft_arm_is_plotted_from_where_its_warm_up_ended(ablation, tmp_path):
+    """The export records the warm-up's minutes; against the minutes the arm's step 0 sits at their end."""
+    from hybridflow.trainer.plots import comparison_series
+
+    write_run(tmp_path, "t.sft-plain.s1", [{"step": 0, "val-core/x": 0.5}, {"step": 1, "timing_s/step": 60.0},
+                                          {"step": 2, "timing_s/step": 30.0, "val-core/x": 0.75}])
+    write_run(tmp_path, "t.plain.s1", [{"step": 0, "val-core/x": 0.1}, {"step": 1, "timing_s/step": 60.0,
+                                                                         "val-core/x": 0.2}])
+    warmup_logs = tmp_path / "warmup" / "t.s1" / "logs"
+    warmup_logs.mkdir(parents=True)
+    warmup_logs.joinpath("metrics.jsonl").write_text('{"step": 1, "timing_s/step": 120.0}\n'
+                                                     '{"step": 2, "timing_s/step": 60.0}\n')
+    ablation.export(tmp_path, tmp_path / "curves.json")
+    runs = json.loads((tmp_path / "curves.json").read_text())
+    assert runs["t.sft-plain.s1"]["warmup_minutes"] == 3.0 and "warmup_minutes" not in runs["t.plain.s1"]
+    histories = {name: ablation.history_of(run) for name, run in runs.items()}
+    by_minutes = comparison_series(histories, ablation.HELD_OUT, x="minutes")
+    assert by_minutes["t.sft-plain.s1"] == ([3.0, 4.5], [0.5, 0.75])
+    assert by_minutes["t.plain.s1"] == ([0.0, 1.0], [0.1, 0.2])
+    assert comparison_series(histories, ablation.HELD_OUT)["t.sft-plain.s1"] == ([0, 2], [0.5, 0.75])
