@@ -39,8 +39,9 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from hybridflow.data.preprocess.worked_sums import STEPS_INSTRUCTION, WARMUP_SFT_OVERRIDES, WARMUP_TRACES
+
 INSTRUCTION = " Reply with only the final answer."
-STEPS_INSTRUCTION = " Add the numbers one at a time, then give the final answer."
 CHAIN_SUM_3X2 = ["min_terms=2", "max_terms=3", "min_digits=1", "max_digits=2"]
 TASKS = {
     # name: (reasoning-gym task, its config, held-out draws, extra flags of the preprocess script)
@@ -114,9 +115,6 @@ ARMS["plain-len64"] = ["data.max_response_length=64"]
 # writes a running sum from its prompt alone, so the answer-only reward has nothing to reinforce one with. One
 # warm-up per task and seed, shared by its sft- arms; GRPO's step-0 validation is the warmed-up model's score
 WARMUP_PREFIX = "sft-"
-WARMUP_TRACES, WARMUP_BATCH = 256, 16  # one epoch: 16 optimizer steps
-WARMUP = [f"data.train_batch_size={WARMUP_BATCH}", f"data.micro_batch_size_per_gpu={WARMUP_BATCH}",
-          "data.max_length=256", "optim.lr=5e-5", "trainer.total_epochs=1"]
 
 
 def prepare_task(name: str, out: Path) -> Path:
@@ -149,22 +147,29 @@ def warm_up(*, out: Path, task: str, seed: int, threads: int, model: str) -> str
 
 def warm_up_once(*, out: Path, task: str, seed: int, threads: int, model: str) -> str:
     folder = out / "warmup" / f"{task}.s{seed}"
-    final = folder / f"global_step_{WARMUP_TRACES // WARMUP_BATCH}" / "model" / "huggingface"
-    if final.exists():
-        return str(final)
+    if (done := warmed_up_model(folder)) is not None:
+        return done
     folder.mkdir(parents=True, exist_ok=True)
     traces = folder / "traces.parquet"
     subprocess.run([sys.executable, "-m", "hybridflow.data.preprocess.worked_sums", "--rows",
                     str(out / "data" / task / "train.parquet"), "--count", str(WARMUP_TRACES), "--split", "traces",
                     "--local_save_dir", str(folder)], check=True)
     overrides = [f"model.partial_pretrain={model}", f"data.train_files={traces}", "data.multiturn.enable=True",
-                 "data.multiturn.messages_key=messages", *WARMUP, f"data.seed={seed}", f"trainer.seed={seed}",
+                 "data.multiturn.messages_key=messages", *WARMUP_SFT_OVERRIDES, f"data.seed={seed}", f"trainer.seed={seed}",
                  f"trainer.default_local_dir={folder}", "trainer.logger=[console,file]"]
     env = job_env(out, threads)
     with open(folder / "run.log", "a") as log:
         subprocess.run([sys.executable, "-m", "hybridflow.cli", "sft", *overrides], env=env, stdout=log,
                        stderr=subprocess.STDOUT, check=True)
-    return str(final)
+    return str(warmed_up_model(folder))
+
+
+def warmed_up_model(folder: Path) -> str | None:
+    """The HF folder of the SFT's last checkpoint under ``folder`` (it saves once, at the end), or None."""
+    tracker = folder / "latest_checkpointed_iteration.txt"
+    if not tracker.exists():
+        return None
+    return str(folder / f"global_step_{tracker.read_text().strip()}" / "model" / "huggingface")
 
 
 def job_env(out: Path, threads: int) -> dict[str, str]:

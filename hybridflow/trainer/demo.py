@@ -141,12 +141,10 @@ PRESETS["reasoning"] = replace(
 # = 42", "42 - 5 = 37", "The final answer is 37."; data/preprocess/worked_sums.py, 16 steps at lr 5e-5), asks
 # for the sum one term at a time, leaves 64 response tokens, then runs the reasoning preset's GRPO recipe. The
 # summary gives the base model's held-out score, the warmed-up model's and GRPO's (docs/recipes.md)
-STEPS_INSTRUCTION = " Add the numbers one at a time, then give the final answer."
-WORKED_SUMS_WARMUP = SFTWarmup(traces=256, overrides=("data.train_batch_size=16", "data.micro_batch_size_per_gpu=16",
-                                                      "data.max_length=256", "optim.lr=5e-5", "trainer.total_epochs=1"))
+WORKED_SUMS_WARMUP = SFTWarmup(traces=worked_sums.WARMUP_TRACES, overrides=worked_sums.WARMUP_SFT_OVERRIDES)
 PRESETS["reasoning-sft"] = replace(
     PRESETS["reasoning"],
-    instruction=STEPS_INSTRUCTION,
+    instruction=worked_sums.STEPS_INSTRUCTION,
     warmup=WORKED_SUMS_WARMUP,
     overrides=tuple(o for o in PRESETS["reasoning"].overrides if not o.startswith("data.max_response_length="))
     + ("data.max_response_length=64",),

@@ -34,12 +34,12 @@ from hybridflow.trainer.sft_trainer import build_trainer, make_tracking
 
 @dataclass(frozen=True)
 class SFTWarmup:
-    """A short SFT on synthetic tool-use traces before GRPO."""
+    """A short SFT before GRPO: on tool-use traces when the preset has tools, else on worked sums."""
 
     traces: int
     """How many training questions become traces (the first ones of the train split)."""
     tool_every: int = 1
-    """Every ``tool_every``-th trace calls the tool; the others answer directly (the same right answer,
+    """With tools: every ``tool_every``-th trace calls the tool; the others answer directly (the same right answer,
     no tool turn). Above 1 the warmed-up model knows the format but mostly answers without the tool,
     so GRPO, rewarded for right answers only, has to find out that the tool pays."""
     overrides: tuple[str, ...] = field(default_factory=tuple)

@@ -93,7 +93,7 @@ def test_reasoning_sft_tiny_demo_warms_up_on_worked_sums_then_trains(tmp_path, c
     first training questions, base validation, the SFT, GRPO from its model, the three scores in the summary."""
     import pandas as pd
 
-    from hybridflow.trainer.demo import STEPS_INSTRUCTION
+    from hybridflow.data.preprocess.worked_sums import STEPS_INSTRUCTION
 
     run = tmp_path / "run"
     assert main(["demo", "--preset", "reasoning-sft-tiny", "--out", str(run), "trainer.test_freq=2"]) == 0
