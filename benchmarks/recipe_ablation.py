@@ -39,7 +39,7 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from hybridflow.data.preprocess.worked_sums import STEPS_INSTRUCTION, WARMUP_SFT_OVERRIDES, WARMUP_TRACES
+from hybridflow.data.preprocess.worked_sums import STEPS_INSTRUCTION, WARMUP_SFT_OVERRIDES, WARMUP_TRACES, parse_sum
 
 INSTRUCTION = " Reply with only the final answer."
 CHAIN_SUM_3X2 = ["min_terms=2", "max_terms=3", "min_digits=1", "max_digits=2"]
@@ -326,29 +326,47 @@ def plot(exported: Path, folder: Path, tasks: list[str], arms: list[str]) -> lis
     return paths
 
 
+def question_of(prompt: str) -> str:
+    """The chain-sum expression in a validation dump's prompt ("... arithmetic problem: 3 - 6 - 8 = ...")."""
+    return prompt.split("problem:", 1)[-1].split("=", 1)[0]
+
+
 def question_kind(prompt: str) -> str:
     """``"3 terms of 2 digits"``: a chain-sum question's count of numbers and the longest one's digits."""
-    question = prompt.split("problem:", 1)[-1].split("=", 1)[0]
-    numbers = re.findall(r"\d+", question)
+    numbers = re.findall(r"\d+", question_of(prompt))
     digits = max(map(len, numbers), default=0)
     return f"{len(numbers)} terms of {digits} digit{'' if digits == 1 else 's'}"
 
 
-def scores_by_kind(scored: Iterable[tuple[str, float]]) -> dict[str, list[float]]:
-    """(prompt, score) pairs -> question kind -> scores."""
+def running_sum_sign(prompt: str) -> str:
+    """Whether a chain sum's running sum, added left to right, ever goes below zero: the worked-sum runs' errors
+    are mostly arithmetic on negative numbers ("-3 - 8 = -10")."""
+    total, below = 0, False
+    for sign, value in parse_sum(question_of(prompt)):
+        total += value if sign == "+" else -value
+        below = below or total < 0
+    return "running sum goes below 0" if below else "running sum stays >= 0"
+
+
+BREAKDOWNS = {"kind": question_kind, "sign": running_sum_sign}
+
+
+def scores_by_kind(scored: Iterable[tuple[str, float]], kind_of=question_kind) -> dict[str, list[float]]:
+    """(prompt, score) pairs -> kind (``kind_of(prompt)``) -> scores."""
     table: dict[str, list[float]] = {}
     for prompt, score in scored:
-        table.setdefault(question_kind(prompt), []).append(score)
+        table.setdefault(kind_of(prompt), []).append(score)
     return table
 
 
-def breakdown(dumps: list[Path]) -> str:
+def breakdown(dumps: list[Path], by: str = "kind") -> str:
     """The held-out score of validation dumps (``trainer.validation_data_dir``'s ``STEP.jsonl``) by question
-    kind: one column per dump, ``right / questions``."""
-    tables = [scores_by_kind((row["input"], row["score"]) for row in map(json.loads, path.read_text().splitlines()))
-              for path in dumps]
+    kind (``by="kind"``) or by the sign of the running sum (``"sign"``): one column per dump,
+    ``right / questions``."""
+    tables = [scores_by_kind(((row["input"], row["score"]) for row in map(json.loads, path.read_text().splitlines())),
+                             BREAKDOWNS[by]) for path in dumps]
     kinds = sorted({kind for table in tables for kind in table})
-    lines = ["kind | " + " | ".join(str(path) for path in dumps)]
+    lines = [f"{by} | " + " | ".join(str(path) for path in dumps)]
     for kind in [*kinds, "all"]:
         cells = []
         for table in tables:
@@ -375,9 +393,11 @@ def main() -> None:
                         "--export file into this folder (recipe_TASK_step.png, recipe_TASK_minutes.png)")
     parser.add_argument("--breakdown", default="", help="only print the held-out score by question kind of these "
                         "validation dumps (comma-separated generations/STEP.jsonl files of a run)")
+    parser.add_argument("--by", choices=sorted(BREAKDOWNS), default="kind", help="--breakdown by question kind "
+                        "(terms, digits) or by whether the running sum goes below zero")
     args = parser.parse_args()
     if args.breakdown:
-        print(breakdown([Path(p) for p in args.breakdown.split(",")]))
+        print(breakdown([Path(p) for p in args.breakdown.split(",")], args.by))
         return
     if args.plot and not args.export:
         parser.error("--plot draws from the --export file: give --export FILE too")

@@ -81,6 +81,18 @@ def test_breakdown_scores_each_kind_of_question(ablation, tmp_path):
         "3 terms of 2 digits | 0 / 1 = 0.00",
         "all | 2 / 4 = 0.50",
     ]
+    # running sums left to right: 82, 22, 117 / 7, 7, 12 / 9, 17, 24 / 59, 27 -- none below zero
+    assert ablation.breakdown([dump], "sign").splitlines()[1:] == ["running sum stays >= 0 | 2 / 4 = 0.50",
+                                                                   "all | 2 / 4 = 0.50"]
+
+
+def test_the_sign_breakdown_follows_the_running_sum_not_the_answer(ablation):
+    """"3 - 6 - 8": 3, -3, -11 goes below zero; "6 - 8 + 9": 6, -2, 7 does too though the answer is positive;
+    "9 - 9 + 0": 9, 0, 0 does not (zero is not below)."""
+    prompt = "user\nState the final answer to the following arithmetic problem: {} = Add the numbers one at a time."
+    assert ablation.running_sum_sign(prompt.format("3 - 6 - 8")) == "running sum goes below 0"
+    assert ablation.running_sum_sign(prompt.format("6 - 8 + 9")) == "running sum goes below 0"
+    assert ablation.running_sum_sign(prompt.format("9 - 9 + 0")) == "running sum stays >= 0"
 
 
 def test_a_task_can_replace_the_instruction_and_keep_the_questions(ablation, tmp_path):
