@@ -65,7 +65,8 @@ class DemoPreset:
     system_prompt: str = ""
     """System message of the tool-agent rows (the tool schemas are added to it when rendered)."""
     warmup: SFTWarmup | None = None
-    """SFT on synthetic tool-use traces before GRPO (the held-out numbers are then also measured on the base model)."""
+    """SFT before GRPO, on tool-use traces or worked sums (the held-out numbers are then also measured on the
+    base model)."""
 
 
 PRESETS: dict[str, DemoPreset] = {
@@ -137,13 +138,19 @@ PRESETS["reasoning"] = replace(
 
 # Issue 21's harder configurations fell short of +25 held-out points with GRPO alone: the model answers a
 # three-term sum in one token and never writes the intermediate sums, so an answer-only reward has nothing
-# to reinforce them with. This preset first fine-tunes on 256 worked sums of the training questions ("12 + 30
-# = 42", "42 - 5 = 37", "The final answer is 37."; data/preprocess/worked_sums.py, 16 steps at lr 5e-5), asks
-# for the sum one term at a time, leaves 64 response tokens, then runs the reasoning preset's GRPO recipe. The
-# summary gives the base model's held-out score, the warmed-up model's and GRPO's (docs/recipes.md)
+# to reinforce them with. This preset takes three one-digit terms (4000 questions; the held-out draws that
+# training also drew are dropped, leaving ~123 as hard as training), first fine-tunes on 256 worked sums of
+# the training questions ("12 + 30 = 42", "42 - 5 = 37", "The final answer is 37."; data/preprocess/
+# worked_sums.py, 16 steps at lr 5e-5), asks for the sum one term at a time, leaves 64 response tokens, then
+# runs the reasoning preset's GRPO recipe. On three 1-digit terms GRPO keeps improving on the warm-up; on the
+# reasoning preset's 2-3 terms of 1-2 digits it adds nothing after it (docs/recipes.md). The summary gives
+# the base model's held-out score, the warmed-up model's and GRPO's
 WORKED_SUMS_WARMUP = SFTWarmup(traces=worked_sums.WARMUP_TRACES, overrides=worked_sums.WARMUP_SFT_OVERRIDES)
 PRESETS["reasoning-sft"] = replace(
     PRESETS["reasoning"],
+    task_config=("min_terms=3", "max_terms=3", "min_digits=1", "max_digits=1"),
+    test_size=168,
+    test_as_drawn=False,
     instruction=worked_sums.STEPS_INSTRUCTION,
     warmup=WORKED_SUMS_WARMUP,
     overrides=tuple(o for o in PRESETS["reasoning"].overrides if not o.startswith("data.max_response_length="))

@@ -177,3 +177,27 @@ def test_an_sft_arm_is_plotted_from_where_its_warm_up_ended(ablation, tmp_path):
     assert by_minutes["t.sft-plain.s1"] == ([3.0, 4.5], [0.5, 0.75])
     assert by_minutes["t.plain.s1"] == ([0.0, 1.0], [0.1, 0.2])
     assert comparison_series(histories, ablation.HELD_OUT)["t.sft-plain.s1"] == ([0, 2], [0.5, 0.75])
+
+
+@pytest.mark.parametrize("preset, task, arm", [("reasoning", "chain_sum_3x2_drawn", "dynamic"),
+                                               ("reasoning-sft", "chain_sum_3x1d_steps", "sft-dynamic-len64")])
+def test_a_reasoning_preset_runs_the_job_its_docs_measured(ablation, preset, task, arm):
+    """docs/recipes.md measures the presets with the sweep: the same questions, instruction, PPO settings and
+    warm-up (the sweep adds only its own bookkeeping: logging, base validation, no reward timeout)."""
+    from hybridflow.trainer.demo import PRESETS
+
+    demo = PRESETS[preset]
+    name, config, test_size, flags = ablation.TASKS[task]
+    assert (demo.task, list(demo.task_config), demo.test_size, demo.test_as_drawn) == (
+        name, config, test_size, "--test_as_drawn" in flags)
+    assert demo.train_size == 1024
+    instruction = flags[flags.index("--instruction") + 1] if "--instruction" in flags else ablation.INSTRUCTION
+    assert demo.instruction == instruction
+    sweep = dict(o.split("=", 1) for o in [*ablation.PLAIN, *ablation.arm_overrides(arm)])  # the later one wins
+    demo_overrides = dict(o.split("=", 1) for o in demo.overrides)
+    bookkeeping = {"reward_model.timeout_s", "trainer.val_before_train", "trainer.logger"}
+    assert {k: v for k, v in sweep.items() if k not in bookkeeping} == {
+        k: demo_overrides.get(k) for k in sweep if k not in bookkeeping}
+    assert (demo.warmup is not None) == arm.startswith(ablation.WARMUP_PREFIX)
+    if demo.warmup is not None:
+        assert (demo.warmup.traces, demo.warmup.overrides) == (ablation.WARMUP_TRACES, ablation.WARMUP_SFT_OVERRIDES)
