@@ -13,7 +13,8 @@ multi-digit arithmetic where the model may call a calculator (``hybridflow/train
 tool-agent rows, ``tools.yaml`` in the run folder, multi-turn rollouts, an optional SFT warm-up on
 synthetic tool-use traces); its summary adds the share of held-out answers that called the tool.
 ``--preset reasoning`` is issue 21's GRPO recipe on a harder sum; ``--preset reasoning-sft`` puts an SFT
-warm-up on worked sums before it (``reasoning-sft-tiny``: its plumbing on the tiny model).
+warm-up on worked sums before that recipe, on three one-digit terms (``reasoning-sft-tiny``: its plumbing on
+the tiny model).
 
 Everything a preset sets is an ordinary ``key=value`` override, printed at the start; any
 extra ``key=value`` on the command line wins (e.g. ``trainer.total_training_steps=60`` to
