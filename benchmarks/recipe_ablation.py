@@ -39,7 +39,8 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from hybridflow.data.preprocess.worked_sums import STEPS_INSTRUCTION, WARMUP_SFT_OVERRIDES, WARMUP_TRACES, parse_sum
+from hybridflow.data.preprocess.worked_sums import (STEPS_INSTRUCTION, WARMUP_SFT_OVERRIDES, WARMUP_TRACES, parse_sum,
+                                                   running_sums)
 
 INSTRUCTION = " Reply with only the final answer."
 CHAIN_SUM_3X2 = ["min_terms=2", "max_terms=3", "min_digits=1", "max_digits=2"]
@@ -155,8 +156,8 @@ def warm_up_once(*, out: Path, task: str, seed: int, threads: int, model: str) -
                     str(out / "data" / task / "train.parquet"), "--count", str(WARMUP_TRACES), "--split", "traces",
                     "--local_save_dir", str(folder)], check=True)
     overrides = [f"model.partial_pretrain={model}", f"data.train_files={traces}", "data.multiturn.enable=True",
-                 "data.multiturn.messages_key=messages", *WARMUP_SFT_OVERRIDES, f"data.seed={seed}", f"trainer.seed={seed}",
-                 f"trainer.default_local_dir={folder}", "trainer.logger=[console,file]"]
+                 "data.multiturn.messages_key=messages", *WARMUP_SFT_OVERRIDES, f"data.seed={seed}",
+                 f"trainer.seed={seed}", f"trainer.default_local_dir={folder}", "trainer.logger=[console,file]"]
     env = job_env(out, threads)
     with open(folder / "run.log", "a") as log:
         subprocess.run([sys.executable, "-m", "hybridflow.cli", "sft", *overrides], env=env, stdout=log,
@@ -341,10 +342,7 @@ def question_kind(prompt: str) -> str:
 def running_sum_sign(prompt: str) -> str:
     """Whether a chain sum's running sum, added left to right, ever goes below zero: the worked-sum runs' errors
     are mostly arithmetic on negative numbers ("-3 - 8 = -10")."""
-    total, below = 0, False
-    for sign, value in parse_sum(question_of(prompt)):
-        total += value if sign == "+" else -value
-        below = below or total < 0
+    below = any(total < 0 for total in running_sums(parse_sum(question_of(prompt))))
     return "running sum goes below 0" if below else "running sum stays >= 0"
 
 
@@ -363,8 +361,8 @@ def breakdown(dumps: list[Path], by: str = "kind") -> str:
     """The held-out score of validation dumps (``trainer.validation_data_dir``'s ``STEP.jsonl``) by question
     kind (``by="kind"``) or by the sign of the running sum (``"sign"``): one column per dump,
     ``right / questions``."""
-    tables = [scores_by_kind(((row["input"], row["score"]) for row in map(json.loads, path.read_text().splitlines())),
-                             BREAKDOWNS[by]) for path in dumps]
+    rows = [list(map(json.loads, path.read_text().splitlines())) for path in dumps]
+    tables = [scores_by_kind(((row["input"], row["score"]) for row in dump), BREAKDOWNS[by]) for dump in rows]
     kinds = sorted({kind for table in tables for kind in table})
     lines = [f"{by} | " + " | ".join(str(path) for path in dumps)]
     for kind in [*kinds, "all"]:

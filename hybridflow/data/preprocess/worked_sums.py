@@ -61,15 +61,21 @@ def parse_sum(expression: str) -> list[tuple[str, int]]:
     return terms
 
 
+def running_sums(terms: list[tuple[str, int]]) -> list[int]:
+    """The sum after each term, left to right: ``parse_sum("12 + 30 - 5")`` -> ``[12, 42, 37]``."""
+    totals = [terms[0][1]]
+    for sign, value in terms[1:]:
+        totals.append(totals[-1] + value if sign == "+" else totals[-1] - value)
+    return totals
+
+
 def worked_trace(expression: str) -> tuple[str, int]:
     """The running-sum trace of ``expression`` and its value (one line per operation, then the answer)."""
     terms = parse_sum(expression)
-    total, lines = terms[0][1], []
-    for sign, value in terms[1:]:
-        new_total = total + value if sign == "+" else total - value
-        lines.append(f"{total} {sign} {value} = {new_total}")
-        total = new_total
-    return "\n".join([*lines, f"The final answer is {total}."]), total
+    totals = running_sums(terms)
+    lines = [f"{before} {sign} {value} = {after}"
+             for (sign, value), before, after in zip(terms[1:], totals, totals[1:])]
+    return "\n".join([*lines, f"The final answer is {totals[-1]}."]), totals[-1]
 
 
 def worked_row(row: dict[str, Any], *, index: int) -> dict[str, Any]:
