@@ -24,6 +24,22 @@ it; the faster of plain ``F.linear`` and the oneDNN-packed weights the engine us
     python benchmarks/rollout.py                 # CPU, fp32, 2 threads, batch 16/64/128
     python benchmarks/rollout.py --quick         # batch 16/64, 64 new tokens
     python benchmarks/rollout.py --device cuda --dtype bfloat16
+
+Random-init models shaped like real ones (``--shape``, config only, no download; EOS ignored,
+since a random model does not stop like a trained one), on two synthetic workloads, engines
+``native``, ``hf`` (HF ``generate``) and ``hf-static`` (HF ``generate`` with a static cache and
+``torch.compile``), each reported against the memory roofline: the bytes the workload must read
+(every weight once per decode step, each row's cached keys and values once per token) over the
+copy bandwidth measured in the same run:
+
+- ``--workload fixed``: ``--batches`` rows of ``--prompt-len`` random tokens, exactly
+  ``--max-tokens`` new tokens each (every engine runs the same steps);
+- ``--workload nano-vllm``: nano-vllm's benchmark, 256 requests with prompt and output lengths
+  drawn from 100-1024 (``random.seed(0)``), temperature 0.6, EOS ignored.
+
+    python benchmarks/rollout.py --device cuda --dtype bfloat16 --shape qwen3-0.6b --workload nano-vllm
+    python benchmarks/rollout.py --device cuda --dtype bfloat16 --shape smollm2-135m --workload fixed \
+        --batches 16,64,256 --engines native,hf,hf-static
 """
 
 from __future__ import annotations
@@ -31,8 +47,9 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 # The cores are shared: OpenMP threads that spin at barriers while a sibling is descheduled
 # make small decode matmuls 10-25x slower (measured here); sleeping threads do not. Must be
@@ -98,6 +115,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--step-times", action="store_true",
                         help="time every native decode step and print the mean by live-row bucket")
     parser.add_argument("--quick", action="store_true", help="batch 16/64 and 64 new tokens")
+    parser.add_argument("--shape", default=None,
+                        help="random-init model of this shape (benchmarks/model_shapes.py) on a synthetic workload")
+    parser.add_argument("--workload", default="fixed", choices=["fixed", "nano-vllm"],
+                        help="with --shape: fixed-length rows, or nano-vllm's 256 requests of 100-1024 tokens")
+    parser.add_argument("--prompt-len", type=int, default=128, help="--workload fixed: prompt tokens per row")
+    parser.add_argument("--enforce-eager", action="store_true", help="native engine without CUDA graphs")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     if args.quick:
@@ -346,6 +369,8 @@ def main() -> None:
 
     args = parse_args()
     torch.set_num_threads(args.threads)
+    if args.shape:
+        return main_synthetic(args)
     model_path = args.model_path or fetch_default_model()
     model = load_causal_lm(model_path, dtype=args.dtype).to(args.device).eval().requires_grad_(False)
     tokenizer = load_tokenizer(model_path)
@@ -424,6 +449,144 @@ def print_table(rows, floors: dict[int, Floors]) -> None:
             cells += [f"{f.flat:.1f} ({f.flat_gflops:.0f} GFLOP/s)", f"{100 * native.tokens_per_s / f.flat:.0f} %",
                       f"{f.step:.1f}", f"{100 * native.tokens_per_s / f.step:.0f} %"]
         print(f"| {batch} | " + " | ".join(cells) + " |")
+
+
+# ---------------------------------------------------------------------------------------------
+# Random-init shapes on synthetic workloads (--shape): engines against each other and the roofline.
+
+
+@dataclass
+class Request:
+    prompt: list[int]
+    max_tokens: int
+
+
+def synthetic_requests(args, *, batch: int, vocab_size: int) -> list[Request]:
+    """The workload's requests: random prompt tokens, exact output lengths (EOS ignored)."""
+    if args.workload == "nano-vllm":  # nano-vllm's bench.py: seed(0), 256 x randint(100, 1024) in and out
+        rng = random.Random(0)
+        lengths = [(rng.randint(100, 1024), rng.randint(100, 1024)) for _ in range(256)]
+    else:
+        lengths = [(args.prompt_len, args.max_tokens)] * batch
+    rng = random.Random(args.seed + batch)
+    return [Request([rng.randrange(vocab_size) for _ in range(p)], out) for p, out in lengths]
+
+
+def kv_bytes_per_token(model) -> int:
+    config = model.config
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    element = next(model.parameters()).element_size()
+    return config.num_hidden_layers * 2 * config.num_key_value_heads * head_dim * element
+
+
+def roofline_bytes(model, requests: list[Request]) -> int:
+    """Bytes the decode steps must read: the weights once per step (one step per token position past the
+    first, all rows together) and, for every decoded token, its row's cached keys and values."""
+    steps = max(r.max_tokens for r in requests) - 1
+    cached = sum(len(r.prompt) + t for r in requests for t in range(1, r.max_tokens))
+    return steps * weight_bytes(model) + cached * kv_bytes_per_token(model)
+
+
+def copy_bandwidth(device: str, megabytes: int = 1024) -> float:
+    """Bytes/s of a large device-to-device copy, counting bytes read plus bytes written."""
+    source = torch.ones(megabytes << 18, device=device)  # float32: 4 bytes each
+    target = torch.empty_like(source)
+    seconds = median_seconds(lambda: target.copy_(source), device=device, repeats=10)
+    return 2 * source.numel() * 4 / seconds
+
+
+def run_native(engine, requests: list[Request], temperature: float) -> float:
+    from hybridflow.rollout import SamplingParams
+
+    params = [SamplingParams(n=1, temperature=temperature, max_tokens=r.max_tokens, ignore_eos=True, seed=0,
+                             logprobs=True) for r in requests]
+    prompts = [r.prompt for r in requests]
+    engine.capture()  # CUDA graphs at start-up, as vLLM does (outside the timing, like engine construction)
+    warm = [replace(params[0], max_tokens=4)] * min(len(prompts), 2)
+    engine.generate(prompts[: len(warm)], warm)
+    return timed(lambda: engine.generate(prompts, params), check=lambda out: sum(len(c.token_ids) for c in out),
+                 expected=sum(r.max_tokens for r in requests))
+
+
+def timed(work, *, check, expected: int) -> float:
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    synchronize(device)
+    start = time.perf_counter()
+    out = work()
+    synchronize(device)
+    seconds = time.perf_counter() - start
+    if check(out) != expected:
+        raise RuntimeError(f"generated {check(out)} tokens, expected {expected}")
+    return seconds
+
+
+def run_hf(model, requests: list[Request], temperature: float, *, static: bool) -> float:
+    """HF ``generate`` on equal-length rows (one call; ``static``: static cache + torch.compile)."""
+    if len({(len(r.prompt), r.max_tokens) for r in requests}) != 1:
+        raise ValueError("HF generate runs only the fixed workload (one length for every row)")
+    device = next(model.parameters()).device
+    ids = torch.tensor([r.prompt for r in requests], device=device)
+    new = requests[0].max_tokens
+    kwargs = dict(attention_mask=torch.ones_like(ids), do_sample=True, temperature=temperature, top_k=0,
+                  max_new_tokens=new, min_new_tokens=new, pad_token_id=0, eos_token_id=None)
+    if static:
+        kwargs.update(cache_implementation="static", disable_compile=False)
+        model.generate(ids, **kwargs)  # compiles for these shapes
+    else:
+        model.generate(ids[:2], **{**kwargs, "attention_mask": torch.ones_like(ids[:2]), "max_new_tokens": 4,
+                                   "min_new_tokens": 4})
+    return timed(lambda: model.generate(ids, **kwargs), check=lambda out: (out.shape[1] - ids.shape[1]) * len(ids),
+                 expected=new * len(requests))
+
+
+def main_synthetic(args) -> None:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from model_shapes import random_model
+
+    from hybridflow.rollout.native import NativeEngine
+
+    model = random_model(args.shape, dtype=args.dtype, device=args.device)
+    print(machine_description(args))
+    print(f"model: random-init {args.shape} ({sum(p.numel() for p in model.parameters()) / 1e9:.2f}B params), "
+          f"workload {args.workload}")
+    bandwidth = copy_bandwidth(args.device, megabytes=1024 if args.device.startswith("cuda") else 256)
+    print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s (read + write)")
+    batches = [256] if args.workload == "nano-vllm" else [int(b) for b in args.batches.split(",")]
+    temperature = 0.6 if args.workload == "nano-vllm" else 1.0
+    rows = []
+    for batch in batches:
+        requests = synthetic_requests(args, batch=batch, vocab_size=model.config.vocab_size)
+        max_len = max(len(r.prompt) + r.max_tokens for r in requests)
+        floor = roofline_bytes(model, requests) / bandwidth
+        tokens = sum(r.max_tokens for r in requests)
+        for name in args.engines.split(","):
+            try:
+                if name == "native":
+                    engine = NativeEngine(model, max_num_seqs=len(requests), max_model_len=max_len,
+                                          enforce_eager=args.enforce_eager)
+                    seconds = run_native(engine, requests, temperature)
+                    del engine
+                else:
+                    seconds = run_hf(model, requests, temperature, static=name == "hf-static")
+            except Exception as error:  # one engine failing must not lose the others' numbers
+                print(f"batch {batch} {name}: failed: {type(error).__name__}: {str(error).splitlines()[0][:200]}")
+                continue
+            steps = max(r.max_tokens for r in requests)
+            rows.append((batch, name, tokens / seconds, 1e3 * seconds / steps, floor / seconds))
+            print(f"batch {batch:4d} {name:>9}: {tokens} tokens in {seconds:.2f} s = {tokens / seconds:,.0f} tok/s, "
+                  f"{1e3 * seconds / steps:.2f} ms per step, roofline share {100 * floor / seconds:.0f} %", flush=True)
+            if args.device.startswith("cuda"):
+                torch.cuda.empty_cache()
+    print_synthetic_table(rows)
+
+
+def print_synthetic_table(rows) -> None:
+    print("\n| batch | engine | output tok/s | ms / decode step | HBM roofline share | vs hf | vs hf-static |")
+    print("|---|---|---|---|---|---|---|")
+    rates = {(batch, name): rate for batch, name, rate, _, _ in rows}
+    for batch, name, rate, step_ms, share in rows:
+        ratios = [f"{rate / rates[(batch, base)]:.2f}x" if (batch, base) in rates else "-" for base in ("hf", "hf-static")]
+        print(f"| {batch} | {name} | {rate:,.0f} | {step_ms:.2f} | {100 * share:.0f} % | " + " | ".join(ratios) + " |")
 
 
 if __name__ == "__main__":

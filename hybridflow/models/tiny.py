@@ -5,7 +5,7 @@ tokenizer is a genuine HF fast tokenizer: byte-level BPE trained here on a fixed
 (so every string round-trips), with ChatML special tokens and a chat template that
 marks assistant turns with ``{% generation %}`` (for assistant-token masks) and, given
 ``tools``, lists their names in a short system turn (multi-turn tests stay short). The
-models are randomly initialised Llama / Qwen2 architectures of a few layers, saved
+models are randomly initialised Llama / Qwen2 / Qwen3 architectures of a few layers, saved
 exactly like a real checkpoint (config, safetensors, tokenizer files).
 """
 
@@ -74,7 +74,7 @@ def build_tiny_tokenizer(vocab_size: int = 512):
 
 def tiny_config(arch: str = "llama", vocab_size: int = 512, **overrides):
     """Config of a small random causal LM: 2 layers, hidden 64, GQA 4/2 heads."""
-    from transformers import LlamaConfig, Qwen2Config
+    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
 
     common = dict(
         vocab_size=vocab_size,
@@ -94,7 +94,9 @@ def tiny_config(arch: str = "llama", vocab_size: int = 512, **overrides):
         return LlamaConfig(**common)
     if arch == "qwen2":
         return Qwen2Config(**common)
-    raise ValueError(f"unknown tiny architecture {arch!r}; choose 'llama' or 'qwen2'")
+    if arch == "qwen3":  # like the real ones, heads wider than hidden / heads (4 x 32 > 64)
+        return Qwen3Config(**{"head_dim": 32, **common})
+    raise ValueError(f"unknown tiny architecture {arch!r}; choose 'llama', 'qwen2' or 'qwen3'")
 
 
 def build_tiny_model(arch: str = "llama", seed: int = 0, tokenizer=None, **overrides):

@@ -35,7 +35,8 @@ from hybridflow.rollout.weights import copy_named_tensors
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_MODEL_TYPES = frozenset({"llama", "qwen2"})
+SUPPORTED_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3"})
+"""HF ``model_type`` values this decoder reproduces (Qwen3 adds RMSNorm on each query and key head)."""
 
 FUSED_PROJECTIONS = {
     "qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
@@ -67,6 +68,8 @@ class LayerWeights:
     post_norm: torch.Tensor
     gate_up: PackedLinear
     down: PackedLinear
+    qk_norm: torch.Tensor | None = None
+    """Qwen3: ``[H + KV, D]`` RMSNorm weights of each query head (``q_norm``) then each key head (``k_norm``)."""
 
 
 def _cat_or_none(tensors: list[torch.Tensor | None]) -> torch.Tensor | None:
@@ -86,12 +89,18 @@ class LlamaFamilyDecoder:
         self.intermediate = config.intermediate_size
         self.scale = self.head_dim**-0.5
         self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.kernel_attention = kernel_attention_available(model, self.head_dim)
+        """Whether decode attention runs as the Triton kernels (CUDA) rather than SDPA."""
         self.released = False  # whether the module's projection weights were dropped (release_module_projections)
         self.refresh()
 
     @property
     def num_layers(self) -> int:
         return len(self.layers)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.embed.shape[0]
 
     def refresh(self, incoming: dict[str, torch.Tensor] | None = None) -> None:
         """(Re)build the fused weight copies: from ``incoming`` (HF name -> new weight) where given,
@@ -145,7 +154,14 @@ class LlamaFamilyDecoder:
             else:
                 linears[part] = PackedLinear(weight, biases[part])
         return LayerWeights(input_norm=layer.input_layernorm.weight, post_norm=layer.post_attention_layernorm.weight,
-                            **linears)
+                            qk_norm=self._qk_norm(attn), **linears)
+
+    def _qk_norm(self, attn) -> torch.Tensor | None:
+        """Qwen3's per-head q / k RMSNorm weights stacked ``[H + KV, D]`` (one norm over both), or None."""
+        if getattr(attn, "q_norm", None) is None:
+            return None
+        with torch.no_grad():
+            return torch.cat([attn.q_norm.weight.expand(self.num_heads, -1), attn.k_norm.weight.expand(self.kv_heads, -1)])
 
     def projection_names(self) -> set[str]:
         """The HF names whose weights live only in the fused copies once released."""
@@ -201,8 +217,11 @@ class LlamaFamilyDecoder:
         """``[N, hidden]`` -> rotated ``q [N, H, D]``, ``k [N, KV, D]`` and ``v [N, KV, D]``."""
         rotated_heads = self.num_heads + self.kv_heads
         qk, v = layer.qkv(hidden).split([rotated_heads * self.head_dim, self.kv_heads * self.head_dim], dim=-1)
+        qk = qk.view(-1, rotated_heads, self.head_dim)
+        if layer.qk_norm is not None:  # Qwen3: RMSNorm over each head before the rotation
+            qk = self._rms_norm(qk, layer.qk_norm)
         # q and k share the rotation: one pass over [N, H + KV, D] rather than two.
-        q, k = _apply_rope(qk.view(-1, rotated_heads, self.head_dim), cos, sin).split(
+        q, k = _apply_rope(qk, cos, sin).split(
             [self.num_heads, self.kv_heads], dim=1
         )
         return q, k, v.view(-1, self.kv_heads, self.head_dim)
@@ -262,42 +281,75 @@ class LlamaFamilyDecoder:
 
     @torch.no_grad()
     def decode(self, *, token_ids: torch.Tensor, positions: torch.Tensor, cache: SlotKVCache,
-               context: int, first_slot: int = 0) -> torch.Tensor:
+               context: int | None = None, first_slot: int = 0) -> torch.Tensor:
         """One step for the sequences in slots ``first_slot .. first_slot + N - 1``.
 
         Args:
             token_ids: ``[N]`` each slot's latest token.
             positions: ``[N]`` where it goes (the slot's current length).
             cache: keys/values of the earlier tokens; the new ones are written in place.
-            context: ``max(positions) + 1``, the attention span of this step.
+            context: ``max(positions) + 1``, the attention span of this step; ``None`` makes the
+                step graph-safe (static shapes, no host values: CUDA graphs capture it, and
+                ``torch.compile(fullgraph=True)`` traces it): the Triton kernels then read each
+                row's length on the device, or SDPA spans the whole cache with a device-built mask.
             first_slot: the cache slot of row 0; disjoint slot ranges may be decoded
                 concurrently (:mod:`hybridflow.rollout.lanes`).
 
         Returns:
             ``[N, V]`` next-token logits.
         """
-        count = token_ids.shape[0]
-        slots = slice(first_slot, first_slot + count)
-        cos_table, sin_table = self.rope_table(context)
+        cos_table, sin_table = self.rope_table(cache.max_len if context is None else context)
         cos, sin = cos_table[positions][:, None], sin_table[positions][:, None]
         rows = cache.write_rows(positions, first_slot)
-        # Slot i sees its first positions[i] + 1 keys; later cache entries are stale.
-        hidden_positions = torch.arange(context, device=token_ids.device)[None] > positions[:, None]
-        mask = torch.zeros(count, 1, 1, context, dtype=self.embed.dtype, device=token_ids.device)
-        mask.masked_fill_(hidden_positions[:, None, None, :], float("-inf"))
+        attend = self._decode_attention(positions=positions, cache=cache, context=context, first_slot=first_slot)
         hidden = F.embedding(token_ids, self.embed)
         for index, layer in enumerate(self.layers):
             q, k, v = self._qkv(self._rms_norm(hidden, layer.input_norm), layer, cos, sin)
             cache.write(layer=index, rows=rows, keys=k, values=v)
-            keys, values = cache.layer(index)
-            # Grouped-query decode: the G = H / KV query heads of one KV head act as G queries.
-            grouped_q = q.view(count, self.kv_heads, self.num_heads // self.kv_heads, self.head_dim)
-            attn = F.scaled_dot_product_attention(
-                grouped_q, keys[slots, :, :context], values[slots, :, :context], attn_mask=mask, scale=self.scale
-            )
-            hidden = hidden + layer.o_proj(attn.reshape(count, -1))
+            hidden = hidden + layer.o_proj(attend(q, *cache.layer(index)))
             hidden = hidden + self._mlp(self._rms_norm(hidden, layer.post_norm), layer)
         return self.lm_head(self._rms_norm(hidden, self.final_norm))
+
+    def _decode_attention(self, *, positions: torch.Tensor, cache: SlotKVCache, context: int | None,
+                          first_slot: int):
+        """``attend(q [N, H, D], keys, values) -> [N, H * D]`` for this step: Triton over each row's own
+        length (``context is None``), else SDPA over the first ``context`` positions with a mask."""
+        count = positions.shape[0]
+        if context is None and self.kernel_attention:
+            from hybridflow.rollout.triton_attention import slot_decode_attention
+
+            lengths = positions + 1
+            return lambda q, keys, values: slot_decode_attention(
+                q=q, keys=keys, values=values, lengths=lengths, scale=self.scale, first_slot=first_slot,
+            ).reshape(count, -1)
+        slots = slice(first_slot, first_slot + count)
+        context = context or cache.max_len
+        # Slot i sees its first positions[i] + 1 keys; later cache entries are stale.
+        hidden_positions = torch.arange(context, device=positions.device)[None] > positions[:, None]
+        mask = torch.zeros(count, 1, 1, context, dtype=self.embed.dtype, device=positions.device)
+        mask.masked_fill_(hidden_positions[:, None, None, :], float("-inf"))
+
+        def sdpa(q, keys, values):
+            # Grouped-query decode: the G = H / KV query heads of one KV head act as G queries.
+            grouped_q = q.view(count, self.kv_heads, self.num_heads // self.kv_heads, self.head_dim)
+            out = F.scaled_dot_product_attention(grouped_q, keys[slots, :, :context], values[slots, :, :context],
+                                                 attn_mask=mask, scale=self.scale)
+            return out.reshape(count, -1)
+
+        return sdpa
+
+
+def kernel_attention_available(model, head_dim: int) -> bool:
+    """Whether the Triton decode attention runs for this model: on CUDA, with Triton installed and a
+    power-of-two head size."""
+    import importlib.util
+
+    device = next(model.parameters()).device
+    if device.type != "cuda" or importlib.util.find_spec("triton") is None:
+        return False
+    from hybridflow.rollout.triton_attention import supported
+
+    return supported(head_dim=head_dim, device=device)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

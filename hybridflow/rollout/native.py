@@ -22,11 +22,13 @@ from dataclasses import dataclass, field
 import torch
 
 from hybridflow.cpu import return_freed_memory
+from hybridflow.errors import RolloutError
+from hybridflow.rollout.cuda_graphs import DecodeGraphs
 from hybridflow.rollout.decoder import LlamaFamilyDecoder
 from hybridflow.rollout.kv_cache import SlotKVCache
 from hybridflow.rollout.lanes import DecodeLanes
 from hybridflow.rollout.prefix_cache import PrefixCache
-from hybridflow.rollout.sampler import draw_uniform, sample_tokens
+from hybridflow.rollout.sampler import RowSampling, draw_uniform, sample_tokens
 from hybridflow.rollout.stopping import StopChecker
 from hybridflow.rollout.types import Completion, SamplingParams, validate_prompts
 
@@ -42,6 +44,7 @@ class Sequence:
     prompt_index: int
     output_index: int
     prompt_length: int
+    params: SamplingParams
     token_ids: list[int] = field(default_factory=list)
     prompt_ids: list[int] | None = None
     """The prompt's ids, kept only when finished sequences go to the prefix cache."""
@@ -56,6 +59,7 @@ class PendingPrompt:
     index: int
     token_ids: list[int]
     remaining: int
+    params: SamplingParams
     prefix: torch.Tensor | None = None
     first_logits: torch.Tensor | None = None
     resumed: Sequence | None = None
@@ -65,7 +69,8 @@ class PendingPrompt:
     def start_sequence(self, output_index: int, *, keep_prompt: bool) -> Sequence:
         if self.resumed is not None:
             return self.resumed
-        return Sequence(self.index, output_index, len(self.token_ids), prompt_ids=self.token_ids if keep_prompt else None)
+        return Sequence(self.index, output_index, len(self.token_ids), self.params,
+                        prompt_ids=self.token_ids if keep_prompt else None)
 
 
 class NativeEngine:
@@ -81,6 +86,10 @@ class NativeEngine:
         prefix_cache_tokens: keep the KV of finished sequences, up to this many tokens, and
             prefill only the new part of a prompt that extends one (multi-turn rollouts);
             identical prompts in one call are prefilled once. 0 turns it off.
+        enforce_eager: on CUDA, run every decode step eagerly instead of replaying CUDA graphs (verl's
+            ``rollout.enforce_eager``; graphs are the default, as in verl HEAD).
+        cudagraph_capture_sizes: on CUDA, the batch sizes to capture (verl's
+            ``rollout.cudagraph_capture_sizes``); ``None`` = :data:`~hybridflow.rollout.cuda_graphs.CAPTURE_SIZES`.
         own_model: the engine owns ``model`` (a private copy nobody else runs): it then drops the
             module's projection weights once they are fused and packed, so the engine holds one
             copy of them, not two (~0.42 GB less for SmolLM2-135M in fp32); ``model``'s own forward
@@ -88,7 +97,8 @@ class NativeEngine:
     """
 
     def __init__(self, model, tokenizer=None, *, max_num_seqs: int = 256, max_model_len: int | None = None,
-                 decode_lanes: bool = True, prefix_cache_tokens: int = 0, own_model: bool = False):
+                 decode_lanes: bool = True, prefix_cache_tokens: int = 0, own_model: bool = False,
+                 enforce_eager: bool = False, cudagraph_capture_sizes: list[int] | None = None):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.decoder = LlamaFamilyDecoder(model)
@@ -100,6 +110,12 @@ class NativeEngine:
         threads = torch.get_num_threads()
         self.lanes = DecodeLanes(threads) if decode_lanes and self.device.type == "cpu" and threads > 1 else None
         self.prefix_cache = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens > 0 else None
+        # On CUDA the decode step reads each row's length on the device (Triton attention), so its
+        # shapes are static and CUDA graphs replay it; elsewhere SDPA runs over a host-sized span.
+        self.kernel_attention = self.decoder.kernel_attention
+        self.enforce_eager = enforce_eager or not self.kernel_attention
+        self.capture_sizes = cudagraph_capture_sizes
+        self.graphs: DecodeGraphs | None = None
 
     @property
     def device(self) -> torch.device:
@@ -108,21 +124,28 @@ class NativeEngine:
     def load_weights(self, named_tensors) -> None:
         """Trainer weights (HF names) into the engine: the fused copies are rebuilt from them."""
         self.decoder.load_weights(named_tensors)
+        if self.graphs is not None:
+            self.graphs.invalidate()  # they point at the replaced weight tensors
         if self.device.type == "cpu":
             return_freed_memory()  # the packing temporaries: ~0.4 GB resident otherwise (SmolLM2-135M)
         if self.prefix_cache is not None:
             self.prefix_cache.clear()  # computed with the old weights
 
-    def generate(self, prompt_token_ids: list[list[int]], params: SamplingParams) -> list[Completion]:
-        """``n`` completions per prompt, grouped by prompt in input order."""
+    def generate(self, prompt_token_ids: list[list[int]],
+                 params: SamplingParams | list[SamplingParams]) -> list[Completion]:
+        """``n`` completions per prompt, grouped by prompt in input order.
+
+        ``params`` is one ``SamplingParams`` for every prompt, or one per prompt (each request
+        samples with its own temperature, filters, length and stops, in the same batch).
+        """
         validate_prompts(prompt_token_ids, max_model_len=self.max_model_len)
-        capacity = min(self.max_model_len, max(map(len, prompt_token_ids)) + params.max_tokens)
-        cache = self._reserve(slots=min(self.max_num_seqs, len(prompt_token_ids) * params.n), max_len=capacity)
-        self.decoder.rope_table(capacity)  # once, rather than growing it step by step
+        per_prompt = params_per_prompt(params, len(prompt_token_ids))
+        capacity = min(self.max_model_len, max(len(p) + q.max_tokens for p, q in zip(prompt_token_ids, per_prompt)))
+        cache = self._reserve(slots=min(self.max_num_seqs, sum(q.n for q in per_prompt)), max_len=capacity)
+        self.decoder.rope_table(cache.max_len)  # once, rather than growing it step by step
         run = GenerationRun(
-            params=params, cache=cache, generator=self._generator(params.seed),
-            stop=StopChecker(params=params, tokenizer=self.tokenizer),
-            waiting=deque(PendingPrompt(i, list(p), params.n) for i, p in enumerate(prompt_token_ids)),
+            cache=cache, generator=self._generator(per_prompt[0].seed), tokenizer=self.tokenizer,
+            waiting=deque(PendingPrompt(i, list(p), q.n, q) for i, (p, q) in enumerate(zip(prompt_token_ids, per_prompt))),
             last_tokens=torch.empty(cache.slots, dtype=torch.long, device=self.device),
             prefix_cache=self.prefix_cache,
         )
@@ -131,7 +154,7 @@ class NativeEngine:
             if run.live:
                 self._step(run)
         run.done.sort(key=lambda s: (s.prompt_index, s.output_index))
-        return [Completion(s.token_ids, s.logprobs if params.logprobs else None, s.finish_reason, s.prompt_index)
+        return [Completion(s.token_ids, s.logprobs if s.params.logprobs else None, s.finish_reason, s.prompt_index)
                 for s in run.done]
 
     def _generator(self, seed: int | None) -> torch.Generator:
@@ -143,12 +166,42 @@ class NativeEngine:
         """Reuse the preallocated cache when it is large enough, else allocate a new one."""
         dtype = self.decoder.embed.dtype
         if self.cache is None or not self.cache.fits(slots=slots, max_len=max_len, dtype=dtype, device=self.device):
-            self.cache = None  # free the old one before allocating
+            if self.kernel_attention and self.cache is not None:
+                # Grow only, in whole splits: every new cache costs a fresh set of CUDA graphs.
+                slots, max_len = max(slots, self.cache.slots), max(max_len, self.cache.max_len)
+            if self.kernel_attention:
+                max_len = min(self.max_model_len, -(-max_len // 256) * 256)
+            self.cache = self.graphs = None  # free the old ones before allocating
             self.cache = SlotKVCache(
                 layers=self.decoder.num_layers, slots=slots, kv_heads=self.decoder.kv_heads, max_len=max_len,
                 head_dim=self.decoder.head_dim, dtype=dtype, device=self.device,
             )
         return self.cache
+
+    def _decode(self, *, token_ids: torch.Tensor, positions: torch.Tensor, cache: SlotKVCache, context: int,
+                first_slot: int) -> torch.Tensor:
+        """``[N, V]`` logits of one decode step: replayed from a CUDA graph, or run eagerly."""
+        if not self.kernel_attention:
+            return self.decoder.decode(token_ids=token_ids, positions=positions, cache=cache, context=context,
+                                       first_slot=first_slot)
+        if self.enforce_eager:
+            return self.decoder.decode(token_ids=token_ids, positions=positions, cache=cache, first_slot=first_slot)
+        return self._graphs_for(cache)(token_ids=token_ids, positions=positions)
+
+    def _graphs_for(self, cache: SlotKVCache) -> DecodeGraphs:
+        if self.graphs is None or not self.graphs.valid_for(cache):
+            self.graphs = DecodeGraphs(self.decoder, cache, capture_sizes=self.capture_sizes)
+        return self.graphs
+
+    def capture(self) -> None:
+        """Allocate the KV cache at full size (``max_num_seqs`` x ``max_model_len``) and capture the CUDA graph
+        of every batch bucket now, as vLLM does at start-up, rather than lazily in the first steps that need
+        them. Nothing to do on CPU or with ``enforce_eager``."""
+        if self.enforce_eager:
+            return
+        cache = self._reserve(slots=self.max_num_seqs, max_len=self.max_model_len)
+        self.decoder.rope_table(cache.max_len)
+        self._graphs_for(cache).capture_all()
 
     def _admit(self, run: GenerationRun) -> None:
         """Move waiting samples into free slots; a prompt is prefilled once for all its samples."""
@@ -160,9 +213,9 @@ class NativeEngine:
             first_slot = len(run.live)
             run.cache.fill(first_slot=first_slot, count=count, prefix=pending.prefix)
             logits = pending.first_logits[None].expand(count, -1)
-            tokens, logprobs = sample_tokens(logits=logits, params=run.params, generator=run.generator)
+            tokens, logprobs = sample_tokens(logits=logits, params=pending.params, generator=run.generator)
             run.last_tokens[first_slot : first_slot + count] = tokens
-            output_start = run.params.n - pending.remaining
+            output_start = pending.params.n - pending.remaining
             for offset, (token, logprob) in enumerate(zip(tokens.tolist(), logprobs.tolist())):
                 run.live.append(pending.start_sequence(output_start + offset, keep_prompt=self.prefix_cache is not None))
                 run.append(run.live[-1], token, logprob)
@@ -212,12 +265,13 @@ class NativeEngine:
     def _step(self, run: GenerationRun) -> None:
         """One decode step over every live slot (in lanes on CPU when there are enough of them)."""
         count = len(run.live)
+        rows = run.row_sampling(vocab_size=self.decoder.vocab_size, device=self.device)
         # Drawn here for the whole batch, so the draws do not depend on how it is split.
-        uniform = None if run.params.greedy else draw_uniform(rows=count, generator=run.generator, device=self.device)
+        uniform = None if rows.all_greedy else draw_uniform(rows=count, generator=run.generator, device=self.device)
         if self.lanes is None:
-            tokens, logprobs = self._decode_slots(run, 0, count, uniform)
+            tokens, logprobs = self._decode_slots(run, 0, count, rows, uniform)
         else:
-            parts = self.lanes.run(lambda start, stop: self._decode_slots(run, start, stop, uniform), count)
+            parts = self.lanes.run(lambda start, stop: self._decode_slots(run, start, stop, rows, uniform), count)
             tokens, logprobs = (torch.cat(columns) for columns in zip(*parts))
         run.last_tokens[:count] = tokens
         for slot, (token, logprob) in enumerate(zip(tokens.tolist(), logprobs.tolist())):
@@ -225,13 +279,14 @@ class NativeEngine:
             run.append(run.live[slot], token, logprob)
         run.retire()
 
-    def _decode_slots(self, run: GenerationRun, start: int, stop: int, uniform: torch.Tensor | None):
+    def _decode_slots(self, run: GenerationRun, start: int, stop: int, rows: RowSampling,
+                      uniform: torch.Tensor | None):
         """Decode and sample slots ``start .. stop - 1``; returns ``(tokens, logprobs)``."""
         positions_list = run.cache.lengths[start:stop]
         positions = torch.tensor(positions_list, dtype=torch.long, device=self.device)
-        logits = self.decoder.decode(token_ids=run.last_tokens[start:stop], positions=positions, cache=run.cache,
-                                     context=max(positions_list) + 1, first_slot=start)
-        return sample_tokens(logits=logits, params=run.params,
+        logits = self._decode(token_ids=run.last_tokens[start:stop], positions=positions, cache=run.cache,
+                              context=max(positions_list) + 1, first_slot=start)
+        return sample_tokens(logits=logits, params=rows.slice(start, stop),
                              uniform=None if uniform is None else uniform[start:stop])
 
 
@@ -239,10 +294,9 @@ class NativeEngine:
 class GenerationRun:
     """The state of one ``generate`` call: waiting prompts, live slots, finished sequences."""
 
-    params: SamplingParams
     cache: SlotKVCache
     generator: torch.Generator
-    stop: StopChecker
+    tokenizer: object
     waiting: deque
     last_tokens: torch.Tensor
     """``[slots]`` each live slot's latest token (not yet in the cache)."""
@@ -251,14 +305,33 @@ class GenerationRun:
     done: list[Sequence] = field(default_factory=list)
     prefix_cache: PrefixCache | None = None
     """Where finished sequences' KV goes (prompt + all generated tokens but the last, which was never fed back)."""
+    stop_checkers: dict[int, StopChecker] = field(default_factory=dict)
+    """One per distinct ``SamplingParams`` (by identity)."""
+    _rows: RowSampling | None = None
+    _rows_of: list[int] = field(default_factory=list)
+
+    def stop_checker(self, params: SamplingParams) -> StopChecker:
+        checker = self.stop_checkers.get(id(params))
+        if checker is None:
+            checker = self.stop_checkers[id(params)] = StopChecker(params=params, tokenizer=self.tokenizer)
+        return checker
+
+    def row_sampling(self, *, vocab_size: int, device) -> RowSampling:
+        """The live slots' sampling parameters on the device; rebuilt only when the rows' params change."""
+        key = [id(s.params) for s in self.live]
+        if self._rows is None or key != self._rows_of:
+            self._rows = RowSampling.of([s.params for s in self.live], vocab_size=vocab_size, device=device)
+            self._rows_of = key
+        return self._rows
 
     def append(self, sequence: Sequence, token: int, logprob: float) -> None:
         """Record a sampled token and decide whether the sequence has finished."""
         sequence.token_ids.append(token)
         sequence.logprobs.append(logprob)
-        if self.stop.is_stop(sequence.token_ids):
+        params = sequence.params
+        if not params.ignore_eos and self.stop_checker(params).is_stop(sequence.token_ids):
             sequence.finish_reason = "stop"
-        elif (len(sequence.token_ids) >= self.params.max_tokens
+        elif (len(sequence.token_ids) >= params.max_tokens
               or sequence.prompt_length + len(sequence.token_ids) >= self.cache.max_len):
             sequence.finish_reason = "length"
 
@@ -286,3 +359,14 @@ class GenerationRun:
         token_ids = sequence.prompt_ids + sequence.token_ids[:-1]
         if len(token_ids) == length:  # a sequence cut at the context holds fewer
             self.prefix_cache.store(token_ids, self.cache.data[:, :, slot, :, :length].clone())
+
+
+def params_per_prompt(params: SamplingParams | list[SamplingParams], prompts: int) -> list[SamplingParams]:
+    """One ``SamplingParams`` per prompt: ``params`` repeated, or the list given (checked for length)."""
+    if isinstance(params, SamplingParams):
+        return [params] * prompts
+    if len(params) != prompts:
+        raise RolloutError(f"generate() got {len(params)} SamplingParams for {prompts} prompts; "
+                           "pass one SamplingParams for all prompts or exactly one per prompt")
+    return list(params)
+

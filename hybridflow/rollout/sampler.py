@@ -1,62 +1,150 @@
-"""Token sampling on the device: temperature, top-k, top-p, and the sampled log-probs.
+"""Token sampling on the device, with parameters per row: temperature, min-p, top-k, top-p.
 
-For logits ``z`` ``[N, V]`` the sampling distribution is
+For logits ``z`` ``[N, V]`` and row ``i``'s parameters, the sampling distribution is
 
-    p = softmax(filter_top_p(filter_top_k(z / T)))
+    p_i = softmax(filter_top_p(filter_top_k(filter_min_p(z_i / T_i))))
 
-where the filters set the logits of removed tokens to ``-inf`` (Holtzman et al. 2020,
-"The Curious Case of Neural Text Degeneration", for top-p). The returned log-prob of a
-sampled token is ``log p[token]`` under this processed distribution (vLLM's
-``processed_logprobs``). Greedy decoding (``T == 0``) takes ``argmax z`` and reports
-``log softmax(z)[token]``.
+where each filter sets the logits of removed tokens to ``-inf``: min-p removes tokens whose
+probability is below ``min_p`` times the most likely one's (Nguyen et al. 2024, "Turning Up
+the Heat: Min-p Sampling"), top-k keeps the ``k`` largest, top-p the smallest set whose mass
+reaches ``p`` (Holtzman et al. 2020, "The Curious Case of Neural Text Degeneration"). The
+returned log-prob of a sampled token is ``log p_i[token]`` under this processed distribution
+(vLLM's ``processed_logprobs``). A greedy row (``T == 0``) takes ``argmax z_i`` and reports
+``log softmax(z_i)[token]``.
+
+The rows of one batch may differ in every parameter (requests with their own
+``SamplingParams`` decode side by side); all of it runs as tensor ops on the logits' device,
+and a filter no row asks for costs nothing.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 import torch
 
 from hybridflow.rollout.types import SamplingParams
 
 
-def filter_top_k(*, logits: torch.Tensor, top_k: int) -> torch.Tensor:
-    """Keep the ``top_k`` largest logits of each row ``[N, V]``; ``-1`` keeps all."""
-    if top_k == -1 or top_k >= logits.shape[-1]:
-        return logits
-    kth_largest = torch.topk(logits, top_k, dim=-1).values[:, -1:]
-    return logits.masked_fill(logits < kth_largest, float("-inf"))
+@dataclass
+class RowSampling:
+    """Per-row sampling parameters as device tensors, each ``[N]``.
 
-
-def filter_top_p(*, logits: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Keep the smallest set of most likely tokens whose total probability is >= ``top_p``.
-
-    A token survives when the probability mass strictly before it (in descending
-    order) is below ``top_p``, so the most likely token always survives.
+    ``top_k`` holds ``V`` (the vocabulary size) where a row keeps every token; the
+    ``needs_*`` flags say whether any row uses a filter, so unused ones are skipped.
     """
-    if top_p >= 1.0:
-        return logits
+
+    temperature: torch.Tensor
+    top_k: torch.Tensor
+    top_p: torch.Tensor
+    min_p: torch.Tensor
+    greedy: torch.Tensor
+    all_greedy: bool
+    any_greedy: bool
+    needs_top_k: bool
+    needs_top_p: bool
+    needs_min_p: bool
+    needs_temperature: bool
+
+    @classmethod
+    def of(cls, params: Sequence[SamplingParams], *, vocab_size: int, device) -> RowSampling:
+        """The parameters of ``params[i]`` in row ``i``."""
+        greedy = [p.greedy for p in params]
+        top_k = [vocab_size if p.top_k == -1 else min(p.top_k, vocab_size) for p in params]
+
+        def column(values, dtype=torch.float32):
+            return torch.tensor(values, dtype=dtype, device=device)
+
+        return cls(
+            temperature=column([1.0 if p.greedy else p.temperature for p in params]),
+            top_k=column(top_k, torch.long), top_p=column([p.top_p for p in params]),
+            min_p=column([p.min_p for p in params]), greedy=column(greedy, torch.bool),
+            all_greedy=all(greedy), any_greedy=any(greedy),
+            needs_top_k=any(k < vocab_size for k, g in zip(top_k, greedy) if not g),
+            needs_top_p=any(p.top_p < 1.0 for p in params if not p.greedy),
+            needs_min_p=any(p.min_p > 0.0 for p in params if not p.greedy),
+            needs_temperature=any(p.temperature != 1.0 for p in params if not p.greedy),
+        )
+
+    def slice(self, start: int, stop: int) -> RowSampling:
+        """Rows ``start .. stop - 1`` (a decode lane's share); the flags stay those of the whole batch."""
+        if start == 0 and stop == self.temperature.shape[0]:
+            return self
+        columns = {name: getattr(self, name)[start:stop] for name in ("temperature", "top_k", "top_p", "min_p", "greedy")}
+        return replace(self, **columns)
+
+    @classmethod
+    def uniform(cls, params: SamplingParams, *, rows: int, vocab_size: int, device) -> RowSampling:
+        """``rows`` rows that all sample with ``params``."""
+        return cls.of([params] * rows, vocab_size=vocab_size, device=device)
+
+
+def filter_min_p(*, logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Remove tokens with ``p < min_p * max p`` per row: ``z < max z + log(min_p)`` (``min_p`` ``[N]``)."""
+    threshold = logits.amax(dim=-1, keepdim=True) + torch.log(min_p.clamp(min=1e-30))[:, None]
+    return logits.masked_fill((logits < threshold) & (min_p > 0)[:, None], float("-inf"))
+
+
+def _sorted_filters(*, logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:
+    """Top-k then top-p over one descending sort of each row (``top_k``, ``top_p`` ``[N]`` or ``None``).
+
+    Top-k keeps every logit >= the row's k-th largest (ties at the k-th value all stay); top-p
+    keeps a token while the mass strictly before it, in descending order, is below ``top_p``,
+    so the most likely token always survives.
+    """
     sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-    sorted_probs = torch.softmax(sorted_logits, dim=-1)
-    mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-    remove_sorted = mass_before >= top_p
+    if top_k is not None:
+        kth_largest = sorted_logits.gather(-1, (top_k - 1)[:, None])
+        sorted_logits = sorted_logits.masked_fill(sorted_logits < kth_largest, float("-inf"))
+    remove_sorted = sorted_logits == float("-inf")
+    if top_p is not None:
+        sorted_probs = torch.softmax(sorted_logits, dim=-1)
+        mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+        remove_sorted = remove_sorted | (mass_before >= top_p[:, None])
     remove = remove_sorted.scatter(-1, order, remove_sorted)
     return logits.masked_fill(remove, float("-inf"))
 
 
-def processed_logits(*, logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """``[N, V]`` fp32 logits of the sampling distribution (temperature, then top-k, then top-p)."""
+def filter_top_k(*, logits: torch.Tensor, top_k: int) -> torch.Tensor:
+    """Keep the ``top_k`` largest logits of each row ``[N, V]``; ``-1`` keeps all."""
+    if top_k == -1 or top_k >= logits.shape[-1]:
+        return logits
+    return _sorted_filters(logits=logits, top_k=torch.full((logits.shape[0],), top_k, device=logits.device),
+                           top_p=None)
+
+
+def filter_top_p(*, logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Keep the smallest set of most likely tokens whose total probability is >= ``top_p``."""
+    if top_p >= 1.0:
+        return logits
+    return _sorted_filters(logits=logits, top_k=None,
+                           top_p=torch.full((logits.shape[0],), top_p, device=logits.device))
+
+
+def processed_logits(*, logits: torch.Tensor, params: SamplingParams | RowSampling) -> torch.Tensor:
+    """``[N, V]`` fp32 logits of the sampling distribution (temperature, then min-p, top-k, top-p)."""
+    rows = params if isinstance(params, RowSampling) else RowSampling.uniform(
+        params, rows=logits.shape[0], vocab_size=logits.shape[-1], device=logits.device)
     scaled = logits.float()
-    if params.temperature != 1.0:  # dividing by 1 would cost a pass over [N, V] for nothing
-        scaled = scaled / params.temperature
-    return filter_top_p(logits=filter_top_k(logits=scaled, top_k=params.top_k), top_p=params.top_p)
+    if rows.needs_temperature:  # dividing by 1 would cost a pass over [N, V] for nothing
+        scaled = scaled / rows.temperature[:, None]
+    if rows.needs_min_p:
+        scaled = filter_min_p(logits=scaled, min_p=rows.min_p)
+    if rows.needs_top_k or rows.needs_top_p:
+        scaled = _sorted_filters(logits=scaled, top_k=rows.top_k if rows.needs_top_k else None,
+                                 top_p=rows.top_p if rows.needs_top_p else None)
+    return scaled
 
 
 def sample_tokens(
-    *, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None,
+    *, logits: torch.Tensor, params: SamplingParams | RowSampling, generator: torch.Generator | None = None,
     uniform: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one token per row of ``logits`` ``[N, V]``.
 
     Args:
+        params: one ``SamplingParams`` for every row, or a :class:`RowSampling` per row.
         uniform: ``[N, 1]`` draws from ``U[0, 1)`` (:func:`draw_uniform`) to use instead of
             drawing from ``generator``; lets slices of one batch be sampled apart (in decode
             lanes) with the same numbers as the whole batch.
@@ -64,13 +152,24 @@ def sample_tokens(
     Returns:
         ``(tokens [N] int64, logprobs [N] float32)``, both on the logits' device.
     """
-    if params.greedy:
-        log_probs = torch.log_softmax(logits.float(), dim=-1)
-        tokens = logits.argmax(dim=-1)
-        return tokens, log_probs.gather(-1, tokens[:, None]).squeeze(-1)
+    rows = params if isinstance(params, RowSampling) else RowSampling.uniform(
+        params, rows=logits.shape[0], vocab_size=logits.shape[-1], device=logits.device)
+    if rows.any_greedy:
+        greedy = _greedy(logits)
+        if rows.all_greedy:
+            return greedy
     if uniform is None:
         uniform = draw_uniform(rows=logits.shape[0], generator=generator, device=logits.device)
-    return _inverse_cdf_sample(logits=processed_logits(logits=logits, params=params), uniform=uniform)
+    sampled = _inverse_cdf_sample(logits=processed_logits(logits=logits, params=rows), uniform=uniform)
+    if not rows.any_greedy:
+        return sampled
+    return tuple(torch.where(rows.greedy, g, s) for g, s in zip(greedy, sampled))
+
+
+def _greedy(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    tokens = logits.argmax(dim=-1)
+    log_probs = torch.log_softmax(logits.float(), dim=-1)
+    return tokens, log_probs.gather(-1, tokens[:, None]).squeeze(-1)
 
 
 def draw_uniform(*, rows: int, generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
@@ -94,3 +193,4 @@ def _inverse_cdf_sample(*, logits: torch.Tensor, uniform: torch.Tensor) -> tuple
     tokens = torch.searchsorted(cdf, uniform * total, right=True).squeeze(-1).clamp_(max=logits.shape[-1] - 1)
     logprobs = logits.gather(-1, tokens[:, None]) - peak - total.log()
     return tokens, logprobs.squeeze(-1)
+

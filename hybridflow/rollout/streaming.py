@@ -29,7 +29,6 @@ import torch
 
 from hybridflow.errors import RolloutError
 from hybridflow.rollout.native import GenerationRun, NativeEngine, PendingPrompt, Sequence
-from hybridflow.rollout.stopping import StopChecker
 from hybridflow.rollout.types import SamplingParams, validate_prompts
 
 
@@ -85,10 +84,9 @@ class StreamingSession:
         self.max_prompt_length = max_prompt_length
         capacity = min(engine.max_model_len, max_prompt_length + params.max_tokens)
         cache = engine._reserve(slots=engine.max_num_seqs, max_len=capacity)
-        engine.decoder.rope_table(capacity)
+        engine.decoder.rope_table(cache.max_len)
         self.run = GenerationRun(
-            params=params, cache=cache, generator=engine._generator(params.seed),
-            stop=StopChecker(params=params, tokenizer=engine.tokenizer), waiting=deque(),
+            cache=cache, generator=engine._generator(params.seed), tokenizer=engine.tokenizer, waiting=deque(),
             last_tokens=torch.empty(cache.slots, dtype=torch.long, device=engine.device),
             prefix_cache=engine.prefix_cache,
         )
@@ -114,7 +112,7 @@ class StreamingSession:
         index = self._next_index
         self._next_index += 1
         self.requests[index] = _Request(request_id, list(prompt_ids))
-        self.run.waiting.append(PendingPrompt(index, list(prompt_ids), self.params.n))
+        self.run.waiting.append(PendingPrompt(index, list(prompt_ids), self.params.n, self.params))
 
     def step(self) -> list[StreamedCompletion]:
         """Admit waiting samples into free slots, decode one token for every live one, and
@@ -160,12 +158,14 @@ class StreamingSession:
         """Put paused sequences back ahead of waiting prompts; each continues from its last token."""
         for item in reversed(paused):
             index = self._index_of(item)
-            sequence = Sequence(index, item.output_index, len(item.prompt_ids), token_ids=list(item.token_ids),
+            sequence = Sequence(index, item.output_index, len(item.prompt_ids), self.params,
+                                token_ids=list(item.token_ids),
                                 prompt_ids=list(item.prompt_ids) if self.engine.prefix_cache is not None else None,
                                 logprobs=list(item.logprobs))
             self.requests[index].versions[item.output_index] = list(item.weight_versions)
             self.run.waiting.appendleft(
-                PendingPrompt(index, list(item.prompt_ids) + list(item.token_ids), remaining=1, resumed=sequence))
+                PendingPrompt(index, list(item.prompt_ids) + list(item.token_ids), remaining=1, params=self.params,
+                              resumed=sequence))
 
     def _index_of(self, item: PausedSequence) -> int:
         for index, request in self.requests.items():

@@ -33,10 +33,14 @@ class SamplingParams:
     """Nucleus sampling: keep the smallest set of tokens whose probability is >= top_p."""
     top_k: int = -1
     """Keep the k most likely tokens; -1 keeps all."""
+    min_p: float = 0.0
+    """Drop tokens less likely than ``min_p`` times the most likely one; 0 keeps all."""
     max_tokens: int = 16
     """Most new tokens per completion (finish reason 'length' when reached)."""
     stop_token_ids: list[int] = field(default_factory=list)
     """Token ids that end a completion (kept as its last token); usually the EOS id."""
+    ignore_eos: bool = False
+    """Generate exactly ``max_tokens`` tokens, ignoring ``stop_token_ids`` and ``stop`` (benchmarks)."""
     stop: list[str] = field(default_factory=list)
     """Strings that end a completion once its decoded text contains one."""
     seed: int | None = None
@@ -53,6 +57,8 @@ class SamplingParams:
             raise RolloutError(f"top_p must be in (0, 1] (got {self.top_p}); use 1.0 to switch it off")
         if self.temperature < 0:
             raise RolloutError(f"temperature must be >= 0 (got {self.temperature}); use 0 for greedy decoding")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise RolloutError(f"min_p must be in [0, 1] (got {self.min_p}); use 0.0 to switch it off")
         if self.top_k == 0 or self.top_k < -1:
             raise RolloutError(f"top_k must be -1 (off) or >= 1 (got {self.top_k})")
         if isinstance(self.stop, str):

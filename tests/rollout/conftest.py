@@ -15,10 +15,23 @@ def chat_prompts(tokenizer, questions=QUESTIONS) -> list[list[int]]:
     ]
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2"])
+@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3"])
 def tiny(request, tiny_tokenizer):
     """``(model, tokenizer)`` of each supported architecture."""
-    return build_tiny_model(request.param, seed=1, tokenizer=tiny_tokenizer)
+    model, tokenizer = build_tiny_model(request.param, seed=1, tokenizer=tiny_tokenizer)
+    return (randomise_qk_norms(model) if request.param == "qwen3" else model), tokenizer
+
+
+def randomise_qk_norms(model, seed: int = 0):
+    """Qwen3's q / k norm weights start at 1; distinct random values catch a swapped or skipped norm."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for norm in (layer.self_attn.q_norm, layer.self_attn.k_norm):
+                norm.weight.copy_(0.5 + torch.rand(norm.weight.shape, generator=generator))
+    return model
 
 
 @pytest.fixture(scope="module")

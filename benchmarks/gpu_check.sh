@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Everything a lent GPU is for, in one call of under 8 minutes (one H100 or H200): the CUDA test tier
+# (`make test-gpu`'s tests) and the GPU benchmarks, each stage under its own time limit so one slow
+# stage cannot eat the others' time. Logs go to $OUT (the device tool brings them back).
+#
+# The device machine has no registry: it runs its own python3 (torch + CUDA, transformers, triton)
+# with this checkout on PYTHONPATH, plus the few pure-Python packages it lacks, carried as wheels in
+# .whl/ (docs/benchmarks.md, "GPU runs", says how to fetch them). Run from the repository root:
+#     bash benchmarks/gpu_check.sh            # everything (~7 min)
+#     STAGES="engine-tests rollout-nano" bash benchmarks/gpu_check.sh
+set -uo pipefail
+OUT=${OUT:-/tmp/gpu_check}
+mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+fi
+export PYTHONPATH="$PWD:/tmp/site" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+ALL="env engine-tests rollout-fixed rollout-nano rollout-1.5b update gpu-tier"
+STAGES=${STAGES:-$ALL}
+ROLLOUT="python3 benchmarks/rollout.py --device cuda --dtype bfloat16"
+
+stage() {  # name, seconds, command...
+  local name=$1 limit=$2
+  shift 2
+  [[ " $STAGES " == *" $name "* ]] || return 0
+  echo "=== $name (limit ${limit}s) $(date +%T)"
+  local start=$SECONDS
+  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+  echo "--- $name: exit $? after $((SECONDS - start)) s"
+  tail -n 25 "$OUT/$name.log"
+}
+
+stage env 30 bash -c 'nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv;
+  python3 -c "import torch, transformers, triton; print(torch.__version__, transformers.__version__, triton.__version__)"'
+stage engine-tests 150 python3 -m pytest -q -p no:cacheprovider -m gpu -rs tests/rollout
+stage rollout-fixed 150 $ROLLOUT --shape smollm2-135m --workload fixed --batches 16,64,256 --prompt-len 128 \
+  --max-tokens 256 --engines native,hf,hf-static
+stage rollout-nano 90 $ROLLOUT --shape qwen3-0.6b --workload nano-vllm --engines native
+stage rollout-1.5b 60 $ROLLOUT --shape qwen2.5-1.5b --workload fixed --batches 64 --prompt-len 128 --max-tokens 256 \
+  --engines native,hf-static
+if [ -f benchmarks/update.py ]; then
+  stage update 180 python3 benchmarks/update.py --device cuda --quick
+fi
+stage gpu-tier 200 python3 -m pytest -q -p no:cacheprovider -m gpu -rs tests --ignore=tests/rollout
+echo "=== done $(date +%T)"

@@ -1,0 +1,42 @@
+"""Random-init models shaped like real ones (config only, no download), for speed measurements.
+
+A random model is as fast as the trained one of the same shape: the matmuls, the attention and
+the cache are the same sizes. It does not stop like one (no EOS), so speed workloads ignore EOS.
+"""
+
+from __future__ import annotations
+
+SHAPES = {
+    # HuggingFaceTB/SmolLM2-135M-Instruct
+    "smollm2-135m": dict(model_type="llama", hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                         num_attention_heads=9, num_key_value_heads=3, vocab_size=49152, tie_word_embeddings=True,
+                         max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=100000.0),
+    # Qwen/Qwen3-0.6B (nano-vllm's benchmark model)
+    "qwen3-0.6b": dict(model_type="qwen3", hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                       num_attention_heads=16, num_key_value_heads=8, head_dim=128, vocab_size=151936,
+                       tie_word_embeddings=True, max_position_embeddings=40960, rms_norm_eps=1e-6,
+                       rope_theta=1000000.0),
+    # Qwen/Qwen2.5-0.5B-Instruct
+    "qwen2.5-0.5b": dict(model_type="qwen2", hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                         num_attention_heads=14, num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True,
+                         max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1000000.0),
+    # Qwen/Qwen2.5-1.5B-Instruct
+    "qwen2.5-1.5b": dict(model_type="qwen2", hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                         num_attention_heads=12, num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True,
+                         max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1000000.0),
+}
+
+
+def random_model(shape: str, *, dtype: str = "bfloat16", device: str = "cuda", seed: int = 0):
+    """An HF causal LM of ``shape`` with random weights, built directly on ``device``."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if shape not in SHAPES:
+        raise SystemExit(f"unknown --shape {shape!r}; choose one of {', '.join(SHAPES)}")
+    fields = dict(SHAPES[shape])
+    config = AutoConfig.for_model(fields.pop("model_type"), **fields)
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+    return model.eval().requires_grad_(False)
