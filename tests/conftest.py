@@ -18,6 +18,11 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # spinning threads collapse
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+if not torch.cuda.is_available():
+    # Triton kernels (the native engine's CUDA decode step) run in Triton's interpreter on CPU tensors:
+    # slow, but the same kernels. Set before any kernel module is imported (the decorator reads it).
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 torch.set_num_threads(2)
 
 

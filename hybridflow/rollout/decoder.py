@@ -89,8 +89,8 @@ class LlamaFamilyDecoder:
         self.intermediate = config.intermediate_size
         self.scale = self.head_dim**-0.5
         self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
-        self.kernel_attention = kernel_attention_available(model, self.head_dim)
-        """Whether decode attention runs as the Triton kernels (CUDA) rather than SDPA."""
+        self.triton_kernels = triton_kernels_available(model, self.head_dim)
+        """Whether the graph-safe decode step runs as Triton kernels (CUDA) rather than torch ops and SDPA."""
         self.released = False  # whether the module's projection weights were dropped (release_module_projections)
         self.refresh()
 
@@ -290,14 +290,17 @@ class LlamaFamilyDecoder:
             cache: keys/values of the earlier tokens; the new ones are written in place.
             context: ``max(positions) + 1``, the attention span of this step; ``None`` makes the
                 step graph-safe (static shapes, no host values: CUDA graphs capture it, and
-                ``torch.compile(fullgraph=True)`` traces it): the Triton kernels then read each
-                row's length on the device, or SDPA spans the whole cache with a device-built mask.
+                ``torch.compile(fullgraph=True)`` traces it): on CUDA it then runs as Triton kernels
+                (:meth:`_decode_fused`; attention reads each row's length on the device), elsewhere
+                SDPA spans the whole cache with a device-built mask.
             first_slot: the cache slot of row 0; disjoint slot ranges may be decoded
                 concurrently (:mod:`hybridflow.rollout.lanes`).
 
         Returns:
             ``[N, V]`` next-token logits.
         """
+        if context is None and self.triton_kernels:
+            return self._decode_fused(token_ids=token_ids, positions=positions, cache=cache, first_slot=first_slot)
         cos_table, sin_table = self.rope_table(cache.max_len if context is None else context)
         cos, sin = cos_table[positions][:, None], sin_table[positions][:, None]
         rows = cache.write_rows(positions, first_slot)
@@ -310,18 +313,36 @@ class LlamaFamilyDecoder:
             hidden = hidden + self._mlp(self._rms_norm(hidden, layer.post_norm), layer)
         return self.lm_head(self._rms_norm(hidden, self.final_norm))
 
+    def _decode_fused(self, *, token_ids: torch.Tensor, positions: torch.Tensor, cache: SlotKVCache,
+                      first_slot: int) -> torch.Tensor:
+        """:meth:`decode` in ten kernels a layer (:mod:`hybridflow.rollout.triton_fused`): the same math,
+        with each residual add fused into the RMSNorm that follows it."""
+        from hybridflow.rollout.triton_attention import slot_decode_attention
+        from hybridflow.rollout.triton_fused import add_rms_norm, qkv_rope_write, silu_mul
+
+        cos, sin = self.rope_table(cache.max_len)
+        lengths = positions + 1
+        count = token_ids.shape[0]
+        normed, hidden = add_rms_norm(x=F.embedding(token_ids, self.embed), residual=None,
+                                      weight=self.layers[0].input_norm, eps=self.eps)
+        for index, layer in enumerate(self.layers):
+            keys, values = cache.layer(index)
+            q = qkv_rope_write(qkv=layer.qkv(normed), positions=positions, cos=cos, sin=sin, qk_norm=layer.qk_norm,
+                               keys=keys, values=values, heads=self.num_heads, eps=self.eps, first_slot=first_slot)
+            attn = slot_decode_attention(q=q, keys=keys, values=values, lengths=lengths, scale=self.scale,
+                                         first_slot=first_slot)
+            normed, hidden = add_rms_norm(x=layer.o_proj(attn.view(count, -1)), residual=hidden,
+                                          weight=layer.post_norm, eps=self.eps)
+            following = self.layers[index + 1].input_norm if index + 1 < self.num_layers else self.final_norm
+            normed, hidden = add_rms_norm(x=layer.down(silu_mul(layer.gate_up(normed))), residual=hidden,
+                                          weight=following, eps=self.eps)
+        return self.lm_head(normed)
+
     def _decode_attention(self, *, positions: torch.Tensor, cache: SlotKVCache, context: int | None,
                           first_slot: int):
-        """``attend(q [N, H, D], keys, values) -> [N, H * D]`` for this step: Triton over each row's own
-        length (``context is None``), else SDPA over the first ``context`` positions with a mask."""
+        """``attend(q [N, H, D], keys, values) -> [N, H * D]`` for this step: SDPA over the first ``context``
+        positions (the whole cache when ``None``) with a mask built on the device."""
         count = positions.shape[0]
-        if context is None and self.kernel_attention:
-            from hybridflow.rollout.triton_attention import slot_decode_attention
-
-            lengths = positions + 1
-            return lambda q, keys, values: slot_decode_attention(
-                q=q, keys=keys, values=values, lengths=lengths, scale=self.scale, first_slot=first_slot,
-            ).reshape(count, -1)
         slots = slice(first_slot, first_slot + count)
         context = context or cache.max_len
         # Slot i sees its first positions[i] + 1 keys; later cache entries are stale.
@@ -339,8 +360,8 @@ class LlamaFamilyDecoder:
         return sdpa
 
 
-def kernel_attention_available(model, head_dim: int) -> bool:
-    """Whether the Triton decode attention runs for this model: on CUDA, with Triton installed and a
+def triton_kernels_available(model, head_dim: int) -> bool:
+    """Whether the Triton decode kernels run for this model: on CUDA, with Triton installed and a
     power-of-two head size."""
     import importlib.util
 

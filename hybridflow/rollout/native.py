@@ -110,10 +110,10 @@ class NativeEngine:
         threads = torch.get_num_threads()
         self.lanes = DecodeLanes(threads) if decode_lanes and self.device.type == "cpu" and threads > 1 else None
         self.prefix_cache = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens > 0 else None
-        # On CUDA the decode step reads each row's length on the device (Triton attention), so its
-        # shapes are static and CUDA graphs replay it; elsewhere SDPA runs over a host-sized span.
-        self.kernel_attention = self.decoder.kernel_attention
-        self.enforce_eager = enforce_eager or not self.kernel_attention
+        # On CUDA the decode step runs as Triton kernels that read each row's length on the device, so
+        # its shapes are static and CUDA graphs replay it; elsewhere SDPA runs over a host-sized span.
+        self.triton_kernels = self.decoder.triton_kernels
+        self.enforce_eager = enforce_eager or not self.triton_kernels
         self.capture_sizes = cudagraph_capture_sizes
         self.graphs: DecodeGraphs | None = None
 
@@ -144,7 +144,8 @@ class NativeEngine:
         cache = self._reserve(slots=min(self.max_num_seqs, sum(q.n for q in per_prompt)), max_len=capacity)
         self.decoder.rope_table(cache.max_len)  # once, rather than growing it step by step
         run = GenerationRun(
-            cache=cache, generator=self._generator(per_prompt[0].seed), tokenizer=self.tokenizer,
+            cache=cache, generator=self._generator(next((q.seed for q in per_prompt if q.seed is not None), None)),
+            tokenizer=self.tokenizer,
             waiting=deque(PendingPrompt(i, list(p), q.n, q) for i, (p, q) in enumerate(zip(prompt_token_ids, per_prompt))),
             last_tokens=torch.empty(cache.slots, dtype=torch.long, device=self.device),
             prefix_cache=self.prefix_cache,
@@ -166,10 +167,10 @@ class NativeEngine:
         """Reuse the preallocated cache when it is large enough, else allocate a new one."""
         dtype = self.decoder.embed.dtype
         if self.cache is None or not self.cache.fits(slots=slots, max_len=max_len, dtype=dtype, device=self.device):
-            if self.kernel_attention and self.cache is not None:
+            if self.triton_kernels and self.cache is not None:
                 # Grow only, in whole splits: every new cache costs a fresh set of CUDA graphs.
                 slots, max_len = max(slots, self.cache.slots), max(max_len, self.cache.max_len)
-            if self.kernel_attention:
+            if self.triton_kernels:
                 max_len = min(self.max_model_len, -(-max_len // 256) * 256)
             self.cache = self.graphs = None  # free the old ones before allocating
             self.cache = SlotKVCache(
@@ -181,7 +182,7 @@ class NativeEngine:
     def _decode(self, *, token_ids: torch.Tensor, positions: torch.Tensor, cache: SlotKVCache, context: int,
                 first_slot: int) -> torch.Tensor:
         """``[N, V]`` logits of one decode step: replayed from a CUDA graph, or run eagerly."""
-        if not self.kernel_attention:
+        if not self.triton_kernels:
             return self.decoder.decode(token_ids=token_ids, positions=positions, cache=cache, context=context,
                                        first_slot=first_slot)
         if self.enforce_eager:

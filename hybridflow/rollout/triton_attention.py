@@ -54,8 +54,8 @@ def _split_kernel(Q, K, V, Lengths, PartOut, PartLse, scale, first_slot,
     running_sum = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)
     end = tl.minimum(start + SPLIT_LEN, length)
-    for first in range(start, end, BLOCK_N):
-        positions = first + tl.arange(0, BLOCK_N)
+    for block in tl.static_range(SPLIT_LEN // BLOCK_N):  # blocks past `end` load nothing (masked)
+        positions = start + block * BLOCK_N + tl.arange(0, BLOCK_N)
         live = positions < end
         k = tl.load(k_base + positions[:, None] * stride_kt + dims[None, :], mask=live[:, None], other=0.0)
         scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale

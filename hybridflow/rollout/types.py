@@ -44,7 +44,8 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     """Strings that end a completion once its decoded text contains one."""
     seed: int | None = None
-    """Seed of the sampling generator; the same seed and inputs give the same outputs."""
+    """Seed of the sampling generator; the same seed and inputs give the same outputs (with one
+    ``SamplingParams`` per prompt, the first seed given seeds the whole call)."""
     logprobs: bool = True
     """Return per-token log-probabilities."""
 

@@ -1,0 +1,141 @@
+"""The decode step's small ops fused into three Triton kernels (CUDA; CPU tests run them interpreted).
+
+An eager decoder layer launches about 35 kernels, most of them elementwise passes over a few
+kilobytes per row: RMSNorm alone is seven (cast, square, mean, rsqrt, scale, cast, weight), the
+rotary embedding five, the cache write four. At a decode step's sizes each costs its launch and a
+few microseconds however little it does, so a 28-layer model spends milliseconds a step on them
+even inside a CUDA graph. Here a layer is ten kernels: the four matmuls, the two attention
+kernels, and
+
+- :func:`add_rms_norm`: the residual add and the next RMSNorm (Zhang & Sennrich 2019), one pass;
+- :func:`qkv_rope_write`: per head of the fused q|k|v projection, Qwen3's q/k RMSNorm, the rotary
+  embedding (Su et al. 2021, HF's rotate-half layout) and, for k and v, the write into the slot
+  cache at the row's position; q comes out ``[N, H, D]`` for attention;
+- :func:`silu_mul`: SwiGLU's ``silu(gate) * up`` (Shazeer 2020).
+
+Rounding follows HF's modules: norms and the activation are computed in fp32 and cast back to the
+model dtype where HF casts (``weight * normed.to(dtype)``, ``silu(gate).to(dtype) * up``); the
+residual add rounds to the model dtype as HF's does. The rotation is computed in fp32 and rounded
+once (HF rounds each product in bf16), so bf16 results differ from HF's by bf16 rounding.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _add_rms_norm_kernel(X, Residual, Weight, Out, ResidualOut, eps, stride_x, stride_r, stride_o, stride_ro,
+                         COLUMNS: tl.constexpr, BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    inside = cols < COLUMNS
+    x = tl.load(X + row * stride_x + cols, mask=inside, other=0.0)
+    if HAS_RESIDUAL:
+        residual = tl.load(Residual + row * stride_r + cols, mask=inside, other=0.0)
+        x = (x.to(tl.float32) + residual.to(tl.float32)).to(residual.dtype)
+        tl.store(ResidualOut + row * stride_ro + cols, x, mask=inside)
+    wide = x.to(tl.float32)
+    inverse_rms = 1.0 / tl.sqrt(tl.sum(wide * wide, 0) / COLUMNS + eps)
+    normed = (wide * inverse_rms).to(x.dtype).to(tl.float32)
+    weight = tl.load(Weight + cols, mask=inside, other=0.0).to(tl.float32)
+    tl.store(Out + row * stride_o + cols, (weight * normed).to(x.dtype), mask=inside)
+
+
+def add_rms_norm(*, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``h = x + residual`` (or ``x`` alone) and ``weight * RMSNorm(h)``; returns ``(normed, h)``, each ``[N, C]``."""
+    rows, columns = x.shape
+    out = torch.empty_like(x)
+    summed = torch.empty_like(x) if residual is not None else x
+    _add_rms_norm_kernel[(rows,)](
+        x, residual if residual is not None else x, weight, out, summed, eps,
+        x.stride(0), (residual if residual is not None else x).stride(0), out.stride(0), summed.stride(0),
+        COLUMNS=columns, BLOCK=triton.next_power_of_2(columns), HAS_RESIDUAL=residual is not None,
+    )
+    return out, summed
+
+
+@triton.jit
+def _qkv_rope_write_kernel(QKV, Positions, Cos, Sin, NormWeight, QOut, Keys, Values, eps, first_slot,
+                           stride_qkv, stride_qo_n, stride_qo_h, stride_cos,
+                           stride_ks, stride_kh, stride_kt, stride_vs, stride_vh, stride_vt,
+                           HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                           HAS_NORM: tl.constexpr):
+    row, head = tl.program_id(0), tl.program_id(1)
+    position = tl.load(Positions + row)
+    slot = row + first_slot
+    source = QKV + row * stride_qkv + head * HEAD_DIM
+    if head >= HEADS + KV_HEADS:  # a value head: into the cache as it is
+        dims = tl.arange(0, HEAD_DIM)
+        value_head = head - HEADS - KV_HEADS
+        tl.store(Values + slot * stride_vs + value_head * stride_vh + position * stride_vt + dims, tl.load(source + dims))
+        return
+    half = tl.arange(0, HEAD_DIM // 2)
+    first = tl.load(source + half)
+    dtype = first.dtype
+    first = first.to(tl.float32)
+    second = tl.load(source + HEAD_DIM // 2 + half).to(tl.float32)
+    if HAS_NORM:  # Qwen3: RMSNorm over the head, weight * normed.to(dtype)
+        inverse_rms = 1.0 / tl.sqrt((tl.sum(first * first, 0) + tl.sum(second * second, 0)) / HEAD_DIM + eps)
+        weights = NormWeight + head * HEAD_DIM
+        first = tl.load(weights + half).to(tl.float32) * (first * inverse_rms).to(dtype).to(tl.float32)
+        second = tl.load(weights + HEAD_DIM // 2 + half).to(tl.float32) * (second * inverse_rms).to(dtype).to(tl.float32)
+        first, second = first.to(dtype).to(tl.float32), second.to(dtype).to(tl.float32)
+    cos = Cos + position * stride_cos
+    sin = Sin + position * stride_cos
+    cos_first = tl.load(cos + half).to(tl.float32)
+    cos_second = tl.load(cos + HEAD_DIM // 2 + half).to(tl.float32)
+    sin_first = tl.load(sin + half).to(tl.float32)
+    sin_second = tl.load(sin + HEAD_DIM // 2 + half).to(tl.float32)
+    rotated_first = (first * cos_first - second * sin_first).to(dtype)
+    rotated_second = (second * cos_second + first * sin_second).to(dtype)
+    if head < HEADS:
+        target = QOut + row * stride_qo_n + head * stride_qo_h
+    else:
+        target = Keys + slot * stride_ks + (head - HEADS) * stride_kh + position * stride_kt
+    tl.store(target + half, rotated_first)
+    tl.store(target + HEAD_DIM // 2 + half, rotated_second)
+
+
+def qkv_rope_write(*, qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                   qk_norm: torch.Tensor | None, keys: torch.Tensor, values: torch.Tensor, heads: int,
+                   eps: float, first_slot: int = 0) -> torch.Tensor:
+    """Rotate (and, given ``qk_norm`` ``[H + KV, D]``, first normalise) the heads of ``qkv``
+    ``[N, (H + 2 KV) * D]``; write k and v into ``keys`` / ``values`` ``[slots, KV, T, D]`` at
+    ``positions`` ``[N]`` of slots ``first_slot + n``; return q ``[N, H, D]``. ``cos`` / ``sin``:
+    ``[T, D]`` tables indexed by position."""
+    rows = qkv.shape[0]
+    kv_heads, head_dim = keys.shape[1], keys.shape[3]
+    q = torch.empty(rows, heads, head_dim, dtype=qkv.dtype, device=qkv.device)
+    _qkv_rope_write_kernel[(rows, heads + 2 * kv_heads)](
+        qkv, positions, cos, sin, qk_norm if qk_norm is not None else cos, q, keys, values, eps, first_slot,
+        qkv.stride(0), q.stride(0), q.stride(1), cos.stride(0),
+        keys.stride(0), keys.stride(1), keys.stride(2), values.stride(0), values.stride(1), values.stride(2),
+        HEADS=heads, KV_HEADS=kv_heads, HEAD_DIM=head_dim, HAS_NORM=qk_norm is not None,
+    )
+    return q
+
+
+@triton.jit
+def _silu_mul_kernel(GateUp, Out, stride_in, stride_out, COLUMNS: tl.constexpr, BLOCK: tl.constexpr):
+    row, block = tl.program_id(0), tl.program_id(1)
+    cols = block * BLOCK + tl.arange(0, BLOCK)
+    inside = cols < COLUMNS
+    gate = tl.load(GateUp + row * stride_in + cols, mask=inside, other=0.0)
+    up = tl.load(GateUp + row * stride_in + COLUMNS + cols, mask=inside, other=0.0)
+    wide = gate.to(tl.float32)
+    activated = (wide / (1.0 + tl.exp(-wide))).to(gate.dtype)
+    tl.store(Out + row * stride_out + cols, (activated.to(tl.float32) * up.to(tl.float32)).to(gate.dtype), mask=inside)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` for ``gate_up`` ``[N, 2 I]`` (gate first); returns ``[N, I]``."""
+    rows, columns = gate_up.shape[0], gate_up.shape[1] // 2
+    out = torch.empty(rows, columns, dtype=gate_up.dtype, device=gate_up.device)
+    block = 1024
+    _silu_mul_kernel[(rows, triton.cdiv(columns, block))](gate_up, out, gate_up.stride(0), out.stride(0),
+                                                         COLUMNS=columns, BLOCK=block)
+    return out

@@ -1,0 +1,125 @@
+"""The Triton decode kernels against torch references: compiled on a GPU, interpreted on CPU
+(tests/conftest.py sets ``TRITON_INTERPRET=1`` where CUDA is absent). Skipped without Triton."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("triton")
+
+from hybridflow.rollout.decoder import LlamaFamilyDecoder  # noqa: E402
+from hybridflow.rollout.kv_cache import SlotKVCache  # noqa: E402
+from hybridflow.rollout.triton_attention import slot_decode_attention  # noqa: E402
+from hybridflow.rollout.triton_fused import add_rms_norm, qkv_rope_write, silu_mul  # noqa: E402
+from tests.rollout.conftest import chat_prompts  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def reference_attention(q, keys, values, lengths, scale, first_slot):
+    """fp64 softmax attention of each row over its first ``lengths[n]`` positions, ``[N, H, D]``."""
+    group = q.shape[1] // keys.shape[1]
+    out = []
+    for n, length in enumerate(lengths):
+        k = keys[first_slot + n, :, :length].double().repeat_interleave(group, 0)  # [H, L, D]
+        v = values[first_slot + n, :, :length].double().repeat_interleave(group, 0)
+        weights = torch.softmax(torch.einsum("hd,hld->hl", q[n].double(), k) * scale, dim=-1)
+        out.append(torch.einsum("hl,hld->hd", weights, v))
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("dtype, tolerance", [
+    (torch.float32, 1e-5),
+    pytest.param(torch.bfloat16, 1e-2, marks=pytest.mark.skipif(DEVICE == "cpu", reason="the interpreter has no bf16")),
+])
+@pytest.mark.parametrize("heads, kv_heads, head_dim", [(4, 4, 16), (6, 2, 32), (9, 3, 64), (16, 8, 128)])
+def test_split_k_attention_reads_each_rows_own_length(heads, kv_heads, head_dim, dtype, tolerance):
+    torch.manual_seed(heads)
+    lengths = [1, 63, 64, 256, 257, 600]  # block (64) and split (256) edges
+    q = torch.randn(len(lengths), heads, head_dim, device=DEVICE, dtype=dtype)
+    keys = torch.randn(8, kv_heads, 768, head_dim, device=DEVICE, dtype=dtype)
+    values = torch.randn(8, kv_heads, 768, head_dim, device=DEVICE, dtype=dtype)
+    for slot, length in enumerate(lengths):  # poison what no row may read
+        keys[slot + 1, :, length:] = float("nan")
+        values[slot + 1, :, length:] = float("nan")
+    got = slot_decode_attention(q=q, keys=keys, values=values, lengths=torch.tensor(lengths, device=DEVICE),
+                                scale=head_dim**-0.5, first_slot=1)
+    expected = reference_attention(q, keys, values, lengths, head_dim**-0.5, first_slot=1)
+    assert ((got.double() - expected).norm() / expected.norm()) < tolerance
+
+
+def hf_rms_norm(x, weight, eps):
+    return weight * (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+@pytest.mark.parametrize("columns", [64, 96])  # 96: a row shorter than its block
+def test_add_rms_norm_is_the_residual_add_then_hf_rms_norm(columns):
+    torch.manual_seed(columns)
+    x, residual, weight = torch.randn(3, columns), torch.randn(3, columns), torch.rand(columns) + 0.5
+    normed, summed = add_rms_norm(x=x.to(DEVICE), residual=residual.to(DEVICE), weight=weight.to(DEVICE), eps=1e-6)
+    torch.testing.assert_close(summed.cpu(), x + residual)
+    torch.testing.assert_close(normed.cpu(), hf_rms_norm(x + residual, weight, 1e-6))
+    alone, same = add_rms_norm(x=x.to(DEVICE), residual=None, weight=weight.to(DEVICE), eps=1e-6)
+    torch.testing.assert_close(alone.cpu(), hf_rms_norm(x, weight, 1e-6))
+    assert same.data_ptr() == alone.data_ptr() or torch.equal(same.cpu(), x)
+
+
+def test_silu_mul_is_swiglus_gate_times_up():
+    torch.manual_seed(0)
+    gate_up = torch.randn(3, 2 * 1500)  # two column blocks, the second partial
+    expected = F.silu(gate_up[:, :1500]) * gate_up[:, 1500:]
+    torch.testing.assert_close(silu_mul(gate_up.to(DEVICE)).cpu(), expected)
+
+
+@pytest.mark.parametrize("with_norm", [False, True])
+def test_qkv_rope_write_rotates_q_and_k_and_fills_the_cache(with_norm):
+    from hybridflow.rollout.decoder import _apply_rope
+
+    torch.manual_seed(1)
+    rows, heads, kv_heads, head_dim, first_slot = 3, 4, 2, 16, 1
+    qkv = torch.randn(rows, (heads + 2 * kv_heads) * head_dim)
+    positions = torch.tensor([0, 5, 9])
+    angles = torch.arange(12)[:, None] * torch.rand(head_dim // 2)[None]
+    cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
+    norm = torch.rand(heads + kv_heads, head_dim) + 0.5 if with_norm else None
+    keys, values = torch.zeros(5, kv_heads, 12, head_dim), torch.zeros(5, kv_heads, 12, head_dim)
+    moved = [t.to(DEVICE) for t in (qkv, positions, cos, sin, keys, values)]
+    q = qkv_rope_write(qkv=moved[0], positions=moved[1], cos=moved[2], sin=moved[3],
+                       qk_norm=None if norm is None else norm.to(DEVICE), keys=moved[4], values=moved[5],
+                       heads=heads, eps=1e-6, first_slot=first_slot)
+    qk, v = qkv.split([(heads + kv_heads) * head_dim, kv_heads * head_dim], dim=-1)
+    qk = qk.view(rows, heads + kv_heads, head_dim)
+    if with_norm:
+        qk = hf_rms_norm(qk, norm, 1e-6)
+    rotated = _apply_rope(qk, cos[positions][:, None], sin[positions][:, None])
+    torch.testing.assert_close(q.cpu(), rotated[:, :heads])
+    for n, position in enumerate(positions.tolist()):
+        torch.testing.assert_close(moved[4][first_slot + n, :, position].cpu(), rotated[n, heads:])
+        torch.testing.assert_close(moved[5][first_slot + n, :, position].cpu(), v[n].view(kv_heads, head_dim))
+    assert moved[4][0].abs().sum() == 0 and moved[5][4].abs().sum() == 0  # no other slot written
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_fused_decode_step_equals_the_torch_step(tiny_tokenizer, arch):
+    from hybridflow.models.tiny import build_tiny_model
+    from tests.rollout.conftest import randomise_qk_norms
+
+    model, tokenizer = build_tiny_model(arch, seed=1, tokenizer=tiny_tokenizer)
+    model = (randomise_qk_norms(model) if arch == "qwen3" else model).to(DEVICE)
+    decoder = LlamaFamilyDecoder(model)
+    prompts = [torch.tensor(p, device=DEVICE) for p in chat_prompts(tokenizer)[:3]]
+    caches = []
+    for _ in range(2):
+        cache = SlotKVCache(layers=decoder.num_layers, slots=4, kv_heads=decoder.kv_heads, max_len=64,
+                            head_dim=decoder.head_dim, dtype=torch.float32, device=DEVICE)
+        for slot, (_, prefix) in enumerate(decoder.prefill_many(prompts)):
+            cache.fill(first_slot=slot, count=1, prefix=prefix)
+        caches.append(cache)
+    tokens = torch.tensor([5, 6, 7], device=DEVICE)
+    positions = torch.tensor(caches[0].lengths[:3], device=DEVICE)
+    decoder.triton_kernels = False
+    expected = decoder.decode(token_ids=tokens, positions=positions, cache=caches[0], context=int(positions.max()) + 1)
+    decoder.triton_kernels = True
+    fused = decoder.decode(token_ids=tokens, positions=positions, cache=caches[1], context=None)
+    torch.testing.assert_close(fused, expected, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(caches[1].data, caches[0].data, rtol=1e-5, atol=1e-5)  # same keys and values written
