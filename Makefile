@@ -33,9 +33,10 @@ test: venv
 test-slow: venv
 	OMP_NUM_THREADS=2 $(BIN)/python -m pytest -q -m slow $(PYTEST_ARGS)
 
-# CUDA tier: the native engine's parity checks on a GPU (skipped where CUDA is absent).
+# CUDA tier: the native engine's parity checks and Triton kernels compiled on a GPU, the trainers on
+# cuda:0 (skipped where CUDA is absent). On a lent GPU machine: bash benchmarks/gpu_check.sh.
 test-gpu: venv
-	$(BIN)/python -m pytest -q -m gpu -rs $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -m "gpu or triton" -rs $(PYTEST_ARGS)
 
 test-all: venv
 	OMP_NUM_THREADS=2 $(BIN)/python -m pytest -q -m "" $(PYTEST_ARGS)

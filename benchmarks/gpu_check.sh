@@ -32,14 +32,14 @@ stage() {  # name, seconds, command...
 
 stage env 30 bash -c 'nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv;
   python3 -c "import torch, transformers, triton; print(torch.__version__, transformers.__version__, triton.__version__)"'
-stage engine-tests 150 python3 -m pytest -q -p no:cacheprovider -m gpu -rs tests/rollout
-stage rollout-fixed 150 $ROLLOUT --shape smollm2-135m --workload fixed --batches 16,64,256 --prompt-len 128 \
-  --max-tokens 256 --engines native,hf,hf-static
-stage rollout-nano 90 $ROLLOUT --shape qwen3-0.6b --workload nano-vllm --engines native
+stage engine-tests 150 python3 -m pytest -q -p no:cacheprovider -m "gpu or triton" -rs tests/rollout
+stage rollout-fixed 150 $ROLLOUT --shape smollm2-135m --workload fixed --batches ${FIXED_BATCHES:-16,64,256} --prompt-len 128 \
+  --max-tokens 256 --engines ${FIXED_ENGINES:-native,hf,hf-static}
+stage rollout-nano 90 $ROLLOUT --shape qwen3-0.6b --workload nano-vllm --engines native --step-times --breakdown
 stage rollout-1.5b 60 $ROLLOUT --shape qwen2.5-1.5b --workload fixed --batches 64 --prompt-len 128 --max-tokens 256 \
   --engines native,hf-static
 if [ -f benchmarks/update.py ]; then
   stage update 180 python3 benchmarks/update.py --device cuda --quick
 fi
-stage gpu-tier 200 python3 -m pytest -q -p no:cacheprovider -m gpu -rs tests --ignore=tests/rollout
+stage gpu-tier 200 python3 -m pytest -q -p no:cacheprovider -m "gpu or triton" -rs tests --ignore=tests/rollout
 echo "=== done $(date +%T)"

@@ -115,12 +115,17 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--step-times", action="store_true",
                         help="time every native decode step and print the mean by live-row bucket")
     parser.add_argument("--quick", action="store_true", help="batch 16/64 and 64 new tokens")
+    parser.add_argument("--requests-per-slot", type=int, default=1,
+                        help="sequences per call = batch x this; the native engine keeps `batch` slots full by "
+                             "continuous batching, HF generate runs the sequences `batch` at a time")
     parser.add_argument("--shape", default=None,
                         help="random-init model of this shape (benchmarks/model_shapes.py) on a synthetic workload")
     parser.add_argument("--workload", default="fixed", choices=["fixed", "nano-vllm"],
                         help="with --shape: fixed-length rows, or nano-vllm's 256 requests of 100-1024 tokens")
     parser.add_argument("--prompt-len", type=int, default=128, help="--workload fixed: prompt tokens per row")
     parser.add_argument("--enforce-eager", action="store_true", help="native engine without CUDA graphs")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="with --shape on CUDA: time one decode step's graph, its attention and the sampling")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     if args.quick:
@@ -306,12 +311,16 @@ def warm_up(engine, prompts, params) -> None:
                                                 stop_token_ids=params.stop_token_ids))
 
 
-def run_engine(name, engine, prompts, params, batch) -> EngineRun:
-    """One timed ``generate`` call (after :func:`warm_up`)."""
+def run_engine(name, engine, prompts, params, batch, chunk: int | None = None) -> EngineRun:
+    """One timed ``generate`` call (after :func:`warm_up`), or one per ``chunk`` prompts."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    chunk = chunk or len(prompts)
     synchronize(device)
     start = time.perf_counter()
-    completions = engine.generate(prompts, params)
+    completions = []
+    for first in range(0, len(prompts), chunk):
+        part = engine.generate(prompts[first : first + chunk], params)
+        completions += [replace(c, prompt_index=c.prompt_index + first) for c in part]
     synchronize(device)
     seconds = time.perf_counter() - start
     lengths = [len(c.token_ids) for c in completions]
@@ -380,14 +389,17 @@ def main() -> None:
     batches = [int(b) for b in args.batches.split(",")]
     rows = []
     for batch in batches:
-        prompts = arithmetic_prompts(tokenizer, batch // args.n, seed=args.seed + batch)
+        prompts = arithmetic_prompts(tokenizer, batch * args.requests_per_slot // args.n, seed=args.seed + batch)
         params = SamplingParams(n=args.n, temperature=1.0, max_tokens=args.max_tokens,
                                 stop_token_ids=[tokenizer.eos_token_id], seed=args.seed)
         runs = {}
         for name, engine in engines.items():
             warm_up(engine, prompts, params)
-            timer = StepTimer(engine) if args.step_times and name.startswith("native") else None
-            runs[name] = run_engine(name, engine, prompts, params, batch)
+            native = name.startswith("native")
+            if native:
+                engine.max_num_seqs = batch  # continuous batching keeps these slots full
+            timer = StepTimer(engine) if args.step_times and native else None
+            runs[name] = run_engine(name, engine, prompts, params, batch, chunk=None if native else batch // args.n)
             if timer:
                 timer.report(f"batch {batch:4d} {name}")
         rows.append((batch, runs))
@@ -397,6 +409,8 @@ def main() -> None:
     report_machine(model, curves, device=args.device)
     curve = fastest(curves)
     floors = {batch: floors_for(runs["native"], model=model, curve=curve) for batch, runs in rows if "native" in runs}
+    if args.requests_per_slot > 1:  # the step floor models one synchronous call of `batch` sequences
+        floors = {batch: replace(f, step=float("nan"), step_seconds=float("nan")) for batch, f in floors.items()}
     for batch, runs in rows:
         if batch in floors:
             report_floors(batch, runs["native"], floors[batch])
@@ -564,7 +578,12 @@ def main_synthetic(args) -> None:
                 if name == "native":
                     engine = NativeEngine(model, max_num_seqs=len(requests), max_model_len=max_len,
                                           enforce_eager=args.enforce_eager)
+                    timer = StepTimer(engine) if args.step_times else None
                     seconds = run_native(engine, requests, temperature)
+                    if timer:
+                        timer.report(f"batch {batch:4d} native")
+                    if args.breakdown and engine.graphs is not None:
+                        decode_breakdown(engine, rows=len(requests), context=max_len // 2, temperature=temperature)
                     del engine
                 else:
                     seconds = run_hf(model, requests, temperature, static=name == "hf-static")
@@ -578,6 +597,47 @@ def main_synthetic(args) -> None:
             if args.device.startswith("cuda"):
                 torch.cuda.empty_cache()
     print_synthetic_table(rows)
+
+
+def cuda_ms(work, repeats: int = 20) -> float:
+    """Median milliseconds of ``work()`` on the GPU (CUDA events, after one warm-up)."""
+    work()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        work()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+def decode_breakdown(engine, *, rows: int, context: int, temperature: float) -> None:
+    """One decode step at ``rows`` rows of ``context`` positions: the graph replay, one layer's attention
+    (with the bandwidth it reaches), and the sampling; the rest of a step is host work."""
+    from hybridflow.rollout import SamplingParams
+    from hybridflow.rollout.sampler import RowSampling, sample_tokens
+    from hybridflow.rollout.triton_attention import slot_decode_attention
+
+    decoder, cache = engine.decoder, engine.cache
+    rows = min(rows, cache.slots)
+    tokens = torch.randint(decoder.vocab_size, (rows,), device="cuda")
+    positions = torch.full((rows,), context - 1, device="cuda")
+    graphs = engine._graphs_for(cache)
+    graph_ms = cuda_ms(lambda: graphs(token_ids=tokens, positions=positions))
+    q = torch.randn(rows, decoder.num_heads, decoder.head_dim, device="cuda", dtype=decoder.embed.dtype)
+    keys, values = cache.layer(0)
+    attention_ms = cuda_ms(lambda: slot_decode_attention(q=q, keys=keys, values=values, lengths=positions + 1,
+                                                         scale=decoder.scale))
+    kv_bytes = 2 * rows * context * decoder.kv_heads * decoder.head_dim * cache.data.element_size()
+    logits = graphs(token_ids=tokens, positions=positions).clone()
+    sampling = RowSampling.uniform(SamplingParams(temperature=temperature), rows=rows, vocab_size=decoder.vocab_size,
+                                   device="cuda")
+    sampling_ms = cuda_ms(lambda: sample_tokens(logits=logits, params=sampling))
+    print(f"breakdown at {rows} rows x {context} positions: graph replay {graph_ms:.2f} ms (attention "
+          f"{attention_ms * decoder.num_layers:.2f} ms of it: {attention_ms:.3f} ms a layer, "
+          f"{kv_bytes / attention_ms / 1e9:.0f} GB/s), sampling {sampling_ms:.2f} ms", flush=True)
 
 
 def print_synthetic_table(rows) -> None:

@@ -34,7 +34,9 @@ from hybridflow.rollout.types import Completion, SamplingParams, validate_prompt
 
 
 PREFILL_TOKEN_BUDGET = 4096
-"""Most prompt tokens packed into one prefill pass (bounds its activation memory)."""
+"""Most prompt tokens packed into one prefill pass on CPU (bounds its activation memory)."""
+PREFILL_TOKEN_BUDGET_CUDA = 16384
+"""The same on a GPU, where a pass is bound by its launches and weight reads until it is this wide."""
 
 
 @dataclass
@@ -229,13 +231,14 @@ class NativeEngine:
         """Prefill, in packed passes of at most :data:`PREFILL_TOKEN_BUDGET` tokens, every waiting
         prompt that gets a slot now and has no prefill yet."""
         free, batch, tokens = run.cache.slots - len(run.live), [], 0
+        budget = PREFILL_TOKEN_BUDGET_CUDA if self.device.type == "cuda" else PREFILL_TOKEN_BUDGET
         for pending in run.waiting:
             if free <= 0:
                 break
             free -= pending.remaining
             if pending.prefix is not None:
                 continue
-            if batch and tokens + len(pending.token_ids) > PREFILL_TOKEN_BUDGET:
+            if batch and tokens + len(pending.token_ids) > budget:
                 self._prefill(batch)
                 batch, tokens = [], 0
             batch.append(pending)

@@ -53,3 +53,39 @@ def test_script_runs_end_to_end_on_a_tiny_model(bench, tiny_model_dir, monkeypat
     assert "batch    8 native-nolanes step times: 8-15 rows:" in out
     table = [line for line in out.splitlines() if line.startswith("| 8 |")]
     assert len(table) == 1 and table[0].count("%") == 2
+
+
+def test_continuous_batching_run_keeps_the_slots_and_chunks_hf(bench, tiny_model_dir, monkeypatch, capsys):
+    monkeypatch.setattr(bench, "ROW_GRID", (1, 2, 4))
+    monkeypatch.setattr(sys, "argv", ["rollout.py", "--model-path", tiny_model_dir, "--engines", "native,hf",
+                                      "--step-times", "--batches", "4", "--n", "2", "--max-tokens", "6",
+                                      "--requests-per-slot", "3"])
+    bench.main()
+    out = capsys.readouterr().out
+    # 3 x 4 sequences through 4 slots: no native step ever holds more than 4 rows.
+    assert "batch    4 native step times:" in out and "8-15 rows" not in out
+    assert "batch    4 native:" in out and "batch    4     hf:" in out
+
+
+def test_synthetic_shapes_run_fixed_rows_against_the_roofline(bench, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["rollout.py", "--shape", "smollm2-135m", "--device", "cpu", "--dtype", "float32",
+                                      "--workload", "fixed", "--batches", "2", "--prompt-len", "8",
+                                      "--max-tokens", "3", "--engines", "native,hf"])
+    bench.main()
+    out = capsys.readouterr().out
+    assert "batch    2    native: 6 tokens" in out and "batch    2        hf: 6 tokens" in out
+    row = [line for line in out.splitlines() if line.startswith("| 2 | native |")]
+    assert len(row) == 1 and row[0].endswith("| - |")  # native vs hf ratio present, no hf-static
+
+
+def test_roofline_bytes_count_weights_per_step_and_each_rows_cache(bench, monkeypatch):
+    class Model:  # 2 layers x 2 (k, v) x 1 KV head x 4 dims x 4 bytes = 64 bytes a cached token
+        config = type("Config", (), dict(num_hidden_layers=2, num_key_value_heads=1, head_dim=4))()
+
+        def parameters(self):
+            return iter([bench.torch.zeros(1)])
+
+    monkeypatch.setattr(bench, "weight_bytes", lambda model: 1000)
+    requests = [bench.Request([0] * 10, 3), bench.Request([0] * 5, 2)]
+    # 2 decode steps (tokens 1 and 2 of the longest row); row 0 reads 11 then 12 cached tokens, row 1 reads 6.
+    assert bench.roofline_bytes(Model(), requests) == 2 * 1000 + (11 + 12 + 6) * 64

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 pytest.importorskip("triton")
+pytestmark = pytest.mark.triton
 
 from hybridflow.rollout.decoder import LlamaFamilyDecoder  # noqa: E402
 from hybridflow.rollout.kv_cache import SlotKVCache  # noqa: E402
