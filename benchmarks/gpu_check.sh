@@ -35,7 +35,7 @@ stage env 30 bash -c 'nvidia-smi --query-gpu=name,memory.total,driver_version,cl
 stage engine-tests 150 python3 -m pytest -q -p no:cacheprovider -m "gpu or triton" -rs tests/rollout
 stage rollout-fixed 150 $ROLLOUT --shape smollm2-135m --workload fixed --batches ${FIXED_BATCHES:-16,64,256} --prompt-len 128 \
   --max-tokens 256 --engines ${FIXED_ENGINES:-native,hf,hf-static} --breakdown
-stage rollout-nano 90 $ROLLOUT --shape qwen3-0.6b --workload nano-vllm --engines native --step-times --breakdown
+stage rollout-nano 90 $ROLLOUT --shape qwen3-0.6b --workload nano-vllm --engines native --step-times --breakdown --profile-admission
 stage rollout-1.5b 60 $ROLLOUT --shape qwen2.5-1.5b --workload fixed --batches 64 --prompt-len 128 --max-tokens 256 \
   --engines native,hf-static
 if [ -f benchmarks/update.py ]; then

@@ -124,6 +124,8 @@ def parse_args() -> argparse.Namespace:
                         help="with --shape: fixed-length rows, or nano-vllm's 256 requests of 100-1024 tokens")
     parser.add_argument("--prompt-len", type=int, default=128, help="--workload fixed: prompt tokens per row")
     parser.add_argument("--enforce-eager", action="store_true", help="native engine without CUDA graphs")
+    parser.add_argument("--profile-admission", action="store_true",
+                        help="with --shape on CUDA: profile admitting every request (prefill + first token) alone")
     parser.add_argument("--breakdown", action="store_true",
                         help="with --shape on CUDA: time one decode step's graph, its attention and the sampling")
     parser.add_argument("--seed", type=int, default=0)
@@ -582,6 +584,8 @@ def main_synthetic(args) -> None:
                     seconds = run_native(engine, requests, temperature)
                     if timer:
                         timer.report(f"batch {batch:4d} native")
+                    if args.profile_admission:
+                        profile_admission(engine, requests)
                     if args.breakdown and engine.graphs is not None:
                         decode_breakdown(engine, rows=len(requests), context=max_len // 2, temperature=temperature)
                     del engine
@@ -637,7 +641,35 @@ def decode_breakdown(engine, *, rows: int, context: int, temperature: float) -> 
     sampling_ms = cuda_ms(lambda: sample_tokens(logits=logits, params=sampling))
     print(f"breakdown at {rows} rows x {context} positions: graph replay {graph_ms:.2f} ms (attention "
           f"{attention_ms * decoder.num_layers:.2f} ms of it: {attention_ms:.3f} ms a layer, "
-          f"{kv_bytes / attention_ms / 1e9:.0f} GB/s), sampling {sampling_ms:.2f} ms", flush=True)
+          f"{kv_bytes / attention_ms / 1e6:.0f} GB/s), sampling {sampling_ms:.2f} ms", flush=True)
+
+
+def profile_admission(engine, requests: list[Request]) -> None:
+    """Admit every request with ``max_tokens=1`` (its prefill and first token, no decode step) under the
+    profiler: the wall time, and the ops that took the most host and device time."""
+    from hybridflow.rollout import SamplingParams
+
+    params = SamplingParams(n=1, temperature=1.0, max_tokens=1, seed=0)
+    prompts = [r.prompt for r in requests]
+    tokens = sum(map(len, prompts))
+    decoder = engine.decoder
+    default = decoder.varlen_prefill
+    for varlen in dict.fromkeys([default, False]):  # the default path, then per-prompt SDPA for comparison
+        decoder.varlen_prefill = varlen
+        seconds = timed(lambda: engine.generate(prompts, params), check=len, expected=len(prompts))
+        print(f"admission alone ({'varlen FlashAttention' if varlen else 'SDPA per prompt'}): {len(prompts)} prompts, "
+              f"{tokens} tokens in {seconds:.2f} s = {tokens / seconds:,.0f} prompt tok/s", flush=True)
+    decoder.varlen_prefill = default
+    on_gpu = torch.cuda.is_available()
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if on_gpu else [])
+    with torch.profiler.profile(activities=activities) as profile:
+        engine.generate(prompts, params)
+        synchronize("cuda" if on_gpu else "cpu")
+    events = profile.key_averages()
+    for key, label in (("self_cpu_time_total", "host"), ("self_device_time_total", "device")):
+        top = sorted(events, key=lambda e: getattr(e, key, 0), reverse=True)[:8]
+        print(f"top {label} time: " + "; ".join(
+            f"{e.key[:40]} x{e.count} {getattr(e, key, 0) / 1e3:.0f} ms" for e in top), flush=True)
 
 
 def print_synthetic_table(rows) -> None:

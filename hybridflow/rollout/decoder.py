@@ -22,6 +22,7 @@ new weights then go straight from the trainer's tensors into the packed copies
 
 from __future__ import annotations
 
+import itertools
 import logging
 from dataclasses import dataclass
 
@@ -91,6 +92,9 @@ class LlamaFamilyDecoder:
         self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
         self.triton_kernels = triton_kernels_available(model, self.head_dim)
         """Whether the graph-safe decode step runs as Triton kernels (CUDA) rather than torch ops and SDPA."""
+        weight = next(model.parameters())
+        self.varlen_prefill = weight.device.type == "cuda" and weight.dtype in (torch.float16, torch.bfloat16)
+        """Whether prefill attention is one varlen FlashAttention call a layer (CUDA, half precision)."""
         self.released = False  # whether the module's projection weights were dropped (release_module_projections)
         self.refresh()
 
@@ -245,8 +249,18 @@ class LlamaFamilyDecoder:
         before ``prompts[i]`` (a prefix-cache hit): only the new tokens are computed, at positions
         ``C_i ..``, and new row j attends to positions ``0 .. C_i + j``. The KV returned covers all
         ``C_i + L_i`` tokens.
+
+        On CUDA in half precision with nothing computed, attention over all prompts is one varlen
+        FlashAttention call a layer (:meth:`_prefill_varlen`) instead of one SDPA call per prompt.
         """
         computed = computed or [None] * len(prompts)
+        if self.varlen_prefill and all(c is None for c in computed):
+            try:
+                return self._prefill_varlen(prompts)
+            except (RuntimeError, NotImplementedError) as error:  # an older build without the varlen kernel
+                logger.warning("varlen FlashAttention prefill failed (%s); prefilling one prompt at a time",
+                               str(error).splitlines()[0])
+                self.varlen_prefill = False
         lengths = [int(p.shape[0]) for p in prompts]
         offsets = [0 if c is None else int(c.shape[3]) for c in computed]
         starts = [sum(lengths[:i]) for i in range(len(lengths))]
@@ -278,6 +292,37 @@ class LlamaFamilyDecoder:
         last_rows = torch.tensor([start + length - 1 for start, length in zip(starts, lengths)], device=device)
         logits = self.lm_head(self._rms_norm(hidden[last_rows], self.final_norm))
         return list(zip(logits.unbind(0), prefixes))
+
+    def _prefill_varlen(self, prompts: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """:meth:`prefill_many` with causal attention over the packed rows in one FlashAttention call a layer
+        (``cu_seqlens`` keep prompts apart); the keys and values of a layer are written once, packed
+        ``[layers, 2, sum L_i, KV, D]``, and each prompt's KV is returned as a ``[layers, 2, KV, L_i, D]`` view."""
+        lengths = [int(p.shape[0]) for p in prompts]
+        device = prompts[0].device
+        bounds = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=device)
+        positions = torch.cat([torch.arange(n, device=device) for n in lengths])
+        cos_table, sin_table = self.rope_table(max(lengths))
+        cos, sin = cos_table[positions][:, None], sin_table[positions][:, None]
+        hidden = F.embedding(torch.cat(prompts), self.embed)
+        total = hidden.shape[0]
+        packed = torch.empty(self.num_layers, 2, total, self.kv_heads, self.head_dim, dtype=hidden.dtype, device=device)
+        for index, layer in enumerate(self.layers):
+            q, k, v = self._qkv(self._rms_norm(hidden, layer.input_norm), layer, cos, sin)
+            packed[index, 0], packed[index, 1] = k, v
+            attn = self._varlen_attention(q.contiguous(), packed[index, 0], packed[index, 1], bounds, max(lengths))
+            hidden = hidden + layer.o_proj(attn.reshape(total, -1))
+            hidden = hidden + self._mlp(self._rms_norm(hidden, layer.post_norm), layer)
+        last_rows = bounds[1:].long() - 1
+        logits = self.lm_head(self._rms_norm(hidden[last_rows], self.final_norm))
+        kv = [packed[:, :, start : start + n].permute(0, 1, 3, 2, 4) for start, n in zip(bounds.tolist(), lengths)]
+        return list(zip(logits.unbind(0), kv))
+
+    def _varlen_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: torch.Tensor,
+                          longest: int) -> torch.Tensor:
+        """Causal attention within each segment ``bounds[i] .. bounds[i + 1]`` of packed ``q`` ``[T, H, D]``,
+        ``k`` / ``v`` ``[T, KV, D]`` (FlashAttention's varlen kernel: GQA without copies); ``[T, H, D]``."""
+        return torch.ops.aten._flash_attention_forward(q, k, v, bounds, bounds, longest, longest, 0.0, True, False,
+                                                       scale=self.scale)[0]
 
     @torch.no_grad()
     def decode(self, *, token_ids: torch.Tensor, positions: torch.Tensor, cache: SlotKVCache,
