@@ -15,8 +15,10 @@ length on the device):
   sequence reads it (:meth:`SlotKVCache.fill` writes a new sequence's prompt first);
 - graphs are captured lazily, the first time a bucket is needed, and all share one memory pool.
 
-Graphs hold raw pointers to the cache, the rotary table and the weights; the engine drops them
-(:meth:`DecodeGraphs.invalidate`) whenever any of these is replaced.
+Graphs hold raw pointers to the cache, the rotary table and the weights. A weight sync copies the
+new weights into the same tensors (:meth:`PackedLinear.assign`), so the graphs stay valid across
+training steps; whenever a tensor is replaced instead, :meth:`DecodeGraphs.valid_for` says so and
+the engine captures new ones.
 """
 
 from __future__ import annotations
@@ -46,13 +48,16 @@ class DecodeGraphs:
         self.tokens = torch.zeros(cache.slots, dtype=torch.long, device=device)
         self.positions = torch.zeros(cache.slots, dtype=torch.long, device=device)
         self.rope = decoder._rope  # the rotary table the graphs read
+        self.weights_epoch = decoder.weights_epoch  # the weight tensors they read
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
         self.pool = None
 
     def valid_for(self, cache) -> bool:
-        """Whether these graphs still point at ``cache`` and the decoder's current rotary table."""
-        return cache is self.cache and self.decoder._rope is self.rope
+        """Whether these graphs still point at ``cache``, the decoder's rotary table and its weight tensors
+        (a weight sync copies in place on CUDA, so graphs survive it)."""
+        return (cache is self.cache and self.decoder._rope is self.rope
+                and self.decoder.weights_epoch == self.weights_epoch)
 
     def __call__(self, *, token_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """``[N, V]`` logits of one decode step over slots ``0 .. N - 1``."""
@@ -91,9 +96,3 @@ class DecodeGraphs:
         for bucket in sorted(self.buckets, reverse=True):
             if bucket not in self.graphs:
                 self._capture(bucket)
-
-    def invalidate(self) -> None:
-        """Drop every graph (the weights, cache or rotary table they point at were replaced)."""
-        self.graphs.clear()
-        self.logits.clear()
-        self.pool = None

@@ -73,6 +73,10 @@ class LayerWeights:
     """Qwen3: ``[H + KV, D]`` RMSNorm weights of each query head (``q_norm``) then each key head (``k_norm``)."""
 
 
+def _same_shape_on(own: torch.Tensor, new: torch.Tensor) -> bool:
+    return own.shape == new.shape and own.dtype == new.dtype and own.device == new.device
+
+
 def _cat_or_none(tensors: list[torch.Tensor | None]) -> torch.Tensor | None:
     return None if any(t is None for t in tensors) else torch.cat(tensors)
 
@@ -90,6 +94,8 @@ class LlamaFamilyDecoder:
         self.intermediate = config.intermediate_size
         self.scale = self.head_dim**-0.5
         self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.weights_epoch = 0
+        """Bumped whenever a weight tensor the decode step reads is replaced rather than updated in place."""
         self.triton_kernels = triton_kernels_available(model, self.head_dim)
         """Whether the graph-safe decode step runs as Triton kernels (CUDA) rather than torch ops and SDPA."""
         weight = next(model.parameters())
@@ -118,7 +124,7 @@ class LlamaFamilyDecoder:
         else:
             head = incoming.get("lm_head.weight", None if self.released else self.model.lm_head.weight)
         if head is not None:
-            self.lm_head = PackedLinear(head)
+            self.lm_head = self._linear(getattr(self, "lm_head", None), head, None)
         old = getattr(self, "layers", [None] * len(inner.layers))
         self.layers = [self._layer_weights(i, layer, incoming, old[i]) for i, layer in enumerate(inner.layers)]
         logger.debug("native decoder projections: %s", self.lm_head.path)
@@ -151,21 +157,37 @@ class LlamaFamilyDecoder:
                   "o_proj": attn.o_proj.bias, "gate_up": None, "down": None}
         linears = {}
         for part in FUSED_PROJECTIONS:
-            weight = self._fused(index, layer, part, incoming)
-            if weight is None:  # kept: only the (module-held, maybe updated) bias is taken anew
-                linears[part] = getattr(current, part)
-                linears[part].bias = None if biases[part] is None else biases[part].detach()
-            else:
-                linears[part] = PackedLinear(weight, biases[part])
+            weight = self._fused(index, layer, part, incoming)  # None: the current copy is kept
+            bias = None if biases[part] is None else biases[part].detach()
+            linears[part] = self._linear(getattr(current, part, None), weight, bias)
         return LayerWeights(input_norm=layer.input_layernorm.weight, post_norm=layer.post_attention_layernorm.weight,
-                            qk_norm=self._qk_norm(attn), **linears)
+                            qk_norm=self._qk_norm(attn, None if current is None else current.qk_norm), **linears)
 
-    def _qk_norm(self, attn) -> torch.Tensor | None:
-        """Qwen3's per-head q / k RMSNorm weights stacked ``[H + KV, D]`` (one norm over both), or None."""
+    def _linear(self, current: PackedLinear | None, weight: torch.Tensor | None,
+                bias: torch.Tensor | None) -> PackedLinear:
+        """``current`` with the new weight / bias copied in place where it can take them, else a new layer
+        (which bumps :attr:`weights_epoch`: CUDA graphs captured before read the old tensors)."""
+        if current is not None and current.assign(weight, bias):
+            return current
+        if weight is None:  # keep the (packed) weight, take the bias as it is
+            current.bias = bias
+            self.weights_epoch += 1
+            return current
+        self.weights_epoch += 1
+        return PackedLinear(weight, bias)
+
+    def _qk_norm(self, attn, current: torch.Tensor | None) -> torch.Tensor | None:
+        """Qwen3's per-head q / k RMSNorm weights stacked ``[H + KV, D]`` (one norm over both), or None;
+        written into ``current`` in place when there is one."""
         if getattr(attn, "q_norm", None) is None:
             return None
         with torch.no_grad():
-            return torch.cat([attn.q_norm.weight.expand(self.num_heads, -1), attn.k_norm.weight.expand(self.kv_heads, -1)])
+            stacked = torch.cat([attn.q_norm.weight.expand(self.num_heads, -1),
+                                 attn.k_norm.weight.expand(self.kv_heads, -1)])
+            if current is not None and _same_shape_on(current, stacked):
+                return current.copy_(stacked)
+        self.weights_epoch += 1
+        return stacked
 
     def projection_names(self) -> set[str]:
         """The HF names whose weights live only in the fused copies once released."""

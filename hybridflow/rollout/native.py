@@ -125,9 +125,7 @@ class NativeEngine:
 
     def load_weights(self, named_tensors) -> None:
         """Trainer weights (HF names) into the engine: the fused copies are rebuilt from them."""
-        self.decoder.load_weights(named_tensors)
-        if self.graphs is not None:
-            self.graphs.invalidate()  # they point at the replaced weight tensors
+        self.decoder.load_weights(named_tensors)  # in place on CUDA: captured graphs stay valid
         if self.device.type == "cpu":
             return_freed_memory()  # the packing temporaries: ~0.4 GB resident otherwise (SmolLM2-135M)
         if self.prefix_cache is not None:

@@ -94,8 +94,29 @@ class PackedLinear:
                 self.weight = weight.detach()
             self.bias = None if bias is None else bias.detach()
 
+    def assign(self, weight: torch.Tensor | None, bias: torch.Tensor | None) -> bool:
+        """Copy a new ``weight`` (``None``: keep it) and ``bias`` into this layer's own tensors, in place, and
+        return True; False, changing nothing, where a rebuild is needed (a packed weight, another shape,
+        dtype or device, a bias appearing or going). In place, kernels captured in a CUDA graph keep reading
+        the right memory."""
+        if self.packed or not _same_layout(weight, self.weight, allow_none=True):
+            return False
+        if (bias is None) != (self.bias is None) or (bias is not None and not _same_layout(bias, self.bias)):
+            return False
+        with torch.no_grad():
+            for new, own in ((weight, self.weight), (bias, self.bias)):
+                if new is not None and new.data_ptr() != own.data_ptr():
+                    own.copy_(new)
+        return True
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """``[N, in]`` -> ``[N, out]``."""
         if self.packed:
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
+
+
+def _same_layout(new: torch.Tensor | None, own: torch.Tensor, *, allow_none: bool = False) -> bool:
+    if new is None:
+        return allow_none
+    return new.shape == own.shape and new.dtype == own.dtype and new.device == own.device

@@ -46,8 +46,10 @@ def test_graph_replay_follows_weight_reloads(tiny_tokenizer):
     prompts = chat_prompts(tokenizer)
     params = SamplingParams(n=2, temperature=1.0, max_tokens=16, seed=0)  # greedy: tied random models repeat
     before = [c.token_ids for c in graphed.generate(prompts, params)]
+    graphs = graphed.graphs
     graphed.load_weights(other.state_dict().items())  # eager shares the module: it sees the new weights too
+    assert graphed.graphs.valid_for(graphed.cache)  # copied in place: the captured graphs are kept
     fresh = NativeEngine(other.to("cuda"), tokenizer, enforce_eager=True)
     after = [c.token_ids for c in graphed.generate(prompts, params)]
     assert after == [c.token_ids for c in fresh.generate(prompts, params)]
-    assert after != before
+    assert after != before and graphed.graphs is graphs

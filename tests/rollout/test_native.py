@@ -237,3 +237,35 @@ def test_varlen_prefill_packs_and_unpacks_like_one_prompt_at_a_time(tiny, monkey
     for (logits, kv), (want_logits, want_kv) in zip(decoder.prefill_many(prompts), expected):
         torch.testing.assert_close(logits, want_logits, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(kv, want_kv, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])  # qkv biases; q/k norms
+def test_weight_sync_copies_into_the_decoders_own_tensors(tiny_tokenizer, arch, monkeypatch):
+    """Unpacked (the CUDA path), a sync writes into the tensors a captured CUDA graph reads: no tensor is
+    replaced, the epoch stays, and the engine decodes with the new weights."""
+    from hybridflow.rollout.packed_linear import PORTABLE_KERNELS_ENV
+
+    monkeypatch.setenv(PORTABLE_KERNELS_ENV, "1")
+    model, tokenizer = build_tiny_model(arch, seed=1, tokenizer=tiny_tokenizer)
+    other, _ = build_tiny_model(arch, seed=4, tokenizer=tiny_tokenizer)
+    engine = NativeEngine(model, tokenizer)
+    decoder = engine.decoder
+    tensors = [t for layer in decoder.layers for t in (layer.qkv.weight, layer.qkv.bias, layer.gate_up.weight,
+                                                        layer.down.weight, layer.qk_norm) if t is not None]
+    pointers, epoch = [t.data_ptr() for t in tensors], decoder.weights_epoch
+    engine.load_weights(other.state_dict().items())
+    assert [t.data_ptr() for t in tensors] == pointers and decoder.weights_epoch == epoch
+    prompts = chat_prompts(tokenizer)[:2]
+    params = SamplingParams(n=1, temperature=1.0, max_tokens=8, seed=0)
+    fresh = NativeEngine(other, tokenizer)
+    assert [c.token_ids for c in engine.generate(prompts, params)] == [c.token_ids for c in fresh.generate(prompts, params)]
+
+
+def test_packed_weights_are_rebuilt_and_say_so(tiny_llama):
+    model, tokenizer = tiny_llama
+    engine = NativeEngine(model, tokenizer)
+    if not engine.decoder.layers[0].qkv.packed:
+        pytest.skip("oneDNN packing is not available on this CPU")
+    epoch = engine.decoder.weights_epoch
+    engine.load_weights(model.state_dict().items())
+    assert engine.decoder.weights_epoch > epoch
