@@ -19,6 +19,7 @@ and a filter no row asks for costs nothing.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -154,6 +155,13 @@ def sample_tokens(
     """
     rows = params if isinstance(params, RowSampling) else RowSampling.uniform(
         params, rows=logits.shape[0], vocab_size=logits.shape[-1], device=logits.device)
+    if _fused_sampling_applies(logits, rows):
+        if uniform is None:
+            uniform = (torch.zeros(logits.shape[0], 1, device=logits.device) if rows.all_greedy
+                       else draw_uniform(rows=logits.shape[0], generator=generator, device=logits.device))
+        fused = _fused_sample(logits, rows, uniform)
+        if fused is not None:
+            return fused
     if rows.any_greedy:
         greedy = _greedy(logits)
         if rows.all_greedy:
@@ -164,6 +172,32 @@ def sample_tokens(
     if not rows.any_greedy:
         return sampled
     return tuple(torch.where(rows.greedy, g, s) for g, s in zip(greedy, sampled))
+
+
+_FUSED_SAMPLING = {"enabled": True}
+"""Switched off, with one warning, if the Triton sampling kernel fails to build on this machine."""
+
+
+def _fused_sampling_applies(logits: torch.Tensor, rows: RowSampling) -> bool:
+    """The one-kernel sampler (:mod:`hybridflow.rollout.triton_sampling`) serves CUDA rows without top-k,
+    top-p or min-p, where Triton is installed."""
+    if not (logits.is_cuda and _FUSED_SAMPLING["enabled"]) or rows.needs_top_k or rows.needs_top_p or rows.needs_min_p:
+        return False
+    import importlib.util
+
+    return importlib.util.find_spec("triton") is not None
+
+
+def _fused_sample(logits: torch.Tensor, rows: RowSampling, uniform: torch.Tensor):
+    from hybridflow.rollout.triton_sampling import sample_rows
+
+    try:
+        return sample_rows(logits=logits, temperature=rows.temperature, greedy=rows.greedy, uniform=uniform)
+    except Exception as error:  # noqa: BLE001 - any build failure: the torch path gives the same draws
+        logging.getLogger(__name__).warning("Triton sampling kernel failed (%s); sampling with torch ops",
+                                            str(error).splitlines()[0] if str(error) else type(error).__name__)
+        _FUSED_SAMPLING["enabled"] = False
+        return None
 
 
 def _greedy(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -124,3 +124,36 @@ def test_fused_decode_step_equals_the_torch_step(tiny_tokenizer, arch):
     fused = decoder.decode(token_ids=tokens, positions=positions, cache=caches[1], context=None)
     torch.testing.assert_close(fused, expected, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(caches[1].data, caches[0].data, rtol=1e-5, atol=1e-5)  # same keys and values written
+
+
+def test_one_kernel_sampling_draws_what_the_torch_sampler_draws():
+    from hybridflow.rollout import SamplingParams
+    from hybridflow.rollout.sampler import RowSampling, sample_tokens
+    from hybridflow.rollout.triton_sampling import sample_rows
+
+    torch.manual_seed(0)
+    vocab = 5000  # three blocks, the last partial
+    logits = (torch.randn(6, vocab) * 3).to(DEVICE)
+    params = [SamplingParams(temperature=0), SamplingParams(temperature=0.7), SamplingParams(temperature=1.0),
+              SamplingParams(temperature=1.3), SamplingParams(temperature=0), SamplingParams(temperature=0.05)]
+    rows = RowSampling.of(params, vocab_size=vocab, device=DEVICE)
+    uniform = torch.rand(6, 1, device=DEVICE)
+    tokens, logprobs = sample_rows(logits=logits, temperature=rows.temperature, greedy=rows.greedy, uniform=uniform)
+    expected_tokens, expected_logprobs = sample_tokens(logits=logits.cpu(), params=RowSampling.of(
+        params, vocab_size=vocab, device="cpu"), uniform=uniform.cpu())
+    assert tokens.tolist() == expected_tokens.tolist()
+    torch.testing.assert_close(logprobs.cpu(), expected_logprobs, rtol=1e-5, atol=1e-5)
+
+
+def test_one_kernel_sampling_follows_the_uniform_draw_across_blocks():
+    """A flat distribution over 5000 tokens: u picks token floor(u * V) (the CDF crosses u * total there),
+    whichever of the three blocks it falls in."""
+    from hybridflow.rollout.triton_sampling import sample_rows
+
+    vocab = 5000
+    uniform = torch.tensor([[0.0001], [0.3], [0.5], [0.99999]], device=DEVICE)
+    tokens, logprobs = sample_rows(logits=torch.zeros(4, vocab, device=DEVICE),
+                                   temperature=torch.ones(4, device=DEVICE),
+                                   greedy=torch.zeros(4, dtype=torch.bool, device=DEVICE), uniform=uniform)
+    assert tokens.tolist() == [0, 1500, 2500, 4999]
+    torch.testing.assert_close(logprobs.cpu(), torch.full((4,), -float(torch.log(torch.tensor(5000.0)))))
