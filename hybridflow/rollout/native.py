@@ -205,25 +205,49 @@ class NativeEngine:
         self._graphs_for(cache).capture_all()
 
     def _admit(self, run: GenerationRun) -> None:
-        """Move waiting samples into free slots; a prompt is prefilled once for all its samples."""
+        """Move waiting samples into free slots; a prompt is prefilled once for all its samples.
+
+        Admission goes in waves: every waiting sample that fits takes a slot, and the first tokens of the
+        whole wave are sampled in one call (one host sync, not one per prompt); samples that stop at their
+        first token free their slots for the next wave."""
         while run.waiting and len(run.live) < run.cache.slots:
-            pending = run.waiting[0]
-            if pending.prefix is None:  # also when samples that stopped at once freed more slots
+            if run.waiting[0].prefix is None:  # also when samples that stopped at once freed more slots
                 self._prefill_admissible(run)
-            count = min(pending.remaining, run.cache.slots - len(run.live))
-            first_slot = len(run.live)
-            run.cache.fill(first_slot=first_slot, count=count, prefix=pending.prefix)
-            logits = pending.first_logits[None].expand(count, -1)
-            tokens, logprobs = sample_tokens(logits=logits, params=pending.params, generator=run.generator)
-            run.last_tokens[first_slot : first_slot + count] = tokens
-            output_start = pending.params.n - pending.remaining
-            for offset, (token, logprob) in enumerate(zip(tokens.tolist(), logprobs.tolist())):
-                run.live.append(pending.start_sequence(output_start + offset, keep_prompt=self.prefix_cache is not None))
-                run.append(run.live[-1], token, logprob)
-            pending.remaining -= count
-            if pending.remaining == 0:
-                run.waiting.popleft()
+            wave = self._admission_wave(run)
+            first_slot = slot = len(run.live)
+            for pending, count in wave:
+                run.cache.fill(first_slot=slot, count=count, prefix=pending.prefix)
+                slot += count
+            logits = torch.cat([pending.first_logits[None].expand(count, -1) for pending, count in wave])
+            rows = RowSampling.of([pending.params for pending, count in wave for _ in range(count)],
+                                  vocab_size=self.decoder.vocab_size, device=self.device)
+            tokens, logprobs = sample_tokens(logits=logits, params=rows, generator=run.generator)
+            run.last_tokens[first_slot:slot] = tokens
+            drawn = zip(tokens.tolist(), logprobs.tolist())
+            for pending, count in wave:
+                output_start = pending.params.n - pending.remaining
+                for offset, (token, logprob) in zip(range(count), drawn):
+                    run.live.append(pending.start_sequence(output_start + offset,
+                                                           keep_prompt=self.prefix_cache is not None))
+                    run.append(run.live[-1], token, logprob)
+                pending.remaining -= count
             run.retire()
+
+    @staticmethod
+    def _admission_wave(run: GenerationRun) -> list[tuple[PendingPrompt, int]]:
+        """``(prompt, samples)`` taken from the front of the queue into the free slots, in order; a prompt
+        whose samples do not all fit leads the next wave with the rest. Stops at the first prompt without
+        a prefill (it is prefilled before the next wave)."""
+        free, wave = run.cache.slots - len(run.live), []
+        while run.waiting and free > 0 and run.waiting[0].prefix is not None:
+            pending = run.waiting[0]
+            count = min(pending.remaining, free)
+            wave.append((pending, count))
+            free -= count
+            if count < pending.remaining:
+                break
+            run.waiting.popleft()
+        return wave
 
     def _prefill_admissible(self, run: GenerationRun) -> None:
         """Prefill, in packed passes of at most :data:`PREFILL_TOKEN_BUDGET` tokens, every waiting
