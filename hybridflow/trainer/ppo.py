@@ -37,6 +37,7 @@ import torch
 
 from hybridflow.algos import (AdaptiveKLController, FixedKLController, advantage_spec, apply_kl_penalty, get_advantage,
                              masked_mean)
+from hybridflow.algos.over_sample import first_finished
 from hybridflow.algos.pf_ppo import pf_ppo_resample
 from hybridflow.algos.rollout_correction import rollout_correction
 from hybridflow.data.balance import balance_batch
@@ -255,7 +256,17 @@ class PPOTrainer:
                 if key != "response_text":
                     batch[f"reward_extra/{key}"] = torch.tensor(values, dtype=torch.float32, device=self.device)
             metrics.update(reward_metrics)
+        if self.rollout_cfg.over_sample_rate > 0:
+            metrics.update(self.abort_late_samples(batch))
         return batch
+
+    def abort_late_samples(self, batch: Batch) -> dict[str, float]:
+        """rollout.over_sample_rate: the samples that would still be running when the first (1 - rate) of the batch
+        finished are aborted; their tokens carry no loss (response_mask zeroed after scoring)."""
+        keep = first_finished(response_lengths=batch["response_mask"].sum(-1),
+                              over_sample_rate=self.rollout_cfg.over_sample_rate)
+        batch["response_mask"] = batch["response_mask"] * keep[:, None].to(batch["response_mask"].dtype)
+        return {"rollout/aborted_share": 1.0 - keep.float().mean().item()}
 
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
         """The training rollout (the async trainer's partial rollouts hand the engine over to weight syncs)."""
@@ -405,10 +416,15 @@ class PPOTrainer:
             metrics[f"val-aux/tool_call_share@{n}"] = float(np.mean(tool_uses))
         return metrics
 
+    def validation_every(self) -> int:
+        """Steps between validations (trainer.test_freq)."""
+        return self.cfg.trainer.test_freq
+
     def _maybe_validate(self) -> tuple[dict[str, float], bool]:
         """(validation metrics, whether this step is a new best to keep) on validation steps, else ({}, False)."""
         trainer, step = self.cfg.trainer, self.global_step
-        due = trainer.test_freq > 0 and (step % trainer.test_freq == 0 or step >= self.total_steps)
+        test_freq = self.validation_every()
+        due = test_freq > 0 and (step % test_freq == 0 or step >= self.total_steps)
         if self.val_loader is None or not due:
             return {}, False
         metrics = self.validate()
