@@ -190,11 +190,9 @@ def markdown_table() -> str:
 
 def write_docs(path: str) -> None:
     """Replace the generated block of ``path`` with the current table."""
-    with open(path) as fh:
-        text = fh.read()
-    start, end = text.index(DOCS_BEGIN), text.index(DOCS_END) + len(DOCS_END)
-    with open(path, "w") as fh:
-        fh.write(text[:start] + markdown_table() + text[end:])
+    from hybridflow.config.docs import replace_block
+
+    replace_block(path, begin=DOCS_BEGIN, end=DOCS_END, block=markdown_table())
 
 
 if __name__ == "__main__":

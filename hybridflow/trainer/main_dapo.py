@@ -16,7 +16,7 @@ from hybridflow.trainer.main_ppo import run_from_args
 DAPO_DEFAULTS = ("reward_model.reward_manager=dapo", "data.gen_batch_size=${data.train_batch_size}",
                  "trainer.project_name=verl-dapo")
 """What verl-recipe's dapo/config/dapo_trainer.yaml sets on top of verl's ppo_trainer.yaml."""
-USAGE_SUMMARY = "DAPO (verl-recipe's recipe.dapo.main_dapo): main_ppo with the recipe's defaults (also: hybridflow ppo)."
+USAGE_SUMMARY = "DAPO (verl-recipe's recipe.dapo.main_dapo): main_ppo with the recipe's defaults."
 
 
 def main(argv: list[str] | None = None) -> int:

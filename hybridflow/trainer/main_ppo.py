@@ -201,6 +201,16 @@ def build_worker_groups(cfg: PPOConfig, *, total_steps: int):
     places the rollout in its own pool (split placement); ``local`` runs the group in this process at world
     size 1, ``ray`` as ``nnodes x n_gpus_per_node`` FSDP2 ranks.
     """
+    built: list = []
+    try:
+        return _build_groups(cfg, total_steps=total_steps, built=built)
+    except BaseException:
+        for group in built:  # a group that cannot be placed must not leave the others holding the cluster
+            group.shutdown()
+        raise
+
+
+def _build_groups(cfg: PPOConfig, *, total_steps: int, built: list):
     backend, kwargs = cfg.trainer.backend, ray_group_kwargs(cfg)
     split = split_placement(cfg)
     # On Ray the training groups share each bundle of the actor's placement group: half each with a critic.
@@ -210,6 +220,7 @@ def build_worker_groups(cfg: PPOConfig, *, total_steps: int):
                                 worker_cls=HybridEngineWorker, backend=backend, name="actor_rollout_ref",
                                 ranks_per_shard=cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size,
                                 **kwargs, **colocated)
+    built.append(engine)
     rollout = engine
     if split:
         pool = ResourcePool(nnodes=cfg.rollout.nnodes, procs_per_node=cfg.rollout.n_gpus_per_node,
@@ -218,6 +229,7 @@ def build_worker_groups(cfg: PPOConfig, *, total_steps: int):
         concurrency = 2 if partial_rollouts(cfg) else 1
         rollout = build_worker_group(functools.partial(build_rollout_worker, cfg=cfg), worker_cls=RolloutGroupWorker,
                                      backend=backend, name="rollout", **dict(kwargs, pool=pool, concurrency=concurrency))
+        built.append(rollout)
     critic = None
     if critic_enabled(cfg):
         if backend == "ray":  # colocated with the actor: the other half of each of its bundles

@@ -389,6 +389,16 @@ class PPOTrainer:
         return batch.index_select(rows.tolist())
 
     # ================================================================== validation
+    def generate_padded(self, prompts: Batch, params: SamplingParams) -> Batch:
+        """Generate for any number of prompts: the validation set need not divide by the rollout group's
+        data-parallel size, so copies of the last prompt fill the last shard and their samples are dropped."""
+        count, shards = len(prompts), self.w.rollout.data_parallel_size
+        padding = -count % shards
+        if padding:
+            prompts = Batch.concat([prompts, prompts.index_select([count - 1] * padding)])
+        batch = self.w.rollout.generate(prompts, params)
+        return batch.index_select(list(range(count * params.n))) if padding else batch
+
     def validate(self) -> dict[str, float]:
         """Generate on the validation set with ``val_kwargs``; reward mean@n per data source. The samples
         go to ``trainer.validation_data_dir`` and (``trainer.log_val_generations`` of them) to the trackers."""
@@ -397,7 +407,7 @@ class PPOTrainer:
         samples: dict[str, Any] = {"inputs": [], "outputs": [], "gts": [], "scores": [], "extras": {}}
         for collated in self.val_loader:
             prompts = prompts_to_batch(collated)
-            batch = self.w.rollout.generate(prompts, self.sampling_params(step=self.global_step, validate=True))
+            batch = self.generate_padded(prompts, self.sampling_params(step=self.global_step, validate=True))
             _, batch["seq_score"], _, _ = self.w.reward.compute_scores(batch)
             for key, values in batch_samples(batch, self.tokenizer).items():
                 if key != "extras":
@@ -484,14 +494,15 @@ class PPOTrainer:
         step, extra = load_checkpoint(path, self.checkpoint_components)
         self.restore_extra(extra)
         self.push_weights_to_rollout()
-        logger.info("resumed from %s (step %d)", path, step)
+        print(f"hybridflow: resumed from {path} at step {step}", flush=True)
         return step
 
     def close(self) -> None:
         """Stop reward worker processes, flush trackers, release worker groups."""
         self.w.reward.close()
         self.tracking.finish()
-        for group in {id(g): g for g in (self.w.actor, self.w.critic) if hasattr(g, "shutdown")}.values():
+        groups = (self.w.actor, self.w.rollout, self.w.critic)  # the rollout may have a pool of its own
+        for group in {id(g): g for g in groups if hasattr(g, "shutdown")}.values():
             group.shutdown()
 
 

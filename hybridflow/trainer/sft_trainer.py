@@ -263,6 +263,7 @@ class SFTTrainer:
             return
         self.global_step, extra = load_checkpoint(path, {COMPONENT: self.checkpoint_component()})
         self.loader.load_state_dict(extra["dataloader"])
+        print(f"hybridflow: resumed from {path} at step {self.global_step}", flush=True)
 
     # ---- the loop ------------------------------------------------------------------
     def _due(self, freq: int) -> bool:

@@ -57,7 +57,8 @@ def test_strategy_megatron_is_refused_saying_so(tmp_path):
         validate_ppo_config(ppo("actor_rollout_ref.actor.strategy=megatron"), check_paths=False)
     lines = [line for line in str(err.value).splitlines() if "megatron" in line]
     # ref.strategy follows actor.strategy: two lines, each naming its key and the fix
-    assert [line.split("=")[0] for line in lines] == ["actor_rollout_ref.actor.strategy", "actor_rollout_ref.ref.strategy"]
+    keys = [line.split("=")[0] for line in lines]
+    assert keys == ["actor_rollout_ref.actor.strategy", "actor_rollout_ref.ref.strategy"]
     assert all("Megatron-LM is not supported" in line for line in lines)
 
 
@@ -105,7 +106,8 @@ def test_main_dapo_starts_from_the_recipe_s_defaults():
     from hybridflow.trainer.main_dapo import DAPO_DEFAULTS
 
     cfg = ppo("data.train_batch_size=16", defaults=DAPO_DEFAULTS)
-    assert (cfg.reward_model.reward_manager, cfg.data.gen_batch_size, cfg.trainer.project_name) == ("dapo", 16, "verl-dapo")
+    got = (cfg.reward_model.reward_manager, cfg.data.gen_batch_size, cfg.trainer.project_name)
+    assert got == ("dapo", 16, "verl-dapo")
     assert ppo("reward_model.reward_manager=naive", defaults=DAPO_DEFAULTS).reward_model.reward_manager == "naive"
 
 
