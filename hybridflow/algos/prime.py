@@ -1,5 +1,5 @@
-"""PRIME (Cui et al. 2025, "Process Reinforcement through Implicit Rewards", arXiv 2502.01456): the math of verl-recipe's
-``recipe/prime`` (prime_core_algos.py), pure tensors. Not a registered estimator: it needs the implicit PRM's
+"""PRIME (Cui et al. 2025, "Process Reinforcement through Implicit Rewards", arXiv 2502.01456): the math of
+verl-recipe's ``recipe/prime`` (prime_core_algos.py), pure tensors. Not a registered estimator: it needs the implicit PRM's
 log-probs, a role main_ppo does not build yet.
 
 Implicit process reward (Sec. 3.1): a PRM ``pi_phi`` initialised from the policy and a frozen reference give each
