@@ -87,13 +87,13 @@ def _ppo(args: argparse.Namespace, rest: list[str]) -> int:
 def _spin(args: argparse.Namespace, rest: list[str]) -> int:
     from hybridflow.trainer.main_spin import run_from_args
 
-    return run_from_args(rest)
+    return run_from_args(rest, prog="hybridflow spin")
 
 
 def _sppo(args: argparse.Namespace, rest: list[str]) -> int:
     from hybridflow.trainer.main_sppo import run_from_args
 
-    return run_from_args(rest)
+    return run_from_args(rest, prog="hybridflow sppo")
 
 
 def _sft(args: argparse.Namespace, rest: list[str]) -> int:

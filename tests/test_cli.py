@@ -66,6 +66,12 @@ ENTRY_POINTS = [  # (module run as ``python -m``, its arguments, what the usage 
     ("hybridflow.cli", ["ppo", "--help"], "hybridflow config show --doc"),
     ("hybridflow.cli", ["sft", "--help"], "hybridflow config show --trainer sft --doc"),
     ("hybridflow.model_merger", ["--help"], "hybridflow config show --doc"),
+    # issue 37: these failed with "unknown option '--help'"
+    ("hybridflow.trainer.main_spin", ["--help"], "hybridflow config show --trainer spin --doc"),
+    ("hybridflow.trainer.main_sppo", ["--help"], "hybridflow config show --trainer sppo --doc"),
+    ("hybridflow.cli", ["spin", "--help"], "hybridflow config show --trainer spin --doc"),
+    ("hybridflow.cli", ["sppo", "-h"], "hybridflow config show --trainer sppo --doc"),
+    ("hybridflow.trainer.main_dapo", ["--help"], "hybridflow config show --doc"),
 ]
 
 

@@ -24,6 +24,8 @@ _PREFETCH = "FSDP2 prefetches the next unit itself; there is no forward-prefetch
 _ASYNC_SAVE = "checkpoints are written synchronously (the tracker file last, atomically)"
 _TOTAL_STEPS = "filled in by the trainer from the data size and total_epochs / total_training_steps"
 _VLLM = "sizes the vLLM engine; the native engine sizes itself from the batch"
+_WEIGHT_SYNC = "weights go to the rollout engine in memory (or by Ray object reference to a rollout pool)"
+_RM_IN_TRAINER = "the reward model scores in the trainer process; it has no resource pool of its own"
 
 COMPAT_ONLY: dict[str, str] = {
     # data
@@ -80,6 +82,32 @@ COMPAT_ONLY: dict[str, str] = {
     "reward_model.sandbox_fusion.url": "code is run in the local sandbox (hybridflow.rewards.code_sandbox)",
     "reward_model.sandbox_fusion.max_concurrent": "the local sandbox runs one program per scorer call",
     "reward_model.overlong_buffer.log": "the dapo manager always reports its overlong penalty",
+    "actor_rollout_ref.rollout.multi_stage_wake_up": "the native engine keeps its weights and KV cache resident; "
+                                                      "there is no sleep / wake-up cycle",
+    "actor_rollout_ref.rollout.enable_sleep_mode": "the native engine keeps its weights and KV cache resident; "
+                                                   "there is no sleep / wake-up cycle",
+    "actor_rollout_ref.rollout.checkpoint_engine": _WEIGHT_SYNC,
+    "actor_rollout_ref.checkpoint_engine": _WEIGHT_SYNC,
+    "async_training.checkpoint_engine": _WEIGHT_SYNC,
+    "actor_rollout_ref.rollout.trace": "rollouts are not traced; trainer.rollout_data_dir dumps every rollout as JSONL",
+    "async_training.use_trainer_do_validate": "the async trainer validates with the rollout engine between steps",
+    **{f"{role}.profiler": "no profiler is driven by the config; run the trainer under torch.profiler or nsys "
+                           "yourself" for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref",
+                                                   "actor_rollout_ref.rollout", "critic")},
+    "actor_rollout_ref.ref.entropy_checkpointing": "the reference computes log-probs only, no entropy",
+    "actor_rollout_ref.ref.entropy_from_logits_with_chunking": "the reference computes log-probs only, no entropy",
+    "actor_rollout_ref.rollout.sglang_rollout_mode": "SGLang, when installed, runs in the rollout worker's process",
+    "global_profiler": "no profiler is driven by the config; run the trainer under torch.profiler or nsys yourself",
+    # reward model placement
+    "reward_model.enable_resource_pool": _RM_IN_TRAINER,
+    "reward_model.n_gpus_per_node": _RM_IN_TRAINER,
+    "reward_model.nnodes": _RM_IN_TRAINER,
+    # verl 0.9's SFT trainer
+    "data.use_dynamic_bsz": "SFT micro-batches hold micro_batch_size_per_gpu sequences (one packed row with "
+                            "data.pad_mode=no_padding)",
+    "data.max_token_len_per_gpu": "SFT micro-batches hold micro_batch_size_per_gpu sequences (one packed row with "
+                                  "data.pad_mode=no_padding)",
+    "data.ignore_input_ids_mismatch": "conversations are tokenised whole with the chat template, never turn by turn",
     # trainer
     "trainer.default_hdfs_dir": "checkpoints are written to default_local_dir only; there is no HDFS copy",
     "trainer.del_local_ckpt_after_load": "local checkpoints are never deleted on load (nothing would be left to resume from)",
@@ -162,11 +190,9 @@ def markdown_table() -> str:
 
 def write_docs(path: str) -> None:
     """Replace the generated block of ``path`` with the current table."""
-    with open(path) as fh:
-        text = fh.read()
-    start, end = text.index(DOCS_BEGIN), text.index(DOCS_END) + len(DOCS_END)
-    with open(path, "w") as fh:
-        fh.write(text[:start] + markdown_table() + text[end:])
+    from hybridflow.config.docs import replace_block
+
+    replace_block(path, begin=DOCS_BEGIN, end=DOCS_END, block=markdown_table())
 
 
 if __name__ == "__main__":

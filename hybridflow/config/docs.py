@@ -37,3 +37,12 @@ def _own_field_docs(klass: type) -> dict[str, str]:
         if is_field and is_doc and isinstance(nxt.value.value, str):
             docs[stmt.target.id] = " ".join(nxt.value.value.split())
     return docs
+
+
+def replace_block(path: str, *, begin: str, end: str, block: str) -> None:
+    """Replace the generated block of the doc at ``path`` (from the ``begin`` marker to the ``end`` one)."""
+    with open(path) as fh:
+        text = fh.read()
+    start, stop = text.index(begin), text.index(end) + len(end)
+    with open(path, "w") as fh:
+        fh.write(text[:start] + block + text[stop:])

@@ -36,20 +36,33 @@ from hybridflow.errors import ConfigError
 # (prefix in verl 0.9 spelling, prefix in the schema); first match wins, longest first.
 KEY_ALIASES: tuple[tuple[str, str], ...] = (
     ("reward.custom_reward_function.", "custom_reward_function."),
+    ("reward.reward_model.model_path", "reward_model.model.path"),  # verl 0.9's reward-model spelling
     ("reward.reward_manager.name", "reward_model.reward_manager"),
     ("reward.reward_manager", "reward_model.reward_manager"),
     ("reward.reward_model.", "reward_model."),
     ("reward.", "reward_model."),
     ("actor_rollout_ref.model.torch_dtype", "actor_rollout_ref.model.dtype"),  # HF's name, in verl's CISPO example
+    ("rollout.n", "actor_rollout_ref.rollout.n"),  # verl's fully async YAML repeats the samples per prompt here
+    # verl 0.9's engine config repeats the role's strategy and Ulysses size inside fsdp_config
+    *((f"{role}.fsdp_config.{name}", f"{owner}.{name}")
+      for role, owner in (("actor_rollout_ref.actor", "actor_rollout_ref.actor"),
+                          ("actor_rollout_ref.ref", "actor_rollout_ref.ref"), ("critic.model", "critic"))
+      for name in ("strategy", "ulysses_sequence_parallel_size")),
 )
 HYDRA_TARGET = "_target_"
+MEGATRON = ("Megatron-LM is not supported: hybridflow trains with FSDP2 only. Drop the *.megatron.* keys and set "
+            "strategy=fsdp2; for long sequences use ulysses_sequence_parallel_size, and for models too big for one "
+            "device FSDP2 shards them over trainer.n_gpus_per_node x trainer.nnodes ranks (fsdp_config.param_offload "
+            "moves them to CPU)")
+"""The one line a Megatron key or ``strategy=megatron`` gets (verl's tensor/pipeline parallel settings have no
+FSDP2 counterpart here)."""
 
 _FLOAT_RE = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)$")
 
 
-def canonical_key(key: str) -> str:
-    """Rewrite an aliased (verl 0.9) key to its schema spelling."""
-    for alias, target in KEY_ALIASES:
+def canonical_key(key: str, aliases: tuple[tuple[str, str], ...] = ()) -> str:
+    """Rewrite an aliased (verl 0.9) key to its schema spelling; ``aliases`` (a schema's own) are tried first."""
+    for alias, target in (*aliases, *KEY_ALIASES):
         if key == alias.rstrip("."):
             return target.rstrip(".")
         if alias.endswith(".") and key.startswith(alias):
@@ -124,6 +137,8 @@ def check_key(keys: dict[str, Any], key: str, *, origin: str) -> None:
     """Raise ConfigError if ``key`` is not in the schema (and not under a free-form dict)."""
     if key in keys or _open_ancestor(keys, key):
         return
+    if "megatron" in key.split("."):
+        raise ConfigError(f"'{key}': {MEGATRON}")
     hint = suggest_key(keys, key)
     where = f" (from {origin})" if origin else ""
     did_you_mean = f"; did you mean '{hint}'?" if hint else "; run `hybridflow config show --doc` to list the keys"
@@ -154,10 +169,10 @@ def parse_value(text: str) -> Any:
     return value
 
 
-def parse_override(item: str) -> tuple[str, str, Any]:
+def parse_override(item: str, aliases: tuple[tuple[str, str], ...] = ()) -> tuple[str, str, Any]:
     """``[+|++|~]key[=value]`` -> (op, key, value) with op in {'set', 'add', 'delete'}."""
     if item.startswith("~"):
-        return "delete", canonical_key(item[1:].split("=", 1)[0]), None
+        return "delete", canonical_key(item[1:].split("=", 1)[0], aliases), None
     if "=" not in item:
         raise ConfigError(f"override '{item}' has no '=': write key=value (e.g. data.train_batch_size=8)")
     key, value = item.split("=", 1)
@@ -165,10 +180,11 @@ def parse_override(item: str) -> tuple[str, str, Any]:
     key = key.lstrip("+").strip()
     if not key:
         raise ConfigError(f"override '{item}' has an empty key")
-    return op, canonical_key(key), parse_value(value)
+    return op, canonical_key(key, aliases), parse_value(value)
 
 
-def flatten(tree: dict, keys: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+def flatten(tree: dict, keys: dict[str, Any], prefix: str = "",
+            aliases: tuple[tuple[str, str], ...] = ()) -> list[tuple[str, Any]]:
     """Nested dict from a YAML file -> [(canonical dotted key, leaf value)]; free-form dicts stay whole.
 
     Keys are walked in the file's spelling and canonicalised whole (``reward.reward_kwargs.x`` ->
@@ -176,12 +192,12 @@ def flatten(tree: dict, keys: dict[str, Any], prefix: str = "") -> list[tuple[st
     items = []
     for name, value in tree.items():
         raw = prefix + str(name)
-        full = canonical_key(raw)
+        full = canonical_key(raw, aliases)
         if is_hydra_target(full):
             continue
         tp = keys.get(full)
         if isinstance(value, dict) and not (tp is not None and _is_open(tp)) and value:
-            items.extend(flatten(value, keys, raw + "."))
+            items.extend(flatten(value, keys, raw + ".", aliases))
         else:
             items.append((full, value))
     return items
@@ -228,17 +244,41 @@ def read_yaml_file(path: str) -> dict:
     return tree
 
 
-def compose(schema: type, overrides: Iterable[str] = (), config_file: str | None = None) -> DictConfig:
-    """Defaults of ``schema`` <- ``config_file`` <- ``overrides``; interpolations left unresolved."""
+def _is_group_choice(schema: type, key: str, value: Any) -> bool:
+    """``engine=fsdp``: a Hydra config-group choice (``schema.CONFIG_GROUPS``), not a value. The one choice
+    hybridflow has is accepted (it is the schema's default); Megatron, or any other, is refused in one line."""
+    choices = getattr(schema, "CONFIG_GROUPS", {}).get(key)
+    if choices is None:
+        return False
+    if value == "megatron":
+        raise ConfigError(f"{key}={value}: {MEGATRON}")
+    if value not in choices:
+        raise ConfigError(f"{key}={value!r}: the config group {key} has only {', '.join(choices)} in hybridflow")
+    return True
+
+
+def compose(schema: type, overrides: Iterable[str] = (), config_file: str | None = None,
+            defaults: Iterable[str] = ()) -> DictConfig:
+    """Defaults of ``schema`` <- ``defaults`` (a recipe's overrides) <- ``config_file`` <- ``overrides``;
+    interpolations left unresolved.
+
+    A schema may declare ``KEY_ALIASES`` (its own verl spellings, tried before the shared ones) and
+    ``CONFIG_GROUPS`` (Hydra group choices such as ``engine=fsdp``) as class attributes."""
     cfg = OmegaConf.structured(schema)
     keys = schema_keys(schema)
+    aliases = getattr(schema, "KEY_ALIASES", ())
+    for item in defaults:
+        _, key, value = parse_override(item)
+        _assign(cfg, keys, key, value, origin=f"the recipe's default '{item}'")
     if config_file:
-        for key, value in flatten(read_yaml_file(config_file), keys):
-            _assign(cfg, keys, key, value, origin=os.path.basename(config_file))
+        for key, value in flatten(read_yaml_file(config_file), keys, aliases=aliases):
+            if not _is_group_choice(schema, key, value):
+                _assign(cfg, keys, key, value, origin=os.path.basename(config_file))
     for item in overrides:
         op, key, value = parse_override(item)
-        if is_hydra_target(key):
+        if is_hydra_target(key) or (op != "delete" and _is_group_choice(schema, key, value)):
             continue
+        key = canonical_key(key, aliases)
         if op == "delete":
             _delete(cfg, keys, key)
         else:
@@ -258,12 +298,13 @@ def to_object(cfg: DictConfig) -> Any:
         raise ConfigError(f"{key}: cannot resolve interpolation ({str(err).splitlines()[0]})") from err
 
 
-def load_config(schema: type, overrides: Iterable[str] = (), config_file: str | None = None) -> Any:
+def load_config(schema: type, overrides: Iterable[str] = (), config_file: str | None = None,
+                defaults: Iterable[str] = ()) -> Any:
     """Compose and resolve: the typed config object a trainer runs with. Compatibility-only keys
     set to a non-default value are named once each (``hybridflow.config.compat``)."""
     from hybridflow.config.compat import warn_compat_keys
 
-    cfg = compose(schema, overrides, config_file)
+    cfg = compose(schema, overrides, config_file, defaults)
     resolved = to_object(cfg)
     warn_compat_keys(cfg, schema)
     return resolved

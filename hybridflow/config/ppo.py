@@ -231,6 +231,8 @@ class ActorConfig:
     """Recompute the entropy's softmax in backward instead of keeping a ``[B, T, V]`` tensor (saves memory)."""
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     """FSDP2 settings."""
+    profiler: Dict[str, Any] = field(default_factory=dict)
+    """Compatibility-only (compat.py); in verl: this role's nsys / torch profiler settings."""
 
 
 @dataclass
@@ -255,6 +257,12 @@ class RefConfig:
     """Sequence parallelism of the reference; it runs in the actor's processes, so it follows
     actor.ulysses_sequence_parallel_size; 1 runs whole sequences on every rank of a group (same values,
     redundant work)."""
+    entropy_checkpointing: bool = False
+    """Compatibility-only (compat.py); in verl: the reference's entropy memory switch (it computes no entropy)."""
+    entropy_from_logits_with_chunking: bool = False
+    """Compatibility-only (compat.py); in verl: the reference's entropy memory switch (it computes no entropy)."""
+    profiler: Dict[str, Any] = field(default_factory=dict)
+    """Compatibility-only (compat.py); in verl: this role's nsys / torch profiler settings."""
 
 
 @dataclass
@@ -402,6 +410,23 @@ class RolloutConfig:
     (the observation), and prefill identical prompts once; budget ``engine_kwargs.native.prefix_cache_tokens``
     (default 32768 tokens). Read by the native engine only (vllm: set engine_kwargs.vllm.enable_prefix_caching);
     single-turn rollouts never reuse a prefix (the weights change every step)."""
+    over_sample_rate: float = 0.0
+    """In [0, 1). Train on the first ``ceil((1 - over_sample_rate) * N)`` of a batch's N samples to finish; the rest
+    are aborted: their tokens carry no loss (they are still scored and stay in their group's baseline). The engines
+    decode a batch in lockstep, so the first to finish are the shortest (ties: earlier samples first); 0 keeps
+    every sample. ``rollout/aborted_share`` reports the share (hybridflow.algos.over_sample)."""
+    multi_stage_wake_up: bool = False
+    """Compatibility-only (compat.py); in verl: wake SGLang's weights and KV cache in two stages."""
+    enable_sleep_mode: bool = True
+    """Compatibility-only (compat.py); in verl: let vLLM release its memory between rollouts."""
+    checkpoint_engine: Dict[str, Any] = field(default_factory=dict)
+    """Compatibility-only (compat.py); in verl: the engine that streams weights to the rollout servers."""
+    trace: Dict[str, Any] = field(default_factory=dict)
+    """Compatibility-only (compat.py); in verl: trace rollouts to mlflow / weave."""
+    sglang_rollout_mode: Optional[str] = None
+    """Compatibility-only (compat.py); in older verl: SGLang in the trainer process or as a server."""
+    profiler: Dict[str, Any] = field(default_factory=dict)
+    """Compatibility-only (compat.py); in verl: this role's nsys / torch profiler settings."""
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
     """Multi-turn rollouts with tools and simulated users."""
     agent: AgentLoopConfig = field(default_factory=AgentLoopConfig)
@@ -414,6 +439,9 @@ class ActorRolloutRefConfig:
 
     hybrid_engine: bool = True
     """Compatibility-only (compat.py); in verl: colocate actor, rollout and reference in the same workers; weights resharded in memory."""
+    checkpoint_engine: Any = None
+    """Compatibility-only (compat.py); in verl's async recipes: the weight-streaming engine (their YAML points it
+    at async_training.checkpoint_engine)."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """The policy model."""
     actor: ActorConfig = field(default_factory=ActorConfig)
@@ -508,6 +536,8 @@ class CriticConfig:
     needs critic.model.use_remove_padding."""
     checkpoint: CheckpointContentsConfig = field(default_factory=CheckpointContentsConfig)
     """What critic checkpoints hold."""
+    profiler: Dict[str, Any] = field(default_factory=dict)
+    """Compatibility-only (compat.py); in verl: this role's nsys / torch profiler settings."""
 
 
 # --------------------------------------------------------------------------- rewards
@@ -677,6 +707,12 @@ class RewardModelConfig:
     """verl's reward loop (its default). With ``enable``: a causal-LM ``model.path`` is a generative
     judge generating through ``rollout`` (verdict -> score); a sequence-classification model is scored
     directly, as with False."""
+    enable_resource_pool: bool = False
+    """Compatibility-only (compat.py); in verl: run the reward model in a resource pool of its own."""
+    n_gpus_per_node: int = 0
+    """Compatibility-only (compat.py); in verl: GPUs per node of the reward model's own pool."""
+    nnodes: int = 0
+    """Compatibility-only (compat.py); in verl: nodes of the reward model's own pool."""
     rollout: RewardRolloutConfig = field(default_factory=RewardRolloutConfig)
     """Engine of the generative reward model."""
     judge: JudgeConfig = field(default_factory=JudgeConfig)
@@ -863,8 +899,9 @@ class TrainerConfig:
     """``auto`` (cuda when available, else cpu), ``cpu`` or ``cuda``."""
     seed: int = 42
     """Global seed (model init of heads, dropout, sampling)."""
-    backend: str = "local"
-    """Worker-group backend: ``local`` (in-process) or ``ray``."""
+    backend: str = "auto"
+    """Worker-group backend: ``local`` (in-process), ``ray``, or ``auto``: ray when the rollout has a pool of its
+    own (``rollout.n_gpus_per_node`` > 0, verl's split placement), else local. Resolved when the config loads."""
     use_legacy_worker_impl: str = "auto"
     """Compatibility-only (compat.py): picks verl's legacy or new worker classes; hybridflow has one."""
 
@@ -877,6 +914,9 @@ class RayInitConfig:
     """CPUs Ray may use; null = all."""
     address: Optional[str] = None
     """An existing cluster's address (``auto`` or host:port); null starts a local one (RAY_ADDRESS also works)."""
+    runtime_env: Dict[str, Any] = field(default_factory=dict)
+    """``ray.init(runtime_env=...)``: the job's environment (env_vars, py_executable, working_dir, ...), as Ray
+    documents it; the worker processes start in it."""
     timeline_json_file: Optional[str] = None
     """Compatibility-only (compat.py); in verl: write a Ray timeline here at the end."""
 
@@ -916,6 +956,10 @@ class AsyncTrainingConfig:
     """Recompute old log-probs with the trainer's current weights (the proximal policy) and correct behaviour ->
     proximal with ``algorithm.rollout_correction`` importance weights; False uses the behaviour log-probs as the
     old policy (needs use_rollout_log_probs)."""
+    use_trainer_do_validate: bool = False
+    """Compatibility-only (compat.py); in verl: validate in the trainer instead of the rollouter."""
+    checkpoint_engine: Dict[str, Any] = field(default_factory=dict)
+    """Compatibility-only (compat.py); in verl: the engine that streams weights from trainer to rollouter."""
 
 
 @dataclass
@@ -925,6 +969,10 @@ class AsyncRolloutConfig:
     total_rollout_steps: Optional[int] = None
     """Prompt batches the rollouter generates in the whole run (null = trainer.total_training_steps x
     async_training.require_batches); the trainer runs total_rollout_steps // require_batches steps."""
+    total_epochs: Optional[int] = None
+    """Passes of the rollouter over the training set when total_rollout_steps is null (null = trainer.total_epochs)."""
+    test_freq: Optional[int] = None
+    """Validate every N weight syncs (verl's fully async recipe); null = trainer.test_freq steps."""
     nnodes: int = 1
     """Nodes of the rollout pool when the rollout is placed apart from training (split placement)."""
     n_gpus_per_node: int = 0
@@ -957,3 +1005,9 @@ class PPOConfig:
     """Asynchronous training (main_fully_async / main_one_step_off only)."""
     rollout: AsyncRolloutConfig = field(default_factory=AsyncRolloutConfig)
     """The async rollouter's budget (main_fully_async only)."""
+    global_profiler: Dict[str, Any] = field(default_factory=dict)
+    """Compatibility-only (compat.py); in verl: nsys / torch profiler settings."""
+
+    def __post_init__(self):
+        if self.trainer.backend == "auto":  # verl's split placement keys alone pick the Ray backend
+            self.trainer.backend = "ray" if self.rollout.n_gpus_per_node > 0 else "local"

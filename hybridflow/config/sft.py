@@ -4,7 +4,7 @@ Single source of truth; ``hybridflow/config/sft_trainer.yaml`` is generated from
 """
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, ClassVar, Dict, List, Optional
 
 from hybridflow.config.common import CheckpointContentsConfig, FSDPConfig
 
@@ -49,6 +49,19 @@ class SFTDataConfig:
     """Nested keys to reach the response inside a dict column."""
     multiturn: MultiturnConfig = field(default_factory=MultiturnConfig)
     """Multi-turn data."""
+    messages_key: Optional[str] = None
+    """verl 0.9's SFT trainer (``verl.trainer.sft_trainer``): the column of chat messages. Set, every row is read
+    as a conversation, as with multiturn.enable=True and multiturn.messages_key=<this>; null keeps multiturn.*."""
+    pad_mode: Optional[str] = None
+    """verl 0.9's SFT trainer: ``no_padding`` packs each micro-batch into one row (as use_remove_padding=True),
+    ``right`` pads it; null leaves use_remove_padding / use_packing to decide."""
+    use_dynamic_bsz: bool = False
+    """Compatibility-only (compat.py); in verl: micro-batches sized by max_token_len_per_gpu tokens."""
+    max_token_len_per_gpu: int = 8192
+    """Compatibility-only (compat.py); in verl: the token budget of a dynamic micro-batch."""
+    ignore_input_ids_mismatch: bool = False
+    """Compatibility-only (compat.py); in verl: accept turn-by-turn tokenisation that differs from the whole
+    conversation's."""
     max_length: int = 1024
     """Longest tokenised example (prompt + response)."""
     truncation: str = "error"
@@ -184,3 +197,34 @@ class SFTConfig:
     """verl's padding-free switch: the same as data.use_packing (micro-batches as one packed row)."""
     trainer: SFTTrainerConfig = field(default_factory=SFTTrainerConfig)
     """Loop, logging, checkpoints."""
+
+    KEY_ALIASES: ClassVar[tuple[tuple[str, str], ...]] = (
+        # verl 0.9's SFT trainer (sft_trainer_engine.yaml): its engine@engine, optim@optim and model@model groups
+        ("data.tools_key", "data.multiturn.tools_key"),
+        ("data.enable_thinking_key", "data.multiturn.enable_thinking_key"),
+        ("data.train_max_samples", "data.max_samples"),
+        ("model.use_remove_padding", "use_remove_padding"),
+        ("checkpoint.", "trainer.checkpoint."),
+        ("engine.ulysses_sequence_parallel_size", "ulysses_sequence_parallel_size"),
+        ("engine.strategy", "model.strategy"),
+        ("engine.", "model.fsdp_config."),
+        ("optim.lr_warmup_steps_ratio", "optim.warmup_steps_ratio"),
+        ("optim.warmup_style", "optim.lr_scheduler"),
+        ("optim.lr_scheduler_type", "optim.lr_scheduler"),
+    )
+    """verl 0.9 SFT spellings -> this schema's keys (``hybridflow.config.loader.compose``)."""
+    CONFIG_GROUPS: ClassVar[dict[str, tuple[str, ...]]] = {"engine": ("fsdp",), "optim": ("fsdp",),
+                                                          "model": ("hf_model",)}
+    """Hydra group choices verl's SFT commands pass (``engine=fsdp``): hybridflow has the one each names."""
+
+
+def sft_messages_key(data: SFTDataConfig) -> Optional[str]:
+    """The column of chat messages, or None for prompt/response rows."""
+    if data.messages_key is not None:
+        return data.messages_key
+    return data.multiturn.messages_key if data.multiturn.enable else None
+
+
+def sft_packed(cfg: SFTConfig) -> bool:
+    """Micro-batches as one packed row: use_remove_padding, data.use_packing or data.pad_mode=no_padding."""
+    return cfg.use_remove_padding or cfg.data.use_packing or cfg.data.pad_mode == "no_padding"

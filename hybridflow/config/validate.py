@@ -8,13 +8,17 @@ trainer at start-up, also before any model loads.
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
 from hybridflow.algos import advantage_spec
 from hybridflow.algos.errors import UnknownAlgorithmError
+from hybridflow.config.loader import MEGATRON
+from hybridflow.config.sft import sft_packed
 from hybridflow.errors import ConfigError
 
+logger = logging.getLogger(__name__)
 TRUNCATION_MODES = ("error", "left", "right", "middle")
 RESUME_MODES = ("auto", "disable", "resume_path")
 KL_CTRL_TYPES = ("fixed", "adaptive")
@@ -39,6 +43,15 @@ def looks_like_local_path(path: str) -> bool:
 def _check_choice(problems: list[str], key: str, value: Any, choices: tuple) -> None:
     if value not in choices:
         problems.append(f"{key}={value!r} is not one of {', '.join(choices)}")
+
+
+def _check_strategies(problems: list[str], strategies: dict[str, str]) -> None:
+    """verl's training backends: fsdp and fsdp2 both mean FSDP2 here; megatron gets the one line saying so."""
+    for key, value in strategies.items():
+        if value == "megatron":
+            problems.append(f"{key}=megatron: {MEGATRON}")
+        else:
+            _check_choice(problems, key, value, ("fsdp", "fsdp2"))
 
 
 def _check_files(problems: list[str], key: str, files: Any) -> None:
@@ -144,6 +157,31 @@ def split_placement(cfg: Any) -> bool:
     return cfg.rollout.n_gpus_per_node > 0
 
 
+def partial_rollouts(cfg: Any) -> bool:
+    """``async_training.partial_rollout`` where it can act: the native engine pauses single-turn sequences at a
+    weight sync, in this process or in a rollout pool of its own. verl's async recipes turn it on by default with
+    vLLM; elsewhere it warns once and in-flight sequences finish with the weights they started with."""
+    if not cfg.async_training.partial_rollout:
+        return False
+    rollout = cfg.actor_rollout_ref.rollout
+    reason = None
+    if rollout.name != "native" or rollout.multi_turn.enable:
+        reason = f"the {rollout.name} engine{' in multi-turn' if rollout.multi_turn.enable else ''} cannot pause"
+    elif cfg.trainer.backend != "local" and not split_placement(cfg):
+        reason = "on Ray only a rollout pool of its own (rollout.n_gpus_per_node > 0) takes a sync mid-generate"
+    if reason is None:
+        return True
+    if reason not in _PARTIAL_WARNED:
+        _PARTIAL_WARNED.add(reason)
+        logger.warning("hybridflow: warning: async_training.partial_rollout=True has no effect here (%s): sequences in "
+                       "flight at a weight sync finish with the weights they started with (native single-turn "
+                       "engine needed)", reason)
+    return False
+
+
+_PARTIAL_WARNED: set[str] = set()
+
+
 def _estimator_needs_values(name: str) -> bool:
     """The estimator's registered spec (pure algos/ metadata); an unknown name is reported elsewhere."""
     try:
@@ -208,6 +246,9 @@ def _check_gen_batch_size(problems: list[str], cfg: Any) -> None:
 
 def _check_rollout(problems: list[str], cfg: Any, model_max_len: int | None) -> None:
     rollout, data = cfg.actor_rollout_ref.rollout, cfg.data
+    if not 0.0 <= rollout.over_sample_rate < 1.0:
+        problems.append(f"actor_rollout_ref.rollout.over_sample_rate={rollout.over_sample_rate} must be in [0, 1): "
+                        "the share of a batch's samples aborted once the rest have finished")
     for key, top_k in (("rollout.top_k", rollout.top_k), ("rollout.val_kwargs.top_k", rollout.val_kwargs.top_k)):
         if top_k < -1:
             problems.append(f"actor_rollout_ref.{key}={top_k} must be -1 or 0 (off) or a positive number of tokens")
@@ -330,6 +371,9 @@ def validate_ppo_config(cfg: Any, *, model_max_len: int | None = None, check_pat
         if cfg.custom_reward_function.path and not os.path.isfile(os.path.expanduser(cfg.custom_reward_function.path)):
             problems.append(f"custom_reward_function.path: file '{cfg.custom_reward_function.path}' does not exist")
     _check_choice(problems, "data.truncation", cfg.data.truncation, TRUNCATION_MODES)
+    arf = cfg.actor_rollout_ref
+    _check_strategies(problems, {"actor_rollout_ref.actor.strategy": arf.actor.strategy,
+                                 "actor_rollout_ref.ref.strategy": arf.ref.strategy, "critic.strategy": cfg.critic.strategy})
     _check_batch_sizes(problems, cfg, ppo_world_size(cfg))
     _check_algorithm(problems, cfg)
     _check_sequence_parallel(problems, cfg)
@@ -394,12 +438,15 @@ def validate_sft_config(cfg: Any, *, world_size: int = 1, model_max_len: int | N
     data = cfg.data
     _check_sft_batch_sizes(problems, data, sft_data_parallel_size(cfg, world_size))
     _check_choice(problems, "data.truncation", data.truncation, ("error", "left", "right"))
+    _check_strategies(problems, {"model.strategy": cfg.model.strategy})
+    if data.pad_mode is not None:
+        _check_choice(problems, "data.pad_mode", data.pad_mode, ("no_padding", "right"))
     _check_choice(problems, "optim.lr_scheduler", cfg.optim.lr_scheduler, LR_SCHEDULES)
     _check_optim(problems, "optim", cfg.optim)
     if model_max_len is not None and data.max_length > model_max_len:
         problems.append(f"data.max_length={data.max_length} exceeds the model's context of {model_max_len} tokens")
     _check_choice(problems, "trainer.resume_mode", cfg.trainer.resume_mode, RESUME_MODES)
     _check_sp_size(problems, "ulysses_sequence_parallel_size", cfg.ulysses_sequence_parallel_size, world_size,
-                   packed=cfg.use_remove_padding or data.use_packing, packing_key="use_remove_padding",
+                   packed=sft_packed(cfg), packing_key="use_remove_padding",
                    ranks_name="torchrun's processes")
     raise_if_problems(problems)

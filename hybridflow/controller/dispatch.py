@@ -92,8 +92,8 @@ def _chunk(value: Any, world_size: int) -> list[Any]:
     if not isinstance(value, Batch):
         return [value] * world_size
     if len(value) % world_size:
-        raise ConfigError(f"a batch of {len(value)} samples cannot be split over {world_size} data-parallel "
-                          f"workers; make train_batch_size * rollout.n a multiple of {world_size}")
+        raise ConfigError(f"a batch of {len(value)} samples cannot be split evenly over {world_size} data-parallel "
+                          f"workers: its size must be a multiple of {world_size}")
     return value.chunk(world_size)
 
 

@@ -26,7 +26,7 @@ import torch
 
 from hybridflow.controller.dispatch import Call
 from hybridflow.controller.resources import ResourcePool, connect_ray, reserve
-from hybridflow.errors import HybridflowError, WorkerDiedError
+from hybridflow.errors import ConfigError, HybridflowError, WorkerDiedError
 from hybridflow.data.parallel import DataParallel
 
 
@@ -76,6 +76,33 @@ class StoredResult:
     ref: ray.ObjectRef
 
 
+_BUNDLE_SHARES: dict[Any, list[tuple[str, float]]] = {}
+"""Placement group id -> (group name, share of each bundle) of the worker groups placed on it in this driver."""
+
+
+def _claim_share(placement_group, share: float, *, name: str) -> None:
+    """Colocated groups split each bundle: a group that would overfill it fails now, in one line, instead of
+    waiting forever for resources its neighbours hold."""
+    holders = _BUNDLE_SHARES.setdefault(placement_group.id, [])
+    used = sum(part for _, part in holders)
+    if used + share > 1.0 + 1e-9:
+        taken = ", ".join(f"{holder} {part:g}" for holder, part in holders)
+        raise ConfigError(f"worker group {name!r} asks for {share:g} of each bundle of a placement group already "
+                          f"{used:g} used ({taken}): colocated groups must share each bundle, their shares "
+                          "summing to at most 1")
+    holders.append((name, share))
+
+
+def _release_share(placement_group, name: str) -> None:
+    holders = _BUNDLE_SHARES.get(placement_group.id, [])
+    for i, (holder, _) in enumerate(holders):
+        if holder == name:
+            del holders[i]
+            break
+    if not holders:
+        _BUNDLE_SHARES.pop(placement_group.id, None)
+
+
 def _resolve(value: Any) -> Any:
     return unpack_tensors(ray.get(value)) if isinstance(value, ray.ObjectRef) else value
 
@@ -121,17 +148,20 @@ class RayBackend:
 
     def __init__(self, factory: Callable, *, name: str = "worker", pool: ResourcePool | None = None,
                  placement_group=None, share: float = 1.0, ray_address: str | None = None,
-                 ray_num_cpus: float | None = None, timeout_s: float = 300.0, concurrency: int = 1):
-        connect_ray(address=ray_address, num_cpus=ray_num_cpus)
+                 ray_num_cpus: float | None = None, ray_runtime_env: dict | None = None, timeout_s: float = 300.0,
+                 concurrency: int = 1):
+        connect_ray(address=ray_address, num_cpus=ray_num_cpus, runtime_env=ray_runtime_env)
         self.name, self.pool = name, pool or ResourcePool()
         self.world_size = self.pool.world_size
         self._owns_group = placement_group is None
         self.placement_group = placement_group or reserve(self.pool, timeout_s=timeout_s)
+        self.share = share
+        _claim_share(self.placement_group, share, name=name)
         self.concurrency = concurrency
         """Calls one rank runs at once, each in a thread: 2 for a rollout pool whose generate a weight sync pauses
         (partial rollouts); the worker then keeps its own state consistent (``EngineHandover``)."""
         self.actors = [self._spawn(rank, share) for rank in range(self.world_size)]
-        self.locations = ray.get([actor.location.remote() for actor in self.actors])
+        self.locations = self._started(timeout_s)
         self._join()
         self._wait([actor.build.remote(factory) for actor in self.actors], method="build")
 
@@ -147,6 +177,18 @@ class RayBackend:
             num_cpus=cpus, num_gpus=gpus, scheduling_strategy=strategy, name=None, max_concurrency=self.concurrency,
             runtime_env={"env_vars": env})
         return actor_cls.remote(rank=rank, world_size=self.world_size, threads=threads)
+
+    def _started(self, timeout_s: float) -> list[tuple[str, int, str]]:
+        """Each rank's location once its actor runs; an actor Ray cannot schedule fails after ``timeout_s``."""
+        refs = [actor.location.remote() for actor in self.actors]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        if len(ready) < len(refs):
+            self.shutdown()
+            raise ConfigError(f"worker group {self.name!r}: {len(refs) - len(ready)} of {len(refs)} workers did not "
+                              f"start within {timeout_s:g}s (each asks for {self.share:g} of a bundle "
+                              f"{self.pool.bundles()[0]}; free now: {ray.available_resources()}); free the resources "
+                              "or lower trainer.n_gpus_per_node / ray_kwargs.cpus_per_worker")
+        return ray.get(refs)
 
     def _join(self) -> None:
         master_addr, master_port = ray.get(self.actors[0].free_endpoint.remote())
@@ -213,6 +255,9 @@ class RayBackend:
         for actor in getattr(self, "actors", []):
             ray.kill(actor, no_restart=True)
         self.actors = []
-        if getattr(self, "placement_group", None) is not None and self._owns_group:
-            remove_placement_group(self.placement_group)
+        group = getattr(self, "placement_group", None)
+        if group is not None:
+            _release_share(group, self.name)
+            if self._owns_group:
+                remove_placement_group(group)
         self.placement_group = None

@@ -74,8 +74,9 @@ def check_reachable(address: str, timeout_s: float = 5.0) -> None:
                           "`ray start --head` on that node or fix ray_kwargs.ray_init.address / RAY_ADDRESS") from err
 
 
-def connect_ray(*, address: str | None = None, num_cpus: float | None = None) -> None:
-    """Join the cluster at ``address`` (or RAY_ADDRESS), else start a local one; no-op if connected."""
+def connect_ray(*, address: str | None = None, num_cpus: float | None = None, runtime_env: dict | None = None) -> None:
+    """Join the cluster at ``address`` (or RAY_ADDRESS), else start a local one; no-op if connected.
+    ``runtime_env`` is the job's (``ray_kwargs.ray_init.runtime_env``: env_vars, py_executable, ...)."""
     import ray
 
     if ray.is_initialized():
@@ -85,7 +86,7 @@ def connect_ray(*, address: str | None = None, num_cpus: float | None = None) ->
     if address:
         check_reachable(address)
         try:
-            ray.init(address=address, include_dashboard=False, log_to_driver=True)
+            ray.init(address=address, include_dashboard=False, log_to_driver=True, runtime_env=runtime_env or None)
         except ConnectionError as err:
             raise ConfigError(f"cannot connect to the Ray cluster at {address!r}: {err}; "
                               "run `ray start --head` first or unset RAY_ADDRESS to start a local one") from err
@@ -93,7 +94,7 @@ def connect_ray(*, address: str | None = None, num_cpus: float | None = None) ->
     # address="local": a new local instance even when /tmp/ray/ray_current_cluster names another one (a
     # stale file from a crashed `ray start` or a test cluster would otherwise make ray.init join it and refuse
     # num_cpus)
-    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False)
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, runtime_env=runtime_env or None)
 
 
 def check_capacity(pool: ResourcePool) -> None:
@@ -111,12 +112,35 @@ def check_capacity(pool: ResourcePool) -> None:
                           f"ask for {wants}; add nodes or lower trainer.n_gpus_per_node")
 
 
+def wait_for_free(pool: ResourcePool, *, timeout_s: float) -> None:
+    """The pool must fit in what is free now (other groups of the run hold their placement groups): a pool that
+    does not fails in one line after a short grace for just-released groups, not after the long placement wait."""
+    import time
+
+    import ray
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        free = ray.available_resources()
+        short = {key: value for key, value in pool.total().items() if free.get(key, 0.0) + 1e-9 < value}
+        if not short:
+            return
+        if time.monotonic() >= deadline:
+            asked = ", ".join(f"{k}={v:g}" for k, v in pool.total().items())
+            has = ", ".join(f"{k}={free.get(k, 0.0):g}" for k in short)
+            raise ConfigError(f"a pool of {pool.world_size} workers asks for {asked} but only {has} is free (the "
+                              "run's other worker groups hold the rest): lower rollout.n_gpus_per_node or "
+                              "trainer.n_gpus_per_node, or give Ray more (ray_kwargs.ray_init.num_cpus, more nodes)")
+        time.sleep(0.2)
+
+
 def reserve(pool: ResourcePool, *, timeout_s: float = 60.0):
     """A ready placement group holding the pool's per-node bundles, each on its own node."""
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
 
     check_capacity(pool)
+    wait_for_free(pool, timeout_s=min(timeout_s, 10.0))
     group = placement_group(pool.bundles(), strategy=pool.strategy)
     ready, _ = ray.wait([group.ready()], timeout=timeout_s)
     if not ready:

@@ -13,11 +13,14 @@ awaited before the next one (the engine is not re-entrant).
 
 from __future__ import annotations
 
+import logging
 import re
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 
 import torch
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_TEMPLATE = (
     "You are grading an answer.\nQuestion: {prompt}\nReference answer: {ground_truth}\nAnswer to grade: {response}\n"
@@ -66,6 +69,8 @@ class GenerativeJudge:
         self.executor = ThreadPoolExecutor(max_workers=1)
         self.late = None
         self.last_metrics: dict[str, float] = {}
+        self.warned_partial = False
+        """A call with some (not all) failures is said once; one where all fail, every time."""
 
     def judge_prompt_ids(self, *, prompt, response: str, ground_truth) -> list[int]:
         text = self.template.format(prompt=question_of(prompt), response=response, ground_truth=ground_truth)
@@ -96,6 +101,24 @@ class GenerativeJudge:
         parsed = [None] * len(ids) if verdicts is None else [
             parse_score(v, pattern=self.pattern, scale=self.scale) for v in verdicts]
         scores = [self.failure_score if s is None else s for s in parsed]
-        self.last_metrics = {"reward/judge_failed": float(sum(s is None for s in parsed)),
-                             "reward/judge_timed_out": float(verdicts is None)}
+        failed = sum(s is None for s in parsed)
+        self.last_metrics = {"reward/judge_failed": float(failed), "reward/judge_timed_out": float(verdicts is None)}
+        if failed:
+            self.say_failures(failed=failed, total=len(parsed), verdicts=verdicts)
         return torch.tensor(scores, dtype=torch.float32)
+
+    def say_failures(self, *, failed: int, total: int, verdicts: list[str] | None) -> None:
+        """On the console (reward/judge_failed counts them): every call where no sample got a score, and the first
+        call with some failures; each line says the likely fix."""
+        if failed < total and self.warned_partial:
+            return
+        self.warned_partial = self.warned_partial or failed < total
+        if verdicts is None:
+            why = f"the judge did not answer within reward_model.judge.timeout_s={self.timeout_s:g}s: raise it"
+        else:
+            unreadable = next(v for v, ok in zip(verdicts, (parse_score(v, pattern=self.pattern, scale=self.scale)
+                                                            for v in verdicts)) if ok is None)
+            why = (f"no rating matched reward_model.judge.score_pattern {self.pattern!r} (e.g. {unreadable[:80]!r}): "
+                   "fix the pattern or the judge's prompt_template")
+        logger.warning("hybridflow: warning: the generative judge scored %d of %d samples as failures "
+                       "(reward_model.failure_score=%g): %s", failed, total, self.failure_score, why)

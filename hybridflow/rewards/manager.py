@@ -129,6 +129,9 @@ class RewardManager:
 
 
 _MANAGERS["naive"] = RewardManager
+# verl 0.9's GDPO examples name a gdpo manager that keeps each reward component of the function's dict; every
+# manager here keeps them (reward_extra_info), and algorithm.gdpo_reward_keys picks the ones GDPO normalises.
+_MANAGERS["gdpo"] = RewardManager
 _MANAGERS["parallel"] = _MANAGERS["prime"] = functools.partial(RewardManager, num_workers=4, timeout_s=30.0)
 
 

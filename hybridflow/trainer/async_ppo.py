@@ -48,7 +48,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from hybridflow.config import split_placement
+from hybridflow.config.validate import partial_rollouts
 from hybridflow.controller.dispatch import mean_metrics
 from hybridflow.data.batch import Batch
 from hybridflow.errors import HybridflowError
@@ -96,15 +96,6 @@ def check_async_config(cfg) -> None:
         problems.append("async_training.trigger_parameter_sync_step must be >= 1")
     if a.require_batches < 1:
         problems.append(f"async_training.require_batches must be >= 1 (got {a.require_batches})")
-    if a.partial_rollout:
-        rollout = cfg.actor_rollout_ref.rollout
-        if rollout.name != "native" or rollout.multi_turn.enable:
-            problems.append("async_training.partial_rollout=True pauses sequences of the native engine: set "
-                            "actor_rollout_ref.rollout.name=native and multi_turn.enable=False, or partial_rollout=False")
-        if cfg.trainer.backend != "local" and not split_placement(cfg):
-            problems.append("async_training.partial_rollout=True on trainer.backend=ray needs split placement (the "
-                            "rollout engines in a pool of their own, whose actors take a weight sync while they "
-                            "generate): set rollout.n_gpus_per_node (and rollout.nnodes), or partial_rollout=False")
     if not a.compute_prox_log_prob and not a.use_rollout_log_probs:
         problems.append("async_training: with compute_prox_log_prob=False the old policy is the behaviour one; "
                         "set use_rollout_log_probs=True (or compute_prox_log_prob=True)")
@@ -117,11 +108,12 @@ def check_async_config(cfg) -> None:
 
 def async_training_steps(cfg, steps_per_epoch: int) -> int:
     """Trainer steps: rollout.total_rollout_steps // require_batches when set, else trainer.total_training_steps,
-    else the epochs' prompt batches // require_batches. Checks the async settings first (before any model loads)."""
+    else the epochs' (rollout.total_epochs, else trainer.total_epochs) prompt batches // require_batches. Checks the async settings first (before any model loads)."""
     check_async_config(cfg)
     if cfg.rollout.total_rollout_steps is not None:
         return cfg.rollout.total_rollout_steps // cfg.async_training.require_batches
-    steps = steps_per_epoch * cfg.trainer.total_epochs // cfg.async_training.require_batches
+    epochs = cfg.rollout.total_epochs if cfg.rollout.total_epochs is not None else cfg.trainer.total_epochs
+    steps = steps_per_epoch * epochs // cfg.async_training.require_batches
     return cfg.trainer.total_training_steps if cfg.trainer.total_training_steps is not None else steps
 
 
@@ -138,7 +130,7 @@ class AsyncPPOTrainer(PPOTrainer):
         self.actor_updated = False
         self.engine_lock = threading.Lock()
         """Held by a weight sync, a validation and (without partial rollouts) a generate: one at a time."""
-        self.partial = self.acfg.partial_rollout
+        self.partial = partial_rollouts(self.cfg)
         self.changed = threading.Condition()
         self.queue: deque[RolloutItem] = deque()
         self.generated = 0
@@ -151,6 +143,12 @@ class AsyncPPOTrainer(PPOTrainer):
         """The loader state after the last trained batch's prompts (what a checkpoint records)."""
 
     # ================================================================== the trainer side
+    def validation_every(self) -> int:
+        """rollout.test_freq counts weight syncs (verl's fully async recipe); else trainer.test_freq steps."""
+        if self.cfg.rollout.test_freq is None:
+            return super().validation_every()
+        return self.cfg.rollout.test_freq * self.acfg.trigger_parameter_sync_step
+
     def train_step(self, batches: Iterator[Batch], *, step: int) -> dict[str, float]:
         """One PPO step on the ``require_batches`` oldest queued batches; starts the rollouter on the first call."""
         require = self.acfg.require_batches

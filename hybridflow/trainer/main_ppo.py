@@ -27,7 +27,7 @@ from hybridflow.algos.rollout_correction.thresholds import parse_bounds, parse_r
 from hybridflow.config import (PPOConfig, critic_enabled, load_config, reference_enabled, split_config_args,
                                split_placement, validate_ppo_config)
 from hybridflow.config.loader import help_requested, trainer_usage
-from hybridflow.config.validate import as_list
+from hybridflow.config.validate import as_list, partial_rollouts
 from hybridflow.controller.resources import ResourcePool, pool_from_trainer_config
 from hybridflow.controller.worker_group import build_worker_group
 from hybridflow.data.dataloader import StatefulDataLoader
@@ -201,24 +201,39 @@ def build_worker_groups(cfg: PPOConfig, *, total_steps: int):
     places the rollout in its own pool (split placement); ``local`` runs the group in this process at world
     size 1, ``ray`` as ``nnodes x n_gpus_per_node`` FSDP2 ranks.
     """
+    built: list = []
+    try:
+        return _build_groups(cfg, total_steps=total_steps, built=built)
+    except BaseException:
+        for group in built:  # a group that cannot be placed must not leave the others holding the cluster
+            group.shutdown()
+        raise
+
+
+def _build_groups(cfg: PPOConfig, *, total_steps: int, built: list):
     backend, kwargs = cfg.trainer.backend, ray_group_kwargs(cfg)
     split = split_placement(cfg)
+    # On Ray the training groups share each bundle of the actor's placement group: half each with a critic.
+    colocated = {"share": 1.0 / (1 + critic_enabled(cfg))} if backend == "ray" else {}
     engine = build_worker_group(functools.partial(build_hybrid_engine, cfg=cfg, total_steps=total_steps,
                                                   with_rollout=not split),
                                 worker_cls=HybridEngineWorker, backend=backend, name="actor_rollout_ref",
-                                ranks_per_shard=cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size, **kwargs)
+                                ranks_per_shard=cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size,
+                                **kwargs, **colocated)
+    built.append(engine)
     rollout = engine
     if split:
         pool = ResourcePool(nnodes=cfg.rollout.nnodes, procs_per_node=cfg.rollout.n_gpus_per_node,
                             cpus_per_proc=kwargs["pool"].cpus_per_proc, gpus_per_proc=kwargs["pool"].gpus_per_proc)
         # Partial rollouts: a rollout actor takes the weight sync in a second thread while its generate runs.
-        concurrency = 2 if cfg.async_training.partial_rollout else 1
+        concurrency = 2 if partial_rollouts(cfg) else 1
         rollout = build_worker_group(functools.partial(build_rollout_worker, cfg=cfg), worker_cls=RolloutGroupWorker,
                                      backend=backend, name="rollout", **dict(kwargs, pool=pool, concurrency=concurrency))
+        built.append(rollout)
     critic = None
     if critic_enabled(cfg):
-        if backend == "ray":  # colocated with the actor: same bundles, half of each
-            kwargs = dict(kwargs, placement_group=engine.backend.placement_group, share=0.5)
+        if backend == "ray":  # colocated with the actor: the other half of each of its bundles
+            kwargs = dict(kwargs, placement_group=engine.backend.placement_group, **colocated)
         critic = build_worker_group(functools.partial(build_critic_worker, cfg=cfg, total_steps=total_steps),
                                     worker_cls=CriticGroupWorker, backend=backend, name="critic",
                                     ranks_per_shard=cfg.critic.ulysses_sequence_parallel_size, **kwargs)
@@ -234,6 +249,7 @@ def ray_group_kwargs(cfg: PPOConfig) -> dict[str, Any]:
     pool = pool_from_trainer_config(cfg.trainer, use_gpu=resolve_device(cfg.trainer.device).type == "cuda",
                                     cpus_per_proc=cfg.ray_kwargs.cpus_per_worker)
     return {"pool": pool, "ray_address": ray_init.address, "ray_num_cpus": ray_init.num_cpus,
+            "ray_runtime_env": dict(ray_init.runtime_env),
             "timeout_s": float(cfg.trainer.ray_wait_register_center_timeout)}
 
 
@@ -390,13 +406,15 @@ def _best_folder(root: str) -> str:
 USAGE_SUMMARY = "PPO / GRPO / DAPO / ... training with verl's main_ppo keys (also: hybridflow ppo)."
 
 
-def run_from_args(args: list[str], *, prog: str = "python -m hybridflow.trainer.main_ppo") -> int:
-    """``[--config-path D --config-name N] key=value ...`` -> a run (shared by ``hybridflow ppo``)."""
+def run_from_args(args: list[str], *, prog: str = "python -m hybridflow.trainer.main_ppo",
+                  summary: str = USAGE_SUMMARY, defaults: tuple[str, ...] = ()) -> int:
+    """``[--config-path D --config-name N] key=value ...`` -> a run (shared by ``hybridflow ppo``);
+    ``defaults`` (a recipe's settings) go before the YAML file's and the user's keys."""
     if help_requested(args):
-        print(trainer_usage(prog, USAGE_SUMMARY, "ppo"), end="")
+        print(trainer_usage(prog, summary, "ppo"), end="")
         return 0
     config_file, overrides = split_config_args(args)
-    run_ppo(load_config(PPOConfig, overrides, config_file))
+    run_ppo(load_config(PPOConfig, overrides, config_file, defaults=defaults))
     return 0
 
 

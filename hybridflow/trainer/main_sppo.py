@@ -8,6 +8,7 @@ from __future__ import annotations
 import sys
 
 from hybridflow.config import load_config, split_config_args
+from hybridflow.config.loader import help_requested, trainer_usage
 from hybridflow.config.sppo import SPPOConfig
 from hybridflow.errors import run_entry_point
 from hybridflow.trainer.self_play import run_self_play
@@ -20,8 +21,14 @@ def run_sppo(cfg: SPPOConfig):
     return run_self_play(cfg, schema=SPPOConfig, trainer_cls=SPPOTrainer)
 
 
-def run_from_args(args: list[str]) -> int:
+USAGE_SUMMARY = "SPPO self-play with verl's recipe.sppo keys (also: hybridflow sppo)."
+
+
+def run_from_args(args: list[str], *, prog: str = "python -m hybridflow.trainer.main_sppo") -> int:
     """``[--config-path D --config-name N] key=value ...`` -> a run (shared by ``hybridflow sppo``)."""
+    if help_requested(args):
+        print(trainer_usage(prog, USAGE_SUMMARY, "sppo"), end="")
+        return 0
     config_file, overrides = split_config_args(args)
     run_sppo(load_config(SPPOConfig, overrides, config_file))
     return 0

@@ -37,6 +37,7 @@ import torch
 
 from hybridflow.algos import (AdaptiveKLController, FixedKLController, advantage_spec, apply_kl_penalty, get_advantage,
                              masked_mean)
+from hybridflow.algos.over_sample import first_finished
 from hybridflow.algos.pf_ppo import pf_ppo_resample
 from hybridflow.algos.rollout_correction import rollout_correction
 from hybridflow.data.balance import balance_batch
@@ -255,7 +256,17 @@ class PPOTrainer:
                 if key != "response_text":
                     batch[f"reward_extra/{key}"] = torch.tensor(values, dtype=torch.float32, device=self.device)
             metrics.update(reward_metrics)
+        if self.rollout_cfg.over_sample_rate > 0:
+            metrics.update(self.abort_late_samples(batch))
         return batch
+
+    def abort_late_samples(self, batch: Batch) -> dict[str, float]:
+        """rollout.over_sample_rate: the samples that would still be running when the first (1 - rate) of the batch
+        finished are aborted; their tokens carry no loss (response_mask zeroed after scoring)."""
+        keep = first_finished(response_lengths=batch["response_mask"].sum(-1),
+                              over_sample_rate=self.rollout_cfg.over_sample_rate)
+        batch["response_mask"] = batch["response_mask"] * keep[:, None].to(batch["response_mask"].dtype)
+        return {"rollout/aborted_share": 1.0 - keep.float().mean().item()}
 
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
         """The training rollout (the async trainer's partial rollouts hand the engine over to weight syncs)."""
@@ -378,6 +389,16 @@ class PPOTrainer:
         return batch.index_select(rows.tolist())
 
     # ================================================================== validation
+    def generate_padded(self, prompts: Batch, params: SamplingParams) -> Batch:
+        """Generate for any number of prompts: the validation set need not divide by the rollout group's
+        data-parallel size, so copies of the last prompt fill the last shard and their samples are dropped."""
+        count, shards = len(prompts), self.w.rollout.data_parallel_size
+        padding = -count % shards
+        if padding:
+            prompts = Batch.concat([prompts, prompts.index_select([count - 1] * padding)])
+        batch = self.w.rollout.generate(prompts, params)
+        return batch.index_select(list(range(count * params.n))) if padding else batch
+
     def validate(self) -> dict[str, float]:
         """Generate on the validation set with ``val_kwargs``; reward mean@n per data source. The samples
         go to ``trainer.validation_data_dir`` and (``trainer.log_val_generations`` of them) to the trackers."""
@@ -386,7 +407,7 @@ class PPOTrainer:
         samples: dict[str, Any] = {"inputs": [], "outputs": [], "gts": [], "scores": [], "extras": {}}
         for collated in self.val_loader:
             prompts = prompts_to_batch(collated)
-            batch = self.w.rollout.generate(prompts, self.sampling_params(step=self.global_step, validate=True))
+            batch = self.generate_padded(prompts, self.sampling_params(step=self.global_step, validate=True))
             _, batch["seq_score"], _, _ = self.w.reward.compute_scores(batch)
             for key, values in batch_samples(batch, self.tokenizer).items():
                 if key != "extras":
@@ -405,10 +426,15 @@ class PPOTrainer:
             metrics[f"val-aux/tool_call_share@{n}"] = float(np.mean(tool_uses))
         return metrics
 
+    def validation_every(self) -> int:
+        """Steps between validations (trainer.test_freq)."""
+        return self.cfg.trainer.test_freq
+
     def _maybe_validate(self) -> tuple[dict[str, float], bool]:
         """(validation metrics, whether this step is a new best to keep) on validation steps, else ({}, False)."""
         trainer, step = self.cfg.trainer, self.global_step
-        due = trainer.test_freq > 0 and (step % trainer.test_freq == 0 or step >= self.total_steps)
+        test_freq = self.validation_every()
+        due = test_freq > 0 and (step % test_freq == 0 or step >= self.total_steps)
         if self.val_loader is None or not due:
             return {}, False
         metrics = self.validate()
@@ -468,14 +494,15 @@ class PPOTrainer:
         step, extra = load_checkpoint(path, self.checkpoint_components)
         self.restore_extra(extra)
         self.push_weights_to_rollout()
-        logger.info("resumed from %s (step %d)", path, step)
+        print(f"hybridflow: resumed from {path} at step {step}", flush=True)
         return step
 
     def close(self) -> None:
         """Stop reward worker processes, flush trackers, release worker groups."""
         self.w.reward.close()
         self.tracking.finish()
-        for group in {id(g): g for g in (self.w.actor, self.w.critic) if hasattr(g, "shutdown")}.values():
+        groups = (self.w.actor, self.w.rollout, self.w.critic)  # the rollout may have a pool of its own
+        for group in {id(g): g for g in groups if hasattr(g, "shutdown")}.values():
             group.shutdown()
 
 

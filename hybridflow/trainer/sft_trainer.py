@@ -39,6 +39,7 @@ import torch.distributed as dist
 
 from hybridflow.config import SFTConfig, load_config, split_config_args, validate_sft_config
 from hybridflow.config.loader import help_requested, trainer_usage
+from hybridflow.config.sft import sft_messages_key, sft_packed
 from hybridflow.config.validate import as_list, sft_micro_batch_size_per_gpu, sft_model_path
 from hybridflow.data.dataloader import StatefulDataLoader
 from hybridflow.data.parallel import DataParallel, LOCAL
@@ -122,7 +123,7 @@ def build_dataset(cfg: SFTConfig, files, tokenizer) -> SFTDataset:
         raise ConfigError("data.custom_cls is not supported; convert the data to prompt/response or messages columns")
     return SFTDataset(files, tokenizer, prompt_key=data.prompt_key, response_key=data.response_key,
                       prompt_dict_keys=data.prompt_dict_keys, response_dict_keys=data.response_dict_keys,
-                      messages_key=data.multiturn.messages_key if data.multiturn.enable else None,
+                      messages_key=sft_messages_key(data),
                       tools_key=data.multiturn.tools_key,
                       max_length=data.max_length, truncation=data.truncation, max_samples=data.max_samples)
 
@@ -178,7 +179,7 @@ class SFTTrainer:
 
     # ---- one step ------------------------------------------------------------------
     def _forward(self, micro: list, *, global_num_tokens: float):
-        inputs = micro_batch_inputs(micro, use_packing=self.cfg.data.use_packing or self.cfg.use_remove_padding,
+        inputs = micro_batch_inputs(micro, use_packing=sft_packed(self.cfg),
                                     pad_token_id=self.tokenizer.pad_token_id,
                                     attn_implementation=self.model.config._attn_implementation)
         extra = {}
@@ -262,6 +263,7 @@ class SFTTrainer:
             return
         self.global_step, extra = load_checkpoint(path, {COMPONENT: self.checkpoint_component()})
         self.loader.load_state_dict(extra["dataloader"])
+        print(f"hybridflow: resumed from {path} at step {self.global_step}", flush=True)
 
     # ---- the loop ------------------------------------------------------------------
     def _due(self, freq: int) -> bool:

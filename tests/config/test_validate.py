@@ -216,7 +216,7 @@ def test_an_estimator_that_needs_values_gets_a_critic_by_registering_only(files)
 
 
 def test_split_placement_needs_ray_and_a_batch_the_rollout_ranks_divide(files):
-    (line,) = problems(ppo(files, "rollout.n_gpus_per_node=1"))
+    (line,) = problems(ppo(files, "rollout.n_gpus_per_node=1", "trainer.backend=local"))
     assert "rollout.n_gpus_per_node=1 places the rollout in processes of its own, which needs trainer.backend=ray" in line
     (line,) = problems(ppo(files, "rollout.n_gpus_per_node=3", "trainer.backend=ray"))
     assert "data.train_batch_size=8 prompts cannot be split over the 3 rollout processes" in line

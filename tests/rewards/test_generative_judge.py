@@ -76,3 +76,22 @@ def test_ppo_step_with_a_generative_reward_model(tmp_path, tiny_model_dir):
     row = json.loads((tmp_path / "ckpt" / "logs" / "metrics.jsonl").read_text().splitlines()[-1])
     # a random judge never writes 'Score: N': every sample gets the failure score
     assert row["reward/judge_failed"] == 8.0 and row["critic/score/mean"] == pytest.approx(0.25)
+
+
+def test_a_judge_failing_on_every_sample_says_so_on_the_console(tiny_tokenizer, caplog):
+    """Issue 37: it was silent (only the reward/judge_failed metric counted it)."""
+    j = judge(tiny_tokenizer, lambda text: "I cannot rate this.", failure_score=0.0)
+    for _ in range(2):
+        j.score(prompts=["q", "q"], responses=["a", "b"], ground_truths=["a", "a"])
+    lines = [r.getMessage() for r in caplog.records if "generative judge" in r.getMessage()]
+    assert len(lines) == 2  # every call where no sample got a score
+    assert "scored 2 of 2 samples as failures" in lines[0] and "score_pattern" in lines[0]
+    assert "'I cannot rate this.'" in lines[0]
+
+
+def test_some_judge_failures_are_said_once(tiny_tokenizer, caplog):
+    j = judge(tiny_tokenizer, grade)
+    for _ in range(3):
+        j.score(prompts=["q", "q"], responses=["42", "x"], ground_truths=["42", "42"])
+    lines = [r.getMessage() for r in caplog.records if "generative judge" in r.getMessage()]
+    assert len(lines) == 1 and "scored 1 of 2 samples" in lines[0]

@@ -148,7 +148,7 @@ def test_dapo_needs_lengths_and_a_valid_buffer(scorer):
 
 
 def test_unknown_manager_lists_choices():
-    with pytest.raises(ConfigError, match="dapo, naive, parallel, prime"):
+    with pytest.raises(ConfigError, match="dapo, gdpo, naive, parallel, prime"):
         build_reward_manager("primo")
 
 

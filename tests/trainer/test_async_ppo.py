@@ -228,10 +228,15 @@ def test_partial_rollout_pauses_at_a_sync_and_trains_every_prompt_once(tmp_path,
     assert last["fully_async/count/current_param_version"] == 4
 
 
-def test_partial_rollout_needs_the_native_engine_and_split_placement_on_ray(tmp_path, tiny_model_dir):
-    with pytest.raises(HybridflowError, match="rollout.name=native"):
-        build_async(load_config(PPOConfig, base_overrides(tmp_path, tiny_model_dir) + [
-            "async_training.partial_rollout=True", "actor_rollout_ref.rollout.name=hf"]))
-    with pytest.raises(HybridflowError, match="needs split placement.*rollout.n_gpus_per_node"):
-        build_async(load_config(PPOConfig, base_overrides(tmp_path, tiny_model_dir) + [
-            "async_training.partial_rollout=True", "trainer.backend=ray"]))
+def test_partial_rollout_where_it_cannot_act_warns_and_is_off(tmp_path, tiny_model_dir, caplog):
+    """verl's async recipes turn partial_rollout on with vLLM: a server engine, multi-turn, or Ray without a rollout
+    pool of its own cannot pause mid-generate, so it is off there, said once (issue 37: it was an error)."""
+    from hybridflow.config.validate import partial_rollouts
+
+    trainer = build_async(load_config(PPOConfig, base_overrides(tmp_path, tiny_model_dir) + [
+        "async_training.partial_rollout=True", "actor_rollout_ref.rollout.name=hf"]))
+    trainer.close()
+    assert trainer.partial is False and "the hf engine cannot pause" in caplog.text
+    cfg = load_config(PPOConfig, base_overrides(tmp_path, tiny_model_dir) + [
+        "async_training.partial_rollout=True", "trainer.backend=ray"])
+    assert partial_rollouts(cfg) is False and "takes a sync mid-generate" in caplog.text

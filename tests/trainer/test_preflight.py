@@ -52,5 +52,5 @@ def test_name_and_arithmetic_problems_are_reported_together(tmp_path, tiny_model
     with pytest.raises(ConfigError) as err:
         preflight(cfg)
     lines = str(err.value).splitlines()
-    assert lines[0] == "reward_model.reward_manager='primo' is not one of dapo, naive, parallel, prime"
+    assert lines[0] == "reward_model.reward_manager='primo' is not one of dapo, gdpo, naive, parallel, prime"
     assert any(line.startswith("data.train_batch_size=4 (x rollout.n=2) is not divisible") for line in lines[1:])

@@ -64,7 +64,7 @@ def test_manager_arguments_the_manager_does_not_take_fail_before_loading():
 
 
 def test_unknown_manager_and_bad_buffer_fail_before_loading():
-    with pytest.raises(ConfigError, match=r"reward_model.reward_manager='primo' is not one of dapo, naive, parallel, prime"):
+    with pytest.raises(ConfigError, match=r"reward_model.reward_manager='primo' is not one of dapo, gdpo, naive, parallel, prime"):
         check_registered_names(load_config(PPOConfig, [MODEL, "reward_model.reward_manager=primo"]))
     with pytest.raises(ConfigError, match=r"dapo overlong buffer length 0 must be in \(0, max_resp_len=512\]"):
         check_registered_names(load_config(PPOConfig, [MODEL, "reward_model.reward_manager=dapo",

@@ -188,7 +188,7 @@ def test_bf16_mixed_precision_step_is_close_to_fp32(tmp_path, tiny_model_dir, su
 
 
 # ---------------------------------------------------------------- checkpoints and export
-def test_resume_gives_bitwise_identical_weights(tmp_path, tiny_model_dir, sums_file):
+def test_resume_gives_bitwise_identical_weights(tmp_path, tiny_model_dir, sums_file, capsys):
     # 8 samples, batch 2 -> 4 steps per epoch; 6 steps cross an epoch; resume mid-epoch at step 3
     args = ("data.train_batch_size=2", "data.micro_batch_size_per_gpu=1", "trainer.total_training_steps=6",
             "trainer.save_freq=3", "optim.lr_scheduler=cosine", "optim.warmup_steps_ratio=0.34")
@@ -198,7 +198,9 @@ def test_resume_gives_bitwise_identical_weights(tmp_path, tiny_model_dir, sums_f
     assert (root / "global_step_3" / "model" / "dcp" / ".metadata").is_file()
     shutil.rmtree(root / "global_step_6")  # as if the run had crashed after step 3
     (root / TRACKER_FILE).write_text("3")
+    capsys.readouterr()
     resumed, resumed_history = _train(_cfg(tmp_path, tiny_model_dir, sums_file, *args, run="straight"))
+    assert f"hybridflow: resumed from {root / 'global_step_3'} at step 3" in capsys.readouterr().out  # issue 37
     assert [row["step"] for row in resumed_history] == [4, 5, 6]
     assert [row["train/loss"] for row in resumed_history] == [row["train/loss"] for row in history[3:]]
     expected = _weights(straight.model)

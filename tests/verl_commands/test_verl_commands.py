@@ -33,13 +33,31 @@ COMMANDS = json.loads((HERE / "commands.json").read_text())
 MODULES = {  # verl module -> (hybridflow module, trainer); a recipe module also starts from its YAML
     "verl.trainer.main_ppo": ("hybridflow.trainer.main_ppo", "ppo"),
     "verl.trainer.fsdp_sft_trainer": ("hybridflow.trainer.fsdp_sft_trainer", "sft"),
-    "recipe.dapo.main_dapo": ("hybridflow.trainer.main_ppo", "ppo"),
+    "verl.trainer.sft_trainer": ("hybridflow.trainer.sft_trainer", "sft"),
+    "recipe.dapo.main_dapo": ("hybridflow.trainer.main_dapo", "dapo"),
     "recipe.entropy.main_entropy": ("hybridflow.trainer.main_ppo", "ppo"),
+    "verl.experimental.one_step_off_policy.main_ppo": ("hybridflow.trainer.main_one_step_off", "one_step_off"),
+    "verl.experimental.fully_async_policy.fully_async_main": ("hybridflow.trainer.main_fully_async", "fully_async"),
 }
-MODEL_KEYS = ("actor_rollout_ref.model.path", "critic.model.path", "reward_model.model.path", "model.partial_pretrain")
+MODEL_KEYS = ("actor_rollout_ref.model.path", "critic.model.path", "reward_model.model.path", "model.partial_pretrain",
+              "model.path")
 DATA_KEYS = ("data.train_files", "data.val_files")
+REWARD_FUNCTION_KEY = "custom_reward_function.path"
+"""A recipe's own reward function (``$(pwd)/recipe/...py``): pointed at a local file with its function's name."""
 
-EXPECTED_ERRORS: dict[str, str] = {}  # script -> the error it gets (none today)
+MEGATRON = "Megatron-LM is not supported: hybridflow trains with FSDP2 only"
+EXPECTED_ERRORS: dict[str, str] = {  # script -> the error it gets
+    "examples/grpo_trainer/run_qwen2-7b_math_megatron.sh": MEGATRON,
+    "verl/experimental/one_step_off_policy/shell/dapo_7b_math_megatron_4_12.sh": MEGATRON,
+    # verl floors the per-rank mini-batch (512 sequences over 12 ranks) and streams prompts one at a time to its
+    # 64 rollout servers; hybridflow splits each batch evenly over ranks and says so before anything loads
+    "verl/experimental/fully_async_policy/shell/dapo_7b_math_fsdp2_4_12.sh":
+        "512 sequences",
+    "verl/experimental/fully_async_policy/shell/dapo_7b_math_fsdp2_64_64_mis.sh":
+        "data.train_batch_size=32 prompts cannot be split over the 64 rollout processes",
+    # an Ascend NPU script: its checkpoint_engine key is accepted (warned), the device is the one thing refused
+    "dapo/run_dapo_qwen2.5_7b_npu.sh": "trainer.device='npu' is not one of auto, cpu, cuda",
+}
 SEQUENCE_PARALLEL_SCRIPTS = (  # Ulysses sizes 2, 2, 4 and 8: accepted since issue 18
     "examples/ppo_trainer/run_deepseek7b_llm_sp2.sh", "examples/sft/gsm8k/run_qwen_05_sp2.sh",
     "dapo/test_dapo_7b_math.sh", "dapo/run_dapo_qwen2.5_32b.sh",
@@ -63,10 +81,21 @@ def local_files(tmp_path_factory):
     root = tmp_path_factory.mktemp("verl_commands")
     model = save_tiny_model(str(root / "model"), max_position_embeddings=32768)
     row = {"prompt": [{"role": "user", "content": "1 + 1?"}], "data_source": "openai/gsm8k", "ability": "math",
-           "reward_model": {"style": "rule", "ground_truth": "2"}, "extra_info": {"question": "1 + 1?", "answer": "2"}}
+           "reward_model": {"style": "rule", "ground_truth": "2"}, "extra_info": {"question": "1 + 1?", "answer": "2"},
+           "messages": [{"role": "user", "content": "1 + 1?"}, {"role": "assistant", "content": "2"}]}
     data = str(root / "data.parquet")
     pd.DataFrame([row] * 4).to_parquet(data)
     return model, data
+
+
+@pytest.fixture(scope="module")
+def reward_file(tmp_path_factory):
+    """A reward function file for the recipes that bring their own (any function name they ask for)."""
+    path = tmp_path_factory.mktemp("reward") / "reward.py"
+    path.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                    "    return float(solution_str.strip() == ground_truth)\n\n\n"
+                    "def __getattr__(name):\n    return compute_score\n")
+    return str(path)
 
 
 @pytest.fixture
@@ -77,14 +106,19 @@ def gpu_engines_installed(monkeypatch):
         monkeypatch.setitem(sys.modules, name, module)
 
 
-def localised(command: dict, model: str, data: str) -> list[str]:
-    """The command's arguments with model and data paths pointing at local files; the rest untouched."""
+def localised(command: dict, model: str, data: str, reward: str | None = None) -> list[str]:
+    """The command's arguments with model, data and reward-function paths pointing at local files, and the
+    checkout's YAML files (``/CONFIGS/``) at the copies in configs/; the rest untouched."""
     args = []
     for arg in command["args"]:
         key, _, value = arg.partition("=")
         bare = key.lstrip("+")
         if bare in MODEL_KEYS:
             arg = f"{key}={model}"
+        elif bare == REWARD_FUNCTION_KEY and reward is not None:
+            arg = f"{key}={reward}"
+        elif value.startswith("/CONFIGS/"):
+            arg = f"{key}={HERE / 'configs' / value[len('/CONFIGS/'):]}"
         elif bare in DATA_KEYS:
             count = value.count(",") + 1 if value.startswith("[") else 1
             arg = f"{key}={data}" if count == 1 else f"{key}=[{','.join([data] * count)}]"
@@ -97,10 +131,18 @@ def localised(command: dict, model: str, data: str) -> list[str]:
 def preflight(trainer: str, argv: list[str]) -> None:
     """What the entry point runs before it loads a model: parse, compose, resolve, check."""
     config_file, overrides = split_config_args(argv)
-    if trainer == "ppo":
+    if trainer in ("ppo", "dapo"):
+        from hybridflow.trainer.main_dapo import DAPO_DEFAULTS
         from hybridflow.trainer.main_ppo import preflight as ppo_preflight
 
-        ppo_preflight(load_config(PPOConfig, overrides, config_file))
+        defaults = DAPO_DEFAULTS if trainer == "dapo" else ()
+        ppo_preflight(load_config(PPOConfig, overrides, config_file, defaults=defaults))
+    elif trainer in ("one_step_off", "fully_async"):
+        from hybridflow.trainer.main_fully_async import async_preflight
+        from hybridflow.trainer.main_one_step_off import ONE_STEP_OFF
+
+        defaults = ONE_STEP_OFF if trainer == "one_step_off" else ()
+        async_preflight(load_config(PPOConfig, list(defaults) + overrides, config_file))
     else:
         from hybridflow.trainer.sft_trainer import preflight as sft_preflight
 
@@ -117,10 +159,10 @@ def test_the_sample_covers_the_issue_s_families():
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=script)
-def test_verl_command_passes_the_pre_load_checks(command, local_files, gpu_engines_installed):
+def test_verl_command_passes_the_pre_load_checks(command, local_files, reward_file, gpu_engines_installed):
     module, trainer = MODULES[command["module"]]
     assert importlib.util.find_spec(module) is not None, module
-    argv = localised(command, *local_files)
+    argv = localised(command, *local_files, reward=reward_file)
     expected = EXPECTED_ERRORS.get(script(command))
     pending = PENDING_ELSEWHERE.get(script(command))
     if expected is None:

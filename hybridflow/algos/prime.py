@@ -1,0 +1,67 @@
+"""PRIME (Cui et al. 2025, "Process Reinforcement through Implicit Rewards", arXiv 2502.01456): the math of
+verl-recipe's ``recipe/prime`` (prime_core_algos.py), pure tensors. Not a registered estimator: it needs the implicit PRM's
+log-probs, a role main_ppo does not build yet.
+
+Implicit process reward (Sec. 3.1): a PRM ``pi_phi`` initialised from the policy and a frozen reference give each
+response token the reward ``r_t = beta * log(pi_phi(y_t | y_<t) / pi_ref(y_t | y_<t))``; the outcome score of the
+response is ``sigma(beta * sum_t q_t)`` with ``q_t`` the log-ratio.
+
+PRM loss (Sec. 3.2, the cross-entropy on outcome labels, verl's ``compute_ce_dpo_loss_rm``)::
+
+    L_CE(phi) = -mean_i [ y_i log sigma(beta sum_t q_it) + (1 - y_i) log(1 - sigma(beta sum_t q_it)) ]
+
+Advantages (Sec. 3.3, RLOO per reward source, then summed): with ``n`` samples a prompt and ``m_j`` the mean of
+sample j's rewards over its masked tokens, each masked token reward of sample i becomes
+``r_it * n / (n - 1) - sum_j m_j / (n - 1)`` (for a reward on the last token only: ``r_i - mean_{j != i} r_j``);
+``A = whiten(sum_{s >= t} (c_dense r'^dense + c_outcome r'^outcome)_s)`` over the batch's response tokens.
+
+Shapes: ``[B, T]`` response tokens, ``[B]`` per response; ``B`` = prompts x n, a prompt's samples consecutive.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hybridflow.algos.errors import AlgorithmError
+from hybridflow.algos.stats import masked_whiten
+
+
+def implicit_process_rewards(*, prm_log_probs: torch.Tensor, ref_log_probs: torch.Tensor,
+                             response_mask: torch.Tensor, beta: float) -> torch.Tensor:
+    """``[B, T]`` dense rewards ``beta * (log pi_phi - log pi_ref)`` on response tokens, 0 elsewhere."""
+    return beta * (prm_log_probs - ref_log_probs) * response_mask
+
+
+def implicit_prm_ce_loss(*, log_ratios: torch.Tensor, response_mask: torch.Tensor, outcome: torch.Tensor,
+                         beta: float) -> torch.Tensor:
+    """Scalar L_CE: the implicit outcome score ``sigma(beta * sum_t q_t)`` against the 0/1 ``outcome`` ``[B]``."""
+    logits = beta * (log_ratios * response_mask).sum(dim=-1)
+    return torch.nn.functional.binary_cross_entropy_with_logits(logits, outcome.to(logits.dtype))
+
+
+def leave_one_out(*, rewards: torch.Tensor, reward_mask: torch.Tensor, n: int) -> torch.Tensor:
+    """``[B, T]``: RLOO of one reward source over each prompt's ``n`` consecutive samples (masked tokens only)."""
+    if n < 2 or rewards.shape[0] % n:
+        raise AlgorithmError(f"PRIME's leave-one-out needs n >= 2 samples a prompt and B a multiple of n "
+                             f"(got n={n}, B={rewards.shape[0]})")
+    mask = reward_mask.to(rewards.dtype)
+    means = (rewards * mask).sum(-1) / mask.sum(-1).clamp(min=1)  # m_j [B]
+    baseline = means.view(-1, n).sum(-1, keepdim=True).expand(-1, n).reshape(-1) / (n - 1)
+    return (rewards * n / (n - 1) - baseline[:, None]) * mask
+
+
+def prime_advantages(*, dense_rewards: torch.Tensor, outcome_scores: torch.Tensor, response_mask: torch.Tensor,
+                     n: int, dense_coef: float, outcome_coef: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(advantages, returns) ``[B, T]``: RLOO of the dense rewards and of the outcome score (on the last response
+    token), weighted, summed, returns as reverse cumulative sums, advantages whitened over the batch."""
+    mask = response_mask.bool()
+    last = response_mask.sum(-1).long().clamp(min=1) - 1
+    rows = torch.arange(mask.shape[0], device=mask.device)
+    outcome = torch.zeros_like(dense_rewards)
+    outcome[rows, last] = outcome_scores.to(dense_rewards.dtype)
+    outcome_mask = torch.zeros_like(mask)
+    outcome_mask[rows, last] = True
+    total = dense_coef * leave_one_out(rewards=dense_rewards, reward_mask=mask, n=n) + \
+        outcome_coef * leave_one_out(rewards=outcome, reward_mask=outcome_mask, n=n)
+    returns = (total * response_mask).flip(-1).cumsum(-1).flip(-1)
+    return masked_whiten(values=returns, mask=response_mask), returns
