@@ -121,6 +121,6 @@ def compute_score(
     return {"score": passed / max(count, 1), "all_passed": float(passed == count > 0), "num_tests": float(count)}
 
 
-@register_scorer(*CODE_DATA_SOURCES, preflight=check_sandbox)
+@register_scorer(*CODE_DATA_SOURCES, preflight=check_sandbox, keyword_args=("time_limit_s", "memory_limit_mb"))
 def score_row(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> dict:
     return compute_score(solution_str, ground_truth, **kwargs)

@@ -119,9 +119,20 @@ def async_training_steps(cfg, steps_per_epoch: int) -> int:
     """Trainer steps: rollout.total_rollout_steps // require_batches when set, else trainer.total_training_steps,
     else the epochs' prompt batches // require_batches. Checks the async settings first (before any model loads)."""
     check_async_config(cfg)
+    require = cfg.async_training.require_batches
     if cfg.rollout.total_rollout_steps is not None:
-        return cfg.rollout.total_rollout_steps // cfg.async_training.require_batches
-    steps = steps_per_epoch * cfg.trainer.total_epochs // cfg.async_training.require_batches
+        if cfg.rollout.total_rollout_steps < require:
+            raise HybridflowError(
+                f"rollout.total_rollout_steps={cfg.rollout.total_rollout_steps} is smaller than "
+                f"async_training.require_batches={require}: the trainer would run 0 steps; raise "
+                "total_rollout_steps to at least require_batches")
+        return cfg.rollout.total_rollout_steps // require
+    steps = steps_per_epoch * cfg.trainer.total_epochs // require
+    if cfg.trainer.total_training_steps is None and steps < 1:
+        raise HybridflowError(
+            f"{steps_per_epoch} batches per epoch x trainer.total_epochs={cfg.trainer.total_epochs} is fewer than "
+            f"async_training.require_batches={require}: the trainer would run 0 steps; add data or epochs, or lower "
+            "require_batches")
     return cfg.trainer.total_training_steps if cfg.trainer.total_training_steps is not None else steps
 
 

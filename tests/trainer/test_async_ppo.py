@@ -123,11 +123,13 @@ def test_behaviour_log_probs_as_the_old_policy(tmp_path, tiny_model_dir):
 
 
 @pytest.mark.parametrize("override, message", [
-    ("async_training.require_batches=0", "require_batches must be >= 1"),
+    (["async_training.require_batches=0"], "require_batches must be >= 1"),
+    (["rollout.total_rollout_steps=1", "async_training.require_batches=2"],
+     "total_rollout_steps=1 is smaller than async_training.require_batches=2: the trainer would run 0 steps"),
 ])
 def test_unsupported_settings_are_one_clear_error(tmp_path, tiny_model_dir, override, message):
     with pytest.raises(HybridflowError, match=message):
-        build_async(load_config(PPOConfig, base_overrides(tmp_path, tiny_model_dir) + [override]))
+        build_async(load_config(PPOConfig, base_overrides(tmp_path, tiny_model_dir) + override))
 
 
 def test_one_step_off_entry_point_runs(tmp_path, tiny_model_dir):
