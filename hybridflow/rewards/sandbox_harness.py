@@ -199,6 +199,12 @@ def _serve(commands_fd: int, replies_fd: int) -> None:
             exec(compile(handle.read(), "main.py", "exec"), namespace)
     except SystemExit:
         pass
+    finally:
+        for stream in (sys.stdout, sys.stderr):  # the parent ends the child with SIGKILL: flush what it printed
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001 - the program may have replaced or closed them
+                pass
     for line in commands:
         request = json.loads(line)
         try:
@@ -217,8 +223,8 @@ def _serve(commands_fd: int, replies_fd: int) -> None:
 class _Child:
     """The parent's handle on the child: send an expression, wait (with a deadline) for its value."""
 
-    def __init__(self, pid: int, commands_fd: int, replies_fd: int, time_limit_s: float):
-        self.pid, self.time_limit_s = pid, time_limit_s
+    def __init__(self, commands_fd: int, replies_fd: int, time_limit_s: float):
+        self.time_limit_s = time_limit_s
         self.commands, self.replies_fd = os.fdopen(commands_fd, "w"), replies_fd
         self.pending = b""
 
@@ -263,10 +269,11 @@ def _run_asserts(spec_fd: int, verdict_fd: int, time_limit_s: float) -> None:
     if pid == 0:
         _close_other_fds({commands_read, replies_write})
         _serve(commands_read, replies_write)
-    os.close(commands_read), os.close(replies_write)
+    os.close(commands_read)
+    os.close(replies_write)
     with os.fdopen(spec_fd, "r", encoding="utf-8") as handle:
         spec = json.load(handle)
-    child = _Child(pid, commands_write, replies_read, time_limit_s)
+    child = _Child(commands_write, replies_read, time_limit_s)
     verdicts = os.fdopen(verdict_fd, "w")
     for index, (imports, tests) in enumerate(parse_assert_tests(spec["asserts"])):
         try:

@@ -246,3 +246,23 @@ def test_a_killed_scoring_worker_leaves_no_sandbox_dir(monkeypatch):
     finally:
         pool.close()
         shutil.rmtree(tmp_path)
+
+
+@pytest.mark.parametrize("test, sent, value", [
+    ("add(2, 3) == 5", ["add(2, 3)"], True),
+    ("abs(area(2) - 12.566) < 1e-3", ["area(2)"], True),
+    ("math.isclose(area(2), 12.566, rel_tol=1e-3)", ["area(2)"], True),
+    ("not is_prime(8) and sorted(primes(10)) == [2, 3, 5, 7]", ["is_prime(8)", "primes(10)"], True),
+    ("add(2, 3) in {5: 'five'}", ["add(2, 3)"], True),
+    ("sorted(words, key=len) == ['a']", ["sorted(words, key=len)"], False),  # a key function: the child's
+])  # fmt: skip
+def test_the_child_is_asked_only_for_what_needs_the_program(test, sent, value):
+    import ast
+
+    from hybridflow.rewards.sandbox_harness import evaluate
+
+    answers = {"add(2, 3)": 5, "area(2)": 12.5664, "is_prime(8)": False, "primes(10)": [7, 5, 3, 2],
+               "sorted(words, key=len)": ["b"]}
+    asked = []
+    result = evaluate(ast.parse(test, mode="eval").body, lambda source: asked.append(source) or answers[source])
+    assert asked == sent and bool(result) is value  # the expected values (5, 12.566, [2, 3, 5, 7]) stay here
