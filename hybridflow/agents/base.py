@@ -47,7 +47,8 @@ class Trajectory:
     response_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     counts: dict[str, float] = field(default_factory=lambda: {
-        "assistant_turns": 0, "user_turns": 0, "tool_calls": 0, "tool_errors": 0, "tool_timeouts": 0})
+        "assistant_turns": 0, "user_turns": 0, "tool_calls": 0, "tool_errors": 0, "tool_timeouts": 0,
+        "interaction_errors": 0})
     finish_reason: str = "stop"
     turn_end: str = ""
     """Text of the stop token that closed the last assistant turn ('' if it was cut off)."""

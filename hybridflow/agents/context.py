@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from hybridflow.tools.bounded import ToolHealth
+
 
 @dataclass
 class MultiTurnSettings:
@@ -32,6 +34,8 @@ class AgentContext:
     settings: MultiTurnSettings
     tools: dict[str, Any] = field(default_factory=dict)
     interactions: dict[str, Any] = field(default_factory=dict)
+    tool_health: ToolHealth = field(default_factory=ToolHealth)
+    """Calls and failures per tool (and interaction) over the current batch; reported after each batch."""
 
     @property
     def tool_schemas(self) -> list[dict]:

@@ -11,12 +11,17 @@ event loop (and the tools' time-outs) keep going meanwhile.
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import replace
 
 from hybridflow.rollout import Completion, SamplingParams
+from hybridflow.tools.bounded import calls_in_flight
 
 READY_TICKS = 4
 """Event-loop turns to wait before sending a batch: lets every loop that is ready submit."""
+TOOL_WAIT_S = 0.005
+"""Also wait up to this long for tool calls in flight (each runs in its own thread, see
+``hybridflow.tools.bounded``): quick tools answer in well under it, and their loops join the batch."""
 
 
 class TurnGenerator:
@@ -39,8 +44,7 @@ class TurnGenerator:
 
     async def _drain(self) -> None:
         async with self.lock:
-            for _ in range(READY_TICKS):
-                await asyncio.sleep(0)
+            await self._gather_ready()
             batch, self.pending, self.drain = self.pending, [], None
             try:
                 completions = await asyncio.to_thread(self._generate, batch)
@@ -50,6 +54,18 @@ class TurnGenerator:
                 return
             for (_, max_tokens, future), completion in zip(batch, completions):
                 future.set_result(cut(completion, max_tokens))
+
+    async def _gather_ready(self) -> None:
+        """Let the loops that are ready (or whose quick tool calls are about to answer) submit."""
+        for _ in range(READY_TICKS):
+            await asyncio.sleep(0)
+        deadline = time.monotonic() + TOOL_WAIT_S
+        if not calls_in_flight():
+            return
+        while calls_in_flight() and time.monotonic() < deadline:
+            await asyncio.sleep(0.0005)
+        for _ in range(READY_TICKS):
+            await asyncio.sleep(0)
 
     def _generate(self, batch) -> list[Completion]:
         """One engine call for all requests, at the largest budget; each is cut to its own after."""

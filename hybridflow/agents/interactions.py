@@ -23,11 +23,13 @@ from uuid import uuid4
 
 from hybridflow.errors import ConfigError
 from hybridflow.rewards.gsm8k import compute_score
-from hybridflow.tools.config import import_class, read_yaml
+from hybridflow.tools.config import import_class, instantiate, read_yaml
 
 VERL_CLASS_PATHS = {
     "verl.interactions.gsm8k_interaction.Gsm8kInteraction": "hybridflow.agents.interactions.AnswerFeedbackInteraction",
 }
+
+INTERACTION_METHODS = ("start_interaction", "generate_response", "finalize_interaction")
 
 
 class BaseInteraction:
@@ -83,7 +85,8 @@ class AnswerFeedbackInteraction(BaseInteraction):
 def load_interactions(path: str, *, key: str = "actor_rollout_ref.rollout.multi_turn.interaction_config_path"
                       ) -> dict[str, BaseInteraction]:
     """{name: interaction} from the YAML at ``path`` (entries under ``interaction:``)."""
-    entries = read_yaml(path, key=key).get("interaction")
+    loaded = read_yaml(path, key=key)
+    entries = loaded.get("interaction") if isinstance(loaded, dict) else None
     if not isinstance(entries, list) or not entries:
         raise ConfigError(f"{key}: {path} must hold a non-empty list under 'interaction:' (each with class_name)")
     interactions: dict[str, BaseInteraction] = {}
@@ -95,5 +98,6 @@ def load_interactions(path: str, *, key: str = "actor_rollout_ref.rollout.multi_
         name = entry.get("name") or cls.__name__
         if name in interactions:
             raise ConfigError(f"{where}: a second interaction is named {name!r}; names must be unique")
-        interactions[name] = cls({**(entry.get("config") or {}), "name": name})
+        interactions[name] = instantiate(cls, where=where, methods=INTERACTION_METHODS,
+                                         config={**(entry.get("config") or {}), "name": name})
     return interactions

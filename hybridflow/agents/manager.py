@@ -59,7 +59,9 @@ class AgentLoopManager:
         if self.context.settings.stop_after_tool_call and call_end:
             params = replace(params, stop=[*params.stop, call_end])
         generator = TurnGenerator(self.engine, params)
-        return list(await asyncio.gather(*(self.loop(row).run(row, generator) for row in rows)))
+        outputs = list(await asyncio.gather(*(self.loop(row).run(row, generator) for row in rows)))
+        self.context.tool_health.report()  # a tool that failed on every call: one console line
+        return outputs
 
     def loop(self, row: dict):
         name = row.get("agent_name") or self.default_agent_loop

@@ -6,7 +6,9 @@
         └─ no call, no interaction ──► done (the answer)                                                  │
     ◄──────────────────────────────────────────────────────────────────────────────────────────────────┘
     ends also at max_assistant_turns / max_user_turns, a turn cut off by the length budget, or an
-    observation that would not fit in response_length (verl's rules).
+    observation that would not fit in response_length (verl's rules). An interaction method that
+    raises, hangs or answers in the wrong shape ends that conversation, counted in
+    ``interaction_errors`` (the run goes on).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from hybridflow.agents.chat import observation_ids, render_prompt, tokenization_
 from hybridflow.agents.context import AgentContext
 from hybridflow.agents.tool_calls import ToolSession
 from hybridflow.errors import DataError
+from hybridflow.tools.base import reward_number
+from hybridflow.tools.bounded import ToolCallError, call_bounded
 from hybridflow.tools.parsers import get_tool_parser
 
 logger = logging.getLogger(__name__)
@@ -34,8 +38,9 @@ class ToolAgentLoop:
 
     async def run(self, row: dict, generator):
         traj = self.start(row)
-        session = ToolSession(self.context.tools, extra_info_of(row).get("tools_kwargs"), self.settings)
-        user = await self.start_interaction(row)
+        session = ToolSession(self.context.tools, extra_info_of(row).get("tools_kwargs"), self.settings,
+                              health=self.context.tool_health)
+        user = await self.start_interaction(row, traj)
         turn_scores: list[float] = []
         try:
             while await self.assistant_turn(traj, generator) and not self.turn_limit_reached(traj):
@@ -51,7 +56,7 @@ class ToolAgentLoop:
         finally:
             tool_rewards = await session.close()
             if user is not None:
-                await user[0].finalize_interaction(user[1])
+                await self.interaction_call(traj, user, "finalize_interaction", user[1])
         traj.counts.update(session.counts)
         traj.counts["tokenization_mismatch"] = float(not self.sanity_check(traj))
         return traj.output(extra_info={"tool_rewards": tool_rewards, "tool_step_rewards": session.step_rewards,
@@ -99,7 +104,7 @@ class ToolAgentLoop:
         traj.messages.extend(messages)
         return True
 
-    async def start_interaction(self, row: dict):
+    async def start_interaction(self, row: dict, traj: Trajectory):
         """(interaction, instance id) named by ``extra_info.interaction_kwargs.name``, or None."""
         if not self.context.interactions:
             return None
@@ -109,15 +114,40 @@ class ToolAgentLoop:
             raise DataError(f"row extra_info.interaction_kwargs.name={name!r} is not one of the configured "
                             f"interactions ({', '.join(self.context.interactions)}); fix the row or the interaction config")
         interaction = self.context.interactions[name]
-        instance_id = await interaction.start_interaction(uuid4().hex, **kwargs)
-        return interaction, instance_id, kwargs
+        instance_id = await self.interaction_call(traj, (interaction, None, kwargs), "start_interaction",
+                                                  uuid4().hex, **kwargs)
+        return None if instance_id is None else (interaction, instance_id, kwargs)
 
     async def user_reply(self, user, traj: Trajectory, turn_scores: list[float]) -> list[dict] | None:
+        """The simulated user's next message, or None when it ends the conversation (or failed)."""
         interaction, instance_id, kwargs = user
-        done, text, score, _ = await interaction.generate_response(instance_id, traj.messages, **kwargs)
+        reply = await self.interaction_call(traj, user, "generate_response", instance_id, traj.messages, **kwargs)
+        if reply is None:
+            return None
+        try:
+            done, text, score, _ = reply
+            score = None if score is None else reward_number(score, what=f"interaction {interaction.name}")
+        except (TypeError, ValueError, ToolCallError) as err:
+            self.interaction_failed(traj, interaction, f"generate_response returned {str(reply)[:80]!r}: {err}; "
+                                    "it must return (done: bool, text: str, score: float | None, metrics: dict)")
+            return None
         if score is not None:
-            turn_scores.append(float(score))
-        return None if done else [{"role": "user", "content": text}]
+            turn_scores.append(score)
+        return None if done else [{"role": "user", "content": str(text)}]
+
+    async def interaction_call(self, traj: Trajectory, user, method: str, *args, **kwargs):
+        """``user``'s interaction ``method``, bounded like a tool call; None (counted, logged) when it fails."""
+        interaction = user[0]
+        try:
+            return await call_bounded(getattr(interaction, method), *args, timeout_s=self.settings.tool_timeout_s,
+                                      what=f"interaction {getattr(interaction, 'name', '?')} {method}()", **kwargs)
+        except ToolCallError as err:
+            self.interaction_failed(traj, interaction, str(err))
+            return None
+
+    def interaction_failed(self, traj: Trajectory, interaction, message: str) -> None:
+        traj.counts["interaction_errors"] += 1
+        self.context.tool_health.record(f"interaction {getattr(interaction, 'name', '?')}", message)
 
     def sanity_check(self, traj: Trajectory) -> bool:
         """``tokenization_sanity_check_mode``: the trained context must read as the template's conversation."""

@@ -3,9 +3,11 @@
 A tool instance is created on the first call to that tool in a trajectory (with the row's
 ``extra_info.tools_kwargs[name].create_kwargs``), reused by later calls, scored with
 ``calc_reward`` and released when the trajectory ends. A call that cannot run (malformed,
-unknown tool, too many in one turn, raised, timed out) becomes a tool message that says
-why: the model gets the error back, the rollout goes on. A ``create`` that raises is a data
-problem (a missing ground truth) and stops the run with its message.
+unknown tool, too many in one turn, ``create`` or ``execute`` raised, timed out, returned
+something that is not ``(ToolResponse | str, number, dict)``) becomes a tool message that says
+why: the model gets the error back (as verl does), it is counted in ``tool_errors``, and the
+rollout goes on. Every tool method runs in its own thread with a deadline
+(:mod:`hybridflow.tools.bounded`), so a blocking synchronous tool cannot hang the run.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import asyncio
 from typing import Any
 
 from hybridflow.agents.context import MultiTurnSettings
+from hybridflow.tools.base import execute_result, reward_number
+from hybridflow.tools.bounded import ToolCallError, ToolCallTimeout, ToolHealth, call_bounded
 from hybridflow.tools.parsers import ParsedTurn, ToolCall
 
 
@@ -32,8 +36,10 @@ def truncate_text(text: str, *, limit: int, side: str) -> str:
 class ToolSession:
     """The tools of one trajectory; ``run_turn`` answers one assistant turn's calls."""
 
-    def __init__(self, tools: dict[str, Any], tools_kwargs: dict[str, Any] | None, settings: MultiTurnSettings):
+    def __init__(self, tools: dict[str, Any], tools_kwargs: dict[str, Any] | None, settings: MultiTurnSettings,
+                 health: ToolHealth | None = None):
         self.tools = tools
+        self.health = health or ToolHealth()
         self.tools_kwargs = tools_kwargs or {}
         self.settings = settings
         self.instances: dict[str, str] = {}
@@ -58,33 +64,45 @@ class ToolSession:
         if tool is None:
             self.counts["tool_errors"] += 1
             return f"Error: there is no tool named {call.name!r}; the tools are {', '.join(sorted(self.tools))}"
-        instance_id = await self.instance(call.name)
         try:
-            response, step_reward, _ = await asyncio.wait_for(
-                tool.execute(instance_id, call.arguments, agent_data=agent_data), timeout=self.settings.tool_timeout_s)
-        except asyncio.TimeoutError:
-            self.counts["tool_timeouts"] += 1
+            instance_id = await self.instance(call.name)
+            result = await call_bounded(tool.execute, instance_id, call.arguments, agent_data=agent_data,
+                                        timeout_s=self.settings.tool_timeout_s, what=f"tool {call.name}")
+            text, step_reward = execute_result(call.name, result)
+        except ToolCallError as err:  # a tool's failure is the model's feedback, not the run's end
             self.counts["tool_errors"] += 1
-            return f"Error: {call.name} did not answer within {self.settings.tool_timeout_s} s"
-        except Exception as err:  # a tool's failure is the model's feedback, not the run's end
-            self.counts["tool_errors"] += 1
-            return f"Error when executing tool {call.name}: {type(err).__name__}: {err}"
-        self.step_rewards.append(float(step_reward or 0.0))
-        return response if isinstance(response, str) else (response.text or "")
+            self.counts["tool_timeouts"] += isinstance(err, ToolCallTimeout)
+            self.health.record(call.name, str(err))
+            return f"Error: {err}"
+        self.health.record(call.name, None)
+        self.step_rewards.append(step_reward)
+        return text
 
     async def instance(self, name: str) -> str:
+        """The trajectory's instance of tool ``name``, created on first use (a failed create is retried)."""
         if name not in self.instances:
             kwargs = self.tools_kwargs.get(name) or {}
-            created = await self.tools[name].create(None, create_kwargs=kwargs.get("create_kwargs") or {})
+            created = await call_bounded(self.tools[name].create, None, create_kwargs=kwargs.get("create_kwargs") or {},
+                                         timeout_s=self.settings.tool_timeout_s, what=f"tool {name} create()")
             self.instances[name] = created[0] if isinstance(created, tuple) else created  # older verl returns the id
         return self.instances[name]
 
     async def close(self) -> dict[str, float]:
-        """``calc_reward`` of every tool used, then release them all: {tool name: reward}."""
+        """``calc_reward`` of every tool used, then release them all: {tool name: reward}; a tool whose
+        ``calc_reward`` fails (raises, hangs, returns no number) has no entry and counts as a tool error."""
         rewards = {}
         for name, instance_id in self.instances.items():
+            tool, limit = self.tools[name], self.settings.tool_timeout_s
             try:
-                rewards[name] = float(await self.tools[name].calc_reward(instance_id))
-            finally:
-                await self.tools[name].release(instance_id)
+                reward = await call_bounded(tool.calc_reward, instance_id, timeout_s=limit,
+                                            what=f"tool {name} calc_reward()")
+                rewards[name] = reward_number(reward, what=f"tool {name} calc_reward()")
+            except ToolCallError as err:
+                self.counts["tool_errors"] += 1
+                self.health.record(name, str(err))
+            try:
+                await call_bounded(tool.release, instance_id, timeout_s=limit, what=f"tool {name} release()")
+            except ToolCallError as err:
+                self.counts["tool_errors"] += 1
+                self.health.record(name, str(err))
         return rewards

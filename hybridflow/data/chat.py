@@ -39,6 +39,11 @@ def validate_messages(value: Any, *, row_index: int, config_key: str) -> list[di
                 f"row {row_index}: message {position} of {config_key} has role {message['role']!r}; a role must be "
                 f"one of {', '.join(MESSAGE_ROLES)}: rename it in the data (e.g. 'human' -> 'user', 'gpt' -> 'assistant')"
             )
+        if message["content"] is None and not message.get("tool_calls"):
+            raise DataError(
+                f"row {row_index}: message {position} of {config_key} ({message['role']}) has content None; give it "
+                "text ('' for an empty turn) or remove the message"
+            )
     if not value or not any(isinstance(m["content"], str) and m["content"].strip() for m in value):
         raise DataError(
             f"row {row_index}: empty prompt in {config_key} (no message has text); remove the row or fill it in"

@@ -28,6 +28,7 @@ _EXPORTS = {
     "RewardModelScorer": "reward_model",
     "GenerativeJudge": "generative_judge",
     "run_python": "code_sandbox",
+    "run_asserts": "code_sandbox",
     "ExecutionResult": "code_sandbox",
     "SandboxUnavailableError": "code_sandbox",
     "sandbox_available": "code_sandbox",

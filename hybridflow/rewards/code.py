@@ -3,23 +3,32 @@
 For code datasets (``codecontests``, ``apps``, ``taco``, ``primeintellect`` and their
 hub names) the ground truth is JSON of test cases, in one of two forms:
 
-- ``{"inputs": [stdin, ...], "outputs": [expected_stdout, ...]}`` -- judge style;
-- ``{"asserts": ["assert f(2) == 4", ...]}`` -- each statement appended to the program.
+- ``{"inputs": [stdin, ...], "outputs": [expected_stdout, ...]}`` -- judge style: each test
+  runs the program in a fresh sandbox; it passes when the run exits 0 (a crash, a time-out or
+  the memory bound fails) and its stdout matches;
+- ``{"asserts": ["assert f(2) == 4", ...]}`` -- judged by the harness of
+  :mod:`hybridflow.rewards.sandbox_harness` in one sandbox: the program never sees the
+  asserts, and only the harness's own record of a test passes it (exiting early passes nothing).
 
 The program is the last fenced code block of the response (```` ```python ... ``` ````),
-or the whole response when it has none. Each test runs in a fresh sandbox
-(:mod:`hybridflow.rewards.code_sandbox`). After the first time-out the remaining tests
-count as failed without running, so a looping program costs one time limit, not one
-per test. Returns ``{'score': passed / total, 'all_passed': 0 or 1, 'num_tests': total}``.
+or the whole response when it has none (:mod:`hybridflow.rewards.code_sandbox`). After the
+first time-out the remaining tests count as failed without running, so a looping program
+costs one time limit, not one per test; all tests of one sample stop at
+:data:`SAMPLE_CEILING_S` (a hard ceiling, also with ``reward_model.timeout_s=null``).
+Returns ``{'score': passed / total, 'all_passed': 0 or 1, 'num_tests': total}``.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import re
+import time
+import warnings
 
 from hybridflow.errors import DataError
-from hybridflow.rewards.code_sandbox import check_sandbox, default_limits, outputs_match, run_python
+from hybridflow.rewards.code_sandbox import check_sandbox, default_limits, outputs_match, run_asserts, run_python
+from hybridflow.rewards.sandbox_harness import TestCaseError, parse_assert_tests
 from hybridflow.rewards.registry import register_scorer
 
 CODE_DATA_SOURCES = (
@@ -32,6 +41,8 @@ CODE_DATA_SOURCES = (
     "primeintellect",
     "PrimeIntellect/verifiable-coding-problems",
 )
+SAMPLE_CEILING_S = 60.0
+"""All of a sample's tests together stop here, whatever ``reward_model.timeout_s`` (null included)."""
 _FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
 
 
@@ -41,18 +52,51 @@ def extract_program(solution_str: str) -> str:
     return blocks[-1] if blocks else solution_str
 
 
-def parse_test_cases(ground_truth) -> list[tuple[str, str | None, str | None]]:
-    """``[(stdin, expected_stdout, assert_statement)]`` from the ground-truth JSON."""
+def parse_test_cases(ground_truth) -> tuple[list[tuple[str, str]], list[str]]:
+    """``([(stdin, expected_stdout)], [assert_entry])`` from the ground-truth JSON; one of them is empty."""
     cases = json.loads(ground_truth) if isinstance(ground_truth, str) else ground_truth
     if isinstance(cases, dict) and "inputs" in cases and "outputs" in cases and "fn_name" not in cases:
         if len(cases["inputs"]) != len(cases["outputs"]):
             raise DataError("code test cases have different numbers of 'inputs' and 'outputs'; make them pair up")
-        return [(str(given), str(wanted), None) for given, wanted in zip(cases["inputs"], cases["outputs"])]
+        return [(str(given), str(wanted)) for given, wanted in zip(cases["inputs"], cases["outputs"])], []
     if isinstance(cases, dict) and "asserts" in cases:
-        return [("", None, str(statement)) for statement in cases["asserts"]]
+        asserts = [str(statement) for statement in cases["asserts"]]
+        try:
+            parse_assert_tests(asserts)
+        except TestCaseError as error:
+            raise DataError(str(error)) from None
+        return [], asserts
     raise DataError(
         "code ground_truth must be JSON {'inputs': [...], 'outputs': [...]} (stdin/stdout) or "
         "{'asserts': [...]}; convert call-based (fn_name) tests to 'asserts'"
+    )
+
+
+def _stdio_passes(program: str, cases: list[tuple[str, str]], time_limit_s: float, memory_limit_mb: int) -> int:
+    """Tests whose output matches, from a run that exited 0; after a time-out, or past
+    :data:`SAMPLE_CEILING_S` for the whole sample, the rest fail unrun."""
+    passed, ceiling = 0, time.monotonic() + SAMPLE_CEILING_S
+    for stdin, expected in cases:
+        remaining = ceiling - time.monotonic()
+        if remaining <= 0:
+            _warn_ceiling()
+            break
+        run = run_python(program, stdin=stdin, timeout_s=min(time_limit_s, remaining), memory_mb=memory_limit_mb)
+        passed += run.ok and outputs_match(run.stdout, expected)
+        if run.timed_out:
+            if remaining < time_limit_s:
+                _warn_ceiling()
+            break
+    return passed
+
+
+@functools.cache
+def _warn_ceiling() -> None:
+    warnings.warn(
+        f"code reward: a sample's tests ran past the {SAMPLE_CEILING_S:g} s ceiling per sample; its remaining "
+        "tests count as failed (the ceiling holds even with reward_model.timeout_s=null)",
+        RuntimeWarning,
+        stacklevel=3,
     )
 
 
@@ -67,19 +111,16 @@ def compute_score(
     time_limit_s = default_time if time_limit_s is None else time_limit_s
     memory_limit_mb = default_memory if memory_limit_mb is None else memory_limit_mb
     program = extract_program(solution_str)
-    cases = parse_test_cases(ground_truth)
-    passed, timed_out = 0, False
-    for stdin, expected, statement in cases:
-        if timed_out:
-            break
-        source = program if statement is None else f"{program}\n\n{statement}\n"
-        run = run_python(source, stdin=stdin, timeout_s=time_limit_s, memory_mb=memory_limit_mb)
-        timed_out = run.timed_out
-        passed += run.ok and (expected is None or outputs_match(run.stdout, expected))
-    total = max(len(cases), 1)
-    return {"score": passed / total, "all_passed": float(passed == len(cases) > 0), "num_tests": float(len(cases))}
+    stdio_cases, asserts = parse_test_cases(ground_truth)
+    if asserts:
+        time_limit_s = min(time_limit_s, SAMPLE_CEILING_S / (len(asserts) + 1))
+        passed = sum(run_asserts(program, asserts, timeout_s=time_limit_s, memory_mb=memory_limit_mb))
+    else:
+        passed = _stdio_passes(program, stdio_cases, time_limit_s, memory_limit_mb)
+    count = len(asserts) + len(stdio_cases)
+    return {"score": passed / max(count, 1), "all_passed": float(passed == count > 0), "num_tests": float(count)}
 
 
-@register_scorer(*CODE_DATA_SOURCES, preflight=check_sandbox)
+@register_scorer(*CODE_DATA_SOURCES, preflight=check_sandbox, keyword_args=("time_limit_s", "memory_limit_mb"))
 def score_row(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> dict:
     return compute_score(solution_str, ground_truth, **kwargs)

@@ -1,8 +1,10 @@
 """Run an untrusted Python program in a sandbox, and grade it on test cases.
 
-``run_python(code, stdin=..., timeout_s=..., memory_mb=...)`` runs ``code`` with the
-base interpreter (``python -I``, standard library only) inside bubblewrap
-(``bwrap``, the Debian package ``bubblewrap``):
+``run_python(code, stdin=..., timeout_s=..., memory_mb=...)`` runs ``code`` as ``__main__``;
+``run_asserts(code, asserts, ...)`` runs it under the assert harness of
+:mod:`hybridflow.rewards.sandbox_harness` (the program never sees the asserts; a test
+passes only on the harness's own record). Both use the base interpreter (``python -I``,
+standard library only) inside bubblewrap (``bwrap``, the Debian package ``bubblewrap``):
 
 - its own PID, mount, network, IPC, UTS and user namespaces: no network at all, it
   sees only its own processes, and when the time-out kills bwrap the kernel kills the
@@ -11,10 +13,14 @@ base interpreter (``python -I``, standard library only) inside bubblewrap
   nothing else: no ``/etc``, ``/home``, ``/root`` or checkout, so no ``/etc/passwd``,
   project files or trainer files to read, write or delete;
 - one writable scratch dir, ``/sandbox`` (the working dir, a 64 MiB tmpfs that holds
-  ``main.py``), and a 64 MiB ``/tmp``; both vanish with the sandbox;
+  ``main.py``), a 64 MiB ``/tmp`` and a 16 MiB ``/dev/shm``; ``/dev`` itself is read-only;
+  all vanish with the sandbox;
 - user ``nobody`` (uid 65534) with no capabilities and no nested user namespaces;
 - ``RLIMIT_AS`` (``memory_mb``), ``RLIMIT_CPU``, ``RLIMIT_FSIZE`` (16 MiB),
-  ``RLIMIT_NPROC`` and no core dumps;
+  ``RLIMIT_NPROC`` (32 tasks), ``RLIMIT_NOFILE`` (64) and no core dumps;
+- the whole sample's memory bounded across forks (:mod:`sandbox_limits`): the tree's
+  resident memory is watched and the tree killed past ``memory_mb``; ``memfd_create``,
+  SysV ``shmget`` and foreign-ABI syscalls are refused by a seccomp filter;
 - output read incrementally: the first 1 MiB of stdout and of stderr are kept, the
   rest is read and dropped, so a program that prints gigabytes costs no memory here.
 
@@ -30,7 +36,9 @@ against hostile code. One warning line says so.
 from __future__ import annotations
 
 import functools
+import json
 import os
+import secrets
 import selectors
 import shutil
 import signal
@@ -40,8 +48,10 @@ import tempfile
 import time
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 
 from hybridflow.errors import ConfigError
+from hybridflow.rewards import sandbox_harness, sandbox_limits
 
 ALLOW_UNSANDBOXED_ENV = "HYBRIDFLOW_ALLOW_UNSANDBOXED_CODE"
 TIMEOUT_ENV = "HYBRIDFLOW_SANDBOX_TIMEOUT_S"
@@ -49,27 +59,13 @@ MEMORY_ENV = "HYBRIDFLOW_SANDBOX_MEMORY_MB"
 OUTPUT_LIMIT_BYTES = 1 << 20
 _FILE_SIZE_LIMIT = 16 * 2**20
 _SCRATCH_BYTES = 64 * 2**20
-_MAX_PROCESSES = 128
+_MAX_PROCESSES = 32  # threads count too; with RLIMIT_AS the hard memory bound between watchdog polls
+_MAX_OPEN_FILES = 64
 _NOBODY = "65534"
 _DRAIN_AFTER_KILL_S = 2.0
+_TEMP_PREFIX = "hybridflow-sandbox-"
 
-# Runs inside the sandboxed interpreter: limits first, then the user's program.
-_BOOTSTRAP = r"""
-import resource, runpy, sys
-memory_bytes, cpu_seconds, file_bytes, processes = (int(v) for v in sys.argv[1:5])
-resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
-resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds))
-resource.setrlimit(resource.RLIMIT_FSIZE, (file_bytes, file_bytes))
-resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-resource.setrlimit(resource.RLIMIT_NPROC, (processes, processes))
-if sys.argv[5] == "weak":
-    import socket
-    def _no_network(*args, **kwargs):
-        raise OSError("network access is disabled in the sandbox")
-    socket.socket = socket.create_connection = socket.socketpair = _no_network
-sys.argv = ["main.py"]
-runpy.run_path("main.py", run_name="__main__")
-"""
+_HARNESS_SOURCE = Path(sandbox_harness.__file__).read_text(encoding="utf-8")
 
 
 class SandboxUnavailableError(ConfigError):
@@ -89,10 +85,11 @@ class ExecutionResult:
     stderr: str
     timed_out: bool
     truncated: bool = False
+    memory_exceeded: bool = False  # the whole tree passed memory_mb of resident memory and was killed
 
     @property
     def ok(self) -> bool:
-        return self.returncode == 0 and not self.timed_out
+        return self.returncode == 0 and not self.timed_out and not self.memory_exceeded
 
 
 def _reachable_by_others(path: str) -> bool:
@@ -133,7 +130,7 @@ def _drop_to_nobody() -> dict:
     return {"user": int(_NOBODY), "group": int(_NOBODY), "extra_groups": []}
 
 
-def _bwrap_command(program_path: str, limits: list[str]) -> list[str]:
+def _bwrap_command(program_path: str, harness_args: list[str], seccomp_fd: int | None) -> list[str]:
     executable, prefix = _interpreter()
     command = [
         "bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
@@ -147,14 +144,17 @@ def _bwrap_command(program_path: str, limits: list[str]) -> list[str]:
             command += ["--ro-bind", f"/{link}", f"/{link}"]
     if prefix is not None:
         command += ["--ro-bind", prefix, prefix]
+    if seccomp_fd is not None:
+        command += ["--seccomp", str(seccomp_fd)]
     command += [
-        "--proc", "/proc", "--dev", "/dev",
+        "--proc", "/proc", "--dev", "/dev", "--size", str(sandbox_limits.SHM_BYTES), "--tmpfs", "/dev/shm",
+        "--remount-ro", "/dev",
         "--size", str(_SCRATCH_BYTES), "--tmpfs", "/tmp",
         "--size", str(_SCRATCH_BYTES), "--tmpfs", "/sandbox",
         "--ro-bind", program_path, "/sandbox/main.py", "--remount-ro", "/", "--chdir", "/sandbox",
         "--clearenv", "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "HOME", "/sandbox",
         "--setenv", "LANG", "C.UTF-8", "--setenv", "OMP_NUM_THREADS", "1",
-        executable, "-I", "-c", _BOOTSTRAP, *limits, "bwrap",
+        executable, "-I", "-c", _HARNESS_SOURCE, *harness_args,
     ]  # fmt: skip
     return command
 
@@ -166,7 +166,7 @@ def bwrap_problem() -> str | None:
         return "bubblewrap (bwrap) is not installed"
     with tempfile.TemporaryDirectory(prefix="hybridflow-sandbox-probe-") as folder:
         probe = _write_readable(folder, "main.py", "pass\n")
-        command = _bwrap_command(probe, ["1073741824", "5", "1024", "64"])
+        command = _bwrap_command(probe, _harness_args(1024, 5.0, "bwrap", "program"), None)
         try:
             done = subprocess.run(
                 command, capture_output=True, timeout=30, stdin=subprocess.DEVNULL, **_drop_to_nobody()
@@ -238,8 +238,10 @@ def _write_readable(folder: str, name: str, text: str) -> str:
     return path
 
 
-def _weak_command(limits: list[str]) -> list[str]:
-    return [sys.executable, "-I", "-c", _BOOTSTRAP, *limits, "weak"]
+def _harness_args(memory_mb: int, timeout_s: float, mode: str, kind: str) -> list[str]:
+    """The limits and mode that :func:`sandbox_harness.main` reads from its argv."""
+    limits = (memory_mb * 2**20, int(timeout_s) + 1, _FILE_SIZE_LIMIT, _MAX_PROCESSES, _MAX_OPEN_FILES)
+    return [*(str(value) for value in limits), mode, kind]
 
 
 def _kill_tree(process: subprocess.Popen) -> None:
@@ -251,15 +253,14 @@ def _kill_tree(process: subprocess.Popen) -> None:
 
 
 class _CappedReader:
-    """Reads stdout and stderr as they come, keeping the first ``limit`` bytes of each."""
+    """Reads the named pipes (stdout, stderr, the verdict) as they come, keeping the first ``limit`` bytes of each."""
 
-    def __init__(self, process: subprocess.Popen, limit: int):
+    def __init__(self, streams: dict[str, int], limit: int):
         self.limit = limit
-        self.kept = {"stdout": bytearray(), "stderr": bytearray()}
+        self.kept = {name: bytearray() for name in streams}
         self.truncated = False
         self.selector = selectors.DefaultSelector()
-        for name in self.kept:
-            fd = getattr(process, name).fileno()
+        for name, fd in streams.items():
             os.set_blocking(fd, False)
             self.selector.register(fd, selectors.EVENT_READ, data=name)
 
@@ -286,23 +287,106 @@ class _CappedReader:
         return self.kept[name].decode("utf-8", errors="replace")
 
 
-def _supervise(process: subprocess.Popen, timeout_s: float) -> tuple[_CappedReader, bool]:
-    """Pump output until the process ends or ``timeout_s`` passes (then kill the tree)."""
-    reader = _CappedReader(process, OUTPUT_LIMIT_BYTES)
+def _supervise(process: subprocess.Popen, reader: _CappedReader, timeout_s: float, memory_bytes: int) -> str | None:
+    """Pump output until the process ends; kill the tree at ``timeout_s`` or when the whole
+    tree's resident memory passes ``memory_bytes``. Returns why it was killed: "time", "memory" or None."""
     deadline = time.monotonic() + timeout_s
-    timed_out = False
+    stopped = None
     while process.poll() is None or reader.open:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            timed_out = process.poll() is None or reader.open
+            stopped = "time" if process.poll() is None or reader.open else None
             break
-        reader.pump(min(remaining, 0.1))
+        reader.pump(min(remaining, sandbox_limits.WATCH_INTERVAL_S))
+        if sandbox_limits.tree_rss_bytes(process.pid) > memory_bytes:
+            stopped = "memory"
+            break
     _kill_tree(process)  # what is left: the program, or a child that kept the pipes
     drain_until = time.monotonic() + _DRAIN_AFTER_KILL_S
     while reader.open and time.monotonic() < drain_until:
         reader.pump(0.05)
     process.wait()
-    return reader, timed_out
+    return stopped
+
+
+def _pass_file(folder: str, name: str, data: bytes) -> int:
+    """An open descriptor of a file that is already unlinked: only the holder of the fd can read it."""
+    path = os.path.join(folder, name)
+    with open(path, "wb") as handle:
+        handle.write(data)
+    fd = os.open(path, os.O_RDONLY)
+    os.unlink(path)
+    return fd
+
+
+@dataclass
+class _Launch:
+    """What one sandboxed run is given: the program, stdin, limits, and the harness's extra pipes."""
+
+    code: str
+    stdin: str
+    timeout_s: float
+    memory_mb: int
+    kind: str = "program"  # or "asserts"
+    spec: dict | None = None  # the assert harness's tests and nonce
+    test_timeout_s: float = 0.0
+
+
+def _start(launch: _Launch, host_dir: str, stdin_file) -> tuple[subprocess.Popen, dict[str, int]]:
+    """Start the sandbox; returns the process and the pipes to read (stdout, stderr, the verdict)."""
+    scratch = os.path.join(host_dir, "scratch")  # the weak mode's working dir: main.py alone
+    os.mkdir(scratch)
+    program_path = _write_readable(scratch, "main.py", launch.code)
+    isolated = sandbox_available()
+    args = _harness_args(launch.memory_mb, launch.timeout_s, "bwrap" if isolated else "weak", launch.kind)
+    passed: list[int] = []
+    streams: dict[str, int] = {}
+    if launch.spec is not None:
+        verdict_read, verdict_write = os.pipe()
+        passed += [_pass_file(host_dir, "spec.json", json.dumps(launch.spec).encode()), verdict_write]
+        args += [str(passed[0]), str(verdict_write), str(launch.test_timeout_s)]
+        streams["verdict"] = verdict_read
+    seccomp = sandbox_limits.seccomp_filter() if isolated else None
+    seccomp_fd = None if seccomp is None else _pass_file(host_dir, "seccomp.bpf", seccomp)
+    passed += [] if seccomp_fd is None else [seccomp_fd]
+    weak_command = [sys.executable, "-I", "-c", _HARNESS_SOURCE, *args]
+    command = _bwrap_command(program_path, args, seccomp_fd) if isolated else weak_command
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen(
+        command, cwd=scratch, env=env, stdin=stdin_file, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        start_new_session=True, pass_fds=passed, **(_drop_to_nobody() if isolated else {}),
+    )  # fmt: skip
+    for fd in passed:
+        os.close(fd)  # the sandbox holds them now; the verdict pipe ends when the harness ends
+    streams.update(stdout=process.stdout.fileno(), stderr=process.stderr.fileno())
+    return process, streams
+
+
+def _run(launch: _Launch) -> tuple[ExecutionResult, str]:
+    """Run one sandbox; the result and the verdict pipe's text ("" without the assert harness)."""
+    check_sandbox()
+    with tempfile.TemporaryDirectory(prefix=f"{_TEMP_PREFIX}{os.getpid()}-") as host_dir:
+        stdin_path = _write_readable(host_dir, "stdin.txt", launch.stdin)
+        with open(stdin_path, "rb") as stdin_file:
+            process, streams = _start(launch, host_dir, stdin_file)
+            reader = _CappedReader(streams, OUTPUT_LIMIT_BYTES)
+            try:
+                stopped = _supervise(process, reader, launch.timeout_s, launch.memory_mb * 2**20)
+            finally:
+                _kill_tree(process)
+                if "verdict" in streams:
+                    os.close(streams["verdict"])
+                process.stdout.close()
+                process.stderr.close()
+    result = ExecutionResult(
+        returncode=None if stopped == "time" else process.returncode,
+        stdout=reader.text("stdout"),
+        stderr=reader.text("stderr"),
+        timed_out=stopped == "time",
+        truncated=reader.truncated,
+        memory_exceeded=stopped == "memory",
+    )
+    return result, reader.text("verdict") if "verdict" in streams else ""
 
 
 def run_python(code: str, *, stdin: str = "", timeout_s: float = 5.0, memory_mb: int = 1024) -> ExecutionResult:
@@ -311,34 +395,34 @@ def run_python(code: str, *, stdin: str = "", timeout_s: float = 5.0, memory_mb:
     Raises:
         SandboxUnavailableError: bwrap does not work here and the weak mode is not allowed.
     """
-    check_sandbox()
-    limits = [str(memory_mb * 2**20), str(int(timeout_s) + 1), str(_FILE_SIZE_LIMIT), str(_MAX_PROCESSES)]
-    with tempfile.TemporaryDirectory(prefix="hybridflow-sandbox-") as host_dir:
-        stdin_path = _write_readable(host_dir, "stdin.txt", stdin)
-        scratch = os.path.join(host_dir, "scratch")  # the weak mode's working dir: main.py alone
-        os.mkdir(scratch)
-        program_path = _write_readable(scratch, "main.py", code)
-        isolated = sandbox_available()
-        command = _bwrap_command(program_path, limits) if isolated else _weak_command(limits)
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1"}
-        with open(stdin_path, "rb") as stdin_file:
-            process = subprocess.Popen(
-                command, cwd=scratch, env=env, stdin=stdin_file, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, start_new_session=True, **(_drop_to_nobody() if isolated else {}),
-            )  # fmt: skip
-            try:
-                reader, timed_out = _supervise(process, timeout_s)
-            finally:
-                _kill_tree(process)
-                process.stdout.close()
-                process.stderr.close()
-    return ExecutionResult(
-        returncode=None if timed_out else process.returncode,
-        stdout=reader.text("stdout"),
-        stderr=reader.text("stderr"),
-        timed_out=timed_out,
-        truncated=reader.truncated,
-    )
+    return _run(_Launch(code=code, stdin=stdin, timeout_s=timeout_s, memory_mb=memory_mb))[0]
+
+
+def run_asserts(code: str, asserts: list[str], *, timeout_s: float = 5.0, memory_mb: int = 1024) -> list[bool]:
+    """Whether ``code`` passes each entry of ``asserts``, judged by the harness of :mod:`sandbox_harness`.
+
+    ``timeout_s`` bounds each test (the first one includes running the module body); the
+    program never sees the tests, and a test passes only on the harness's own record of it.
+    """
+    sandbox_harness.parse_assert_tests(asserts)  # a bad row fails here, in one line
+    nonce = secrets.token_hex(16)
+    launch = _Launch(
+        code=code, stdin="", timeout_s=timeout_s * (len(asserts) + 1), memory_mb=memory_mb, kind="asserts",
+        spec={"nonce": nonce, "asserts": list(asserts)}, test_timeout_s=timeout_s,
+    )  # fmt: skip
+    _, verdict = _run(launch)
+    passed = [False] * len(asserts)
+    for line in verdict.splitlines():
+        token, *fields = line.split()
+        if token == nonce and len(fields) == 2 and fields[0].isdigit() and int(fields[0]) < len(asserts):
+            passed[int(fields[0])] = fields[1] == "1"
+    return passed
+
+
+def remove_leftovers(pid: int) -> None:
+    """Remove the temp dirs of sandboxes that process ``pid`` started (it was killed mid-run)."""
+    for folder in Path(tempfile.gettempdir()).glob(f"{_TEMP_PREFIX}{pid}-*"):
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def outputs_match(actual: str, expected: str) -> bool:

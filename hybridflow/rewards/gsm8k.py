@@ -61,6 +61,6 @@ def compute_score(
     return float(score) if answer == _normalize(str(ground_truth).strip()) else float(format_score)
 
 
-@register_scorer("openai/gsm8k", "gsm8k")
+@register_scorer("openai/gsm8k", "gsm8k", keyword_args=("method", "format_score", "score"))
 def score_row(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> float:
     return compute_score(solution_str, ground_truth, **kwargs)

@@ -14,7 +14,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-from hybridflow.errors import DataError
+from hybridflow.errors import ConfigError, DataError
 
 Scorer = Callable[..., Any]
 
@@ -27,6 +27,8 @@ class ScorerNeeds:
 
     ground_truth: bool = True
     preflight: Callable[[], None] | None = None
+    keyword_args: tuple[str, ...] = ()
+    """The ``custom_reward_function.reward_kwargs`` it takes; any other key is an error, not ignored."""
 
 
 _NEEDS: dict[Scorer, ScorerNeeds] = {}
@@ -35,13 +37,17 @@ _builtins_loaded = False
 
 
 def register_scorer(
-    *data_sources: str, needs_ground_truth: bool = True, preflight: Callable[[], None] | None = None
+    *data_sources: str,
+    needs_ground_truth: bool = True,
+    preflight: Callable[[], None] | None = None,
+    keyword_args: tuple[str, ...] = (),
 ) -> Callable[[Scorer], Scorer]:
     """Decorator: route each of ``data_sources`` to the decorated scorer.
 
     ``needs_ground_truth``: rows must carry ``reward_model.ground_truth`` (checked when the
     data loads). ``preflight``: called once at load time when a row uses this scorer; it
     raises a :class:`~hybridflow.errors.HybridflowError` when the scorer cannot work here.
+    ``keyword_args``: the keyword arguments (``custom_reward_function.reward_kwargs``) it takes.
 
     Example::
 
@@ -58,7 +64,7 @@ def register_scorer(
             if existing is not None and existing is not fn:
                 raise ValueError(f"data_source {source!r} already routed to {existing.__module__}.{existing.__name__}")
             _SCORERS[source] = fn
-        _NEEDS[fn] = ScorerNeeds(ground_truth=needs_ground_truth, preflight=preflight)
+        _NEEDS[fn] = ScorerNeeds(ground_truth=needs_ground_truth, preflight=preflight, keyword_args=keyword_args)
         return fn
 
     return decorate
@@ -107,17 +113,32 @@ def default_compute_score(
 ):
     """verl's ``default_compute_score``: score one response with its data source's scorer.
 
-    Extra keyword arguments (a manager's ``reward_kwargs``) are passed to the scorer.
+    Extra keyword arguments (``custom_reward_function.reward_kwargs``) are passed to the scorer;
+    one it does not take is a :class:`ConfigError`, never silently dropped.
     """
     scorer = get_scorer(data_source)
+    check_keyword_args(scorer, data_source, kwargs)
     return scorer(data_source, solution_str, ground_truth, extra_info, **kwargs)
 
 
-def check_rows_scorable(rows: Iterable[tuple[int, Any, Any]], *, files: str) -> None:
+def check_keyword_args(scorer: Scorer, data_source: str, kwargs: dict) -> None:
+    """ConfigError naming the first of ``kwargs`` that the scorer of ``data_source`` does not take."""
+    accepted = _NEEDS.get(scorer, ScorerNeeds()).keyword_args
+    unknown = [key for key in kwargs if key not in accepted]
+    if unknown:
+        raise ConfigError(
+            f"custom_reward_function.reward_kwargs.{unknown[0]} is not an argument of the built-in scorer of "
+            f"data_source {data_source!r} (it takes: {', '.join(accepted) or 'none'}); remove it, or score with "
+            "your own custom_reward_function.path"
+        )
+
+
+def check_rows_scorable(rows: Iterable[tuple[int, Any, Any]], *, files: str, reward_kwargs: dict | None = None) -> None:
     """Check at load time that the built-in scorers can score every row.
 
     ``rows`` holds ``(row_index, data_source, ground_truth)``. Each data source must have
-    a scorer, each row the fields its scorer needs, and each scorer's preflight must pass.
+    a scorer, each row the fields its scorer needs, each scorer's preflight must pass, and
+    each scorer must take every key of ``reward_kwargs``.
 
     Raises:
         DataError: the first unknown data source or row without a needed ground truth,
@@ -136,6 +157,8 @@ def check_rows_scorable(rows: Iterable[tuple[int, Any, Any]], *, files: str) -> 
                 "its scorer needs it; add {'reward_model': {'style': 'rule', 'ground_truth': ...}} to every row, "
                 "or score with custom_reward_function.path"
             )
-        if scorer not in checked and needs.preflight is not None:
-            needs.preflight()
+        if scorer not in checked:
+            check_keyword_args(scorer, data_source, reward_kwargs or {})
+            if needs.preflight is not None:
+                needs.preflight()
         checked.add(scorer)

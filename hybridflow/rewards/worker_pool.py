@@ -4,7 +4,8 @@
 hung scorer (a regex blow-up, a sympy simplification that never ends) would hang the
 whole training step. Here every worker is a process of our own with one task in
 flight at a time and a deadline: when the deadline passes the worker is killed
-(SIGKILL) and a fresh one takes its place; the sample is reported as timed out.
+(SIGKILL) and a fresh one takes its place; the sample is reported as timed out, and the
+temp dirs of the code sandboxes it had started are removed.
 
 Workers start with the ``spawn`` context (``forkserver`` also works): a fork of a
 trainer holding torch threads and CUDA state is not safe. They stay up between calls
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 
 from hybridflow.errors import ConfigError
+from hybridflow.rewards.code_sandbox import remove_leftovers
 from hybridflow.rewards.result import SampleScore, score_sample
 
 # Bound on starting a worker / unpickling a task (imports included), so that even a
@@ -108,6 +110,7 @@ class ScoringPool:
         worker.process.kill()
         worker.process.join()
         worker.conn.close()
+        remove_leftovers(worker.process.pid)  # a sandbox it ran dies with it (bwrap --die-with-parent)
         self._workers[self._workers.index(worker)] = self._start_worker()
 
     def _dispatch(self, worker: _Worker, index: int, payload: tuple) -> None:

@@ -1,8 +1,8 @@
 """Tools an agent calls during a rollout (verl's ``verl.tools`` surface).
 
-A tool answers ``create / execute / calc_reward / release`` (all async, so many
-rollouts stay in flight while tools run); ``load_tools(path)`` builds the tools a
-tool-config YAML lists; ``get_tool_parser(format)`` finds the tool calls in a
+A tool answers ``create / execute / calc_reward / release`` (each call runs in a thread of its
+own with a deadline, so many rollouts stay in flight while tools run and none can hang the
+run); ``load_tools(path)`` builds the tools a tool-config YAML lists; ``get_tool_parser(format)`` finds the tool calls in a
 generated turn (``hermes``, ``llama3_json``).
 """
 

@@ -8,18 +8,20 @@ Life of a tool in one trajectory::
     await tool.release(instance_id)
 
 ``create_kwargs`` come from the data row: ``extra_info.tools_kwargs[tool_name].create_kwargs``.
-Every method is a coroutine: a tool that waits (a subprocess, a service) must await or run
-its blocking work in a thread (``asyncio.to_thread``) so the other rollouts keep going and
-the agent loop's per-call time-out can fire.
+Every method may be a coroutine or a plain function: the agent loop runs each call in a thread
+of its own with a deadline (:mod:`hybridflow.tools.bounded`), so a tool that blocks costs one
+time-out, and one that raises or returns the wrong shape is an error message to the model.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 from uuid import uuid4
 
 from hybridflow.errors import ConfigError
+from hybridflow.tools.bounded import ToolCallError
 
 
 @dataclass
@@ -76,3 +78,26 @@ def create_kwargs_of(kwargs: dict) -> dict:
     nested = kwargs.get("create_kwargs") or {}
     flat = {k: v for k, v in kwargs.items() if k != "create_kwargs"}
     return {**flat, **nested}
+
+
+def reward_number(value: Any, *, what: str) -> float:
+    """``value`` as a finite float (None is 0.0); :class:`ToolCallError` naming ``what`` otherwise."""
+    if value is None:
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ToolCallError(f"{what} returned the reward {value!r}, which is not a finite number")
+    return float(value)
+
+
+def execute_result(name: str, result: Any) -> tuple[str, float]:
+    """(text for the model, step reward) from what ``execute`` returned; :class:`ToolCallError` when it
+    is not ``(ToolResponse | str, reward, metrics)``."""
+    if not isinstance(result, tuple) or len(result) != 3:
+        raise ToolCallError(f"tool {name} execute() returned {type(result).__name__} {repr(result)[:80]}; it must "
+                            "return (ToolResponse(text=...), step_reward: float, metrics: dict)")
+    response, step_reward, _ = result
+    text = response if isinstance(response, str) else getattr(response, "text", None)
+    if not isinstance(text, str):
+        raise ToolCallError(f"tool {name} execute() returned the response {response!r}; it must be a "
+                            "ToolResponse(text=...) or a str")
+    return text, reward_number(step_reward, what=f"tool {name} execute()")

@@ -17,14 +17,19 @@ Off-policy correction: with ``compute_prox_log_prob`` the trainer recomputes old
 current weights (the proximal policy) and the existing ``algorithm.rollout_correction`` importance
 weights correct behaviour → proximal; without it the behaviour log-probs are the old policy.
 
-Checkpoints: a checkpoint holds the trained weights, the dataloader position *after the last trained
-batch* (each queued batch carries the loader state taken with its prompts), the weight version and the
-staleness histogram. Batches generated but not yet trained (queued or in flight) are dropped at a save
-and generated again after a resume, from the same prompts with the same sampling seeds: no prompt is
-lost or trained twice, and at ``s = 0`` (nothing runs ahead) a resumed run equals an uninterrupted one
-bit for bit. A resume loads the checkpoint's actor weights into the engine: with
-``trigger_parameter_sync_step > 1`` a checkpoint taken inside a sync period therefore resumes one sync
-early.
+Checkpoints: a checkpoint holds the trained weights, the weight version, the staleness histogram, and
+the batches generated but not trained yet (the queue, each with the weight version that generated it),
+and the dataloader position after the last of them (each queued batch carries the loader state taken
+with its prompts). A resume trains the stored batches first, as the uninterrupted run would have: they
+were generated with weights older than the checkpoint's, which a resumed run no longer has, so
+generating them again would differ. A generate in flight at the save started after the last sync (a
+sync waits for the generate that holds the engine lock, and that one is queued before it lets go), so
+it used the checkpoint's weights: it runs again after the resume from the same prompts with the same
+seeds. So no prompt is lost or trained twice, and with a sync every step (``s = 0``, or one-step-off
+``s = 1``) a resumed run equals an uninterrupted one bit for bit. With
+``trigger_parameter_sync_step > 1`` a checkpoint taken inside a sync period resumes with the
+checkpoint's weights in the engine, one sync early: not bitwise. With ``partial_rollout`` a sync does
+not wait for the generate, whose sequences then mix versions: also not bitwise.
 
 Partial rollouts (``partial_rollout``, native engine; local backend, or Ray with split placement): a
 weight sync does not wait for a running generate to finish. The generate pauses its in-flight sequences
@@ -110,10 +115,21 @@ def async_training_steps(cfg, steps_per_epoch: int) -> int:
     """Trainer steps: rollout.total_rollout_steps // require_batches when set, else trainer.total_training_steps,
     else the epochs' (rollout.total_epochs, else trainer.total_epochs) prompt batches // require_batches. Checks the async settings first (before any model loads)."""
     check_async_config(cfg)
+    require = cfg.async_training.require_batches
     if cfg.rollout.total_rollout_steps is not None:
-        return cfg.rollout.total_rollout_steps // cfg.async_training.require_batches
+        if cfg.rollout.total_rollout_steps < require:
+            raise HybridflowError(
+                f"rollout.total_rollout_steps={cfg.rollout.total_rollout_steps} is smaller than "
+                f"async_training.require_batches={require}: the trainer would run 0 steps; raise "
+                "total_rollout_steps to at least require_batches")
+        return cfg.rollout.total_rollout_steps // require
     epochs = cfg.rollout.total_epochs if cfg.rollout.total_epochs is not None else cfg.trainer.total_epochs
-    steps = steps_per_epoch * epochs // cfg.async_training.require_batches
+    steps = steps_per_epoch * epochs // require
+    if cfg.trainer.total_training_steps is None and steps < 1:
+        raise HybridflowError(
+            f"{steps_per_epoch} batches per epoch x {epochs} epochs (rollout.total_epochs, else trainer.total_epochs) "
+            f"is fewer than async_training.require_batches={require}: the trainer would run 0 steps; add data or "
+            "epochs, or lower require_batches")
     return cfg.trainer.total_training_steps if cfg.trainer.total_training_steps is not None else steps
 
 
@@ -240,11 +256,16 @@ class AsyncPPOTrainer(PPOTrainer):
 
     # ================================================================== checkpoints
     def checkpoint_extra(self) -> dict:
-        """main_ppo's state with the loader rewound to the last trained batch, plus the async counters."""
+        """main_ppo's state plus the async counters and the batches generated but not trained yet (with
+        their weight versions); the loader continues after the last of them (or the last trained batch)."""
         extra = super().checkpoint_extra()
-        if self.trained_loader_state is not None:
-            extra["dataloader"] = self.trained_loader_state
-        extra["async"] = {"syncs_done": self.syncs_done, "staleness_counts": dict(self.staleness_counts)}
+        with self.changed:  # a generated batch is queued before the engine lock that a sync takes is released
+            queued = list(self.queue)
+        loader_state = queued[-1].loader_state if queued else self.trained_loader_state
+        if loader_state is not None:
+            extra["dataloader"] = loader_state
+        extra["async"] = {"syncs_done": self.syncs_done, "staleness_counts": dict(self.staleness_counts),
+                          "queued": [vars(item) for item in queued]}
         return extra
 
     def restore_extra(self, extra: dict) -> None:
@@ -252,10 +273,13 @@ class AsyncPPOTrainer(PPOTrainer):
         state = extra.get("async", {})
         self.syncs_done = state.get("syncs_done", 0)
         self.staleness_counts = dict(state.get("staleness_counts", {}))
+        self.queue.extend(RolloutItem(**fields) for fields in state.get("queued", []))
 
     # ================================================================== the rollouter side
     def start_rollouter(self, batches: Iterator[Batch], *, start: int, total: int) -> None:
-        """Generate prompt batches ``start .. total - 1`` (``start`` > 0 after a resume)."""
+        """Generate prompt batches ``start .. total - 1`` (``start`` > 0 after a resume), after those a
+        checkpoint restored to the queue."""
+        start += len(self.queue)
         self.generated = start
         self.rollouter = threading.Thread(target=self.rollouter_loop, args=(batches, start, total),
                                           name="hybridflow-rollouter", daemon=True)
@@ -269,11 +293,14 @@ class AsyncPPOTrainer(PPOTrainer):
                     if self.stopping:
                         return
                 prompts = next(batches)
-                item = self.generate_item(prompts, index=index, loader_state=self.train_loader.state_dict())
-                with self.changed:
-                    self.queue.append(item)
-                    self.generated += 1
-                    self.changed.notify_all()
+                # queued under the engine lock: a checkpoint (after a sync, which takes the lock) never
+                # misses a batch generated with the weights before it
+                with contextlib.nullcontext() if self.partial else self.engine_lock:
+                    item = self.generate_item(prompts, index=index, loader_state=self.train_loader.state_dict())
+                    with self.changed:
+                        self.queue.append(item)
+                        self.generated += 1
+                        self.changed.notify_all()
         except BaseException as err:  # handed to the trainer, which raises it with the step
             with self.changed:
                 self.rollouter_error = err
@@ -283,10 +310,9 @@ class AsyncPPOTrainer(PPOTrainer):
         """Generate and score one prompt batch with the weights loaded now (seeded as main_ppo's step)."""
         timer, metrics = Timer(), {}
         require = self.acfg.require_batches
-        with contextlib.nullcontext() if self.partial else self.engine_lock:
-            version = self.syncs_done
-            batch = self.rollout_and_score(prompts, step=index // require + 1, timer=timer, metrics=metrics,
-                                           attempt=index % require)
+        version = self.syncs_done  # the caller holds the engine lock (without partial rollouts)
+        batch = self.rollout_and_score(prompts, step=index // require + 1, timer=timer, metrics=metrics,
+                                       attempt=index % require)
         if self.partial:  # the engine's version when its first token was sampled (a sync may have just landed)
             version = int(batch["rollout_first_version"].min())
         return RolloutItem(batch=batch, index=index, version=version, loader_state=loader_state, metrics=metrics,

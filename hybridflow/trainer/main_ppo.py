@@ -293,7 +293,8 @@ def check_reward_inputs(cfg: PPOConfig, loaders: dict[str, Any]) -> None:
         return
     for files_key, loader in loaders.items():
         if hasattr(getattr(loader, "dataset", None), "reward_inputs"):  # a data.custom_cls may not have it
-            check_rows_scorable(loader.dataset.reward_inputs(cfg.data.reward_fn_key), files=files_key)
+            check_rows_scorable(loader.dataset.reward_inputs(cfg.data.reward_fn_key), files=files_key,
+                                reward_kwargs=dict(cfg.custom_reward_function.reward_kwargs))
 
 
 def uses_generative_judge(cfg: PPOConfig) -> bool:

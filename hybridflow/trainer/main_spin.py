@@ -24,6 +24,11 @@ def run_spin(cfg: SPINConfig):
                               ("algorithm.preference_source", algo.preference_source, PAIR_SOURCES)):
         if value not in names:
             raise ConfigError(f"{key}={value!r} is not one of {', '.join(names)}")
+    beta = cfg.actor_rollout_ref.actor.dpo_beta
+    if not beta > 0:
+        raise ConfigError(f"actor_rollout_ref.actor.dpo_beta={beta} must be > 0: beta scales the implicit "
+                          "reward (a negative one prefers the rejected answers, 0 learns nothing); typical values "
+                          "are 0.01-0.5")
     if cfg.actor_rollout_ref.actor.use_dynamic_bsz:
         raise ConfigError("actor_rollout_ref.actor.use_dynamic_bsz=True: SPIN splits micro-batches by whole pairs; "
                           "set ppo_micro_batch_size_per_gpu (pairs per micro-batch) instead")

@@ -122,6 +122,10 @@ def test_bad_rows(tiny_tokenizer, write_rows):
         SFTDataset(write_rows([{"question": "a", "answer": "b"}, {"question": "a", "answer": ""}]), tiny_tokenizer)
     with pytest.raises(DataError, match=r"row 0: empty prompt in data.prompt_key"):
         SFTDataset(write_rows([{"question": " ", "answer": "b"}]), tiny_tokenizer)
+    content_none = [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None}]}]
+    message = r"row 0: message 1 of data.multiturn.messages_key \(assistant\) has content None"
+    with pytest.raises(DataError, match=message):
+        SFTDataset(write_rows(content_none), tiny_tokenizer, messages_key="messages")
     no_assistant = [{"messages": [{"role": "user", "content": "hi"}]}]
     with pytest.raises(DataError, match=r"row 0: no assistant message in data.multiturn.messages_key"):
         SFTDataset(write_rows(no_assistant), tiny_tokenizer, messages_key="messages")

@@ -123,11 +123,13 @@ def test_behaviour_log_probs_as_the_old_policy(tmp_path, tiny_model_dir):
 
 
 @pytest.mark.parametrize("override, message", [
-    ("async_training.require_batches=0", "require_batches must be >= 1"),
+    (["async_training.require_batches=0"], "require_batches must be >= 1"),
+    (["rollout.total_rollout_steps=1", "async_training.require_batches=2"],
+     "total_rollout_steps=1 is smaller than async_training.require_batches=2: the trainer would run 0 steps"),
 ])
 def test_unsupported_settings_are_one_clear_error(tmp_path, tiny_model_dir, override, message):
     with pytest.raises(HybridflowError, match=message):
-        build_async(load_config(PPOConfig, base_overrides(tmp_path, tiny_model_dir) + [override]))
+        build_async(load_config(PPOConfig, base_overrides(tmp_path, tiny_model_dir) + override))
 
 
 def test_one_step_off_entry_point_runs(tmp_path, tiny_model_dir):
@@ -144,6 +146,16 @@ def test_resume_after_sigkill_at_staleness_zero_is_bitwise_equal(tmp_path, tiny_
         "async_training.staleness_threshold=0"], module="hybridflow.trainer.main_fully_async")
 
 
+def test_one_step_off_resume_after_sigkill_is_bitwise_equal(tmp_path, tiny_model_dir):
+    """The batch generated during step 2 (with step 1's weights) is in the step-2 checkpoint, not
+    regenerated after the resume with step 2's weights (which left max |delta| 3e-4 to 9e-4)."""
+    reward = tmp_path / "slow_reward.py"
+    reward.write_text(SLOW_REWARD)
+    kill_after_step_2_and_resume(tmp_path, lambda root: base_overrides(root, tiny_model_dir, steps=4) + [
+        f"custom_reward_function.path={reward}", "trainer.save_freq=2", "trainer.logger=[file]", "data.shuffle=True"],
+        module="hybridflow.trainer.main_one_step_off")
+
+
 def _recording(trainer, trained: list[int], n: int) -> None:
     train_on_batch = trainer.train_on_batch
 
@@ -155,8 +167,8 @@ def _recording(trainer, trained: list[int], n: int) -> None:
 
 
 def test_resume_while_running_ahead_trains_every_prompt_once(tmp_path, tiny_model_dir):
-    """Staleness 1: at the interruption the rollouter holds a generated, untrained batch; the resumed run
-    generates it again (the checkpoint's loader position is after the last *trained* batch)."""
+    """Staleness 1: at the interruption the rollouter holds a generated, untrained batch; the checkpoint
+    stores it and the resumed run trains it first."""
     cfg = load_config(PPOConfig, base_overrides(tmp_path, tiny_model_dir, steps=4) + [
         "async_training.staleness_threshold=1", "trainer.save_freq=2", "data.shuffle=True"])
     n = cfg.actor_rollout_ref.rollout.n
@@ -183,7 +195,7 @@ def test_resume_while_running_ahead_trains_every_prompt_once(tmp_path, tiny_mode
     resumed.close()
     assert sorted(trained_first + trained_resumed) == list(range(16))  # one epoch, each prompt once
     queued = [row["index"] for row in queued_at_stop[0].batch["extra_info"][::n]]
-    assert trained_resumed[:4] == queued  # the dropped batch came back first, from the same prompts
+    assert trained_resumed[:4] == queued  # the stored batch is trained first
     assert sum(v for k, v in last.items() if k.startswith("fully_async/staleness/hist_")) == 4
     assert last["fully_async/count/current_param_version"] == 4
 

@@ -207,6 +207,7 @@ def test_spin_runs_the_recipe_command_with_validation_and_log_freq(tmp_path, tin
     (["algorithm.dpo_loss_type=hinge"], "sigmoid, ipo"),
     (["actor_rollout_ref.model.lora_rank=4"], "ref_update_freq=-1"),
     (["actor_rollout_ref.actor.use_dynamic_bsz=True"], "whole pairs"),
+    (["actor_rollout_ref.actor.dpo_beta=-0.1"], "dpo_beta=-0.1 must be > 0"),
 ])
 def test_bad_spin_configs_name_the_fix(tmp_path, tiny_model_dir, bad, message):
     with pytest.raises(ConfigError, match=message):

@@ -1,0 +1,80 @@
+"""Per-sample bounds of the code sandbox that hold across forks (no cgroup needed).
+
+A sample's program may fork, so per-process ``RLIMIT_AS`` alone lets N children hold N
+times ``memory_mb`` (issue 38 measured 2.1 GB from four children against 1024 MiB). The
+sandbox therefore bounds the sample as a whole:
+
+- :func:`tree_rss_bytes`: the resident memory of the sandbox's whole process tree, which the
+  supervisor reads every :data:`WATCH_INTERVAL_S` and kills the tree when it passes
+  ``memory_mb`` -- a bound between polls too: ``RLIMIT_AS`` per process times
+  ``RLIMIT_NPROC`` processes;
+- :func:`seccomp_filter`: ``memfd_create`` and SysV ``shmget`` refused (memory that no
+  process's address space holds), and every syscall of a foreign ABI (i386, x32);
+- the writable file systems are small tmpfs (see ``code_sandbox``): ``/dev`` is read-only,
+  ``/dev/shm`` is :data:`SHM_BYTES`.
+
+cgroup v2 (``memory.max``, ``pids.max``) would give a hard bound; it needs a delegated
+cgroup tree that the build hosts (cgroup v1) do not have, so it is not used.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import struct
+
+WATCH_INTERVAL_S = 0.02
+SHM_BYTES = 16 * 2**20
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+
+# seccomp / classic BPF constants (linux/seccomp.h, linux/filter.h, linux/audit.h)
+_LOAD_WORD = 0x20  # BPF_LD | BPF_W | BPF_ABS
+_JUMP_EQUAL = 0x15  # BPF_JMP | BPF_JEQ | BPF_K
+_JUMP_AT_LEAST = 0x35  # BPF_JMP | BPF_JGE | BPF_K
+_RETURN = 0x06  # BPF_RET | BPF_K
+_ALLOW = 0x7FFF0000
+_REFUSE = 0x00050000 | 1  # SECCOMP_RET_ERRNO | EPERM
+_X32_SYSCALL_BIT = 0x40000000
+# machine -> (AUDIT_ARCH_*, syscall numbers of memfd_create and shmget)
+_ARCHES = {"x86_64": (0xC000003E, (319, 29)), "aarch64": (0xC00000B7, (279, 194))}
+
+
+def _statement(code: int, k: int, true_skip: int = 0, false_skip: int = 0) -> bytes:
+    return struct.pack("=HBBI", code, true_skip, false_skip, k)
+
+
+def seccomp_filter() -> bytes | None:
+    """The compiled filter bwrap's ``--seccomp`` reads, or None on a machine not in the table."""
+    if platform.machine() not in _ARCHES:
+        return None
+    arch, blocked = _ARCHES[platform.machine()]
+    program = [
+        _statement(_LOAD_WORD, 4),  # seccomp_data.arch
+        _statement(_JUMP_EQUAL, arch, true_skip=1),
+        _statement(_RETURN, _REFUSE),
+        _statement(_LOAD_WORD, 0),  # seccomp_data.nr
+    ]
+    if platform.machine() == "x86_64":
+        program += [_statement(_JUMP_AT_LEAST, _X32_SYSCALL_BIT, false_skip=1), _statement(_RETURN, _REFUSE)]
+    for number in blocked:
+        program += [_statement(_JUMP_EQUAL, number, false_skip=1), _statement(_RETURN, _REFUSE)]
+    return b"".join(program + [_statement(_RETURN, _ALLOW)])
+
+
+def tree_rss_bytes(root_pid: int) -> int:
+    """Resident bytes of ``root_pid`` and all its descendants (shared pages counted per process)."""
+    total, stack, seen = 0, [root_pid], set()
+    while stack:
+        pid = stack.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        try:
+            with open(f"/proc/{pid}/statm") as handle:
+                total += int(handle.read().split()[1]) * _PAGE_BYTES
+            for thread in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{thread}/children") as handle:
+                    stack += [int(child) for child in handle.read().split()]
+        except (OSError, ValueError, IndexError):
+            continue  # it ended while we looked
+    return total
