@@ -122,7 +122,11 @@ class ModelConfig:
     use_liger: bool = False
     """Compatibility-only, no effect (see compat.py)."""
     use_fused_kernels: bool = False
-    """Compatibility-only, no effect (see compat.py)."""
+    """Log-probs and entropy (actor, reference, old log-probs) from the final hidden states and the LM
+    head's weight in chunks of tokens, never the ``[tokens, vocab]`` logits; backward recomputes each
+    chunk (``hybridflow/algos/linear_logprob.py``). Same values; a head that is not a bias-free linear
+    layer falls back to the logits with one warning. ``use_torch_compile`` / ``entropy_checkpointing``
+    apply to the logits path only (the chunked one always recomputes)."""
     trust_remote_code: bool = False
     """Allow models with custom code."""
     use_shm: bool = False

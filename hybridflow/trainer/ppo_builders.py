@@ -107,7 +107,8 @@ def build_hybrid_engine(dp: DataParallel, *, cfg, total_steps: int, with_rollout
                         log_prob=log_prob_batching(arr.rollout, dp), dp=dp, seed=cfg.trainer.seed,
                         layout=model_layout(arr.model), use_torch_compile=arr.actor.use_torch_compile,
                         entropy_checkpointing=arr.actor.entropy_checkpointing,
-                        calculate_sum_pi_squared=arr.actor.calculate_sum_pi_squared)
+                        calculate_sum_pi_squared=arr.actor.calculate_sum_pi_squared,
+                        chunked_head=arr.model.use_fused_kernels)
     checkpoint = FSDPModelComponent(model, state.optimizer, state.scheduler, tokenizer=tokenizer,
                                     save_contents=arr.actor.checkpoint.save_contents,
                                     load_contents=arr.actor.checkpoint.load_contents)
@@ -203,7 +204,7 @@ def _reference_worker(*, actor_model, ref_model, arr, dp: DataParallel, device: 
     batching = log_prob_batching(arr.ref, dp)
     kwargs = dict(micro_batch_size=batching.micro_batch_size, use_dynamic_bsz=batching.use_dynamic_bsz,
                   max_token_len=batching.max_token_len, dp=dp, layout=model_layout(arr.model),
-                  use_torch_compile=arr.ref.use_torch_compile)
+                  use_torch_compile=arr.ref.use_torch_compile, chunked_head=arr.model.use_fused_kernels)
     if ref_model is None:
         return ReferenceWorker(model=actor_model, adapter_off=functools.partial(disable_adapter, actor_model), **kwargs)
     ref_model = shard_for_group(ref_model, dp=world, fsdp_cfg=arr.ref.fsdp_config, device=device,
