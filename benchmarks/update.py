@@ -155,7 +155,7 @@ def grpo_rows(*, prompts: int, n: int, vocab: int, seed: int = 0, max_prompt: in
 
 def build_actor(model, *, variant: Variant, rows: int, micro_tokens: int, device: torch.device) -> ActorWorker:
     """hybridflow's actor worker: one optimizer step per update over ``rows`` rows, token-budget
-    micro-batches, fused AdamW (hybridflow.workers.optim picks it on CPU and CUDA), grad clip 1."""
+    micro-batches (``use_dynamic_bsz``; a packed layout's budget counts valid tokens), fused AdamW (hybridflow.workers.optim picks it on CPU and CUDA), grad clip 1."""
     if variant.checkpointing:
         enable_gradient_checkpointing(model)
     model = autocast_forward(model, device_type=device.type,
@@ -163,7 +163,8 @@ def build_actor(model, *, variant: Variant, rows: int, micro_tokens: int, device
     optimizer = build_optimizer(model.parameters(), lr=1e-6, betas=(0.9, 0.999), weight_decay=0.01)
     scheduler = build_scheduler(optimizer, warmup_steps=0, total_steps=1_000_000, style="constant")
     state = TrainState(model, optimizer, scheduler, grad_clip=1.0)
-    schedule = UpdateSchedule(mini_batch_size=rows, use_dynamic_bsz=True, max_token_len=micro_tokens)
+    schedule = UpdateSchedule(mini_batch_size=rows, use_dynamic_bsz=True, max_token_len=micro_tokens,
+                              packed=variant.layout != "padded")
     return ActorWorker(state=state, schedule=schedule, objective=PolicyObjective(loss_agg_mode="token-mean"),
                        layout=variant.layout, chunked_head=variant.chunked_head)
 
@@ -284,7 +285,8 @@ def run_variant(shape: str, variant: Variant, args, device: torch.device, peak_f
     model = build_model(shape, device)
     batch = grpo_rows(prompts=args.prompts, n=args.n, vocab=model.config.vocab_size, seed=1).to(device)
     actor = build_actor(model, variant=variant, rows=len(batch), micro_tokens=args.micro_tokens, device=device)
-    micros = micro_batches(batch, micro_batch_size=None, use_dynamic_bsz=True, max_token_len=args.micro_tokens)
+    micros = micro_batches(batch, micro_batch_size=None, use_dynamic_bsz=True, max_token_len=args.micro_tokens,
+                           packed=variant.layout != "padded")  # the actor's own cut (same schedule)
     baseline_memory = peak_memory(device)
     seconds = []
     for step in range(args.steps):
@@ -361,7 +363,7 @@ def main(argv=None) -> list[str]:
             print(f"{shape} {name}: {results[-1][3]}", flush=True)
     lines = [f"update benchmark on {describe_device(device)}; {peak_dtype} matmul peak measured "
              f"{peak_flops / 1e12:.1f} TFLOP/s; {args.prompts} prompts x {args.n} responses per step, "
-             f"micro-batches of <= {args.micro_tokens} padded tokens; median of {max(1, args.steps - 1)} steps",
+             f"micro-batches of <= {args.micro_tokens} tokens (padded: rows x longest row; packed: valid tokens); median of {max(1, args.steps - 1)} steps",
              *table(results)]
     print("\n".join(lines))
     return lines

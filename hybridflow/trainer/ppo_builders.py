@@ -101,7 +101,8 @@ def build_hybrid_engine(dp: DataParallel, *, cfg, total_steps: int, with_rollout
                                       world=world, sp=sp)
     state = train_state_from_config(model, arr.actor.optim, grad_clip=arr.actor.grad_clip, total_steps=total_steps,
                                     offload_optimizer=arr.actor.fsdp_config.optimizer_offload)
-    actor = ActorWorker(state=state, schedule=update_schedule(arr.actor, rows_per_prompt=arr.rollout.n, dp=dp),
+    actor = ActorWorker(state=state, schedule=update_schedule(arr.actor, rows_per_prompt=arr.rollout.n, dp=dp,
+                                                                layout=model_layout(arr.model)),
                         objective=policy_objective(arr.actor, rollout_correction=cfg.algorithm.rollout_correction,
                                                    max_response_length=cfg.data.max_response_length),
                         log_prob=log_prob_batching(arr.rollout, dp), dp=dp, seed=cfg.trainer.seed,
@@ -117,16 +118,16 @@ def build_hybrid_engine(dp: DataParallel, *, cfg, total_steps: int, with_rollout
                               reference_checkpoint=ref_checkpoint)
 
 
-def update_schedule(section, *, rows_per_prompt: int, dp: DataParallel):
+def update_schedule(section, *, rows_per_prompt: int, dp: DataParallel, layout: str = "padded"):
     """How a trained role's update walks its batch, from its section's verl keys (``ppo_mini_batch_size``,
     ``ppo_epochs``, ``shuffle``, ``ppo_micro_batch_size[_per_gpu]``, ``use_dynamic_bsz``,
-    ``ppo_max_token_len_per_gpu``)."""
+    ``ppo_max_token_len_per_gpu``) and its forward ``layout`` (what a token budget counts)."""
     return UpdateSchedule(
         mini_batch_size=section.ppo_mini_batch_size, rows_per_prompt=rows_per_prompt, epochs=section.ppo_epochs,
         shuffle=section.shuffle, use_dynamic_bsz=section.use_dynamic_bsz,
         micro_batch_size=per_rank_micro_batch_size(section.ppo_micro_batch_size_per_gpu, section.ppo_micro_batch_size,
                                                    dp.world_size),
-        max_token_len=section.ppo_max_token_len_per_gpu)
+        max_token_len=section.ppo_max_token_len_per_gpu, packed=layout != "padded")
 
 
 POLICY_LOSS_KNOBS = ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio", "ppo_kl_coef", "dro_beta")
@@ -256,7 +257,8 @@ def build_critic_worker(dp: DataParallel, *, cfg, total_steps: int):
     objective = ValueObjective(cliprange_value=critic_cfg.cliprange_value, loss_agg_mode=critic_cfg.loss_agg_mode,
                                max_response_length=cfg.data.max_response_length,
                                loss_scale_factor=critic_cfg.loss_scale_factor)
-    critic = CriticWorker(state=state, schedule=update_schedule(critic_cfg, rows_per_prompt=critic_cfg.rollout_n, dp=dp),
+    critic = CriticWorker(state=state, schedule=update_schedule(critic_cfg, rows_per_prompt=critic_cfg.rollout_n, dp=dp,
+                                                           layout=model_layout(critic_cfg.model)),
                           objective=objective, forward=forward, dp=dp, seed=cfg.trainer.seed,
                           layout=model_layout(critic_cfg.model))
     tokenizer = load_tokenizer(critic_cfg.model.tokenizer_path or critic_cfg.model.path,
