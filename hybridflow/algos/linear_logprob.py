@@ -22,13 +22,16 @@ from __future__ import annotations
 
 import torch
 
-DEFAULT_CHUNK_ELEMENTS = 1 << 25
-"""Logit elements per chunk (fp32: 128 MiB per ``[chunk, V]`` temporary); ~220 tokens at Qwen2.5's V."""
+CHUNK_ELEMENTS = {"cuda": 1 << 26}
+"""Logit elements per chunk by device type: on a GPU 256 MiB per fp32 ``[chunk, V]`` buffer (441 tokens at
+Qwen2.5's V = 151,936, big enough for efficient matmuls); elsewhere ``CPU_CHUNK_ELEMENTS``."""
+CPU_CHUNK_ELEMENTS = 1 << 23
+"""32 MiB per buffer: 170 tokens at SmolLM2's V = 49,152 (a CPU matmul is efficient at that size already)."""
 
 
-def default_chunk_tokens(vocab_size: int) -> int:
-    """Tokens per chunk so that one ``[chunk, V]`` fp32 temporary holds ``DEFAULT_CHUNK_ELEMENTS``."""
-    return max(1, DEFAULT_CHUNK_ELEMENTS // vocab_size)
+def default_chunk_tokens(vocab_size: int, device_type: str) -> int:
+    """Tokens per chunk: ``[chunk, V]`` fp32 buffers of ``CHUNK_ELEMENTS`` (at most two live at once)."""
+    return max(1, CHUNK_ELEMENTS.get(device_type, CPU_CHUNK_ELEMENTS) // vocab_size)
 
 
 def _matmul_dtype(tensor: torch.Tensor) -> torch.dtype:
@@ -39,15 +42,21 @@ def _matmul_dtype(tensor: torch.Tensor) -> torch.dtype:
     return tensor.dtype
 
 
-def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, *, temperature: float) -> torch.Tensor:
-    """``z = h W^T / tau`` as fp32 (fp64 for fp64 inputs) ``[c, V]`` from ``hidden [c, H]`` and ``weight [V, H]``."""
-    logits = hidden @ weight.T
-    return logits.to(_softmax_dtype(logits)) / temperature
-
-
 def _softmax_dtype(tensor: torch.Tensor) -> torch.dtype:
     """fp32, or the tensor's dtype when it is wider."""
     return torch.promote_types(tensor.dtype, torch.float32)
+
+
+def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, *, temperature: float) -> torch.Tensor:
+    """``z = h W^T / tau`` as fp32 (fp64 for fp64 inputs) ``[c, V]`` from ``hidden [c, H]`` and ``weight [V, H]``."""
+    logits = hidden @ weight.T
+    logits = logits.to(_softmax_dtype(logits))
+    return logits.div_(temperature) if temperature != 1.0 else logits
+
+
+def _row_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``sum_v a[i, v] b[i, v]`` ``[c]`` without a ``[c, V]`` product (a batched matmul)."""
+    return torch.bmm(a.unsqueeze(1), b.unsqueeze(2)).view(-1)
 
 
 class _LinearLogProbs(torch.autograd.Function):
@@ -65,11 +74,11 @@ class _LinearLogProbs(torch.autograd.Function):
             lse[rows] = torch.logsumexp(z, dim=-1)
             log_p[rows] = z.gather(-1, labels[rows, None]).squeeze(-1) - lse[rows]
             if want_entropy or want_sum_sq:
-                p = torch.exp(z - lse[rows, None])
-                mean_z[rows] = (p * z).sum(-1)
+                p = (z - lse[rows, None]).exp_()
+                mean_z[rows] = _row_dot(p, z)
                 entropy[rows] = lse[rows] - mean_z[rows]
                 if want_sum_sq:
-                    sum_sq[rows] = p.square().sum(-1)
+                    sum_sq[rows] = _row_dot(p, p)
         ctx.save_for_backward(hidden, weight, labels, lse, mean_z)
         ctx.settings = (temperature, chunk_tokens, dtype)
         ctx.mark_non_differentiable(sum_sq)
@@ -87,11 +96,10 @@ class _LinearLogProbs(torch.autograd.Function):
             rows = slice(start, start + chunk_tokens)
             h = hidden[rows].to(dtype)
             z = _chunk_logits(h, w, temperature=temperature)
-            p = torch.exp(z - lse[rows, None])
-            grad_z = _grad_logits(z=z, p=p, labels=labels[rows], mean_z=mean_z[rows],
+            grad_z = _grad_logits(z=z, lse=lse[rows], labels=labels[rows], mean_z=mean_z[rows],
                                   grad_log_p=_rows_or_none(grad_log_p, rows),
                                   grad_entropy=_rows_or_none(grad_entropy, rows))
-            grad_z = (grad_z / temperature).to(dtype)
+            grad_z = (grad_z.div_(temperature) if temperature != 1.0 else grad_z).to(dtype)
             grad_hidden[rows] = (grad_z @ w).to(hidden.dtype)
             grad_weight += grad_z.T @ h
         return grad_hidden, grad_weight.to(weight.dtype), None, None, None, None, None
@@ -101,14 +109,18 @@ def _rows_or_none(tensor: torch.Tensor | None, rows: slice) -> torch.Tensor | No
     return None if tensor is None else tensor[rows]
 
 
-def _grad_logits(*, z, p, labels, mean_z, grad_log_p, grad_entropy) -> torch.Tensor:
-    """dL/dz ``[c, V]`` = g_logp (onehot(y) - p) - g_H p (z - E_p[z]) (module docstring)."""
-    grad_z = torch.zeros_like(p)
+def _grad_logits(*, z, lse, labels, mean_z, grad_log_p, grad_entropy) -> torch.Tensor:
+    """dL/dz ``[c, V]`` = g_logp (onehot(y) - p) - g_H p (z - E_p[z]) (module docstring), built in ``z``'s
+    storage (``z`` is consumed) plus at most one more ``[c, V]`` buffer."""
+    if grad_entropy is None:
+        grad_z = z.sub_(lse[:, None]).exp_().mul_(-grad_log_p[:, None])  # -g_logp p
+    else:
+        p = (z - lse[:, None]).exp_()
+        grad_z = z.sub_(mean_z[:, None]).mul_(p).mul_(-grad_entropy[:, None])  # -g_H p (z - E_p[z])
+        if grad_log_p is not None:
+            grad_z.sub_(p.mul_(grad_log_p[:, None]))
     if grad_log_p is not None:
-        grad_z = p * (-grad_log_p[:, None])
         grad_z.scatter_add_(-1, labels[:, None], grad_log_p[:, None])
-    if grad_entropy is not None:
-        grad_z -= grad_entropy[:, None] * p * (z - mean_z[:, None])
     return grad_z
 
 
@@ -122,10 +134,10 @@ def linear_log_probs(*, hidden: torch.Tensor, weight: torch.Tensor, labels: torc
         hidden: ``[..., H]`` final hidden states (after the last norm), one per predicted token.
         weight: ``[V, H]`` the LM head's weight (bias-free head).
         labels: ``[...]`` int64 token ids.
-        chunk_tokens: rows of logits built at once (default :func:`default_chunk_tokens`).
+        chunk_tokens: rows of logits built at once (default :func:`default_chunk_tokens` for the device).
     """
     if chunk_tokens is None:
-        chunk_tokens = default_chunk_tokens(weight.shape[0])
+        chunk_tokens = default_chunk_tokens(weight.shape[0], hidden.device.type)
     if chunk_tokens <= 0:
         raise ValueError(f"chunk_tokens must be positive, got {chunk_tokens}")
     flat = hidden.reshape(-1, hidden.shape[-1])

@@ -34,7 +34,7 @@ def test_chunked_head_equals_the_logits_path(tiny_tokenizer, monkeypatch, arch, 
     ((expected[0] + expected[1]) * weights * valid).sum().backward()
     expected_grads = grads(model)
     # 7 tokens per chunk: no layout's token count is a multiple of it
-    monkeypatch.setattr("hybridflow.algos.linear_logprob.DEFAULT_CHUNK_ELEMENTS", 7 * model.config.vocab_size)
+    monkeypatch.setattr("hybridflow.algos.linear_logprob.CPU_CHUNK_ELEMENTS", 7 * model.config.vocab_size)
     head_outputs = []
     hook = model.get_output_embeddings().register_forward_hook(lambda mod, args, out: head_outputs.append(out.shape))
     got = layout_outputs(model, layout, rows, chunked_head=True)
