@@ -8,6 +8,8 @@ lengths uniform in [64, 256], response lengths log-normal (median 256, sigma 0.8
 Variants (``--variants``; each a fresh model, same rows, same seed):
     fast:  bf16 autocast over fp32 master weights and AdamW state, shared-prompt packed rows (padding-free
            varlen SDPA per unit), log-probs from the hidden states in chunks (``use_fused_kernels``)
+    bf16-padded: bf16 autocast, padded rows, log-probs from the full logits
+    fast-ckpt: fast with activation checkpointing of every decoder layer
     plain: fp32, padded rows, log-probs from the full logits (verl's defaults)
     ...and single switches via ``--precision``, ``--layout``, ``--chunked-head``, ``--checkpointing``.
 
@@ -25,7 +27,7 @@ Reported per variant:
               the micro-batches' shapes x layers, the head (vocab projection + log-softmax, forward +
               backward) on the response tokens, the optimizer step (clip + AdamW); ``other`` = the rest
 
-    python benchmarks/update.py --quick                      # both shapes, fast + plain, < 3 min on one H100
+    python benchmarks/update.py --quick                      # both shapes, 3 variants, < 3 min on one H100
     python benchmarks/update.py --shape tiny --steps 2       # CPU smoke run
 """
 
@@ -82,7 +84,9 @@ class Variant:
     """Activation checkpointing per decoder layer (enable_gradient_checkpointing)."""
 
 
-VARIANTS = {"fast": Variant(), "plain": Variant(precision="fp32", layout="padded", chunked_head=False)}
+VARIANTS = {"fast": Variant(), "bf16-padded": Variant(layout="padded", chunked_head=False),
+            "fast-ckpt": Variant(checkpointing=True),
+            "plain": Variant(precision="fp32", layout="padded", chunked_head=False)}
 
 
 def parse_args(argv=None):
@@ -97,12 +101,13 @@ def parse_args(argv=None):
     parser.add_argument("--n", type=int, default=8, help="responses per prompt")
     parser.add_argument("--micro-tokens", type=int, default=4096, help="token budget of a micro-batch")
     parser.add_argument("--steps", type=int, default=3, help="optimizer steps (the first is a warm-up)")
-    parser.add_argument("--quick", action="store_true", help="--shape 0.5b,1.5b --variants fast,plain --steps 3")
+    parser.add_argument("--quick", action="store_true",
+                        help="--shape 0.5b,1.5b --variants fast,bf16-padded,plain --steps 3")
     parser.add_argument("--no-breakdown", action="store_true")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
     if args.quick:
-        args.shape, args.variants, args.steps = "0.5b,1.5b", "fast,plain", 3
+        args.shape, args.variants, args.steps = "0.5b,1.5b", "fast,bf16-padded,plain", 3
     return args
 
 

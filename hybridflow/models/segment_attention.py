@@ -106,6 +106,13 @@ def use_segment_attention(model) -> None:
         config._attn_implementation = IMPLEMENTATION
 
 
+def supports_segment_attention(model: torch.nn.Module) -> bool:
+    """Whether ``model`` (or the transformers model it wraps) runs its attention through transformers'
+    attention interface (``_supports_attention_backend``), which :func:`use_segment_attention` plugs into;
+    a model with its own attention code would attend across the units of a packed row."""
+    return any(getattr(type(module), "_supports_attention_backend", False) for module in model.modules())
+
+
 def packed_row_mask() -> torch.Tensor:
     """A placeholder 4-D mask: transformers passes a 4-D mask through untouched, which keeps it
     from building an ``[N, N]`` mask for the packed row; segment attention never reads it."""
