@@ -15,8 +15,9 @@ Variants (``--variants``; each a fresh model, same rows, same seed):
 
 Reported per variant:
     tokens/s  valid tokens (prompt + response of every row, as a padded batch counts them) / update seconds
-    MFU       model FLOPs / seconds / peak, model FLOPs = 6 (N_body x tokens the layout runs + N_head x
-              response tokens) (Kaplan et al. 2020, "Scaling Laws", C = 6 N D; the head only runs on response
+    MFU       model FLOPs / seconds / peak, model FLOPs = 6 (N_body x tokens the layout must run + N_head x
+              response tokens); the tokens: every valid token (padding is waste, not counted), each prompt
+              once in the shared-prompt layout (Kaplan et al. 2020, "Scaling Laws", C = 6 N D; the head only runs on response
               positions), attention's ``L^2`` FLOPs left out as in that count; peak = a large bf16 matmul
               timed in the same run (fp32 on the CPU)
     peak memory  torch.cuda.max_memory_allocated (CPU: peak RSS growth) against the floor
@@ -102,12 +103,16 @@ def parse_args(argv=None):
     parser.add_argument("--micro-tokens", type=int, default=4096, help="token budget of a micro-batch")
     parser.add_argument("--steps", type=int, default=3, help="optimizer steps (the first is a warm-up)")
     parser.add_argument("--quick", action="store_true",
-                        help="--shape 0.5b,1.5b --variants fast,bf16-padded,plain --steps 3")
+                        help="--shape 0.5b,1.5b --variants fast,bf16-padded,plain --steps 2")
     parser.add_argument("--no-breakdown", action="store_true")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
     if args.quick:
-        args.shape, args.variants, args.steps = "0.5b,1.5b", "fast,bf16-padded,plain", 3
+        args.shape, args.variants, args.steps = "0.5b,1.5b", "fast,bf16-padded,plain", 2
+    for flag, given, known in (("--shape", args.shape, SHAPES), ("--variants", args.variants, VARIANTS)):
+        unknown = [name for name in given.split(",") if name not in known]
+        if unknown:
+            parser.error(f"{flag}: unknown {', '.join(unknown)}; choose from {', '.join(known)}")
     return args
 
 
@@ -215,11 +220,12 @@ def head_and_body_params(model) -> tuple[int, int]:
     return head, total - embedding - (0 if model.config.tie_word_embeddings else head)
 
 
-def layout_tokens(micros: list[Batch], layout: str) -> list[int]:
-    """Tokens each micro-batch's forward runs: ``b x L'`` padded (all-pad columns trimmed), else the packed row."""
-    if layout == "padded":
-        return [len(m) * int(m["attention_mask"].any(0).sum()) for m in micros]
-    return [pack_micro_batch(m, layout=layout).input_ids.shape[1] for m in micros]
+def needed_tokens(micros: list[Batch], layout: str) -> list[int]:
+    """Tokens each micro-batch's forward must run in ``layout``: its valid tokens (the padding a padded
+    forward also runs is waste, not counted), each prompt once in the shared-prompt layout."""
+    if layout == "shared_prompt":
+        return [pack_micro_batch(m, layout=layout).input_ids.shape[1] for m in micros]
+    return [int(m["attention_mask"].sum()) for m in micros]
 
 
 def activation_floor(model, tokens: int, bytes_per: int) -> int:
@@ -318,15 +324,14 @@ def run_variant(shape: str, variant: Variant, args, device: torch.device, peak_f
 def _counts(model, batch: Batch, micros: list[Batch], variant: Variant, *, step_seconds: float,
             peak_flops: float) -> dict:
     head_params, body_params = head_and_body_params(model)
-    run_tokens = layout_tokens(micros, variant.layout)
+    run_tokens = needed_tokens(micros, variant.layout)
     response_tokens = int(batch["response_mask"].sum())
     flops = 6 * (body_params * sum(run_tokens) + head_params * response_tokens)
     params = sum(p.numel() for p in model.parameters())
-    act_bytes = 2 if variant.precision == "bf16" else 4
-    kept = 0 if variant.checkpointing else activation_floor(model, max(run_tokens), act_bytes)
-    if variant.checkpointing:  # the layer inputs of the whole micro-batch plus one layer recomputed
-        kept = activation_floor(model, max(run_tokens), act_bytes) // model.config.num_hidden_layers + \
-            model.config.num_hidden_layers * max(run_tokens) * model.config.hidden_size * 4
+    act_bytes, layers = (2 if variant.precision == "bf16" else 4), model.config.num_hidden_layers
+    kept = activation_floor(model, max(run_tokens), act_bytes)
+    if variant.checkpointing:  # every layer's fp32 input, and one layer's activations during its recompute
+        kept = layers * max(run_tokens) * model.config.hidden_size * 4 + kept // layers
     return dict(step_s=step_seconds, tokens=int(batch["attention_mask"].sum()), run_tokens=sum(run_tokens),
                 tokens_per_s=int(batch["attention_mask"].sum()) / step_seconds,
                 mfu=flops / step_seconds / peak_flops, params=params, floor_bytes=16 * params + kept)
@@ -343,15 +348,18 @@ def describe_device(device: torch.device) -> str:
 
 def table(results: list[tuple[str, str, Variant, dict]]) -> list[str]:
     """The final lines: one per (shape, variant), the parts as shares of the step."""
-    lines = [f"{'shape':6} {'variant':8} {'prec':4} {'layout':13} {'head':7} {'ckpt':4} {'step_s':>7} "
+    lines = [f"{'shape':6} {'variant':11} {'prec':4} {'layout':13} {'head':7} {'ckpt':4} {'step_s':>7} "
              f"{'tok/s':>8} {'MFU':>6} {'peak_GB':>7} {'floor_GB':>8}  attn/mlp/head/opt/other %"]
     for shape, name, v, r in results:
+        if "error" in r:
+            lines.append(f"{shape:6} {name:11} {r['error']}")
+            continue
         shares = ""
         if "parts" in r:
             parts = r["parts"]
             other = r["step_s"] - sum(parts.values())
             shares = "/".join(f"{100 * s / r['step_s']:.0f}" for s in (*parts.values(), other))
-        lines.append(f"{shape:6} {name:8} {v.precision:4} {v.layout:13} {'chunked' if v.chunked_head else 'logits':7} "
+        lines.append(f"{shape:6} {name:11} {v.precision:4} {v.layout:13} {'chunked' if v.chunked_head else 'logits':7} "
                      f"{'on' if v.checkpointing else 'off':4} {r['step_s']:7.3f} {r['tokens_per_s']:8.0f} "
                      f"{100 * r['mfu']:5.1f}% {r['peak_bytes'] / 1e9:7.2f} {r['floor_bytes'] / 1e9:8.2f}  {shares}")
     return lines
@@ -364,8 +372,14 @@ def main(argv=None) -> list[str]:
     results = []
     for shape in args.shape.split(","):
         for name, variant in chosen_variants(args).items():
-            results.append((shape, name, variant, run_variant(shape, variant, args, device, peak_flops)))
-            print(f"{shape} {name}: {results[-1][3]}", flush=True)
+            try:
+                result = run_variant(shape, variant, args, device, peak_flops)
+            except torch.OutOfMemoryError as err:  # one variant too big for the card: say so, run the others
+                result = {"error": f"out of memory ({str(err).splitlines()[0][:80]})"}
+                gc.collect()
+                torch.cuda.empty_cache()
+            results.append((shape, name, variant, result))
+            print(f"{shape} {name}: {result}", flush=True)
     lines = [f"update benchmark on {describe_device(device)}; {peak_dtype} matmul peak measured "
              f"{peak_flops / 1e12:.1f} TFLOP/s; {args.prompts} prompts x {args.n} responses per step, "
              f"micro-batches of <= {args.micro_tokens} tokens (padded: rows x longest row; packed: valid tokens); median of {max(1, args.steps - 1)} steps",
