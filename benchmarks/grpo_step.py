@@ -10,8 +10,10 @@ round; the first step of every process is a warm-up and is left out; the rounds
 alternate which framework goes first, so both see the same machine load.
 
 hybridflow runs in each requested forward layout (``--layouts``: ``padded``, ``packed``
-= ``use_remove_padding``, ``shared`` = ``use_shared_prompt``), so the same run also gives
-the ablation of the update's layout.
+= ``use_remove_padding``, ``shared`` = ``use_shared_prompt``; each with ``-chunked``: log-probs
+from the hidden states in chunks, ``use_fused_kernels``), so the same run also gives the
+ablation of the update's layout and head. The gradient norm of every step is printed per run:
+the same generations give the same norms where two runs compute the same gradients.
 
 Printed: seconds per step (median over the measured steps of all rounds), generated
 tokens per second, ``timing_s/update_actor`` and ``timing_s/gen`` for hybridflow, the peak
@@ -41,10 +43,13 @@ os.environ.setdefault("OMP_NUM_THREADS", "2")
 
 BATCH_PROMPTS, SAMPLES, LEARNING_RATE = 8, 4, 2e-5
 LAYOUT_OVERRIDES = {
-    "padded": [],
+    "padded": ["actor_rollout_ref.model.use_shared_prompt=False"],
     "packed": ["actor_rollout_ref.model.use_remove_padding=True"],
     "shared": ["actor_rollout_ref.model.use_shared_prompt=True"],
 }
+CHUNKED_HEAD = ["actor_rollout_ref.model.use_fused_kernels=True"]
+LAYOUT_OVERRIDES.update({f"{name}-chunked": [*overrides, *CHUNKED_HEAD]
+                         for name, overrides in dict(LAYOUT_OVERRIDES).items()})
 
 
 def parse_args(argv=None):
@@ -107,7 +112,7 @@ def run_hybridflow(*, model: str, train: str, length: int, steps: int, layout: s
 def hybridflow_steps(rows: list[dict]) -> list[dict]:
     """Per measured step: seconds, generated tokens, update and generation seconds."""
     return [{"seconds": r["timing_s/step"], "gen_tokens": r["response_length/mean"] * BATCH_PROMPTS * SAMPLES,
-             "update": r["timing_s/update_actor"], "gen": r["timing_s/gen"], "rss_gb": r["perf/max_memory_rss_gb"],
+             "update": r["timing_s/update_actor"], "grad_norm": r["actor/grad_norm"], "gen": r["timing_s/gen"], "rss_gb": r["perf/max_memory_rss_gb"],
              # tokens the update needs: every valid token, and with shared prompts each prompt once
              "update_tokens": r["perf/total_num_tokens"],
              "shared_tokens": r["perf/total_num_tokens"]
@@ -238,6 +243,9 @@ def main(argv=None) -> int:
                 print(f"  [{length} tokens, round {round_index}] {name}: {time.perf_counter() - started:.0f} s "
                       f"for {args.steps} steps", flush=True)
         report(length, [summarise(name, steps) for name, steps in results.items()], model)
+        for name, steps in results.items():
+            if all("grad_norm" in s for s in steps):
+                print(f"{name}: actor/grad_norm per measured step " + ", ".join(f"{s['grad_norm']:.6g}" for s in steps))
     return 0
 
 

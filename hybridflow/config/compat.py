@@ -43,7 +43,6 @@ COMPAT_ONLY: dict[str, str] = {
     "actor_rollout_ref.nccl_timeout": "collectives use torch.distributed's default time-out",
     "actor_rollout_ref.model.enable_activation_offload": "activations stay on the device; use gradient checkpointing",
     "actor_rollout_ref.model.use_liger": "Liger kernels are not used; the HF model's own layers run",
-    "actor_rollout_ref.model.use_fused_kernels": "no fused log-prob kernel; log-probs come from the logits",
     "model.use_liger": "Liger kernels are not used; the HF model's own layers run",
     "model.strategy": _FSDP2_ONLY,
     # actor / reference

@@ -107,10 +107,13 @@ class ModelConfig:
     """Padding-free forwards for the actor update and the old / reference log-prob passes: the
     valid tokens of a micro-batch go through the model as one packed row, attention kept inside
     each sequence. Same log-probs and gradients as the padded layout (within fp32 rounding)."""
-    use_shared_prompt: bool = False
-    """hybridflow extension (implies use_remove_padding): the rollout.n responses of a prompt share
-    one copy of its tokens in the packed row (each response attends to the prompt and to itself),
-    so the prompt is computed once per group in the forward and the backward. Exact same gradients."""
+    use_shared_prompt: bool = True
+    """hybridflow extension (implies use_remove_padding), on by default: the rollout.n responses of a
+    prompt share one copy of its tokens in the packed row (each response attends to the prompt and to
+    itself), so the prompt is computed once per group in the forward and the backward. Same gradients
+    as the padded layout within fp32 rounding; a model whose attention does not go through transformers'
+    attention interface falls back to the padded layout with one warning. False (and use_remove_padding
+    False) chooses the padded layout."""
     lora_rank: int = 0
     """LoRA rank; 0 trains the full model."""
     lora_alpha: int = 16
@@ -122,7 +125,11 @@ class ModelConfig:
     use_liger: bool = False
     """Compatibility-only, no effect (see compat.py)."""
     use_fused_kernels: bool = False
-    """Compatibility-only, no effect (see compat.py)."""
+    """Log-probs and entropy (actor, reference, old log-probs) from the final hidden states and the LM
+    head's weight in chunks of tokens, never the ``[tokens, vocab]`` logits; backward recomputes each
+    chunk (``hybridflow/algos/linear_logprob.py``). Same values; a head that is not a bias-free linear
+    layer falls back to the logits with one warning. ``use_torch_compile`` / ``entropy_checkpointing``
+    apply to the logits path only (the chunked one always recomputes)."""
     trust_remote_code: bool = False
     """Allow models with custom code."""
     use_shm: bool = False
@@ -475,8 +482,9 @@ class CriticModelConfig:
     """Compatibility-only, no effect (see compat.py)."""
     use_remove_padding: bool = False
     """Padding-free value forwards (one packed row per micro-batch); same values and gradients."""
-    use_shared_prompt: bool = False
-    """hybridflow extension (implies use_remove_padding): the responses of a prompt share its tokens."""
+    use_shared_prompt: bool = True
+    """hybridflow extension (implies use_remove_padding), on by default: the responses of a prompt share
+    its tokens; False (and use_remove_padding False) chooses the padded layout."""
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     """FSDP2 settings."""
     lora_rank: int = 0

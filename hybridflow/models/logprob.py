@@ -6,12 +6,16 @@ which keeps the memory and the head's FLOPs at ``[B, T, V]`` instead of ``[B, L,
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import warnings
+from collections.abc import Iterator
 
 import torch
 from torch.utils.checkpoint import checkpoint
 
 from hybridflow.algos import entropy_from_logits, logprobs_from_logits
+from hybridflow.algos.linear_logprob import linear_log_probs
 from hybridflow.algos.logprob import sum_pi_squared_from_logits
 from hybridflow.data.packing import PackedResponses
 from hybridflow.models.segment_attention import SegmentLayout, packed_row_mask, use_segment_attention
@@ -27,7 +31,8 @@ def _compiled(fn):
 def compute_log_probs(model, *, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                       position_ids: torch.Tensor | None, response_length: int, temperature: float = 1.0,
                       calculate_entropy: bool = False, calculate_sum_pi_squared: bool = False,
-                      entropy_checkpointing: bool = False, use_torch_compile: bool = False) -> tuple:
+                      entropy_checkpointing: bool = False, use_torch_compile: bool = False,
+                      chunked_head: bool = False) -> tuple:
     """log p(response token t | prefix) ``[B, T]`` and optionally the entropy ``[B, T]``; with
     ``calculate_sum_pi_squared`` a third element, sum_v p(v | prefix)^2 ``[B, T]``.
 
@@ -39,15 +44,73 @@ def compute_log_probs(model, *, input_ids: torch.Tensor, attention_mask: torch.T
             backward; recompute it there (verl's ``actor.entropy_checkpointing``).
         use_torch_compile: run the log-prob and entropy math from the logits through torch.compile
             (verl's ``use_torch_compile``: the model forward itself stays eager).
+        chunked_head: log-probs and entropy from the final hidden states and the head's weight in
+            chunks of tokens, never the ``[B, T, V]`` logits (verl's ``use_fused_kernels``); same values.
     """
     # Position L-T-1 predicts the first response token, L-2 the last one: only those T
     # positions go through the LM head (logits_to_keep), saving [B, L-T, V] of work.
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False,
-                logits_to_keep=response_length + 1)
-    return _token_outputs(out.logits[:, -response_length - 1 : -1, :], input_ids[:, -response_length:],
-                          temperature=temperature, calculate_entropy=calculate_entropy,
-                          calculate_sum_pi_squared=calculate_sum_pi_squared,
-                          entropy_checkpointing=entropy_checkpointing, use_torch_compile=use_torch_compile)
+    length = input_ids.shape[1]
+    inputs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+    keep = torch.arange(length - response_length - 1, length - 1, device=input_ids.device)
+    return _forward_token_outputs(model, inputs, keep=keep, labels=input_ids[:, -response_length:],
+                                  temperature=temperature, calculate_entropy=calculate_entropy,
+                                  calculate_sum_pi_squared=calculate_sum_pi_squared,
+                                  entropy_checkpointing=entropy_checkpointing, use_torch_compile=use_torch_compile,
+                                  chunked_head=chunked_head)
+
+
+def _forward_token_outputs(model, inputs: dict, *, keep: torch.Tensor, labels: torch.Tensor, chunked_head: bool,
+                           **switches) -> tuple:
+    """(log-probs, entropy or None[, sum_v pi(v)^2]) ``labels``-shaped, of the positions ``keep`` of
+    ``model(**inputs)``: from the logits, or with ``chunked_head`` from the hidden states in chunks
+    (:func:`hybridflow.algos.linear_logprob.linear_log_probs`, no ``[K, V]`` logits)."""
+    head = chunk_capable_head(model) if chunked_head else None
+    if head is None:
+        logits = model(**inputs, logits_to_keep=keep).logits
+        return _token_outputs(logits, labels, **switches)
+    with _head_returns_token_outputs(head, labels=labels, temperature=switches["temperature"],
+                                     calculate_entropy=switches["calculate_entropy"],
+                                     calculate_sum_pi_squared=switches["calculate_sum_pi_squared"]):
+        stacked = model(**inputs, logits_to_keep=keep).logits
+    log_probs, entropy, sum_sq = stacked.unbind(-1)
+    outs = (log_probs, entropy if switches["calculate_entropy"] else None)
+    return (*outs, sum_sq) if switches["calculate_sum_pi_squared"] else outs
+
+
+def chunk_capable_head(model) -> torch.nn.Linear | None:
+    """The model's LM head when the chunked log-prob can replace it (a bias-free ``nn.Linear``, no logit
+    soft-capping); None otherwise, saying so once."""
+    head = model.get_output_embeddings()
+    if type(head) is torch.nn.Linear and head.bias is None and not getattr(model.config, "final_logit_softcapping",
+                                                                          None):
+        return head
+    _warn_head_fallback(type(head).__name__)
+    return None
+
+
+@functools.cache
+def _warn_head_fallback(head_type: str) -> None:
+    warnings.warn(f"use_fused_kernels: the LM head ({head_type}) is not a bias-free nn.Linear without soft-capping; "
+                  "log-probs come from the full logits for this model", stacklevel=3)
+
+
+@contextlib.contextmanager
+def _head_returns_token_outputs(head: torch.nn.Linear, *, labels: torch.Tensor, temperature: float,
+                                calculate_entropy: bool, calculate_sum_pi_squared: bool) -> Iterator[None]:
+    """Inside, ``head(hidden [B, K, H])`` returns ``[B, K, 3]`` = (log p, entropy, sum p^2) of ``labels
+    [B, K]`` instead of logits. Swapping the head's forward (not calling the body and the head apart)
+    keeps every wrapper's hooks in place: FSDP2 unshards the weight, autocast covers the matmuls."""
+    def token_outputs(hidden: torch.Tensor) -> torch.Tensor:
+        outs = linear_log_probs(hidden=hidden, weight=head.weight, labels=labels.reshape(hidden.shape[:-1]),
+                                temperature=temperature, calculate_entropy=calculate_entropy,
+                                calculate_sum_pi_squared=calculate_sum_pi_squared)
+        return torch.stack([outs[0] if out is None else out for out in outs], dim=-1)
+
+    head.forward = token_outputs
+    try:
+        yield
+    finally:
+        del head.forward
 
 
 def _token_outputs(logits: torch.Tensor, labels: torch.Tensor, *, temperature: float, calculate_entropy: bool,
@@ -71,7 +134,7 @@ def _token_outputs(logits: torch.Tensor, labels: torch.Tensor, *, temperature: f
 
 def packed_log_probs(model, packed: PackedResponses, *, temperature: float = 1.0, calculate_entropy: bool = False,
                      calculate_sum_pi_squared: bool = False, entropy_checkpointing: bool = False,
-                     use_torch_compile: bool = False) -> tuple:
+                     use_torch_compile: bool = False, chunked_head: bool = False) -> tuple:
     """:func:`compute_log_probs` over a padding-free (optionally shared-prompt) packed row.
 
     Same values as the padded forward on every valid response token (zeros elsewhere), each
@@ -80,11 +143,13 @@ def packed_log_probs(model, packed: PackedResponses, *, temperature: float = 1.0
     each rank runs its slice of the row and the ``K`` values are gathered.
     """
     shard = packed_shard(model, packed)
-    logits = model(**packed_forward_inputs(model, packed, shard=shard), logits_to_keep=shard.local_keep).logits[0]
-    outs = _token_outputs(logits, packed.labels[shard.own], temperature=temperature,
-                          calculate_entropy=calculate_entropy, calculate_sum_pi_squared=calculate_sum_pi_squared,
-                          entropy_checkpointing=entropy_checkpointing, use_torch_compile=use_torch_compile)
-    return tuple(None if out is None else packed.scatter(shard.gather(out)) for out in outs)
+    outs = _forward_token_outputs(model, packed_forward_inputs(model, packed, shard=shard),
+                                  keep=shard.local_keep, labels=packed.labels[shard.own][None],
+                                  temperature=temperature, calculate_entropy=calculate_entropy,
+                                  calculate_sum_pi_squared=calculate_sum_pi_squared,
+                                  entropy_checkpointing=entropy_checkpointing, use_torch_compile=use_torch_compile,
+                                  chunked_head=chunked_head)
+    return tuple(None if out is None else packed.scatter(shard.gather(out[0])) for out in outs)
 
 
 def packed_shard(model, packed: PackedResponses) -> SequenceShard:

@@ -61,14 +61,29 @@ def _segment_attention(module, query, key, value, attention_mask, dropout: float
 
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
-    gqa = query.shape[1] != key.shape[1]
     outputs = []
     for (start, end), mask in zip(layout.bounds, layout.masks):
+        # On CUDA, SDPA's kernels that take a mask (memory-efficient, cuDNN) do not take enable_gqa: with both
+        # it falls back to the math kernel and its [H, L, L] fp32 scores, so a masked unit repeats its KV heads.
+        repeat = mask is not None and query.device.type == "cuda"
+        unit_key, unit_value, gqa = kv_heads(query, key[:, :, start:end], value[:, :, start:end], repeat=repeat)
         outputs.append(F.scaled_dot_product_attention(
-            query[:, :, start:end], key[:, :, start:end], value[:, :, start:end],
+            query[:, :, start:end], unit_key, unit_value,
             attn_mask=mask, is_causal=mask is None, scale=scaling,
             dropout_p=dropout if module.training else 0.0, enable_gqa=gqa))
     return torch.cat(outputs, dim=2).transpose(1, 2).contiguous(), None
+
+
+def kv_heads(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
+             repeat: bool) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """(key, value, enable_gqa) for SDPA: with ``repeat`` the KV heads repeated to the query's head count
+    (query head ``i`` reads KV head ``i // groups``, as enable_gqa does), else left grouped."""
+    groups = query.shape[1] // key.shape[1]
+    if groups == 1:
+        return key, value, False
+    if repeat:
+        return key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1), False
+    return key, value, True
 
 
 def _register() -> None:
@@ -89,6 +104,13 @@ def use_segment_attention(model) -> None:
     config = model.config
     if config._attn_implementation != IMPLEMENTATION:
         config._attn_implementation = IMPLEMENTATION
+
+
+def supports_segment_attention(model: torch.nn.Module) -> bool:
+    """Whether ``model`` (or the transformers model it wraps) runs its attention through transformers'
+    attention interface (``_supports_attention_backend``), which :func:`use_segment_attention` plugs into;
+    a model with its own attention code would attend across the units of a packed row."""
+    return any(getattr(type(module), "_supports_attention_backend", False) for module in model.modules())
 
 
 def packed_row_mask() -> torch.Tensor:

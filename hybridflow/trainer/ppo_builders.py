@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import logging
 
 import torch
 
@@ -20,6 +21,7 @@ from hybridflow.models import load_causal_lm, load_tokenizer, load_value_model
 from hybridflow.models.fsdp import autocast_forward, compute_dtype, data_parallel_mesh, shard_model
 from hybridflow.models.loader import import_external_lib, resolve_dtype
 from hybridflow.models.lora import apply_lora, disable_adapter
+from hybridflow.models.segment_attention import supports_segment_attention
 from hybridflow.models.sharded_checkpoint import FSDPModelComponent
 from hybridflow.models.ulysses import split_sequences
 from hybridflow.rollout.config import engine_kwargs_from_rollout_config
@@ -35,6 +37,7 @@ from hybridflow.workers.reference import ReferenceWorker
 from hybridflow.workers.rollout import RolloutWorker
 from hybridflow.workers.sequence_parallel import split_world
 
+logger = logging.getLogger(__name__)
 
 def rank_device() -> torch.device:
     # Ray sets CUDA_VISIBLE_DEVICES to the rank's GPU, so it is always device 0 of the process.
@@ -66,10 +69,18 @@ def policy_tokenizer(cfg):
                           trust_remote_code=model.trust_remote_code or cfg.data.trust_remote_code)
 
 
-def model_layout(model_cfg) -> str:
-    """The forward layout a model section's ``use_remove_padding`` / ``use_shared_prompt`` select."""
-    return forward_layout(use_remove_padding=model_cfg.use_remove_padding,
-                          use_shared_prompt=model_cfg.use_shared_prompt)
+def model_layout(model_cfg, model: torch.nn.Module, *, key: str) -> str:
+    """The forward layout a model section's ``use_remove_padding`` / ``use_shared_prompt`` select (shared
+    prompts by default), or ``padded`` with one warning when ``model``'s attention cannot keep the
+    sequences of a packed row apart."""
+    layout = forward_layout(use_remove_padding=model_cfg.use_remove_padding,
+                            use_shared_prompt=model_cfg.use_shared_prompt)
+    if layout != "padded" and not supports_segment_attention(model):
+        logger.warning("%s: %s does not run its attention through transformers' attention interface, so packed "
+                       "rows cannot keep their sequences apart; the padded layout runs (set %s.use_shared_prompt="
+                       "False and use_remove_padding=False to choose it)", key, type(model).__name__, key)
+        return "padded"
+    return layout
 
 
 def build_hybrid_engine(dp: DataParallel, *, cfg, total_steps: int, with_rollout: bool = True,
@@ -81,6 +92,7 @@ def build_hybrid_engine(dp: DataParallel, *, cfg, total_steps: int, with_rollout
                                       key="actor_rollout_ref.actor.ulysses_sequence_parallel_size")
     tokenizer = policy_tokenizer(cfg)
     model = load_policy(cfg, device, gradient_checkpointing=arr.model.enable_gradient_checkpointing)
+    layout = model_layout(arr.model, model, key="actor_rollout_ref.model")
     if with_reference is None:
         with_reference = reference_enabled(cfg)
     use_lora = arr.model.lora_rank > 0
@@ -98,16 +110,18 @@ def build_hybrid_engine(dp: DataParallel, *, cfg, total_steps: int, with_rollout
     reference = None
     if with_reference:
         reference = _reference_worker(actor_model=model, ref_model=ref_model, arr=arr, dp=dp, device=device,
-                                      world=world, sp=sp)
+                                      world=world, sp=sp, layout=layout)
     state = train_state_from_config(model, arr.actor.optim, grad_clip=arr.actor.grad_clip, total_steps=total_steps,
                                     offload_optimizer=arr.actor.fsdp_config.optimizer_offload)
-    actor = ActorWorker(state=state, schedule=update_schedule(arr.actor, rows_per_prompt=arr.rollout.n, dp=dp),
+    actor = ActorWorker(state=state, schedule=update_schedule(arr.actor, rows_per_prompt=arr.rollout.n, dp=dp,
+                                                                layout=layout),
                         objective=policy_objective(arr.actor, rollout_correction=cfg.algorithm.rollout_correction,
                                                    max_response_length=cfg.data.max_response_length),
                         log_prob=log_prob_batching(arr.rollout, dp), dp=dp, seed=cfg.trainer.seed,
-                        layout=model_layout(arr.model), use_torch_compile=arr.actor.use_torch_compile,
+                        layout=layout, use_torch_compile=arr.actor.use_torch_compile,
                         entropy_checkpointing=arr.actor.entropy_checkpointing,
-                        calculate_sum_pi_squared=arr.actor.calculate_sum_pi_squared)
+                        calculate_sum_pi_squared=arr.actor.calculate_sum_pi_squared,
+                        chunked_head=arr.model.use_fused_kernels)
     checkpoint = FSDPModelComponent(model, state.optimizer, state.scheduler, tokenizer=tokenizer,
                                     save_contents=arr.actor.checkpoint.save_contents,
                                     load_contents=arr.actor.checkpoint.load_contents)
@@ -116,16 +130,16 @@ def build_hybrid_engine(dp: DataParallel, *, cfg, total_steps: int, with_rollout
                               reference_checkpoint=ref_checkpoint)
 
 
-def update_schedule(section, *, rows_per_prompt: int, dp: DataParallel):
+def update_schedule(section, *, rows_per_prompt: int, dp: DataParallel, layout: str = "padded"):
     """How a trained role's update walks its batch, from its section's verl keys (``ppo_mini_batch_size``,
     ``ppo_epochs``, ``shuffle``, ``ppo_micro_batch_size[_per_gpu]``, ``use_dynamic_bsz``,
-    ``ppo_max_token_len_per_gpu``)."""
+    ``ppo_max_token_len_per_gpu``) and its forward ``layout`` (what a token budget counts)."""
     return UpdateSchedule(
         mini_batch_size=section.ppo_mini_batch_size, rows_per_prompt=rows_per_prompt, epochs=section.ppo_epochs,
         shuffle=section.shuffle, use_dynamic_bsz=section.use_dynamic_bsz,
         micro_batch_size=per_rank_micro_batch_size(section.ppo_micro_batch_size_per_gpu, section.ppo_micro_batch_size,
                                                    dp.world_size),
-        max_token_len=section.ppo_max_token_len_per_gpu)
+        max_token_len=section.ppo_max_token_len_per_gpu, packed=layout != "padded")
 
 
 POLICY_LOSS_KNOBS = ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio", "ppo_kl_coef", "dro_beta")
@@ -194,7 +208,7 @@ def log_prob_batching(section, dp: DataParallel):
 
 
 def _reference_worker(*, actor_model, ref_model, arr, dp: DataParallel, device: torch.device,
-                      world: DataParallel, sp=None):
+                      world: DataParallel, sp=None, layout: str = "padded"):
     """The reference policy: with LoRA (``ref_model`` None) the actor itself with its adapter off,
     so no second model is held; otherwise the frozen initial copy, sharded like the actor (FSDP2
     over the ``world`` ranks, sequences split over ``sp``)."""
@@ -202,8 +216,8 @@ def _reference_worker(*, actor_model, ref_model, arr, dp: DataParallel, device: 
 
     batching = log_prob_batching(arr.ref, dp)
     kwargs = dict(micro_batch_size=batching.micro_batch_size, use_dynamic_bsz=batching.use_dynamic_bsz,
-                  max_token_len=batching.max_token_len, dp=dp, layout=model_layout(arr.model),
-                  use_torch_compile=arr.ref.use_torch_compile)
+                  max_token_len=batching.max_token_len, dp=dp, layout=layout,
+                  use_torch_compile=arr.ref.use_torch_compile, chunked_head=arr.model.use_fused_kernels)
     if ref_model is None:
         return ReferenceWorker(model=actor_model, adapter_off=functools.partial(disable_adapter, actor_model), **kwargs)
     ref_model = shard_for_group(ref_model, dp=world, fsdp_cfg=arr.ref.fsdp_config, device=device,
@@ -244,6 +258,7 @@ def build_critic_worker(dp: DataParallel, *, cfg, total_steps: int):
     model = load_value_model(critic_cfg.model.path, dtype=fsdp_cfg.model_dtype, trust_remote_code=critic_cfg.model.trust_remote_code,
                              override_config=dict(critic_cfg.model.override_config),
                              gradient_checkpointing=critic_cfg.model.enable_gradient_checkpointing).to(device)
+    layout = model_layout(critic_cfg.model, model, key="critic.model")
     model = shard_for_group(model, dp=world, fsdp_cfg=fsdp_cfg, device=device, precision=training_precision(fsdp_cfg))
     split_sequences(model, sp, key="critic.ulysses_sequence_parallel_size")
     state = train_state_from_config(model, critic_cfg.optim, grad_clip=critic_cfg.grad_clip, total_steps=total_steps,
@@ -255,9 +270,10 @@ def build_critic_worker(dp: DataParallel, *, cfg, total_steps: int):
     objective = ValueObjective(cliprange_value=critic_cfg.cliprange_value, loss_agg_mode=critic_cfg.loss_agg_mode,
                                max_response_length=cfg.data.max_response_length,
                                loss_scale_factor=critic_cfg.loss_scale_factor)
-    critic = CriticWorker(state=state, schedule=update_schedule(critic_cfg, rows_per_prompt=critic_cfg.rollout_n, dp=dp),
+    critic = CriticWorker(state=state, schedule=update_schedule(critic_cfg, rows_per_prompt=critic_cfg.rollout_n, dp=dp,
+                                                           layout=layout),
                           objective=objective, forward=forward, dp=dp, seed=cfg.trainer.seed,
-                          layout=model_layout(critic_cfg.model))
+                          layout=layout)
     tokenizer = load_tokenizer(critic_cfg.model.tokenizer_path or critic_cfg.model.path,
                                trust_remote_code=critic_cfg.model.trust_remote_code)
     checkpoint = FSDPModelComponent(model, state.optimizer, state.scheduler, tokenizer=tokenizer,

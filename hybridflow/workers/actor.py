@@ -70,7 +70,7 @@ class ActorWorker:
     def __init__(self, *, state: TrainState, schedule: UpdateSchedule, objective: PolicyObjective,
                  log_prob: LogProbBatching = LogProbBatching(), dp: DataParallel = LOCAL, seed: int = 0,
                  layout: str = "padded", use_torch_compile: bool = False, entropy_checkpointing: bool = False,
-                 calculate_sum_pi_squared: bool = False):
+                 calculate_sum_pi_squared: bool = False, chunked_head: bool = False):
         self.state = state
         self.model = state.model
         self.schedule = schedule
@@ -83,6 +83,7 @@ class ActorWorker:
         self.use_torch_compile = use_torch_compile
         self.entropy_checkpointing = entropy_checkpointing
         self.calculate_sum_pi_squared = calculate_sum_pi_squared
+        self.chunked_head = chunked_head
 
     # ------------------------------------------------------------------ inference
     def compute_log_prob(self, batch: Batch, *, temperature: float) -> tuple[torch.Tensor, ...]:
@@ -92,7 +93,7 @@ class ActorWorker:
             self.model, batch, temperature=temperature, micro_batch_size=self.log_prob.micro_batch_size,
             use_dynamic_bsz=self.log_prob.use_dynamic_bsz, max_token_len=self.log_prob.max_token_len,
             calculate_entropy=True, calculate_sum_pi_squared=self.calculate_sum_pi_squared, dp=self.dp,
-            layout=self.layout, use_torch_compile=self.use_torch_compile,
+            layout=self.layout, use_torch_compile=self.use_torch_compile, chunked_head=self.chunked_head,
         )
 
     # ------------------------------------------------------------------ training
@@ -119,7 +120,7 @@ class ActorWorker:
         schedule = dataclasses.replace(self.schedule, rows_per_prompt=rows_per_prompt, shuffle=False,
                                        item_rows=spec.rows_per_item)
         loss_fn = functools.partial(preference_micro_loss, model=self.model, objective=spec, params=params,
-                                    temperature=temperature, layout=self.layout)
+                                    temperature=temperature, layout=self.layout, chunked_head=self.chunked_head)
         for counts, micros in ppo_mini_batches(batch, schedule=schedule, dp=self.dp, seed=self.seed, step=step):
             optimizer_step(state=self.state, dp=self.dp, micros=micros,
                            loss_fn=functools.partial(loss_fn, counts=counts), metrics=metrics)
@@ -138,7 +139,8 @@ class ActorWorker:
         log_prob, entropy = micro_batch_log_probs(self.model, micro, temperature=temperature,
                                                   calculate_entropy=report_entropy, layout=self.layout,
                                                   entropy_checkpointing=self.entropy_checkpointing,
-                                                  use_torch_compile=self.use_torch_compile)
+                                                  use_torch_compile=self.use_torch_compile,
+                                                  chunked_head=self.chunked_head)
         mask = micro["response_mask"]
         agg = dict(loss_mask=mask, loss_agg_mode=obj.loss_agg_mode, max_response_length=obj.norm_length,
                    global_num_tokens=counts["tokens"], global_num_seqs=counts["seqs"])

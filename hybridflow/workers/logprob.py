@@ -35,12 +35,13 @@ def pack_micro_batch(micro: Batch, *, layout: str) -> PackedResponses:
 
 def micro_batch_log_probs(model, micro: Batch, *, temperature: float, calculate_entropy: bool,
                           calculate_sum_pi_squared: bool = False, layout: str = "padded",
-                          entropy_checkpointing: bool = False, use_torch_compile: bool = False):
+                          entropy_checkpointing: bool = False, use_torch_compile: bool = False,
+                          chunked_head: bool = False):
     """(log_probs [b, T], entropy [b, T] or None) of one micro-batch in the given layout; with
     ``calculate_sum_pi_squared`` a third element, sum_v pi(v)^2 [b, T] (the other switches: see
     ``hybridflow.models.compute_log_probs``)."""
     switches = dict(calculate_sum_pi_squared=calculate_sum_pi_squared, entropy_checkpointing=entropy_checkpointing,
-                    use_torch_compile=use_torch_compile)
+                    use_torch_compile=use_torch_compile, chunked_head=chunked_head)
     if layout != "padded":
         return packed_log_probs(model, pack_micro_batch(micro, layout=layout), temperature=temperature,
                                 calculate_entropy=calculate_entropy, **switches)
@@ -54,7 +55,7 @@ def micro_batch_log_probs(model, micro: Batch, *, temperature: float, calculate_
 def batch_log_probs(model, batch: Batch, *, temperature: float, micro_batch_size: int | None,
                     use_dynamic_bsz: bool = False, max_token_len: int | None = None,
                     calculate_entropy: bool = False, calculate_sum_pi_squared: bool = False, dp=None,
-                    layout: str = "padded", use_torch_compile: bool = False) -> tuple:
+                    layout: str = "padded", use_torch_compile: bool = False, chunked_head: bool = False) -> tuple:
     """Log-probs ``[B, T]`` (and entropy ``[B, T]``) of ``batch["responses"]``; no gradients.
     With ``calculate_sum_pi_squared`` a third element, sum_v pi(v)^2 ``[B, T]``.
 
@@ -66,6 +67,6 @@ def batch_log_probs(model, batch: Batch, *, temperature: float, micro_batch_size
                            max_token_len=max_token_len, dp=dp)
     outs = [micro_batch_log_probs(model, m, temperature=temperature, calculate_entropy=calculate_entropy,
                                   calculate_sum_pi_squared=calculate_sum_pi_squared, layout=layout,
-                                  use_torch_compile=use_torch_compile) for m in pieces]
+                                  use_torch_compile=use_torch_compile, chunked_head=chunked_head) for m in pieces]
     model.train(was_training)
     return tuple(None if parts[0] is None else torch.cat(parts) for parts in zip(*outs))

@@ -15,21 +15,24 @@ import torch
 from hybridflow.data.batch import Batch
 
 
-def split_by_token_budget(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
-    """Group consecutive sequence indices so that each group's padded size fits ``max_tokens``.
+def split_by_token_budget(lengths: Sequence[int], max_tokens: int, *, padded: bool = True) -> list[list[int]]:
+    """Group consecutive sequence indices so that each group's size fits ``max_tokens``.
 
-    Padded size = group size x the longest sequence in it (what a padded forward costs).
+    Size = group size x the longest sequence in it (what a padded forward costs), or with
+    ``padded=False`` the sum of the lengths (what a packed row holds; verl's rule).
     A single sequence longer than the budget gets a group of its own.
     """
     groups: list[list[int]] = []
     current: list[int] = []
-    longest = 0
+    longest = total = 0
     for i, length in enumerate(lengths):
-        if current and max(longest, length) * (len(current) + 1) > max_tokens:
+        size = max(longest, length) * (len(current) + 1) if padded else total + length
+        if current and size > max_tokens:
             groups.append(current)
-            current, longest = [], 0
+            current, longest, total = [], 0, 0
         current.append(i)
         longest = max(longest, length)
+        total += length
     if current:
         groups.append(current)
     return groups
@@ -80,12 +83,13 @@ def mini_batches(batch: Batch, size: int, *, shuffle: bool, seed: int, step: int
 
 
 def micro_batches(batch: Batch, *, micro_batch_size: int | None, use_dynamic_bsz: bool = False,
-                  max_token_len: int | None = None, dp=None) -> list[Batch]:
+                  max_token_len: int | None = None, dp=None, packed: bool = False) -> list[Batch]:
     """Fixed-size micro-batches, or token-budget ones when ``use_dynamic_bsz`` (then, given the
-    data-parallel context ``dp``, the same number on every rank)."""
+    data-parallel context ``dp``, the same number on every rank); ``packed``: the forwards are packed
+    rows, so the budget counts valid tokens (:func:`split_by_token_budget`)."""
     if use_dynamic_bsz:
         lengths = batch["attention_mask"].sum(-1).tolist()
-        groups = split_by_token_budget(lengths, max_token_len)
+        groups = split_by_token_budget(lengths, max_token_len, padded=not packed)
         if dp is not None and dp.world_size > 1:
             groups = split_to_count(groups, dp.all_reduce_max(len(groups)))
         return [batch.index_select(group) for group in groups]

@@ -58,6 +58,9 @@ class UpdateSchedule:
     """The token budget of one dynamic micro-batch (``ppo_max_token_len_per_gpu``)."""
     item_rows: int = 1
     """Consecutive rows that stay together (2: a chosen/rejected pair); micro-batch sizes count items."""
+    packed: bool = False
+    """The forwards are packed rows (``use_remove_padding`` / ``use_shared_prompt``): the token budget
+    counts the rows' valid tokens (verl's rule), not rows x the longest row (a padded forward's cost)."""
 
     def mini_batch_rows(self, dp: DataParallel) -> int:
         """Rows of one mini-batch on one rank (at least one item)."""
@@ -73,7 +76,7 @@ def ppo_mini_batches(batch: Batch, *, schedule: UpdateSchedule, dp: DataParallel
                                  epoch=epoch):
             micros = micro_batches(mini, micro_batch_size=micro_rows,
                                    use_dynamic_bsz=schedule.use_dynamic_bsz and schedule.item_rows == 1,
-                                   max_token_len=schedule.max_token_len, dp=dp)
+                                   max_token_len=schedule.max_token_len, dp=dp, packed=schedule.packed)
             yield dp.global_counts(mini["response_mask"]), micros
 
 

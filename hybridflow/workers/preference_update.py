@@ -67,18 +67,20 @@ OBJECTIVES = {
 """Objective name -> spec; the trainers pick one by name (``algorithm.dpo_loss_type``: sigmoid = dpo)."""
 
 
-def sequence_log_probs(model, micro: Batch, *, temperature: float, layout: str = "padded") -> torch.Tensor:
+def sequence_log_probs(model, micro: Batch, *, temperature: float, layout: str = "padded",
+                       chunked_head: bool = False) -> torch.Tensor:
     """``[b]`` log pi(response | prompt): token log-probs summed over the response mask, in the
     actor's forward ``layout`` (padded / packed / shared_prompt: same values)."""
     log_probs, _ = micro_batch_log_probs(model, micro, temperature=temperature, calculate_entropy=False,
-                                         layout=layout)
+                                         layout=layout, chunked_head=chunked_head)
     return masked_sum(values=log_probs, mask=micro["response_mask"], dim=-1)
 
 
 def preference_micro_loss(micro: Batch, *, model, objective: PreferenceObjective, params: dict,
-                          counts: dict[str, float], temperature: float, layout: str = "padded"):
+                          counts: dict[str, float], temperature: float, layout: str = "padded",
+                          chunked_head: bool = False):
     """(loss with gradient, shares of the mini-batch's loss and metrics, no per-micro-batch metrics)."""
-    seq = sequence_log_probs(model, micro, temperature=temperature, layout=layout)
+    seq = sequence_log_probs(model, micro, temperature=temperature, layout=layout, chunked_head=chunked_head)
     loss, shares = objective.loss(seq_log_probs=seq, micro=micro, global_rows=counts["seqs"], params=params)
     shares["loss"] = loss.item()
     return loss, shares, {}

@@ -21,8 +21,9 @@ class ReferenceWorker:
 
     def __init__(self, *, model: torch.nn.Module, micro_batch_size: int | None = None, use_dynamic_bsz: bool = False,
                  max_token_len: int | None = None, adapter_off=None, dp=None, layout: str = "padded",
-                 use_torch_compile: bool = False):
+                 use_torch_compile: bool = False, chunked_head: bool = False):
         self.model = model
+        self.chunked_head = chunked_head
         self.layout = layout
         self.use_torch_compile = use_torch_compile
         self.dp = dp
@@ -39,7 +40,8 @@ class ReferenceWorker:
             log_probs, _ = batch_log_probs(self.model, batch, temperature=temperature,
                                            micro_batch_size=self.micro_batch_size,
                                            use_dynamic_bsz=self.use_dynamic_bsz, max_token_len=self.max_token_len,
-                                           dp=self.dp, layout=self.layout, use_torch_compile=self.use_torch_compile)
+                                           dp=self.dp, layout=self.layout, use_torch_compile=self.use_torch_compile,
+                                           chunked_head=self.chunked_head)
         return log_probs
 
     def load_weights_from(self, model: torch.nn.Module) -> None:

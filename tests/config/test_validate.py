@@ -111,11 +111,14 @@ def test_filter_groups_needs_metric(files):
 
 
 def test_sequence_parallel_needs_packed_rows(files):
-    (line,) = problems(ppo(files, "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"))
+    (line,) = problems(ppo(files, "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+                           "actor_rollout_ref.model.use_shared_prompt=False"))  # the padded layout
     assert line == ("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2 splits packed rows over ranks: "
                     "set actor_rollout_ref.model.use_remove_padding=True")
     validate_ppo_config(ppo(files, "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+                            "actor_rollout_ref.model.use_shared_prompt=False",
                             "actor_rollout_ref.model.use_remove_padding=True"))
+    validate_ppo_config(ppo(files, "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"))  # shared: packed
 
 
 def test_sft_validation(tmp_path):

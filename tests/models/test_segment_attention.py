@@ -102,3 +102,19 @@ def test_without_a_layout_the_switched_model_is_plain_sdpa(tiny_tokenizer):
     torch.testing.assert_close(after, before, rtol=0, atol=1e-6)
     generated = model.generate(input_ids[:1, 2:PROMPT_COLS], max_new_tokens=3, do_sample=False)
     assert generated.shape == (1, PROMPT_COLS - 2 + 3)
+
+
+def test_repeated_kv_heads_equal_enable_gqa_under_a_mask():
+    # The CUDA path of a masked (shared-prompt) unit repeats the KV heads; same attention as enable_gqa.
+    from hybridflow.models.segment_attention import kv_heads
+
+    gen = torch.Generator().manual_seed(0)
+    query, key, value = (torch.randn(1, heads, 9, 8, generator=gen) for heads in (6, 2, 2))
+    mask = torch.rand(9, 9, generator=gen) > 0.3
+    mask.fill_diagonal_(True)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    grouped_key, grouped_value, gqa = kv_heads(query, key, value, repeat=False)
+    expected = sdpa(query, grouped_key, grouped_value, attn_mask=mask, enable_gqa=gqa)
+    repeated_key, repeated_value, gqa = kv_heads(query, key, value, repeat=True)
+    assert not gqa and repeated_key.shape[1] == 6
+    torch.testing.assert_close(sdpa(query, repeated_key, repeated_value, attn_mask=mask, enable_gqa=gqa), expected)

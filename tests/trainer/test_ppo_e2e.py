@@ -414,17 +414,19 @@ def test_padding_free_and_shared_prompt_runs_equal_the_padded_run(tmp_path, tiny
         run_ppo(load_config(PPOConfig, overrides))
         return read_metrics(tmp_path / name)[0]
 
-    padded = first_step("padded", [])
+    padded = first_step("padded", ["actor_rollout_ref.model.use_shared_prompt=False",
+                                   "critic.model.use_shared_prompt=False"])
     assert packed_rows == []
     layouts = {
-        "packed": ["actor_rollout_ref.model.use_remove_padding=True", "critic.model.use_remove_padding=True"],
-        "shared": ["actor_rollout_ref.model.use_shared_prompt=True", "critic.model.use_shared_prompt=True"],
+        "packed": ["actor_rollout_ref.model.use_remove_padding=True", "critic.model.use_remove_padding=True",
+                   "actor_rollout_ref.model.use_shared_prompt=False", "critic.model.use_shared_prompt=False"],
+        "shared_default": [],
     }
     for name, extra in layouts.items():
         packed_rows.clear()
         got = first_step(name, extra)
         assert {role for role, _ in packed_rows} == {"actor", "critic"}
-        assert any(shared for _, shared in packed_rows) == (name == "shared")
+        assert any(shared for _, shared in packed_rows) == name.startswith("shared")
         assert got["critic/score/mean"] == padded["critic/score/mean"]  # the same rollout
         for key in ("actor/pg_loss", "actor/entropy", "actor/kl_loss", "actor/grad_norm", "critic/vf_loss",
                     "critic/grad_norm", "critic/values/mean", "training/rollout_probs_diff_mean"):

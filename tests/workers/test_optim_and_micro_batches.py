@@ -104,6 +104,14 @@ def test_token_budget_groups_consecutive_rows():
     assert all(len(g) * max([1, 2, 3, 4, 5, 6, 7][i] for i in g) <= 12 or len(g) == 1 for g in groups)
 
 
+def test_a_packed_token_budget_counts_valid_tokens():
+    # budget 10; padded: rows x longest ([2, 5] = 10, [3], [6], [1, 1]); packed: the sum (2+5+3, 6+1+1), verl's rule
+    lengths = [2, 5, 3, 6, 1, 1]
+    assert split_by_token_budget(lengths, 10) == [[0, 1], [2], [3], [4, 5]]
+    assert split_by_token_budget(lengths, 10, padded=False) == [[0, 1, 2], [3, 4, 5]]
+    assert split_by_token_budget([12, 1], 10, padded=False) == [[0], [1]]
+
+
 def test_split_to_count_reaches_the_largest_rank_count():
     from hybridflow.workers.micro_batches import split_to_count
 

@@ -237,7 +237,8 @@ def test_sequence_parallel_needs_packed_rows_and_a_divisor_of_the_ranks(tiny_mod
 
     base = [f"actor_rollout_ref.model.path={tiny_model_dir}", "trainer.backend=ray", "trainer.n_gpus_per_node=4",
             "actor_rollout_ref.actor.ppo_mini_batch_size=4", "data.train_batch_size=8"]
-    cfg = load_config(PPOConfig, [*base, "actor_rollout_ref.actor.ulysses_sequence_parallel_size=3"])
+    cfg = load_config(PPOConfig, [*base, "actor_rollout_ref.actor.ulysses_sequence_parallel_size=3",
+                                  "actor_rollout_ref.model.use_shared_prompt=False"])
     with pytest.raises(ConfigError) as err:
         validate_ppo_config(cfg, check_paths=False)
     assert "ulysses_sequence_parallel_size=3 must divide the 4 ranks" in str(err.value)

@@ -1,0 +1,392 @@
+"""The actor update at GPU speed: tokens/s, MFU, peak memory against its floor, and where the time goes.
+
+hybridflow's own update (``ActorWorker.update_policy``: micro-batches by token budget, the policy loss,
+backward, grad clip, fused AdamW) on a random-init model shaped like Qwen2.5-0.5B or -1.5B (config only,
+no download; ``tiny`` for a CPU smoke run), on GRPO-like rows: ``n`` responses sharing each prompt, prompt
+lengths uniform in [64, 256], response lengths log-normal (median 256, sigma 0.8, clipped to [8, 1024]).
+
+Variants (``--variants``; each a fresh model, same rows, same seed):
+    fast:  bf16 autocast over fp32 master weights and AdamW state, shared-prompt packed rows (padding-free
+           varlen SDPA per unit), log-probs from the hidden states in chunks (``use_fused_kernels``)
+    bf16-padded: bf16 autocast, padded rows, log-probs from the full logits
+    fast-ckpt: fast with activation checkpointing of every decoder layer
+    plain: fp32, padded rows, log-probs from the full logits (verl's defaults)
+    ...and single switches via ``--precision``, ``--layout``, ``--chunked-head``, ``--checkpointing``.
+
+Reported per variant:
+    tokens/s  valid tokens (prompt + response of every row, as a padded batch counts them) / update seconds
+    MFU       model FLOPs / seconds / peak, model FLOPs = 6 (N_body x tokens the layout must run + N_head x
+              response tokens); the tokens: every valid token (padding is waste, not counted), each prompt
+              once in the shared-prompt layout (Kaplan et al. 2020, "Scaling Laws", C = 6 N D; the head only runs on response
+              positions), attention's ``L^2`` FLOPs left out as in that count; peak = a large bf16 matmul
+              timed in the same run (fp32 on the CPU)
+    peak memory  torch.cuda.max_memory_allocated (CPU: peak RSS growth) against the floor
+              16 N bytes (fp32 weights, grads, Adam m and v) + the kept activations of the largest
+              micro-batch, ``layers x tokens x (6 h + 2 kv + 4 i) x bytes`` (the inputs of the matmuls,
+              norms and SwiGLU; flash / efficient SDPA keeps no ``L^2`` scores)
+    breakdown  one layer's attention (projections, rotary, SDPA) and MLP forward+backward timed apart on
+              the micro-batches' shapes x layers, the head (vocab projection + log-softmax, forward +
+              backward) on the response tokens, the optimizer step (clip + AdamW); ``other`` = the rest
+
+    python benchmarks/update.py --quick                      # both shapes, 3 variants, < 3 min on one H100
+    python benchmarks/update.py --shape tiny --steps 2       # CPU smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import gc
+import math
+import os
+import resource
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from hybridflow.algos.linear_logprob import linear_log_probs  # noqa: E402
+from hybridflow.algos.logprob import logprobs_from_logits  # noqa: E402
+from hybridflow.data.batch import Batch  # noqa: E402
+from hybridflow.models.fsdp import autocast_forward  # noqa: E402
+from hybridflow.models.loader import enable_gradient_checkpointing  # noqa: E402
+from hybridflow.models.logprob import packed_forward_inputs  # noqa: E402
+from hybridflow.workers.actor import ActorWorker, PolicyObjective  # noqa: E402
+from hybridflow.workers.logprob import pack_micro_batch  # noqa: E402
+from hybridflow.workers.micro_batches import micro_batches  # noqa: E402
+from hybridflow.workers.optim import TrainState, build_optimizer, build_scheduler  # noqa: E402
+from hybridflow.workers.ppo_update import UpdateSchedule  # noqa: E402
+
+SHAPES = {  # Qwen2.5's config.json values (hidden, MLP, layers, heads, KV heads, vocab); all tie the embeddings
+    "tiny": dict(hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=1024),
+    "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                 num_key_value_heads=2, vocab_size=151936),
+    "1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                 num_key_value_heads=2, vocab_size=151936),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """One way to run the update (what the flags switch)."""
+
+    precision: str = "bf16"
+    """bf16: autocast over fp32 weights (hybridflow.models.fsdp.autocast_forward); fp32: no autocast."""
+    layout: str = "shared_prompt"
+    """padded / packed / shared_prompt (hybridflow.workers.logprob.forward_layout)."""
+    chunked_head: bool = True
+    """Log-probs from the hidden states in chunks (use_fused_kernels) instead of the full logits."""
+    checkpointing: bool = False
+    """Activation checkpointing per decoder layer (enable_gradient_checkpointing)."""
+
+
+VARIANTS = {"fast": Variant(), "bf16-padded": Variant(layout="padded", chunked_head=False),
+            "fast-ckpt": Variant(checkpointing=True),
+            "plain": Variant(precision="fp32", layout="padded", chunked_head=False)}
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", default="1.5b", help=f"comma-separated, of {', '.join(SHAPES)}")
+    parser.add_argument("--variants", default="fast", help=f"comma-separated, of {', '.join(VARIANTS)}")
+    parser.add_argument("--precision", choices=("bf16", "fp32"), help="override every variant's precision")
+    parser.add_argument("--layout", choices=("padded", "packed", "shared_prompt"), help="override the layout")
+    parser.add_argument("--chunked-head", choices=("on", "off"), help="override the head")
+    parser.add_argument("--checkpointing", choices=("on", "off"), help="override activation checkpointing")
+    parser.add_argument("--prompts", type=int, default=8, help="prompts per optimizer step")
+    parser.add_argument("--n", type=int, default=8, help="responses per prompt")
+    parser.add_argument("--micro-tokens", type=int, default=4096, help="token budget of a micro-batch")
+    parser.add_argument("--steps", type=int, default=3, help="optimizer steps (the first is a warm-up)")
+    parser.add_argument("--quick", action="store_true",
+                        help="--shape 0.5b,1.5b --variants fast,bf16-padded,plain --steps 2")
+    parser.add_argument("--no-breakdown", action="store_true")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.shape, args.variants, args.steps = "0.5b,1.5b", "fast,bf16-padded,plain", 2
+    for flag, given, known in (("--shape", args.shape, SHAPES), ("--variants", args.variants, VARIANTS)):
+        unknown = [name for name in given.split(",") if name not in known]
+        if unknown:
+            parser.error(f"{flag}: unknown {', '.join(unknown)}; choose from {', '.join(known)}")
+    return args
+
+
+def chosen_variants(args) -> dict[str, Variant]:
+    overrides = {key: value for key, value in (
+        ("precision", args.precision), ("layout", args.layout),
+        ("chunked_head", None if args.chunked_head is None else args.chunked_head == "on"),
+        ("checkpointing", None if args.checkpointing is None else args.checkpointing == "on")) if value is not None}
+    return {name: dataclasses.replace(VARIANTS[name], **overrides) for name in args.variants.split(",")}
+
+
+# ------------------------------------------------------------------------------ model and rows
+def build_model(shape: str, device: torch.device, *, seed: int = 0):
+    """A random-init Qwen2 causal LM of ``shape`` in fp32 on ``device`` (initialised there: no CPU copy)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(**SHAPES[shape], tie_word_embeddings=True, rope_theta=1e6, rms_norm_eps=1e-6,
+                         max_position_embeddings=32768, use_cache=False, attn_implementation="sdpa")
+    torch.manual_seed(seed)
+    with torch.device(device):
+        return Qwen2ForCausalLM(config)
+
+
+def grpo_rows(*, prompts: int, n: int, vocab: int, seed: int = 0, max_prompt: int = 256,
+              max_response: int = 1024) -> Batch:
+    """``prompts x n`` rows in the PPO batch layout (``[B, P + T]`` left-padded prompt ++ right-padded
+    response), each prompt's ``n`` rows sharing its tokens, with old log-probs and advantages."""
+    gen = torch.Generator().manual_seed(seed)
+    prompt_lens = torch.randint(64, max_prompt + 1, (prompts,), generator=gen).repeat_interleave(n)
+    median, sigma = 256.0, 0.8
+    response_lens = (torch.randn(prompts * n, generator=gen) * sigma + math.log(median)).exp()
+    response_lens = response_lens.round().long().clamp(8, max_response)
+    width = int(response_lens.max())
+    ids = torch.zeros(prompts * n, max_prompt + width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row in range(prompts * n):
+        if row % n == 0:
+            prompt = torch.randint(10, vocab, (int(prompt_lens[row]),), generator=gen)
+        ids[row, max_prompt - prompt.numel():max_prompt] = prompt
+        mask[row, max_prompt - prompt.numel():max_prompt + int(response_lens[row])] = 1
+        ids[row, max_prompt:max_prompt + int(response_lens[row])] = torch.randint(
+            10, vocab, (int(response_lens[row]),), generator=gen)
+    response_mask = mask[:, max_prompt:].float()
+    advantages = torch.randn(prompts, generator=gen).repeat_interleave(n)[:, None] * response_mask
+    old_log_probs = (-torch.rand(ids.shape[0], width, generator=gen) * 5 - 5) * response_mask
+    return Batch({"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
+                  "responses": ids[:, max_prompt:], "response_mask": response_mask, "advantages": advantages,
+                  "old_log_probs": old_log_probs})
+
+
+def build_actor(model, *, variant: Variant, rows: int, micro_tokens: int, device: torch.device) -> ActorWorker:
+    """hybridflow's actor worker: one optimizer step per update over ``rows`` rows, token-budget
+    micro-batches (``use_dynamic_bsz``; a packed layout's budget counts valid tokens), fused AdamW (hybridflow.workers.optim picks it on CPU and CUDA), grad clip 1."""
+    if variant.checkpointing:
+        enable_gradient_checkpointing(model)
+    model = autocast_forward(model, device_type=device.type,
+                             dtype=torch.bfloat16 if variant.precision == "bf16" else None)
+    optimizer = build_optimizer(model.parameters(), lr=1e-6, betas=(0.9, 0.999), weight_decay=0.01)
+    scheduler = build_scheduler(optimizer, warmup_steps=0, total_steps=1_000_000, style="constant")
+    state = TrainState(model, optimizer, scheduler, grad_clip=1.0)
+    schedule = UpdateSchedule(mini_batch_size=rows, use_dynamic_bsz=True, max_token_len=micro_tokens,
+                              packed=variant.layout != "padded")
+    return ActorWorker(state=state, schedule=schedule, objective=PolicyObjective(loss_agg_mode="token-mean"),
+                       layout=variant.layout, chunked_head=variant.chunked_head)
+
+
+# ------------------------------------------------------------------------------ clocks and counts
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn: Callable[[], object], device: torch.device, *, repeats: int = 1) -> float:
+    """Seconds per call of ``fn`` (CUDA events on a GPU, the wall clock on a CPU), after one warm-up."""
+    fn()
+    if device.type != "cuda":
+        start = time.perf_counter()
+        for _ in range(repeats):
+            fn()
+        return (time.perf_counter() - start) / repeats
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    for _ in range(repeats):
+        fn()
+    end.record()
+    end.synchronize()
+    return begin.elapsed_time(end) / 1000 / repeats
+
+
+def matmul_peak(device: torch.device) -> tuple[float, str]:
+    """(FLOP/s of a large square matmul, its dtype): bf16 on a GPU (the MFU's peak), fp32 on a CPU."""
+    size, dtype = (8192, torch.bfloat16) if device.type == "cuda" else (1024, torch.float32)
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    seconds = timed(lambda: a @ b, device, repeats=20 if device.type == "cuda" else 3)
+    return 2 * size**3 / seconds, str(dtype).removeprefix("torch.")
+
+
+def head_and_body_params(model) -> tuple[int, int]:
+    """(head parameters, body parameters that run matmuls): the input embedding is a lookup (no FLOPs);
+    with tied embeddings its matrix is the head's."""
+    head = model.get_output_embeddings().weight.numel()
+    embedding = model.get_input_embeddings().weight.numel()
+    total = sum(p.numel() for p in model.parameters())
+    return head, total - embedding - (0 if model.config.tie_word_embeddings else head)
+
+
+def needed_tokens(micros: list[Batch], layout: str) -> list[int]:
+    """Tokens each micro-batch's forward must run in ``layout``: its valid tokens (the padding a padded
+    forward also runs is waste, not counted), each prompt once in the shared-prompt layout."""
+    if layout == "shared_prompt":
+        return [pack_micro_batch(m, layout=layout).input_ids.shape[1] for m in micros]
+    return [int(m["attention_mask"].sum()) for m in micros]
+
+
+def activation_floor(model, tokens: int, bytes_per: int) -> int:
+    """Bytes of kept activations for ``tokens`` (module docstring: the matmul / norm / SwiGLU inputs)."""
+    cfg = model.config
+    kv = cfg.num_key_value_heads * cfg.hidden_size // cfg.num_attention_heads
+    per_token = 6 * cfg.hidden_size + 2 * kv + 4 * cfg.intermediate_size
+    return cfg.num_hidden_layers * tokens * per_token * bytes_per
+
+
+def peak_memory(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+# ------------------------------------------------------------------------------ the parts, timed apart
+def _backward_of(fn: Callable[[], torch.Tensor]) -> Callable[[], None]:
+    return lambda: fn().float().sum().backward()
+
+
+def _attention_inputs(model, micro: Batch, layout: str, device: torch.device) -> tuple[torch.Tensor, dict]:
+    """(hidden ``[b, L, H]`` requiring grad, the attention's kwargs) on one micro-batch's forward shape."""
+    if layout == "padded":
+        columns = int(micro["attention_mask"].any(0).sum())
+        position_ids = torch.arange(columns, device=device)[None].expand(len(micro), -1)
+        extra = {}
+    else:
+        forward = packed_forward_inputs(model, pack_micro_batch(micro, layout=layout))
+        position_ids, extra = forward["position_ids"], {"segment_layout": forward["segment_layout"]}
+    hidden = torch.randn(*position_ids.shape, model.config.hidden_size, device=device, requires_grad=True)
+    extra["position_embeddings"] = model.model.rotary_emb(hidden, position_ids)
+    return hidden, extra
+
+
+def part_seconds(actor: ActorWorker, micros: list[Batch], *, variant: Variant, device: torch.device) -> dict:
+    """Seconds per optimizer step of the attention, MLP, head and optimizer (module docstring)."""
+    model = actor.model
+    parts = {"optimizer": timed(lambda: actor.state.step(loss_value=0.0), device)}
+    layer, head = model.model.layers[0], model.get_output_embeddings()
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if variant.precision == "bf16" else \
+        contextlib.nullcontext()
+    attention = mlp = vocab = 0.0
+    with autocast:
+        for micro in micros:
+            hidden, extra = _attention_inputs(model, micro, variant.layout, device)
+            attention += timed(_backward_of(lambda: layer.self_attn(hidden_states=hidden, attention_mask=None,
+                                                                      **extra)[0]), device)
+            mlp += timed(_backward_of(lambda: layer.mlp(hidden)), device)
+            vocab += timed(_backward_of(_head_fn(head, micro, variant, device)), device)
+    model.zero_grad(set_to_none=True)
+    layers = model.config.num_hidden_layers
+    return {"attention": attention * layers, "mlp": mlp * layers, "head": vocab, **parts}
+
+
+def _head_fn(head, micro: Batch, variant: Variant, device: torch.device) -> Callable[[], torch.Tensor]:
+    """The vocabulary projection + log-softmax of a micro-batch's response tokens, as the variant runs it."""
+    labels = micro["responses"][micro["response_mask"].bool()]
+    hidden = torch.randn(labels.numel(), head.in_features, device=device, requires_grad=True)
+    if variant.chunked_head:
+        return lambda: linear_log_probs(hidden=hidden, weight=head.weight, labels=labels)[0]
+    return lambda: logprobs_from_logits(logits=head(hidden), labels=labels)
+
+
+# ------------------------------------------------------------------------------ one variant
+def run_variant(shape: str, variant: Variant, args, device: torch.device, peak_flops: float) -> dict:
+    """Build, warm up, measure ``args.steps - 1`` updates, then the parts; the numbers of the report."""
+    model = build_model(shape, device)
+    batch = grpo_rows(prompts=args.prompts, n=args.n, vocab=model.config.vocab_size, seed=1).to(device)
+    actor = build_actor(model, variant=variant, rows=len(batch), micro_tokens=args.micro_tokens, device=device)
+    micros = micro_batches(batch, micro_batch_size=None, use_dynamic_bsz=True, max_token_len=args.micro_tokens,
+                           packed=variant.layout != "padded")  # the actor's own cut (same schedule)
+    baseline_memory = peak_memory(device)
+    seconds = []
+    for step in range(args.steps):
+        if step == 1 and device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        synchronize(device)
+        start = time.perf_counter()
+        metrics = actor.update_policy(batch, temperature=1.0, step=step)
+        synchronize(device)
+        seconds.append(time.perf_counter() - start)
+    step_seconds = sorted(seconds[1:] or seconds)[len(seconds[1:] or seconds) // 2]
+    result = _counts(model, batch, micros, variant, step_seconds=step_seconds, peak_flops=peak_flops)
+    result.update(peak_bytes=peak_memory(device) - (0 if device.type == "cuda" else baseline_memory),
+                  grad_norm=metrics["actor/grad_norm"], micro_batches=len(micros))
+    if not args.no_breakdown:
+        result["parts"] = part_seconds(actor, micros, variant=variant, device=device)
+    del actor, model
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return result
+
+
+def _counts(model, batch: Batch, micros: list[Batch], variant: Variant, *, step_seconds: float,
+            peak_flops: float) -> dict:
+    head_params, body_params = head_and_body_params(model)
+    run_tokens = needed_tokens(micros, variant.layout)
+    response_tokens = int(batch["response_mask"].sum())
+    flops = 6 * (body_params * sum(run_tokens) + head_params * response_tokens)
+    params = sum(p.numel() for p in model.parameters())
+    act_bytes, layers = (2 if variant.precision == "bf16" else 4), model.config.num_hidden_layers
+    kept = activation_floor(model, max(run_tokens), act_bytes)
+    if variant.checkpointing:  # every layer's fp32 input, and one layer's activations during its recompute
+        kept = layers * max(run_tokens) * model.config.hidden_size * 4 + kept // layers
+    return dict(step_s=step_seconds, tokens=int(batch["attention_mask"].sum()), run_tokens=sum(run_tokens),
+                tokens_per_s=int(batch["attention_mask"].sum()) / step_seconds,
+                mfu=flops / step_seconds / peak_flops, params=params, floor_bytes=16 * params + kept)
+
+
+# ------------------------------------------------------------------------------ report
+def describe_device(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}"
+    from hybridflow.cpu import describe_cpu
+
+    return f"{describe_cpu()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+
+
+def table(results: list[tuple[str, str, Variant, dict]]) -> list[str]:
+    """The final lines: one per (shape, variant), the parts as shares of the step."""
+    lines = [f"{'shape':6} {'variant':11} {'prec':4} {'layout':13} {'head':7} {'ckpt':4} {'step_s':>7} "
+             f"{'tok/s':>8} {'MFU':>6} {'peak_GB':>7} {'floor_GB':>8}  attn/mlp/head/opt/other %"]
+    for shape, name, v, r in results:
+        if "error" in r:
+            lines.append(f"{shape:6} {name:11} {r['error']}")
+            continue
+        shares = ""
+        if "parts" in r:
+            parts = r["parts"]
+            other = r["step_s"] - sum(parts.values())
+            shares = "/".join(f"{100 * s / r['step_s']:.0f}" for s in (*parts.values(), other))
+        lines.append(f"{shape:6} {name:11} {v.precision:4} {v.layout:13} {'chunked' if v.chunked_head else 'logits':7} "
+                     f"{'on' if v.checkpointing else 'off':4} {r['step_s']:7.3f} {r['tokens_per_s']:8.0f} "
+                     f"{100 * r['mfu']:5.1f}% {r['peak_bytes'] / 1e9:7.2f} {r['floor_bytes'] / 1e9:8.2f}  {shares}")
+    return lines
+
+
+def main(argv=None) -> list[str]:
+    args = parse_args(argv)
+    device = torch.device(args.device)
+    peak_flops, peak_dtype = matmul_peak(device)
+    results = []
+    for shape in args.shape.split(","):
+        for name, variant in chosen_variants(args).items():
+            try:
+                result = run_variant(shape, variant, args, device, peak_flops)
+            except torch.OutOfMemoryError as err:  # one variant too big for the card: say so, run the others
+                result = {"error": f"out of memory ({str(err).splitlines()[0][:80]})"}
+                gc.collect()
+                torch.cuda.empty_cache()
+            results.append((shape, name, variant, result))
+            print(f"{shape} {name}: {result}", flush=True)
+    lines = [f"update benchmark on {describe_device(device)}; {peak_dtype} matmul peak measured "
+             f"{peak_flops / 1e12:.1f} TFLOP/s; {args.prompts} prompts x {args.n} responses per step, "
+             f"micro-batches of <= {args.micro_tokens} tokens (padded: rows x longest row; packed: valid tokens); median of {max(1, args.steps - 1)} steps",
+             *table(results)]
+    print("\n".join(lines))
+    return lines
+
+
+if __name__ == "__main__":
+    main()

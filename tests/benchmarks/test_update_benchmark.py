@@ -1,0 +1,56 @@
+"""benchmarks/update.py: its rows, its FLOP and memory arithmetic by hand, and a tiny CPU run of hybridflow's
+update in which the fast layout (shared prompts, chunked head) gives the plain one's gradient norm."""
+
+import torch
+
+from tests.benchmarks.loader import loaded_benchmark
+
+
+def test_grpo_rows_share_each_prompt_and_stay_in_their_length_ranges():
+    with loaded_benchmark("update") as bench:
+        batch = bench.grpo_rows(prompts=3, n=4, vocab=100, seed=0, max_prompt=256, max_response=1024)
+    mask, ids = batch["attention_mask"], batch["input_ids"]
+    prompt_lens = mask[:, :256].sum(-1)
+    response_lens = batch["response_mask"].sum(-1)
+    assert len(batch) == 12 and ((prompt_lens >= 64) & (prompt_lens <= 256)).all()
+    assert ((response_lens >= 8) & (response_lens <= 1024)).all() and len(set(response_lens.tolist())) > 6
+    for group in range(3):
+        rows = ids[group * 4:(group + 1) * 4, :256]
+        assert (rows == rows[0]).all()
+    assert not (ids[0, :256] == ids[4, :256]).all()
+    assert torch.equal(batch["advantages"][0] != 0, batch["response_mask"][0].bool())
+
+
+def test_flop_and_memory_counts_by_hand():
+    with loaded_benchmark("update") as bench:
+        model = bench.build_model("tiny", torch.device("cpu"))
+        head, body = bench.head_and_body_params(model)
+        # tiny: h=64, i=176, 2 layers, 4 heads of 16, 2 KV heads (kv dim 32), V=1024, tied head
+        per_layer = 64 * 64 + 64 + 2 * (64 * 32 + 32) + 64 * 64 + 3 * 64 * 176 + 2 * 64  # q,k,v (+bias), o, MLP, norms
+        assert head == 1024 * 64 and body == 2 * per_layer + 64  # + the final norm; the embedding is the head
+        assert bench.activation_floor(model, 10, 2) == 2 * 10 * (6 * 64 + 2 * 32 + 4 * 176) * 2
+
+
+def test_tiny_cpu_run_reports_a_table_and_fast_equals_plain_in_fp32():
+    with loaded_benchmark("update") as bench:
+        lines = bench.main(["--shape", "tiny", "--variants", "fast,plain", "--precision", "fp32", "--steps", "2",
+                            "--prompts", "2", "--n", "3", "--micro-tokens", "2048", "--device", "cpu"])
+    assert "matmul peak measured" in lines[0] and lines[1].split()[:2] == ["shape", "variant"]
+    fast, plain = (line.split() for line in lines[2:])
+    assert fast[:5] == ["tiny", "fast", "fp32", "shared_prompt", "chunked"]
+    assert plain[:5] == ["tiny", "plain", "fp32", "padded", "logits"]
+    assert len(fast[-1].split("/")) == 5  # attention / MLP / head / optimizer / other shares
+
+
+def test_every_variant_gives_the_plain_update_gradient_in_fp32():
+    with loaded_benchmark("update") as bench:
+        args = bench.parse_args(["--shape", "tiny", "--steps", "1", "--prompts", "2", "--n", "3",
+                                 "--micro-tokens", "1600", "--no-breakdown", "--device", "cpu"])
+        fp32 = dict(precision="fp32")
+        runs = {name: bench.run_variant("tiny", bench.dataclasses.replace(variant, **fp32), args,
+                                        torch.device("cpu"), 1e9)
+                for name, variant in bench.VARIANTS.items()}
+    assert runs["fast"]["micro_batches"] > 1  # several micro-batches, the groups cut between them
+    assert runs["fast"]["run_tokens"] < runs["fast"]["tokens"] == runs["plain"]["run_tokens"]  # prompts once < valid
+    for name, run in runs.items():  # shared prompts, chunked head, checkpointing: the same gradient
+        assert abs(run["grad_norm"] - runs["plain"]["grad_norm"]) < 1e-5 * runs["plain"]["grad_norm"], name
