@@ -59,7 +59,6 @@ COMPAT_ONLY: dict[str, str] = {
     "actor_rollout_ref.rollout.free_cache_engine": "the native engine keeps one KV cache and reallocates it only when a batch needs more",
     "actor_rollout_ref.rollout.calculate_log_probs": "the engines always return the sampled tokens' log-probs",
     "actor_rollout_ref.rollout.update_weights_bucket_megabytes": "weights are synced in memory as one state dict",
-    "actor_rollout_ref.rollout.ignore_eos": _VLLM,
     "actor_rollout_ref.rollout.disable_log_stats": _VLLM,
     # critic
     "critic.strategy": _FSDP2_ONLY,

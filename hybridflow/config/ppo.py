@@ -369,9 +369,12 @@ class RolloutConfig:
     gpu_memory_utilization: float = 0.5
     """vllm / sglang: fraction of GPU memory the engine may use for weights + KV cache."""
     ignore_eos: bool = False
-    """Compatibility-only (compat.py); in verl: keep generating after EOS (benchmarking only)."""
-    enforce_eager: bool = True
-    """vllm / sglang: disable CUDA graphs."""
+    """Keep generating after EOS, to response_length (benchmarking only; every backend)."""
+    enforce_eager: bool = False
+    """Disable CUDA graphs (native: the decode step runs eagerly; vllm). verl HEAD's default, False."""
+    cudagraph_capture_sizes: Optional[List[int]] = None
+    """Native engine on CUDA: the batch sizes whose decode step is captured as a CUDA graph; null = its ladder
+    (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, ... up to max_num_seqs)."""
     free_cache_engine: bool = True
     """Compatibility-only (compat.py); in verl: release the KV cache between rollouts (hybrid engine memory sharing)."""
     load_format: str = "dummy_dtensor"

@@ -10,6 +10,7 @@ node, a ``SimpleNamespace``):
 | ``top_p`` | ``top_p`` |
 | ``top_k`` (``-1`` or ``0`` = off, as verl's vLLM / HF defaults) | ``top_k`` (``-1`` = off) |
 | ``response_length`` | ``max_tokens`` |
+| ``ignore_eos`` | ``ignore_eos`` (generate to ``response_length``; benchmarks) |
 | ``do_sample=False`` | ``temperature=0`` (greedy) |
 | ``val_kwargs.{n,temperature,top_p,top_k,do_sample}`` | the same, when ``validate=True`` |
 
@@ -43,11 +44,12 @@ def sampling_params_from_rollout_config(
         stop_token_ids=stop_token_ids,
         seed=seed,
         logprobs=logprobs,
+        ignore_eos=bool(getattr(rollout_cfg, "ignore_eos", False)),
     )
 
 
 ENGINE_SIZING_KEYS: dict[str, tuple[str, ...]] = {
-    "native": ("max_num_seqs", "max_model_len"),
+    "native": ("max_num_seqs", "max_model_len", "enforce_eager", "cudagraph_capture_sizes"),
     "hf": ("max_model_len",),
     "vllm": ("dtype", "gpu_memory_utilization", "tensor_model_parallel_size", "max_model_len",
              "enable_chunked_prefill", "max_num_batched_tokens", "max_num_seqs", "enforce_eager"),
@@ -68,7 +70,8 @@ def engine_kwargs_from_rollout_config(rollout_cfg) -> dict:
               "tensor_model_parallel_size": rollout_cfg.tensor_model_parallel_size, "max_model_len": max_model_len,
               "enable_chunked_prefill": rollout_cfg.enable_chunked_prefill,
               "max_num_batched_tokens": rollout_cfg.max_num_batched_tokens, "max_num_seqs": rollout_cfg.max_num_seqs,
-              "enforce_eager": rollout_cfg.enforce_eager}
+              "enforce_eager": rollout_cfg.enforce_eager,
+              "cudagraph_capture_sizes": getattr(rollout_cfg, "cudagraph_capture_sizes", None)}
     kwargs = {key: sizing[key] for key in ENGINE_SIZING_KEYS.get(rollout_cfg.name, ())}
     kwargs.update(dict((rollout_cfg.engine_kwargs or {}).get(rollout_cfg.name) or {}))
     return kwargs

@@ -63,16 +63,16 @@ class HFEngine:
     def _config(self, params: SamplingParams, prompt_length: int):
         from transformers import GenerationConfig
 
-        sampling = dict(temperature=params.temperature, top_p=params.top_p,
+        sampling = dict(temperature=params.temperature, top_p=params.top_p, min_p=params.min_p or None,
                         top_k=max(params.top_k, 0))  # HF: 0 = off (its default is 50)
         return GenerationConfig(
             max_new_tokens=min(params.max_tokens, self.max_model_len - prompt_length),
             num_return_sequences=1 if params.greedy else params.n,
             do_sample=not params.greedy,
             **({} if params.greedy else sampling),
-            eos_token_id=list(params.stop_token_ids) or None,
+            eos_token_id=None if params.ignore_eos else (list(params.stop_token_ids) or None),
             pad_token_id=self.pad_token_id,
-            stop_strings=list(params.stop) or None,
+            stop_strings=None if params.ignore_eos else (list(params.stop) or None),
             return_dict_in_generate=True,
             output_scores=True,
         )

@@ -355,7 +355,7 @@ class GenerationRun:
         sequence.token_ids.append(token)
         sequence.logprobs.append(logprob)
         params = sequence.params
-        if not params.ignore_eos and self.stop_checker(params).is_stop(sequence.token_ids):
+        if self.stop_checker(params).is_stop(sequence.token_ids):
             sequence.finish_reason = "stop"
         elif (len(sequence.token_ids) >= params.max_tokens
               or sequence.prompt_length + len(sequence.token_ids) >= self.cache.max_len):

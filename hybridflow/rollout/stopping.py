@@ -19,8 +19,9 @@ class StopChecker:
     """
 
     def __init__(self, *, params: SamplingParams, tokenizer):
-        self.stop_token_ids = frozenset(params.stop_token_ids)
-        self.stop_strings = list(params.stop)
+        # ignore_eos: generate to max_tokens whatever comes (verl's rollout.ignore_eos, for benchmarks)
+        self.stop_token_ids = frozenset() if params.ignore_eos else frozenset(params.stop_token_ids)
+        self.stop_strings = [] if params.ignore_eos else list(params.stop)
         if self.stop_strings and tokenizer is None:
             raise RolloutError("stop strings need a tokenizer; pass tokenizer= to build_engine or use stop_token_ids")
         self.tokenizer = tokenizer

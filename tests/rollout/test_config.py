@@ -44,3 +44,37 @@ def test_the_ppo_trainer_samples_through_the_same_mapping():
     val = PPOTrainer.sampling_params(trainer, step=3, validate=True)
     assert (train.n, train.top_k, train.stop_token_ids, train.logprobs) == (3, -1, [2], True)
     assert train.seed == again.seed and train.seed != val.seed and val.top_k == -1 and val.greedy
+
+
+def test_ignore_eos_and_the_cuda_graph_keys_take_effect():
+    """rollout.ignore_eos reaches the sampling; enforce_eager and cudagraph_capture_sizes reach the native engine
+    (verl HEAD's default: graphs on)."""
+    from hybridflow.config import PPOConfig, load_config
+    from hybridflow.rollout.config import engine_kwargs_from_rollout_config
+
+    assert sampling_params_from_rollout_config(rollout_cfg(ignore_eos=True), eos_token_id=2).ignore_eos
+    assert not sampling_params_from_rollout_config(rollout_cfg(), eos_token_id=2).ignore_eos
+    base = ["actor_rollout_ref.model.path=m", "data.train_files=t", "data.val_files=v"]
+    default = engine_kwargs_from_rollout_config(load_config(PPOConfig, base).actor_rollout_ref.rollout)
+    assert default["enforce_eager"] is False and default["cudagraph_capture_sizes"] is None
+    cfg = load_config(PPOConfig, base + ["actor_rollout_ref.rollout.enforce_eager=True",
+                                         "actor_rollout_ref.rollout.cudagraph_capture_sizes=[1,8,32]"])
+    kwargs = engine_kwargs_from_rollout_config(cfg.actor_rollout_ref.rollout)
+    assert kwargs["enforce_eager"] is True and list(kwargs["cudagraph_capture_sizes"]) == [1, 8, 32]
+
+
+def test_ignore_eos_generates_past_the_stop_token(tiny_llama):
+    from hybridflow.rollout import SamplingParams, build_engine
+    from tests.rollout.conftest import chat_prompts
+
+    model, tokenizer = tiny_llama
+    prompts = chat_prompts(tokenizer)[:2]
+    token = build_engine("native", model, tokenizer).generate(prompts, SamplingParams(temperature=0, max_tokens=3))
+    stops = [c.token_ids[0] for c in token]  # make the first greedy token a stop token
+    for name in ("native", "hf"):
+        engine = build_engine(name, model, tokenizer)
+        stopped = engine.generate(prompts, SamplingParams(temperature=0, max_tokens=6, stop_token_ids=stops))
+        assert all(len(c.token_ids) == 1 and c.finish_reason == "stop" for c in stopped)
+        ignored = engine.generate(prompts, SamplingParams(temperature=0, max_tokens=6, stop_token_ids=stops,
+                                                          ignore_eos=True))
+        assert all(len(c.token_ids) == 6 and c.finish_reason == "length" for c in ignored)
