@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from hybridflow.errors import RolloutError
+from hybridflow.models.segment_attention import kv_heads
 from hybridflow.rollout.kv_cache import SlotKVCache
 from hybridflow.rollout.packed_linear import PackedLinear
 from hybridflow.rollout.weights import copy_named_tensors
@@ -101,6 +102,7 @@ class LlamaFamilyDecoder:
         weight = next(model.parameters())
         self.varlen_prefill = weight.device.type == "cuda" and weight.dtype in (torch.float16, torch.bfloat16)
         """Whether prefill attention is one varlen FlashAttention call a layer (CUDA, half precision)."""
+        self.varlen_prefill_checked = False
         self.released = False  # whether the module's projection weights were dropped (release_module_projections)
         self.refresh()
 
@@ -278,11 +280,14 @@ class LlamaFamilyDecoder:
         computed = computed or [None] * len(prompts)
         if self.varlen_prefill and all(c is None for c in computed):
             try:
-                return self._prefill_varlen(prompts)
+                packed = self._prefill_varlen(prompts)
             except (RuntimeError, NotImplementedError) as error:  # an older build without the varlen kernel
                 logger.warning("varlen FlashAttention prefill failed (%s); prefilling one prompt at a time",
                                str(error).splitlines()[0])
                 self.varlen_prefill = False
+            else:
+                if self.varlen_prefill_checked or self._varlen_prefill_agrees(prompts, packed):
+                    return packed
         lengths = [int(p.shape[0]) for p in prompts]
         offsets = [0 if c is None else int(c.shape[3]) for c in computed]
         starts = [sum(lengths[:i]) for i in range(len(lengths))]
@@ -304,16 +309,32 @@ class LlamaFamilyDecoder:
             for prefix, start, length, offset, mask in zip(prefixes, starts, lengths, offsets, masks):
                 rows = slice(start, start + length)
                 prefix[index, 0, :, offset:], prefix[index, 1, :, offset:] = k[rows].transpose(0, 1), v[rows].transpose(0, 1)
-                out = F.scaled_dot_product_attention(
-                    q[rows].transpose(0, 1)[None], prefix[index, 0][None], prefix[index, 1][None],
-                    is_causal=mask is None, attn_mask=mask, scale=self.scale, enable_gqa=True,
-                )
+                query = q[rows].transpose(0, 1)[None]
+                # On CUDA, SDPA runs grouped heads (enable_gqa) only in its math kernel: repeat them there.
+                key, value, grouped = kv_heads(query, prefix[index, 0][None], prefix[index, 1][None],
+                                               repeat=query.is_cuda)
+                out = F.scaled_dot_product_attention(query, key, value, is_causal=mask is None, attn_mask=mask,
+                                                     scale=self.scale, enable_gqa=grouped)
                 attn.append(out[0].transpose(0, 1).reshape(length, -1))
             hidden = hidden + layer.o_proj(torch.cat(attn))
             hidden = hidden + self._mlp(self._rms_norm(hidden, layer.post_norm), layer)
         last_rows = torch.tensor([start + length - 1 for start, length in zip(starts, lengths)], device=device)
         logits = self.lm_head(self._rms_norm(hidden[last_rows], self.final_norm))
         return list(zip(logits.unbind(0), prefixes))
+
+    def _varlen_prefill_agrees(self, prompts: list[torch.Tensor], packed) -> bool:
+        """Once per decoder: the varlen kernel is a private aten op, so its first result is checked against
+        the per-prompt path (last-position logits within bf16 rounding); a mismatch switches it off, saying so."""
+        self.varlen_prefill_checked = True
+        self.varlen_prefill = False
+        reference = self.prefill_many(prompts)
+        agrees = all(torch.allclose(a.float(), b.float(), rtol=0.05, atol=0.05 * b.float().abs().max().item())
+                     for (a, _), (b, _) in zip(packed, reference))
+        if not agrees:
+            logger.warning("varlen FlashAttention prefill disagreed with the per-prompt path on its first call; "
+                           "prefilling one prompt at a time")
+        self.varlen_prefill = agrees
+        return agrees
 
     def _prefill_varlen(self, prompts: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """:meth:`prefill_many` with causal attention over the packed rows in one FlashAttention call a layer

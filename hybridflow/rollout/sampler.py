@@ -162,20 +162,27 @@ def sample_tokens(
         fused = _fused_sample(logits, rows, uniform)
         if fused is not None:
             return fused
+    if uniform is None and not rows.all_greedy:
+        uniform = draw_uniform(rows=logits.shape[0], generator=generator, device=logits.device)
+    return _torch_sample(logits, rows, uniform)
+
+
+def _torch_sample(logits: torch.Tensor, rows: RowSampling,
+                  uniform: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`sample_tokens` in torch ops (every filter; ``uniform`` may be None when every row is greedy)."""
     if rows.any_greedy:
         greedy = _greedy(logits)
         if rows.all_greedy:
             return greedy
-    if uniform is None:
-        uniform = draw_uniform(rows=logits.shape[0], generator=generator, device=logits.device)
     sampled = _inverse_cdf_sample(logits=processed_logits(logits=logits, params=rows), uniform=uniform)
     if not rows.any_greedy:
         return sampled
     return tuple(torch.where(rows.greedy, g, s) for g, s in zip(greedy, sampled))
 
 
-_FUSED_SAMPLING = {"enabled": True}
-"""Switched off, with one warning, if the Triton sampling kernel fails to build on this machine."""
+_FUSED_SAMPLING = {"enabled": True, "checked": False}
+"""The one-kernel sampler's state: switched off, with one warning, if it fails to build or if its first draw
+disagrees with the torch ops (it is checked once per process, like a kernel that just compiled)."""
 
 
 def _fused_sampling_applies(logits: torch.Tensor, rows: RowSampling) -> bool:
@@ -192,12 +199,21 @@ def _fused_sample(logits: torch.Tensor, rows: RowSampling, uniform: torch.Tensor
     from hybridflow.rollout.triton_sampling import sample_rows
 
     try:
-        return sample_rows(logits=logits, temperature=rows.temperature, greedy=rows.greedy, uniform=uniform)
-    except Exception as error:  # noqa: BLE001 - any build failure: the torch path gives the same draws
-        logging.getLogger(__name__).warning("Triton sampling kernel failed (%s); sampling with torch ops",
-                                            str(error).splitlines()[0] if str(error) else type(error).__name__)
-        _FUSED_SAMPLING["enabled"] = False
-        return None
+        fused = sample_rows(logits=logits, temperature=rows.temperature, greedy=rows.greedy, uniform=uniform)
+    except Exception as error:  # noqa: BLE001 - any build failure: the torch ops give the same draws
+        return _fused_sampling_off(f"failed ({str(error).splitlines()[0] if str(error) else type(error).__name__})")
+    if not _FUSED_SAMPLING["checked"]:
+        _FUSED_SAMPLING["checked"] = True
+        reference = _torch_sample(logits, rows, uniform)
+        if not (torch.equal(fused[0], reference[0]) and torch.allclose(fused[1], reference[1], atol=1e-3)):
+            return _fused_sampling_off("disagreed with the torch ops on its first draw")
+    return fused
+
+
+def _fused_sampling_off(reason: str) -> None:
+    logging.getLogger(__name__).warning("Triton sampling kernel %s; sampling with torch ops", reason)
+    _FUSED_SAMPLING["enabled"] = False
+    return None
 
 
 def _greedy(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -269,3 +269,20 @@ def test_packed_weights_are_rebuilt_and_say_so(tiny_llama):
     epoch = engine.decoder.weights_epoch
     engine.load_weights(model.state_dict().items())
     assert engine.decoder.weights_epoch > epoch
+
+
+def test_a_varlen_prefill_that_disagrees_on_first_use_is_switched_off(tiny_llama, monkeypatch, caplog):
+    from hybridflow.rollout.decoder import LlamaFamilyDecoder
+
+    model, tokenizer = tiny_llama
+    decoder = LlamaFamilyDecoder(model)
+    prompts = [torch.tensor(p) for p in chat_prompts(tokenizer)]
+    expected = decoder.prefill_many(prompts)
+    monkeypatch.setattr(decoder, "_varlen_attention", lambda q, k, v, bounds, longest: torch.zeros_like(q))
+    decoder.varlen_prefill = True
+    with caplog.at_level("WARNING"):
+        got = decoder.prefill_many(prompts)
+    assert "disagreed" in caplog.text and not decoder.varlen_prefill
+    for (logits, kv), (want_logits, want_kv) in zip(got, expected):
+        torch.testing.assert_close(logits, want_logits)
+        torch.testing.assert_close(kv, want_kv)

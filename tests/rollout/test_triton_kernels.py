@@ -157,3 +157,26 @@ def test_one_kernel_sampling_follows_the_uniform_draw_across_blocks():
                                    greedy=torch.zeros(4, dtype=torch.bool, device=DEVICE), uniform=uniform)
     assert tokens.tolist() == [0, 1500, 2500, 4999]
     torch.testing.assert_close(logprobs.cpu(), torch.full((4,), -float(torch.log(torch.tensor(5000.0)))))
+
+
+def test_the_sampling_kernel_is_checked_on_its_first_draw_and_switched_off_if_wrong(monkeypatch, caplog):
+    import hybridflow.rollout.triton_sampling as kernel
+    from hybridflow.rollout import SamplingParams
+    from hybridflow.rollout import sampler
+    from hybridflow.rollout.sampler import RowSampling
+
+    torch.manual_seed(2)
+    logits, uniform = torch.randn(3, 300, device=DEVICE), torch.rand(3, 1, device=DEVICE)
+    rows = RowSampling.of([SamplingParams(temperature=0.9)] * 3, vocab_size=300, device=DEVICE)
+    monkeypatch.setitem(sampler._FUSED_SAMPLING, "enabled", True)
+    monkeypatch.setitem(sampler._FUSED_SAMPLING, "checked", False)
+    tokens, _ = sampler._fused_sample(logits, rows, uniform)
+    assert sampler._FUSED_SAMPLING == {"enabled": True, "checked": True}
+    assert tokens.tolist() == sampler._torch_sample(logits, rows, uniform)[0].tolist()
+
+    monkeypatch.setitem(sampler._FUSED_SAMPLING, "checked", False)
+    right = kernel.sample_rows
+    monkeypatch.setattr(kernel, "sample_rows", lambda **kw: ((right(**kw)[0] + 1) % 300, right(**kw)[1]))
+    with caplog.at_level("WARNING"):
+        assert sampler._fused_sample(logits, rows, uniform) is None
+    assert not sampler._FUSED_SAMPLING["enabled"] and "disagreed" in caplog.text
