@@ -6,8 +6,10 @@
 # The device machine has no registry: it runs its own python3 (torch + CUDA, transformers, triton)
 # with this checkout on PYTHONPATH, plus the few pure-Python packages it lacks, carried as wheels in
 # .whl/ (docs/benchmarks.md, "GPU runs", says how to fetch them). Run from the repository root:
-#     bash benchmarks/gpu_check.sh            # everything (~7 min)
-#     STAGES="engine-tests rollout-nano" bash benchmarks/gpu_check.sh
+#     bash benchmarks/gpu_check.sh            # everything (~5 min, at most 7.7)
+#     STAGES="tests rollout-nano" bash benchmarks/gpu_check.sh
+# A lent machine's device time is 15 minutes a session, starts included (~35 s each): one full run, a
+# fix, and one more run of the stages that failed.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu_check}
 mkdir -p "$OUT"
@@ -15,7 +17,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 fi
 export PYTHONPATH="$PWD:/tmp/site" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-ALL="env engine-tests rollout-fixed rollout-nano rollout-1.5b update gpu-tier"
+ALL="env tests rollout-fixed rollout-nano update"
 STAGES=${STAGES:-$ALL}
 ROLLOUT="python3 benchmarks/rollout.py --device cuda --dtype bfloat16"
 
@@ -30,16 +32,14 @@ stage() {  # name, seconds, command...
   tail -n 25 "$OUT/$name.log"
 }
 
+# Worst case 30 + 150 + 100 + 60 + 120 s = 7.7 min; a run that finds nothing wrong takes about 5.
 stage env 30 bash -c 'nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv;
   python3 -c "import torch, transformers, triton; print(torch.__version__, transformers.__version__, triton.__version__)"'
-stage engine-tests 150 python3 -m pytest -q -p no:cacheprovider -m "gpu or triton" -rs tests/rollout
-stage rollout-fixed 150 $ROLLOUT --shape smollm2-135m --workload fixed --batches ${FIXED_BATCHES:-16,64,256} --prompt-len 128 \
-  --max-tokens 256 --engines ${FIXED_ENGINES:-native,hf,hf-static} --breakdown
-stage rollout-nano 90 $ROLLOUT --shape qwen3-0.6b --workload nano-vllm --engines native --step-times --breakdown --profile-admission
-stage rollout-1.5b 60 $ROLLOUT --shape qwen2.5-1.5b --workload fixed --batches 64 --prompt-len 128 --max-tokens 256 \
-  --engines native,hf-static
-if [ -f benchmarks/update.py ]; then
-  stage update 180 python3 benchmarks/update.py --device cuda --quick
-fi
-stage gpu-tier 200 python3 -m pytest -q -p no:cacheprovider -m "gpu or triton" -rs tests --ignore=tests/rollout
+# make test-gpu's selection: the engine's CUDA tests and Triton kernels first (they fail fastest), then the trainers.
+stage tests 150 python3 -m pytest -q -p no:cacheprovider -m "gpu or triton" -rs tests/rollout tests
+stage rollout-fixed 100 $ROLLOUT --shape smollm2-135m --workload fixed --batches ${FIXED_BATCHES:-64,256} \
+  --prompt-len 128 --max-tokens 256 --engines ${FIXED_ENGINES:-native,hf-static} --breakdown
+stage rollout-nano 60 $ROLLOUT --shape qwen3-0.6b --workload nano-vllm --engines native --step-times --breakdown \
+  --profile-admission
+stage update 120 python3 benchmarks/update.py --device cuda --quick
 echo "=== done $(date +%T)"
