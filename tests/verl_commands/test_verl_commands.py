@@ -158,6 +158,22 @@ def test_the_sample_covers_the_issue_s_families():
     assert set(c["module"] for c in COMMANDS) <= set(MODULES)
 
 
+def test_the_sample_covers_verl_0_9_s_dialect():
+    """Issue 37: at least 30 more commands, in every category of the newer dialect (a category's keys may come from
+    the YAML the command starts from: the fully async recipe's checkpoint_engine and partial_rollout)."""
+    assert len(COMMANDS) >= 37 + 30
+    text = "\n".join(" ".join(c["args"]) + " " + c.get("config", "") for c in COMMANDS)
+    for needle in ("engine=fsdp", "engine.ulysses_sequence_parallel_size", "data.messages_key", "pad_mode",
+                   "model.use_remove_padding", "rollout.n_gpus_per_node", "fully_async_ppo_trainer",
+                   "one_step_off_ppo_trainer", "checkpoint_engine", "rollout.trace", "global_profiler",
+                   "multi_stage_wake_up", "over_sample_rate", "enable_resource_pool", "reward_model.n_gpus_per_node",
+                   ".megatron."):
+        assert needle in text, needle
+    modules = {c["module"] for c in COMMANDS}
+    assert {"verl.trainer.sft_trainer", "verl.experimental.one_step_off_policy.main_ppo",
+            "verl.experimental.fully_async_policy.fully_async_main"} <= modules
+
+
 @pytest.mark.parametrize("command", COMMANDS, ids=script)
 def test_verl_command_passes_the_pre_load_checks(command, local_files, reward_file, gpu_engines_installed):
     module, trainer = MODULES[command["module"]]
