@@ -213,6 +213,28 @@ def test_verl_lora_sft_command_trains_end_to_end(tmp_path, local_files):
     assert (tmp_path / "save" / "global_step_1" / "model").is_dir()
 
 
+def test_verl_0_9_sft_trainer_command_trains_end_to_end(tmp_path, local_files):
+    """verl-recipe's char_count/train_sft.sh (verl 0.9's ``verl.trainer.sft_trainer``: engine=fsdp, data.messages_key,
+    data.pad_mode=no_padding), run as ``python -m hybridflow.trainer.sft_trainer``: 64 conversations with no
+    prompt/response columns are one step of its train_batch_size=64, and the checkpoint is written."""
+    import os
+    import subprocess
+
+    (command,) = [c for c in COMMANDS if script(c) == "char_count/train_sft.sh"]
+    model, _ = local_files
+    rows = [{"messages": [{"role": "user", "content": f"How many r in 'r{'r' * (i % 5)}'?"},
+                          {"role": "assistant", "content": str(1 + i % 5)}]} for i in range(64)]
+    data = str(tmp_path / "char_count.parquet")
+    pd.DataFrame(rows).to_parquet(data)
+    args = [a.replace("/HOME", str(tmp_path)) for a in localised(command, model, data)]
+    env = {**os.environ, "OMP_NUM_THREADS": "2"}
+    result = subprocess.run([sys.executable, "-m", MODULES[command["module"]][0], *args], env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (tmp_path / "experiments/char_count/models/sft/fsdp/global_step_1/model").is_dir()
+    assert "data.use_dynamic_bsz=True is accepted for verl compatibility and has no effect" in result.stderr
+
+
 def test_the_sequence_parallel_scripts_are_in_the_sample():
     """The scripts above pass the pre-load checks through the parametrised test; each really sets a size > 1."""
     for name in SEQUENCE_PARALLEL_SCRIPTS:
