@@ -240,10 +240,13 @@ def test_partial_rollout_pauses_at_a_sync_and_trains_every_prompt_once(tmp_path,
     assert last["fully_async/count/current_param_version"] == 4
 
 
-def test_partial_rollout_where_it_cannot_act_warns_and_is_off(tmp_path, tiny_model_dir, caplog):
+def test_partial_rollout_where_it_cannot_act_warns_and_is_off(tmp_path, tiny_model_dir, caplog, monkeypatch):
     """verl's async recipes turn partial_rollout on with vLLM: a server engine, multi-turn, or Ray without a rollout
     pool of its own cannot pause mid-generate, so it is off there, said once (issue 37: it was an error)."""
+    from hybridflow.config import validate
     from hybridflow.config.validate import partial_rollouts
+
+    monkeypatch.setattr(validate, "_PARTIAL_WARNED", set())  # said once per process
 
     trainer = build_async(load_config(PPOConfig, base_overrides(tmp_path, tiny_model_dir) + [
         "async_training.partial_rollout=True", "actor_rollout_ref.rollout.name=hf"]))

@@ -158,6 +158,22 @@ def test_the_sample_covers_the_issue_s_families():
     assert set(c["module"] for c in COMMANDS) <= set(MODULES)
 
 
+def test_the_sample_covers_verl_0_9_s_dialect():
+    """Issue 37: at least 30 more commands, in every category of the newer dialect (a category's keys may come from
+    the YAML the command starts from: the fully async recipe's checkpoint_engine and partial_rollout)."""
+    assert len(COMMANDS) >= 37 + 30
+    text = "\n".join(" ".join(c["args"]) + " " + c.get("config", "") for c in COMMANDS)
+    for needle in ("engine=fsdp", "engine.ulysses_sequence_parallel_size", "data.messages_key", "pad_mode",
+                   "model.use_remove_padding", "rollout.n_gpus_per_node", "fully_async_ppo_trainer",
+                   "one_step_off_ppo_trainer", "checkpoint_engine", "rollout.trace", "global_profiler",
+                   "multi_stage_wake_up", "over_sample_rate", "enable_resource_pool", "reward_model.n_gpus_per_node",
+                   ".megatron."):
+        assert needle in text, needle
+    modules = {c["module"] for c in COMMANDS}
+    assert {"verl.trainer.sft_trainer", "verl.experimental.one_step_off_policy.main_ppo",
+            "verl.experimental.fully_async_policy.fully_async_main"} <= modules
+
+
 @pytest.mark.parametrize("command", COMMANDS, ids=script)
 def test_verl_command_passes_the_pre_load_checks(command, local_files, reward_file, gpu_engines_installed):
     module, trainer = MODULES[command["module"]]
@@ -195,6 +211,28 @@ def test_verl_lora_sft_command_trains_end_to_end(tmp_path, local_files):
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert (tmp_path / "save" / "global_step_1" / "model").is_dir()
+
+
+def test_verl_0_9_sft_trainer_command_trains_end_to_end(tmp_path, local_files):
+    """verl-recipe's char_count/train_sft.sh (verl 0.9's ``verl.trainer.sft_trainer``: engine=fsdp, data.messages_key,
+    data.pad_mode=no_padding), run as ``python -m hybridflow.trainer.sft_trainer``: 64 conversations with no
+    prompt/response columns are one step of its train_batch_size=64, and the checkpoint is written."""
+    import os
+    import subprocess
+
+    (command,) = [c for c in COMMANDS if script(c) == "char_count/train_sft.sh"]
+    model, _ = local_files
+    rows = [{"messages": [{"role": "user", "content": f"How many r in 'r{'r' * (i % 5)}'?"},
+                          {"role": "assistant", "content": str(1 + i % 5)}]} for i in range(64)]
+    data = str(tmp_path / "char_count.parquet")
+    pd.DataFrame(rows).to_parquet(data)
+    args = [a.replace("/HOME", str(tmp_path)) for a in localised(command, model, data)]
+    env = {**os.environ, "OMP_NUM_THREADS": "2"}
+    result = subprocess.run([sys.executable, "-m", MODULES[command["module"]][0], *args], env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (tmp_path / "experiments/char_count/models/sft/fsdp/global_step_1/model").is_dir()
+    assert "data.use_dynamic_bsz=True is accepted for verl compatibility and has no effect" in result.stderr
 
 
 def test_the_sequence_parallel_scripts_are_in_the_sample():
