@@ -57,7 +57,7 @@ from hybridflow.models.loader import enable_gradient_checkpointing  # noqa: E402
 from hybridflow.models.logprob import packed_forward_inputs  # noqa: E402
 from hybridflow.workers.actor import ActorWorker, PolicyObjective  # noqa: E402
 from hybridflow.workers.logprob import pack_micro_batch  # noqa: E402
-from hybridflow.workers.micro_batches import micro_batches  # noqa: E402
+from hybridflow.workers.micro_batches import LogProbBatching, micro_batches  # noqa: E402
 from hybridflow.workers.optim import TrainState, build_optimizer, build_scheduler  # noqa: E402
 from hybridflow.workers.ppo_update import UpdateSchedule  # noqa: E402
 
@@ -139,7 +139,8 @@ def build_model(shape: str, device: torch.device, *, seed: int = 0):
 def grpo_rows(*, prompts: int, n: int, vocab: int, seed: int = 0, max_prompt: int = 256,
               max_response: int = 1024) -> Batch:
     """``prompts x n`` rows in the PPO batch layout (``[B, P + T]`` left-padded prompt ++ right-padded
-    response), each prompt's ``n`` rows sharing its tokens, with old log-probs and advantages."""
+    response), each prompt's ``n`` rows sharing its tokens, with a random advantage per row (GRPO's are
+    centred per prompt; the update's cost does not depend on their values)."""
     gen = torch.Generator().manual_seed(seed)
     prompt_lens = torch.randint(64, max_prompt + 1, (prompts,), generator=gen).repeat_interleave(n)
     median, sigma = 256.0, 0.8
@@ -156,11 +157,9 @@ def grpo_rows(*, prompts: int, n: int, vocab: int, seed: int = 0, max_prompt: in
         ids[row, max_prompt:max_prompt + int(response_lens[row])] = torch.randint(
             10, vocab, (int(response_lens[row]),), generator=gen)
     response_mask = mask[:, max_prompt:].float()
-    advantages = torch.randn(prompts, generator=gen).repeat_interleave(n)[:, None] * response_mask
-    old_log_probs = (-torch.rand(ids.shape[0], width, generator=gen) * 5 - 5) * response_mask
+    advantages = torch.randn(prompts * n, generator=gen)[:, None] * response_mask
     return Batch({"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
-                  "responses": ids[:, max_prompt:], "response_mask": response_mask, "advantages": advantages,
-                  "old_log_probs": old_log_probs})
+                  "responses": ids[:, max_prompt:], "response_mask": response_mask, "advantages": advantages})
 
 
 def build_actor(model, *, variant: Variant, rows: int, micro_tokens: int, device: torch.device) -> ActorWorker:
@@ -176,6 +175,7 @@ def build_actor(model, *, variant: Variant, rows: int, micro_tokens: int, device
     schedule = UpdateSchedule(mini_batch_size=rows, use_dynamic_bsz=True, max_token_len=micro_tokens,
                               packed=variant.layout != "padded")
     return ActorWorker(state=state, schedule=schedule, objective=PolicyObjective(loss_agg_mode="token-mean"),
+                       log_prob=LogProbBatching(use_dynamic_bsz=True, max_token_len=micro_tokens),
                        layout=variant.layout, chunked_head=variant.chunked_head)
 
 
@@ -293,12 +293,15 @@ def _head_fn(head, micro: Batch, variant: Variant, device: torch.device) -> Call
 # ------------------------------------------------------------------------------ one variant
 def run_variant(shape: str, variant: Variant, args, device: torch.device, peak_flops: float) -> dict:
     """Build, warm up, measure ``args.steps - 1`` updates, then the parts; the numbers of the report."""
+    baseline_memory = peak_memory(device)
     model = build_model(shape, device)
     batch = grpo_rows(prompts=args.prompts, n=args.n, vocab=model.config.vocab_size, seed=1).to(device)
     actor = build_actor(model, variant=variant, rows=len(batch), micro_tokens=args.micro_tokens, device=device)
+    # The policy that sampled the rows is the current one (ratio 1, no token clipped), as in a GRPO step
+    # with one update per rollout; random old log-probs would clip away the negative advantages' gradient.
+    batch["old_log_probs"] = actor.compute_log_prob(batch, temperature=1.0)[0]
     micros = micro_batches(batch, micro_batch_size=None, use_dynamic_bsz=True, max_token_len=args.micro_tokens,
                            packed=variant.layout != "padded")  # the actor's own cut (same schedule)
-    baseline_memory = peak_memory(device)
     seconds = []
     for step in range(args.steps):
         if step == 1 and device.type == "cuda":
