@@ -10,6 +10,7 @@ Variants (``--variants``; each a fresh model, same rows, same seed):
            varlen SDPA per unit), log-probs from the hidden states in chunks (``use_fused_kernels``)
     bf16-padded: bf16 autocast, padded rows, log-probs from the full logits
     fast-ckpt: fast with activation checkpointing of every decoder layer
+    fast-masked: fast with each shared-prompt unit's attention as one masked SDPA call (the CPU's way)
     plain: fp32, padded rows, log-probs from the full logits (verl's defaults)
     ...and single switches via ``--precision``, ``--layout``, ``--chunked-head``, ``--checkpointing``.
 
@@ -28,7 +29,7 @@ Reported per variant:
               the micro-batches' shapes x layers, the head (vocab projection + log-softmax, forward +
               backward) on the response tokens, the optimizer step (clip + AdamW); ``other`` = the rest
 
-    python benchmarks/update.py --quick                      # both shapes, 3 variants, < 3 min on one H100
+    python benchmarks/update.py --quick                      # both shapes, 4 variants, < 3 min on one H100
     python benchmarks/update.py --shape tiny --steps 2       # CPU smoke run
 """
 
@@ -52,6 +53,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from hybridflow.algos.linear_logprob import linear_log_probs  # noqa: E402
 from hybridflow.algos.logprob import logprobs_from_logits  # noqa: E402
 from hybridflow.data.batch import Batch  # noqa: E402
+from hybridflow.models import segment_attention  # noqa: E402
 from hybridflow.models.fsdp import autocast_forward  # noqa: E402
 from hybridflow.models.loader import enable_gradient_checkpointing  # noqa: E402
 from hybridflow.models.logprob import packed_forward_inputs  # noqa: E402
@@ -83,10 +85,13 @@ class Variant:
     """Log-probs from the hidden states in chunks (use_fused_kernels) instead of the full logits."""
     checkpointing: bool = False
     """Activation checkpointing per decoder layer (enable_gradient_checkpointing)."""
+    branched_attention: bool = True
+    """On CUDA, shared-prompt units branch by branch with fused causal kernels; False: one masked SDPA call
+    per unit (hybridflow.models.segment_attention.BRANCHED_SHARED_PROMPTS_ON_CUDA)."""
 
 
 VARIANTS = {"fast": Variant(), "bf16-padded": Variant(layout="padded", chunked_head=False),
-            "fast-ckpt": Variant(checkpointing=True),
+            "fast-ckpt": Variant(checkpointing=True), "fast-masked": Variant(branched_attention=False),
             "plain": Variant(precision="fp32", layout="padded", chunked_head=False)}
 
 
@@ -103,12 +108,12 @@ def parse_args(argv=None):
     parser.add_argument("--micro-tokens", type=int, default=4096, help="token budget of a micro-batch")
     parser.add_argument("--steps", type=int, default=3, help="optimizer steps (the first is a warm-up)")
     parser.add_argument("--quick", action="store_true",
-                        help="--shape 0.5b,1.5b --variants fast,bf16-padded,plain --steps 2")
+                        help="--shape 0.5b,1.5b --variants fast,fast-masked,bf16-padded,plain --steps 2")
     parser.add_argument("--no-breakdown", action="store_true")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
     if args.quick:
-        args.shape, args.variants, args.steps = "0.5b,1.5b", "fast,bf16-padded,plain", 2
+        args.shape, args.variants, args.steps = "0.5b,1.5b", "fast,fast-masked,bf16-padded,plain", 2
     for flag, given, known in (("--shape", args.shape, SHAPES), ("--variants", args.variants, VARIANTS)):
         unknown = [name for name in given.split(",") if name not in known]
         if unknown:
@@ -294,6 +299,7 @@ def _head_fn(head, micro: Batch, variant: Variant, device: torch.device) -> Call
 def run_variant(shape: str, variant: Variant, args, device: torch.device, peak_flops: float) -> dict:
     """Build, warm up, measure ``args.steps - 1`` updates, then the parts; the numbers of the report."""
     baseline_memory = peak_memory(device)
+    segment_attention.BRANCHED_SHARED_PROMPTS_ON_CUDA = variant.branched_attention
     model = build_model(shape, device)
     batch = grpo_rows(prompts=args.prompts, n=args.n, vocab=model.config.vocab_size, seed=1).to(device)
     actor = build_actor(model, variant=variant, rows=len(batch), micro_tokens=args.micro_tokens, device=device)
@@ -377,10 +383,11 @@ def main(argv=None) -> list[str]:
         for name, variant in chosen_variants(args).items():
             try:
                 result = run_variant(shape, variant, args, device, peak_flops)
-            except torch.OutOfMemoryError as err:  # one variant too big for the card: say so, run the others
-                result = {"error": f"out of memory ({str(err).splitlines()[0][:80]})"}
+            except Exception as err:  # noqa: BLE001 -- one variant failing (out of memory...) must not end the run
+                result = {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:100] if str(err) else ''}"}
                 gc.collect()
-                torch.cuda.empty_cache()
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
             results.append((shape, name, variant, result))
             print(f"{shape} {name}: {result}", flush=True)
     lines = [f"update benchmark on {describe_device(device)}; {peak_dtype} matmul peak measured "
