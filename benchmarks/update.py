@@ -10,7 +10,9 @@ Variants (``--variants``; each a fresh model, same rows, same seed):
            varlen SDPA per unit), log-probs from the hidden states in chunks (``use_fused_kernels``)
     bf16-padded: bf16 autocast, padded rows, log-probs from the full logits
     fast-ckpt: fast with activation checkpointing of every decoder layer
-    fast-masked: fast with each shared-prompt unit's attention as one masked SDPA call (the CPU's way)
+    fast-branched: fast with each shared-prompt unit's attention branch by branch on CUDA (fused causal
+           kernels, n + 1 calls) instead of one masked SDPA call
+    fast-12k: fast with micro-batches of 12,288 tokens (fewer, larger kernels per token)
     plain: fp32, padded rows, log-probs from the full logits (verl's defaults)
     ...and single switches via ``--precision``, ``--layout``, ``--chunked-head``, ``--checkpointing``.
 
@@ -29,7 +31,7 @@ Reported per variant:
               the micro-batches' shapes x layers, the head (vocab projection + log-softmax, forward +
               backward) on the response tokens, the optimizer step (clip + AdamW); ``other`` = the rest
 
-    python benchmarks/update.py --quick                      # both shapes, 4 variants, < 3 min on one H100
+    python benchmarks/update.py --quick                      # both shapes, 5 variants, < 3 min on one H100
     python benchmarks/update.py --shape tiny --steps 2       # CPU smoke run
 """
 
@@ -85,13 +87,16 @@ class Variant:
     """Log-probs from the hidden states in chunks (use_fused_kernels) instead of the full logits."""
     checkpointing: bool = False
     """Activation checkpointing per decoder layer (enable_gradient_checkpointing)."""
-    branched_attention: bool = True
+    branched_attention: bool = False
     """On CUDA, shared-prompt units branch by branch with fused causal kernels; False: one masked SDPA call
     per unit (hybridflow.models.segment_attention.BRANCHED_SHARED_PROMPTS_ON_CUDA)."""
+    micro_tokens: int | None = None
+    """Token budget of a micro-batch; None: ``--micro-tokens``."""
 
 
 VARIANTS = {"fast": Variant(), "bf16-padded": Variant(layout="padded", chunked_head=False),
-            "fast-ckpt": Variant(checkpointing=True), "fast-masked": Variant(branched_attention=False),
+            "fast-ckpt": Variant(checkpointing=True), "fast-branched": Variant(branched_attention=True),
+            "fast-12k": Variant(micro_tokens=12288),
             "plain": Variant(precision="fp32", layout="padded", chunked_head=False)}
 
 
@@ -108,12 +113,12 @@ def parse_args(argv=None):
     parser.add_argument("--micro-tokens", type=int, default=4096, help="token budget of a micro-batch")
     parser.add_argument("--steps", type=int, default=3, help="optimizer steps (the first is a warm-up)")
     parser.add_argument("--quick", action="store_true",
-                        help="--shape 0.5b,1.5b --variants fast,fast-masked,bf16-padded,plain --steps 2")
+                        help="--shape 0.5b,1.5b --variants fast,fast-branched,fast-12k,bf16-padded,plain --steps 2")
     parser.add_argument("--no-breakdown", action="store_true")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
     if args.quick:
-        args.shape, args.variants, args.steps = "0.5b,1.5b", "fast,fast-masked,bf16-padded,plain", 2
+        args.shape, args.variants, args.steps = "0.5b,1.5b", "fast,fast-branched,fast-12k,bf16-padded,plain", 2
     for flag, given, known in (("--shape", args.shape, SHAPES), ("--variants", args.variants, VARIANTS)):
         unknown = [name for name in given.split(",") if name not in known]
         if unknown:
@@ -302,11 +307,12 @@ def run_variant(shape: str, variant: Variant, args, device: torch.device, peak_f
     segment_attention.BRANCHED_SHARED_PROMPTS_ON_CUDA = variant.branched_attention
     model = build_model(shape, device)
     batch = grpo_rows(prompts=args.prompts, n=args.n, vocab=model.config.vocab_size, seed=1).to(device)
-    actor = build_actor(model, variant=variant, rows=len(batch), micro_tokens=args.micro_tokens, device=device)
+    micro_tokens = variant.micro_tokens or args.micro_tokens
+    actor = build_actor(model, variant=variant, rows=len(batch), micro_tokens=micro_tokens, device=device)
     # The policy that sampled the rows is the current one (ratio 1, no token clipped), as in a GRPO step
     # with one update per rollout; random old log-probs would clip away the negative advantages' gradient.
     batch["old_log_probs"] = actor.compute_log_prob(batch, temperature=1.0)[0]
-    micros = micro_batches(batch, micro_batch_size=None, use_dynamic_bsz=True, max_token_len=args.micro_tokens,
+    micros = micro_batches(batch, micro_batch_size=None, use_dynamic_bsz=True, max_token_len=micro_tokens,
                            packed=variant.layout != "padded")  # the actor's own cut (same schedule)
     seconds = []
     for step in range(args.steps):
@@ -357,20 +363,21 @@ def describe_device(device: torch.device) -> str:
 
 def table(results: list[tuple[str, str, Variant, dict]]) -> list[str]:
     """The final lines: one per (shape, variant), the parts as shares of the step."""
-    lines = [f"{'shape':6} {'variant':11} {'prec':4} {'layout':13} {'head':7} {'ckpt':4} {'step_s':>7} "
-             f"{'tok/s':>8} {'MFU':>6} {'peak_GB':>7} {'floor_GB':>8}  attn/mlp/head/opt/other %"]
+    lines = [f"{'shape':6} {'variant':13} {'prec':4} {'layout':13} {'head':7} {'ckpt':4} {'mb':>3} "
+             f"{'step_s':>7} {'tok/s':>8} {'MFU':>6} {'peak_GB':>7} {'floor_GB':>8}  attn/mlp/head/opt/other %"]
     for shape, name, v, r in results:
         if "error" in r:
-            lines.append(f"{shape:6} {name:11} {r['error']}")
+            lines.append(f"{shape:6} {name:13} {r['error']}")
             continue
         shares = ""
         if "parts" in r:
             parts = r["parts"]
             other = r["step_s"] - sum(parts.values())
             shares = "/".join(f"{100 * s / r['step_s']:.0f}" for s in (*parts.values(), other))
-        lines.append(f"{shape:6} {name:11} {v.precision:4} {v.layout:13} {'chunked' if v.chunked_head else 'logits':7} "
-                     f"{'on' if v.checkpointing else 'off':4} {r['step_s']:7.3f} {r['tokens_per_s']:8.0f} "
-                     f"{100 * r['mfu']:5.1f}% {r['peak_bytes'] / 1e9:7.2f} {r['floor_bytes'] / 1e9:8.2f}  {shares}")
+        head = "chunked" if v.chunked_head else "logits"
+        lines.append(f"{shape:6} {name:13} {v.precision:4} {v.layout:13} {head:7} {'on' if v.checkpointing else 'off':4} "
+                     f"{r['micro_batches']:3d} {r['step_s']:7.3f} {r['tokens_per_s']:8.0f} {100 * r['mfu']:5.1f}% "
+                     f"{r['peak_bytes'] / 1e9:7.2f} {r['floor_bytes'] / 1e9:8.2f}  {shares}")
     return lines
 
 
@@ -392,7 +399,8 @@ def main(argv=None) -> list[str]:
             print(f"{shape} {name}: {result}", flush=True)
     lines = [f"update benchmark on {describe_device(device)}; {peak_dtype} matmul peak measured "
              f"{peak_flops / 1e12:.1f} TFLOP/s; {args.prompts} prompts x {args.n} responses per step, "
-             f"micro-batches of <= {args.micro_tokens} tokens (padded: rows x longest row; packed: valid tokens); median of {max(1, args.steps - 1)} steps",
+             f"micro-batches of <= {args.micro_tokens} tokens unless the variant says (padded: rows x longest row; "
+             f"packed: valid tokens); median of {max(1, args.steps - 1)} steps",
              *table(results)]
     print("\n".join(lines))
     return lines

@@ -29,9 +29,11 @@ import torch
 import torch.nn.functional as F
 
 IMPLEMENTATION = "hybridflow_segments"
-BRANCHED_SHARED_PROMPTS_ON_CUDA = True
-"""On CUDA, run a shared-prompt unit branch by branch with fused causal kernels (no masked call has a
-flash kernel); False: one masked call per unit, as on a CPU (benchmarks/update.py measures both)."""
+BRANCHED_SHARED_PROMPTS_ON_CUDA = False
+"""On CUDA, run a shared-prompt unit branch by branch with fused causal kernels (a masked call has no flash
+kernel) instead of one masked call per unit, as on a CPU. Off until measured: on one H200 the 0.5B and
+1.5B updates took about the same time (kernel launches, not FLOPs, bound them), and branching launches
+n + 1 attention calls per unit (benchmarks/update.py's fast-branched variant measures it)."""
 
 
 @dataclass
@@ -79,9 +81,10 @@ def _segment_attention(module, query, key, value, attention_mask, dropout: float
             outputs.append(shared_prompt_attention(*unit, lengths=branches, scale=scaling, dropout=dropout,
                                                    repeat_kv=True))
             continue
-        # On CUDA, SDPA's kernels that take a mask (memory-efficient, cuDNN) do not take enable_gqa: with both
-        # it falls back to the math kernel and its [H, L, L] fp32 scores, so a masked unit repeats its KV heads.
-        unit_key, unit_value, gqa = kv_heads(*unit, repeat=mask is not None and on_cuda)
+        # On CUDA, SDPA's fused kernels other than flash (memory-efficient, cuDNN) do not take enable_gqa, and
+        # SDPA falls back to the math kernel and its [H, L, L] fp32 scores where flash does not apply (a mask,
+        # fp32): repeating the KV heads keeps every unit on a fused kernel.
+        unit_key, unit_value, gqa = kv_heads(*unit, repeat=on_cuda)
         outputs.append(F.scaled_dot_product_attention(unit[0], unit_key, unit_value, attn_mask=mask,
                                                       is_causal=mask is None, scale=scaling, dropout_p=dropout,
                                                       enable_gqa=gqa))
