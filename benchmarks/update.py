@@ -6,8 +6,9 @@ no download; ``tiny`` for a CPU smoke run), on GRPO-like rows: ``n`` responses s
 lengths uniform in [64, 256], response lengths log-normal (median 256, sigma 0.8, clipped to [8, 1024]).
 
 Variants (``--variants``; each a fresh model, same rows, same seed):
-    fast:  bf16 autocast over fp32 master weights and AdamW state, shared-prompt packed rows (padding-free
-           varlen SDPA per unit), log-probs from the hidden states in chunks (``use_fused_kernels``)
+    fast:  bf16 autocast over fp32 master weights and AdamW state, shared-prompt packed rows (padding-free,
+           one SDPA call per unit), log-probs from the hidden states in chunks (``use_fused_kernels``),
+           micro-batches of ``--micro-tokens`` (4,096) tokens
     bf16-padded: bf16 autocast, padded rows, log-probs from the full logits
     fast-ckpt: fast with activation checkpointing of every decoder layer
     fast-branched: fast with each shared-prompt unit's attention branch by branch on CUDA (fused causal
@@ -19,10 +20,10 @@ Variants (``--variants``; each a fresh model, same rows, same seed):
 Reported per variant:
     tokens/s  valid tokens (prompt + response of every row, as a padded batch counts them) / update seconds
     MFU       model FLOPs / seconds / peak, model FLOPs = 6 (N_body x tokens the layout must run + N_head x
-              response tokens); the tokens: every valid token (padding is waste, not counted), each prompt
-              once in the shared-prompt layout (Kaplan et al. 2020, "Scaling Laws", C = 6 N D; the head only runs on response
-              positions), attention's ``L^2`` FLOPs left out as in that count; peak = a large bf16 matmul
-              timed in the same run (fp32 on the CPU)
+              response tokens) (Kaplan et al. 2020, "Scaling Laws", C = 6 N D; the head only runs on response
+              positions; attention's ``L^2`` FLOPs left out as in that count); the tokens: every valid token
+              (padding is waste, not counted), each prompt once in the shared-prompt layout; peak = a large
+              bf16 matmul timed in the same run (fp32 on the CPU)
     peak memory  torch.cuda.max_memory_allocated (CPU: peak RSS growth) against the floor
               16 N bytes (fp32 weights, grads, Adam m and v) + the kept activations of the largest
               micro-batch, ``layers x tokens x (6 h + 2 kv + 4 i) x bytes`` (the inputs of the matmuls,
@@ -31,7 +32,7 @@ Reported per variant:
               the micro-batches' shapes x layers, the head (vocab projection + log-softmax, forward +
               backward) on the response tokens, the optimizer step (clip + AdamW); ``other`` = the rest
 
-    python benchmarks/update.py --quick                      # both shapes, 5 variants, < 3 min on one H100
+    python benchmarks/update.py --quick                      # both shapes, 5 variants, ~2.5 min on one H200
     python benchmarks/update.py --shape tiny --steps 2       # CPU smoke run
 """
 
