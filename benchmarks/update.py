@@ -14,6 +14,8 @@ Variants (``--variants``; each a fresh model, same rows, same seed):
     fast-branched: fast with each shared-prompt unit's attention branch by branch on CUDA (fused causal
            kernels, n + 1 calls) instead of one masked SDPA call
     fast-12k: fast with micro-batches of 12,288 tokens (fewer, larger kernels per token)
+    fast-compiled: fast with every decoder layer through torch.compile (norms, projections, rotary, SwiGLU
+           fused; the attention call stays eager); not in --quick: compiling takes its own minute
     plain: fp32, padded rows, log-probs from the full logits (verl's defaults)
     ...and single switches via ``--precision``, ``--layout``, ``--chunked-head``, ``--checkpointing``.
 
@@ -93,11 +95,13 @@ class Variant:
     per unit (hybridflow.models.segment_attention.BRANCHED_SHARED_PROMPTS_ON_CUDA)."""
     micro_tokens: int | None = None
     """Token budget of a micro-batch; None: ``--micro-tokens``."""
+    compiled: bool = False
+    """torch.compile every decoder layer (dynamic shapes), the attention call left eager: fewer launches."""
 
 
 VARIANTS = {"fast": Variant(), "bf16-padded": Variant(layout="padded", chunked_head=False),
             "fast-ckpt": Variant(checkpointing=True), "fast-branched": Variant(branched_attention=True),
-            "fast-12k": Variant(micro_tokens=12288),
+            "fast-12k": Variant(micro_tokens=12288), "fast-compiled": Variant(compiled=True),
             "plain": Variant(precision="fp32", layout="padded", chunked_head=False)}
 
 
@@ -178,6 +182,8 @@ def build_actor(model, *, variant: Variant, rows: int, micro_tokens: int, device
     micro-batches (``use_dynamic_bsz``; a packed layout's budget counts valid tokens), fused AdamW (hybridflow.workers.optim picks it on CPU and CUDA), grad clip 1."""
     if variant.checkpointing:
         enable_gradient_checkpointing(model)
+    if variant.compiled:
+        compile_decoder_layers(model)
     model = autocast_forward(model, device_type=device.type,
                              dtype=torch.bfloat16 if variant.precision == "bf16" else None)
     optimizer = build_optimizer(model.parameters(), lr=1e-6, betas=(0.9, 0.999), weight_decay=0.01)
@@ -188,6 +194,21 @@ def build_actor(model, *, variant: Variant, rows: int, micro_tokens: int, device
     return ActorWorker(state=state, schedule=schedule, objective=PolicyObjective(loss_agg_mode="token-mean"),
                        log_prob=LogProbBatching(use_dynamic_bsz=True, max_token_len=micro_tokens),
                        layout=variant.layout, chunked_head=variant.chunked_head)
+
+
+def compile_decoder_layers(model) -> None:
+    """torch.compile each decoder layer with dynamic shapes (micro-batch lengths change); the attention
+    function (a Python loop over a packed row's units) runs eager between the compiled pieces."""
+    from transformers import AttentionInterface
+
+    segment_attention.use_segment_attention(model)
+    mapping = AttentionInterface._global_mapping
+    if not getattr(mapping[segment_attention.IMPLEMENTATION], "_left_eager", False):
+        eager = torch.compiler.disable(mapping[segment_attention.IMPLEMENTATION])
+        eager._left_eager = True
+        mapping[segment_attention.IMPLEMENTATION] = eager
+    for layer in model.model.layers:
+        layer.compile(dynamic=True)
 
 
 # ------------------------------------------------------------------------------ clocks and counts
