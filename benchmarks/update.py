@@ -6,20 +6,26 @@ no download; ``tiny`` for a CPU smoke run), on GRPO-like rows: ``n`` responses s
 lengths uniform in [64, 256], response lengths log-normal (median 256, sigma 0.8, clipped to [8, 1024]).
 
 Variants (``--variants``; each a fresh model, same rows, same seed):
-    fast:  bf16 autocast over fp32 master weights and AdamW state, shared-prompt packed rows (padding-free
-           varlen SDPA per unit), log-probs from the hidden states in chunks (``use_fused_kernels``)
+    fast:  bf16 autocast over fp32 master weights and AdamW state, shared-prompt packed rows (padding-free,
+           one SDPA call per unit), log-probs from the hidden states in chunks (``use_fused_kernels``),
+           micro-batches of ``--micro-tokens`` (4,096) tokens
     bf16-padded: bf16 autocast, padded rows, log-probs from the full logits
     fast-ckpt: fast with activation checkpointing of every decoder layer
+    fast-branched: fast with each shared-prompt unit's attention branch by branch on CUDA (fused causal
+           kernels, n + 1 calls) instead of one masked SDPA call
+    fast-12k: fast with micro-batches of 12,288 tokens (fewer, larger kernels per token)
+    fast-compiled: fast with every decoder layer through torch.compile (norms, projections, rotary, SwiGLU
+           fused; the attention call stays eager); not in --quick: compiling takes its own minute
     plain: fp32, padded rows, log-probs from the full logits (verl's defaults)
     ...and single switches via ``--precision``, ``--layout``, ``--chunked-head``, ``--checkpointing``.
 
 Reported per variant:
     tokens/s  valid tokens (prompt + response of every row, as a padded batch counts them) / update seconds
     MFU       model FLOPs / seconds / peak, model FLOPs = 6 (N_body x tokens the layout must run + N_head x
-              response tokens); the tokens: every valid token (padding is waste, not counted), each prompt
-              once in the shared-prompt layout (Kaplan et al. 2020, "Scaling Laws", C = 6 N D; the head only runs on response
-              positions), attention's ``L^2`` FLOPs left out as in that count; peak = a large bf16 matmul
-              timed in the same run (fp32 on the CPU)
+              response tokens) (Kaplan et al. 2020, "Scaling Laws", C = 6 N D; the head only runs on response
+              positions; attention's ``L^2`` FLOPs left out as in that count); the tokens: every valid token
+              (padding is waste, not counted), each prompt once in the shared-prompt layout; peak = a large
+              bf16 matmul timed in the same run (fp32 on the CPU)
     peak memory  torch.cuda.max_memory_allocated (CPU: peak RSS growth) against the floor
               16 N bytes (fp32 weights, grads, Adam m and v) + the kept activations of the largest
               micro-batch, ``layers x tokens x (6 h + 2 kv + 4 i) x bytes`` (the inputs of the matmuls,
@@ -28,7 +34,7 @@ Reported per variant:
               the micro-batches' shapes x layers, the head (vocab projection + log-softmax, forward +
               backward) on the response tokens, the optimizer step (clip + AdamW); ``other`` = the rest
 
-    python benchmarks/update.py --quick                      # both shapes, 3 variants, < 3 min on one H100
+    python benchmarks/update.py --quick                      # both shapes, 5 variants, ~2.5 min on one H200
     python benchmarks/update.py --shape tiny --steps 2       # CPU smoke run
 """
 
@@ -52,12 +58,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from hybridflow.algos.linear_logprob import linear_log_probs  # noqa: E402
 from hybridflow.algos.logprob import logprobs_from_logits  # noqa: E402
 from hybridflow.data.batch import Batch  # noqa: E402
+from hybridflow.models import segment_attention  # noqa: E402
 from hybridflow.models.fsdp import autocast_forward  # noqa: E402
 from hybridflow.models.loader import enable_gradient_checkpointing  # noqa: E402
 from hybridflow.models.logprob import packed_forward_inputs  # noqa: E402
 from hybridflow.workers.actor import ActorWorker, PolicyObjective  # noqa: E402
 from hybridflow.workers.logprob import pack_micro_batch  # noqa: E402
-from hybridflow.workers.micro_batches import micro_batches  # noqa: E402
+from hybridflow.workers.micro_batches import LogProbBatching, micro_batches  # noqa: E402
 from hybridflow.workers.optim import TrainState, build_optimizer, build_scheduler  # noqa: E402
 from hybridflow.workers.ppo_update import UpdateSchedule  # noqa: E402
 
@@ -83,10 +90,18 @@ class Variant:
     """Log-probs from the hidden states in chunks (use_fused_kernels) instead of the full logits."""
     checkpointing: bool = False
     """Activation checkpointing per decoder layer (enable_gradient_checkpointing)."""
+    branched_attention: bool = False
+    """On CUDA, shared-prompt units branch by branch with fused causal kernels; False: one masked SDPA call
+    per unit (hybridflow.models.segment_attention.BRANCHED_SHARED_PROMPTS_ON_CUDA)."""
+    micro_tokens: int | None = None
+    """Token budget of a micro-batch; None: ``--micro-tokens``."""
+    compiled: bool = False
+    """torch.compile every decoder layer (dynamic shapes), the attention call left eager: fewer launches."""
 
 
 VARIANTS = {"fast": Variant(), "bf16-padded": Variant(layout="padded", chunked_head=False),
-            "fast-ckpt": Variant(checkpointing=True),
+            "fast-ckpt": Variant(checkpointing=True), "fast-branched": Variant(branched_attention=True),
+            "fast-12k": Variant(micro_tokens=12288), "fast-compiled": Variant(compiled=True),
             "plain": Variant(precision="fp32", layout="padded", chunked_head=False)}
 
 
@@ -103,12 +118,12 @@ def parse_args(argv=None):
     parser.add_argument("--micro-tokens", type=int, default=4096, help="token budget of a micro-batch")
     parser.add_argument("--steps", type=int, default=3, help="optimizer steps (the first is a warm-up)")
     parser.add_argument("--quick", action="store_true",
-                        help="--shape 0.5b,1.5b --variants fast,bf16-padded,plain --steps 2")
+                        help="--shape 0.5b,1.5b --variants fast,fast-branched,fast-12k,bf16-padded,plain --steps 2")
     parser.add_argument("--no-breakdown", action="store_true")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
     if args.quick:
-        args.shape, args.variants, args.steps = "0.5b,1.5b", "fast,bf16-padded,plain", 2
+        args.shape, args.variants, args.steps = "0.5b,1.5b", "fast,fast-branched,fast-12k,bf16-padded,plain", 2
     for flag, given, known in (("--shape", args.shape, SHAPES), ("--variants", args.variants, VARIANTS)):
         unknown = [name for name in given.split(",") if name not in known]
         if unknown:
@@ -139,7 +154,8 @@ def build_model(shape: str, device: torch.device, *, seed: int = 0):
 def grpo_rows(*, prompts: int, n: int, vocab: int, seed: int = 0, max_prompt: int = 256,
               max_response: int = 1024) -> Batch:
     """``prompts x n`` rows in the PPO batch layout (``[B, P + T]`` left-padded prompt ++ right-padded
-    response), each prompt's ``n`` rows sharing its tokens, with old log-probs and advantages."""
+    response), each prompt's ``n`` rows sharing its tokens, with a random advantage per row (GRPO's are
+    centred per prompt; the update's cost does not depend on their values)."""
     gen = torch.Generator().manual_seed(seed)
     prompt_lens = torch.randint(64, max_prompt + 1, (prompts,), generator=gen).repeat_interleave(n)
     median, sigma = 256.0, 0.8
@@ -156,11 +172,9 @@ def grpo_rows(*, prompts: int, n: int, vocab: int, seed: int = 0, max_prompt: in
         ids[row, max_prompt:max_prompt + int(response_lens[row])] = torch.randint(
             10, vocab, (int(response_lens[row]),), generator=gen)
     response_mask = mask[:, max_prompt:].float()
-    advantages = torch.randn(prompts, generator=gen).repeat_interleave(n)[:, None] * response_mask
-    old_log_probs = (-torch.rand(ids.shape[0], width, generator=gen) * 5 - 5) * response_mask
+    advantages = torch.randn(prompts * n, generator=gen)[:, None] * response_mask
     return Batch({"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
-                  "responses": ids[:, max_prompt:], "response_mask": response_mask, "advantages": advantages,
-                  "old_log_probs": old_log_probs})
+                  "responses": ids[:, max_prompt:], "response_mask": response_mask, "advantages": advantages})
 
 
 def build_actor(model, *, variant: Variant, rows: int, micro_tokens: int, device: torch.device) -> ActorWorker:
@@ -168,6 +182,8 @@ def build_actor(model, *, variant: Variant, rows: int, micro_tokens: int, device
     micro-batches (``use_dynamic_bsz``; a packed layout's budget counts valid tokens), fused AdamW (hybridflow.workers.optim picks it on CPU and CUDA), grad clip 1."""
     if variant.checkpointing:
         enable_gradient_checkpointing(model)
+    if variant.compiled:
+        compile_decoder_layers(model)
     model = autocast_forward(model, device_type=device.type,
                              dtype=torch.bfloat16 if variant.precision == "bf16" else None)
     optimizer = build_optimizer(model.parameters(), lr=1e-6, betas=(0.9, 0.999), weight_decay=0.01)
@@ -176,7 +192,23 @@ def build_actor(model, *, variant: Variant, rows: int, micro_tokens: int, device
     schedule = UpdateSchedule(mini_batch_size=rows, use_dynamic_bsz=True, max_token_len=micro_tokens,
                               packed=variant.layout != "padded")
     return ActorWorker(state=state, schedule=schedule, objective=PolicyObjective(loss_agg_mode="token-mean"),
+                       log_prob=LogProbBatching(use_dynamic_bsz=True, max_token_len=micro_tokens),
                        layout=variant.layout, chunked_head=variant.chunked_head)
+
+
+def compile_decoder_layers(model) -> None:
+    """torch.compile each decoder layer with dynamic shapes (micro-batch lengths change); the attention
+    function (a Python loop over a packed row's units) runs eager between the compiled pieces."""
+    from transformers import AttentionInterface
+
+    segment_attention.use_segment_attention(model)
+    mapping = AttentionInterface._global_mapping
+    if not getattr(mapping[segment_attention.IMPLEMENTATION], "_left_eager", False):
+        eager = torch.compiler.disable(mapping[segment_attention.IMPLEMENTATION])
+        eager._left_eager = True
+        mapping[segment_attention.IMPLEMENTATION] = eager
+    for layer in model.model.layers:
+        layer.compile(dynamic=True)
 
 
 # ------------------------------------------------------------------------------ clocks and counts
@@ -293,12 +325,17 @@ def _head_fn(head, micro: Batch, variant: Variant, device: torch.device) -> Call
 # ------------------------------------------------------------------------------ one variant
 def run_variant(shape: str, variant: Variant, args, device: torch.device, peak_flops: float) -> dict:
     """Build, warm up, measure ``args.steps - 1`` updates, then the parts; the numbers of the report."""
+    baseline_memory = peak_memory(device)
+    segment_attention.BRANCHED_SHARED_PROMPTS_ON_CUDA = variant.branched_attention
     model = build_model(shape, device)
     batch = grpo_rows(prompts=args.prompts, n=args.n, vocab=model.config.vocab_size, seed=1).to(device)
-    actor = build_actor(model, variant=variant, rows=len(batch), micro_tokens=args.micro_tokens, device=device)
-    micros = micro_batches(batch, micro_batch_size=None, use_dynamic_bsz=True, max_token_len=args.micro_tokens,
+    micro_tokens = variant.micro_tokens or args.micro_tokens
+    actor = build_actor(model, variant=variant, rows=len(batch), micro_tokens=micro_tokens, device=device)
+    # The policy that sampled the rows is the current one (ratio 1, no token clipped), as in a GRPO step
+    # with one update per rollout; random old log-probs would clip away the negative advantages' gradient.
+    batch["old_log_probs"] = actor.compute_log_prob(batch, temperature=1.0)[0]
+    micros = micro_batches(batch, micro_batch_size=None, use_dynamic_bsz=True, max_token_len=micro_tokens,
                            packed=variant.layout != "padded")  # the actor's own cut (same schedule)
-    baseline_memory = peak_memory(device)
     seconds = []
     for step in range(args.steps):
         if step == 1 and device.type == "cuda":
@@ -348,20 +385,21 @@ def describe_device(device: torch.device) -> str:
 
 def table(results: list[tuple[str, str, Variant, dict]]) -> list[str]:
     """The final lines: one per (shape, variant), the parts as shares of the step."""
-    lines = [f"{'shape':6} {'variant':11} {'prec':4} {'layout':13} {'head':7} {'ckpt':4} {'step_s':>7} "
-             f"{'tok/s':>8} {'MFU':>6} {'peak_GB':>7} {'floor_GB':>8}  attn/mlp/head/opt/other %"]
+    lines = [f"{'shape':6} {'variant':13} {'prec':4} {'layout':13} {'head':7} {'ckpt':4} {'mb':>3} "
+             f"{'step_s':>7} {'tok/s':>8} {'MFU':>6} {'peak_GB':>7} {'floor_GB':>8}  attn/mlp/head/opt/other %"]
     for shape, name, v, r in results:
         if "error" in r:
-            lines.append(f"{shape:6} {name:11} {r['error']}")
+            lines.append(f"{shape:6} {name:13} {r['error']}")
             continue
         shares = ""
         if "parts" in r:
             parts = r["parts"]
             other = r["step_s"] - sum(parts.values())
             shares = "/".join(f"{100 * s / r['step_s']:.0f}" for s in (*parts.values(), other))
-        lines.append(f"{shape:6} {name:11} {v.precision:4} {v.layout:13} {'chunked' if v.chunked_head else 'logits':7} "
-                     f"{'on' if v.checkpointing else 'off':4} {r['step_s']:7.3f} {r['tokens_per_s']:8.0f} "
-                     f"{100 * r['mfu']:5.1f}% {r['peak_bytes'] / 1e9:7.2f} {r['floor_bytes'] / 1e9:8.2f}  {shares}")
+        head = "chunked" if v.chunked_head else "logits"
+        lines.append(f"{shape:6} {name:13} {v.precision:4} {v.layout:13} {head:7} {'on' if v.checkpointing else 'off':4} "
+                     f"{r['micro_batches']:3d} {r['step_s']:7.3f} {r['tokens_per_s']:8.0f} {100 * r['mfu']:5.1f}% "
+                     f"{r['peak_bytes'] / 1e9:7.2f} {r['floor_bytes'] / 1e9:8.2f}  {shares}")
     return lines
 
 
@@ -374,15 +412,17 @@ def main(argv=None) -> list[str]:
         for name, variant in chosen_variants(args).items():
             try:
                 result = run_variant(shape, variant, args, device, peak_flops)
-            except torch.OutOfMemoryError as err:  # one variant too big for the card: say so, run the others
-                result = {"error": f"out of memory ({str(err).splitlines()[0][:80]})"}
+            except Exception as err:  # noqa: BLE001 -- one variant failing (out of memory...) must not end the run
+                result = {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:100] if str(err) else ''}"}
                 gc.collect()
-                torch.cuda.empty_cache()
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
             results.append((shape, name, variant, result))
             print(f"{shape} {name}: {result}", flush=True)
     lines = [f"update benchmark on {describe_device(device)}; {peak_dtype} matmul peak measured "
              f"{peak_flops / 1e12:.1f} TFLOP/s; {args.prompts} prompts x {args.n} responses per step, "
-             f"micro-batches of <= {args.micro_tokens} tokens (padded: rows x longest row; packed: valid tokens); median of {max(1, args.steps - 1)} steps",
+             f"micro-batches of <= {args.micro_tokens} tokens unless the variant says (padded: rows x longest row; "
+             f"packed: valid tokens); median of {max(1, args.steps - 1)} steps",
              *table(results)]
     print("\n".join(lines))
     return lines

@@ -78,7 +78,8 @@ class PackedResponses:
     Attributes (``K`` = valid response tokens of the micro-batch, ``N`` = packed tokens):
         input_ids, position_ids: ``[1, N]``; positions restart at 0 per unit, and each
             response continues from its prompt's length.
-        bounds, masks: the units for :class:`hybridflow.models.segment_attention.SegmentLayout`.
+        bounds, masks, branches: the units for :class:`hybridflow.models.segment_attention.SegmentLayout`
+            (branches: per unit None, or ``[prompt, response_1, ...]`` lengths of a shared-prompt unit).
         source: ``[K]`` packed index whose output predicts / values each response token
             (the token before it: the prompt's last token for the first response token).
         rows, cols: ``[K]`` where each response token sits in the ``[B, T]`` output.
@@ -95,6 +96,7 @@ class PackedResponses:
         ids, pos, source, rows, cols, labels = [], [], [], [], [], []
         self.bounds: list[tuple[int, int]] = []
         self.masks: list[torch.Tensor | None] = []
+        self.branches: list[list[int] | None] = []
         offset = 0
         for members in _units(prompts, share_prompt=share_prompt):
             prompt = prompts[members[0]]
@@ -112,8 +114,9 @@ class PackedResponses:
                 cols.append(torch.arange(r))
                 cursor += r
             self.bounds.append((offset, cursor))
-            self.masks.append(None if len(members) == 1 else
-                              _shared_prompt_mask(p, [responses[b].numel() for b in members]))
+            lengths = [responses[b].numel() for b in members]
+            self.masks.append(None if len(members) == 1 else _shared_prompt_mask(p, lengths))
+            self.branches.append(None if len(members) == 1 else [p, *lengths])
             offset = cursor
         self.input_ids = torch.cat(ids)[None].to(input_ids.device)
         self.position_ids = torch.cat(pos)[None].to(input_ids.device)

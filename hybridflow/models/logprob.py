@@ -162,7 +162,7 @@ def packed_forward_inputs(model, packed: PackedResponses, *, shard: SequenceShar
     """Forward kwargs of a packed row (this rank's slice of it under sequence parallelism) for a
     model switched to segment attention."""
     return row_forward_inputs(model, input_ids=packed.input_ids, position_ids=packed.position_ids,
-                              layout=SegmentLayout(packed.bounds, packed.masks),
+                              layout=SegmentLayout(packed.bounds, packed.masks, packed.branches),
                               shard=shard or packed_shard(model, packed))
 
 
@@ -173,9 +173,10 @@ def row_forward_inputs(model, *, input_ids: torch.Tensor, position_ids: torch.Te
     use_segment_attention(model)
     device = input_ids.device
     bounds, masks = shard.layout(layout.bounds, layout.masks)
+    branches = layout.branches if shard.sp is None else None  # a padded sequence-parallel row: masks only
     inputs = dict(input_ids=shard.slice(input_ids), position_ids=shard.slice(position_ids),
                   attention_mask=packed_row_mask().to(device), use_cache=False,
-                  segment_layout=SegmentLayout(bounds, masks).to(device))
+                  segment_layout=SegmentLayout(bounds, masks, branches).to(device))
     if shard.sp is not None:
         inputs["sequence_parallel"] = shard.sp
     return inputs

@@ -29,6 +29,11 @@ import torch
 import torch.nn.functional as F
 
 IMPLEMENTATION = "hybridflow_segments"
+BRANCHED_SHARED_PROMPTS_ON_CUDA = False
+"""On CUDA, run a shared-prompt unit branch by branch with fused causal kernels (a masked call has no flash
+kernel) instead of one masked call per unit, as on a CPU. Off until measured: on one H200 the 0.5B and
+1.5B updates took about the same time (kernel launches, not FLOPs, bound them), and branching launches
+n + 1 attention calls per unit (benchmarks/update.py's fast-branched variant measures it)."""
 
 
 @dataclass
@@ -37,13 +42,17 @@ class SegmentLayout:
 
     ``bounds``: ``[(start, end)]`` per unit, covering ``[0, N)`` in order.
     ``masks``: per unit ``None`` (causal) or a bool ``[L_u, L_u]`` (True = may attend).
+    ``branches``: per unit None, or for a shared-prompt unit ``[prompt, response_1, ..., response_n]``
+    lengths: the same attention as its mask, which lets a GPU run it with fused causal kernels
+    (:func:`shared_prompt_attention`); None for the whole row: masks only.
     """
 
     bounds: list[tuple[int, int]]
     masks: list[torch.Tensor | None]
+    branches: list[list[int] | None] | None = None
 
     def to(self, device: torch.device | str) -> "SegmentLayout":
-        return SegmentLayout(self.bounds, [m if m is None else m.to(device) for m in self.masks])
+        return SegmentLayout(self.bounds, [m if m is None else m.to(device) for m in self.masks], self.branches)
 
 
 def _segment_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
@@ -62,16 +71,50 @@ def _segment_attention(module, query, key, value, attention_mask, dropout: float
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
     outputs = []
-    for (start, end), mask in zip(layout.bounds, layout.masks):
-        # On CUDA, SDPA's kernels that take a mask (memory-efficient, cuDNN) do not take enable_gqa: with both
-        # it falls back to the math kernel and its [H, L, L] fp32 scores, so a masked unit repeats its KV heads.
-        repeat = mask is not None and query.device.type == "cuda"
-        unit_key, unit_value, gqa = kv_heads(query, key[:, :, start:end], value[:, :, start:end], repeat=repeat)
-        outputs.append(F.scaled_dot_product_attention(
-            query[:, :, start:end], unit_key, unit_value,
-            attn_mask=mask, is_causal=mask is None, scale=scaling,
-            dropout_p=dropout if module.training else 0.0, enable_gqa=gqa))
+    on_cuda = query.device.type == "cuda"
+    dropout = dropout if module.training else 0.0
+    for index, ((start, end), mask) in enumerate(zip(layout.bounds, layout.masks)):
+        unit = (query[:, :, start:end], key[:, :, start:end], value[:, :, start:end])
+        branches = layout.branches[index] if layout.branches is not None else None
+        if mask is not None and branches is not None and on_cuda and BRANCHED_SHARED_PROMPTS_ON_CUDA:
+            # A masked SDPA call has no flash kernel; the unit's branches run the fused causal ones.
+            outputs.append(shared_prompt_attention(*unit, lengths=branches, scale=scaling, dropout=dropout,
+                                                   repeat_kv=True))
+            continue
+        # On CUDA, SDPA's fused kernels other than flash (memory-efficient, cuDNN) do not take enable_gqa, and
+        # SDPA falls back to the math kernel and its [H, L, L] fp32 scores where flash does not apply (a mask,
+        # fp32): repeating the KV heads keeps every unit on a fused kernel.
+        unit_key, unit_value, gqa = kv_heads(*unit, repeat=on_cuda)
+        outputs.append(F.scaled_dot_product_attention(unit[0], unit_key, unit_value, attn_mask=mask,
+                                                      is_causal=mask is None, scale=scaling, dropout_p=dropout,
+                                                      enable_gqa=gqa))
     return torch.cat(outputs, dim=2).transpose(1, 2).contiguous(), None
+
+
+def shared_prompt_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, lengths: list[int],
+                            scale: float | None, dropout: float = 0.0, repeat_kv: bool = False) -> torch.Tensor:
+    """Attention of one shared-prompt unit ``[1, H, P + sum R_i, D]`` -> ``[1, H, P + sum R_i, D]``, branch by
+    branch: the prompt causally over itself, then each response's queries over ``prompt ++ response`` keys,
+    causal aligned to the bottom right (query ``j`` of a response sees the prompt and response tokens
+    ``<= j``). The same attention as the unit's mask, without one: every call can take a fused causal
+    kernel. ``lengths`` = ``[P, R_1, ..., R_n]``; the prompt's keys get the sum of the responses' gradients."""
+    from torch.nn.attention.bias import causal_lower_right
+
+    prompt = lengths[0]
+    key, value, gqa = kv_heads(query, key, value, repeat=repeat_kv)
+    outputs = [F.scaled_dot_product_attention(query[:, :, :prompt], key[:, :, :prompt], value[:, :, :prompt],
+                                              is_causal=True, scale=scale, dropout_p=dropout, enable_gqa=gqa)]
+    offset = prompt
+    for length in lengths[1:]:
+        rows = slice(offset, offset + length)
+        if length:
+            branch_key = torch.cat([key[:, :, :prompt], key[:, :, rows]], dim=2)
+            branch_value = torch.cat([value[:, :, :prompt], value[:, :, rows]], dim=2)
+            outputs.append(F.scaled_dot_product_attention(
+                query[:, :, rows], branch_key, branch_value, attn_mask=causal_lower_right(length, prompt + length),
+                scale=scale, dropout_p=dropout, enable_gqa=gqa))
+        offset += length
+    return torch.cat(outputs, dim=2)
 
 
 def kv_heads(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,

@@ -118,3 +118,23 @@ def test_repeated_kv_heads_equal_enable_gqa_under_a_mask():
     repeated_key, repeated_value, gqa = kv_heads(query, key, value, repeat=True)
     assert not gqa and repeated_key.shape[1] == 6
     torch.testing.assert_close(sdpa(query, repeated_key, repeated_value, attn_mask=mask, enable_gqa=gqa), expected)
+
+
+@pytest.mark.parametrize("repeat_kv", [False, True])
+def test_shared_prompt_branches_equal_the_masked_unit(repeat_kv):
+    # What a GPU runs for a shared-prompt unit (fused causal calls per branch) against its mask, values and
+    # gradients: prompt 5, responses 3, 0 (an empty one) and 4; 6 query heads over 2 KV heads.
+    from hybridflow.data.packing import _shared_prompt_mask
+    from hybridflow.models.segment_attention import shared_prompt_attention
+
+    lengths = [5, 3, 0, 4]
+    gen = torch.Generator().manual_seed(1)
+    qkv = [torch.randn(1, heads, 12, 8, generator=gen, dtype=torch.float64, requires_grad=True) for heads in (6, 2, 2)]
+    weights = torch.randn(1, 6, 12, 8, generator=gen, dtype=torch.float64)
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        *qkv, attn_mask=_shared_prompt_mask(5, [3, 0, 4]), scale=0.3, enable_gqa=True)
+    expected_grads = torch.autograd.grad((expected * weights).sum(), qkv)
+    got = shared_prompt_attention(*qkv, lengths=lengths, scale=0.3, repeat_kv=repeat_kv)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
+    for grad, want in zip(torch.autograd.grad((got * weights).sum(), qkv), expected_grads):
+        torch.testing.assert_close(grad, want, rtol=0, atol=1e-12)
