@@ -6,7 +6,7 @@
 # The device machine has no registry: it runs its own python3 (torch + CUDA, transformers, triton)
 # with this checkout on PYTHONPATH, plus the few pure-Python packages it lacks, carried as wheels in
 # .whl/ (docs/benchmarks.md, "GPU runs", says how to fetch them). Run from the repository root:
-#     bash benchmarks/gpu_check.sh            # everything (~5 min, at most 7.7)
+#     bash benchmarks/gpu_check.sh            # everything (~6 min, at most 8)
 #     STAGES="tests rollout-nano" bash benchmarks/gpu_check.sh
 # A lent machine's device time is 15 minutes a session, starts included (~35 s each): one full run, a
 # fix, and one more run of the stages that failed.
@@ -32,14 +32,14 @@ stage() {  # name, seconds, command...
   tail -n 25 "$OUT/$name.log"
 }
 
-# Worst case 30 + 150 + 100 + 60 + 120 s = 7.7 min; a run that finds nothing wrong takes about 5.
+# Worst case 30 + 130 + 100 + 60 + 160 s = 8 min; a run that finds nothing wrong takes about 6.
 stage env 30 bash -c 'nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv;
   python3 -c "import torch, transformers, triton; print(torch.__version__, transformers.__version__, triton.__version__)"'
 # make test-gpu's selection: the engine's CUDA tests and Triton kernels first (they fail fastest), then the trainers.
-stage tests 150 python3 -m pytest -q -p no:cacheprovider -m "gpu or triton" -rs tests/rollout tests
+stage tests 130 python3 -m pytest -q -p no:cacheprovider -m "gpu or triton" -rs tests/rollout tests
 stage rollout-fixed 100 $ROLLOUT --shape smollm2-135m --workload fixed --batches ${FIXED_BATCHES:-64,256} \
   --prompt-len 128 --max-tokens 256 --engines ${FIXED_ENGINES:-native,hf-static} --breakdown
 stage rollout-nano 60 $ROLLOUT --shape qwen3-0.6b --workload nano-vllm --engines native --step-times --breakdown \
   --profile-admission
-stage update 120 python3 benchmarks/update.py --device cuda --quick
+stage update 160 python3 benchmarks/update.py --device cuda --quick
 echo "=== done $(date +%T)"

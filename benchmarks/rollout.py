@@ -446,6 +446,9 @@ def report_floors(batch: int, native: EngineRun, floors: Floors) -> None:
     steps = decode_rows_per_step(native.lengths)
     print(f"batch {batch:4d} flat floor: {floors.flat_gflops:.1f} GFLOP/s at {batch} rows = {floors.flat:.1f} tok/s; "
           f"native at {100 * native.tokens_per_s / floors.flat:.0f} %")
+    if floors.step != floors.step:  # NaN: more sequences than slots, no single synchronous call to price
+        print(f"batch {batch:4d} step floor: n/a (continuous batching through {batch} slots)")
+        return
     print(f"batch {batch:4d} step floor: {len(steps)} decode steps ({sum(r < 16 for r in steps)} with < 16 rows) "
           f"take >= {floors.step_seconds:.2f} s = {floors.step:.1f} tok/s; "
           f"native at {100 * native.tokens_per_s / floors.step:.0f} %")

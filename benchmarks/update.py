@@ -54,6 +54,7 @@ from collections.abc import Callable
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from hybridflow.algos.linear_logprob import linear_log_probs  # noqa: E402
 from hybridflow.algos.logprob import logprobs_from_logits  # noqa: E402
@@ -67,14 +68,14 @@ from hybridflow.workers.logprob import pack_micro_batch  # noqa: E402
 from hybridflow.workers.micro_batches import LogProbBatching, micro_batches  # noqa: E402
 from hybridflow.workers.optim import TrainState, build_optimizer, build_scheduler  # noqa: E402
 from hybridflow.workers.ppo_update import UpdateSchedule  # noqa: E402
+from model_shapes import SHAPES as MODEL_SHAPES  # noqa: E402
 
-SHAPES = {  # Qwen2.5's config.json values (hidden, MLP, layers, heads, KV heads, vocab); all tie the embeddings
-    "tiny": dict(hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, vocab_size=1024),
-    "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                 num_key_value_heads=2, vocab_size=151936),
-    "1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
-                 num_key_value_heads=2, vocab_size=151936),
+SHAPES = {  # Qwen2.5's shapes from benchmarks/model_shapes.py (config.json values; tied embeddings)
+    "tiny": dict(model_type="qwen2", hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, vocab_size=1024, tie_word_embeddings=True,
+                 max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1e6),
+    "0.5b": MODEL_SHAPES["qwen2.5-0.5b"],
+    "1.5b": MODEL_SHAPES["qwen2.5-1.5b"],
 }
 
 
@@ -144,8 +145,8 @@ def build_model(shape: str, device: torch.device, *, seed: int = 0):
     """A random-init Qwen2 causal LM of ``shape`` in fp32 on ``device`` (initialised there: no CPU copy)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    config = Qwen2Config(**SHAPES[shape], tie_word_embeddings=True, rope_theta=1e6, rms_norm_eps=1e-6,
-                         max_position_embeddings=32768, use_cache=False, attn_implementation="sdpa")
+    fields = {key: value for key, value in SHAPES[shape].items() if key != "model_type"}
+    config = Qwen2Config(**fields, use_cache=False, attn_implementation="sdpa")
     torch.manual_seed(seed)
     with torch.device(device):
         return Qwen2ForCausalLM(config)

@@ -124,8 +124,9 @@ class NativeEngine:
         return self.decoder.embed.device
 
     def load_weights(self, named_tensors) -> None:
-        """Trainer weights (HF names) into the engine: the fused copies are rebuilt from them."""
-        self.decoder.load_weights(named_tensors)  # in place on CUDA: captured graphs stay valid
+        """Trainer weights (HF names) into the engine: copied into the fused copies in place where they can
+        take them (CUDA: captured graphs stay valid), rebuilt where not (oneDNN-packed CPU weights)."""
+        self.decoder.load_weights(named_tensors)
         if self.device.type == "cpu":
             return_freed_memory()  # the packing temporaries: ~0.4 GB resident otherwise (SmolLM2-135M)
         if self.prefix_cache is not None:
