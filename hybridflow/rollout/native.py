@@ -78,6 +78,8 @@ class PendingPrompt:
 class NativeEngine:
     """``generate`` over a Llama-family HF model with continuous batching.
 
+    Unlike the other backends it takes one ``SamplingParams`` per prompt (:attr:`takes_params_per_prompt`).
+
     Args:
         model: an HF ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` (its weights are used in place).
         tokenizer: needed only for stop strings.
@@ -97,6 +99,9 @@ class NativeEngine:
             copy of them, not two (~0.42 GB less for SmolLM2-135M in fp32); ``model``'s own forward
             no longer runs afterwards. The trainer's rollout copy is built this way.
     """
+
+    takes_params_per_prompt = True
+    """``generate`` accepts a list of ``SamplingParams``, one per prompt (the agent loops use it)."""
 
     def __init__(self, model, tokenizer=None, *, max_num_seqs: int = 256, max_model_len: int | None = None,
                  decode_lanes: bool = True, prefix_cache_tokens: int = 0, own_model: bool = False,
