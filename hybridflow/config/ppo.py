@@ -367,7 +367,8 @@ class RolloutConfig:
     dtype: str = "bfloat16"
     """Engine dtype on GPU (vllm / sglang; the native engine runs the model's own dtype, fp32 on CPU)."""
     gpu_memory_utilization: float = 0.5
-    """vllm / sglang: fraction of GPU memory the engine may use for weights + KV cache."""
+    """Fraction of GPU memory the engine may use: vllm / sglang for weights + KV cache; native, what the process
+    may reach once its KV cache is allocated (fewer slots than max_num_seqs when they do not fit)."""
     ignore_eos: bool = False
     """Keep generating after EOS, to response_length (benchmarking only; every backend)."""
     enforce_eager: bool = False

@@ -94,6 +94,10 @@ class NativeEngine:
             ``rollout.enforce_eager``; graphs are the default, as in verl HEAD).
         cudagraph_capture_sizes: on CUDA, the batch sizes to capture (verl's
             ``rollout.cudagraph_capture_sizes``); ``None`` = :data:`~hybridflow.rollout.cuda_graphs.CAPTURE_SIZES`.
+        gpu_memory_utilization: on CUDA, the fraction of the GPU's memory that everything allocated in this
+            process may reach once the KV cache is allocated (verl's ``rollout.gpu_memory_utilization``; the
+            trainer passes it): the cache gets at most the slots that fit, and the other sequences wait for a
+            free one. ``None``: no limit (``max_num_seqs`` slots).
         own_model: the engine owns ``model`` (a private copy nobody else runs): it then drops the
             module's projection weights once they are fused and packed, so the engine holds one
             copy of them, not two (~0.42 GB less for SmolLM2-135M in fp32); ``model``'s own forward
@@ -105,7 +109,8 @@ class NativeEngine:
 
     def __init__(self, model, tokenizer=None, *, max_num_seqs: int = 256, max_model_len: int | None = None,
                  decode_lanes: bool = True, prefix_cache_tokens: int = 0, own_model: bool = False,
-                 enforce_eager: bool = False, cudagraph_capture_sizes: list[int] | None = None):
+                 enforce_eager: bool = False, cudagraph_capture_sizes: list[int] | None = None,
+                 gpu_memory_utilization: float | None = None):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.decoder = LlamaFamilyDecoder(model)
@@ -122,6 +127,7 @@ class NativeEngine:
         self.triton_kernels = self.decoder.triton_kernels
         self.enforce_eager = enforce_eager or not self.triton_kernels
         self.capture_sizes = cudagraph_capture_sizes
+        self.gpu_memory_utilization = gpu_memory_utilization
         self.graphs: DecodeGraphs | None = None
 
     @property
@@ -170,20 +176,44 @@ class NativeEngine:
         return generator.manual_seed(seed)
 
     def _reserve(self, *, slots: int, max_len: int) -> SlotKVCache:
-        """Reuse the preallocated cache when it is large enough, else allocate a new one."""
+        """Reuse the preallocated cache when it is large enough, else allocate a new one (on CUDA with at
+        most the slots ``gpu_memory_utilization`` leaves room for: the rest wait and take slots as they free)."""
         dtype = self.decoder.embed.dtype
+        slots = min(slots, self._slots_within_budget(max_len))
         if self.cache is None or not self.cache.fits(slots=slots, max_len=max_len, dtype=dtype, device=self.device):
             if self.triton_kernels and self.cache is not None:
                 # Grow only, in whole splits: every new cache costs a fresh set of CUDA graphs.
                 slots, max_len = max(slots, self.cache.slots), max(max_len, self.cache.max_len)
             if self.triton_kernels:
-                max_len = min(self.max_model_len, -(-max_len // 256) * 256)
+                max_len = self._cuda_cache_length(max_len)
             self.cache = self.graphs = None  # free the old ones before allocating
             self.cache = SlotKVCache(
                 layers=self.decoder.num_layers, slots=slots, kv_heads=self.decoder.kv_heads, max_len=max_len,
                 head_dim=self.decoder.head_dim, dtype=dtype, device=self.device,
             )
         return self.cache
+
+    def _cuda_cache_length(self, max_len: int) -> int:
+        """Positions a cache row gets: with the Triton kernels, whole attention splits (fewer caches, so fewer
+        graph captures)."""
+        if not self.triton_kernels:
+            return max_len
+        from hybridflow.rollout.triton_attention import SPLIT_LEN
+
+        return min(self.max_model_len, -(-max_len // SPLIT_LEN) * SPLIT_LEN)
+
+    def _slots_within_budget(self, max_len: int) -> int:
+        """KV slots of ``max_len`` positions that fit in ``gpu_memory_utilization`` of the GPU, counting what is
+        allocated now besides this engine's cache (weights, the trainer's tensors); no limit off CUDA."""
+        if self.device.type != "cuda" or self.gpu_memory_utilization is None:
+            return self.max_num_seqs
+        total = torch.cuda.get_device_properties(self.device).total_memory
+        own = 0 if self.cache is None else self.cache.data.numel() * self.cache.data.element_size()
+        in_use = torch.cuda.memory_allocated(self.device) - own
+        per_slot = (self.decoder.num_layers * 2 * self.decoder.kv_heads * self.decoder.head_dim
+                    * self._cuda_cache_length(max_len) * self.decoder.embed.element_size())
+        return kv_slots_within(budget=self.gpu_memory_utilization * total - in_use, per_slot=per_slot,
+                               utilization=self.gpu_memory_utilization, total=total, max_len=max_len)
 
     def _decode(self, *, token_ids: torch.Tensor, positions: torch.Tensor, cache: SlotKVCache, context: int,
                 first_slot: int) -> torch.Tensor:
@@ -402,3 +432,15 @@ def params_per_prompt(params: SamplingParams | list[SamplingParams], prompts: in
                            "pass one SamplingParams for all prompts or exactly one per prompt")
     return list(params)
 
+
+
+def kv_slots_within(*, budget: float, per_slot: int, utilization: float, total: int, max_len: int) -> int:
+    """How many KV slots of ``per_slot`` bytes fit in ``budget`` bytes; one line naming the fix when none does."""
+    if budget < per_slot:
+        gib = 2**30
+        raise RolloutError(
+            f"the KV cache of one sequence of {max_len} positions needs {per_slot / gib:.2f} GiB, but "
+            f"rollout.gpu_memory_utilization={utilization} of {total / gib:.0f} GiB leaves {max(budget, 0) / gib:.2f} "
+            "GiB after what is already allocated: raise rollout.gpu_memory_utilization, lower max_model_len "
+            "(prompt_length + response_length), or offload the actor during rollout")
+    return int(budget // per_slot)

@@ -124,3 +124,26 @@ def test_native_engine_honours_max_num_seqs_and_max_model_len(tiny_llama):
     assert len(out) == 4 and engine.cache.slots == 3  # 4 samples through 3 KV slots
     with pytest.raises(RolloutError, match="model context is 40"):
         engine.generate([[1] * 40], SamplingParams(max_tokens=2))
+
+
+def test_kv_slots_are_what_the_memory_budget_holds_and_none_is_one_line():
+    import pytest
+
+    from hybridflow.errors import RolloutError
+    from hybridflow.rollout.native import kv_slots_within
+
+    gib = 2**30
+    # 0.5 of 80 GiB with 10 GiB in use leaves 30 GiB: 30 slots of 1 GiB.
+    assert kv_slots_within(budget=0.5 * 80 * gib - 10 * gib, per_slot=gib, utilization=0.5, total=80 * gib,
+                           max_len=4096) == 30
+    with pytest.raises(RolloutError, match="raise rollout.gpu_memory_utilization, lower max_model_len"):
+        kv_slots_within(budget=0.5 * gib, per_slot=gib, utilization=0.5, total=80 * gib, max_len=4096)
+
+
+def test_the_trainer_passes_gpu_memory_utilization_to_the_native_engine():
+    from hybridflow.config import PPOConfig, load_config
+    from hybridflow.rollout.config import engine_kwargs_from_rollout_config
+
+    cfg = load_config(PPOConfig, ["actor_rollout_ref.model.path=m", "data.train_files=t", "data.val_files=v",
+                                  "actor_rollout_ref.rollout.gpu_memory_utilization=0.7"])
+    assert engine_kwargs_from_rollout_config(cfg.actor_rollout_ref.rollout)["gpu_memory_utilization"] == 0.7
