@@ -288,6 +288,11 @@ class LlamaFamilyDecoder:
             else:
                 if self.varlen_prefill_checked or self._varlen_prefill_agrees(prompts, packed):
                     return packed
+        return self._prefill_per_prompt(prompts, computed)
+
+    def _prefill_per_prompt(self, prompts: list[torch.Tensor], computed: list[torch.Tensor | None]
+                            ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """:meth:`prefill_many` with one SDPA call per prompt a layer (any device, dtype and prefix)."""
         lengths = [int(p.shape[0]) for p in prompts]
         offsets = [0 if c is None else int(c.shape[3]) for c in computed]
         starts = [sum(lengths[:i]) for i in range(len(lengths))]
@@ -326,8 +331,7 @@ class LlamaFamilyDecoder:
         """Once per decoder: the varlen kernel is a private aten op, so its first result is checked against
         the per-prompt path (last-position logits within bf16 rounding); a mismatch switches it off, saying so."""
         self.varlen_prefill_checked = True
-        self.varlen_prefill = False
-        reference = self.prefill_many(prompts)
+        reference = self._prefill_per_prompt(prompts, [None] * len(prompts))
         agrees = all(torch.allclose(a.float(), b.float(), rtol=0.05, atol=0.05 * b.float().abs().max().item())
                      for (a, _), (b, _) in zip(packed, reference))
         if not agrees:
