@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from hybridflow.errors import RolloutError
 from hybridflow.models.segment_attention import kv_heads
 from hybridflow.rollout.kv_cache import SlotKVCache
+from hybridflow.rollout.optional import package_installed
 from hybridflow.rollout.packed_linear import PackedLinear
 from hybridflow.rollout.weights import copy_named_tensors
 
@@ -455,10 +456,8 @@ class LlamaFamilyDecoder:
 def triton_kernels_available(model, head_dim: int) -> bool:
     """Whether the Triton decode kernels run for this model: on CUDA, with Triton installed and a
     power-of-two head size."""
-    import importlib.util
-
     device = next(model.parameters()).device
-    if device.type != "cuda" or importlib.util.find_spec("triton") is None:
+    if device.type != "cuda" or not package_installed("triton"):
         return False
     from hybridflow.rollout.triton_attention import supported
 

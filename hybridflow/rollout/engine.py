@@ -15,6 +15,7 @@ from typing import Protocol
 import torch
 
 from hybridflow.errors import RolloutError
+from hybridflow.rollout.optional import package_installed
 from hybridflow.rollout.types import Completion, SamplingParams
 
 
@@ -40,12 +41,6 @@ def register_engine(name: str, *, requires: str | None = None, install: str = ""
         return builder
 
     return wrap
-
-
-def package_installed(package: str) -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec(package) is not None
 
 
 def engine_unavailable(name: str) -> str | None:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from hybridflow.rollout.optional import package_installed
 from hybridflow.rollout.types import SamplingParams
 
 
@@ -190,9 +191,7 @@ def _fused_sampling_applies(logits: torch.Tensor, rows: RowSampling) -> bool:
     top-p or min-p, where Triton is installed."""
     if not (logits.is_cuda and _FUSED_SAMPLING["enabled"]) or rows.needs_top_k or rows.needs_top_p or rows.needs_min_p:
         return False
-    import importlib.util
-
-    return importlib.util.find_spec("triton") is not None
+    return package_installed("triton")
 
 
 def _fused_sample(logits: torch.Tensor, rows: RowSampling, uniform: torch.Tensor):

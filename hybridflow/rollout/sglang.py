@@ -14,6 +14,7 @@ per-request seed here: sampled rollouts are not reproducible across runs with th
 from __future__ import annotations
 
 from hybridflow.errors import RolloutError
+from hybridflow.rollout.optional import package_installed
 from hybridflow.rollout.types import Completion, SamplingParams, validate_prompts
 
 
@@ -24,8 +25,6 @@ class SGLangEngine:
                  gpu_memory_utilization: float = 0.5, tensor_model_parallel_size: int = 1,
                  max_model_len: int | None = None, enable_chunked_prefill: bool = True,
                  max_num_batched_tokens: int | None = None, max_num_seqs: int | None = None, **engine_kwargs):
-        from hybridflow.rollout.engine import package_installed
-
         if not package_installed("sglang"):
             raise RolloutError("rollout.name=sglang needs SGLang; `pip install hybridflow[sglang]` or use rollout.name=native")
         import sglang

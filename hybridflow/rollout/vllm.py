@@ -8,12 +8,11 @@ from disk.
 from __future__ import annotations
 
 from hybridflow.errors import RolloutError
+from hybridflow.rollout.optional import package_installed
 from hybridflow.rollout.types import Completion, SamplingParams, validate_prompts
 
 
 def vllm_available() -> bool:
-    from hybridflow.rollout.engine import package_installed
-
     return package_installed("vllm")
 
 
