@@ -1,0 +1,57 @@
+"""The model checks: a config or weights that do not make the model they claim give one ModelError line.
+
+Each case is a tiny llama folder with its config.json edited the way a user's copy goes wrong.
+"""
+
+import json
+import shutil
+
+import pytest
+
+from hybridflow.errors import ModelError
+from hybridflow.models import load_causal_lm
+from hybridflow.models.reward_model import load_reward_model
+from hybridflow.models.value_model import load_value_model
+
+
+def edited_copy(tiny_model_dir, tmp_path, **config_changes) -> str:
+    """A copy of the tiny llama folder whose config.json has ``config_changes`` applied."""
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config.update(config_changes)
+    (folder / "config.json").write_text(json.dumps(config))
+    return str(folder)
+
+
+def test_unknown_model_type_names_it_and_the_ways_out(tiny_model_dir, tmp_path):
+    path = edited_copy(tiny_model_dir, tmp_path, model_type="foo", architectures=["FooForCausalLM"])
+    with pytest.raises(ModelError, match=r"model_type 'foo', which transformers .* does not know.*trust_remote_code"):
+        load_causal_lm(path)
+
+
+def test_architecture_without_a_causal_lm_class_is_refused(tiny_model_dir, tmp_path):
+    path = edited_copy(tiny_model_dir, tmp_path, model_type="t5", architectures=["T5ForConditionalGeneration"])
+    with pytest.raises(ModelError, match=r"'t5' model \(T5ForConditionalGeneration\).* cannot load as a causal LM"):
+        load_causal_lm(path)
+
+
+def test_hidden_size_disagreeing_with_the_weights_names_both_shapes(tiny_model_dir, tmp_path):
+    path = edited_copy(tiny_model_dir, tmp_path, hidden_size=128)
+    with pytest.raises(ModelError, match=r"do not fit its config.json: .* is \[512, 64\] in the weights but "
+                                         r"\[512, 128\] by config.json .*hidden_size=128"):
+        load_causal_lm(path)
+
+
+def test_bert_config_over_llama_weights_is_refused_not_trained_at_random(tiny_model_dir, tmp_path):
+    path = edited_copy(tiny_model_dir, tmp_path, model_type="bert", architectures=["BertForMaskedLM"])
+    with pytest.raises(ModelError, match=r"^(\d+) of \1 weights of the 'bert' model .* are not in its weights files "
+                                         r"\(20 weights there are unexpected\).*restore the original config.json"):
+        load_causal_lm(path)
+    with pytest.raises(ModelError, match="weights of the 'bert' model"):  # the critic's backbone too
+        load_value_model(path)
+
+
+def test_a_fresh_reward_head_over_a_causal_lm_is_allowed(tiny_model_dir):
+    """The tolerance: a reward model's ``score`` head is new on a causal LM checkpoint, on purpose."""
+    assert load_reward_model(tiny_model_dir).score.weight.shape[0] == 1
