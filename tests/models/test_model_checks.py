@@ -55,3 +55,20 @@ def test_bert_config_over_llama_weights_is_refused_not_trained_at_random(tiny_mo
 def test_a_fresh_reward_head_over_a_causal_lm_is_allowed(tiny_model_dir):
     """The tolerance: a reward model's ``score`` head is new on a causal LM checkpoint, on purpose."""
     assert load_reward_model(tiny_model_dir).score.weight.shape[0] == 1
+
+
+def test_resuming_a_checkpoint_of_another_size_names_the_tensor_and_the_way_out(tmp_path):
+    from hybridflow.errors import CheckpointError
+    from hybridflow.models.sharded_checkpoint import load_sharded, save_sharded
+    from hybridflow.models.tiny import build_tiny_model
+
+    small, tokenizer = build_tiny_model()
+    save_sharded(str(tmp_path / "dcp"), model=small)
+    larger, _ = build_tiny_model(tokenizer=tokenizer, hidden_size=128)
+    with pytest.raises(CheckpointError, match=r"holds a model of another size: model.embed_tokens.weight is \[512, 64\] "
+                                              r"there but \[512, 128\] .*trainer.resume_mode=disable"):
+        load_sharded(str(tmp_path / "dcp"), model=larger)
+    deeper, _ = build_tiny_model(tokenizer=tokenizer, num_hidden_layers=3)
+    with pytest.raises(CheckpointError, match=r"holds another model: 9 of 30 weights .* are not in it \(first: "
+                                              r"model.layers.2.self_attn.q_proj.weight\)"):
+        load_sharded(str(tmp_path / "dcp"), model=deeper)
