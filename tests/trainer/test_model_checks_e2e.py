@@ -67,11 +67,23 @@ def test_hidden_size_disagreeing_with_the_weights_stops_with_one_line(tmp_path, 
     assert "do not fit its config.json" in error and "hidden_size=128" in error
 
 
-def test_unknown_model_type_stops_with_one_line(tmp_path, tiny_model_dir, capsys):
+def _foo_config(tiny_model_dir, tmp_path) -> str:
     folder = tmp_path / "foo_config"
     shutil.copytree(tiny_model_dir, folder)
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "model_type": "foo", "architectures": ["FooForCausalLM"]}))
-    assert main(base_overrides(tmp_path, str(folder), steps=1)) == 2
+    return str(folder)
+
+
+def test_unknown_model_type_stops_with_one_line(tmp_path, tiny_model_dir, capsys):
+    assert main(base_overrides(tmp_path, _foo_config(tiny_model_dir, tmp_path), steps=1)) == 2
     [error] = _error_lines(capsys.readouterr().err)
     assert "model_type 'foo'" in error and "trust_remote_code" in error
+
+
+def test_unknown_model_type_of_a_generative_judge_stops_with_one_line(tmp_path, tiny_model_dir, capsys):
+    judge = ["reward_model.enable=True", "reward_model.use_reward_loop=True",
+             f"reward_model.model.path={_foo_config(tiny_model_dir, tmp_path)}"]
+    assert main(base_overrides(tmp_path, tiny_model_dir, steps=1) + judge) == 2
+    [error] = _error_lines(capsys.readouterr().err)
+    assert "foo_config/config.json has model_type 'foo'" in error
