@@ -7,8 +7,10 @@ names the path and the two ways to get a model without a hub.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
+import logging
 import os
 import struct
 
@@ -141,9 +143,9 @@ def _mismatched_shapes(path: str, config, mismatched: list) -> ModelError:
 def _weights_not_loaded(path: str, config, *, missing: list, unexpected: list, total: int) -> ModelError:
     return ModelError(
         f"{len(missing)} of {total} weights of the {config.model_type!r} model in {path} are not in its weights "
-        f"files ({len(unexpected)} weights there are unexpected); config.json's model_type/architectures "
-        f"({config.model_type}, {', '.join(config.architectures or ['-'])}) do not match the architecture the "
-        f"weights were saved with: restore the original config.json, or copy the model folder again"
+        f"files ({len(unexpected)} weights there are unexpected), and would train from random values: config.json "
+        f"({', '.join(config.architectures or ['no architectures'])}) and the weights files describe different "
+        f"models, or the files are incomplete; restore the original config.json, or copy the model folder again"
     )
 
 
@@ -167,9 +169,41 @@ def load_checked_weights(auto_class, path: str, *, new_heads: tuple[str, ...] = 
     ``ignore_mismatched_sizes`` only lets transformers report shape mismatches instead of raising
     a RuntimeError; :func:`check_loading_info` then refuses them.
     """
-    model, info = _from_pretrained(auto_class, path, output_loading_info=True, ignore_mismatched_sizes=True, **kwargs)
+    with _held_back_load_report() as report:
+        model, info = _from_pretrained(auto_class, path, output_loading_info=True, ignore_mismatched_sizes=True,
+                                       **kwargs)
     check_loading_info(model, info, path, new_heads=new_heads)
+    report.release()
     return model
+
+
+class _HeldBackRecords(logging.Filter):
+    """Keeps a logger's records back; ``release`` logs them after all."""
+
+    def __init__(self, logger: logging.Logger):
+        super().__init__()
+        self.logger, self.records = logger, []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        self.records.append(record)
+        return False
+
+    def release(self) -> None:
+        for record in self.records:
+            self.logger.handle(record)
+
+
+@contextlib.contextmanager
+def _held_back_load_report():
+    """transformers' LOAD REPORT table (one row per missing weight) is shown only for a model that passes
+    :func:`check_loading_info`; a refused one gets its one line alone."""
+    logger = logging.getLogger("transformers.modeling_utils")
+    held = _HeldBackRecords(logger)
+    logger.addFilter(held)
+    try:
+        yield held
+    finally:
+        logger.removeFilter(held)
 
 
 def load_config(path: str, *, trust_remote_code: bool = False, override_config: dict | None = None):

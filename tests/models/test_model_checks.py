@@ -4,6 +4,7 @@ Each case is a tiny llama folder with its config.json edited the way a user's co
 """
 
 import json
+import logging
 import shutil
 
 import pytest
@@ -52,6 +53,18 @@ def test_bert_config_over_llama_weights_is_refused_not_trained_at_random(tiny_mo
         load_value_model(path)
 
 
+def test_one_weight_missing_from_the_files_is_refused_too(tiny_model_dir, tmp_path):
+    """No tolerance for a causal LM's own weights: one left at random is refused."""
+    from safetensors.torch import load_file, save_file
+
+    path = edited_copy(tiny_model_dir, tmp_path)
+    weights = load_file(f"{path}/model.safetensors")
+    del weights["model.layers.1.mlp.up_proj.weight"]
+    save_file(weights, f"{path}/model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ModelError, match=r"^1 of 21 weights of the 'llama' model .* \(0 weights there are unexpected\)"):
+        load_causal_lm(path)
+
+
 def test_a_fresh_reward_head_over_a_causal_lm_is_allowed(tiny_model_dir):
     """The tolerance: a reward model's ``score`` head is new on a causal LM checkpoint, on purpose."""
     assert load_reward_model(tiny_model_dir).score.weight.shape[0] == 1
@@ -72,3 +85,30 @@ def test_resuming_a_checkpoint_of_another_size_names_the_tensor_and_the_way_out(
     with pytest.raises(CheckpointError, match=r"holds another model: 9 of 30 weights .* are not in it \(first: "
                                               r"model.layers.2.self_attn.q_proj.weight\)"):
         load_sharded(str(tmp_path / "dcp"), model=deeper)
+
+
+class _Collect(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+@pytest.fixture
+def load_report():
+    """Messages transformers' loader logs (its LOAD REPORT table among them)."""
+    logger, handler = logging.getLogger("transformers.modeling_utils"), _Collect()
+    logger.addHandler(handler)
+    yield handler.messages
+    logger.removeHandler(handler)
+
+
+def test_a_refused_model_gets_its_one_line_without_the_load_report_table(tiny_model_dir, tmp_path, load_report):
+    path = edited_copy(tiny_model_dir, tmp_path, model_type="bert", architectures=["BertForMaskedLM"])
+    with pytest.raises(ModelError):
+        load_causal_lm(path)
+    assert not any("LOAD REPORT" in message for message in load_report)
+    load_reward_model(tiny_model_dir)  # a model that loads still shows the report (its fresh score head)
+    assert any("LOAD REPORT" in message and "score.weight" in message for message in load_report)
