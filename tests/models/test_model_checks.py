@@ -112,3 +112,20 @@ def test_a_refused_model_gets_its_one_line_without_the_load_report_table(tiny_mo
     assert not any("LOAD REPORT" in message for message in load_report)
     load_reward_model(tiny_model_dir)  # a model that loads still shows the report (its fresh score head)
     assert any("LOAD REPORT" in message and "score.weight" in message for message in load_report)
+
+
+def test_an_architecture_registered_by_external_lib_passes_the_checks(tiny_model_dir, tmp_path):
+    """What ``model.external_lib`` does: register a config and causal-LM class with the Auto classes."""
+    from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+    class RegisteredConfig(LlamaConfig):
+        model_type = "registered_llama_for_model_checks"
+
+    class RegisteredForCausalLM(LlamaForCausalLM):
+        config_class = RegisteredConfig
+
+    AutoConfig.register(RegisteredConfig.model_type, RegisteredConfig, exist_ok=True)
+    AutoModelForCausalLM.register(RegisteredConfig, RegisteredForCausalLM, exist_ok=True)
+    path = edited_copy(tiny_model_dir, tmp_path, model_type=RegisteredConfig.model_type,
+                       architectures=["RegisteredForCausalLM"])
+    assert isinstance(load_causal_lm(path), RegisteredForCausalLM)
