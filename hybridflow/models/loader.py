@@ -105,9 +105,17 @@ def _declared_model_type(path: str) -> str | None:
         return None
 
 
-def _unknown_architecture(path: str, cause: Exception) -> ModelError:
+def _unreadable_config(path: str, cause: Exception) -> ModelError:
+    """An unknown ``model_type`` (the usual case) or a config transformers rejects for another reason."""
     import transformers
+    from transformers import CONFIG_MAPPING
 
+    model_type = _declared_model_type(path)
+    if model_type in CONFIG_MAPPING:
+        reason = cause.__cause__ or cause  # a validator's own ValueError says which field
+        first_line = (str(reason).strip().splitlines() or [type(reason).__name__])[0].rstrip(".")
+        return ModelError(f"transformers cannot read {path}/config.json (model_type {model_type!r}): {first_line}; "
+                          f"fix that field of config.json, or copy the model folder again")
     return ModelError(
         f"{path}/config.json has model_type {_declared_model_type(path)!r}, which transformers "
         f"{transformers.__version__} does not know ({type(cause).__name__}); fix config.json's model_type and "
@@ -210,10 +218,14 @@ def load_config(path: str, *, trust_remote_code: bool = False, override_config: 
     """The model config with ``override_config`` entries applied (unknown keys are an error)."""
     from transformers import AutoConfig
 
+    import huggingface_hub.errors
+
+    # transformers 5 validates config fields through huggingface_hub's strict dataclasses
+    strict_dataclass_error = getattr(huggingface_hub.errors, "StrictDataclassError", ValueError)
     try:
         config = _from_pretrained(AutoConfig, path, trust_remote_code=trust_remote_code)
-    except (ValueError, KeyError) as err:  # transformers' words for a model_type it has no class for
-        raise _unknown_architecture(path, err) from err
+    except (ValueError, KeyError, strict_dataclass_error) as err:  # mostly a model_type transformers has no class for
+        raise _unreadable_config(path, err) from err
     for key, value in (override_config or {}).items():
         if not hasattr(config, key):
             raise ConfigError(f"override_config key {key!r} is not a field of {type(config).__name__}; "

@@ -129,3 +129,11 @@ def test_an_architecture_registered_by_external_lib_passes_the_checks(tiny_model
     path = edited_copy(tiny_model_dir, tmp_path, model_type=RegisteredConfig.model_type,
                        architectures=["RegisteredForCausalLM"])
     assert isinstance(load_causal_lm(path), RegisteredForCausalLM)
+
+
+def test_a_known_model_type_with_a_field_transformers_rejects_quotes_it(tiny_model_dir, tmp_path):
+    """Not every ValueError from the config is an unknown architecture: the message says which."""
+    path = edited_copy(tiny_model_dir, tmp_path, num_attention_heads=5)
+    with pytest.raises(ModelError, match=r"transformers cannot read .*config.json \(model_type 'llama'\): .*; fix that "
+                                         r"field of config.json"):
+        load_causal_lm(path)
