@@ -7,8 +7,10 @@ names the path and the two ways to get a model without a hub.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
+import logging
 import os
 import struct
 
@@ -94,11 +96,136 @@ def _from_pretrained(auto_class, path: str, **kwargs):
         raise _missing_model(path, err) from err
 
 
+def _declared_model_type(path: str) -> str | None:
+    """``model_type`` as written in ``path``'s config.json (None when unreadable), for messages."""
+    try:
+        with open(os.path.join(os.path.expanduser(str(path)), "config.json")) as handle:
+            return json.load(handle).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _unreadable_config(path: str, cause: Exception) -> ModelError:
+    """An unknown ``model_type`` (the usual case) or a config transformers rejects for another reason."""
+    import transformers
+    from transformers import CONFIG_MAPPING
+
+    model_type = _declared_model_type(path)
+    if model_type in CONFIG_MAPPING:
+        reason = cause.__cause__ or cause  # a validator's own ValueError says which field
+        first_line = (str(reason).strip().splitlines() or [type(reason).__name__])[0].rstrip(".")
+        return ModelError(f"transformers cannot read {path}/config.json (model_type {model_type!r}): {first_line}; "
+                          f"fix that field of config.json, or copy the model folder again")
+    return ModelError(
+        f"{path}/config.json has model_type {_declared_model_type(path)!r}, which transformers "
+        f"{transformers.__version__} does not know ({type(cause).__name__}); fix config.json's model_type and "
+        f"architectures, set model.trust_remote_code=True for a model that ships its own code, "
+        f"or name the module that registers it in model.external_lib"
+    )
+
+
+def check_causal_lm_config(config, path: str) -> None:
+    """A config transformers knows, but not as a causal LM (say T5 or CLIP), is refused before loading."""
+    from transformers import AutoModelForCausalLM
+
+    has_remote_class = "AutoModelForCausalLM" in (getattr(config, "auto_map", None) or {})
+    if type(config) in AutoModelForCausalLM._model_mapping or has_remote_class:
+        return
+    raise ModelError(
+        f"{path} holds a {config.model_type!r} model ({', '.join(config.architectures or ['no architectures'])}), "
+        f"which transformers cannot load as a causal LM; point model.path at a causal LM "
+        f"(llama, qwen2, qwen3, mistral, gemma2, ...)"
+    )
+
+
+def _mismatched_shapes(path: str, config, mismatched: list) -> ModelError:
+    key, saved, expected = sorted(mismatched, key=str)[0]
+    return ModelError(
+        f"the weights in {path} do not fit its config.json: {key} is {list(saved)} in the weights but "
+        f"{list(expected)} by config.json ({len(mismatched)} tensors differ); set config.json's sizes "
+        f"(hidden_size={getattr(config, 'hidden_size', '?')}, intermediate_size, num_attention_heads, ...) "
+        f"to those the weights were saved with, or copy the model folder again"
+    )
+
+
+def _weights_not_loaded(path: str, config, *, missing: list, unexpected: list, total: int) -> ModelError:
+    return ModelError(
+        f"{len(missing)} of {total} weights of the {config.model_type!r} model in {path} are not in its weights "
+        f"files ({len(unexpected)} weights there are unexpected), and would train from random values: config.json "
+        f"({', '.join(config.architectures or ['no architectures'])}) and the weights files describe different "
+        f"models, or the files are incomplete; restore the original config.json, or copy the model folder again"
+    )
+
+
+def check_loading_info(model, info: dict, path: str, *, new_heads: tuple[str, ...] = ()) -> None:
+    """Refuse a model whose weights did not all load (they would be random, and train in silence).
+
+    ``new_heads``: key prefixes a loader initialises on purpose (a reward model's ``score`` head
+    on top of a causal LM checkpoint). Unexpected keys alone are fine (an LM head under a backbone).
+    """
+    if info["mismatched_keys"]:
+        raise _mismatched_shapes(path, model.config, list(info["mismatched_keys"]))
+    missing = [key for key in info["missing_keys"] if not key.startswith(new_heads)]
+    if missing:
+        raise _weights_not_loaded(path, model.config, missing=missing, unexpected=list(info["unexpected_keys"]),
+                                  total=len(model.state_dict()))
+
+
+def load_checked_weights(auto_class, path: str, *, new_heads: tuple[str, ...] = (), **kwargs):
+    """``auto_class.from_pretrained`` that refuses weights of another size or architecture (one line each).
+
+    ``ignore_mismatched_sizes`` only lets transformers report shape mismatches instead of raising
+    a RuntimeError; :func:`check_loading_info` then refuses them.
+    """
+    with _held_back_load_report() as report:
+        model, info = _from_pretrained(auto_class, path, output_loading_info=True, ignore_mismatched_sizes=True,
+                                       **kwargs)
+    check_loading_info(model, info, path, new_heads=new_heads)
+    report.release()
+    return model
+
+
+class _HeldBackRecords(logging.Filter):
+    """Keeps a logger's records back; ``release`` logs them after all."""
+
+    def __init__(self, logger: logging.Logger):
+        super().__init__()
+        self.logger, self.records = logger, []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        self.records.append(record)
+        return False
+
+    def release(self) -> None:
+        for record in self.records:
+            self.logger.handle(record)
+
+
+@contextlib.contextmanager
+def _held_back_load_report():
+    """transformers' LOAD REPORT table (one row per missing weight) is shown only for a model that passes
+    :func:`check_loading_info`; a refused one gets its one line alone."""
+    logger = logging.getLogger("transformers.modeling_utils")
+    held = _HeldBackRecords(logger)
+    logger.addFilter(held)
+    try:
+        yield held
+    finally:
+        logger.removeFilter(held)
+
+
 def load_config(path: str, *, trust_remote_code: bool = False, override_config: dict | None = None):
     """The model config with ``override_config`` entries applied (unknown keys are an error)."""
     from transformers import AutoConfig
 
-    config = _from_pretrained(AutoConfig, path, trust_remote_code=trust_remote_code)
+    import huggingface_hub.errors
+
+    # transformers 5 validates config fields through huggingface_hub's strict dataclasses
+    strict_dataclass_error = getattr(huggingface_hub.errors, "StrictDataclassError", ValueError)
+    try:
+        config = _from_pretrained(AutoConfig, path, trust_remote_code=trust_remote_code)
+    except (ValueError, KeyError, strict_dataclass_error) as err:  # mostly a model_type transformers has no class for
+        raise _unreadable_config(path, err) from err
     for key, value in (override_config or {}).items():
         if not hasattr(config, key):
             raise ConfigError(f"override_config key {key!r} is not a field of {type(config).__name__}; "
@@ -120,7 +247,8 @@ def load_causal_lm(
     from transformers import AutoModelForCausalLM
 
     config = load_config(path, trust_remote_code=trust_remote_code, override_config=override_config)
-    model = _from_pretrained(
+    check_causal_lm_config(config, path)
+    model = load_checked_weights(
         AutoModelForCausalLM, path, config=config, dtype=resolve_dtype(dtype),
         attn_implementation=attn_implementation, trust_remote_code=trust_remote_code,
     )

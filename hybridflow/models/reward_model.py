@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from hybridflow.models.loader import _from_pretrained, load_config, resolve_dtype
+from hybridflow.models.loader import load_checked_weights, load_config, resolve_dtype
 
 
 def load_reward_model(
@@ -27,6 +27,8 @@ def load_reward_model(
     config.num_labels = 1
     if pad_token_id is not None:
         config.pad_token_id = pad_token_id
-    model = _from_pretrained(AutoModelForSequenceClassification, path, config=config, dtype=resolve_dtype(dtype),
-                             attn_implementation=attn_implementation, trust_remote_code=trust_remote_code)
+    # a causal LM checkpoint has no ``score`` head: it starts fresh, as reward-model training expects
+    model = load_checked_weights(AutoModelForSequenceClassification, path, config=config, dtype=resolve_dtype(dtype),
+                                 attn_implementation=attn_implementation, trust_remote_code=trust_remote_code,
+                                 new_heads=("score.",))
     return model.eval()

@@ -29,7 +29,7 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
-from hybridflow.errors import ModelError
+from hybridflow.errors import CheckpointError, ModelError
 from hybridflow.models.fsdp import full_state_dict
 from hybridflow.models.hf_folder import HF_FOLDER, has_hf_config, merge_into_hf_folder, plain_hf_model, save_hf_folder
 from hybridflow.models.rng_state import capture_rng_state, restore_rng_state, rng_file
@@ -71,11 +71,42 @@ def load_sharded(directory: str, *, model: torch.nn.Module, optimizer=None) -> N
         raise ModelError(f"{directory} is not a DCP checkpoint (no .metadata); "
                          "point at global_step_N/actor/dcp written by a sharded run")
     states = _states(model, optimizer)
+    check_same_model(directory, states["model"])
     with _single_process_ok():
         dcp.load(states, checkpoint_id=directory)
     optimizers = [optimizer] if optimizer is not None else []
     set_state_dict(model, optimizers, model_state_dict=states["model"],
                    optim_state_dict=states.get("optim", {}))
+
+
+def _saved_shapes(directory: str) -> dict[str, tuple[int, ...]]:
+    """Global shape of every tensor a DCP checkpoint holds, keyed as DCP flattens them (``model.<fqn>``)."""
+    metadata = FileSystemReader(directory).read_metadata().state_dict_metadata
+    return {key: tuple(meta.size) for key, meta in metadata.items() if isinstance(meta, TensorStorageMetadata)}
+
+
+_START_FRESH = ("resume with the model the checkpoint was trained from (its config.json is in the step's "
+                "huggingface/ folder), or start fresh with trainer.resume_mode=disable or another trainer.default_local_dir")
+
+
+def check_same_model(directory: str, model_state: dict) -> None:
+    """A checkpoint of another model size or architecture is one CheckpointError line, not DCP's traceback.
+
+    ``model_state``: this rank's model state dict (DTensor shapes are global, as in the metadata).
+    """
+    saved = _saved_shapes(directory)
+    current = {f"model.{name}": tuple(tensor.shape) for name, tensor in model_state.items()}
+    differ = [(key, saved[key], shape) for key, shape in current.items() if key in saved and saved[key] != shape]
+    if differ:
+        key, there, here = differ[0]
+        raise CheckpointError(f"checkpoint {directory} holds a model of another size: {key.removeprefix('model.')} is "
+                              f"{list(there)} there but {list(here)} in the model loaded now ({len(differ)} tensors "
+                              f"differ); {_START_FRESH}")
+    absent = [key for key in current if key not in saved]
+    if absent:
+        raise CheckpointError(f"checkpoint {directory} holds another model: {len(absent)} of {len(current)} weights of "
+                              f"the model loaded now are not in it (first: {absent[0].removeprefix('model.')}); "
+                              f"{_START_FRESH}")
 
 
 class FSDPModelComponent:

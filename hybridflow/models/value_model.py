@@ -14,7 +14,7 @@ import os
 import torch
 from torch import nn
 
-from hybridflow.models.loader import _from_pretrained, enable_gradient_checkpointing, load_config, resolve_dtype
+from hybridflow.models.loader import enable_gradient_checkpointing, load_checked_weights, load_config, resolve_dtype
 
 VALUE_HEAD_FILE = "value_head.safetensors"
 
@@ -67,8 +67,8 @@ def load_value_model(
     from transformers import AutoModel
 
     config = load_config(path, trust_remote_code=trust_remote_code, override_config=override_config)
-    backbone = _from_pretrained(AutoModel, path, config=config, dtype=resolve_dtype(dtype),
-                                attn_implementation=attn_implementation, trust_remote_code=trust_remote_code)
+    backbone = load_checked_weights(AutoModel, path, config=config, dtype=resolve_dtype(dtype),
+                                    attn_implementation=attn_implementation, trust_remote_code=trust_remote_code)
     model = ValueModel(backbone)
     head_file = os.path.join(os.path.expanduser(str(path)), VALUE_HEAD_FILE)
     if os.path.exists(head_file):

@@ -34,6 +34,7 @@ from hybridflow.data.dataloader import StatefulDataLoader
 from hybridflow.data.rl_dataset import RLDataset
 from hybridflow.errors import ConfigError, run_entry_point
 from hybridflow.models import load_causal_lm, load_reward_model, load_tokenizer
+from hybridflow.models import load_config as load_model_config
 from hybridflow.models.loader import import_external_lib
 from hybridflow.rewards import RewardModelScorer, build_reward_manager, load_reward_function
 from hybridflow.rewards.code_sandbox import apply_sandbox_settings
@@ -300,12 +301,10 @@ def check_reward_inputs(cfg: PPOConfig, loaders: dict[str, Any]) -> None:
 def uses_generative_judge(cfg: PPOConfig) -> bool:
     """``reward_model.use_reward_loop`` with a causal-LM model is a generative judge; a sequence
     classifier is scored directly (verl's reward loop serves both kinds)."""
-    from transformers import AutoConfig
-
     rm = cfg.reward_model
     if not (rm.use_reward_loop and rm.model.path):
         return False
-    config = AutoConfig.from_pretrained(os.path.expanduser(rm.model.path), trust_remote_code=rm.model.trust_remote_code)
+    config = load_model_config(rm.model.path, trust_remote_code=rm.model.trust_remote_code)  # a bad path or type: one line
     return not any(name.endswith("ForSequenceClassification") for name in (config.architectures or []))
 
 
