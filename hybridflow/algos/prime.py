@@ -96,3 +96,16 @@ def prime_advantages(*, dense_rewards: torch.Tensor, outcome_scores: torch.Tenso
         outcome_coef * leave_one_out(rewards=outcome, reward_mask=outcome_mask, n=n)
     returns = (total * response_mask).flip(-1).cumsum(-1).flip(-1)
     return masked_whiten(values=returns, mask=response_mask), returns
+
+
+def dense_prm_rewards(*, prm_log_probs: torch.Tensor, ref_log_probs: torch.Tensor, response_mask: torch.Tensor,
+                      beta: float, granularity: str, norm: str) -> tuple[torch.Tensor, dict[str, float]]:
+    """(dense rewards ``[B, T]`` as the advantages read them, metrics): the implicit process rewards at
+    ``granularity``, normalised by ``norm``; ``reward_model/reward`` is their mean sum per response and
+    ``reward_model/raw_reward`` the mean summed log-ratio (the recipe's metric names)."""
+    rewards = implicit_process_rewards(prm_log_probs=prm_log_probs, ref_log_probs=ref_log_probs,
+                                       response_mask=response_mask, beta=beta)
+    rewards = prime_batch_norm(dense_reward_granularity(rewards, response_mask=response_mask,
+                                                        granularity=granularity), norm=norm)
+    raw = ((prm_log_probs - ref_log_probs) * response_mask).sum(-1)
+    return rewards, {"reward_model/reward": rewards.sum(-1).mean().item(), "reward_model/raw_reward": raw.mean().item()}

@@ -147,8 +147,18 @@ def critic_enabled(cfg: Any) -> bool:
 
 
 def reference_enabled(cfg: Any) -> bool:
-    """Reference log-probs are computed when a KL term uses them: in the loss or in the reward."""
-    return bool(cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward)
+    """Reference log-probs are computed when a KL term uses them (in the loss or in the reward) or PRIME's implicit
+    PRM takes its log-ratio to them."""
+    return bool(cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
+                or implicit_prm_enabled(cfg))
+
+
+def implicit_prm_enabled(cfg: Any) -> bool:
+    """PRIME's implicit PRM is built and trained exactly for estimators registered with ``needs_implicit_prm``."""
+    try:
+        return advantage_spec(cfg.algorithm.adv_estimator).needs_implicit_prm
+    except UnknownAlgorithmError:
+        return False  # reported by the registered-name check
 
 
 def split_placement(cfg: Any) -> bool:
