@@ -173,9 +173,22 @@ def compat_keys_set(cfg: DictConfig, defaults: DictConfig) -> list[tuple[str, An
         if not isinstance(parent, DictConfig) or leaf not in parent or OmegaConf.is_interpolation(parent, leaf):
             continue
         value = OmegaConf.select(cfg, key, throw_on_missing=False)
-        if value != OmegaConf.select(defaults, key, throw_on_missing=False):
+        if value != _default_value(defaults, key):
             found.append((key, value))
     return found
+
+
+_FOLLOWS_ANOTHER_KEY = object()
+
+
+def _default_value(defaults: DictConfig, key: str) -> Any:
+    """The schema's default of ``key``; a default that follows another key (``input_tokenizer`` ->
+    ``actor_rollout_ref.model.path``, unset in the bare schema) is a marker no explicit value equals."""
+    parent_key, _, leaf = key.rpartition(".")
+    parent = OmegaConf.select(defaults, parent_key) if parent_key else defaults
+    if isinstance(parent, DictConfig) and leaf in parent and OmegaConf.is_interpolation(parent, leaf):
+        return _FOLLOWS_ANOTHER_KEY
+    return OmegaConf.select(defaults, key, throw_on_missing=False)
 
 
 def warn_compat_keys(cfg: DictConfig, schema: type) -> list[str]:

@@ -396,7 +396,8 @@ def validate_ppo_config(cfg: Any, *, model_max_len: int | None = None, check_pat
     if critic_enabled(cfg):
         _check_optim(problems, "critic.optim", cfg.critic.optim)
     _check_choice(problems, "actor_rollout_ref.actor.optim.warmup_style",
-                  cfg.actor_rollout_ref.actor.optim.lr_scheduler_type or cfg.actor_rollout_ref.actor.optim.warmup_style,
+                  cfg.actor_rollout_ref.actor.optim.lr_scheduler_type or cfg.actor_rollout_ref.actor.optim.warmup_style
+                  or "constant",
                   LR_SCHEDULES)
     raise_if_problems(problems)
 
