@@ -395,6 +395,8 @@ def validate_ppo_config(cfg: Any, *, model_max_len: int | None = None, check_pat
     _check_optim(problems, "actor_rollout_ref.actor.optim", cfg.actor_rollout_ref.actor.optim)
     if critic_enabled(cfg):
         _check_optim(problems, "critic.optim", cfg.critic.optim)
+    if implicit_prm_enabled(cfg):
+        _check_optim(problems, "reward_model.model.optim", cfg.reward_model.model.optim)
     _check_choice(problems, "actor_rollout_ref.actor.optim.warmup_style",
                   cfg.actor_rollout_ref.actor.optim.lr_scheduler_type or cfg.actor_rollout_ref.actor.optim.warmup_style
                   or "constant",

@@ -118,3 +118,8 @@ def test_recipe_keys_that_cannot_run_are_one_line_each(tmp_path, tiny_model_dir,
     with pytest.raises(ConfigError, match="algorithm.adv_estimator='grpo'.*use rloo"):
         recipe_meaning(load_config(PPOConfig, prime_overrides(tmp_path, tiny_model_dir, "algorithm.adv_estimator=grpo"),
                                    defaults=PRIME_DEFAULTS))
+
+
+def test_prm_optimizer_settings_are_checked_before_loading(tmp_path, tiny_model_dir, capsys):
+    assert main(prime_overrides(tmp_path, tiny_model_dir, "reward_model.model.optim.lr=-1")) != 0
+    assert "reward_model.model.optim.lr=-1.0 must be >= 0" in capsys.readouterr().err
