@@ -109,3 +109,21 @@ def dense_prm_rewards(*, prm_log_probs: torch.Tensor, ref_log_probs: torch.Tenso
                                                         granularity=granularity), norm=norm)
     raw = ((prm_log_probs - ref_log_probs) * response_mask).sum(-1)
     return rewards, {"reward_model/reward": rewards.sum(-1).mean().item(), "reward_model/raw_reward": raw.mean().item()}
+
+
+def dpo_accuracy(*, rewards: torch.Tensor, outcome: torch.Tensor, response_mask: torch.Tensor, n: int) -> dict[str, float]:
+    """The recipe's PRM accuracies (its ``compute_dpo_accuracy`` / ``compute_dpo_abs_accuracy``): ``dpo_acc``, over
+    each prompt's sample pairs (i < j), the share whose summed dense rewards order them as the outcomes do, weighted
+    by ``|y_i - y_j|`` (0.5 for a prompt whose outcomes are all equal), averaged over prompts; ``dpo_acc_abs``, the
+    share of responses with ``sign(sum_t r_t) == sign(2 y - 1)``."""
+    sums = (rewards * response_mask).sum(-1)
+    score_diff = (sums.view(-1, n, 1) - sums.view(-1, 1, n))  # [G, n, n]: s_i - s_j
+    outcome_diff = (outcome.view(-1, n, 1) - outcome.view(-1, 1, n)).to(sums.dtype)
+    upper = torch.ones(n, n, dtype=torch.bool, device=sums.device).triu(diagonal=1)
+    weight = outcome_diff.abs() * upper
+    agree = ((score_diff > 0) == (outcome_diff > 0)).to(sums.dtype)
+    total = weight.sum((1, 2))
+    per_prompt = torch.where(total > 0, (agree * weight).sum((1, 2)) / total.clamp(min=1e-12),
+                             torch.full_like(total, 0.5))
+    absolute = (torch.sign(sums) == torch.sign(outcome.to(sums.dtype) * 2 - 1)).float().mean()
+    return {"reward_model/dpo_acc": per_prompt.mean().item(), "reward_model/dpo_acc_abs": absolute.item()}

@@ -9,7 +9,7 @@ import functools
 
 import torch
 
-from hybridflow.algos.prime import PRIME_GRANULARITIES, PRIME_NORMS, dense_prm_rewards
+from hybridflow.algos.prime import PRIME_GRANULARITIES, PRIME_NORMS, dense_prm_rewards, dpo_accuracy
 from hybridflow.controller.worker_group import build_worker_group
 from hybridflow.data.batch import Batch
 from hybridflow.data.parallel import DataParallel
@@ -96,4 +96,6 @@ def implicit_process_rewards(prm, batch: Batch, *, cfg, temperature: float, step
     batch["prm_rewards"], reward_metrics = dense_prm_rewards(
         prm_log_probs=log_probs, ref_log_probs=batch["ref_log_probs"], response_mask=batch["response_mask"],
         beta=rm.model.beta_train, granularity=rm.prime_granularity, norm=rm.prime_norm)
-    return {**metrics, **reward_metrics}
+    accuracy = dpo_accuracy(rewards=batch["prm_rewards"], outcome=labels, response_mask=batch["response_mask"],
+                            n=cfg.actor_rollout_ref.rollout.n)
+    return {**metrics, **reward_metrics, **accuracy}

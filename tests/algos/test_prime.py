@@ -106,3 +106,17 @@ def test_prime_estimator_refuses_missing_dense_rewards_and_interleaved_groups():
     with pytest.raises(AlgorithmError, match="consecutive rows"):
         get_advantage("prime")(token_level_rewards=scores, response_mask=mask, index=[0, 1, 0, 1],
                                prm_rewards=scores)
+
+
+def test_dpo_accuracy_by_hand():
+    from hybridflow.algos.prime import dpo_accuracy
+
+    mask = torch.ones(6, 1)
+    # prompt 1: sums [3, 2, 1], outcomes [1, 0, 0.5]: pairs (0,1) agree w 1, (0,2) agree w 0.5, (1,2) disagree w 0.5
+    # -> 1.5 / 2 = 0.75; prompt 2: all outcomes equal -> 0.5; mean 0.625
+    rewards = torch.tensor([[3.0], [2.0], [1.0], [-1.0], [1.0], [0.0]])
+    outcome = torch.tensor([1.0, 0.0, 0.5, 1.0, 1.0, 1.0])
+    got = dpo_accuracy(rewards=rewards, outcome=outcome, response_mask=mask, n=3)
+    assert got["reward_model/dpo_acc"] == pytest.approx(0.625)
+    # sign(sum) == sign(2y - 1): row 0 (+,+), row 4 (+,+) agree; row 1 (+,-), row 2 (+,0), row 3 (-,+), row 5 (0,+) not
+    assert got["reward_model/dpo_acc_abs"] == pytest.approx(2 / 6)

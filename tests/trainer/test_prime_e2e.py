@@ -45,7 +45,7 @@ def test_prime_trains_the_prm_and_logs_its_loss_and_dense_rewards(tmp_path, tiny
     rows = read_metrics(tmp_path)
     assert [r["step"] for r in rows] == [1, 2]
     for name in ("reward_model/dpo_loss", "reward_model/grad_norm", "reward_model/reward",
-                 "reward_model/raw_reward", "rm/lr", "timing_s/prm"):
+                 "reward_model/raw_reward", "reward_model/dpo_acc", "reward_model/dpo_acc_abs", "rm/lr", "timing_s/prm"):
         assert all(torch.isfinite(torch.tensor(r[name])) for r in rows), name
     # step 1 scores with the PRM after one update from the reference's weights: a non-zero log-ratio
     assert rows[0]["reward_model/raw_reward"] != 0.0
