@@ -72,6 +72,7 @@ ENTRY_POINTS = [  # (module run as ``python -m``, its arguments, what the usage 
     ("hybridflow.cli", ["spin", "--help"], "hybridflow config show --trainer spin --doc"),
     ("hybridflow.cli", ["sppo", "-h"], "hybridflow config show --trainer sppo --doc"),
     ("hybridflow.trainer.main_dapo", ["--help"], "hybridflow config show --doc"),
+    ("hybridflow.trainer.main_prime", ["--help"], "hybridflow config show --doc"),
 ]
 
 

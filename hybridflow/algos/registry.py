@@ -15,7 +15,8 @@ ones it does not read (hence the ``**_``)::
        values=None [B, T], gamma=1.0, lam=1.0, norm_adv_by_std_in_grpo=True,
        reward_baselines=None [B], old_log_probs=None [B, T], sum_pi_squared=None [B, T],
        rollout_is_weights=None [B, T], reward_components=None {name: [B]},
-       reward_weights=None, epsilon=1e-6) -> (advantages [B, T], returns [B, T])
+       reward_weights=None, prm_rewards=None [B, T], reward_dpo_coef=5.0, reward_gt_coef=5.0,
+       epsilon=1e-6) -> (advantages [B, T], returns [B, T])
 
 =============================  ==========================================================
 estimator                      reads (besides token_level_rewards, response_mask)
@@ -32,6 +33,7 @@ reinforce_plus_plus_baseline   index
 gpg                            index
 remax                          reward_baselines
 reinforce_plus_plus            gamma
+prime                          index, prm_rewards, reward_dpo_coef, reward_gt_coef
 =============================  ==========================================================
 
 An estimator declares what the loop must provide for it when it registers, and the loop,
@@ -39,6 +41,7 @@ validation and the role builders ask :func:`advantage_spec` instead of comparing
 
     @register_advantage("gae", needs_values=True)              # the critic runs
     @register_advantage("remax", needs_greedy_baseline=True)   # a greedy rollout per prompt
+    @register_advantage("prime", needs_implicit_prm=True)      # the implicit PRM is built and trained
 
 Every policy loss is called as::
 
@@ -105,6 +108,9 @@ class AdvantageSpec:
     """Critic values ``[B, T]``: the critic is built and trained (``critic.enable`` null means this)."""
     needs_greedy_baseline: bool = False
     """``reward_baselines [B]``: the reward of one greedy response per prompt, generated every step."""
+    needs_implicit_prm: bool = False
+    """``prm_rewards [B, T]``: PRIME's implicit process reward model is built, trained on the outcome labels every
+    step, and its dense rewards ``beta * log(pi_phi / pi_ref)`` computed (needs the reference's log-probs)."""
 
 
 ADVANTAGES = Registry("advantage estimator")
@@ -112,14 +118,15 @@ POLICY_LOSSES = Registry("policy loss")
 _ADVANTAGE_SPECS: dict[str, AdvantageSpec] = {}
 
 
-def register_advantage(name: str, *, needs_values: bool = False,
-                       needs_greedy_baseline: bool = False) -> Callable[[Callable], Callable]:
+def register_advantage(name: str, *, needs_values: bool = False, needs_greedy_baseline: bool = False,
+                       needs_implicit_prm: bool = False) -> Callable[[Callable], Callable]:
     """Decorator: make ``fn`` available as ``algorithm.adv_estimator=name``, with what it needs."""
     register = ADVANTAGES.register(name)
 
     def decorator(fn: Callable) -> Callable:
         fn = register(fn)  # raises before the spec changes when the name is taken by another function
-        _ADVANTAGE_SPECS[name] = AdvantageSpec(needs_values=needs_values, needs_greedy_baseline=needs_greedy_baseline)
+        _ADVANTAGE_SPECS[name] = AdvantageSpec(needs_values=needs_values, needs_greedy_baseline=needs_greedy_baseline,
+                                               needs_implicit_prm=needs_implicit_prm)
         return fn
 
     return decorator

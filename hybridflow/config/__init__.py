@@ -10,8 +10,8 @@ from hybridflow.config.render import render_resolved, render_yaml
 from hybridflow.config.sft import SFTConfig
 from hybridflow.config.spin import SPINConfig
 from hybridflow.config.sppo import SPPOConfig
-from hybridflow.config.validate import (critic_enabled, reference_enabled, split_placement, validate_ppo_config,
-                                        validate_sft_config)
+from hybridflow.config.validate import (critic_enabled, implicit_prm_enabled, reference_enabled, split_placement,
+                                        validate_ppo_config, validate_sft_config)
 
 SCHEMAS = {"ppo": PPOConfig, "sft": SFTConfig, "spin": SPINConfig, "sppo": SPPOConfig}
 """Trainer name -> its config schema (``hybridflow config show --trainer sft``)."""
@@ -24,6 +24,7 @@ __all__ = [
     "SCHEMAS",
     "compose",
     "critic_enabled",
+    "implicit_prm_enabled",
     "split_placement",
     "reference_enabled",
     "load_config",

@@ -22,8 +22,9 @@ class OptimConfig:
     """Floor of the cosine schedule as a fraction of ``lr``."""
     num_cycles: float = 0.5
     """Cosine cycles over training (0.5 = one half-cosine from lr down to the floor)."""
-    warmup_style: str = "constant"
-    """Schedule after warm-up: ``constant`` or ``cosine`` (verl's name; ``lr_scheduler_type`` is an alias)."""
+    warmup_style: Optional[str] = "constant"
+    """Schedule after warm-up: ``constant`` or ``cosine`` (verl's name; ``lr_scheduler_type`` is an alias); null
+    (verl's "deprecated") is ``constant`` unless ``lr_scheduler_type`` says otherwise."""
     lr_scheduler_type: Optional[str] = None
     """Alias of ``warmup_style`` used by newer verl versions; wins when set."""
     total_training_steps: int = -1

@@ -25,6 +25,10 @@ _ASYNC_SAVE = "checkpoints are written synchronously (the tracker file last, ato
 _TOTAL_STEPS = "filled in by the trainer from the data size and total_epochs / total_training_steps"
 _VLLM = "sizes the vLLM engine; the native engine sizes itself from the batch"
 _WEIGHT_SYNC = "weights go to the rollout engine in memory (or by Ray object reference to a rollout pool)"
+_PRIME_FILTER = ("PRIME's accuracy filter and oversampling are not implemented: every generated group is trained on "
+                 "(algorithm.filter_groups is DAPO's dynamic sampling)")
+_PRIME_REF = "the implicit PRM's reference is the policy's frozen reference (actor_rollout_ref.ref)"
+_PRIME_KERNELS = "the implicit PRM's log-probs run through the same forward as the actor's"
 _RM_IN_TRAINER = "the reward model scores in the trainer process; it has no resource pool of its own"
 
 COMPAT_ONLY: dict[str, str] = {
@@ -37,6 +41,11 @@ COMPAT_ONLY: dict[str, str] = {
     "data.custom_cls.name": "a user dataset class is not supported; rows must follow verl's parquet schema",
     "data.use_shm": _NO_SHM,
     "data.balance_dp_token": "SFT micro-batches are fixed-size per rank; losses use global token counts",
+    "data.filter_accuracy": _PRIME_FILTER,
+    "data.accuracy_lower_bound": _PRIME_FILTER,
+    "data.accuracy_upper_bound": _PRIME_FILTER,
+    "data.oversample_factor": _PRIME_FILTER,
+    "data.filter_truncate": _PRIME_FILTER,
     "data.multiturn.enable_thinking_key": "per-row enable_thinking is not passed to the SFT chat template",
     # policy model
     "actor_rollout_ref.hybrid_engine": "actor, rollout and reference are always colocated (the hybrid engine)",
@@ -72,6 +81,12 @@ COMPAT_ONLY: dict[str, str] = {
     # reward model
     "reward_model.strategy": _FSDP2_ONLY,
     "reward_model.ulysses_sequence_parallel_size": _NO_SP,
+    "reward_model.model.ref_path": _PRIME_REF,
+    "reward_model.model.ref_type": _PRIME_REF,
+    "reward_model.model.tokenizer_path": "the implicit PRM reads the policy's token ids (it starts as the policy)",
+    "reward_model.model.use_fused_kernels": _PRIME_KERNELS,
+    "reward_model.model.fused_kernel_options": _PRIME_KERNELS,
+    "reward_model.model.optim.total_training_steps": _TOTAL_STEPS,
     "reward_model.model.input_tokenizer": "responses are always decoded with the policy's tokenizer",
     "reward_model.model.use_remove_padding": "the reward model scores padded batches (packing is for actor, reference, critic)",
     "reward_model.use_dynamic_bsz": "the reward model runs fixed-size micro-batches (micro_batch_size_per_gpu)",
@@ -131,10 +146,10 @@ COMPAT_ONLY: dict[str, str] = {
 }
 """Dotted key -> why it has no effect in hybridflow."""
 
-# The reward model scores in the trainer process, unsharded, in fp32 (no training: no FSDP settings apply).
-for _key in ("param_offload", "optimizer_offload", "offload_policy", "reshard_after_forward", "fsdp_size",
-             "model_dtype", "mixed_precision"):
-    COMPAT_ONLY[f"reward_model.model.fsdp_config.{_key}"] = "the reward model runs unsharded in fp32 in the trainer process"
+# A scoring reward model runs unsharded in fp32 in the trainer process; PRIME's implicit PRM is sharded by the other
+# fsdp_config keys, and starts as the policy, in the actor's parameter dtype.
+COMPAT_ONLY["reward_model.model.fsdp_config.model_dtype"] = ("a scoring reward model runs in fp32; PRIME's implicit PRM "
+                                                             "takes the actor's parameter dtype")
 
 # The FSDP2 sections: every decoder layer is a unit and FSDP2 schedules its own prefetch.
 for _section in ("actor_rollout_ref.actor.fsdp_config", "actor_rollout_ref.ref.fsdp_config",
@@ -158,9 +173,22 @@ def compat_keys_set(cfg: DictConfig, defaults: DictConfig) -> list[tuple[str, An
         if not isinstance(parent, DictConfig) or leaf not in parent or OmegaConf.is_interpolation(parent, leaf):
             continue
         value = OmegaConf.select(cfg, key, throw_on_missing=False)
-        if value != OmegaConf.select(defaults, key, throw_on_missing=False):
+        if value != _default_value(defaults, key):
             found.append((key, value))
     return found
+
+
+_FOLLOWS_ANOTHER_KEY = object()
+
+
+def _default_value(defaults: DictConfig, key: str) -> Any:
+    """The schema's default of ``key``; a default that follows another key (``input_tokenizer`` ->
+    ``actor_rollout_ref.model.path``, unset in the bare schema) is a marker no explicit value equals."""
+    parent_key, _, leaf = key.rpartition(".")
+    parent = OmegaConf.select(defaults, parent_key) if parent_key else defaults
+    if isinstance(parent, DictConfig) and leaf in parent and OmegaConf.is_interpolation(parent, leaf):
+        return _FOLLOWS_ANOTHER_KEY
+    return OmegaConf.select(defaults, key, throw_on_missing=False)
 
 
 def warn_compat_keys(cfg: DictConfig, schema: type) -> list[str]:

@@ -43,6 +43,8 @@ KEY_ALIASES: tuple[tuple[str, str], ...] = (
     ("reward.", "reward_model."),
     ("actor_rollout_ref.model.torch_dtype", "actor_rollout_ref.model.dtype"),  # HF's name, in verl's CISPO example
     ("rollout.n", "actor_rollout_ref.rollout.n"),  # verl's fully async YAML repeats the samples per prompt here
+    # verl-recipe's prime_trainer.yaml puts the wrap size directly under the PRM's fsdp_config
+    ("reward_model.model.fsdp_config.min_num_params", "reward_model.model.fsdp_config.wrap_policy.min_num_params"),
     # verl 0.9's engine config repeats the role's strategy and Ulysses size inside fsdp_config
     *((f"{role}.fsdp_config.{name}", f"{owner}.{name}")
       for role, owner in (("actor_rollout_ref.actor", "actor_rollout_ref.actor"),

@@ -68,6 +68,18 @@ class DataConfig:
     """Drop rows whose templated prompt is longer than ``max_prompt_length``."""
     filter_overlong_prompts_workers: int = 1
     """Compatibility-only, no effect (see compat.py)."""
+    filter_accuracy: bool = False
+    """Compatibility-only (compat.py); in verl-recipe's PRIME: keep the prompts whose accuracy over their n samples
+    lies within the accuracy bounds first."""
+    accuracy_lower_bound: float = 0.0
+    """Compatibility-only (compat.py); in verl-recipe's PRIME: the lowest kept accuracy of a prompt."""
+    accuracy_upper_bound: float = 1.0
+    """Compatibility-only (compat.py); in verl-recipe's PRIME: the highest kept accuracy of a prompt."""
+    oversample_factor: float = 1.0
+    """Compatibility-only (compat.py); in verl-recipe's PRIME: generate this many times the batch's prompts and
+    keep 1/oversample_factor of them."""
+    filter_truncate: bool = False
+    """Compatibility-only (compat.py); in verl-recipe's PRIME: put responses cut at max_response_length last."""
     truncation: str = "error"
     """What to do with a prompt that is still too long: ``error``, ``left``, ``right`` or ``middle``."""
     max_samples: int = -1
@@ -554,6 +566,14 @@ class CriticConfig:
 
 # --------------------------------------------------------------------------- rewards
 @dataclass
+class PRMOptimConfig(OptimConfig):
+    """The implicit PRM's optimizer (verl-recipe PRIME's ``reward_model.model.optim``): AdamW plus its clip."""
+
+    grad_clip: float = 10.0
+    """Clip the PRM's gradient norm to this before each step."""
+
+
+@dataclass
 class RewardModelModelConfig:
     """A sequence-classification reward model."""
 
@@ -568,7 +588,29 @@ class RewardModelModelConfig:
     use_remove_padding: bool = False
     """Compatibility-only, no effect (see compat.py)."""
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
-    """FSDP2 settings."""
+    """FSDP2 settings of PRIME's implicit PRM (a scoring reward model runs unsharded in fp32)."""
+    update: str = "before"
+    """PRIME (main_prime): when the implicit PRM trains each step: ``before`` (one update on the step's batch, then
+    its dense rewards from the updated weights; the recipe's double forward) or ``none`` (frozen at the initial
+    weights). The recipe's ``after`` and ``reverse`` are refused."""
+    beta_train: float = 0.05
+    """PRIME: beta of the implicit PRM: dense rewards ``beta * log(pi_phi / pi_ref)`` and the CE loss's logits."""
+    loss_type: str = "ce"
+    """PRIME: the PRM's loss; ``ce`` (the cross-entropy on the outcome labels) is the only one, as in the recipe."""
+    optim: PRMOptimConfig = field(default_factory=lambda: PRMOptimConfig(lr=1e-6, weight_decay=0.0))
+    """PRIME: the implicit PRM's AdamW and schedule (with its ``grad_clip``)."""
+    enable_gradient_checkpointing: bool = False
+    """PRIME: recompute the PRM's activations in the backward pass."""
+    ref_path: Optional[str] = None
+    """Compatibility-only (compat.py); in verl-recipe's PRIME: the PRM's own frozen reference model."""
+    ref_type: str = "freeze"
+    """Compatibility-only (compat.py); in verl-recipe's PRIME: ``freeze`` keeps the PRM's reference fixed."""
+    tokenizer_path: Optional[str] = None
+    """Compatibility-only (compat.py); in verl-recipe's PRIME: the tokenizer of the PRM."""
+    use_fused_kernels: bool = False
+    """Compatibility-only (compat.py); in verl-recipe's PRIME: fused log-prob kernels of the PRM."""
+    fused_kernel_options: Dict[str, Any] = field(default_factory=dict)
+    """Compatibility-only (compat.py); in verl-recipe's PRIME: options of the fused kernels."""
 
 
 @dataclass
@@ -729,6 +771,12 @@ class RewardModelConfig:
     """Engine of the generative reward model."""
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     """Prompt and score parsing of the generative reward model."""
+    mini_batch_size: int = II("actor_rollout_ref.actor.ppo_mini_batch_size")
+    """PRIME: prompts per optimizer step of the implicit PRM's update (x rollout.n sequences)."""
+    prime_granularity: str = "token"
+    """PRIME: ``token`` (a dense reward on every response token) or ``whole`` (their sum on the last token)."""
+    prime_norm: str = "batch_norm"
+    """PRIME: ``batch_norm`` divides the dense rewards by the batch's largest |reverse cumulative sum|; ``none``."""
 
 
 @dataclass
@@ -839,6 +887,10 @@ class AlgorithmConfig:
     """gdpo: the reward function's dict keys normalised separately (e.g. [format_reward, accuracy_reward])."""
     gdpo_reward_weights: Optional[List[float]] = None
     """gdpo: one weight per gdpo_reward_keys entry; null = all 1."""
+    reward_dpo_coef: float = 5.0
+    """prime: weight of the implicit PRM's dense rewards (after their leave-one-out baseline) in the advantages."""
+    reward_gt_coef: float = 5.0
+    """prime: weight of the outcome reward (after its leave-one-out baseline) in the advantages."""
 
 
 # --------------------------------------------------------------------------- trainer

@@ -147,8 +147,18 @@ def critic_enabled(cfg: Any) -> bool:
 
 
 def reference_enabled(cfg: Any) -> bool:
-    """Reference log-probs are computed when a KL term uses them: in the loss or in the reward."""
-    return bool(cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward)
+    """Reference log-probs are computed when a KL term uses them (in the loss or in the reward) or PRIME's implicit
+    PRM takes its log-ratio to them."""
+    return bool(cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
+                or implicit_prm_enabled(cfg))
+
+
+def implicit_prm_enabled(cfg: Any) -> bool:
+    """PRIME's implicit PRM is built and trained exactly for estimators registered with ``needs_implicit_prm``."""
+    try:
+        return advantage_spec(cfg.algorithm.adv_estimator).needs_implicit_prm
+    except UnknownAlgorithmError:
+        return False  # reported by the registered-name check
 
 
 def split_placement(cfg: Any) -> bool:
@@ -385,8 +395,11 @@ def validate_ppo_config(cfg: Any, *, model_max_len: int | None = None, check_pat
     _check_optim(problems, "actor_rollout_ref.actor.optim", cfg.actor_rollout_ref.actor.optim)
     if critic_enabled(cfg):
         _check_optim(problems, "critic.optim", cfg.critic.optim)
+    if implicit_prm_enabled(cfg):
+        _check_optim(problems, "reward_model.model.optim", cfg.reward_model.model.optim)
     _check_choice(problems, "actor_rollout_ref.actor.optim.warmup_style",
-                  cfg.actor_rollout_ref.actor.optim.lr_scheduler_type or cfg.actor_rollout_ref.actor.optim.warmup_style,
+                  cfg.actor_rollout_ref.actor.optim.lr_scheduler_type or cfg.actor_rollout_ref.actor.optim.warmup_style
+                  or "constant",
                   LR_SCHEDULES)
     raise_if_problems(problems)
 

@@ -24,8 +24,8 @@ from hybridflow.algos.policy_losses.bypass import BYPASS_LOSS_TYPES
 from hybridflow.algos.rollout_correction.is_weights import IS_LEVELS
 from hybridflow.algos.rollout_correction.rejection import parse_options
 from hybridflow.algos.rollout_correction.thresholds import parse_bounds, parse_rs_thresholds
-from hybridflow.config import (PPOConfig, critic_enabled, load_config, reference_enabled, split_config_args,
-                               split_placement, validate_ppo_config)
+from hybridflow.config import (PPOConfig, critic_enabled, implicit_prm_enabled, load_config, reference_enabled,
+                               split_config_args, split_placement, validate_ppo_config)
 from hybridflow.config.loader import help_requested, trainer_usage
 from hybridflow.config.validate import as_list, partial_rollouts
 from hybridflow.controller.resources import ResourcePool, pool_from_trainer_config
@@ -48,6 +48,7 @@ from hybridflow.trainer.plots import plot_curves
 from hybridflow.trainer.ppo import PPOTrainer, PPOWorkers
 from hybridflow.trainer.ppo_builders import (build_critic_worker, build_hybrid_engine, build_rollout_worker,
                                              policy_tokenizer)
+from hybridflow.trainer.prime_role import build_prm_group, implicit_prm_problems
 from hybridflow.trainer.ppo_roles import CriticGroupWorker, GroupCheckpoint, HybridEngineWorker, RolloutGroupWorker
 from hybridflow.trainer.reward_config import reward_manager_kwargs, reward_manager_problems
 from hybridflow.trainer.summary import summary_table
@@ -105,6 +106,8 @@ def check_algorithm_settings(cfg: PPOConfig) -> None:
     if algo.adv_estimator == "gdpo" and not algo.gdpo_reward_keys:
         problems.append("algorithm.adv_estimator=gdpo needs algorithm.gdpo_reward_keys: the reward function's dict "
                         "keys to normalise separately, e.g. [format_reward,accuracy_reward]")
+    if implicit_prm_enabled(cfg):
+        problems += implicit_prm_problems(cfg)
     if actor.policy_loss.loss_mode == "dro" and not (actor.policy_loss.dro_beta or 0) > 0:
         problems.append("actor_rollout_ref.actor.policy_loss.loss_mode=dro needs policy_loss.dro_beta > 0 (e.g. 0.1)")
     if algo.use_pf_ppo and algo.pf_ppo.reweight_method not in PF_PPO_METHODS:
@@ -196,7 +199,7 @@ def total_training_steps(cfg: PPOConfig, steps_per_epoch: int) -> int:
 
 
 def build_worker_groups(cfg: PPOConfig, *, total_steps: int):
-    """(actor/reference group, rollout group, critic group or None) on ``trainer.backend``.
+    """(actor/reference group, rollout group, critic group or None, implicit PRM group or None) on ``trainer.backend``.
 
     The actor, rollout and reference share one group (the hybrid engine) unless ``rollout.n_gpus_per_node``
     places the rollout in its own pool (split placement); ``local`` runs the group in this process at world
@@ -215,7 +218,7 @@ def _build_groups(cfg: PPOConfig, *, total_steps: int, built: list):
     backend, kwargs = cfg.trainer.backend, ray_group_kwargs(cfg)
     split = split_placement(cfg)
     # On Ray the training groups share each bundle of the actor's placement group: half each with a critic.
-    colocated = {"share": 1.0 / (1 + critic_enabled(cfg))} if backend == "ray" else {}
+    colocated = {"share": 1.0 / (1 + critic_enabled(cfg) + implicit_prm_enabled(cfg))} if backend == "ray" else {}
     engine = build_worker_group(functools.partial(build_hybrid_engine, cfg=cfg, total_steps=total_steps,
                                                   with_rollout=not split),
                                 worker_cls=HybridEngineWorker, backend=backend, name="actor_rollout_ref",
@@ -231,14 +234,17 @@ def _build_groups(cfg: PPOConfig, *, total_steps: int, built: list):
         rollout = build_worker_group(functools.partial(build_rollout_worker, cfg=cfg), worker_cls=RolloutGroupWorker,
                                      backend=backend, name="rollout", **dict(kwargs, pool=pool, concurrency=concurrency))
         built.append(rollout)
-    critic = None
+    critic = prm = None
+    if backend == "ray":  # colocated with the actor: a share of each of its bundles
+        kwargs = dict(kwargs, placement_group=engine.backend.placement_group, **colocated)
     if critic_enabled(cfg):
-        if backend == "ray":  # colocated with the actor: the other half of each of its bundles
-            kwargs = dict(kwargs, placement_group=engine.backend.placement_group, **colocated)
         critic = build_worker_group(functools.partial(build_critic_worker, cfg=cfg, total_steps=total_steps),
                                     worker_cls=CriticGroupWorker, backend=backend, name="critic",
                                     ranks_per_shard=cfg.critic.ulysses_sequence_parallel_size, **kwargs)
-    return engine, rollout, critic
+        built.append(critic)
+    if implicit_prm_enabled(cfg):
+        prm = build_prm_group(cfg, total_steps=total_steps, group_kwargs=dict(kwargs, backend=backend))
+    return engine, rollout, critic, prm
 
 
 def ray_group_kwargs(cfg: PPOConfig) -> dict[str, Any]:
@@ -347,10 +353,12 @@ def build_trainer(cfg: PPOConfig, *, trainer_class=PPOTrainer, count_steps=total
     train_loader, val_loader = build_datasets(cfg, tokenizer)
     check_reward_inputs(cfg, {"data.train_files": train_loader, "data.val_files": val_loader})
     total_steps = count_steps(cfg, len(train_loader))
-    engine, rollout, critic = build_worker_groups(cfg, total_steps=total_steps)
+    engine, rollout, critic, prm = build_worker_groups(cfg, total_steps=total_steps)
     workers = PPOWorkers(actor=engine, rollout=rollout, reward=build_reward_worker(cfg, tokenizer),
-                         reference=engine if reference_enabled(cfg) else None, critic=critic)
-    components = {"actor": GroupCheckpoint(engine), **({"critic": GroupCheckpoint(critic)} if critic else {})}
+                         reference=engine if reference_enabled(cfg) else None, critic=critic, implicit_prm=prm)
+    # the PRM under "reward", the recipe's folder name
+    components = {"actor": GroupCheckpoint(engine), **({"critic": GroupCheckpoint(critic)} if critic else {}),
+                  **({"reward": GroupCheckpoint(prm)} if prm else {})}
     return trainer_class(cfg=cfg, workers=workers, train_loader=train_loader, val_loader=val_loader,
                       tracking=build_tracking(cfg),
                       tokenizer=tokenizer, total_steps=total_steps, device=device, checkpoint_components=components,
@@ -407,14 +415,16 @@ USAGE_SUMMARY = "PPO / GRPO / DAPO / ... training with verl's main_ppo keys (als
 
 
 def run_from_args(args: list[str], *, prog: str = "python -m hybridflow.trainer.main_ppo",
-                  summary: str = USAGE_SUMMARY, defaults: tuple[str, ...] = ()) -> int:
+                  summary: str = USAGE_SUMMARY, defaults: tuple[str, ...] = (), adapt=None) -> int:
     """``[--config-path D --config-name N] key=value ...`` -> a run (shared by ``hybridflow ppo``);
-    ``defaults`` (a recipe's settings) go before the YAML file's and the user's keys."""
+    ``defaults`` (a recipe's settings) go before the YAML file's and the user's keys; ``adapt(cfg) -> cfg`` (a
+    recipe's reading of its keys) runs on the loaded config."""
     if help_requested(args):
         print(trainer_usage(prog, summary, "ppo"), end="")
         return 0
     config_file, overrides = split_config_args(args)
-    run_ppo(load_config(PPOConfig, overrides, config_file, defaults=defaults))
+    cfg = load_config(PPOConfig, overrides, config_file, defaults=defaults)
+    run_ppo(adapt(cfg) if adapt is not None else cfg)
     return 0
 
 

@@ -8,6 +8,7 @@ Dataflow of one step (the HybridFlow paper's Fig. 1, verl's ``RayPPOTrainer.fit`
             ──► actor.compute_log_prob (old log-probs, entropy)
             ──► reference.compute_ref_log_prob           (if a KL term is used)
             ──► critic.compute_values                    (gae only)
+            ──► implicit_prm.update_prm, compute_prm_log_probs -> dense rewards   (prime only)
             ──► KL penalty in the reward (use_kl_in_reward)
             ──► rollout correction (IS weights / rejection, pi_old vs the engine's pi_rollout)
             ──► advantage estimator (registry) ──► PF-PPO resampling (use_pf_ppo)
@@ -47,6 +48,7 @@ from hybridflow.rollout import SamplingParams, sampling_params_from_rollout_conf
 from hybridflow.trainer.best_checkpoint import BestCheckpoint, BestRecord, read_best_record, write_best_record
 from hybridflow.trainer.checkpoint import find_resume_checkpoint, load_checkpoint, save_checkpoint
 from hybridflow.trainer.generations import batch_samples, dump_generations, pick_generations
+from hybridflow.trainer.prime_role import implicit_process_rewards
 from hybridflow.trainer.metrics import (
     Timer,
     agent_metrics,
@@ -57,6 +59,7 @@ from hybridflow.trainer.metrics import (
 )
 from hybridflow.workers.actor import ActorWorker
 from hybridflow.workers.critic import CriticWorker
+from hybridflow.workers.implicit_prm import ImplicitPRMWorker
 from hybridflow.workers.reference import ReferenceWorker
 from hybridflow.workers.reward import RewardWorker
 from hybridflow.workers.rollout import RolloutWorker
@@ -75,6 +78,8 @@ class PPOWorkers:
     reward: RewardWorker
     reference: "ReferenceWorker | None" = None
     critic: "CriticWorker | None" = None
+    implicit_prm: "ImplicitPRMWorker | None" = None
+    """PRIME's implicit process reward model (``adv_estimator=prime``)."""
 
 
 def build_kl_controller(kl_ctrl_cfg):
@@ -193,6 +198,10 @@ class PPOTrainer:
         if self.w.critic is not None:
             with timer("values"):
                 batch["values"] = self.w.critic.compute_values(batch)
+        if self.w.implicit_prm is not None:
+            with timer("prm"):
+                metrics.update(implicit_process_rewards(self.w.implicit_prm, batch, cfg=self.cfg,
+                                                        temperature=temperature, step=step))
         with timer("adv"):
             metrics.update(self.compute_rewards_and_advantages(batch))
         if self.cfg.trainer.rollout_data_dir:
@@ -342,12 +351,14 @@ class PPOTrainer:
         if recomputed and "rollout_log_probs" in batch:
             metrics.update(self.correct_rollout_mismatch(batch))
         optional = {key: batch[key] if key in batch else None
-                    for key in ("values", "reward_baselines", "old_log_probs", "sum_pi_squared", "rollout_is_weights")}
+                    for key in ("values", "reward_baselines", "old_log_probs", "sum_pi_squared", "rollout_is_weights",
+                                "prm_rewards")}
         batch["advantages"], batch["returns"] = get_advantage(algo.adv_estimator)(
             token_level_rewards=batch["token_level_rewards"], response_mask=batch["response_mask"],
             index=np.asarray(batch["uid"]), gamma=algo.gamma, lam=algo.lam,
             norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo, reward_components=self.reward_components(batch),
-            reward_weights=algo.gdpo_reward_weights, **optional,
+            reward_weights=algo.gdpo_reward_weights, reward_dpo_coef=algo.reward_dpo_coef,
+            reward_gt_coef=algo.reward_gt_coef, **optional,
         )
         return metrics
 
@@ -501,7 +512,7 @@ class PPOTrainer:
         """Stop reward worker processes, flush trackers, release worker groups."""
         self.w.reward.close()
         self.tracking.finish()
-        groups = (self.w.actor, self.w.rollout, self.w.critic)  # the rollout may have a pool of its own
+        groups = (self.w.actor, self.w.rollout, self.w.critic, self.w.implicit_prm)  # the rollout may have its own pool
         for group in {id(g): g for g in groups if hasattr(g, "shutdown")}.values():
             group.shutdown()
 

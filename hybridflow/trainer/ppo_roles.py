@@ -16,6 +16,7 @@ from hybridflow.models.fsdp import full_state_dict
 from hybridflow.models.lora import is_lora_model, lora_scaling, merged_state_dict
 from hybridflow.workers.actor import ActorWorker
 from hybridflow.workers.critic import CriticWorker
+from hybridflow.workers.implicit_prm import ImplicitPRMWorker
 from hybridflow.workers.reference import ReferenceWorker
 
 class CheckpointedRank:
@@ -157,3 +158,18 @@ class CriticGroupWorker(CheckpointedRank):
     def update_critic(self, batch: Batch, *, step: int = 0) -> dict[str, float]:
         return self.critic.update_critic(batch, step=step)
 
+
+
+class ImplicitPRMGroupWorker(CheckpointedRank):
+    """PRIME's implicit PRM of one rank (FSDP2-sharded causal LM) plus its checkpoint component."""
+
+    def __init__(self, *, prm: ImplicitPRMWorker, checkpoint):
+        self.prm, self.checkpoint = prm, checkpoint
+
+    @dispatch(Mode.DP_COMPUTE)
+    def compute_prm_log_probs(self, batch: Batch, *, temperature: float):
+        return self.prm.compute_prm_log_probs(batch, temperature=temperature)
+
+    @dispatch(Mode.DP_COMPUTE, collect="mean")
+    def update_prm(self, batch: Batch, *, temperature: float, step: int) -> dict[str, float]:
+        return self.prm.update_prm(batch, temperature=temperature, step=step)

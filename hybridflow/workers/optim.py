@@ -67,7 +67,7 @@ def optimizer_from_config(model: torch.nn.Module, optim_cfg, *, total_steps: int
                                 weight_decay=optim_cfg.weight_decay, eps=optim_cfg.eps)
     warmup = resolve_warmup_steps(warmup_steps=optim_cfg.lr_warmup_steps,
                                   warmup_ratio=optim_cfg.lr_warmup_steps_ratio, total_steps=total_steps)
-    style = optim_cfg.lr_scheduler_type or optim_cfg.warmup_style
+    style = optim_cfg.lr_scheduler_type or optim_cfg.warmup_style or "constant"
     scheduler = build_scheduler(optimizer, warmup_steps=warmup, total_steps=total_steps, style=style,
                                 min_lr_ratio=optim_cfg.min_lr_ratio or 0.0, num_cycles=optim_cfg.num_cycles)
     return optimizer, scheduler

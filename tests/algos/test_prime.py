@@ -54,3 +54,69 @@ def test_prime_advantages_by_hand():
     expected = [[1.6 * scale, 1.6 * scale], [-1.4 * scale, -1.2 * scale, -0.6 * scale]]
     assert advantages[0, :2].tolist() == pytest.approx(expected[0], abs=1e-6)
     assert advantages[1].tolist() == pytest.approx(expected[1], abs=1e-6)
+
+
+# ------------------------------------------------------------------ granularity, batch norm, the registered estimator
+def test_whole_granularity_puts_the_sum_on_the_last_response_token():
+    from hybridflow.algos.prime import dense_reward_granularity
+
+    rewards = torch.tensor([[0.25, -0.5, 0.0], [0.0, 0.5, -0.5]])
+    whole = dense_reward_granularity(rewards, response_mask=MASK, granularity="whole")
+    assert whole.tolist() == [[0.0, -0.25, 0.0], [0.0, 0.0, 0.0]]
+    assert dense_reward_granularity(rewards, response_mask=MASK, granularity="token") is rewards
+    with pytest.raises(AlgorithmError, match="prime_granularity='step'.*token, whole"):
+        dense_reward_granularity(rewards, response_mask=MASK, granularity="step")
+
+
+def test_batch_norm_divides_by_the_largest_reverse_cumsum():
+    from hybridflow.algos.prime import prime_batch_norm
+
+    rewards = torch.tensor([[1.0, 1.0, 0.0], [-3.0, 0.5, 0.5]])
+    # reverse cumsums: [2, 1, 0], [-2, 1, 0.5]; max |.| = 2
+    torch.testing.assert_close(prime_batch_norm(rewards, norm="batch_norm"),
+                               torch.tensor([[0.5, 0.5, 0.0], [-1.5, 0.25, 0.25]]), atol=1e-6, rtol=0)
+    assert prime_batch_norm(rewards, norm="none") is rewards
+    with pytest.raises(AlgorithmError, match="prime_norm='l2'"):
+        prime_batch_norm(rewards, norm="l2")
+
+
+def test_registered_prime_estimator_is_the_recipe_math_with_the_outcome_from_token_level_rewards():
+    from hybridflow.algos import advantage_spec, get_advantage
+
+    assert advantage_spec("prime").needs_implicit_prm and not advantage_spec("rloo").needs_implicit_prm
+    dense = torch.tensor([[0.2, 0.4, 9.0], [0.1, -0.1, 0.3]])
+    scores = torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 0.0]])  # the score on the last response token
+    got, returns = get_advantage("prime")(token_level_rewards=scores, response_mask=MASK, index=["a", "a"],
+                                          prm_rewards=dense, reward_dpo_coef=1.0, reward_gt_coef=1.0)
+    # the hand-computed returns of test_prime_advantages_by_hand
+    torch.testing.assert_close(returns, torch.tensor([[1.4, 1.4, 0.0], [-1.6, -1.4, -0.8]]))
+    # dense coefficient 0: only the outcome's RLOO, +1 / -1 on every token before each last one, x reward_gt_coef
+    _, outcome_only = get_advantage("prime")(token_level_rewards=scores, response_mask=MASK, index=["a", "a"],
+                                             prm_rewards=dense, reward_dpo_coef=0.0, reward_gt_coef=5.0)
+    torch.testing.assert_close(outcome_only, torch.tensor([[5.0, 5.0, 0.0], [-5.0, -5.0, -5.0]]))
+
+
+def test_prime_estimator_refuses_missing_dense_rewards_and_interleaved_groups():
+    from hybridflow.algos import get_advantage
+
+    scores = torch.zeros(4, 3)
+    mask = torch.ones(4, 3)
+    with pytest.raises(AlgorithmError, match="main_prime"):
+        get_advantage("prime")(token_level_rewards=scores, response_mask=mask, index=[0, 0, 1, 1])
+    with pytest.raises(AlgorithmError, match="consecutive rows"):
+        get_advantage("prime")(token_level_rewards=scores, response_mask=mask, index=[0, 1, 0, 1],
+                               prm_rewards=scores)
+
+
+def test_dpo_accuracy_by_hand():
+    from hybridflow.algos.prime import dpo_accuracy
+
+    mask = torch.ones(6, 1)
+    # prompt 1: sums [3, 2, 1], outcomes [1, 0, 0.5]: pairs (0,1) agree w 1, (0,2) agree w 0.5, (1,2) disagree w 0.5
+    # -> 1.5 / 2 = 0.75; prompt 2: all outcomes equal -> 0.5; mean 0.625
+    rewards = torch.tensor([[3.0], [2.0], [1.0], [-1.0], [1.0], [0.0]])
+    outcome = torch.tensor([1.0, 0.0, 0.5, 1.0, 1.0, 1.0])
+    got = dpo_accuracy(rewards=rewards, outcome=outcome, response_mask=mask, n=3)
+    assert got["reward_model/dpo_acc"] == pytest.approx(0.625)
+    # sign(sum) == sign(2y - 1): row 0 (+,+), row 4 (+,+) agree; row 1 (+,-), row 2 (+,0), row 3 (-,+), row 5 (0,+) not
+    assert got["reward_model/dpo_acc_abs"] == pytest.approx(2 / 6)

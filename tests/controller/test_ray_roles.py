@@ -82,3 +82,14 @@ def test_fully_async_runs_from_verl_s_recipe_keys_alone(tmp_path, tiny_model_dir
     rows = metric_rows(tmp_path)
     assert [row["step"] for row in rows] == [1, 2]
     assert "fully_async/partial/resumed_samples" in rows[-1]
+
+
+def test_prime_trains_its_prm_beside_the_actor_on_ray(tmp_path, tiny_model_dir):
+    """PRIME's implicit PRM takes a share of each of the actor's bundles (a half here: no critic) and trains on 2 ranks."""
+    from hybridflow.trainer.main_prime import main as prime_main
+
+    overrides = base_overrides(tmp_path, tiny_model_dir, estimator="rloo", steps=1) + RAY + [
+        "trainer.logger=[file]", "reward_model.mini_batch_size=2", "reward_model.model.optim.lr=1e-2"]
+    assert prime_main(overrides) == 0
+    (row,) = metric_rows(tmp_path)
+    assert row["reward_model/raw_reward"] != 0.0 and "reward_model/dpo_loss" in row and "actor/pg_loss" in row

@@ -111,6 +111,9 @@ SCRIPTS = [
     ("verl", "examples/tuning/1.5b/qwen2-1.5b_grpo-lora_1_h100_fsdp_vllm.sh"),
     ("verl", "examples/tuning/14b/qwen2-14b_grpo-lora_2_h100_fsdp_vllm.sh"),
     ("verl", "examples/tuning/70b/qwen2-70b_grpo_32_h800_fsdp_vllm.sh"),
+    # PRIME (python -m recipe.prime.main_prime): the implicit PRM trained online
+    ("recipe", "prime/run_prime_qwen.sh"),
+    ("recipe", "prime/run_prime_qwen_code.sh"),
     # Megatron: refused in one line that says so (test_verl_commands.EXPECTED_ERRORS)
     ("verl", "examples/grpo_trainer/run_qwen2-7b_math_megatron.sh"),
     ("verl", "verl/experimental/one_step_off_policy/shell/dapo_7b_math_megatron_4_12.sh"),
@@ -118,6 +121,7 @@ SCRIPTS = [
 RECIPE_CONFIGS = {
     "recipe.dapo.main_dapo": "dapo/config/dapo_trainer.yaml",
     "recipe.entropy.main_entropy": "entropy/config/entropy_trainer.yaml",
+    "recipe.prime.main_prime": "prime/config/prime_trainer.yaml",
 }
 """Recipe module -> the YAML its ``@hydra.main(config_name=...)`` loads (in verl-recipe)."""
 VERL_CONFIGS = {

@@ -35,6 +35,7 @@ MODULES = {  # verl module -> (hybridflow module, trainer); a recipe module also
     "verl.trainer.fsdp_sft_trainer": ("hybridflow.trainer.fsdp_sft_trainer", "sft"),
     "verl.trainer.sft_trainer": ("hybridflow.trainer.sft_trainer", "sft"),
     "recipe.dapo.main_dapo": ("hybridflow.trainer.main_dapo", "dapo"),
+    "recipe.prime.main_prime": ("hybridflow.trainer.main_prime", "prime"),
     "recipe.entropy.main_entropy": ("hybridflow.trainer.main_ppo", "ppo"),
     "verl.experimental.one_step_off_policy.main_ppo": ("hybridflow.trainer.main_one_step_off", "one_step_off"),
     "verl.experimental.fully_async_policy.fully_async_main": ("hybridflow.trainer.main_fully_async", "fully_async"),
@@ -137,6 +138,11 @@ def preflight(trainer: str, argv: list[str]) -> None:
 
         defaults = DAPO_DEFAULTS if trainer == "dapo" else ()
         ppo_preflight(load_config(PPOConfig, overrides, config_file, defaults=defaults))
+    elif trainer == "prime":
+        from hybridflow.trainer.main_ppo import preflight as ppo_preflight
+        from hybridflow.trainer.main_prime import PRIME_DEFAULTS, recipe_meaning
+
+        ppo_preflight(recipe_meaning(load_config(PPOConfig, overrides, config_file, defaults=PRIME_DEFAULTS)))
     elif trainer in ("one_step_off", "fully_async"):
         from hybridflow.trainer.main_fully_async import async_preflight
         from hybridflow.trainer.main_one_step_off import ONE_STEP_OFF

@@ -9,6 +9,7 @@ from hybridflow.algos.advantages import (  # noqa: F401  (imported to register)
     grpo_passk,
     opo,
     optimal_token_baseline,
+    prime,
     reinforce_pp,
     remax,
     rloo,

@@ -1,0 +1,101 @@
+"""PRIME's implicit PRM as a role of the PPO trainer: its checks before any model loads, its factory inside a rank,
+its worker group (colocated like the critic), and the trainer stage that trains it and turns its log-probs into
+dense rewards (``batch["prm_rewards"]``, read by ``adv_estimator=prime``).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from hybridflow.algos.prime import PRIME_GRANULARITIES, PRIME_NORMS, dense_prm_rewards, dpo_accuracy
+from hybridflow.controller.worker_group import build_worker_group
+from hybridflow.data.batch import Batch
+from hybridflow.data.parallel import DataParallel
+from hybridflow.errors import HybridflowError
+from hybridflow.models.sharded_checkpoint import FSDPModelComponent
+from hybridflow.trainer.ppo_builders import (load_policy, model_layout, policy_tokenizer, rank_device, shard_for_group,
+                                             training_precision)
+from hybridflow.trainer.ppo_roles import ImplicitPRMGroupWorker
+from hybridflow.workers.implicit_prm import ImplicitPRMWorker
+from hybridflow.workers.micro_batches import LogProbBatching, per_rank_micro_batch_size
+from hybridflow.workers.optim import train_state_from_config
+from hybridflow.workers.ppo_update import UpdateSchedule
+
+PRM_UPDATES = ("before", "none")
+"""``reward_model.model.update`` values that run: train then score (the recipe's default), or a frozen PRM."""
+
+
+def implicit_prm_problems(cfg) -> list[str]:
+    """The PRM's settings, checked before any model loads: one line per problem, naming the fix."""
+    rm, arr = cfg.reward_model, cfg.actor_rollout_ref
+    problems = []
+    if rm.model.update not in PRM_UPDATES:
+        problems.append(f"reward_model.model.update={rm.model.update!r}: use before (train the PRM, then score) or "
+                        "none (a frozen PRM); the recipe's after / reverse are not implemented")
+    if rm.model.loss_type != "ce":
+        problems.append(f"reward_model.model.loss_type={rm.model.loss_type!r}: only ce (the cross-entropy on the "
+                        "outcome labels) is implemented, as in the recipe")
+    if rm.prime_granularity not in PRIME_GRANULARITIES:
+        problems.append(f"reward_model.prime_granularity={rm.prime_granularity!r}: use one of "
+                        f"{', '.join(PRIME_GRANULARITIES)}")
+    if rm.prime_norm not in PRIME_NORMS:
+        problems.append(f"reward_model.prime_norm={rm.prime_norm!r}: use one of {', '.join(PRIME_NORMS)}")
+    if rm.model.path not in (None, arr.model.path):
+        problems.append(f"reward_model.model.path={rm.model.path!r}: the implicit PRM starts as the policy and takes "
+                        "its log-ratio to the policy's reference; leave it unset or set it to "
+                        f"actor_rollout_ref.model.path ({arr.model.path!r})")
+    if arr.rollout.n < 2:
+        problems.append(f"PRIME's leave-one-out baselines need actor_rollout_ref.rollout.n >= 2 (got {arr.rollout.n})")
+    trainer = cfg.trainer
+    if trainer.balance_batch and trainer.backend == "ray" and trainer.nnodes * trainer.n_gpus_per_node > 1:
+        problems.append("PRIME needs each prompt's samples in consecutive rows, which balancing over ranks breaks: "
+                        "set trainer.balance_batch=False (the recipe's setting)")
+    return problems
+
+
+def build_prm_worker(dp: DataParallel, *, cfg, total_steps: int) -> ImplicitPRMGroupWorker:
+    """The implicit PRM of one rank: the policy's initial weights (FSDP2 across the group), its AdamW, checkpoint."""
+    torch.manual_seed(cfg.trainer.seed)
+    rm, arr, device = cfg.reward_model, cfg.actor_rollout_ref, rank_device()
+    model = load_policy(cfg, device, gradient_checkpointing=rm.model.enable_gradient_checkpointing)
+    layout = model_layout(arr.model, model, key="actor_rollout_ref.model")  # the reference's forward
+    fsdp_cfg = rm.model.fsdp_config
+    model = shard_for_group(model, dp=dp, fsdp_cfg=fsdp_cfg, device=device,
+                            precision=training_precision(fsdp_cfg, arr.model.dtype))
+    state = train_state_from_config(model, rm.model.optim, grad_clip=rm.model.optim.grad_clip, total_steps=total_steps,
+                                    offload_optimizer=fsdp_cfg.optimizer_offload)
+    micro = per_rank_micro_batch_size(rm.micro_batch_size_per_gpu, rm.micro_batch_size, dp.world_size)
+    schedule = UpdateSchedule(mini_batch_size=rm.mini_batch_size, rows_per_prompt=arr.rollout.n,
+                              micro_batch_size=micro, packed=layout != "padded")
+    prm = ImplicitPRMWorker(state=state, schedule=schedule, beta=rm.model.beta_train,
+                            forward=LogProbBatching(micro_batch_size=micro), dp=dp, seed=cfg.trainer.seed,
+                            layout=layout)
+    checkpoint = FSDPModelComponent(model, state.optimizer, state.scheduler, tokenizer=policy_tokenizer(cfg))
+    return ImplicitPRMGroupWorker(prm=prm, checkpoint=checkpoint)
+
+
+def build_prm_group(cfg, *, total_steps: int, group_kwargs: dict):
+    """The PRM's worker group (``group_kwargs``: the backend's, as the critic's)."""
+    return build_worker_group(functools.partial(build_prm_worker, cfg=cfg, total_steps=total_steps),
+                              worker_cls=ImplicitPRMGroupWorker, name="reward_model", **group_kwargs)
+
+
+def implicit_process_rewards(prm, batch: Batch, *, cfg, temperature: float, step: int) -> dict[str, float]:
+    """The PRIME stage: train the PRM on the step's outcome labels (``update=before``), then its dense rewards
+    into ``batch["prm_rewards"]``; returns the ``reward_model/*`` metrics."""
+    rm = cfg.reward_model
+    labels = batch["seq_score"]
+    if ((labels < 0) | (labels > 1)).any():
+        raise HybridflowError(
+            f"PRIME's implicit PRM learns from 0/1 outcome labels, but the reward scores span "
+            f"[{labels.min().item():g}, {labels.max().item():g}]: return a score in [0, 1] from compute_score")
+    metrics = prm.update_prm(batch, temperature=temperature, step=step) if rm.model.update == "before" else {}
+    log_probs = prm.compute_prm_log_probs(batch, temperature=temperature).to(batch["ref_log_probs"].device)
+    batch["prm_rewards"], reward_metrics = dense_prm_rewards(
+        prm_log_probs=log_probs, ref_log_probs=batch["ref_log_probs"], response_mask=batch["response_mask"],
+        beta=rm.model.beta_train, granularity=rm.prime_granularity, norm=rm.prime_norm)
+    accuracy = dpo_accuracy(rewards=batch["prm_rewards"], outcome=labels, response_mask=batch["response_mask"],
+                            n=cfg.actor_rollout_ref.rollout.n)
+    return {**metrics, **reward_metrics, **accuracy}
