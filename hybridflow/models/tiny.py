@@ -74,7 +74,7 @@ def build_tiny_tokenizer(vocab_size: int = 512):
 
 def tiny_config(arch: str = "llama", vocab_size: int = 512, **overrides):
     """Config of a small random causal LM: 2 layers, hidden 64, GQA 4/2 heads."""
-    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+    from transformers import LlamaConfig, MistralConfig, Phi3Config, Qwen2Config, Qwen3Config
 
     common = dict(
         vocab_size=vocab_size,
@@ -96,7 +96,11 @@ def tiny_config(arch: str = "llama", vocab_size: int = 512, **overrides):
         return Qwen2Config(**common)
     if arch == "qwen3":  # like the real ones, heads wider than hidden / heads (4 x 32 > 64)
         return Qwen3Config(**{"head_dim": 32, **common})
-    raise ValueError(f"unknown tiny architecture {arch!r}; choose 'llama', 'qwen2' or 'qwen3'")
+    if arch == "mistral":  # a window as long as the context: the native decoder runs it
+        return MistralConfig(**{"sliding_window": common["max_position_embeddings"], **common})
+    if arch == "phi3":  # fused qkv_proj and gate_up_proj modules, untied head
+        return Phi3Config(**{**common, "tie_word_embeddings": False})
+    raise ValueError(f"unknown tiny architecture {arch!r}; choose 'llama', 'qwen2', 'qwen3', 'mistral' or 'phi3'")
 
 
 def build_tiny_model(arch: str = "llama", seed: int = 0, tokenizer=None, **overrides):

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from hybridflow.errors import RolloutError
+from hybridflow.rollout.architectures import ARCHITECTURES, unsupported_reason
 from hybridflow.models.segment_attention import kv_heads
 from hybridflow.rollout.kv_cache import SlotKVCache
 from hybridflow.rollout.optional import package_installed
@@ -38,27 +39,13 @@ from hybridflow.rollout.weights import copy_named_tensors
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3"})
-"""HF ``model_type`` values this decoder reproduces (Qwen3 adds RMSNorm on each query and key head)."""
-
-FUSED_PROJECTIONS = {
-    "qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
-    "o_proj": ("self_attn.o_proj",),
-    "gate_up": ("mlp.gate_proj", "mlp.up_proj"),
-    "down": ("mlp.down_proj",),
-}
-"""Each :class:`LayerWeights` projection and the HF linear modules (under ``model.layers.{i}``) it fuses."""
+SUPPORTED_MODEL_TYPES = frozenset(ARCHITECTURES)
+"""HF ``model_type`` values this decoder runs (:data:`hybridflow.rollout.architectures.ARCHITECTURES`)."""
 
 
-def supports(model) -> bool:
-    """Whether :class:`LlamaFamilyDecoder` reproduces this HF model exactly."""
-    config = model.config
-    return (
-        config.model_type in SUPPORTED_MODEL_TYPES
-        and getattr(config, "hidden_act", "silu") == "silu"
-        and not getattr(config, "use_sliding_window", False)
-        and getattr(config, "pretraining_tp", 1) == 1
-    )
+def supports(model, *, max_model_len: int | None = None) -> bool:
+    """Whether :class:`LlamaFamilyDecoder` reproduces this HF model exactly (for contexts of ``max_model_len``)."""
+    return unsupported_reason(model.config, max_model_len=max_model_len) is None
 
 
 @dataclass
@@ -89,6 +76,7 @@ class LlamaFamilyDecoder:
     def __init__(self, model):
         config = model.config
         self.model = model
+        self.projections = ARCHITECTURES[config.model_type].projections
         self.num_heads = config.num_attention_heads
         self.kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
@@ -142,8 +130,8 @@ class LlamaFamilyDecoder:
 
     def _fused(self, index: int, layer, part: str, incoming: dict) -> torch.Tensor | None:
         """One fused projection's weight for layer ``index``, or ``None`` to keep the current copy."""
-        names = [f"model.layers.{index}.{path}.weight" for path in FUSED_PROJECTIONS[part]]
-        modules = [layer.get_submodule(path) for path in FUSED_PROJECTIONS[part]]
+        names = [f"model.layers.{index}.{path}.weight" for path in self.projections[part]]
+        modules = [layer.get_submodule(path) for path in self.projections[part]]
         weights = [self._projection_weight(n, m, incoming) for n, m in zip(names, modules)]
         if all(w is None for w in weights):
             return None
@@ -155,16 +143,14 @@ class LlamaFamilyDecoder:
             return weights[0] if len(weights) == 1 else torch.cat(weights)
 
     def _layer_weights(self, index: int, layer, incoming: dict, current: LayerWeights | None) -> LayerWeights:
-        attn, mlp = layer.self_attn, layer.mlp
-        biases = {"qkv": _cat_or_none([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]),
-                  "o_proj": attn.o_proj.bias, "gate_up": None, "down": None}
         linears = {}
-        for part in FUSED_PROJECTIONS:
+        for part, paths in self.projections.items():
             weight = self._fused(index, layer, part, incoming)  # None: the current copy is kept
-            bias = None if biases[part] is None else biases[part].detach()
-            linears[part] = self._linear(getattr(current, part, None), weight, bias)
+            bias = _cat_or_none([layer.get_submodule(path).bias for path in paths])
+            linears[part] = self._linear(getattr(current, part, None), weight, None if bias is None else bias.detach())
         return LayerWeights(input_norm=layer.input_layernorm.weight, post_norm=layer.post_attention_layernorm.weight,
-                            qk_norm=self._qk_norm(attn, None if current is None else current.qk_norm), **linears)
+                            qk_norm=self._qk_norm(layer.self_attn, None if current is None else current.qk_norm),
+                            **linears)
 
     def _linear(self, current: PackedLinear | None, weight: torch.Tensor | None,
                 bias: torch.Tensor | None) -> PackedLinear:
@@ -195,7 +181,7 @@ class LlamaFamilyDecoder:
     def projection_names(self) -> set[str]:
         """The HF names whose weights live only in the fused copies once released."""
         names = {f"model.layers.{i}.{path}.weight" for i in range(self.num_layers)
-                 for paths in FUSED_PROJECTIONS.values() for path in paths}
+                 for paths in self.projections.values() for path in paths}
         return names if self._lm_head_tied() else names | {"lm_head.weight"}
 
     def release_module_projections(self) -> None:

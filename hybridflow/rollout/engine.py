@@ -69,17 +69,13 @@ def build_engine(name: str, model, tokenizer=None, **kwargs) -> Engine:
 
 @register_engine("native")
 def _native(model, tokenizer=None, **kwargs) -> Engine:
-    from hybridflow.rollout.decoder import SUPPORTED_MODEL_TYPES, supports
+    from hybridflow.rollout.architectures import unsupported_reason
     from hybridflow.rollout.native import NativeEngine
 
-    if supports(model):
+    why = unsupported_reason(model.config, max_model_len=kwargs.get("max_model_len"))
+    if why is None:
         return NativeEngine(model, tokenizer, **kwargs)
     # Architectures without a native forward still work, through HF generate.
-    model_type = model.config.model_type
-    why = (f"model_type {model_type!r} is not in hybridflow.rollout.decoder.SUPPORTED_MODEL_TYPES "
-           f"{sorted(SUPPORTED_MODEL_TYPES)}" if model_type not in SUPPORTED_MODEL_TYPES else
-           "its config asks for what the native decoder does not reproduce (a hidden_act other than silu, "
-           "a sliding window or pretraining_tp > 1)")
     warnings.warn(f"native rollout runs {model.config.architectures} through HF generate (several times slower): {why}",
                   stacklevel=2)
     return _hf(model, tokenizer, max_model_len=kwargs.get("max_model_len"))

@@ -23,6 +23,7 @@ import torch
 
 from hybridflow.cpu import return_freed_memory
 from hybridflow.errors import RolloutError
+from hybridflow.rollout.architectures import unsupported_reason
 from hybridflow.rollout.cuda_graphs import DecodeGraphs
 from hybridflow.rollout.decoder import LlamaFamilyDecoder
 from hybridflow.rollout.kv_cache import SlotKVCache
@@ -113,11 +114,15 @@ class NativeEngine:
                  gpu_memory_utilization: float | None = None):
         self.model = model.eval()
         self.tokenizer = tokenizer
+        self.max_model_len = max_model_len or model.config.max_position_embeddings
+        reason = unsupported_reason(model.config, max_model_len=self.max_model_len)
+        if reason is not None:
+            raise RolloutError(f"the native engine does not run this model: {reason}; build it with "
+                               "build_engine('native', ...) to fall back to HF generate, or set rollout.name=hf")
         self.decoder = LlamaFamilyDecoder(model)
         if own_model:
             self.decoder.release_module_projections()
         self.max_num_seqs = max_num_seqs
-        self.max_model_len = max_model_len or model.config.max_position_embeddings
         self.cache: SlotKVCache | None = None
         threads = torch.get_num_threads()
         self.lanes = DecodeLanes(threads) if decode_lanes and self.device.type == "cpu" and threads > 1 else None

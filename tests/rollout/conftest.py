@@ -15,7 +15,7 @@ def chat_prompts(tokenizer, questions=QUESTIONS) -> list[list[int]]:
     ]
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3"])
+@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3", "mistral", "phi3"])
 def tiny(request, tiny_tokenizer):
     """``(model, tokenizer)`` of each supported architecture."""
     model, tokenizer = build_tiny_model(request.param, seed=1, tokenizer=tiny_tokenizer)
