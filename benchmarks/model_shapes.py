@@ -25,6 +25,16 @@ SHAPES = {
                          num_attention_heads=12, num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True,
                          max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1000000.0),
 }
+_TINY = dict(hidden_size=256, intermediate_size=704, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
+             vocab_size=8192, max_position_embeddings=2048, rms_norm_eps=1e-6)
+SHAPES.update({  # one small config of each architecture of hybridflow/rollout/architectures.py, for CPU runs
+    "tiny-llama": dict(model_type="llama", tie_word_embeddings=True, **_TINY),
+    "tiny-mistral": dict(model_type="mistral", sliding_window=2048, tie_word_embeddings=False, **_TINY),
+    "tiny-qwen2": dict(model_type="qwen2", tie_word_embeddings=True, **_TINY),
+    "tiny-qwen3": dict(model_type="qwen3", head_dim=64, tie_word_embeddings=True, **_TINY),
+    "tiny-phi3": dict(model_type="phi3", tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                      **_TINY),
+})
 
 
 def random_model(shape: str, *, dtype: str = "bfloat16", device: str = "cuda", seed: int = 0):
