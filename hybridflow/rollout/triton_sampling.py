@@ -55,7 +55,8 @@ def _sample_kernel(Logits, Temperature, Greedy, Uniform, Tokens, Logprobs, strid
     top = tl.max(best_value, 0)
     argmax = tl.min(tl.where(best_value == top, best_index, VOCAB), 0)  # the first maximum, as torch
     target = tl.load(Uniform + row) * total
-    token = VOCAB - 1  # where rounding leaves the target above the last partial sum (torch clamps the same)
+    # VOCAB - 1 where rounding leaves the target above the last partial sum (torch clamps the same)
+    token = tl.full([], VOCAB - 1, tl.int32)
     found = greedy
     before = tl.sum(tl.zeros([BLOCK], tl.float32), 0)
     for first in range(0, VOCAB, BLOCK):  # pass 2: the first index whose running sum exceeds the target
@@ -64,7 +65,7 @@ def _sample_kernel(Logits, Temperature, Greedy, Uniform, Tokens, Logprobs, strid
         z = tl.load(base + index, mask=inside, other=float("-inf")).to(tl.float32)
         cdf = before + tl.cumsum(tl.exp(z * inverse_t - peak), 0)
         crossing = tl.min(tl.where((cdf > target) & inside, index, VOCAB), 0)
-        token = tl.where((not found) & (crossing < VOCAB), crossing, token)
+        token = tl.where((found == 0) & (crossing < VOCAB), crossing, token)
         found = found | (crossing < VOCAB)
         before = tl.max(tl.where(inside, cdf, 0.0), 0)
     token = tl.where(greedy, argmax, token)
