@@ -300,7 +300,8 @@ class LlamaFamilyDecoder:
             attn = []
             for prefix, start, length, offset, mask in zip(prefixes, starts, lengths, offsets, masks):
                 rows = slice(start, start + length)
-                prefix[index, 0, :, offset:], prefix[index, 1, :, offset:] = k[rows].transpose(0, 1), v[rows].transpose(0, 1)
+                prefix[index, 0, :, offset:] = k[rows].transpose(0, 1)
+                prefix[index, 1, :, offset:] = v[rows].transpose(0, 1)
                 query = q[rows].transpose(0, 1)[None]
                 # On CUDA, SDPA runs grouped heads (enable_gqa) only in its math kernel: repeat them there.
                 key, value, grouped = kv_heads(query, prefix[index, 0][None], prefix[index, 1][None],

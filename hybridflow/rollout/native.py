@@ -163,7 +163,8 @@ class NativeEngine:
         run = GenerationRun(
             cache=cache, generator=self._generator(next((q.seed for q in per_prompt if q.seed is not None), None)),
             tokenizer=self.tokenizer,
-            waiting=deque(PendingPrompt(i, list(p), q.n, q) for i, (p, q) in enumerate(zip(prompt_token_ids, per_prompt))),
+            waiting=deque(PendingPrompt(i, list(p), q.n, q)
+                          for i, (p, q) in enumerate(zip(prompt_token_ids, per_prompt))),
             last_tokens=torch.empty(cache.slots, dtype=torch.long, device=self.device),
             prefix_cache=self.prefix_cache,
         )

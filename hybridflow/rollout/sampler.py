@@ -73,7 +73,8 @@ class RowSampling:
         """Rows ``start .. stop - 1`` (a decode lane's share); the flags stay those of the whole batch."""
         if start == 0 and stop == self.temperature.shape[0]:
             return self
-        columns = {name: getattr(self, name)[start:stop] for name in ("temperature", "top_k", "top_p", "min_p", "greedy")}
+        names = ("temperature", "top_k", "top_p", "min_p", "greedy")
+        columns = {name: getattr(self, name)[start:stop] for name in names}
         return replace(self, **columns)
 
     @classmethod

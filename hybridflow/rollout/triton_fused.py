@@ -71,7 +71,8 @@ def _qkv_rope_write_kernel(QKV, Positions, Cos, Sin, NormWeight, QOut, Keys, Val
     if head >= HEADS + KV_HEADS:  # a value head: into the cache as it is
         dims = tl.arange(0, HEAD_DIM)
         value_head = head - HEADS - KV_HEADS
-        tl.store(Values + slot * stride_vs + value_head * stride_vh + position * stride_vt + dims, tl.load(source + dims))
+        target = Values + slot * stride_vs + value_head * stride_vh + position * stride_vt
+        tl.store(target + dims, tl.load(source + dims))
         return
     half = tl.arange(0, HEAD_DIM // 2)
     first = tl.load(source + half)
@@ -81,8 +82,10 @@ def _qkv_rope_write_kernel(QKV, Positions, Cos, Sin, NormWeight, QOut, Keys, Val
     if HAS_NORM:  # Qwen3: RMSNorm over the head, weight * normed.to(dtype)
         inverse_rms = 1.0 / tl.sqrt((tl.sum(first * first, 0) + tl.sum(second * second, 0)) / HEAD_DIM + eps)
         weights = NormWeight + head * HEAD_DIM
-        first = tl.load(weights + half).to(tl.float32) * (first * inverse_rms).to(dtype).to(tl.float32)
-        second = tl.load(weights + HEAD_DIM // 2 + half).to(tl.float32) * (second * inverse_rms).to(dtype).to(tl.float32)
+        first_weight = tl.load(weights + half).to(tl.float32)
+        second_weight = tl.load(weights + HEAD_DIM // 2 + half).to(tl.float32)
+        first = first_weight * (first * inverse_rms).to(dtype).to(tl.float32)
+        second = second_weight * (second * inverse_rms).to(dtype).to(tl.float32)
         first, second = first.to(dtype).to(tl.float32), second.to(dtype).to(tl.float32)
     cos = Cos + position * stride_cos
     sin = Sin + position * stride_cos
