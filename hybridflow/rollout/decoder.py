@@ -34,7 +34,7 @@ from hybridflow.rollout.architectures import ARCHITECTURES, unsupported_reason
 from hybridflow.models.segment_attention import kv_heads
 from hybridflow.rollout.kv_cache import SlotKVCache
 from hybridflow.rollout.optional import package_installed
-from hybridflow.rollout.packed_linear import PackedLinear
+from hybridflow.rollout.packed_linear import PackedLinear, same_layout
 from hybridflow.rollout.weights import copy_named_tensors
 
 logger = logging.getLogger(__name__)
@@ -60,10 +60,6 @@ class LayerWeights:
     down: PackedLinear
     qk_norm: torch.Tensor | None = None
     """Qwen3: ``[H + KV, D]`` RMSNorm weights of each query head (``q_norm``) then each key head (``k_norm``)."""
-
-
-def _same_shape_on(own: torch.Tensor, new: torch.Tensor) -> bool:
-    return own.shape == new.shape and own.dtype == new.dtype and own.device == new.device
 
 
 def _cat_or_none(tensors: list[torch.Tensor | None]) -> torch.Tensor | None:
@@ -173,7 +169,7 @@ class LlamaFamilyDecoder:
         with torch.no_grad():
             stacked = torch.cat([attn.q_norm.weight.expand(self.num_heads, -1),
                                  attn.k_norm.weight.expand(self.kv_heads, -1)])
-            if current is not None and _same_shape_on(current, stacked):
+            if current is not None and same_layout(stacked, current):
                 return current.copy_(stacked)
         self.weights_epoch += 1
         return stacked

@@ -190,8 +190,7 @@ class NativeEngine:
             if self.triton_kernels and self.cache is not None:
                 # Grow only, in whole splits: every new cache costs a fresh set of CUDA graphs.
                 slots, max_len = max(slots, self.cache.slots), max(max_len, self.cache.max_len)
-            if self.triton_kernels:
-                max_len = self._cuda_cache_length(max_len)
+            max_len = self._cache_row_length(max_len)
             self.cache = self.graphs = None  # free the old ones before allocating
             self.cache = SlotKVCache(
                 layers=self.decoder.num_layers, slots=slots, kv_heads=self.decoder.kv_heads, max_len=max_len,
@@ -199,7 +198,7 @@ class NativeEngine:
             )
         return self.cache
 
-    def _cuda_cache_length(self, max_len: int) -> int:
+    def _cache_row_length(self, max_len: int) -> int:
         """Positions a cache row gets: with the Triton kernels, whole attention splits (fewer caches, so fewer
         graph captures)."""
         if not self.triton_kernels:
@@ -217,7 +216,7 @@ class NativeEngine:
         own = 0 if self.cache is None else self.cache.data.numel() * self.cache.data.element_size()
         in_use = torch.cuda.memory_allocated(self.device) - own
         per_slot = (self.decoder.num_layers * 2 * self.decoder.kv_heads * self.decoder.head_dim
-                    * self._cuda_cache_length(max_len) * self.decoder.embed.element_size())
+                    * self._cache_row_length(max_len) * self.decoder.embed.element_size())
         return kv_slots_within(budget=self.gpu_memory_utilization * total - in_use, per_slot=per_slot,
                                utilization=self.gpu_memory_utilization, total=total, max_len=max_len)
 

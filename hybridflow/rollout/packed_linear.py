@@ -99,9 +99,9 @@ class PackedLinear:
         return True; False, changing nothing, where a rebuild is needed (a packed weight, another shape,
         dtype or device, a bias appearing or going). In place, kernels captured in a CUDA graph keep reading
         the right memory."""
-        if self.packed or not _same_layout(weight, self.weight, allow_none=True):
+        if self.packed or not same_layout(weight, self.weight, allow_none=True):
             return False
-        if (bias is None) != (self.bias is None) or (bias is not None and not _same_layout(bias, self.bias)):
+        if (bias is None) != (self.bias is None) or (bias is not None and not same_layout(bias, self.bias)):
             return False
         with torch.no_grad():
             for new, own in ((weight, self.weight), (bias, self.bias)):
@@ -116,7 +116,8 @@ class PackedLinear:
         return F.linear(x, self.weight, self.bias)
 
 
-def _same_layout(new: torch.Tensor | None, own: torch.Tensor, *, allow_none: bool = False) -> bool:
+def same_layout(new: torch.Tensor | None, own: torch.Tensor, *, allow_none: bool = False) -> bool:
+    """Whether ``new`` can be copied into ``own`` in place: same shape, dtype and device (``None``: ``allow_none``)."""
     if new is None:
         return allow_none
     return new.shape == own.shape and new.dtype == own.dtype and new.device == own.device

@@ -19,12 +19,17 @@ def _error_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("hybridflow: error:")]
 
 
-def _bert_over_llama(tiny_model_dir, tmp_path) -> str:
-    folder = tmp_path / "bert_config"
+def _edited_config(tiny_model_dir, tmp_path, name: str, **fields) -> str:
+    """A copy of the tiny checkpoint whose config.json has ``fields`` changed (the weights untouched)."""
+    folder = tmp_path / name
     shutil.copytree(tiny_model_dir, folder)
     config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**config, "model_type": "bert", "architectures": ["BertForMaskedLM"]}))
+    (folder / "config.json").write_text(json.dumps({**config, **fields}))
     return str(folder)
+
+
+def _bert_over_llama(tiny_model_dir, tmp_path) -> str:
+    return _edited_config(tiny_model_dir, tmp_path, "bert_config", model_type="bert", architectures=["BertForMaskedLM"])
 
 
 @pytest.mark.slow
@@ -58,21 +63,14 @@ def test_resuming_another_model_size_stops_with_one_line(tmp_path, tiny_model_di
 
 
 def test_hidden_size_disagreeing_with_the_weights_stops_with_one_line(tmp_path, tiny_model_dir, capsys):
-    folder = tmp_path / "wider_config"
-    shutil.copytree(tiny_model_dir, folder)
-    config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**config, "hidden_size": 128}))
-    assert main(base_overrides(tmp_path, str(folder), steps=1)) == 2
+    folder = _edited_config(tiny_model_dir, tmp_path, "wider_config", hidden_size=128)
+    assert main(base_overrides(tmp_path, folder, steps=1)) == 2
     [error] = _error_lines(capsys.readouterr().err)
     assert "do not fit its config.json" in error and "hidden_size=128" in error
 
 
 def _foo_config(tiny_model_dir, tmp_path) -> str:
-    folder = tmp_path / "foo_config"
-    shutil.copytree(tiny_model_dir, folder)
-    config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**config, "model_type": "foo", "architectures": ["FooForCausalLM"]}))
-    return str(folder)
+    return _edited_config(tiny_model_dir, tmp_path, "foo_config", model_type="foo", architectures=["FooForCausalLM"])
 
 
 def test_unknown_model_type_stops_with_one_line(tmp_path, tiny_model_dir, capsys):
