@@ -96,6 +96,8 @@ class DataConfig:
     """Extra keyword arguments for ``tokenizer.apply_chat_template`` (e.g. enable_thinking)."""
     use_shm: bool = False
     """Compatibility-only, no effect (see compat.py)."""
+    image_key: str = "images"
+    """Column of a row's images (a vision-language policy: each ``<image>`` of the prompt is the next one)."""
 
 
 # --------------------------------------------------------------------------- model
@@ -239,6 +241,8 @@ class ActorConfig:
     """Optimizer and schedule."""
     grad_clip: float = 1.0
     """Clip the global gradient norm to this value (<= 0 disables)."""
+    freeze_vision_tower: bool = False
+    """A vision-language policy: the vision tower is not trained (no gradients, weights unchanged)."""
     ulysses_sequence_parallel_size: int = 1
     """Ulysses sequence parallelism: groups of this many ranks split each packed row between them and
     exchange attention heads with all-to-all (hybridflow.models.ulysses); the data-parallel size is

@@ -70,6 +70,8 @@ class SFTDataConfig:
     """Compatibility-only (compat.py); in verl: equalise tokens across data-parallel ranks."""
     chat_template: Optional[str] = None
     """A Jinja chat template that replaces the tokenizer's."""
+    image_key: str = "images"
+    """Column of a row's images (a vision-language model: each ``<image>`` of the prompt is the next one)."""
     use_packing: bool = False
     """Pack several examples into one row of max_length tokens (no padding waste)."""
     max_samples: int = -1

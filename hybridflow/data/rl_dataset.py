@@ -7,6 +7,10 @@ tokenised once, up front: filtering overlong prompts needs every length anyway, 
 ``__getitem__`` then costs nothing. :func:`collate_prompts` left-pads a list of samples
 into ``input_ids / attention_mask / position_ids`` of shape ``[B, P]`` plus per-sample
 lists the reward stage needs.
+
+With a VLM's ``processor``, a row's ``images`` (``image_key``; see :mod:`hybridflow.data.vision`) go
+through the processor with the prompt: the prompt ids hold the expanded image tokens and the sample
+carries ``multi_modal_inputs`` (``pixel_values``, ``image_grid_thw``), which collation keeps per row.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from hybridflow.data.chat import encode, render, validate_messages
 from hybridflow.data.files import no_rows_message, read_rows, require_columns
 from hybridflow.data.padding import pad_sequences, pad_token_id_of, position_ids_from_mask
 from hybridflow.data.truncation import check_truncation, truncate
+from hybridflow.data.vision import process_image_prompt, require_processor_for_images
 from hybridflow.errors import DataError
 
 logger = logging.getLogger(__name__)
@@ -46,7 +51,8 @@ class RLDataset(torch.utils.data.Dataset):
     ``filter_overlong_prompts`` (drop rows whose templated prompt is longer; the count
     is in ``num_filtered``), ``truncation`` ('error' | 'left' | 'right' | 'middle', for
     prompts still too long), ``max_samples`` (-1 = all; with ``shuffle`` a seeded random
-    subset), ``return_raw_chat`` and ``apply_chat_template_kwargs``.
+    subset), ``return_raw_chat``, ``apply_chat_template_kwargs``, and for a VLM its ``processor`` and
+    ``image_key`` (the column of each row's images).
     """
 
     def __init__(
@@ -63,6 +69,8 @@ class RLDataset(torch.utils.data.Dataset):
         seed: int = 1,
         return_raw_chat: bool = False,
         apply_chat_template_kwargs: dict | None = None,
+        processor=None,
+        image_key: str = "images",
     ):
         check_truncation(truncation, allowed=RL_TRUNCATIONS, config_key="data.truncation")
         self.tokenizer = tokenizer
@@ -72,10 +80,13 @@ class RLDataset(torch.utils.data.Dataset):
         self.return_raw_chat = return_raw_chat
         self.template_kwargs = dict(apply_chat_template_kwargs or {})
         self.pad_token_id = pad_token_id_of(tokenizer)
+        self.processor, self.image_key = processor, image_key
         rows = read_rows(files)
         require_columns(rows, {prompt_key: "data.prompt_key"}, source=f"data file(s) {files!r}")
+        require_processor_for_images(rows, processor=processor, image_key=image_key)
         row_ids = subsample(len(rows), max_samples=max_samples, shuffle=shuffle, seed=seed)
-        prompt_ids = [self._tokenize_prompt(rows[i], row_index=i) for i in row_ids]
+        prompts = [self._tokenize_prompt(rows[i], row_index=i) for i in row_ids]
+        prompt_ids = [ids for ids, _ in prompts]
         kept = self._drop_overlong(row_ids, prompt_ids) if filter_overlong_prompts else list(range(len(row_ids)))
         self.num_filtered = len(row_ids) - len(kept)
         if not kept:
@@ -89,19 +100,29 @@ class RLDataset(torch.utils.data.Dataset):
             )
         self.rows = [rows[row_ids[k]] for k in kept]
         self.row_ids = [row_ids[k] for k in kept]
-        self.prompt_ids = [self._fit(prompt_ids[k], row_index=row_ids[k]) for k in kept]
+        self.vision = [prompts[k][1] for k in kept]
+        self.prompt_ids = [self._fit(prompt_ids[k], row_index=row_ids[k], has_images=prompts[k][1] is not None)
+                           for k in kept]
 
-    def _tokenize_prompt(self, row: dict[str, Any], *, row_index: int) -> list[int]:
+    def _tokenize_prompt(self, row: dict[str, Any], *, row_index: int) -> tuple[list[int], dict | None]:
+        """(prompt ids, the row's vision inputs or None)."""
         messages = validate_messages(row[self.prompt_key], row_index=row_index, config_key="data.prompt_key")
+        if self.processor is not None:
+            return process_image_prompt(self.processor, messages, row.get(self.image_key), row_index=row_index,
+                                        image_key=self.image_key, template_kwargs=self.template_kwargs)
         return encode(
             self.tokenizer,
             render(self.tokenizer, messages, add_generation_prompt=True, template_kwargs=self.template_kwargs),
-        )
+        ), None
 
     def _drop_overlong(self, row_ids: list[int], prompt_ids: list[list[int]]) -> list[int]:
         return [k for k in range(len(row_ids)) if len(prompt_ids[k]) <= self.max_prompt_length]
 
-    def _fit(self, ids: list[int], *, row_index: int) -> list[int]:
+    def _fit(self, ids: list[int], *, row_index: int, has_images: bool = False) -> list[int]:
+        if has_images and len(ids) > self.max_prompt_length:  # a cut would drop image tokens the pixels need
+            raise DataError(f"row {row_index}: the prompt with its image tokens is {len(ids)} tokens, longer than "
+                            f"data.max_prompt_length={self.max_prompt_length}; raise it or set "
+                            "data.filter_overlong_prompts=True (prompts with images are never truncated)")
         fix = (
             "raise data.max_prompt_length, set data.filter_overlong_prompts=True, "
             "or data.truncation='left'|'right'|'middle'"
@@ -151,6 +172,8 @@ class RLDataset(torch.utils.data.Dataset):
         }
         if self.return_raw_chat:
             sample["raw_prompt"] = row[self.prompt_key]
+        if self.processor is not None:
+            sample["multi_modal_inputs"] = self.vision[index]
         sample["agent_name"] = row.get("agent_name") or None  # the agent loop of this row (multi-turn rollouts)
         return sample
 
@@ -161,7 +184,7 @@ class RLDataset(torch.utils.data.Dataset):
 
 
 PER_SAMPLE_KEYS = ("data_source", "ability", "reward_model", "ground_truth", "extra_info", "index", "uid", "raw_prompt",
-                   "agent_name")
+                   "agent_name", "multi_modal_inputs")
 
 
 def collate_prompts(

@@ -33,6 +33,7 @@ from hybridflow.data.files import get_path, read_nonempty_rows, require_columns,
 from hybridflow.data.padding import pad_sequences, pad_token_id_of, position_ids_from_mask
 from hybridflow.data.rl_dataset import subsample
 from hybridflow.data.truncation import check_truncation, truncate
+from hybridflow.data.vision import require_processor_for_images, tokenize_image_conversation
 from hybridflow.errors import DataError
 
 SFT_TRUNCATIONS = ("error", "left", "right")
@@ -40,7 +41,8 @@ PADDINGS = ("max_length", "longest")
 
 
 class SFTDataset(torch.utils.data.Dataset):
-    """``dataset[i]`` = ``{"input_ids": [L], "loss_mask": [L]}`` (unpadded long tensors).
+    """``dataset[i]`` = ``{"input_ids": [L], "loss_mask": [L]}`` (unpadded long tensors); with a VLM's
+    ``processor``, a row's images (``image_key``) add ``multi_modal_inputs`` (see :mod:`hybridflow.data.vision`).
 
     ``padding`` is 'max_length' (every batch ``[B, max_length]``) or 'longest' (dynamic:
     the longest sample of the batch); ``truncation`` is 'error' | 'left' (keep the end)
@@ -63,6 +65,8 @@ class SFTDataset(torch.utils.data.Dataset):
         padding: str = "longest",
         max_samples: int = -1,
         apply_chat_template_kwargs: dict | None = None,
+        processor=None,
+        image_key: str = "images",
     ):
         check_truncation(truncation, allowed=SFT_TRUNCATIONS, config_key="data.truncation")
         if padding not in PADDINGS:
@@ -73,7 +77,9 @@ class SFTDataset(torch.utils.data.Dataset):
         self.padding = padding
         self.template_kwargs = dict(apply_chat_template_kwargs or {})
         self.pad_token_id = pad_token_id_of(tokenizer)
+        self.processor, self.image_key = processor, image_key
         rows = read_nonempty_rows(files)
+        require_processor_for_images(rows, processor=processor, image_key=image_key)
         if messages_key is not None:
             require_columns(rows, {messages_key: "data.multiturn.messages_key"}, source=f"data file(s) {files!r}")
             to_messages = partial(_multiturn_messages, key=messages_key)
@@ -88,17 +94,27 @@ class SFTDataset(torch.utils.data.Dataset):
             require_columns(rows, columns, source=f"data file(s) {files!r}")
             to_messages = partial(_single_turn_messages, prompt_path=prompt_path, response_path=response_path)
         self.samples = [
-            self._tokenize(to_messages(rows[i], row_index=i), tools=tools_of(rows[i], row_index=i), row_index=i)
+            self._tokenize(to_messages(rows[i], row_index=i), tools=tools_of(rows[i], row_index=i), row_index=i,
+                           images=rows[i].get(image_key))
             for i in subsample(len(rows), max_samples=max_samples, shuffle=False, seed=0)
         ]
 
     def _tokenize(
-        self, messages: list[dict[str, Any]], *, tools: list[dict] | None, row_index: int
-    ) -> dict[str, torch.Tensor]:
+        self, messages: list[dict[str, Any]], *, tools: list[dict] | None, row_index: int, images=None
+    ) -> dict[str, Any]:
         messages, template_kwargs = with_tools(self.tokenizer, messages, tools, template_kwargs=self.template_kwargs)
-        ids, mask = tokenize_with_assistant_mask(
-            self.tokenizer, messages, row_index=row_index, template_kwargs=template_kwargs
-        )
+        vision = None
+        if self.processor is not None:
+            ids, mask, vision = tokenize_image_conversation(self.processor, messages, images, row_index=row_index,
+                                                            image_key=self.image_key, template_kwargs=template_kwargs)
+        else:
+            ids, mask = tokenize_with_assistant_mask(
+                self.tokenizer, messages, row_index=row_index, template_kwargs=template_kwargs
+            )
+        if vision is not None and len(ids) > self.max_length:  # a cut would drop image tokens the pixels need
+            raise DataError(f"row {row_index}: the conversation with its image tokens is {len(ids)} tokens, longer "
+                            f"than data.max_length={self.max_length}; raise data.max_length (conversations with "
+                            "images are never truncated)")
         fix = "raise data.max_length or set data.truncation='left'|'right'"
         fit = partial(
             truncate,
@@ -111,7 +127,10 @@ class SFTDataset(torch.utils.data.Dataset):
         )
         ids, mask = fit(ids), fit(mask)
         mask[0] = 0  # the first token has no context to be predicted from
-        return {"input_ids": torch.tensor(ids, dtype=torch.long), "loss_mask": torch.tensor(mask, dtype=torch.long)}
+        sample = {"input_ids": torch.tensor(ids, dtype=torch.long), "loss_mask": torch.tensor(mask, dtype=torch.long)}
+        if vision is not None:
+            sample["multi_modal_inputs"] = vision
+        return sample
 
     def __len__(self) -> int:
         return len(self.samples)

@@ -14,11 +14,14 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+import shutil
 from collections.abc import Callable
 
 import torch
 
+from hybridflow.models.loader import auto_model_class
 from hybridflow.models.lora import is_lora_model, merge_lora
+from hybridflow.models.vision import PROCESSOR_FILES
 
 HF_FOLDER = "huggingface"
 LORA_FOLDER = "lora_adapter"  # SFT runs with LoRA: the adapter alone, in peft's format
@@ -56,7 +59,18 @@ def save_hf_folder(model: torch.nn.Module, tokenizer, out_dir: str, *, include_w
         _save_config_files(model, out_dir)
     if tokenizer is not None:
         tokenizer.save_pretrained(out_dir)
+        copy_processor_files(getattr(tokenizer, "name_or_path", ""), out_dir)
     return out_dir
+
+
+def copy_processor_files(source_dir: str, out_dir: str) -> None:
+    """A vision-language model's image-processor files, from the folder it was loaded from (no-op for a text
+    model's folder): the saved folder then loads with its processor again."""
+    for name in PROCESSOR_FILES:
+        source = os.path.join(os.path.expanduser(str(source_dir)), name)
+        if os.path.isfile(source) and os.path.abspath(source) != os.path.abspath(os.path.join(out_dir, name)):
+            os.makedirs(out_dir, exist_ok=True)
+            shutil.copyfile(source, os.path.join(out_dir, name))
 
 
 def _adapter_config_dir(local_dir: str) -> str | None:
@@ -82,11 +96,9 @@ def plain_causal_lm(
     ``on_meta`` builds it on the meta device, for a ``load_weights`` that assigns existing
     tensors (``load_state_dict(..., assign=True)``): no second copy of the weights.
     """
-    from transformers import AutoModelForCausalLM
-
     dtype_kwargs = {} if dtype is None else {"dtype": dtype}
     with torch.device("meta") if on_meta else contextlib.nullcontext():
-        model = AutoModelForCausalLM.from_config(config, **dtype_kwargs)
+        model = auto_model_class(config).from_config(config, **dtype_kwargs)
         if lora_config is not None:
             from peft import get_peft_model
 
@@ -118,6 +130,7 @@ def merge_into_hf_folder(
         model.generation_config = GenerationConfig.from_pretrained(hf_dir)
     has_tokenizer = os.path.isfile(os.path.join(hf_dir, "tokenizer_config.json"))
     tokenizer = AutoTokenizer.from_pretrained(hf_dir) if has_tokenizer else None
+    copy_processor_files(hf_dir, target_dir)
     return save_hf_folder(model, tokenizer, target_dir)
 
 

@@ -129,13 +129,29 @@ def check_causal_lm_config(config, path: str) -> None:
     from transformers import AutoModelForCausalLM
 
     has_remote_class = "AutoModelForCausalLM" in (getattr(config, "auto_map", None) or {})
-    if type(config) in AutoModelForCausalLM._model_mapping or has_remote_class:
+    if type(config) in AutoModelForCausalLM._model_mapping or has_remote_class or _is_image_text_to_text(config):
         return
     raise ModelError(
         f"{path} holds a {config.model_type!r} model ({', '.join(config.architectures or ['no architectures'])}), "
         f"which transformers cannot load as a causal LM; point model.path at a causal LM "
         f"(llama, qwen2, qwen3, mistral, gemma2, ...)"
     )
+
+
+def _is_image_text_to_text(config) -> bool:
+    """A vision-language model transformers generates text with (Qwen2-VL, Qwen2.5-VL, ...)."""
+    from transformers import AutoModelForImageTextToText
+
+    from hybridflow.models.vision import is_vision_language
+
+    return is_vision_language(config) and type(config) in AutoModelForImageTextToText._model_mapping
+
+
+def auto_model_class(config):
+    """``AutoModelForImageTextToText`` for a vision-language config, else ``AutoModelForCausalLM``."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    return AutoModelForImageTextToText if _is_image_text_to_text(config) else AutoModelForCausalLM
 
 
 def _mismatched_shapes(path: str, config, mismatched: list) -> ModelError:
@@ -243,13 +259,12 @@ def load_causal_lm(
     trust_remote_code: bool = False,
     override_config: dict | None = None,
 ):
-    """An ``AutoModelForCausalLM`` in ``dtype``, optionally with gradient checkpointing."""
-    from transformers import AutoModelForCausalLM
-
+    """An ``AutoModelForCausalLM`` (a vision-language model: ``AutoModelForImageTextToText``) in ``dtype``,
+    optionally with gradient checkpointing."""
     config = load_config(path, trust_remote_code=trust_remote_code, override_config=override_config)
     check_causal_lm_config(config, path)
     model = load_checked_weights(
-        AutoModelForCausalLM, path, config=config, dtype=resolve_dtype(dtype),
+        auto_model_class(config), path, config=config, dtype=resolve_dtype(dtype),
         attn_implementation=attn_implementation, trust_remote_code=trust_remote_code,
     )
     if gradient_checkpointing:

@@ -32,7 +32,7 @@ def compute_log_probs(model, *, input_ids: torch.Tensor, attention_mask: torch.T
                       position_ids: torch.Tensor | None, response_length: int, temperature: float = 1.0,
                       calculate_entropy: bool = False, calculate_sum_pi_squared: bool = False,
                       entropy_checkpointing: bool = False, use_torch_compile: bool = False,
-                      chunked_head: bool = False) -> tuple:
+                      chunked_head: bool = False, vision_inputs: dict | None = None) -> tuple:
     """log p(response token t | prefix) ``[B, T]`` and optionally the entropy ``[B, T]``; with
     ``calculate_sum_pi_squared`` a third element, sum_v p(v | prefix)^2 ``[B, T]``.
 
@@ -46,11 +46,15 @@ def compute_log_probs(model, *, input_ids: torch.Tensor, attention_mask: torch.T
             (verl's ``use_torch_compile``: the model forward itself stays eager).
         chunked_head: log-probs and entropy from the final hidden states and the head's weight in
             chunks of tokens, never the ``[B, T, V]`` logits (verl's ``use_fused_kernels``); same values.
+        vision_inputs: a VLM's images of these rows (``hybridflow.models.vision.vision_forward_inputs``);
+            the model then computes its own 3-D positions and ``position_ids`` is not used.
     """
     # Position L-T-1 predicts the first response token, L-2 the last one: only those T
     # positions go through the LM head (logits_to_keep), saving [B, L-T, V] of work.
     length = input_ids.shape[1]
     inputs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+    if vision_inputs:
+        inputs.update(vision_inputs, position_ids=None)
     keep = torch.arange(length - response_length - 1, length - 1, device=input_ids.device)
     return _forward_token_outputs(model, inputs, keep=keep, labels=input_ids[:, -response_length:],
                                   temperature=temperature, calculate_entropy=calculate_entropy,

@@ -130,3 +130,77 @@ def save_tiny_model(path: str, arch: str = "llama", seed: int = 0, **overrides) 
     model.save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)
     return path
+
+
+# ---------------------------------------------------------------- a tiny vision-language model (Qwen2.5-VL)
+VISION_TOKENS = ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"]
+"""Qwen2-VL's special tokens: an image is ``<|vision_start|>`` + one ``<|image_pad|>`` per merged patch
+(the processor expands the single pad of the template) + ``<|vision_end|>``."""
+
+VL_CHATML_TEMPLATE = CHATML_TEMPLATE.replace(
+    "{{ message['content'] + '<|im_end|>' + '\n' }}",
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}{{ '<|vision_start|><|image_pad|><|vision_end|>' }}"
+    "{% else %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}{{ '<|im_end|>' + '\n' }}",
+)
+"""The ChatML template with Qwen2-VL's content lists: an ``{"type": "image"}`` part becomes the image's
+placeholder, a ``{"type": "text"}`` part its text (user turns; assistant turns stay plain text)."""
+
+
+def build_tiny_vl_processor(tokenizer=None, *, max_pixels: int = 112 * 112):
+    """A Qwen2.5-VL processor for images: the tiny tokenizer plus the vision tokens, and Qwen2-VL's image
+    processor (14-pixel patches, 2 frames per temporal patch, 2x2 patches merged into one token), images
+    resized to at most ``max_pixels`` (112 x 112: 64 patches, 16 tokens)."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    from hybridflow.models.vision import image_only_processor
+
+    tokenizer = tokenizer or build_tiny_tokenizer()
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", *VISION_TOKENS]})
+    tokenizer.chat_template = VL_CHATML_TEMPLATE
+    image_processor = Qwen2VLImageProcessorPil(min_pixels=28 * 28, max_pixels=max_pixels, patch_size=14,
+                                               temporal_patch_size=2, merge_size=2)
+    return image_only_processor("Qwen2_5_VLProcessor", image_processor=image_processor, tokenizer=tokenizer,
+                                chat_template=VL_CHATML_TEMPLATE)
+
+
+def tiny_vl_config(tokenizer, **text_overrides):
+    """Config of a small random Qwen2.5-VL: the tiny text model (2 layers, hidden 64, GQA 4/2 heads, M-RoPE
+    sections 2+3+3 = head_dim / 2) under a 2-block vision tower (hidden 32) that merges 2x2 patches."""
+    from transformers import Qwen2_5_VLConfig
+
+    ids = dict(zip(VISION_TOKENS, tokenizer.convert_tokens_to_ids(VISION_TOKENS)))
+    text = dict(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024, tie_word_embeddings=True,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
+                eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
+    text.update(text_overrides)
+    vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=text["hidden_size"],
+                  patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=56, fullatt_block_indexes=[1])
+    return Qwen2_5_VLConfig(text_config=text, vision_config=vision, image_token_id=ids["<|image_pad|>"],
+                            video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
+                            vision_end_token_id=ids["<|vision_end|>"], tie_word_embeddings=True)
+
+
+def build_tiny_vl_model(seed: int = 0, **text_overrides):
+    """Return ``(model, processor)``: a random fp32 ``Qwen2_5_VLForConditionalGeneration`` and its processor
+    (``processor.tokenizer`` is the tokenizer)."""
+    import torch
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    processor = build_tiny_vl_processor()
+    tokenizer = processor.tokenizer
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2_5_VLForConditionalGeneration(tiny_vl_config(tokenizer, **text_overrides)).float()
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model, processor
+
+
+def save_tiny_vl_model(path: str, seed: int = 0, **text_overrides) -> str:
+    """Build a tiny Qwen2.5-VL and save it like a real checkpoint (config, weights, tokenizer, processor)."""
+    model, processor = build_tiny_vl_model(seed=seed, **text_overrides)
+    model.save_pretrained(path, safe_serialization=True)
+    processor.save_pretrained(path)
+    return path

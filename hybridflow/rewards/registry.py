@@ -32,7 +32,7 @@ class ScorerNeeds:
 
 
 _NEEDS: dict[Scorer, ScorerNeeds] = {}
-_BUILTIN_MODULES = ("gsm8k", "math", "code", "synthetic")
+_BUILTIN_MODULES = ("gsm8k", "math", "code", "synthetic", "geo3k", "shape_count")
 _builtins_loaded = False
 
 

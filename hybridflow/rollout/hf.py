@@ -5,12 +5,17 @@ prompt is repeated ``n`` times (``num_return_sequences``) and the batch runs unt
 longest member stops. Log-probs come from ``output_scores`` (the processed scores
 after temperature / top-k / top-p, as the native engine reports them; raw scores under
 greedy decoding).
+
+A vision-language model gets each prompt's images (``multi_modal_inputs``: ``pixel_values`` and
+``image_grid_thw`` per prompt): the vision tower encodes them in the prefill, the language model decodes,
+and HF places the 3-D positions (its ``get_rope_index``) and repeats the images for ``n`` samples.
 """
 
 from __future__ import annotations
 
 import torch
 
+from hybridflow.models.vision import vision_forward_inputs
 from hybridflow.rollout.stopping import StopChecker
 from hybridflow.rollout.types import Completion, SamplingParams, validate_prompts
 from hybridflow.rollout.weights import copy_named_tensors
@@ -22,23 +27,28 @@ class HFEngine:
     def __init__(self, model, tokenizer=None, *, max_model_len: int | None = None, pad_token_id: int | None = None):
         self.model = model.eval()
         self.tokenizer = tokenizer
-        self.max_model_len = max_model_len or model.config.max_position_embeddings
+        self.max_model_len = max_model_len or model.config.get_text_config().max_position_embeddings
         self.pad_token_id = _first_defined(pad_token_id, getattr(tokenizer, "pad_token_id", None),
-                                           model.config.pad_token_id, 0)
+                                           model.config.get_text_config().pad_token_id, 0)
 
     def load_weights(self, named_tensors) -> None:
         copy_named_tensors(self.model, named_tensors)
 
     @torch.no_grad()
-    def generate(self, prompt_token_ids: list[list[int]], params: SamplingParams) -> list[Completion]:
+    def generate(self, prompt_token_ids: list[list[int]], params: SamplingParams, *,
+                 multi_modal_inputs: list[dict | None] | None = None) -> list[Completion]:
+        """``params.n`` completions per prompt; ``multi_modal_inputs``: a VLM's images, one dict (or None) per
+        prompt."""
         validate_prompts(prompt_token_ids, max_model_len=self.max_model_len)
         input_ids, attention_mask = self._left_pad(prompt_token_ids)
         longest = input_ids.shape[1]
+        vision = vision_forward_inputs(self.model, multi_modal_inputs, input_ids) if multi_modal_inputs else {}
         with torch.random.fork_rng(devices=[input_ids.device] if input_ids.is_cuda else []):
             if params.seed is not None:
                 torch.manual_seed(params.seed)
             out = self.model.generate(
                 input_ids=input_ids, attention_mask=attention_mask, generation_config=self._config(params, longest),
+                **vision,
             )
         new_tokens = out.sequences[:, longest:]
         # Step by step: stacking the [rows, V] scores of every step would copy them all at once.

@@ -42,4 +42,4 @@ def model_context_length(path: str, trust_remote_code: bool, override_config: di
         config = AutoConfig.from_pretrained(os.path.expanduser(str(path)), trust_remote_code=trust_remote_code)
     except (OSError, ValueError):
         return None  # validation reports a bad path; the loader reports an unreadable model with its own message
-    return getattr(config, "max_position_embeddings", None)
+    return getattr(config.get_text_config(), "max_position_embeddings", None)  # a VLM's is its language model's

@@ -47,7 +47,7 @@ from hybridflow.trainer.entry import model_context_length, resolve_device, seed_
 from hybridflow.trainer.plots import plot_curves
 from hybridflow.trainer.ppo import PPOTrainer, PPOWorkers
 from hybridflow.trainer.ppo_builders import (build_critic_worker, build_hybrid_engine, build_rollout_worker,
-                                             policy_tokenizer)
+                                             policy_processor, policy_tokenizer)
 from hybridflow.trainer.prime_role import build_prm_group, implicit_prm_problems
 from hybridflow.trainer.ppo_roles import CriticGroupWorker, GroupCheckpoint, HybridEngineWorker, RolloutGroupWorker
 from hybridflow.trainer.reward_config import reward_manager_kwargs, reward_manager_problems
@@ -170,9 +170,11 @@ def preflight(cfg: PPOConfig) -> None:
 def build_datasets(cfg: PPOConfig, tokenizer):
     """(train loader, val loader or None) over verl-schema parquet/jsonl files."""
     data = cfg.data
+    processor = policy_processor(cfg, tokenizer)  # a vision-language policy's: rows carry images
 
     def dataset(files, max_samples):
         return RLDataset(files, tokenizer=tokenizer, prompt_key=data.prompt_key, max_prompt_length=data.max_prompt_length,
+                         processor=processor, image_key=data.image_key,
                          filter_overlong_prompts=data.filter_overlong_prompts, truncation=data.truncation,
                          max_samples=max_samples, apply_chat_template_kwargs=dict(data.apply_chat_template_kwargs),
                          return_raw_chat=data.return_raw_chat or cfg.reward_model.enable

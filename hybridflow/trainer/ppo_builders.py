@@ -24,6 +24,7 @@ from hybridflow.models.lora import apply_lora, disable_adapter
 from hybridflow.models.segment_attention import supports_segment_attention
 from hybridflow.models.sharded_checkpoint import FSDPModelComponent
 from hybridflow.models.ulysses import split_sequences
+from hybridflow.models.vision import freeze_vision_tower, is_vision_language, load_processor
 from hybridflow.rollout.config import engine_kwargs_from_rollout_config
 from hybridflow.rollout.engine import build_engine
 from hybridflow.trainer.ppo_roles import CriticGroupWorker, HybridEngineWorker, RolloutGroupWorker
@@ -69,12 +70,23 @@ def policy_tokenizer(cfg):
                           trust_remote_code=model.trust_remote_code or cfg.data.trust_remote_code)
 
 
+def policy_processor(cfg, tokenizer):
+    """A vision-language policy's processor around ``tokenizer`` (None for a text model)."""
+    model = cfg.actor_rollout_ref.model
+    return load_processor(model.path, tokenizer=tokenizer, trust_remote_code=model.trust_remote_code)
+
+
 def model_layout(model_cfg, model: torch.nn.Module, *, key: str) -> str:
     """The forward layout a model section's ``use_remove_padding`` / ``use_shared_prompt`` select (shared
     prompts by default), or ``padded`` with one warning when ``model``'s attention cannot keep the
     sequences of a packed row apart."""
     layout = forward_layout(use_remove_padding=model_cfg.use_remove_padding,
                             use_shared_prompt=model_cfg.use_shared_prompt)
+    if layout != "padded" and is_vision_language(model.config):
+        logger.warning("%s: %s is a vision-language model, whose images and 3-D positions go with padded rows; the "
+                       "padded layout runs (set %s.use_shared_prompt=False and use_remove_padding=False to choose it)",
+                       key, type(model).__name__, key)
+        return "padded"
     if layout != "padded" and not supports_segment_attention(model):
         logger.warning("%s: %s does not run its attention through transformers' attention interface, so packed "
                        "rows cannot keep their sequences apart; the padded layout runs (set %s.use_shared_prompt="
@@ -104,6 +116,8 @@ def build_hybrid_engine(dp: DataParallel, *, cfg, total_steps: int, with_rollout
     if use_lora:
         model = apply_lora(model, rank=arr.model.lora_rank, alpha=arr.model.lora_alpha,
                            target_modules=arr.model.target_modules, exclude_modules=arr.model.exclude_modules)
+    if arr.actor.freeze_vision_tower:
+        freeze_vision_tower(model)
     model = shard_for_group(model, dp=world, fsdp_cfg=arr.actor.fsdp_config, device=device,
                             precision=training_precision(arr.actor.fsdp_config, arr.model.dtype))
     split_sequences(model, sp, key="actor_rollout_ref.actor.ulysses_sequence_parallel_size")

@@ -85,5 +85,5 @@ def even_shard(samples: Sequence[Sample], *, rank: int, world_size: int, micro_b
     mine = split_micro(list(samples[rank::world_size]), micro_batch_size=micro_batch_size)
     longest_shard = -(-len(samples) // world_size)
     needed = -(-longest_shard // micro_batch_size)
-    filler = {"input_ids": samples[0]["input_ids"], "loss_mask": torch.zeros_like(samples[0]["loss_mask"])}
+    filler = {**samples[0], "loss_mask": torch.zeros_like(samples[0]["loss_mask"])}  # images, if any, go along
     return mine + [[filler]] * (needed - len(mine))

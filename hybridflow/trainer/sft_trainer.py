@@ -51,6 +51,7 @@ from hybridflow.models.lora import apply_lora
 from hybridflow.models.segment_attention import use_segment_attention
 from hybridflow.models.sharded_checkpoint import FSDPModelComponent
 from hybridflow.models.ulysses import split_sequences
+from hybridflow.models.vision import load_processor, vision_forward_inputs
 from hybridflow.trainer.checkpoint import find_resume_checkpoint, load_checkpoint, save_checkpoint
 from hybridflow.trainer.entry import model_context_length, resolve_device, seed_everything
 from hybridflow.trainer.plots import Curve, fixed_keys, plot_curves
@@ -125,7 +126,22 @@ def build_dataset(cfg: SFTConfig, files, tokenizer) -> SFTDataset:
                       prompt_dict_keys=data.prompt_dict_keys, response_dict_keys=data.response_dict_keys,
                       messages_key=sft_messages_key(data),
                       tools_key=data.multiturn.tools_key,
-                      max_length=data.max_length, truncation=data.truncation, max_samples=data.max_samples)
+                      max_length=data.max_length, truncation=data.truncation, max_samples=data.max_samples,
+                      processor=load_processor(sft_model_path(cfg), tokenizer=tokenizer,
+                                               trust_remote_code=cfg.model.trust_remote_code),
+                      image_key=data.image_key)
+
+
+def packed_layout(cfg: SFTConfig, dataset: SFTDataset) -> bool:
+    """Whether micro-batches are packed rows (:func:`sft_packed`); rows with images stay padded, said once."""
+    if not sft_packed(cfg):
+        return False
+    if any("multi_modal_inputs" in sample for sample in dataset.samples):
+        logging.getLogger(__name__).warning(
+            "the rows carry images, which go with padded rows (a VLM's images and 3-D positions); "
+            "use_remove_padding / data.use_packing / data.pad_mode=no_padding is not applied")
+        return False
+    return True
 
 
 def total_steps(cfg: SFTConfig, batches_per_epoch: int) -> int:
@@ -172,6 +188,7 @@ class SFTTrainer:
         self.autocast = (torch.autocast(device.type, dtype=self.compute_dtype) if plain_mixed
                          else contextlib.nullcontext())
         self.micro_batch_size = sft_micro_batch_size_per_gpu(cfg.data, self.data.world_size)
+        self.packed = packed_layout(cfg, train_dataset)
         self.global_step = 0
         self.tracking: Tracking | None = None
         self._bar = None
@@ -179,7 +196,7 @@ class SFTTrainer:
 
     # ---- one step ------------------------------------------------------------------
     def _forward(self, micro: list, *, global_num_tokens: float):
-        inputs = micro_batch_inputs(micro, use_packing=sft_packed(self.cfg),
+        inputs = micro_batch_inputs(micro, use_packing=self.packed,
                                     pad_token_id=self.tokenizer.pad_token_id,
                                     attn_implementation=self.model.config._attn_implementation)
         extra = {}
@@ -187,6 +204,10 @@ class SFTTrainer:
             use_segment_attention(self.model)
             extra["segment_layout"] = inputs.pop("segment_layout").to(self.device)
         inputs = {key: None if value is None else value.to(self.device) for key, value in inputs.items()}
+        extra.update(vision_forward_inputs(self.model, [s.get("multi_modal_inputs") for s in micro],
+                                           inputs["input_ids"]))
+        if extra.get("pixel_values") is not None:
+            inputs["position_ids"] = None  # the VLM computes its 3-D positions (get_rope_index)
         if self.sp is not None:
             with self.autocast:
                 return sequence_parallel_sft_loss(self.model, {**inputs, **extra}, sp=self.sp,

@@ -11,6 +11,7 @@ import torch
 from hybridflow.data.batch import Batch
 from hybridflow.data.packing import PackedResponses
 from hybridflow.models import compute_log_probs, packed_log_probs
+from hybridflow.models.vision import vision_forward_inputs
 from hybridflow.workers.micro_batches import micro_batches, pad_right, trimmed_inputs
 
 
@@ -39,13 +40,16 @@ def micro_batch_log_probs(model, micro: Batch, *, temperature: float, calculate_
                           chunked_head: bool = False):
     """(log_probs [b, T], entropy [b, T] or None) of one micro-batch in the given layout; with
     ``calculate_sum_pi_squared`` a third element, sum_v pi(v)^2 [b, T] (the other switches: see
-    ``hybridflow.models.compute_log_probs``)."""
+    ``hybridflow.models.compute_log_probs``). A VLM's rows carry their images in ``multi_modal_inputs``
+    (padded layout only: the trainer picks it for VLMs)."""
     switches = dict(calculate_sum_pi_squared=calculate_sum_pi_squared, entropy_checkpointing=entropy_checkpointing,
                     use_torch_compile=use_torch_compile, chunked_head=chunked_head)
     if layout != "padded":
         return packed_log_probs(model, pack_micro_batch(micro, layout=layout), temperature=temperature,
                                 calculate_entropy=calculate_entropy, **switches)
     inputs, resp_len = trimmed_inputs(micro)
+    if "multi_modal_inputs" in micro:
+        switches["vision_inputs"] = vision_forward_inputs(model, micro["multi_modal_inputs"], inputs["input_ids"])
     outs = compute_log_probs(model, **inputs, response_length=resp_len, temperature=temperature,
                              calculate_entropy=calculate_entropy, **switches)
     return tuple(None if out is None else pad_right(out, micro["responses"].shape[1]) for out in outs)

@@ -106,7 +106,11 @@ class RolloutWorker:
                 return self.run_agent_loops(prompts, params)
             if partial:
                 return self.generate_partial(prompts, params, handover=self.handover)
-            completions = self.engine.generate([list(ids) for ids in prompts["raw_prompt_ids"]], params)
+            # a VLM's images go with their prompts (the HF engine's prefill encodes them)
+            images = {}
+            if "multi_modal_inputs" in prompts:
+                images["multi_modal_inputs"] = list(prompts["multi_modal_inputs"])
+            completions = self.engine.generate([list(ids) for ids in prompts["raw_prompt_ids"]], params, **images)
             return self.assemble(prompts, completions, n=params.n)
 
     def generate_partial(self, prompts: Batch, params: SamplingParams, *, handover: EngineHandover) -> Batch:

@@ -32,8 +32,10 @@ def write_jsonl(path, rows):
 
 def test_scripts_are_listed():
     assert SCRIPTS == {
+        "geo3k": "hybridflow.data.preprocess.geo3k",
         "gsm8k": "hybridflow.data.preprocess.gsm8k",
         "reasoning_gym": "hybridflow.data.preprocess.reasoning_gym",
+        "shape_count": "hybridflow.data.preprocess.shape_count",
         "tool_use": "hybridflow.data.preprocess.tool_use",
         "worked_sums": "hybridflow.data.preprocess.worked_sums",
     }

@@ -114,6 +114,8 @@ SCRIPTS = [
     # PRIME (python -m recipe.prime.main_prime): the implicit PRM trained online
     ("recipe", "prime/run_prime_qwen.sh"),
     ("recipe", "prime/run_prime_qwen_code.sh"),
+    # vision-language RL (issue 36): Qwen2.5-VL on geo3k, data.image_key
+    ("verl", "examples/grpo_trainer/run_qwen2_5_vl-7b.sh"),
     # Megatron: refused in one line that says so (test_verl_commands.EXPECTED_ERRORS)
     ("verl", "examples/grpo_trainer/run_qwen2-7b_math_megatron.sh"),
     ("verl", "verl/experimental/one_step_off_policy/shell/dapo_7b_math_megatron_4_12.sh"),

@@ -12,11 +12,17 @@ Each is a module with ``main(argv)`` and a ``python -m`` entry point, and writes
   -- gsm8k|reasoning_gym SOURCE_ARGS...`` — either of the above as tool-agent rows (multi-turn).
 * ``python -m hybridflow.data.preprocess.worked_sums --rows RL_ROWS [--count N] --local_save_dir DIR``
   — SFT rows (``messages``) that answer reasoning-gym sums one term at a time (writes ``train.parquet``).
+* ``python -m hybridflow.data.preprocess.geo3k [--local_dataset_path DIR] --local_save_dir DIR``
+  — Geometry3K with its images (verl's geo3k columns), from a local copy or the hub.
+* ``python -m hybridflow.data.preprocess.shape_count [--size N] [--test_size M] --local_save_dir DIR``
+  — a synthetic visual task generated offline: count the shapes PIL drew (RL rows plus SFT ``messages``).
 """
 
 SCRIPTS = {
+    "geo3k": "hybridflow.data.preprocess.geo3k",
     "gsm8k": "hybridflow.data.preprocess.gsm8k",
     "reasoning_gym": "hybridflow.data.preprocess.reasoning_gym",
+    "shape_count": "hybridflow.data.preprocess.shape_count",
     "tool_use": "hybridflow.data.preprocess.tool_use",
     "worked_sums": "hybridflow.data.preprocess.worked_sums",
 }

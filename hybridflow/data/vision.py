@@ -1,0 +1,130 @@
+"""Image rows (verl's multimodal schema) -> a VLM processor's prompt ids and per-row vision inputs.
+
+A row holds ``images`` (``data.image_key``): a list whose entries are ``{"bytes": b"..."}`` (how a parquet
+file written by ``datasets`` stores an image), ``{"path": "..."}`` or a path string, or a ``PIL.Image``.
+Each ``<image>`` in the prompt's message text stands for the next image, in order (geo3k's problems
+carry their own ``<image>``). The messages become content lists (``[{"type": "image"}, {"type": "text",
+"text": ...}]``), the processor's chat template renders them, and the processor expands each image's
+placeholder into one ``<|image_pad|>`` per merged patch and returns ``pixel_values [n_patches, D]`` and
+``image_grid_thw [n_images, 3]`` (kept per row: rows have different patch counts).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from hybridflow.data.assistant_mask import tokenize_with_assistant_mask
+from hybridflow.data.chat import render
+from hybridflow.errors import DataError
+
+IMAGE_PLACEHOLDER = "<image>"
+
+
+def load_image(image: Any, *, row_index: int):
+    """An RGB ``PIL.Image`` from a row's image entry (bytes dict, path dict, path string or PIL image)."""
+    from PIL import Image
+
+    if isinstance(image, Image.Image):
+        return image.convert("RGB")
+    if isinstance(image, dict) and image.get("bytes") is not None:
+        return Image.open(io.BytesIO(image["bytes"])).convert("RGB")
+    path = image.get("path") if isinstance(image, dict) else image
+    if isinstance(path, str) and os.path.isfile(os.path.expanduser(path)):
+        return Image.open(os.path.expanduser(path)).convert("RGB")
+    raise DataError(f"row {row_index}: an image entry must be {{'bytes': ...}}, {{'path': ...}}, an existing file "
+                    f"path or a PIL image, got {type(image).__name__} {str(image)[:60]!r}; fix the data's image column")
+
+
+def require_processor_for_images(rows: Sequence[dict], *, processor, image_key: str) -> None:
+    """Rows with images and a text model would train on the text alone: refused in one line."""
+    if processor is not None:
+        return
+    for index, row in enumerate(rows):
+        images = row.get(image_key)
+        if images is not None and len(images):
+            raise DataError(f"row {index} has images in {image_key!r}, but the model has no image processor "
+                            "(preprocessor_config.json): point model.path at a vision-language model (e.g. "
+                            "Qwen2.5-VL), or drop the image column")
+
+
+def image_messages(messages: Sequence[dict], num_images: int, *, row_index: int, image_key: str) -> list[dict]:
+    """``messages`` with every ``<image>`` of a text content split out as an ``{"type": "image"}`` part.
+
+    The count of placeholders must equal the row's number of images (verl asserts the same)."""
+    out, seen = [], 0
+    for message in messages:
+        content = message.get("content")
+        if not isinstance(content, str) or IMAGE_PLACEHOLDER not in content:
+            out.append(dict(message))
+            continue
+        parts = []
+        for piece in re.split(f"({re.escape(IMAGE_PLACEHOLDER)})", content):
+            if piece == IMAGE_PLACEHOLDER:
+                parts.append({"type": "image"})
+                seen += 1
+            elif piece:
+                parts.append({"type": "text", "text": piece})
+        out.append({**message, "content": parts})
+    if seen != num_images:
+        raise DataError(f"row {row_index}: the prompt has {seen} '<image>' placeholder(s) but {image_key!r} holds "
+                        f"{num_images} image(s); put one '<image>' in the prompt text per image")
+    return out
+
+
+def process_image_prompt(processor, messages: Sequence[dict], images: Sequence[Any], *, row_index: int,
+                         image_key: str = "images", template_kwargs: dict | None = None,
+                         add_generation_prompt: bool = True) -> tuple[list[int], dict[str, torch.Tensor] | None]:
+    """(prompt ids with the image tokens expanded, ``{"pixel_values", "image_grid_thw"}`` or None without
+    images) of one row, through ``processor``'s chat template and image processor."""
+    images = list(images) if images is not None else []
+    messages = image_messages(messages, len(images), row_index=row_index, image_key=image_key)
+    text = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                         **(template_kwargs or {}))
+    if not images:
+        return processor.tokenizer(text, add_special_tokens=False)["input_ids"], None
+    pil = [load_image(image, row_index=row_index) for image in images]
+    out = processor(text=[text], images=pil, return_tensors="pt")
+    vision = {"pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"]}
+    return out["input_ids"][0].tolist(), vision
+
+
+def tokenize_image_conversation(processor, messages: Sequence[dict], images: Sequence[Any], *, row_index: int,
+                                image_key: str = "images", template_kwargs: dict | None = None,
+                                ) -> tuple[list[int], list[int], dict[str, torch.Tensor] | None]:
+    """(ids, assistant mask, vision inputs or None) of an SFT conversation with images.
+
+    The assistant mask is found on the template's own rendering (one ``<|image_pad|>`` per image, see
+    :mod:`hybridflow.data.assistant_mask`); each image's pad then expands to its ``n_i = t * h * w /
+    merge^2`` tokens, all 0 in the mask (image tokens are never targets), exactly as the processor
+    expands the ids."""
+    images = list(images) if images is not None else []
+    messages = image_messages(messages, len(images), row_index=row_index, image_key=image_key)
+    ids, mask = tokenize_with_assistant_mask(processor.tokenizer, messages, row_index=row_index,
+                                             template_kwargs=template_kwargs)
+    if not images:
+        return ids, mask, None
+    text = render(processor.tokenizer, messages, add_generation_prompt=False, template_kwargs=template_kwargs)
+    out = processor(text=[text], images=[load_image(image, row_index=row_index) for image in images],
+                    return_tensors="pt")
+    merge = processor.image_processor.merge_size ** 2
+    counts = iter((out["image_grid_thw"].prod(-1) // merge).tolist())
+    pad_id = processor.image_token_id
+    expanded = [m for token, m in zip(ids, mask) for m in ([0] * next(counts) if token == pad_id else [m])]
+    expanded_ids = out["input_ids"][0].tolist()
+    if len(expanded) != len(expanded_ids):  # the processor and the template disagree on the image placeholders
+        raise DataError(f"row {row_index}: the chat template's image placeholders do not match the processor's "
+                        "image token; use the model's own chat template")
+    return expanded_ids, expanded, {"pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"]}
+
+
+def image_to_bytes(image, format: str = "PNG") -> dict[str, bytes]:
+    """``{"bytes": ...}`` of a PIL image: the row entry a parquet file stores (as ``datasets`` writes it)."""
+    buffer = io.BytesIO()
+    image.save(buffer, format=format)
+    return {"bytes": buffer.getvalue()}

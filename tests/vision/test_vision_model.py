@@ -1,0 +1,131 @@
+"""A tiny Qwen2.5-VL through hybridflow's forward, rollout and freeze: equal to HF's own forward and generate."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from hybridflow.data.batch import Batch
+from hybridflow.data.padding import pad_sequences
+from hybridflow.models.vision import freeze_vision_tower, vision_forward_inputs, vision_tower
+from hybridflow.rollout import SamplingParams
+from hybridflow.rollout.engine import build_engine
+from hybridflow.rollout.hf import HFEngine
+from hybridflow.workers.logprob import batch_log_probs, micro_batch_log_probs
+from tests.vision.conftest import solid_image
+
+PROMPTS = [  # (text, image size): the rows have 4, 12 and 9 image tokens
+    ("<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>How many?<|im_end|>\n<|im_start|>assistant\n",
+     (56, 56)),
+    ("<|im_start|>user\nCount <|vision_start|><|image_pad|><|vision_end|> the shapes<|im_end|>\n"
+     "<|im_start|>assistant\n", (112, 84)),
+    ("<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>?<|im_end|>\n<|im_start|>assistant\n", (84, 84)),
+]
+RESPONSES = [[65, 66, 67, 68, 69], [70, 71], [72, 73, 74]]
+
+
+def processed(processor, text, size, colour="red"):
+    return processor(text=[text], images=[solid_image(*size, colour)], return_tensors="pt")
+
+
+def rollout_batch(processor, colours=("red", "blue", "green")) -> tuple[Batch, list]:
+    """Left-padded prompts ++ right-padded responses, with each row's images, as the rollout worker builds it."""
+    outs = [processed(processor, text, size, colour) for (text, size), colour in zip(PROMPTS, colours)]
+    pad = processor.tokenizer.pad_token_id
+    prompts = pad_sequences([o["input_ids"][0].tolist() for o in outs], pad_value=pad, side="left")
+    responses = pad_sequences(RESPONSES, pad_value=pad, side="right")
+    prompt_mask = (prompts != pad).long()
+    response_mask = pad_sequences([[1] * len(r) for r in RESPONSES], pad_value=0, side="right")
+    attention_mask = torch.cat([prompt_mask, response_mask], 1)
+    batch = Batch({"input_ids": torch.cat([prompts, responses], 1), "attention_mask": attention_mask,
+                   "position_ids": (attention_mask.cumsum(1) - 1).clamp(min=0), "responses": responses,
+                   "response_mask": response_mask},
+                  {"multi_modal_inputs": [{"pixel_values": o["pixel_values"], "image_grid_thw": o["image_grid_thw"]}
+                                          for o in outs]})
+    return batch, outs
+
+
+def hf_log_probs(model, out, response: list[int]) -> torch.Tensor:
+    """HF's own forward on one unpadded row: the processor's outputs with the response appended."""
+    ids = torch.cat([out["input_ids"], torch.tensor([response])], 1)
+    types = torch.cat([out["mm_token_type_ids"], torch.zeros(1, len(response), dtype=torch.long)], 1)
+    logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), mm_token_type_ids=types,
+                   pixel_values=out["pixel_values"], image_grid_thw=out["image_grid_thw"]).logits
+    log_probs = torch.log_softmax(logits[0, -len(response) - 1:-1].float(), -1)
+    return log_probs.gather(-1, torch.tensor(response)[:, None])[:, 0]
+
+
+@torch.no_grad()
+def test_log_probs_with_images_equal_hf_forward_row_by_row(tiny_vl):
+    model, processor = tiny_vl
+    batch, outs = rollout_batch(processor)
+    log_probs, entropy = batch_log_probs(model, batch, temperature=1.0, micro_batch_size=2, calculate_entropy=True)
+    assert log_probs.shape == entropy.shape == (3, 5)
+    for row, (out, response) in enumerate(zip(outs, RESPONSES)):
+        expected = hf_log_probs(model, out, response)
+        torch.testing.assert_close(log_probs[row, :len(response)], expected, rtol=1e-5, atol=1e-5)
+
+
+@torch.no_grad()
+def test_the_images_change_the_log_probs(tiny_vl):
+    """Guards the parity test: the images (their pixels) reach the language model."""
+    model, processor = tiny_vl
+    red, _ = rollout_batch(processor)
+    other, _ = rollout_batch(processor, colours=("white", "black", "yellow"))
+    assert not torch.allclose(batch_log_probs(model, red, temperature=1.0, micro_batch_size=3)[0],
+                              batch_log_probs(model, other, temperature=1.0, micro_batch_size=3)[0], atol=1e-4)
+
+
+def test_freeze_vision_tower_gives_it_no_gradients(tiny_vl_dir):
+    from hybridflow.models import load_causal_lm, load_tokenizer
+    from hybridflow.models.vision import load_processor
+
+    grads = {}
+    for freeze in (False, True):
+        model = load_causal_lm(tiny_vl_dir)
+        processor = load_processor(tiny_vl_dir, tokenizer=load_tokenizer(tiny_vl_dir))
+        frozen = freeze_vision_tower(model) if freeze else 0
+        batch, _ = rollout_batch(processor)
+        log_probs, _ = micro_batch_log_probs(model, batch, temperature=1.0, calculate_entropy=False)
+        (log_probs * batch["response_mask"]).sum().backward()
+        tower = vision_tower(model)
+        grads[freeze] = ([p.grad for p in tower.parameters()],
+                         [p.grad for p in model.model.language_model.parameters()])
+        assert frozen == (sum(p.numel() for p in tower.parameters()) if freeze else 0)
+    tower_grads, lm_grads = grads[True]
+    assert all(g is None for g in tower_grads) and all(g is not None and g.abs().sum() > 0 for g in lm_grads)
+    tower_grads, _ = grads[False]
+    assert all(g is not None for g in tower_grads) and sum(g.abs().sum() for g in tower_grads) > 0
+
+
+@torch.no_grad()
+def test_hf_engine_greedy_with_images_equals_hf_generate(tiny_vl):
+    model, processor = tiny_vl
+    engine = HFEngine(model, processor.tokenizer)
+    outs = [processed(processor, text, size) for text, size in PROMPTS]
+    images = [{"pixel_values": o["pixel_values"], "image_grid_thw": o["image_grid_thw"]} for o in outs]
+    params = SamplingParams(n=1, temperature=0.0, max_tokens=6, ignore_eos=True)
+    completions = engine.generate([o["input_ids"][0].tolist() for o in outs], params, multi_modal_inputs=images)
+    for completion, out in zip(completions, outs):
+        expected = model.generate(**out, max_new_tokens=6, do_sample=False, eos_token_id=None)
+        assert completion.token_ids == expected[0, out["input_ids"].shape[1]:].tolist()
+    sampled = engine.generate([o["input_ids"][0].tolist() for o in outs],
+                              SamplingParams(n=2, temperature=1.0, max_tokens=4, seed=0), multi_modal_inputs=images)
+    assert [c.prompt_index for c in sampled] == [0, 0, 1, 1, 2, 2]
+
+
+def test_native_rollout_of_a_vlm_runs_through_hf_generate_and_says_why(tiny_vl):
+    model, processor = tiny_vl
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        engine = build_engine("native", model, processor.tokenizer)
+    assert isinstance(engine, HFEngine)
+    (message,) = [str(w.message) for w in caught if "vision-language" in str(w.message)]
+    assert "rollout.name=native runs" in message and "vision tower prefills" in message
+
+
+def test_a_text_batch_gets_no_vision_inputs(tiny_vl):
+    model, _ = tiny_vl
+    assert vision_forward_inputs(model, [None, {}], torch.zeros(2, 3, dtype=torch.long)) == {}
