@@ -23,6 +23,8 @@ import torch
 logger = logging.getLogger(__name__)
 
 VISION_INPUT_KEYS = ("pixel_values", "image_grid_thw")
+VISION_TOWER_NAMES = ("visual", "vision_tower", "vision_model")
+"""What HF VLMs call their vision encoder module."""
 """The per-row entries of ``multi_modal_inputs`` a forward concatenates."""
 
 
@@ -32,11 +34,11 @@ def is_vision_language(config) -> bool:
 
 
 def vision_tower(model: torch.nn.Module) -> torch.nn.Module | None:
-    """The vision encoder of an HF VLM (``model.model.visual`` for Qwen2.5-VL), None for a text model."""
-    base = getattr(model, "model", model)
-    for name in ("visual", "vision_tower", "vision_model"):
-        if isinstance(getattr(base, name, None), torch.nn.Module):
-            return getattr(base, name)
+    """The vision encoder of an HF VLM (``model.model.visual`` for Qwen2.5-VL), found under any wrapper
+    (LoRA, FSDP); None for a text model."""
+    for name, module in model.named_modules():
+        if name.rsplit(".", 1)[-1] in VISION_TOWER_NAMES:
+            return module
     return None
 
 
@@ -58,12 +60,21 @@ def image_token_id(model: torch.nn.Module) -> int:
     return int(model.config.image_token_id)
 
 
-def vision_forward_inputs(model: torch.nn.Module, rows: Sequence[dict | None], input_ids: torch.Tensor) -> dict:
+def vision_forward_inputs(model: torch.nn.Module, rows: Sequence[dict | None] | None,
+                          input_ids: torch.Tensor) -> dict:
     """Forward kwargs carrying the images of ``rows`` (one ``multi_modal_inputs`` dict or None per row of
     ``input_ids [b, L]``): ``pixel_values`` and ``image_grid_thw`` concatenated in row order, and
     ``mm_token_type_ids [b, L]`` (1 on image tokens) from which the model computes its 3-D positions.
-    Rows without images add nothing; a batch without any image gets ``{}`` (a plain text forward)."""
-    present = [row for row in rows if row and row.get("pixel_values") is not None]
+    Rows without images add nothing; a batch without any image gets ``{}`` (a plain text forward).
+
+    Raises:
+        ValueError: the image tokens of ``input_ids`` are not the images' ``sum_i t_i h_i w_i / merge^2``
+            tokens (images lost on the way would otherwise be read as text, in silence).
+    """
+    if not is_vision_language(model.config):
+        return {}
+    present = [row for row in (() if rows is None else rows) if row and row.get("pixel_values") is not None]
+    check_image_tokens(model, present, input_ids)
     if not present:
         return {}
     device = input_ids.device
@@ -71,6 +82,15 @@ def vision_forward_inputs(model: torch.nn.Module, rows: Sequence[dict | None], i
     inputs["pixel_values"] = inputs["pixel_values"].to(next(vision_tower(model).parameters()).dtype)
     inputs["mm_token_type_ids"] = (input_ids == image_token_id(model)).int()
     return inputs
+
+
+def check_image_tokens(model: torch.nn.Module, rows: Sequence[dict], input_ids: torch.Tensor) -> None:
+    merge = model.config.vision_config.spatial_merge_size ** 2
+    expected = sum(int(torch.as_tensor(row["image_grid_thw"]).prod(-1).sum()) // merge for row in rows)
+    found = int((input_ids == image_token_id(model)).sum())
+    if found != expected:
+        raise ValueError(f"the batch holds {found} image tokens but its images make {expected}: the rows' "
+                         "multi_modal_inputs did not travel with their prompts")
 
 
 def image_only_processor(class_name: str, *, image_processor, tokenizer, chat_template: str | None = None):

@@ -42,7 +42,7 @@ class HFEngine:
         validate_prompts(prompt_token_ids, max_model_len=self.max_model_len)
         input_ids, attention_mask = self._left_pad(prompt_token_ids)
         longest = input_ids.shape[1]
-        vision = vision_forward_inputs(self.model, multi_modal_inputs, input_ids) if multi_modal_inputs else {}
+        vision = vision_forward_inputs(self.model, multi_modal_inputs, input_ids)
         with torch.random.fork_rng(devices=[input_ids.device] if input_ids.is_cuda else []):
             if params.seed is not None:
                 torch.manual_seed(params.seed)

@@ -48,8 +48,8 @@ def micro_batch_log_probs(model, micro: Batch, *, temperature: float, calculate_
         return packed_log_probs(model, pack_micro_batch(micro, layout=layout), temperature=temperature,
                                 calculate_entropy=calculate_entropy, **switches)
     inputs, resp_len = trimmed_inputs(micro)
-    if "multi_modal_inputs" in micro:
-        switches["vision_inputs"] = vision_forward_inputs(model, micro["multi_modal_inputs"], inputs["input_ids"])
+    images = micro["multi_modal_inputs"] if "multi_modal_inputs" in micro else None
+    switches["vision_inputs"] = vision_forward_inputs(model, images, inputs["input_ids"])
     outs = compute_log_probs(model, **inputs, response_length=resp_len, temperature=temperature,
                              calculate_entropy=calculate_entropy, **switches)
     return tuple(None if out is None else pad_right(out, micro["responses"].shape[1]) for out in outs)

@@ -129,3 +129,43 @@ def test_native_rollout_of_a_vlm_runs_through_hf_generate_and_says_why(tiny_vl):
 def test_a_text_batch_gets_no_vision_inputs(tiny_vl):
     model, _ = tiny_vl
     assert vision_forward_inputs(model, [None, {}], torch.zeros(2, 3, dtype=torch.long)) == {}
+
+
+@torch.no_grad()
+def test_image_tokens_without_their_images_are_refused(tiny_vl):
+    model, processor = tiny_vl
+    batch, _ = rollout_batch(processor)
+    lost = Batch({key: batch[key] for key in batch.tensors}, {"multi_modal_inputs": [None, None, None]})
+    with pytest.raises(ValueError, match="the batch holds 25 image tokens but its images make 0"):
+        micro_batch_log_probs(model, lost, temperature=1.0, calculate_entropy=False)
+    with pytest.raises(ValueError, match="holds 25 image tokens but its images make 0"):
+        HFEngine(model, processor.tokenizer).generate([row[row != 0].tolist() for row in batch["input_ids"]],
+                                                      SamplingParams(max_tokens=2))
+
+
+@torch.no_grad()
+def test_rollout_worker_sends_each_prompt_s_images(tmp_path, tiny_vl):
+    """The dataset's collated prompts through the rollout worker: greedy tokens equal HF generate row by row."""
+    import pandas as pd
+
+    from hybridflow.data.rl_dataset import RLDataset
+    from hybridflow.data.vision import image_to_bytes
+    from hybridflow.trainer.ppo import prompts_to_batch
+    from hybridflow.workers.rollout import RolloutWorker
+
+    model, processor = tiny_vl
+    rows = [{"prompt": [{"role": "user", "content": "<image>How many?"}], "images": [image_to_bytes(solid_image(*s))]}
+            for s in ((56, 56), (112, 84))]
+    pd.DataFrame(rows).to_parquet(tmp_path / "rows.parquet")
+    dataset = RLDataset(str(tmp_path / "rows.parquet"), processor.tokenizer, processor=processor)
+    prompts = prompts_to_batch(dataset.collate_fn([dataset[0], dataset[1]]))
+    worker = RolloutWorker(engine=HFEngine(model, processor.tokenizer), pad_token_id=processor.tokenizer.pad_token_id)
+    out = worker.generate(prompts, SamplingParams(n=1, temperature=0.0, max_tokens=5, ignore_eos=True))
+    for row in range(2):
+        ids = torch.tensor([dataset.prompt_ids[row]])
+        vision = dataset.vision[row]
+        expected = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=5,
+                                  do_sample=False, eos_token_id=None, pixel_values=vision["pixel_values"],
+                                  image_grid_thw=vision["image_grid_thw"],
+                                  mm_token_type_ids=(ids == processor.image_token_id).long())
+        assert out["responses"][row].tolist() == expected[0, ids.shape[1]:].tolist()
