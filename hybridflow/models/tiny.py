@@ -125,7 +125,10 @@ def build_tiny_model(arch: str = "llama", seed: int = 0, tokenizer=None, **overr
 
 
 def save_tiny_model(path: str, arch: str = "llama", seed: int = 0, **overrides) -> str:
-    """Build a tiny model and save it like a real checkpoint; returns ``path``."""
+    """Build a tiny model and save it like a real checkpoint; returns ``path`` (``arch="qwen2_5_vl"``: the
+    vision-language model of :func:`save_tiny_vl_model`)."""
+    if arch == "qwen2_5_vl":
+        return save_tiny_vl_model(path, seed=seed, **overrides)
     model, tokenizer = build_tiny_model(arch=arch, seed=seed, **overrides)
     model.save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)

@@ -20,6 +20,8 @@ from collections.abc import Sequence
 
 import torch
 
+from hybridflow.errors import DataError
+
 logger = logging.getLogger(__name__)
 
 VISION_INPUT_KEYS = ("pixel_values", "image_grid_thw")
@@ -56,6 +58,17 @@ def freeze_vision_tower(model: torch.nn.Module) -> int:
     return frozen
 
 
+VISION_TOKEN_KEYS = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+
+
+def vision_token_ids(config) -> list[int]:
+    """A VLM config's vision special tokens (image / video pads, vision start / end): what a response must
+    never hold. Empty for a text model."""
+    if not is_vision_language(config):
+        return []
+    return sorted({int(getattr(config, key)) for key in VISION_TOKEN_KEYS if getattr(config, key, None) is not None})
+
+
 def image_token_id(model: torch.nn.Module) -> int:
     return int(model.config.image_token_id)
 
@@ -68,7 +81,7 @@ def vision_forward_inputs(model: torch.nn.Module, rows: Sequence[dict | None] | 
     Rows without images add nothing; a batch without any image gets ``{}`` (a plain text forward).
 
     Raises:
-        ValueError: the image tokens of ``input_ids`` are not the images' ``sum_i t_i h_i w_i / merge^2``
+        DataError: the image tokens of ``input_ids`` are not the images' ``sum_i t_i h_i w_i / merge^2``
             tokens (images lost on the way would otherwise be read as text, in silence).
     """
     if not is_vision_language(model.config):
@@ -89,8 +102,9 @@ def check_image_tokens(model: torch.nn.Module, rows: Sequence[dict], input_ids: 
     expected = sum(int(torch.as_tensor(row["image_grid_thw"]).prod(-1).sum()) // merge for row in rows)
     found = int((input_ids == image_token_id(model)).sum())
     if found != expected:
-        raise ValueError(f"the batch holds {found} image tokens but its images make {expected}: the rows' "
-                         "multi_modal_inputs did not travel with their prompts")
+        raise DataError(f"the batch holds {found} image tokens but its images make {expected}: each row needs the "
+                        "images of its prompt (multi_modal_inputs), and a prompt's text must not spell out "
+                        "<|image_pad|> itself")
 
 
 def image_only_processor(class_name: str, *, image_processor, tokenizer, chat_template: str | None = None):

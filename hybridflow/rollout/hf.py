@@ -8,14 +8,16 @@ greedy decoding).
 
 A vision-language model gets each prompt's images (``multi_modal_inputs``: ``pixel_values`` and
 ``image_grid_thw`` per prompt): the vision tower encodes them in the prefill, the language model decodes,
-and HF places the 3-D positions (its ``get_rope_index``) and repeats the images for ``n`` samples.
+and HF places the 3-D positions (its ``get_rope_index``) and repeats the images for ``n`` samples. A VLM
+never samples its vision tokens (``<|image_pad|>``, ...): a response holding one would be an image
+without pixels in the training forward, so they are suppressed (their probability goes to the rest).
 """
 
 from __future__ import annotations
 
 import torch
 
-from hybridflow.models.vision import vision_forward_inputs
+from hybridflow.models.vision import vision_forward_inputs, vision_token_ids
 from hybridflow.rollout.stopping import StopChecker
 from hybridflow.rollout.types import Completion, SamplingParams, validate_prompts
 from hybridflow.rollout.weights import copy_named_tensors
@@ -30,6 +32,7 @@ class HFEngine:
         self.max_model_len = max_model_len or model.config.get_text_config().max_position_embeddings
         self.pad_token_id = _first_defined(pad_token_id, getattr(tokenizer, "pad_token_id", None),
                                            model.config.get_text_config().pad_token_id, 0)
+        self.suppressed = vision_token_ids(model.config)
 
     def load_weights(self, named_tensors) -> None:
         copy_named_tensors(self.model, named_tensors)
@@ -85,6 +88,7 @@ class HFEngine:
             stop_strings=None if params.ignore_eos else (list(params.stop) or None),
             return_dict_in_generate=True,
             output_scores=True,
+            suppress_tokens=self.suppressed or None,
         )
 
     def _completion(self, prompt_index, tokens, logprobs, stop: StopChecker, params) -> Completion:

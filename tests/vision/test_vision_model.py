@@ -9,6 +9,7 @@ import torch
 
 from hybridflow.data.batch import Batch
 from hybridflow.data.padding import pad_sequences
+from hybridflow.errors import DataError
 from hybridflow.models.vision import freeze_vision_tower, vision_forward_inputs, vision_tower
 from hybridflow.rollout import SamplingParams
 from hybridflow.rollout.engine import build_engine
@@ -136,9 +137,9 @@ def test_image_tokens_without_their_images_are_refused(tiny_vl):
     model, processor = tiny_vl
     batch, _ = rollout_batch(processor)
     lost = Batch({key: batch[key] for key in batch.tensors}, {"multi_modal_inputs": [None, None, None]})
-    with pytest.raises(ValueError, match="the batch holds 25 image tokens but its images make 0"):
+    with pytest.raises(DataError, match="the batch holds 25 image tokens but its images make 0"):
         micro_batch_log_probs(model, lost, temperature=1.0, calculate_entropy=False)
-    with pytest.raises(ValueError, match="holds 25 image tokens but its images make 0"):
+    with pytest.raises(DataError, match="holds 25 image tokens but its images make 0"):
         HFEngine(model, processor.tokenizer).generate([row[row != 0].tolist() for row in batch["input_ids"]],
                                                       SamplingParams(max_tokens=2))
 
@@ -169,3 +170,23 @@ def test_rollout_worker_sends_each_prompt_s_images(tmp_path, tiny_vl):
                                   image_grid_thw=vision["image_grid_thw"],
                                   mm_token_type_ids=(ids == processor.image_token_id).long())
         assert out["responses"][row].tolist() == expected[0, ids.shape[1]:].tolist()
+
+
+@torch.no_grad()
+def test_rollouts_never_sample_the_vision_tokens(tiny_vl_dir):
+    """A model that prefers <|image_pad|> above all tokens still answers in text: a response holding an
+    image token would be an image without pixels in the training forward."""
+    from hybridflow.models import load_causal_lm, load_tokenizer
+
+    model = load_causal_lm(tiny_vl_dir)
+    tokenizer = load_tokenizer(tiny_vl_dir)
+    vision_ids = [model.config.image_token_id, model.config.video_token_id, model.config.vision_start_token_id,
+                  model.config.vision_end_token_id]
+    model.lm_head.weight[vision_ids] = model.lm_head.weight[vision_ids] * 0 + 10 * model.lm_head.weight.abs().max()
+    model.config.tie_word_embeddings = False
+    engine = HFEngine(model, tokenizer)
+    prompt = [tokenizer("what is 1 + 1?")["input_ids"]]
+    greedy = engine.generate(prompt, SamplingParams(max_tokens=6, ignore_eos=True))
+    sampled = engine.generate(prompt, SamplingParams(n=4, temperature=1.0, max_tokens=6, ignore_eos=True, seed=0))
+    for completion in greedy + sampled:
+        assert not set(completion.token_ids) & set(vision_ids), completion.token_ids
