@@ -14,7 +14,9 @@ import os
 import torch
 from torch import nn
 
+from hybridflow.errors import ModelError
 from hybridflow.models.loader import enable_gradient_checkpointing, load_checked_weights, load_config, resolve_dtype
+from hybridflow.models.vision import is_vision_language
 
 VALUE_HEAD_FILE = "value_head.safetensors"
 
@@ -67,6 +69,10 @@ def load_value_model(
     from transformers import AutoModel
 
     config = load_config(path, trust_remote_code=trust_remote_code, override_config=override_config)
+    if is_vision_language(config):  # its values would be read from the image tokens without their pixels
+        raise ModelError(f"{path} is a vision-language model ({', '.join(config.architectures or [])}): a value "
+                         "model over images is not supported; use a critic-free estimator (algorithm.adv_estimator="
+                         "grpo, rloo, reinforce_plus_plus, ...) or a text model as the critic")
     backbone = load_checked_weights(AutoModel, path, config=config, dtype=resolve_dtype(dtype),
                                     attn_implementation=attn_implementation, trust_remote_code=trust_remote_code)
     model = ValueModel(backbone)

@@ -17,6 +17,7 @@ import torch
 from hybridflow.agents.manager import build_agent_loop_manager
 from hybridflow.config import reference_enabled
 from hybridflow.data.parallel import DataParallel
+from hybridflow.errors import ConfigError
 from hybridflow.models import load_causal_lm, load_tokenizer, load_value_model
 from hybridflow.models.fsdp import autocast_forward, compute_dtype, data_parallel_mesh, shard_model
 from hybridflow.models.loader import import_external_lib, resolve_dtype
@@ -73,7 +74,11 @@ def policy_tokenizer(cfg):
 def policy_processor(cfg, tokenizer):
     """A vision-language policy's processor around ``tokenizer`` (None for a text model)."""
     model = cfg.actor_rollout_ref.model
-    return load_processor(model.path, tokenizer=tokenizer, trust_remote_code=model.trust_remote_code)
+    processor = load_processor(model.path, tokenizer=tokenizer, trust_remote_code=model.trust_remote_code)
+    if processor is not None and cfg.actor_rollout_ref.rollout.multi_turn.enable:
+        raise ConfigError("rollout.multi_turn.enable=True with a vision-language policy: the agent loops do not "
+                          "carry images yet; set actor_rollout_ref.rollout.multi_turn.enable=False")
+    return processor
 
 
 def model_layout(model_cfg, model: torch.nn.Module, *, key: str) -> str:

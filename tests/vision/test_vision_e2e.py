@@ -69,3 +69,13 @@ def test_grpo_two_steps_with_images(tmp_path, tiny_vl_dir, shape_rows, freeze):
     vision = {name for name in before if name.split(".")[0] == "visual" or ".visual." in name}
     assert vision and changed - vision  # the language model trained
     assert (changed & vision == set()) == freeze
+
+
+def test_what_a_vlm_run_cannot_do_yet_is_one_line(tmp_path, tiny_vl_dir, shape_rows, capsys):
+    from hybridflow.trainer.main_ppo import main
+
+    args = grpo_args(tmp_path, tiny_vl_dir, shape_rows, freeze=False)
+    assert main(args + ["algorithm.adv_estimator=gae", f"critic.model.path={tiny_vl_dir}"]) == 2
+    assert "a value model over images is not supported; use a critic-free estimator" in capsys.readouterr().err
+    assert main(args + ["actor_rollout_ref.rollout.multi_turn.enable=True"]) == 2
+    assert "the agent loops do not carry images yet" in capsys.readouterr().err
