@@ -116,6 +116,10 @@ SCRIPTS = [
     ("recipe", "prime/run_prime_qwen_code.sh"),
     # vision-language RL (issue 36): Qwen2.5-VL on geo3k, data.image_key
     ("verl", "examples/grpo_trainer/run_qwen2_5_vl-7b.sh"),
+    ("verl", "examples/grpo_trainer/run_qwen2_5_vl-7b_freeze_vision.sh"),
+    ("verl", "examples/grpo_trainer/run_qwen2_5_vl-7b_lora.sh"),
+    ("verl", "examples/grpo_trainer/run_qwen2_5_vl-7b-sglang.sh"),
+    ("verl", "examples/grpo_trainer/run_qwen2_5_vl-7b_seq_balance.sh"),
     # Megatron: refused in one line that says so (test_verl_commands.EXPECTED_ERRORS)
     ("verl", "examples/grpo_trainer/run_qwen2-7b_math_megatron.sh"),
     ("verl", "verl/experimental/one_step_off_policy/shell/dapo_7b_math_megatron_4_12.sh"),

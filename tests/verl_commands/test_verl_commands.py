@@ -249,13 +249,17 @@ def test_the_sequence_parallel_scripts_are_in_the_sample():
         assert sizes and all(int(size) > 1 for size in sizes), (name, sizes)
 
 
-def test_verl_vision_language_command_passes_the_pre_load_checks_with_a_vlm(tmp_path, gpu_engines_installed):
-    """examples/grpo_trainer/run_qwen2_5_vl-7b.sh (geo3k, data.image_key) with a tiny Qwen2.5-VL of a 32k context and
-    image rows in verl's schema: only the module prefix, the model and the data change."""
+VISION_LANGUAGE = [c for c in COMMANDS if "qwen2_5_vl-7b" in script(c)]
+
+
+@pytest.mark.parametrize("command", VISION_LANGUAGE, ids=script)
+def test_verl_vision_language_command_passes_the_pre_load_checks_with_a_vlm(command, tmp_path, gpu_engines_installed):
+    """verl's Qwen2.5-VL geo3k scripts (data.image_key; freeze_vision_tower, LoRA without the vision tower, SGLang,
+    dynamic batches) with a tiny Qwen2.5-VL of a 32k context and image rows in verl's schema: only the module
+    prefix, the model and the data change."""
     from hybridflow.data.preprocess import shape_count
     from hybridflow.models.tiny import save_tiny_vl_model
 
-    (command,) = [c for c in COMMANDS if script(c) == "examples/grpo_trainer/run_qwen2_5_vl-7b.sh"]
     assert "data.image_key=images" in command["args"]
     model = save_tiny_vl_model(str(tmp_path / "vlm"), max_position_embeddings=32768)
     data = shape_count.main(["--size", "4", "--test_size", "1", "--local_save_dir", str(tmp_path / "data")])["train"]
