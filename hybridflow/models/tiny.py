@@ -125,10 +125,10 @@ def build_tiny_model(arch: str = "llama", seed: int = 0, tokenizer=None, **overr
 
 
 def save_tiny_model(path: str, arch: str = "llama", seed: int = 0, **overrides) -> str:
-    """Build a tiny model and save it like a real checkpoint; returns ``path`` (``arch="qwen2_5_vl"``: the
-    vision-language model of :func:`save_tiny_vl_model`)."""
-    if arch == "qwen2_5_vl":
-        return save_tiny_vl_model(path, seed=seed, **overrides)
+    """Build a tiny model and save it like a real checkpoint; returns ``path`` (``arch="qwen2_5_vl"`` or
+    ``"qwen2_vl"``: the vision-language model of :func:`save_tiny_vl_model`)."""
+    if arch in VL_ARCHS:
+        return save_tiny_vl_model(path, seed=seed, arch=arch, **overrides)
     model, tokenizer = build_tiny_model(arch=arch, seed=seed, **overrides)
     model.save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)
@@ -150,9 +150,15 @@ VL_CHATML_TEMPLATE = CHATML_TEMPLATE.replace(
 placeholder, a ``{"type": "text"}`` part its text (user turns; assistant turns stay plain text)."""
 
 
-def build_tiny_vl_processor(tokenizer=None, *, max_pixels: int = 112 * 112):
-    """A Qwen2.5-VL processor for images: the tiny tokenizer plus the vision tokens, and Qwen2-VL's image
-    processor (14-pixel patches, 2 frames per temporal patch, 2x2 patches merged into one token), images
+VL_ARCHS = {  # arch -> (processor class, config class, model class), all in transformers
+    "qwen2_5_vl": ("Qwen2_5_VLProcessor", "Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration"),
+    "qwen2_vl": ("Qwen2VLProcessor", "Qwen2VLConfig", "Qwen2VLForConditionalGeneration"),
+}
+
+
+def build_tiny_vl_processor(tokenizer=None, *, arch: str = "qwen2_5_vl", max_pixels: int = 112 * 112):
+    """A Qwen2-VL / Qwen2.5-VL processor for images: the tiny tokenizer plus the vision tokens, and Qwen2-VL's
+    image processor (14-pixel patches, 2 frames per temporal patch, 2x2 patches merged into one token), images
     resized to at most ``max_pixels`` (112 x 112: 64 patches, 16 tokens)."""
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
@@ -163,14 +169,24 @@ def build_tiny_vl_processor(tokenizer=None, *, max_pixels: int = 112 * 112):
     tokenizer.chat_template = VL_CHATML_TEMPLATE
     image_processor = Qwen2VLImageProcessorPil(min_pixels=28 * 28, max_pixels=max_pixels, patch_size=14,
                                                temporal_patch_size=2, merge_size=2)
-    return image_only_processor("Qwen2_5_VLProcessor", image_processor=image_processor, tokenizer=tokenizer,
+    return image_only_processor(VL_ARCHS[arch][0], image_processor=image_processor, tokenizer=tokenizer,
                                 chat_template=VL_CHATML_TEMPLATE)
 
 
-def tiny_vl_config(tokenizer, **text_overrides):
-    """Config of a small random Qwen2.5-VL: the tiny text model (2 layers, hidden 64, GQA 4/2 heads, M-RoPE
-    sections 2+3+3 = head_dim / 2) under a 2-block vision tower (hidden 32) that merges 2x2 patches."""
-    from transformers import Qwen2_5_VLConfig
+def _tiny_vision_config(arch: str, out_hidden_size: int) -> dict:
+    """A 2-block vision tower (hidden 32, 2 heads) over 14-pixel patches that merges 2x2 patches into one token
+    of the language model's width (Qwen2.5-VL: windowed attention in block 0, full in block 1)."""
+    shared = dict(depth=2, num_heads=2, patch_size=14, spatial_merge_size=2, temporal_patch_size=2)
+    if arch == "qwen2_vl":
+        return dict(shared, embed_dim=32, mlp_ratio=2, hidden_size=out_hidden_size)
+    return dict(shared, hidden_size=32, intermediate_size=64, out_hidden_size=out_hidden_size, window_size=56,
+                fullatt_block_indexes=[1])
+
+
+def tiny_vl_config(tokenizer, *, arch: str = "qwen2_5_vl", **text_overrides):
+    """Config of a small random Qwen2.5-VL (or Qwen2-VL): the tiny text model (2 layers, hidden 64, GQA 4/2
+    heads, M-RoPE sections 2+3+3 = head_dim / 2) under :func:`_tiny_vision_config`'s tower."""
+    import transformers
 
     ids = dict(zip(VISION_TOKENS, tokenizer.convert_tokens_to_ids(VISION_TOKENS)))
     text = dict(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -178,32 +194,36 @@ def tiny_vl_config(tokenizer, **text_overrides):
                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
                 eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
     text.update(text_overrides)
-    vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=text["hidden_size"],
-                  patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=56, fullatt_block_indexes=[1])
-    return Qwen2_5_VLConfig(text_config=text, vision_config=vision, image_token_id=ids["<|image_pad|>"],
-                            video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
-                            vision_end_token_id=ids["<|vision_end|>"], tie_word_embeddings=True)
+    config_class = getattr(transformers, VL_ARCHS[arch][1])
+    return config_class(text_config=text, vision_config=_tiny_vision_config(arch, text["hidden_size"]),
+                        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+                        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
+                        tie_word_embeddings=True)
 
 
-def build_tiny_vl_model(seed: int = 0, **text_overrides):
-    """Return ``(model, processor)``: a random fp32 ``Qwen2_5_VLForConditionalGeneration`` and its processor
-    (``processor.tokenizer`` is the tokenizer)."""
+def build_tiny_vl_model(seed: int = 0, *, arch: str = "qwen2_5_vl", **text_overrides):
+    """Return ``(model, processor)``: a random fp32 ``Qwen2_5_VLForConditionalGeneration`` (``arch="qwen2_vl"``:
+    ``Qwen2VLForConditionalGeneration``) and its processor (``processor.tokenizer`` is the tokenizer)."""
     import torch
-    from transformers import Qwen2_5_VLForConditionalGeneration
+    import transformers
 
-    processor = build_tiny_vl_processor()
+    if arch not in VL_ARCHS:
+        raise ValueError(f"unknown tiny vision-language architecture {arch!r}; choose one of {sorted(VL_ARCHS)}")
+    processor = build_tiny_vl_processor(arch=arch)
     tokenizer = processor.tokenizer
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Qwen2_5_VLForConditionalGeneration(tiny_vl_config(tokenizer, **text_overrides)).float()
+        model_class = getattr(transformers, VL_ARCHS[arch][2])
+        model = model_class(tiny_vl_config(tokenizer, arch=arch, **text_overrides)).float()
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model, processor
 
 
-def save_tiny_vl_model(path: str, seed: int = 0, **text_overrides) -> str:
-    """Build a tiny Qwen2.5-VL and save it like a real checkpoint (config, weights, tokenizer, processor)."""
-    model, processor = build_tiny_vl_model(seed=seed, **text_overrides)
+def save_tiny_vl_model(path: str, seed: int = 0, *, arch: str = "qwen2_5_vl", **text_overrides) -> str:
+    """Build a tiny Qwen2.5-VL (or Qwen2-VL) and save it like a real checkpoint (config, weights, tokenizer,
+    processor)."""
+    model, processor = build_tiny_vl_model(seed=seed, arch=arch, **text_overrides)
     model.save_pretrained(path, safe_serialization=True)
     processor.save_pretrained(path)
     return path

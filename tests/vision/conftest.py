@@ -22,6 +22,23 @@ def tiny_vl(tiny_vl_dir):
     return load_causal_lm(tiny_vl_dir), processor
 
 
+@pytest.fixture(scope="session", params=["qwen2_5_vl", "qwen2_vl"])
+def vl_arch_dir(request, tmp_path_factory):
+    """A tiny random Qwen2.5-VL, then a tiny random Qwen2-VL."""
+    from hybridflow.models.tiny import save_tiny_vl_model
+
+    return save_tiny_vl_model(str(tmp_path_factory.mktemp(request.param) / "model"), arch=request.param)
+
+
+@pytest.fixture(scope="session")
+def vl_arch(vl_arch_dir):
+    """``(model, processor)`` of :func:`vl_arch_dir`, loaded as the trainer loads them."""
+    from hybridflow.models import load_causal_lm, load_tokenizer
+    from hybridflow.models.vision import load_processor
+
+    return load_causal_lm(vl_arch_dir), load_processor(vl_arch_dir, tokenizer=load_tokenizer(vl_arch_dir))
+
+
 def solid_image(width: int, height: int, colour: str = "red"):
     from PIL import Image
 

@@ -53,10 +53,13 @@ def grpo_args(tmp_path, model_dir, rows, *, freeze: bool) -> list[str]:
     ]
 
 
-@pytest.mark.parametrize("freeze", [True, False])
-def test_grpo_two_steps_with_images(tmp_path, tiny_vl_dir, shape_rows, freeze):
+@pytest.mark.parametrize("arch, freeze", [("qwen2_5_vl", True), ("qwen2_5_vl", False), ("qwen2_vl", True)])
+def test_grpo_two_steps_with_images(tmp_path, tiny_vl_dir, shape_rows, arch, freeze):
+    from hybridflow.models.tiny import save_tiny_vl_model
     from hybridflow.trainer.main_ppo import main
 
+    if arch != "qwen2_5_vl":
+        tiny_vl_dir = save_tiny_vl_model(str(tmp_path / arch), arch=arch)
     assert main(grpo_args(tmp_path, tiny_vl_dir, shape_rows, freeze=freeze)) == 0
     metrics = read_metrics(tmp_path / "logs" / "metrics.jsonl")
     trained = [m for m in metrics if "actor/pg_loss" in m]

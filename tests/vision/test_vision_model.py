@@ -59,8 +59,8 @@ def hf_log_probs(model, out, response: list[int]) -> torch.Tensor:
 
 
 @torch.no_grad()
-def test_log_probs_with_images_equal_hf_forward_row_by_row(tiny_vl):
-    model, processor = tiny_vl
+def test_log_probs_with_images_equal_hf_forward_row_by_row(vl_arch):
+    model, processor = vl_arch
     batch, outs = rollout_batch(processor)
     log_probs, entropy = batch_log_probs(model, batch, temperature=1.0, micro_batch_size=2, calculate_entropy=True)
     assert log_probs.shape == entropy.shape == (3, 5)
@@ -70,23 +70,23 @@ def test_log_probs_with_images_equal_hf_forward_row_by_row(tiny_vl):
 
 
 @torch.no_grad()
-def test_the_images_change_the_log_probs(tiny_vl):
+def test_the_images_change_the_log_probs(vl_arch):
     """Guards the parity test: the images (their pixels) reach the language model."""
-    model, processor = tiny_vl
+    model, processor = vl_arch
     red, _ = rollout_batch(processor)
     other, _ = rollout_batch(processor, colours=("white", "black", "yellow"))
     assert not torch.allclose(batch_log_probs(model, red, temperature=1.0, micro_batch_size=3)[0],
                               batch_log_probs(model, other, temperature=1.0, micro_batch_size=3)[0], atol=1e-4)
 
 
-def test_freeze_vision_tower_gives_it_no_gradients(tiny_vl_dir):
+def test_freeze_vision_tower_gives_it_no_gradients(vl_arch_dir):
     from hybridflow.models import load_causal_lm, load_tokenizer
     from hybridflow.models.vision import load_processor
 
     grads = {}
     for freeze in (False, True):
-        model = load_causal_lm(tiny_vl_dir)
-        processor = load_processor(tiny_vl_dir, tokenizer=load_tokenizer(tiny_vl_dir))
+        model = load_causal_lm(vl_arch_dir)
+        processor = load_processor(vl_arch_dir, tokenizer=load_tokenizer(vl_arch_dir))
         frozen = freeze_vision_tower(model) if freeze else 0
         batch, _ = rollout_batch(processor)
         log_probs, _ = micro_batch_log_probs(model, batch, temperature=1.0, calculate_entropy=False)
@@ -102,8 +102,8 @@ def test_freeze_vision_tower_gives_it_no_gradients(tiny_vl_dir):
 
 
 @torch.no_grad()
-def test_hf_engine_greedy_with_images_equals_hf_generate(tiny_vl):
-    model, processor = tiny_vl
+def test_hf_engine_greedy_with_images_equals_hf_generate(vl_arch):
+    model, processor = vl_arch
     engine = HFEngine(model, processor.tokenizer)
     outs = [processed(processor, text, size) for text, size in PROMPTS]
     images = [{"pixel_values": o["pixel_values"], "image_grid_thw": o["image_grid_thw"]} for o in outs]
@@ -133,8 +133,8 @@ def test_a_text_batch_gets_no_vision_inputs(tiny_vl):
 
 
 @torch.no_grad()
-def test_image_tokens_without_their_images_are_refused(tiny_vl):
-    model, processor = tiny_vl
+def test_image_tokens_without_their_images_are_refused(vl_arch):
+    model, processor = vl_arch
     batch, _ = rollout_batch(processor)
     lost = Batch({key: batch[key] for key in batch.tensors}, {"multi_modal_inputs": [None, None, None]})
     with pytest.raises(DataError, match="the batch holds 25 image tokens but its images make 0"):
@@ -173,13 +173,13 @@ def test_rollout_worker_sends_each_prompt_s_images(tmp_path, tiny_vl):
 
 
 @torch.no_grad()
-def test_rollouts_never_sample_the_vision_tokens(tiny_vl_dir):
+def test_rollouts_never_sample_the_vision_tokens(vl_arch_dir):
     """A model that prefers <|image_pad|> above all tokens still answers in text: a response holding an
     image token would be an image without pixels in the training forward."""
     from hybridflow.models import load_causal_lm, load_tokenizer
 
-    model = load_causal_lm(tiny_vl_dir)
-    tokenizer = load_tokenizer(tiny_vl_dir)
+    model = load_causal_lm(vl_arch_dir)
+    tokenizer = load_tokenizer(vl_arch_dir)
     vision_ids = [model.config.image_token_id, model.config.video_token_id, model.config.vision_start_token_id,
                   model.config.vision_end_token_id]
     model.lm_head.weight[vision_ids] = model.lm_head.weight[vision_ids] * 0 + 10 * model.lm_head.weight.abs().max()
