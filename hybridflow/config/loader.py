@@ -392,3 +392,11 @@ def trainer_usage(prog: str, summary: str, trainer: str) -> str:
     """The ``--help`` text of a trainer entry point (``trainer``: ppo or sft)."""
     trainer_flag = "" if trainer == "ppo" else f" --trainer {trainer}"
     return TRAINER_USAGE.format(prog=prog, summary=summary, trainer_flag=trainer_flag)
+
+
+def config_value(cfg: Any, key: str) -> Any:
+    """The value at a dotted key of a resolved config (``config_value(cfg, "algorithm.gdpo_reward_keys")``): how an
+    algorithm's spec reads the run config (``functools.partial(config_value, cfg)`` is its ``setting``)."""
+    for name in key.split("."):
+        cfg = getattr(cfg, name)
+    return cfg

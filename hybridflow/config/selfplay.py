@@ -15,6 +15,7 @@ from typing import Any, Optional
 
 from omegaconf import OmegaConf
 
+from hybridflow.config.loader import config_value
 from hybridflow.config.ppo import AlgorithmConfig, RolloutConfig, TrainerConfig
 
 logger = logging.getLogger(__name__)
@@ -58,7 +59,7 @@ def resolve_legacy_micro_batch_sizes(cfg: Any, *, world_size: int) -> list[str]:
     Returns problems: both spellings set, or a global size that does not split over the workers."""
     problems = []
     for section, legacy, per_gpu in LEGACY_MICRO_BATCH_SIZES:
-        node = _attr_path(cfg, section)
+        node = config_value(cfg, section)
         value = getattr(node, legacy)
         if value is None:
             continue
@@ -70,12 +71,6 @@ def resolve_legacy_micro_batch_sizes(cfg: Any, *, world_size: int) -> list[str]:
         else:
             setattr(node, per_gpu, value // world_size)
     return problems
-
-
-def _attr_path(obj: Any, dotted: str) -> Any:
-    for name in dotted.split("."):
-        obj = getattr(obj, name)
-    return obj
 
 
 KEYS_WITHOUT_EFFECT = (
