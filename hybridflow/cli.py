@@ -11,8 +11,8 @@
     hybridflow sppo key=value ...                                       (= python -m hybridflow.trainer.main_sppo)
     hybridflow merge --local_dir .../global_step_N/actor --target_dir DIR
 
-Each subcommand is a small function; the trainers add ``ppo``, ``sft`` and ``demo``. ``models`` and
-``preprocess`` run a tool module's ``main`` by its name, as ``python -m`` would (``TOOL_MODULES``).
+Each subcommand is a small function; the trainers add ``ppo``, ``sft`` and ``demo``. ``models``,
+``preprocess`` and ``merge`` run a tool's function by its name, as ``python -m`` would (``TOOLS``).
 User errors print one line (``--debug`` or HYBRIDFLOW_DEBUG=1 shows the traceback).
 """
 
@@ -24,10 +24,12 @@ import sys
 
 from hybridflow.errors import ConfigError, run_entry_point
 
-TOOL_MODULES = {"tiny": "hybridflow.models.tiny", "fetch": "hybridflow.models.default_model",
-                "preprocess": "hybridflow.data.preprocess"}
-"""Subcommands that run a tool module's ``main(argv)`` as ``python -m`` would: the command imports the trainers and
-config only (DESIGN.md's layer table), and the tool owns its arguments and help."""
+TOOLS = {"tiny": "hybridflow.models.tiny:main", "fetch": "hybridflow.models.default_model:main",
+         "preprocess": "hybridflow.data.preprocess:main", "merge": "hybridflow.model_merger:run_from_args"}
+"""Subcommands that run a tool's ``function(argv)`` (``module:function``, as console-script entry points are
+written), as ``python -m module`` would: the command imports the trainers and config only (DESIGN.md's layer
+table), and each tool owns its arguments and help. The merger's function is the one without its own
+error handler, so ``hybridflow --debug merge`` still shows the traceback."""
 
 
 def _config_show(args: argparse.Namespace, rest: list[str]) -> int:
@@ -69,7 +71,10 @@ def _config_dump(args: argparse.Namespace, rest: list[str]) -> int:
 
 
 def _tool(args: argparse.Namespace, rest: list[str]) -> int:
-    return importlib.import_module(TOOL_MODULES[args.tool]).main(rest)
+    # the merger's own command line has a `merge` subcommand (verl's spelling)
+    argv = ["merge", *rest] if args.tool == "merge" else rest
+    module, function = TOOLS[args.tool].split(":")
+    return getattr(importlib.import_module(module), function)(argv)
 
 
 def _ppo(args: argparse.Namespace, rest: list[str]) -> int:
@@ -94,12 +99,6 @@ def _sft(args: argparse.Namespace, rest: list[str]) -> int:
     from hybridflow.trainer.sft_trainer import main as sft_main
 
     return sft_main(rest, prog="hybridflow sft")
-
-
-def _merge(args: argparse.Namespace, rest: list[str]) -> int:
-    from hybridflow.model_merger import run_from_args
-
-    return run_from_args(["merge", *rest])
 
 
 def _demo(args: argparse.Namespace, rest: list[str]) -> int:
@@ -148,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     merge = sub.add_parser("merge", help="checkpoint -> Hugging Face folder (= python -m hybridflow.model_merger merge)",
                            add_help=False)
-    merge.set_defaults(func=_merge)
+    merge.set_defaults(func=_tool, tool="merge")
 
     pre = sub.add_parser("preprocess", help="write a dataset in verl's parquet schema", add_help=False)
     pre.set_defaults(func=_tool, tool="preprocess")

@@ -32,9 +32,9 @@ ALLOWED = {
 }
 
 
-MODULES = {"cli": {"trainer", "config", "model_merger"}}
-"""Top-level modules and what they may import: the command dispatches to the trainers' entry points and to the
-merger, and runs the tools (models tiny / fetch, preprocess) as ``python -m`` would, by module name."""
+MODULES = {"cli": {"trainer", "config"}}
+"""Top-level modules and what they may import: the command dispatches to the trainers' entry points, and runs the
+tools (models tiny / fetch, preprocess, merge) as ``python -m`` would, by module name."""
 
 
 def imported_packages(path: pathlib.Path) -> set[str]:
