@@ -16,7 +16,7 @@ from typing import Any, Optional
 from omegaconf import OmegaConf
 
 from hybridflow.config.loader import config_value
-from hybridflow.config.ppo import AlgorithmConfig, RolloutConfig, TrainerConfig
+from hybridflow.config.ppo import AlgorithmConfig, PPOConfig, RolloutConfig, TrainerConfig
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +38,15 @@ class SelfPlayAlgorithmConfig(AlgorithmConfig):
 
     adv_estimator: Optional[str] = None
     """Not used by self-play trainers (accepted for verl compatibility; warns when set)."""
+
+
+@dataclass
+class SelfPlayConfig(PPOConfig):
+    """The PPO schema run by a self-play loop: its trainer keys here; SPIN and SPPO add their actor and
+    ``algorithm`` keys (``config/spin.py``, ``config/sppo.py``)."""
+
+    trainer: SelfPlayTrainerConfig = field(default_factory=SelfPlayTrainerConfig)
+    """Loop, logging, checkpoints, reference refresh."""
 
 
 def rollout_field(n: int) -> Any:

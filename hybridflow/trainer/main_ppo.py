@@ -24,9 +24,9 @@ from hybridflow.algos.policy_losses.bypass import BYPASS_LOSS_TYPES
 from hybridflow.algos.rollout_correction.is_weights import IS_LEVELS
 from hybridflow.algos.rollout_correction.rejection import parse_options
 from hybridflow.algos.rollout_correction.thresholds import parse_bounds, parse_rs_thresholds
-from hybridflow.config import (PPOConfig, config_value, critic_enabled, implicit_prm_enabled, load_config,
-                               reference_enabled, split_config_args, split_placement, validate_ppo_config)
-from hybridflow.config.loader import help_requested, trainer_usage
+from hybridflow.config import (PPOConfig, config_value, critic_enabled, implicit_prm_enabled, reference_enabled,
+                               split_placement, validate_ppo_config)
+from hybridflow.config.loader import run_from_config_args
 from hybridflow.config.validate import as_list, partial_rollouts
 from hybridflow.controller.resources import ResourcePool, pool_from_trainer_config
 from hybridflow.controller.worker_group import build_worker_group
@@ -415,16 +415,10 @@ USAGE_SUMMARY = "PPO / GRPO / DAPO / ... training with verl's main_ppo keys (als
 
 def run_from_args(args: list[str], *, prog: str = "python -m hybridflow.trainer.main_ppo",
                   summary: str = USAGE_SUMMARY, defaults: tuple[str, ...] = (), adapt=None) -> int:
-    """``[--config-path D --config-name N] key=value ...`` -> a run (shared by ``hybridflow ppo``);
-    ``defaults`` (a recipe's settings) go before the YAML file's and the user's keys; ``adapt(cfg) -> cfg`` (a
-    recipe's reading of its keys) runs on the loaded config."""
-    if help_requested(args):
-        print(trainer_usage(prog, summary, "ppo"), end="")
-        return 0
-    config_file, overrides = split_config_args(args)
-    cfg = load_config(PPOConfig, overrides, config_file, defaults=defaults)
-    run_ppo(adapt(cfg) if adapt is not None else cfg)
-    return 0
+    """``[--config-path D --config-name N] key=value ...`` -> a run (shared by ``hybridflow ppo`` and the recipes'
+    entry points, which pass their ``defaults`` and ``adapt``: see ``run_from_config_args``)."""
+    return run_from_config_args(args, schema=PPOConfig, run=run_ppo, trainer="ppo", prog=prog, summary=summary,
+                                defaults=defaults, adapt=adapt)
 
 
 def main(argv: list[str] | None = None) -> int:
