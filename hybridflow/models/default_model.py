@@ -14,6 +14,7 @@ model behind.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import importlib.metadata
 import json
@@ -213,3 +214,16 @@ def _move_into_place(staging: Path, target: Path) -> None:
     except OSError:
         if not (target / COMPLETE_MARKER).exists():
             raise
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m hybridflow.models.default_model [NAME]`` (also: ``hybridflow models fetch``): prints the folder."""
+    parser = argparse.ArgumentParser(prog="hybridflow models fetch",
+                                     description="install and convert an offline model; prints its folder")
+    parser.add_argument("name", nargs="?", default="smollm2-135m-instruct", choices=sorted(DEFAULT_MODELS))
+    print(fetch_default_model(parser.parse_args(argv).name))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

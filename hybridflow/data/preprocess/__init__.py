@@ -14,9 +14,23 @@ Each is a module with ``main(argv)`` and a ``python -m`` entry point, and writes
   — SFT rows (``messages``) that answer reasoning-gym sums one term at a time (writes ``train.parquet``).
 """
 
+import argparse
+import importlib
+
 SCRIPTS = {
     "gsm8k": "hybridflow.data.preprocess.gsm8k",
     "reasoning_gym": "hybridflow.data.preprocess.reasoning_gym",
     "tool_use": "hybridflow.data.preprocess.tool_use",
     "worked_sums": "hybridflow.data.preprocess.worked_sums",
 }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m hybridflow.data.preprocess SCRIPT [script args ...]`` (also: ``hybridflow preprocess``). A
+    script's own main returns the written paths (for callers in Python); this returns the exit status."""
+    parser = argparse.ArgumentParser(prog="hybridflow preprocess",
+                                     description="write a dataset in verl's parquet schema")
+    parser.add_argument("script", choices=sorted(SCRIPTS))
+    args, rest = parser.parse_known_args(argv)
+    importlib.import_module(SCRIPTS[args.script]).main(rest)
+    return 0
