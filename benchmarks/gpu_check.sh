@@ -13,8 +13,9 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu_check}
 mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+if ls .whl/*.whl >/dev/null 2>&1; then  # by name, so pip picks the wheel built for this python (xxhash...)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    --find-links .whl $(ls .whl | sed 's/-[0-9].*//' | sort -u)
 fi
 export PYTHONPATH="$PWD:/tmp/site" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 ALL="env tests rollout-fixed rollout-nano update"
@@ -34,7 +35,8 @@ stage() {  # name, seconds, command...
 
 # Worst case 30 + 130 + 100 + 60 + 160 s = 8 min; a run that finds nothing wrong takes about 6.
 stage env 30 bash -c 'nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv;
-  python3 -c "import torch, transformers, triton; print(torch.__version__, transformers.__version__, triton.__version__)"'
+  python3 -c "import sys, torch, transformers, triton; print(sys.version.split()[0], torch.__version__, transformers.__version__, triton.__version__)"
+  python3 -c "import importlib.util as u; print(\"missing for TRL:\", [m for m in (\"pandas\", \"pyarrow\", \"accelerate\", \"trl\", \"datasets\") if u.find_spec(m) is None])"'
 # make test-gpu's selection: the engine's CUDA tests and Triton kernels first (they fail fastest), then the trainers.
 stage tests 130 python3 -m pytest -q -p no:cacheprovider -m "gpu or triton" -rs tests/rollout tests
 stage rollout-fixed 100 $ROLLOUT --shape smollm2-135m --workload fixed --batches ${FIXED_BATCHES:-64,256} \

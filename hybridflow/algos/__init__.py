@@ -22,6 +22,7 @@ from hybridflow.algos.registry import (
     get_policy_loss,
     list_advantages,
     list_policy_losses,
+    policy_loss_spec,
     register_advantage,
     register_policy_loss,
 )
@@ -52,6 +53,7 @@ __all__ = [
     "masked_var",
     "masked_whiten",
     "overlong_penalty",
+    "policy_loss_spec",
     "register_advantage",
     "register_policy_loss",
     "sppo_loss",

@@ -1,63 +1,52 @@
-"""Name -> function registries for advantage estimators and policy losses.
+"""Name -> function registries for advantage estimators and policy losses, each with a spec of what it needs.
 
 Trainers look algorithms up by their verl config names
 (``algorithm.adv_estimator=grpo``, ``actor.policy_loss.loss_mode=vanilla``) instead of
-branching on them, and users add their own with the same decorators::
+branching on them, and users add their own with the same decorators.
 
-    @register_advantage("my_estimator")
-    def my_estimator(*, token_level_rewards, response_mask, index, **_):
-        ...
-
-Every advantage estimator is called with the same keyword arguments and ignores the
+Every advantage estimator is called with the loop's keyword arguments and ignores the
 ones it does not read (hence the ``**_``)::
 
     fn(*, token_level_rewards [B, T], response_mask [B, T], index (len B),
        values=None [B, T], gamma=1.0, lam=1.0, norm_adv_by_std_in_grpo=True,
        reward_baselines=None [B], old_log_probs=None [B, T], sum_pi_squared=None [B, T],
-       rollout_is_weights=None [B, T], reward_components=None {name: [B]},
-       reward_weights=None, prm_rewards=None [B, T], reward_dpo_coef=5.0, reward_gt_coef=5.0,
-       epsilon=1e-6) -> (advantages [B, T], returns [B, T])
+       rollout_is_weights=None [B, T], prm_rewards=None [B, T],
+       **its own (the spec's knobs and inputs)) -> (advantages [B, T], returns [B, T])
 
-=============================  ==========================================================
-estimator                      reads (besides token_level_rewards, response_mask)
-=============================  ==========================================================
-gae                            values, gamma, lam
-grpo, grpo_vectorized          index, norm_adv_by_std_in_grpo, epsilon
-grpo_passk                     index, norm_adv_by_std_in_grpo, epsilon
-gdpo                           index, reward_components, reward_weights,
-                               norm_adv_by_std_in_grpo, epsilon
-optimal_token_baseline,        index, old_log_probs, sum_pi_squared,
-tir_optimal_token_baseline     rollout_is_weights
-rloo, rloo_vectorized, opo,    index
-reinforce_plus_plus_baseline   index
-gpg                            index
-remax                          reward_baselines
-reinforce_plus_plus            gamma
-prime                          index, prm_rewards, reward_dpo_coef, reward_gt_coef
-=============================  ==========================================================
-
-An estimator declares what the loop must provide for it when it registers, and the loop,
-validation and the role builders ask :func:`advantage_spec` instead of comparing names::
+Its spec (``AdvantageSpec``) carries the rest, so the loop, validation and the role builders
+ask :func:`advantage_spec` instead of comparing names::
 
     @register_advantage("gae", needs_values=True)              # the critic runs
     @register_advantage("remax", needs_greedy_baseline=True)   # a greedy rollout per prompt
-    @register_advantage("prime", needs_implicit_prm=True)      # the implicit PRM is built and trained
+    @register_advantage("prime", needs_implicit_prm=True, needs_reference=True,
+                        knobs={"reward_dpo_coef": "algorithm.reward_dpo_coef", ...})
+    @register_advantage("gdpo", knobs={"reward_weights": "algorithm.gdpo_reward_weights"},
+                        inputs={"reward_components": reward_components},  # built from the batch's columns
+                        check=reward_keys_problems)                         # one line per problem, before loading
 
-Every policy loss is called as::
+Each estimator's module docstring says what it reads; docs/algorithms.md has the table.
 
-    fn(*, old_log_prob [B, T], log_prob [B, T], advantages [B, T], response_mask [B, T],
-       loss_agg_mode="token-mean", clip_ratio=0.2, clip_ratio_low=None,
-       clip_ratio_high=None, clip_ratio_c=3.0, global_num_tokens=None,
-       global_num_seqs=None, max_response_length=None, rollout_is_weights=None [B, T],
-       **mode_specific)
-       -> (loss scalar, metrics dict[str, float])
+A policy loss is ``fn(inputs: PolicyLossInputs, config: <its knobs' dataclass>, agg: LossAggregation)
+-> (loss scalar, metrics dict[str, float])`` (``policy_losses/common.py``), registered with its knobs and
+where the run config keeps those the actor does not pass to every loss::
+
+    @register_policy_loss("dro", config=DROConfig, knobs={"dro_beta": "actor_rollout_ref.actor.policy_loss.dro_beta"},
+                          check=beta_problems)
+
+and the registry hands out the flat keyword call the actor makes::
+
+    loss_fn(*, old_log_prob [B, T], log_prob [B, T], advantages [B, T], response_mask [B, T],
+            rollout_is_weights=None [B, T], loss_agg_mode="token-mean", global_num_tokens=None,
+            global_num_seqs=None, max_response_length=None, **knobs) -> (loss, metrics)
+
+(keywords that are no field of the loss's config are ignored, so one call site serves every loss).
 """
 
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
 
 from hybridflow.algos.errors import AlgorithmError, UnknownAlgorithmError
 
@@ -100,9 +89,20 @@ class Registry:
         return sorted(self._fns)
 
 
+Setting = Callable[[str], Any]
+"""``setting("algorithm.gdpo_reward_keys")``: a run-config value by its dotted key. Specs read the run config only
+through it, so algos/ never sees a config object."""
+Check = Callable[[Setting], list]
+"""A spec's check of the run config: one line per problem (naming the key and the fix), [] when fine."""
+
+
+def _no_problems(setting: Setting) -> list[str]:
+    return []
+
+
 @dataclass(frozen=True)
 class AdvantageSpec:
-    """What an advantage estimator needs besides rewards, mask and group index."""
+    """What an advantage estimator needs besides rewards, mask and group index, and what it checks."""
 
     needs_values: bool = False
     """Critic values ``[B, T]``: the critic is built and trained (``critic.enable`` null means this)."""
@@ -110,23 +110,54 @@ class AdvantageSpec:
     """``reward_baselines [B]``: the reward of one greedy response per prompt, generated every step."""
     needs_implicit_prm: bool = False
     """``prm_rewards [B, T]``: PRIME's implicit process reward model is built, trained on the outcome labels every
-    step, and its dense rewards ``beta * log(pi_phi / pi_ref)`` computed (needs the reference's log-probs)."""
+    step, and its dense rewards ``beta * log(pi_phi / pi_ref)`` computed."""
+    needs_reference: bool = False
+    """``ref_log_probs [B, T]``: the reference policy runs every step even without a KL term."""
+    knobs: Mapping[str, str] = field(default_factory=dict)
+    """Keyword argument -> the run-config key it is read from
+    (``{"reward_weights": "algorithm.gdpo_reward_weights"}``)."""
+    inputs: Mapping[str, Callable[[Any, Setting], Any]] = field(default_factory=dict)
+    """Keyword argument -> ``build(batch, setting)``: an input derived from the batch's columns (``batch[key]``,
+    ``key in batch``) and the run config, e.g. GDPO's per-component scores ``{name: [B]}``."""
+    check: Check = _no_problems
+    """Problems of the run config for this estimator, found before any model loads."""
+
+    def arguments(self, batch: Any, setting: Setting) -> dict[str, Any]:
+        """The estimator-specific keyword arguments: its knobs' values and its derived inputs."""
+        return {**{name: setting(key) for name, key in self.knobs.items()},
+                **{name: build(batch, setting) for name, build in self.inputs.items()}}
+
+
+@dataclass(frozen=True)
+class PolicyLossSpec:
+    """A policy loss's own knobs (a small frozen dataclass) and where the run config keeps them."""
+
+    config: type
+    """The loss's knobs, e.g. ``ClipCovConfig(clip_ratio, clip_ratio_low, clip_ratio_high, clip_cov_ratio, ...)``."""
+    knobs: Mapping[str, str] = field(default_factory=dict)
+    """Knob -> run-config key, for the knobs the actor does not pass to every loss (the clip ratios it does)."""
+    check: Check = _no_problems
+    """Problems of the run config for this loss, found before any model loads."""
+
+    def knob_values(self, setting: Setting) -> dict[str, Any]:
+        return {name: setting(key) for name, key in self.knobs.items()}
 
 
 ADVANTAGES = Registry("advantage estimator")
 POLICY_LOSSES = Registry("policy loss")
 _ADVANTAGE_SPECS: dict[str, AdvantageSpec] = {}
+_POLICY_LOSS_SPECS: dict[str, PolicyLossSpec] = {}
 
 
-def register_advantage(name: str, *, needs_values: bool = False, needs_greedy_baseline: bool = False,
-                       needs_implicit_prm: bool = False) -> Callable[[Callable], Callable]:
-    """Decorator: make ``fn`` available as ``algorithm.adv_estimator=name``, with what it needs."""
+def register_advantage(name: str, **spec) -> Callable[[Callable], Callable]:
+    """Decorator: make ``fn`` available as ``algorithm.adv_estimator=name``, with what it needs
+    (``AdvantageSpec``'s fields: ``needs_values=True``, ``knobs={...}``, ``inputs={...}``, ``check=fn``)."""
     register = ADVANTAGES.register(name)
+    built = AdvantageSpec(**spec)
 
     def decorator(fn: Callable) -> Callable:
         fn = register(fn)  # raises before the spec changes when the name is taken by another function
-        _ADVANTAGE_SPECS[name] = AdvantageSpec(needs_values=needs_values, needs_greedy_baseline=needs_greedy_baseline,
-                                               needs_implicit_prm=needs_implicit_prm)
+        _ADVANTAGE_SPECS[name] = built
         return fn
 
     return decorator
@@ -150,9 +181,29 @@ def list_advantages() -> list[str]:
     return ADVANTAGES.names()
 
 
-def register_policy_loss(name: str) -> Callable[[Callable], Callable]:
-    """Decorator: make ``fn`` available as ``actor.policy_loss.loss_mode=name``."""
-    return POLICY_LOSSES.register(name)
+def register_policy_loss(name: str, *, config: type | None = None, knobs: Mapping[str, str] | None = None,
+                         check: Check = _no_problems) -> Callable[[Callable], Callable]:
+    """Decorator: make ``fn(inputs, config, agg) -> (loss, metrics)`` available as ``actor.policy_loss.loss_mode=name``;
+    ``config`` is the dataclass of its knobs (none: ``NoKnobs``). The registered (and returned) function takes the
+    flat keyword call of the module docstring (``policy_losses/common.py: keyword_policy_loss``)."""
+    # imported here: the loss modules import this one while the policy_losses package initialises
+    from hybridflow.algos.policy_losses.common import NoKnobs, keyword_policy_loss
+
+    register = POLICY_LOSSES.register(name)
+    built = PolicyLossSpec(config=config or NoKnobs, knobs=dict(knobs or {}), check=check)
+
+    def decorator(fn: Callable) -> Callable:
+        loss = register(keyword_policy_loss(fn, built.config))
+        _POLICY_LOSS_SPECS[name] = built
+        return loss
+
+    return decorator
+
+
+def policy_loss_spec(name: str) -> PolicyLossSpec:
+    """The knobs and checks of the policy loss registered as ``name`` (an unknown name raises)."""
+    POLICY_LOSSES.get(name)
+    return _POLICY_LOSS_SPECS[name]
 
 
 def get_policy_loss(name: str) -> Callable:

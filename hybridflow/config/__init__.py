@@ -4,7 +4,7 @@
 >>> cfg = load_config(PPOConfig, ["actor_rollout_ref.model.path=/models/tiny", "algorithm.adv_estimator=grpo"])
 """
 
-from hybridflow.config.loader import compose, load_config, split_config_args, to_object
+from hybridflow.config.loader import compose, config_value, load_config, split_config_args, to_object
 from hybridflow.config.ppo import PPOConfig
 from hybridflow.config.render import render_resolved, render_yaml
 from hybridflow.config.sft import SFTConfig
@@ -23,6 +23,7 @@ __all__ = [
     "SPPOConfig",
     "SCHEMAS",
     "compose",
+    "config_value",
     "critic_enabled",
     "implicit_prm_enabled",
     "split_placement",

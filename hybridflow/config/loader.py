@@ -392,3 +392,26 @@ def trainer_usage(prog: str, summary: str, trainer: str) -> str:
     """The ``--help`` text of a trainer entry point (``trainer``: ppo or sft)."""
     trainer_flag = "" if trainer == "ppo" else f" --trainer {trainer}"
     return TRAINER_USAGE.format(prog=prog, summary=summary, trainer_flag=trainer_flag)
+
+
+def run_from_config_args(args: list[str], *, schema: type, run, trainer: str, prog: str, summary: str,
+                         defaults: tuple[str, ...] = (), adapt=None) -> int:
+    """What every trainer entry point does with its command line: ``--help`` prints its usage; else
+    ``[--config-path D --config-name N] key=value ...`` is loaded into ``schema`` (``defaults``, a recipe's settings,
+    go before the YAML file's and the user's keys; ``adapt(cfg) -> cfg``, a recipe's reading of its keys, runs on the
+    loaded config) and handed to ``run``."""
+    if help_requested(args):
+        print(trainer_usage(prog, summary, trainer), end="")
+        return 0
+    config_file, overrides = split_config_args(args)
+    cfg = load_config(schema, overrides, config_file, defaults=defaults)
+    run(adapt(cfg) if adapt is not None else cfg)
+    return 0
+
+
+def config_value(cfg: Any, key: str) -> Any:
+    """The value at a dotted key of a resolved config (``config_value(cfg, "algorithm.gdpo_reward_keys")``): how an
+    algorithm's spec reads the run config (``functools.partial(config_value, cfg)`` is its ``setting``)."""
+    for name in key.split("."):
+        cfg = getattr(cfg, name)
+    return cfg

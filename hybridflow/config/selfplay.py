@@ -15,7 +15,8 @@ from typing import Any, Optional
 
 from omegaconf import OmegaConf
 
-from hybridflow.config.ppo import AlgorithmConfig, RolloutConfig, TrainerConfig
+from hybridflow.config.loader import config_value
+from hybridflow.config.ppo import AlgorithmConfig, PPOConfig, RolloutConfig, TrainerConfig
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +40,15 @@ class SelfPlayAlgorithmConfig(AlgorithmConfig):
     """Not used by self-play trainers (accepted for verl compatibility; warns when set)."""
 
 
+@dataclass
+class SelfPlayConfig(PPOConfig):
+    """The PPO schema run by a self-play loop: its trainer keys here; SPIN and SPPO add their actor and
+    ``algorithm`` keys (``config/spin.py``, ``config/sppo.py``)."""
+
+    trainer: SelfPlayTrainerConfig = field(default_factory=SelfPlayTrainerConfig)
+    """Loop, logging, checkpoints, reference refresh."""
+
+
 def rollout_field(n: int) -> Any:
     """A rollout section whose default is ``n`` responses per prompt."""
     return field(default_factory=lambda: RolloutConfig(n=n))
@@ -58,7 +68,7 @@ def resolve_legacy_micro_batch_sizes(cfg: Any, *, world_size: int) -> list[str]:
     Returns problems: both spellings set, or a global size that does not split over the workers."""
     problems = []
     for section, legacy, per_gpu in LEGACY_MICRO_BATCH_SIZES:
-        node = _attr_path(cfg, section)
+        node = config_value(cfg, section)
         value = getattr(node, legacy)
         if value is None:
             continue
@@ -70,12 +80,6 @@ def resolve_legacy_micro_batch_sizes(cfg: Any, *, world_size: int) -> list[str]:
         else:
             setattr(node, per_gpu, value // world_size)
     return problems
-
-
-def _attr_path(obj: Any, dotted: str) -> Any:
-    for name in dotted.split("."):
-        obj = getattr(obj, name)
-    return obj
 
 
 KEYS_WITHOUT_EFFECT = (

@@ -9,8 +9,8 @@ coefficient and has no effect here (it warns).
 
 from dataclasses import dataclass, field
 
-from hybridflow.config.ppo import ActorConfig, ActorRolloutRefConfig, PPOConfig, RolloutConfig
-from hybridflow.config.selfplay import SelfPlayAlgorithmConfig, SelfPlayTrainerConfig, rollout_field
+from hybridflow.config.ppo import ActorConfig, ActorRolloutRefConfig, RolloutConfig
+from hybridflow.config.selfplay import SelfPlayAlgorithmConfig, SelfPlayConfig, rollout_field
 
 
 @dataclass
@@ -45,12 +45,10 @@ class SPINAlgorithmConfig(SelfPlayAlgorithmConfig):
 
 
 @dataclass
-class SPINConfig(PPOConfig):
+class SPINConfig(SelfPlayConfig):
     """Everything ``python -m hybridflow.trainer.main_spin`` reads."""
 
     actor_rollout_ref: SPINActorRolloutRefConfig = field(default_factory=SPINActorRolloutRefConfig)
     """Policy, generation and reference."""
     algorithm: SPINAlgorithmConfig = field(default_factory=SPINAlgorithmConfig)
     """Preference loss."""
-    trainer: SelfPlayTrainerConfig = field(default_factory=SelfPlayTrainerConfig)
-    """Loop, logging, checkpoints, reference refresh."""

@@ -10,8 +10,8 @@ an error.
 from dataclasses import dataclass, field
 from typing import Optional
 
-from hybridflow.config.ppo import ActorConfig, ActorRolloutRefConfig, PPOConfig, RolloutConfig
-from hybridflow.config.selfplay import SelfPlayAlgorithmConfig, SelfPlayTrainerConfig, rollout_field
+from hybridflow.config.ppo import ActorConfig, ActorRolloutRefConfig, RolloutConfig
+from hybridflow.config.selfplay import SelfPlayAlgorithmConfig, SelfPlayConfig, rollout_field
 
 
 @dataclass
@@ -41,12 +41,10 @@ class SPPOAlgorithmConfig(SelfPlayAlgorithmConfig):
 
 
 @dataclass
-class SPPOConfig(PPOConfig):
+class SPPOConfig(SelfPlayConfig):
     """Everything ``python -m hybridflow.trainer.main_sppo`` reads."""
 
     actor_rollout_ref: SPPOActorRolloutRefConfig = field(default_factory=SPPOActorRolloutRefConfig)
     """Policy, generation and reference."""
     algorithm: SPPOAlgorithmConfig = field(default_factory=SPPOAlgorithmConfig)
     """SPPO's eta."""
-    trainer: SelfPlayTrainerConfig = field(default_factory=SelfPlayTrainerConfig)
-    """Loop, logging, checkpoints, reference refresh."""

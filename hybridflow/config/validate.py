@@ -12,8 +12,7 @@ import logging
 import os
 from typing import Any
 
-from hybridflow.algos import advantage_spec
-from hybridflow.algos.errors import UnknownAlgorithmError
+from hybridflow.algos.registry import AdvantageSpec, UnknownAlgorithmError, advantage_spec
 from hybridflow.config.loader import MEGATRON
 from hybridflow.config.sft import sft_packed
 from hybridflow.errors import ConfigError
@@ -143,22 +142,28 @@ def critic_enabled(cfg: Any) -> bool:
     """The critic runs when forced on, or by default exactly for estimators registered with ``needs_values``."""
     if cfg.critic.enable is not None:
         return bool(cfg.critic.enable)
-    return _estimator_needs_values(cfg.algorithm.adv_estimator)
+    return estimator_spec(cfg.algorithm.adv_estimator).needs_values
 
 
 def reference_enabled(cfg: Any) -> bool:
-    """Reference log-probs are computed when a KL term uses them (in the loss or in the reward) or PRIME's implicit
-    PRM takes its log-ratio to them."""
+    """Reference log-probs are computed when a KL term uses them (in the loss or in the reward) or the estimator's
+    spec needs them (``needs_reference``: PRIME's implicit PRM takes its log-ratio to them)."""
     return bool(cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
-                or implicit_prm_enabled(cfg))
+                or estimator_spec(cfg.algorithm.adv_estimator).needs_reference)
 
 
 def implicit_prm_enabled(cfg: Any) -> bool:
     """PRIME's implicit PRM is built and trained exactly for estimators registered with ``needs_implicit_prm``."""
+    return estimator_spec(cfg.algorithm.adv_estimator).needs_implicit_prm
+
+
+def estimator_spec(name: str | None) -> AdvantageSpec:
+    """The estimator's registered spec (algos/registry.py, the one module of algos that config reads: what an
+    estimator needs); an unknown name needs nothing here and is reported by the registered-name check."""
     try:
-        return advantage_spec(cfg.algorithm.adv_estimator).needs_implicit_prm
+        return advantage_spec(name)
     except UnknownAlgorithmError:
-        return False  # reported by the registered-name check
+        return AdvantageSpec()
 
 
 def split_placement(cfg: Any) -> bool:
@@ -192,17 +197,9 @@ def partial_rollouts(cfg: Any) -> bool:
 _PARTIAL_WARNED: set[str] = set()
 
 
-def _estimator_needs_values(name: str) -> bool:
-    """The estimator's registered spec (pure algos/ metadata); an unknown name is reported elsewhere."""
-    try:
-        return advantage_spec(name).needs_values
-    except UnknownAlgorithmError:
-        return False
-
-
 def _check_algorithm(problems: list[str], cfg: Any) -> None:
     algo, actor = cfg.algorithm, cfg.actor_rollout_ref.actor
-    if _estimator_needs_values(algo.adv_estimator) and cfg.critic.enable is False:
+    if estimator_spec(algo.adv_estimator).needs_values and cfg.critic.enable is False:
         problems.append(f"algorithm.adv_estimator={algo.adv_estimator} needs a critic but critic.enable=False: "
                         "enable the critic or pick a critic-free estimator such as grpo")
     if critic_enabled(cfg) and cfg.critic.model.path in (None, ""):

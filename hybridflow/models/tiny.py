@@ -11,7 +11,9 @@ exactly like a real checkpoint (config, safetensors, tokenizer files).
 
 from __future__ import annotations
 
+import argparse
 import string
+import sys
 
 CHATML_TEMPLATE = (
     "{% if tools %}{{ '<|im_start|>system\ntools:' }}{% for tool in tools %}{{ ' ' + tool['function']['name'] }}"
@@ -227,3 +229,21 @@ def save_tiny_vl_model(path: str, seed: int = 0, *, arch: str = "qwen2_5_vl", **
     model.save_pretrained(path, safe_serialization=True)
     processor.save_pretrained(path)
     return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m hybridflow.models.tiny DIR [--arch llama|qwen2|qwen2_5_vl|qwen2_vl] [--seed S]`` (also:
+    ``hybridflow models tiny``)."""
+    parser = argparse.ArgumentParser(prog="hybridflow models tiny",
+                                     description="write a tiny random model (with a real tokenizer) for tests")
+    parser.add_argument("dir")
+    parser.add_argument("--arch", choices=["llama", "qwen2", *VL_ARCHS], default="llama")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    save_tiny_model(args.dir, arch=args.arch, seed=args.seed)
+    print(f"wrote a tiny random {args.arch} model to {args.dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

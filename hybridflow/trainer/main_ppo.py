@@ -16,17 +16,17 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from hybridflow.algos import get_advantage, get_policy_loss, list_kl_penalties, list_loss_agg_modes
-from hybridflow.algos.advantages.optimal_token_baseline import SUM_PI_SQUARED_ESTIMATORS
+from hybridflow.algos import (advantage_spec, get_advantage, get_policy_loss, list_kl_penalties, list_loss_agg_modes,
+                             policy_loss_spec)
 from hybridflow.algos.errors import AlgorithmError, UnknownAlgorithmError
 from hybridflow.algos.pf_ppo import PF_PPO_METHODS
 from hybridflow.algos.policy_losses.bypass import BYPASS_LOSS_TYPES
 from hybridflow.algos.rollout_correction.is_weights import IS_LEVELS
 from hybridflow.algos.rollout_correction.rejection import parse_options
 from hybridflow.algos.rollout_correction.thresholds import parse_bounds, parse_rs_thresholds
-from hybridflow.config import (PPOConfig, critic_enabled, implicit_prm_enabled, load_config, reference_enabled,
-                               split_config_args, split_placement, validate_ppo_config)
-from hybridflow.config.loader import help_requested, trainer_usage
+from hybridflow.config import (PPOConfig, config_value, critic_enabled, implicit_prm_enabled, reference_enabled,
+                               split_placement, validate_ppo_config)
+from hybridflow.config.loader import run_from_config_args
 from hybridflow.config.validate import as_list, partial_rollouts
 from hybridflow.controller.resources import ResourcePool, pool_from_trainer_config
 from hybridflow.controller.worker_group import build_worker_group
@@ -96,20 +96,10 @@ def check_algorithm_settings(cfg: PPOConfig) -> None:
     """Settings the chosen estimator / loss / correction needs, checked before any model is loaded."""
     algo, actor = cfg.algorithm, cfg.actor_rollout_ref.actor
     corr, rollout = algo.rollout_correction, cfg.actor_rollout_ref.rollout
-    problems = []
-    if algo.adv_estimator in SUM_PI_SQUARED_ESTIMATORS and not actor.calculate_sum_pi_squared:
-        problems.append(f"algorithm.adv_estimator={algo.adv_estimator} needs sum_v pi(v)^2 per token: set "
-                        "actor_rollout_ref.actor.calculate_sum_pi_squared=True")
-    if algo.adv_estimator in SUM_PI_SQUARED_ESTIMATORS and (corr.bypass_mode or actor.use_rollout_log_probs):
-        problems.append(f"algorithm.adv_estimator={algo.adv_estimator} needs the old-log-prob pass; turn off "
-                        "rollout_correction.bypass_mode / actor.use_rollout_log_probs")
-    if algo.adv_estimator == "gdpo" and not algo.gdpo_reward_keys:
-        problems.append("algorithm.adv_estimator=gdpo needs algorithm.gdpo_reward_keys: the reward function's dict "
-                        "keys to normalise separately, e.g. [format_reward,accuracy_reward]")
+    problems = spec_problems(cfg, lambda: advantage_spec(algo.adv_estimator))
     if implicit_prm_enabled(cfg):
         problems += implicit_prm_problems(cfg)
-    if actor.policy_loss.loss_mode == "dro" and not (actor.policy_loss.dro_beta or 0) > 0:
-        problems.append("actor_rollout_ref.actor.policy_loss.loss_mode=dro needs policy_loss.dro_beta > 0 (e.g. 0.1)")
+    problems += spec_problems(cfg, lambda: policy_loss_spec(actor.policy_loss.loss_mode))
     if algo.use_pf_ppo and algo.pf_ppo.reweight_method not in PF_PPO_METHODS:
         problems.append(f"algorithm.pf_ppo.reweight_method={algo.pf_ppo.reweight_method!r}: use one of "
                         f"{', '.join(PF_PPO_METHODS)}")
@@ -132,6 +122,15 @@ def check_algorithm_settings(cfg: PPOConfig) -> None:
         problems.append(str(err))
     if problems:
         raise ConfigError("\n".join(problems))
+
+
+def spec_problems(cfg: PPOConfig, spec) -> list[str]:
+    """What the chosen estimator or loss checks itself (its spec's ``check``, in algos/); an unknown name has no
+    spec and is reported by check_registered_names."""
+    try:
+        return spec().check(functools.partial(config_value, cfg))
+    except UnknownAlgorithmError:
+        return []
 
 
 def warn_about_ignored_gpus(cfg: PPOConfig) -> None:
@@ -418,16 +417,10 @@ USAGE_SUMMARY = "PPO / GRPO / DAPO / ... training with verl's main_ppo keys (als
 
 def run_from_args(args: list[str], *, prog: str = "python -m hybridflow.trainer.main_ppo",
                   summary: str = USAGE_SUMMARY, defaults: tuple[str, ...] = (), adapt=None) -> int:
-    """``[--config-path D --config-name N] key=value ...`` -> a run (shared by ``hybridflow ppo``);
-    ``defaults`` (a recipe's settings) go before the YAML file's and the user's keys; ``adapt(cfg) -> cfg`` (a
-    recipe's reading of its keys) runs on the loaded config."""
-    if help_requested(args):
-        print(trainer_usage(prog, summary, "ppo"), end="")
-        return 0
-    config_file, overrides = split_config_args(args)
-    cfg = load_config(PPOConfig, overrides, config_file, defaults=defaults)
-    run_ppo(adapt(cfg) if adapt is not None else cfg)
-    return 0
+    """``[--config-path D --config-name N] key=value ...`` -> a run (shared by ``hybridflow ppo`` and the recipes'
+    entry points, which pass their ``defaults`` and ``adapt``: see ``run_from_config_args``)."""
+    return run_from_config_args(args, schema=PPOConfig, run=run_ppo, trainer="ppo", prog=prog, summary=summary,
+                                defaults=defaults, adapt=adapt)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from hybridflow.config import load_config, split_config_args
-from hybridflow.config.loader import help_requested, trainer_usage
+from hybridflow.config.loader import run_from_config_args
 from hybridflow.config.spin import SPINConfig
 from hybridflow.errors import ConfigError, run_entry_point
 from hybridflow.trainer.self_play import run_self_play
@@ -42,12 +41,8 @@ USAGE_SUMMARY = "SPIN / online DPO self-play with verl's recipe.spin keys (also:
 
 def run_from_args(args: list[str], *, prog: str = "python -m hybridflow.trainer.main_spin") -> int:
     """``[--config-path D --config-name N] key=value ...`` -> a run (shared by ``hybridflow spin``)."""
-    if help_requested(args):
-        print(trainer_usage(prog, USAGE_SUMMARY, "spin"), end="")
-        return 0
-    config_file, overrides = split_config_args(args)
-    run_spin(load_config(SPINConfig, overrides, config_file))
-    return 0
+    return run_from_config_args(args, schema=SPINConfig, run=run_spin, trainer="spin", prog=prog,
+                                summary=USAGE_SUMMARY)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,6 +29,7 @@ Deviations from verl, on purpose:
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -38,10 +39,12 @@ import torch
 
 from hybridflow.algos import (AdaptiveKLController, FixedKLController, advantage_spec, apply_kl_penalty, get_advantage,
                              masked_mean)
+from hybridflow.algos.errors import AlgorithmError
 from hybridflow.algos.over_sample import first_finished
 from hybridflow.algos.pf_ppo import pf_ppo_resample
 from hybridflow.algos.rollout_correction import rollout_correction
 from hybridflow.data.balance import balance_batch
+from hybridflow.config import config_value
 from hybridflow.data.batch import Batch
 from hybridflow.errors import CheckpointError, HybridflowError, WorkerDiedError
 from hybridflow.rollout import SamplingParams, sampling_params_from_rollout_config
@@ -353,13 +356,14 @@ class PPOTrainer:
         optional = {key: batch[key] if key in batch else None
                     for key in ("values", "reward_baselines", "old_log_probs", "sum_pi_squared", "rollout_is_weights",
                                 "prm_rewards")}
-        batch["advantages"], batch["returns"] = get_advantage(algo.adv_estimator)(
-            token_level_rewards=batch["token_level_rewards"], response_mask=batch["response_mask"],
-            index=np.asarray(batch["uid"]), gamma=algo.gamma, lam=algo.lam,
-            norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo, reward_components=self.reward_components(batch),
-            reward_weights=algo.gdpo_reward_weights, reward_dpo_coef=algo.reward_dpo_coef,
-            reward_gt_coef=algo.reward_gt_coef, **optional,
-        )
+        try:  # an estimator's own inputs and knobs come from its spec (algos/registry.py: AdvantageSpec)
+            own = advantage_spec(algo.adv_estimator).arguments(batch, functools.partial(config_value, self.cfg))
+            batch["advantages"], batch["returns"] = get_advantage(algo.adv_estimator)(
+                token_level_rewards=batch["token_level_rewards"], response_mask=batch["response_mask"],
+                index=np.asarray(batch["uid"]), gamma=algo.gamma, lam=algo.lam,
+                norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo, **optional, **own)
+        except AlgorithmError as err:  # inputs the run cannot give it (a reward key the function never returns)
+            raise HybridflowError(str(err)) from err
         return metrics
 
     def correct_rollout_mismatch(self, batch: Batch) -> dict[str, float]:
@@ -374,19 +378,6 @@ class PPOTrainer:
         if weights is not None:
             batch["rollout_is_weights"] = weights
         return metrics
-
-    def reward_components(self, batch: Batch) -> dict[str, torch.Tensor] | None:
-        """GDPO's per-component scores ``{key: [B]}`` from the reward function's dict (algorithm.gdpo_reward_keys)."""
-        keys = self.cfg.algorithm.gdpo_reward_keys
-        if not keys:
-            return None
-        # a dict's "score" is the main score (seq_score), as in verl's reward_extra_info
-        columns = {key: f"reward_extra/{key}" if key != "score" else "seq_score" for key in keys}
-        missing = [key for key, column in columns.items() if column not in batch]
-        if missing:
-            raise HybridflowError(f"algorithm.gdpo_reward_keys: the reward function returned no {missing}; return a "
-                                  "dict with these keys from compute_score, or fix gdpo_reward_keys")
-        return {key: batch[column].float().to(self.device) for key, column in columns.items()}
 
     def pf_ppo_resample(self, batch: Batch, *, step: int) -> Batch:
         """PF-PPO (arXiv 2409.06957): the batch resampled with replacement by reward weight, seeded per step."""

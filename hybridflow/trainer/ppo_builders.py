@@ -15,7 +15,8 @@ import logging
 import torch
 
 from hybridflow.agents.manager import build_agent_loop_manager
-from hybridflow.config import reference_enabled
+from hybridflow.algos import policy_loss_spec
+from hybridflow.config import config_value, reference_enabled
 from hybridflow.data.parallel import DataParallel
 from hybridflow.errors import ConfigError
 from hybridflow.models import load_causal_lm, load_tokenizer, load_value_model
@@ -135,7 +136,8 @@ def build_hybrid_engine(dp: DataParallel, *, cfg, total_steps: int, with_rollout
     actor = ActorWorker(state=state, schedule=update_schedule(arr.actor, rows_per_prompt=arr.rollout.n, dp=dp,
                                                                 layout=layout),
                         objective=policy_objective(arr.actor, rollout_correction=cfg.algorithm.rollout_correction,
-                                                   max_response_length=cfg.data.max_response_length),
+                                                   max_response_length=cfg.data.max_response_length,
+                                                   setting=functools.partial(config_value, cfg)),
                         log_prob=log_prob_batching(arr.rollout, dp), dp=dp, seed=cfg.trainer.seed,
                         layout=layout, use_torch_compile=arr.actor.use_torch_compile,
                         entropy_checkpointing=arr.actor.entropy_checkpointing,
@@ -161,21 +163,14 @@ def update_schedule(section, *, rows_per_prompt: int, dp: DataParallel, layout: 
         max_token_len=section.ppo_max_token_len_per_gpu, packed=layout != "padded")
 
 
-POLICY_LOSS_KNOBS = ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio", "ppo_kl_coef", "dro_beta")
-ACTOR_LOSS_KNOBS = ("tau_pos", "tau_neg")
-BYPASS_KNOBS = ("loss_type", "rollout_is", "rollout_is_threshold", "rollout_is_batch_normalize", "rollout_rs",
-                "rollout_rs_threshold")
-
-
-def policy_objective(actor_cfg, *, rollout_correction, max_response_length: int):
+def policy_objective(actor_cfg, *, rollout_correction, max_response_length: int, setting):
     """The actor's loss from its section's keys; verl's bypass mode (``algorithm.rollout_correction``)
-    swaps in the loss that compares pi_theta with the engine's pi_rollout."""
+    swaps in the loss that compares pi_theta with the engine's pi_rollout. The loss's own knobs are read
+    where its spec says (``policy_loss_spec(name).knobs``; ``setting`` reads a dotted key of the run config)."""
     loss_mode = actor_cfg.policy_loss.loss_mode
-    knobs = {**{k: getattr(actor_cfg.policy_loss, k) for k in POLICY_LOSS_KNOBS},
-             **{k: getattr(actor_cfg, k) for k in ACTOR_LOSS_KNOBS}}
     if rollout_correction is not None and rollout_correction.bypass_mode:
         loss_mode = "bypass_mode"
-        knobs.update({k: getattr(rollout_correction, k) for k in BYPASS_KNOBS})
+    knobs = policy_loss_spec(loss_mode).knob_values(setting)
     return PolicyObjective(
         loss_mode=loss_mode, knobs=knobs, loss_agg_mode=actor_cfg.loss_agg_mode, clip_ratio=actor_cfg.clip_ratio,
         clip_ratio_low=actor_cfg.clip_ratio_low, clip_ratio_high=actor_cfg.clip_ratio_high,

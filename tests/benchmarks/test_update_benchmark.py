@@ -1,5 +1,5 @@
 """benchmarks/update.py: its rows, its FLOP and memory arithmetic by hand, and a tiny CPU run of hybridflow's
-update in which the fast layout (shared prompts, chunked head) gives the plain one's gradient norm."""
+update in which the fast layout (shared prompts, chunked head) and TRL's GRPO loss give the plain one's gradient norm."""
 
 import torch
 
@@ -52,7 +52,8 @@ def test_every_variant_gives_the_plain_update_gradient_in_fp32():
                 for name, variant in bench.VARIANTS.items() if not variant.compiled}  # compiled: below
     assert runs["fast"]["micro_batches"] > 1  # several micro-batches, the groups cut between them
     assert runs["fast"]["run_tokens"] < runs["fast"]["tokens"] == runs["plain"]["run_tokens"]  # prompts once < valid
-    for name, run in runs.items():  # shared prompts, chunked head, checkpointing: the same gradient
+    assert "trl" in runs  # TRL's own loss code (loss_type="dapo") on the same rows: the same token-mean loss
+    for name, run in runs.items():  # shared prompts, chunked head, checkpointing, TRL: the same gradient
         assert abs(run["grad_norm"] - runs["plain"]["grad_norm"]) < 1e-5 * runs["plain"]["grad_norm"], name
 
 

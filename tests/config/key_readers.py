@@ -42,6 +42,7 @@ class _Scan(ast.NodeVisitor):
         self.aliases: dict[str, set[str]] = defaultdict(set)
         self.reads: list[tuple[set[str], list[str]]] = []
         self.getattr_reads: list[tuple[set[str], list[str]]] = []  # names, or keys of a loop over names
+        self.dotted_reads: set[tuple[str, str]] = set()  # (section suffix, leaf) of setting("a.b.leaf") reads
         self.scope: list[str] = ["<module>"]
         self.classes: list[str] = []
         self._names: dict = {}
@@ -122,7 +123,21 @@ class _Scan(ast.NodeVisitor):
             attr = node.args[1]
             literal = isinstance(attr, ast.Constant) and isinstance(attr.value, str)
             self.getattr_reads.append((self.keys(node.args[0]), [attr.value] if literal else self.keys(attr)))
+        self.dotted_key_reads(node, callee)
         self.generic_visit(node)
+
+    def dotted_key_reads(self, node: ast.Call, callee: str | None) -> None:
+        """An algorithm spec reads the run config by dotted key: ``setting("algorithm.gdpo_reward_keys")`` and the
+        literal values of a ``knobs={"reward_weights": "algorithm.gdpo_reward_weights"}`` argument."""
+        literals = list(node.args[:1]) if callee == "setting" else []
+        for keyword in node.keywords:
+            if keyword.arg == "knobs" and isinstance(keyword.value, ast.Dict):
+                literals += keyword.value.values
+        for literal in literals:
+            if isinstance(literal, ast.Constant) and isinstance(literal.value, str) and "." in literal.value:
+                *section, leaf = literal.value.split(".")
+                depths = range(1, min(len(section), MAX_DEPTH) + 1)
+                self.dotted_reads |= {(".".join(section[-n:]), leaf) for n in depths}
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
         self.reads.append((self.keys(node.value), [node.attr]))
@@ -156,7 +171,7 @@ class _Scan(ast.NodeVisitor):
 
     def pairs(self) -> set[tuple[str, str]]:
         """(section name, attribute) for every attribute read."""
-        out: set[tuple[str, str]] = set()
+        out: set[tuple[str, str]] = set(self.dotted_reads)
         for parents, names in self.getattr_reads:
             attrs = [n for key in names for t in self.resolve(key) for n in self.name_tuples.get(t, [t])
                      if isinstance(n, str)]

@@ -96,6 +96,19 @@ def test_scanner_follows_aliases_and_constructor_arguments(tmp_path):
         assert is_read(key, found), key
 
 
+def test_scanner_counts_the_dotted_keys_of_algorithm_specs(tmp_path):
+    found = _scan(tmp_path, """
+        def check(setting):
+            return setting("algorithm.gdpo_reward_keys")
+
+        register(name, knobs={"dro_beta": "actor_rollout_ref.actor.policy_loss.dro_beta"})
+        other(knobs={"x": "critic.grad_clip"}, note="trainer.total_epochs")
+    """)
+    for key in ("algorithm.gdpo_reward_keys", "actor_rollout_ref.actor.policy_loss.dro_beta", "critic.grad_clip"):
+        assert is_read(key, found), key
+    assert not is_read("trainer.total_epochs", found)  # a string that is no spec's read
+
+
 def test_scanner_tells_sections_apart(tmp_path):
     found = _scan(tmp_path, """
         class Actor:

@@ -13,6 +13,10 @@ group first, as GRPO does, then takes a weighted sum and whitens it over the bat
 ``reward_components`` ``{name: [B]}`` come from the reward function's dict
 (``algorithm.gdpo_reward_keys``); without them the summed token-level reward is the single
 component (verl's fallback), and GDPO is GRPO followed by batch whitening.
+
+The spec below is everything the loop needs for it: the per-component scores it derives from the
+batch's reward columns (``reward_components``), the weights it reads from the run config, and the
+check that the keys are set, run before any model loads.
 """
 
 from __future__ import annotations
@@ -25,7 +29,35 @@ from hybridflow.algos.registry import register_advantage
 from hybridflow.algos.stats import masked_whiten
 
 
-@register_advantage("gdpo")
+def reward_components(batch, setting) -> dict[str, torch.Tensor] | None:
+    """The per-component scores ``{key: [B]}`` of ``algorithm.gdpo_reward_keys``, from the batch's
+    ``reward_extra/{key}`` columns (the reward function's dict; its ``score`` is the main score, ``seq_score``)."""
+    keys = setting("algorithm.gdpo_reward_keys")
+    if not keys:
+        return None
+    columns = {key: f"reward_extra/{key}" if key != "score" else "seq_score" for key in keys}
+    missing = [key for key, column in columns.items() if column not in batch]
+    if missing:
+        raise AlgorithmError(f"algorithm.gdpo_reward_keys: the reward function returned no {missing}; return a "
+                             "dict with these keys from compute_score, or fix gdpo_reward_keys")
+    device = batch["token_level_rewards"].device
+    return {key: batch[column].float().to(device) for key, column in columns.items()}
+
+
+def reward_keys_problems(setting) -> list[str]:
+    """GDPO without reward keys (verl requires them too), or weights that do not pair with them."""
+    keys, weights = setting("algorithm.gdpo_reward_keys"), setting("algorithm.gdpo_reward_weights")
+    if not keys:
+        return ["algorithm.adv_estimator=gdpo needs algorithm.gdpo_reward_keys: the reward function's dict "
+                "keys to normalise separately, e.g. [format_reward,accuracy_reward]"]
+    if weights is not None and len(weights) != len(keys):
+        return [f"algorithm.gdpo_reward_weights has {len(weights)} weights for {len(keys)} gdpo_reward_keys: "
+                "give one weight per key, or null for all 1"]
+    return []
+
+
+@register_advantage("gdpo", knobs={"reward_weights": "algorithm.gdpo_reward_weights"},
+                    inputs={"reward_components": reward_components}, check=reward_keys_problems)
 @torch.no_grad()
 def gdpo_advantage(
     *,

@@ -30,7 +30,18 @@ from hybridflow.algos.advantages.groups import group_ids, group_sum
 from hybridflow.algos.errors import AlgorithmError
 from hybridflow.algos.registry import register_advantage
 
-SUM_PI_SQUARED_ESTIMATORS = ("optimal_token_baseline", "tir_optimal_token_baseline")
+
+
+def sum_pi_squared_problems(setting) -> list[str]:
+    """sum_v pi(v)^2 comes from the actor's old-log-prob pass: it must be asked for, and the pass must run."""
+    name, problems = setting("algorithm.adv_estimator"), []
+    if not setting("actor_rollout_ref.actor.calculate_sum_pi_squared"):
+        problems.append(f"algorithm.adv_estimator={name} needs sum_v pi(v)^2 per token: set "
+                        "actor_rollout_ref.actor.calculate_sum_pi_squared=True")
+    if setting("algorithm.rollout_correction.bypass_mode") or setting("actor_rollout_ref.actor.use_rollout_log_probs"):
+        problems.append(f"algorithm.adv_estimator={name} needs the old-log-prob pass; turn off "
+                        "rollout_correction.bypass_mode / actor.use_rollout_log_probs")
+    return problems
 
 
 def path_variance(*, old_log_probs, sum_pi_squared, valid, rollout_is_weights=None) -> torch.Tensor:
@@ -81,7 +92,7 @@ def _inputs(*, token_level_rewards, response_mask, index, old_log_probs, sum_pi_
     return valid, returns, path_var, ids
 
 
-@register_advantage("optimal_token_baseline")
+@register_advantage("optimal_token_baseline", check=sum_pi_squared_problems)
 @torch.no_grad()
 def optimal_token_baseline_advantage(*, token_level_rewards, response_mask, index, old_log_probs=None,
                                      sum_pi_squared=None, rollout_is_weights=None, **_):
@@ -95,7 +106,7 @@ def optimal_token_baseline_advantage(*, token_level_rewards, response_mask, inde
     return torch.where(valid, returns - baselines, zeros), torch.where(valid, returns, zeros)
 
 
-@register_advantage("tir_optimal_token_baseline")
+@register_advantage("tir_optimal_token_baseline", check=sum_pi_squared_problems)
 @torch.no_grad()
 def tir_optimal_token_baseline_advantage(*, token_level_rewards, response_mask, index, old_log_probs=None,
                                          sum_pi_squared=None, rollout_is_weights=None, **_):

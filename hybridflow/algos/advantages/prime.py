@@ -27,7 +27,9 @@ def consecutive_group_size(index, *, batch_size: int) -> int:
     return n
 
 
-@register_advantage("prime", needs_implicit_prm=True)
+@register_advantage("prime", needs_implicit_prm=True, needs_reference=True,
+                    knobs={"reward_dpo_coef": "algorithm.reward_dpo_coef",
+                           "reward_gt_coef": "algorithm.reward_gt_coef"})
 @torch.no_grad()
 def prime_advantage(*, token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index,
                     prm_rewards: torch.Tensor | None = None, reward_dpo_coef: float = 5.0,

@@ -18,64 +18,65 @@ per-micro-batch rejection and the REINFORCE objective.
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
+
 import torch
 
-from hybridflow.algos.agg import agg_loss
 from hybridflow.algos.errors import AlgorithmError
-from hybridflow.algos.policy_losses.common import policy_loss_metrics, select_valid, weight_by_rollout_is
-from hybridflow.algos.policy_losses.vanilla import vanilla_policy_loss
+from hybridflow.algos.policy_losses.common import LossAggregation, PolicyLossInputs, policy_loss_metrics
+from hybridflow.algos.policy_losses.vanilla import VanillaConfig, vanilla_policy_loss
 from hybridflow.algos.registry import register_policy_loss
 from hybridflow.algos.rollout_correction import rollout_correction
 
 BYPASS_LOSS_TYPES = ("ppo_clip", "reinforce")
 
 
-def reinforce_policy_loss(*, rollout_log_prob, log_prob, advantages, response_mask, rollout_is_weights,
-                          loss_agg_mode, global_num_tokens, global_num_seqs, max_response_length):
-    """-sg(w) A log pi over ``[B, T]`` (w = 1 when ``rollout_is_weights`` is None)."""
-    loss = agg_loss(
-        loss_mat=weight_by_rollout_is(losses=-advantages * log_prob, rollout_is_weights=rollout_is_weights),
-        loss_mask=response_mask, loss_agg_mode=loss_agg_mode, global_num_tokens=global_num_tokens,
-        global_num_seqs=global_num_seqs, max_response_length=max_response_length,
-    )
-    return loss, policy_loss_metrics(log_ratio=log_prob - rollout_log_prob, response_mask=response_mask)
+@dataclass(frozen=True)
+class BypassConfig(VanillaConfig):
+    """PPO's clip (for ``ppo_clip``) plus ``algorithm.rollout_correction``'s choice of objective and correction."""
+
+    loss_type: str = "ppo_clip"
+    rollout_is: str | None = None
+    rollout_is_threshold: object = 2.0
+    rollout_is_batch_normalize: bool = False
+    rollout_rs: str | None = None
+    rollout_rs_threshold: object = None
+
+    def correction(self) -> dict:
+        """The keyword arguments of ``rollout_correction`` (the ``rollout_*`` fields)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name.startswith("rollout_")}
 
 
-@register_policy_loss("bypass_mode")
-def bypass_mode_policy_loss(
-    *,
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    loss_type: str = "ppo_clip",
-    rollout_is: str | None = None,
-    rollout_is_threshold=2.0,
-    rollout_is_batch_normalize: bool = False,
-    rollout_rs: str | None = None,
-    rollout_rs_threshold=None,
-    loss_agg_mode: str = "token-mean",
-    global_num_tokens: float | None = None,
-    global_num_seqs: float | None = None,
-    max_response_length: int | None = None,
-    **clip_kwargs,
-) -> tuple[torch.Tensor, dict[str, float]]:
+def reinforce_policy_loss(inputs: PolicyLossInputs, agg: LossAggregation) -> tuple[torch.Tensor, dict[str, float]]:
+    """-sg(w) A log pi over ``[B, T]`` (w = 1 when ``rollout_is_weights`` is None); ``old_log_prob`` is pi_rollout's."""
+    loss = agg(-inputs.advantages * inputs.log_prob, inputs=inputs)
+    return loss, policy_loss_metrics(log_ratio=inputs.log_prob - inputs.old_log_prob,
+                                     response_mask=inputs.response_mask)
+
+
+@register_policy_loss("bypass_mode", config=BypassConfig,
+                      knobs={"loss_type": "algorithm.rollout_correction.loss_type",
+                             "rollout_is": "algorithm.rollout_correction.rollout_is",
+                             "rollout_is_threshold": "algorithm.rollout_correction.rollout_is_threshold",
+                             "rollout_is_batch_normalize": "algorithm.rollout_correction.rollout_is_batch_normalize",
+                             "rollout_rs": "algorithm.rollout_correction.rollout_rs",
+                             "rollout_rs_threshold": "algorithm.rollout_correction.rollout_rs_threshold"})
+def bypass_mode_policy_loss(inputs: PolicyLossInputs, config: BypassConfig,
+                            agg: LossAggregation) -> tuple[torch.Tensor, dict[str, float]]:
     """Bypass-mode loss; ``old_log_prob`` ``[B, T]`` is the rollout engine's. See the module docstring."""
-    log_prob, old_log_prob = select_valid(log_prob=log_prob, old_log_prob=old_log_prob, response_mask=response_mask)
-    if loss_type not in BYPASS_LOSS_TYPES:
-        raise AlgorithmError(f"algorithm.rollout_correction.loss_type={loss_type!r}: use ppo_clip or reinforce")
+    if config.loss_type not in BYPASS_LOSS_TYPES:
+        raise AlgorithmError(f"algorithm.rollout_correction.loss_type={config.loss_type!r}: use ppo_clip or reinforce")
     weights, mask, corr_metrics = rollout_correction(
-        train_log_prob=log_prob.detach(), rollout_log_prob=old_log_prob, response_mask=response_mask,
-        rollout_is=rollout_is, rollout_is_threshold=rollout_is_threshold,
-        rollout_is_batch_normalize=rollout_is_batch_normalize, rollout_rs=rollout_rs,
-        rollout_rs_threshold=rollout_rs_threshold,
-    )
-    common = dict(log_prob=log_prob, advantages=advantages, response_mask=mask, loss_agg_mode=loss_agg_mode,
-                  global_num_tokens=global_num_tokens, global_num_seqs=global_num_seqs,
-                  max_response_length=max_response_length)
-    if loss_type == "reinforce":
-        loss, metrics = reinforce_policy_loss(rollout_log_prob=old_log_prob, rollout_is_weights=weights, **common)
-    else:
-        clip_kwargs.pop("rollout_is_weights", None)  # the ratio is the correction: weights would count it twice
-        loss, metrics = vanilla_policy_loss(old_log_prob=old_log_prob, **common, **clip_kwargs)
+        train_log_prob=inputs.log_prob.detach(), rollout_log_prob=inputs.old_log_prob,
+        response_mask=inputs.response_mask, **config.correction())
+    # rejected tokens leave the mask
+    if config.loss_type == "reinforce":
+        weighted = dataclasses.replace(inputs, response_mask=mask, rollout_is_weights=weights)
+        loss, metrics = reinforce_policy_loss(weighted, agg)
+    else:  # the ratio already is the correction: IS weights would count it twice
+        corrected = PolicyLossInputs.valid(old_log_prob=inputs.old_log_prob, log_prob=inputs.log_prob,
+                                           advantages=inputs.advantages, response_mask=mask)
+        clip = VanillaConfig(**{f.name: getattr(config, f.name) for f in dataclasses.fields(VanillaConfig)})
+        loss, metrics = vanilla_policy_loss.compute(corrected, clip, agg)
     return loss, {**metrics, **corr_metrics}

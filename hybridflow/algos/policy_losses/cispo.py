@@ -18,48 +18,25 @@ from __future__ import annotations
 
 import torch
 
-from hybridflow.algos.agg import agg_loss
 from hybridflow.algos.policy_losses.common import (
+    ClipConfig,
+    LossAggregation,
+    PolicyLossInputs,
     clamped_log_ratio,
-    clip_range,
     policy_loss_metrics,
-    select_valid,
-    weight_by_rollout_is,
 )
 from hybridflow.algos.registry import register_policy_loss
 
 
-@register_policy_loss("cispo")
-def cispo_policy_loss(
-    *,
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
-    clip_ratio: float = 0.2,
-    clip_ratio_low: float | None = None,
-    clip_ratio_high: float | None = None,
-    global_num_tokens: float | None = None,
-    global_num_seqs: float | None = None,
-    max_response_length: int | None = None,
-    rollout_is_weights: torch.Tensor | None = None,
-    **_,
-) -> tuple[torch.Tensor, dict[str, float]]:
+@register_policy_loss("cispo", config=ClipConfig)
+def cispo_policy_loss(inputs: PolicyLossInputs, config: ClipConfig,
+                      agg: LossAggregation) -> tuple[torch.Tensor, dict[str, float]]:
     """CISPO loss over ``[B, T]`` inputs; see the module docstring."""
-    log_prob, old_log_prob = select_valid(log_prob=log_prob, old_log_prob=old_log_prob, response_mask=response_mask)
-    low, high = clip_range(clip_ratio=clip_ratio, clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high)
-    log_ratio = clamped_log_ratio(log_prob=log_prob, old_log_prob=old_log_prob).detach()
+    low, high = config.bounds()
+    log_ratio = clamped_log_ratio(log_prob=inputs.log_prob, old_log_prob=inputs.old_log_prob).detach()
     ratio = log_ratio.exp()
     weight = ratio.clamp(1 - low, 1 + high)
-    loss = agg_loss(
-        loss_mat=weight_by_rollout_is(losses=-advantages * weight * log_prob, rollout_is_weights=rollout_is_weights),
-        loss_mask=response_mask,
-        loss_agg_mode=loss_agg_mode,
-        global_num_tokens=global_num_tokens,
-        global_num_seqs=global_num_seqs,
-        max_response_length=max_response_length,
-    )
-    metrics = policy_loss_metrics(log_ratio=log_ratio, response_mask=response_mask, clipped=weight != ratio,
+    loss = agg(-inputs.advantages * weight * inputs.log_prob, inputs=inputs)
+    metrics = policy_loss_metrics(log_ratio=log_ratio, response_mask=inputs.response_mask, clipped=weight != ratio,
                                   clipped_lower=ratio < 1 - low)
     return loss, metrics

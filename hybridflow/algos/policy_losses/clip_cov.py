@@ -15,19 +15,30 @@ pick ``max(1, floor(clip_cov_ratio * N))`` at random and drop their loss::
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from hybridflow.algos.agg import agg_loss
 from hybridflow.algos.policy_losses.common import (
+    ClipConfig,
+    LossAggregation,
+    PolicyLossInputs,
     clamped_log_ratio,
-    clip_range,
     clipped_surrogate,
     policy_loss_metrics,
-    select_valid,
-    weight_by_rollout_is,
 )
 from hybridflow.algos.policy_losses.covariance import check_token_ratio, covariance_token_count, token_covariance
 from hybridflow.algos.registry import register_policy_loss
+
+@dataclass(frozen=True)
+class ClipCovConfig(ClipConfig):
+    """The ratio clip, the share of tokens cut and the covariance window they are picked from."""
+
+    clip_cov_ratio: float = 2e-4
+    clip_cov_lb: float = 1.0
+    clip_cov_ub: float = 5.0
+    generator: torch.Generator | None = None
+    """Seeds the random pick (not a config key: tests pass one for reproducible picks)."""
 
 
 def pick_at_random(*, candidates: torch.Tensor, count: int, generator: torch.Generator | None) -> torch.Tensor:
@@ -40,46 +51,23 @@ def pick_at_random(*, candidates: torch.Tensor, count: int, generator: torch.Gen
     return chosen.view_as(candidates)
 
 
-@register_policy_loss("clip_cov")
-def clip_cov_policy_loss(
-    *,
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
-    clip_ratio: float = 0.2,
-    clip_ratio_low: float | None = None,
-    clip_ratio_high: float | None = None,
-    clip_cov_ratio: float = 2e-4,
-    clip_cov_lb: float = 1.0,
-    clip_cov_ub: float = 5.0,
-    generator: torch.Generator | None = None,
-    global_num_tokens: float | None = None,
-    global_num_seqs: float | None = None,
-    max_response_length: int | None = None,
-    rollout_is_weights: torch.Tensor | None = None,
-    **_,
-) -> tuple[torch.Tensor, dict[str, float]]:
+@register_policy_loss("clip_cov", config=ClipCovConfig,
+                      knobs={"clip_cov_ratio": "actor_rollout_ref.actor.policy_loss.clip_cov_ratio",
+                             "clip_cov_lb": "actor_rollout_ref.actor.policy_loss.clip_cov_lb",
+                             "clip_cov_ub": "actor_rollout_ref.actor.policy_loss.clip_cov_ub"})
+def clip_cov_policy_loss(inputs: PolicyLossInputs, config: ClipCovConfig,
+                         agg: LossAggregation) -> tuple[torch.Tensor, dict[str, float]]:
     """Clip-Cov loss over ``[B, T]`` inputs; see the module docstring."""
-    log_prob, old_log_prob = select_valid(log_prob=log_prob, old_log_prob=old_log_prob, response_mask=response_mask)
-    check_token_ratio(name="clip_cov_ratio", ratio=clip_cov_ratio)
-    low, high = clip_range(clip_ratio=clip_ratio, clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high)
-    log_ratio = clamped_log_ratio(log_prob=log_prob, old_log_prob=old_log_prob)
+    check_token_ratio(name="clip_cov_ratio", ratio=config.clip_cov_ratio)
+    low, high = config.bounds()
+    advantages, mask = inputs.advantages, inputs.response_mask
+    log_ratio = clamped_log_ratio(log_prob=inputs.log_prob, old_log_prob=inputs.old_log_prob)
     clip_loss, clipped = clipped_surrogate(ratio=log_ratio.exp(), advantages=advantages, clip_low=low, clip_high=high)
-    valid = response_mask > 0
-    cov = token_covariance(advantages=advantages, log_prob=log_prob, response_mask=response_mask)
-    candidates = valid & ~clipped & (cov > clip_cov_lb) & (cov < clip_cov_ub)
-    count = covariance_token_count(ratio=clip_cov_ratio, num_valid=int(valid.sum()))
-    picked = pick_at_random(candidates=candidates, count=count, generator=generator)
+    valid = mask > 0
+    cov = token_covariance(advantages=advantages, log_prob=inputs.log_prob, response_mask=mask)
+    candidates = valid & ~clipped & (cov > config.clip_cov_lb) & (cov < config.clip_cov_ub)
+    count = covariance_token_count(ratio=config.clip_cov_ratio, num_valid=int(valid.sum()))
+    picked = pick_at_random(candidates=candidates, count=count, generator=config.generator)
     losses = clip_loss.masked_fill(picked, 0.0)
-    loss = agg_loss(
-        loss_mat=weight_by_rollout_is(losses=losses, rollout_is_weights=rollout_is_weights),
-        loss_mask=response_mask,
-        loss_agg_mode=loss_agg_mode,
-        global_num_tokens=global_num_tokens,
-        global_num_seqs=global_num_seqs,
-        max_response_length=max_response_length,
-    )
-    metrics = policy_loss_metrics(log_ratio=log_ratio, response_mask=response_mask, clipped=picked)
-    return loss, metrics
+    metrics = policy_loss_metrics(log_ratio=log_ratio, response_mask=mask, clipped=picked)
+    return agg(losses, inputs=inputs), metrics

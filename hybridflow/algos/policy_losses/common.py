@@ -1,10 +1,21 @@
-"""Pieces shared by the policy losses: the clamped importance ratio, the clip range, PPO's
-clipped surrogate and the metrics every loss reports."""
+"""Pieces shared by the policy losses: the inputs every loss reads, how a loss is aggregated,
+the clip knobs, the clamped importance ratio, PPO's clipped surrogate and the metrics every
+loss reports.
+
+A policy loss is ``fn(inputs: PolicyLossInputs, config: <its knobs>, agg: LossAggregation)
+-> (loss, metrics)``; ``register_policy_loss(name, config=<its knobs>)`` turns it into the
+flat keyword call the actor makes (see ``algos/registry.py``).
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+from dataclasses import dataclass
+
 import torch
 
+from hybridflow.algos.agg import agg_loss
 from hybridflow.algos.errors import AlgorithmError
 from hybridflow.algos.stats import masked_mean
 
@@ -90,3 +101,81 @@ def select_valid(*, log_prob: torch.Tensor, old_log_prob: torch.Tensor,
     valid = response_mask.bool()
     return (torch.where(valid, log_prob, torch.zeros_like(log_prob)),
             torch.where(valid, old_log_prob, torch.zeros_like(old_log_prob)))
+
+
+@dataclass(frozen=True)
+class PolicyLossInputs:
+    """The tensors every policy loss reads, each ``[B, T]``. Built by the registry's wrapper with the masked
+    positions of both log-probs selected to 0 (``select_valid``), so no loss repeats that step."""
+
+    old_log_prob: torch.Tensor
+    log_prob: torch.Tensor
+    advantages: torch.Tensor
+    response_mask: torch.Tensor
+    rollout_is_weights: torch.Tensor | None = None
+    """Rollout-correction IS weights (detached inside ``LossAggregation``); None = 1."""
+
+    @classmethod
+    def valid(cls, *, old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor,
+              response_mask: torch.Tensor, rollout_is_weights: torch.Tensor | None = None) -> "PolicyLossInputs":
+        log_prob, old_log_prob = select_valid(log_prob=log_prob, old_log_prob=old_log_prob,
+                                              response_mask=response_mask)
+        return cls(old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages, response_mask=response_mask,
+                   rollout_is_weights=rollout_is_weights)
+
+
+@dataclass(frozen=True)
+class LossAggregation:
+    """How per-token losses become one number (``algos/agg.py``); the global counts come from the caller."""
+
+    loss_agg_mode: str = "token-mean"
+    global_num_tokens: float | None = None
+    global_num_seqs: float | None = None
+    max_response_length: int | None = None
+
+    def __call__(self, losses: torch.Tensor, *, inputs: PolicyLossInputs) -> torch.Tensor:
+        """agg(sg(w) * l) over ``inputs.response_mask``: ``losses`` ``[B, T]`` times the inputs' IS weights."""
+        return agg_loss(loss_mat=weight_by_rollout_is(losses=losses, rollout_is_weights=inputs.rollout_is_weights),
+                        loss_mask=inputs.response_mask,
+                        **{field.name: getattr(self, field.name) for field in dataclasses.fields(self)})
+
+
+@dataclass(frozen=True)
+class ClipConfig:
+    """PPO's ratio clip: eps, with DAPO's decoupled low / high bounds (each defaults to eps)."""
+
+    clip_ratio: float = 0.2
+    clip_ratio_low: float | None = None
+    clip_ratio_high: float | None = None
+
+    def bounds(self) -> tuple[float, float]:
+        """(eps_low, eps_high), each >= 0."""
+        return clip_range(clip_ratio=self.clip_ratio, clip_ratio_low=self.clip_ratio_low,
+                          clip_ratio_high=self.clip_ratio_high)
+
+
+@dataclass(frozen=True)
+class NoKnobs:
+    """A loss without knobs of its own (GPG's REINFORCE)."""
+
+
+def keyword_policy_loss(fn, config: type):
+    """``fn(inputs, config, agg)`` as the flat keyword call every caller makes: ``old_log_prob``, ``log_prob``,
+    ``advantages``, ``response_mask``, ``rollout_is_weights``, the ``LossAggregation`` fields and ``config``'s
+    fields; other keywords (another loss's knobs) are ignored, so one call site serves every loss."""
+    groups = {"inputs": _field_names(PolicyLossInputs), "config": _field_names(config),
+              "agg": _field_names(LossAggregation)}
+
+    @functools.wraps(fn)
+    def policy_loss(**kwargs) -> tuple[torch.Tensor, dict[str, float]]:
+        picked = {group: {k: v for k, v in kwargs.items() if k in names} for group, names in groups.items()}
+        return fn(PolicyLossInputs.valid(**picked["inputs"]), config(**picked["config"]),
+                  LossAggregation(**picked["agg"]))
+
+    policy_loss.compute = fn
+    policy_loss.config = config
+    return policy_loss
+
+
+def _field_names(cls: type) -> frozenset[str]:
+    return frozenset(field.name for field in dataclasses.fields(cls))

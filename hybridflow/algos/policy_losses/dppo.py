@@ -28,14 +28,13 @@ from typing import Callable
 
 import torch
 
-from hybridflow.algos.agg import agg_loss
 from hybridflow.algos.policy_losses.common import (
+    LossAggregation,
+    PolicyLossInputs,
     clamped_log_ratio,
-    clip_range,
     policy_loss_metrics,
-    select_valid,
-    weight_by_rollout_is,
 )
+from hybridflow.algos.policy_losses.vanilla import VanillaConfig
 from hybridflow.algos.registry import register_policy_loss
 
 # 1e-8 inside the binary KL's second log, as verl: keeps log finite when p or q is 1.
@@ -63,45 +62,23 @@ def kl_trust_region(*, prob, old_prob, advantages, low: float, high: float) -> t
 
 
 def _dppo_loss(region: Callable[..., torch.Tensor]):
-    def loss_fn(
-        *,
-        old_log_prob: torch.Tensor,
-        log_prob: torch.Tensor,
-        advantages: torch.Tensor,
-        response_mask: torch.Tensor,
-        loss_agg_mode: str = "token-mean",
-        clip_ratio: float = 0.2,
-        clip_ratio_low: float | None = None,
-        clip_ratio_high: float | None = None,
-        clip_ratio_c: float = 3.0,
-        global_num_tokens: float | None = None,
-        global_num_seqs: float | None = None,
-        max_response_length: int | None = None,
-        rollout_is_weights: torch.Tensor | None = None,
-        **_,
-    ) -> tuple[torch.Tensor, dict[str, float]]:
-        log_prob, old_log_prob = select_valid(log_prob=log_prob, old_log_prob=old_log_prob, response_mask=response_mask)
-        low, high = clip_range(clip_ratio=clip_ratio, clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high)
-        log_ratio = clamped_log_ratio(log_prob=log_prob, old_log_prob=old_log_prob)
+    def loss_fn(inputs: PolicyLossInputs, config: VanillaConfig,
+                agg: LossAggregation) -> tuple[torch.Tensor, dict[str, float]]:
+        low, high = config.bounds()
+        log_prob, advantages = inputs.log_prob, inputs.advantages
+        log_ratio = clamped_log_ratio(log_prob=log_prob, old_log_prob=inputs.old_log_prob)
         ratio = log_ratio.exp().detach()
         with torch.no_grad():
-            keep = region(prob=log_prob.exp(), old_prob=old_log_prob.exp(), advantages=advantages, low=low, high=high)
-        losses = -advantages * ratio.clamp(max=clip_ratio_c) * log_prob * keep.to(log_prob.dtype)
-        loss = agg_loss(
-            loss_mat=weight_by_rollout_is(losses=losses, rollout_is_weights=rollout_is_weights),
-            loss_mask=response_mask,
-            loss_agg_mode=loss_agg_mode,
-            global_num_tokens=global_num_tokens,
-            global_num_seqs=global_num_seqs,
-            max_response_length=max_response_length,
-        )
-        metrics = policy_loss_metrics(log_ratio=log_ratio, response_mask=response_mask, clipped=~keep,
-                                      clipped_lower=keep & (ratio > clip_ratio_c))
-        return loss, metrics
+            keep = region(prob=log_prob.exp(), old_prob=inputs.old_log_prob.exp(), advantages=advantages, low=low,
+                          high=high)
+        losses = -advantages * ratio.clamp(max=config.clip_ratio_c) * log_prob * keep.to(log_prob.dtype)
+        metrics = policy_loss_metrics(log_ratio=log_ratio, response_mask=inputs.response_mask, clipped=~keep,
+                                      clipped_lower=keep & (ratio > config.clip_ratio_c))
+        return agg(losses, inputs=inputs), metrics
 
     loss_fn.__doc__ = f"DPPO loss with the {region.__name__} mask over ``[B, T]`` inputs; see the module docstring."
     return loss_fn
 
 
-dppo_tv_policy_loss = register_policy_loss("dppo_tv")(_dppo_loss(tv_trust_region))
-dppo_kl_policy_loss = register_policy_loss("dppo_kl")(_dppo_loss(kl_trust_region))
+dppo_tv_policy_loss = register_policy_loss("dppo_tv", config=VanillaConfig)(_dppo_loss(tv_trust_region))
+dppo_kl_policy_loss = register_policy_loss("dppo_kl", config=VanillaConfig)(_dppo_loss(kl_trust_region))

@@ -14,42 +14,37 @@ advantage estimator instead. The log-ratio is not clamped (it is squared, not ex
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from hybridflow.algos.agg import agg_loss
 from hybridflow.algos.errors import AlgorithmError
-from hybridflow.algos.policy_losses.common import policy_loss_metrics, select_valid, weight_by_rollout_is
+from hybridflow.algos.policy_losses.common import LossAggregation, PolicyLossInputs, policy_loss_metrics
 from hybridflow.algos.registry import register_policy_loss
 
+@dataclass(frozen=True)
+class DROConfig:
+    """The weight of the squared log-ratio penalty (no default: it must be set, > 0)."""
 
-@register_policy_loss("dro")
-def dro_policy_loss(
-    *,
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    dro_beta: float | None = None,
-    loss_agg_mode: str = "token-mean",
-    global_num_tokens: float | None = None,
-    global_num_seqs: float | None = None,
-    max_response_length: int | None = None,
-    rollout_is_weights: torch.Tensor | None = None,
-    **_,
-) -> tuple[torch.Tensor, dict[str, float]]:
+    dro_beta: float | None = None
+
+
+def beta_problems(setting) -> list[str]:
+    """loss_mode=dro without a positive beta, found before any model loads."""
+    if (setting("actor_rollout_ref.actor.policy_loss.dro_beta") or 0) > 0:
+        return []
+    return ["actor_rollout_ref.actor.policy_loss.loss_mode=dro needs policy_loss.dro_beta > 0 (e.g. 0.1)"]
+
+
+@register_policy_loss("dro", config=DROConfig, knobs={"dro_beta": "actor_rollout_ref.actor.policy_loss.dro_beta"},
+                      check=beta_problems)
+def dro_policy_loss(inputs: PolicyLossInputs, config: DROConfig,
+                    agg: LossAggregation) -> tuple[torch.Tensor, dict[str, float]]:
     """DRO loss over ``[B, T]`` inputs; see the module docstring."""
-    log_prob, old_log_prob = select_valid(log_prob=log_prob, old_log_prob=old_log_prob, response_mask=response_mask)
-    if dro_beta is None or dro_beta <= 0:
-        raise AlgorithmError(f"loss_mode=dro needs a positive beta, got {dro_beta}; "
+    beta = config.dro_beta
+    if beta is None or beta <= 0:
+        raise AlgorithmError(f"loss_mode=dro needs a positive beta, got {beta}; "
                              "set actor_rollout_ref.actor.policy_loss.dro_beta (e.g. 0.1)")
-    log_ratio = log_prob - old_log_prob
-    losses = -(log_prob * advantages - 0.5 * dro_beta * log_ratio.square())
-    loss = agg_loss(
-        loss_mat=weight_by_rollout_is(losses=losses, rollout_is_weights=rollout_is_weights),
-        loss_mask=response_mask,
-        loss_agg_mode=loss_agg_mode,
-        global_num_tokens=global_num_tokens,
-        global_num_seqs=global_num_seqs,
-        max_response_length=max_response_length,
-    )
-    return loss, policy_loss_metrics(log_ratio=log_ratio, response_mask=response_mask)
+    log_ratio = inputs.log_prob - inputs.old_log_prob
+    losses = -(inputs.log_prob * inputs.advantages - 0.5 * beta * log_ratio.square())
+    return agg(losses, inputs=inputs), policy_loss_metrics(log_ratio=log_ratio, response_mask=inputs.response_mask)

@@ -24,7 +24,13 @@ from __future__ import annotations
 import torch
 
 from hybridflow.algos.agg import agg_loss
-from hybridflow.algos.policy_losses.common import clamp_log_ratio, clip_range, policy_loss_metrics, select_valid
+from hybridflow.algos.policy_losses.common import (
+    ClipConfig,
+    LossAggregation,
+    PolicyLossInputs,
+    clamp_log_ratio,
+    policy_loss_metrics,
+)
 from hybridflow.algos.registry import register_policy_loss
 
 # floor inside log(w) so that a zero IS weight (IcePop) gives exp(-23) ~ 0, not log(0)
@@ -36,39 +42,28 @@ def _sequence_mean(*, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(mask > 0, values, torch.zeros_like(values)).sum(dim=-1) / mask.sum(dim=-1).clamp(min=1)
 
 
-@register_policy_loss("geo_mean")
-def geo_mean_policy_loss(
-    *,
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    clip_ratio: float = 0.2,
-    clip_ratio_low: float | None = None,
-    clip_ratio_high: float | None = None,
-    global_num_seqs: float | None = None,
-    rollout_is_weights: torch.Tensor | None = None,
-    **_,
-) -> tuple[torch.Tensor, dict[str, float]]:
+@register_policy_loss("geo_mean", config=ClipConfig)
+def geo_mean_policy_loss(inputs: PolicyLossInputs, config: ClipConfig,
+                         agg: LossAggregation) -> tuple[torch.Tensor, dict[str, float]]:
     """GMPO loss over ``[B, T]`` inputs; see the module docstring."""
-    log_prob, old_log_prob = select_valid(log_prob=log_prob, old_log_prob=old_log_prob, response_mask=response_mask)
-    low, high = clip_range(clip_ratio=clip_ratio, clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high)
-    mask = response_mask.to(log_prob.dtype)
-    log_ratio = clamp_log_ratio(log_ratio=log_prob - old_log_prob)
+    low, high = config.bounds()
+    advantages = inputs.advantages
+    mask = inputs.response_mask.to(inputs.log_prob.dtype)
+    log_ratio = clamp_log_ratio(log_ratio=inputs.log_prob - inputs.old_log_prob)
     sign = torch.sign(advantages)
     clipped_log_ratio = log_ratio.clamp(-low, high)
     pessimistic = sign * torch.minimum(sign * log_ratio, sign * clipped_log_ratio)
     seq_ratio = _sequence_mean(values=pessimistic, mask=mask).exp()
     seq_advantage = _sequence_mean(values=advantages, mask=mask)
     seq_losses = -seq_advantage * seq_ratio
-    if rollout_is_weights is not None:
-        log_weights = torch.log(rollout_is_weights.detach() + _LOG_WEIGHT_FLOOR)
+    if inputs.rollout_is_weights is not None:
+        log_weights = torch.log(inputs.rollout_is_weights.detach() + _LOG_WEIGHT_FLOOR)
         seq_losses = seq_losses * _sequence_mean(values=log_weights, mask=mask).exp()
     # one "token" per sequence: seq-mean-token-sum is then sum_i l_i / N_seq, empty rows excluded
     non_empty = (mask.sum(dim=-1) > 0)[:, None]
     loss = agg_loss(loss_mat=seq_losses[:, None], loss_mask=non_empty, loss_agg_mode="seq-mean-token-sum",
-                    global_num_seqs=global_num_seqs)
+                    global_num_seqs=agg.global_num_seqs)
     clipped = log_ratio != clipped_log_ratio
-    metrics = policy_loss_metrics(log_ratio=log_ratio, response_mask=response_mask, clipped=clipped & (advantages > 0),
-                                  clipped_lower=clipped & (advantages < 0))
+    metrics = policy_loss_metrics(log_ratio=log_ratio, response_mask=inputs.response_mask,
+                                  clipped=clipped & (advantages > 0), clipped_lower=clipped & (advantages < 0))
     return loss, metrics

@@ -14,34 +14,14 @@ from __future__ import annotations
 
 import torch
 
-from hybridflow.algos.agg import agg_loss
-from hybridflow.algos.policy_losses.common import policy_loss_metrics, select_valid, weight_by_rollout_is
+from hybridflow.algos.policy_losses.common import LossAggregation, NoKnobs, PolicyLossInputs, policy_loss_metrics
 from hybridflow.algos.registry import register_policy_loss
 
 
 @register_policy_loss("gpg")
-def gpg_policy_loss(
-    *,
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
-    global_num_tokens: float | None = None,
-    global_num_seqs: float | None = None,
-    max_response_length: int | None = None,
-    rollout_is_weights: torch.Tensor | None = None,
-    **_,
-) -> tuple[torch.Tensor, dict[str, float]]:
+def gpg_policy_loss(inputs: PolicyLossInputs, config: NoKnobs,
+                    agg: LossAggregation) -> tuple[torch.Tensor, dict[str, float]]:
     """REINFORCE loss -A log pi over ``[B, T]`` inputs."""
-    log_prob, old_log_prob = select_valid(log_prob=log_prob, old_log_prob=old_log_prob, response_mask=response_mask)
-    loss = agg_loss(
-        loss_mat=weight_by_rollout_is(losses=-advantages * log_prob, rollout_is_weights=rollout_is_weights),
-        loss_mask=response_mask,
-        loss_agg_mode=loss_agg_mode,
-        global_num_tokens=global_num_tokens,
-        global_num_seqs=global_num_seqs,
-        max_response_length=max_response_length,
-    )
-    metrics = policy_loss_metrics(log_ratio=log_prob - old_log_prob, response_mask=response_mask)
-    return loss, metrics
+    loss = agg(-inputs.advantages * inputs.log_prob, inputs=inputs)
+    return loss, policy_loss_metrics(log_ratio=inputs.log_prob - inputs.old_log_prob,
+                                     response_mask=inputs.response_mask)

@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import torch
 
-from hybridflow.algos.agg import agg_loss
 from hybridflow.algos.policy_losses.common import (
+    ClipConfig,
+    LossAggregation,
+    PolicyLossInputs,
     clamp_log_ratio,
-    clip_range,
     clipped_surrogate,
     policy_loss_metrics,
-    select_valid,
-    weight_by_rollout_is,
 )
 from hybridflow.algos.registry import register_policy_loss
 
@@ -38,38 +37,18 @@ def sequence_log_ratio(
     return (token_log_ratio * mask).sum(dim=-1) / mask.sum(dim=-1).clamp(min=1)
 
 
-@register_policy_loss("gspo")
-def gspo_policy_loss(
-    *,
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
-    clip_ratio: float = 0.2,
-    clip_ratio_low: float | None = None,
-    clip_ratio_high: float | None = None,
-    global_num_tokens: float | None = None,
-    global_num_seqs: float | None = None,
-    max_response_length: int | None = None,
-    rollout_is_weights: torch.Tensor | None = None,
-    **_,
-) -> tuple[torch.Tensor, dict[str, float]]:
+@register_policy_loss("gspo", config=ClipConfig)
+def gspo_policy_loss(inputs: PolicyLossInputs, config: ClipConfig,
+                     agg: LossAggregation) -> tuple[torch.Tensor, dict[str, float]]:
     """GSPO-token loss over ``[B, T]`` inputs; see the module docstring."""
-    log_prob, old_log_prob = select_valid(log_prob=log_prob, old_log_prob=old_log_prob, response_mask=response_mask)
-    low, high = clip_range(clip_ratio=clip_ratio, clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high)
-    seq_log_ratio = sequence_log_ratio(log_prob=log_prob, old_log_prob=old_log_prob, response_mask=response_mask)
+    low, high = config.bounds()
+    log_prob, old_log_prob = inputs.log_prob, inputs.old_log_prob
+    seq_log_ratio = sequence_log_ratio(log_prob=log_prob, old_log_prob=old_log_prob,
+                                       response_mask=inputs.response_mask)
     log_ratio = log_prob - log_prob.detach() + seq_log_ratio.detach()[:, None]
     ratio = clamp_log_ratio(log_ratio=log_ratio).exp()
-    clip_loss, clipped = clipped_surrogate(ratio=ratio, advantages=advantages, clip_low=low, clip_high=high)
-    loss = agg_loss(
-        loss_mat=weight_by_rollout_is(losses=clip_loss, rollout_is_weights=rollout_is_weights),
-        loss_mask=response_mask,
-        loss_agg_mode=loss_agg_mode,
-        global_num_tokens=global_num_tokens,
-        global_num_seqs=global_num_seqs,
-        max_response_length=max_response_length,
-    )
+    clip_loss, clipped = clipped_surrogate(ratio=ratio, advantages=inputs.advantages, clip_low=low, clip_high=high)
     # ppo_kl of the token log-ratios, unclamped (they are reported, not exponentiated)
-    metrics = policy_loss_metrics(log_ratio=log_prob - old_log_prob, response_mask=response_mask, clipped=clipped)
-    return loss, metrics
+    metrics = policy_loss_metrics(log_ratio=log_prob - old_log_prob, response_mask=inputs.response_mask,
+                                  clipped=clipped)
+    return agg(clip_loss, inputs=inputs), metrics

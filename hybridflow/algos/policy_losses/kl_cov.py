@@ -15,18 +15,26 @@ unclipped policy gradient::
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from hybridflow.algos.agg import agg_loss
 from hybridflow.algos.policy_losses.common import (
+    LossAggregation,
+    PolicyLossInputs,
     clamped_log_ratio,
     policy_loss_metrics,
-    select_valid,
-    weight_by_rollout_is,
 )
 from hybridflow.algos.policy_losses.covariance import check_token_ratio, covariance_token_count, token_covariance
 from hybridflow.algos.registry import register_policy_loss
 from hybridflow.algos.stats import masked_mean
+
+@dataclass(frozen=True)
+class KLCovConfig:
+    """The share of tokens penalised and the weight of their |log-ratio| penalty."""
+
+    kl_cov_ratio: float = 2e-4
+    ppo_kl_coef: float = 1.0
 
 
 def top_covariance_tokens(*, cov: torch.Tensor, valid: torch.Tensor, ratio: float) -> torch.Tensor:
@@ -39,40 +47,21 @@ def top_covariance_tokens(*, cov: torch.Tensor, valid: torch.Tensor, ratio: floa
     return chosen.view_as(cov)
 
 
-@register_policy_loss("kl_cov")
-def kl_cov_policy_loss(
-    *,
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
-    kl_cov_ratio: float = 2e-4,
-    ppo_kl_coef: float = 1.0,
-    global_num_tokens: float | None = None,
-    global_num_seqs: float | None = None,
-    max_response_length: int | None = None,
-    rollout_is_weights: torch.Tensor | None = None,
-    **_,
-) -> tuple[torch.Tensor, dict[str, float]]:
+@register_policy_loss("kl_cov", config=KLCovConfig,
+                      knobs={"kl_cov_ratio": "actor_rollout_ref.actor.policy_loss.kl_cov_ratio",
+                             "ppo_kl_coef": "actor_rollout_ref.actor.policy_loss.ppo_kl_coef"})
+def kl_cov_policy_loss(inputs: PolicyLossInputs, config: KLCovConfig,
+                       agg: LossAggregation) -> tuple[torch.Tensor, dict[str, float]]:
     """KL-Cov loss over ``[B, T]`` inputs; see the module docstring."""
-    log_prob, old_log_prob = select_valid(log_prob=log_prob, old_log_prob=old_log_prob, response_mask=response_mask)
-    check_token_ratio(name="kl_cov_ratio", ratio=kl_cov_ratio)
-    log_ratio = clamped_log_ratio(log_prob=log_prob, old_log_prob=old_log_prob)
-    policy_gradient = -advantages * log_ratio.exp()
-    cov = token_covariance(advantages=advantages, log_prob=log_prob, response_mask=response_mask)
-    penalised = top_covariance_tokens(cov=cov, valid=response_mask > 0, ratio=kl_cov_ratio)
-    losses = torch.where(penalised, policy_gradient + ppo_kl_coef * log_ratio.abs(), policy_gradient)
-    loss = agg_loss(
-        loss_mat=weight_by_rollout_is(losses=losses, rollout_is_weights=rollout_is_weights),
-        loss_mask=response_mask,
-        loss_agg_mode=loss_agg_mode,
-        global_num_tokens=global_num_tokens,
-        global_num_seqs=global_num_seqs,
-        max_response_length=max_response_length,
-    )
+    check_token_ratio(name="kl_cov_ratio", ratio=config.kl_cov_ratio)
+    mask = inputs.response_mask
+    log_ratio = clamped_log_ratio(log_prob=inputs.log_prob, old_log_prob=inputs.old_log_prob)
+    policy_gradient = -inputs.advantages * log_ratio.exp()
+    cov = token_covariance(advantages=inputs.advantages, log_prob=inputs.log_prob, response_mask=mask)
+    penalised = top_covariance_tokens(cov=cov, valid=mask > 0, ratio=config.kl_cov_ratio)
+    losses = torch.where(penalised, policy_gradient + config.ppo_kl_coef * log_ratio.abs(), policy_gradient)
     metrics = {
-        **policy_loss_metrics(log_ratio=log_ratio, response_mask=response_mask, clipped=penalised),
-        "ppo_kl_abs": masked_mean(values=log_ratio.detach().abs(), mask=response_mask).item(),
+        **policy_loss_metrics(log_ratio=log_ratio, response_mask=mask, clipped=penalised),
+        "ppo_kl_abs": masked_mean(values=log_ratio.detach().abs(), mask=mask).item(),
     }
-    return loss, metrics
+    return agg(losses, inputs=inputs), metrics

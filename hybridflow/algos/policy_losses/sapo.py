@@ -16,17 +16,27 @@ No clip: ``pg_clipfrac`` and ``pg_clipfrac_lower`` are 0.
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
+
 import torch
 
-from hybridflow.algos.agg import agg_loss
 from hybridflow.algos.errors import AlgorithmError
 from hybridflow.algos.policy_losses.common import (
+    LossAggregation,
+    PolicyLossInputs,
     clamped_log_ratio,
     policy_loss_metrics,
-    select_valid,
-    weight_by_rollout_is,
 )
 from hybridflow.algos.registry import register_policy_loss
+
+
+@dataclass(frozen=True)
+class SAPOConfig:
+    """The gate temperatures for positive and negative advantages (``actor.tau_pos`` / ``actor.tau_neg``)."""
+
+    tau_pos: float = 1.0
+    tau_neg: float = 1.05
 
 
 def sapo_gate(*, ratio: torch.Tensor, tau: torch.Tensor | float) -> torch.Tensor:
@@ -34,33 +44,21 @@ def sapo_gate(*, ratio: torch.Tensor, tau: torch.Tensor | float) -> torch.Tensor
     return torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)
 
 
-@register_policy_loss("sapo")
-def sapo_policy_loss(
-    *,
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    tau_pos: float = 1.0,
-    tau_neg: float = 1.05,
-    global_num_tokens: float | None = None,
-    global_num_seqs: float | None = None,
-    rollout_is_weights: torch.Tensor | None = None,
-    **_,
-) -> tuple[torch.Tensor, dict[str, float]]:
+@register_policy_loss("sapo", config=SAPOConfig,
+                      knobs={"tau_pos": "actor_rollout_ref.actor.tau_pos",
+                             "tau_neg": "actor_rollout_ref.actor.tau_neg"})
+def sapo_policy_loss(inputs: PolicyLossInputs, config: SAPOConfig,
+                     agg: LossAggregation) -> tuple[torch.Tensor, dict[str, float]]:
     """SAPO loss over ``[B, T]`` inputs (``actor.tau_pos`` / ``actor.tau_neg``); see the module docstring."""
-    log_prob, old_log_prob = select_valid(log_prob=log_prob, old_log_prob=old_log_prob, response_mask=response_mask)
+    tau_pos, tau_neg = config.tau_pos, config.tau_neg
     if tau_pos <= 0 or tau_neg <= 0:
         raise AlgorithmError(f"sapo needs positive temperatures, got tau_pos={tau_pos}, tau_neg={tau_neg}; "
                              "set actor_rollout_ref.actor.tau_pos / tau_neg > 0")
-    log_ratio = clamped_log_ratio(log_prob=log_prob, old_log_prob=old_log_prob)
+    advantages = inputs.advantages
+    log_ratio = clamped_log_ratio(log_prob=inputs.log_prob, old_log_prob=inputs.old_log_prob)
     tau = torch.where(advantages > 0, torch.full_like(advantages, tau_pos), torch.full_like(advantages, tau_neg))
     losses = -sapo_gate(ratio=log_ratio.exp(), tau=tau) * advantages
-    loss = agg_loss(
-        loss_mat=weight_by_rollout_is(losses=losses, rollout_is_weights=rollout_is_weights),
-        loss_mask=response_mask,
-        loss_agg_mode="seq-mean-token-mean",
-        global_num_tokens=global_num_tokens,
-        global_num_seqs=global_num_seqs,
-    )
-    return loss, policy_loss_metrics(log_ratio=log_ratio, response_mask=response_mask)
+    # the paper's aggregation, whatever loss_agg_mode says
+    sequence_mean = dataclasses.replace(agg, loss_agg_mode="seq-mean-token-mean", max_response_length=None)
+    return sequence_mean(losses, inputs=inputs), policy_loss_metrics(log_ratio=log_ratio,
+                                                                     response_mask=inputs.response_mask)

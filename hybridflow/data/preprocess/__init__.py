@@ -18,6 +18,9 @@ Each is a module with ``main(argv)`` and a ``python -m`` entry point, and writes
   — a synthetic visual task generated offline: count the shapes PIL drew (RL rows plus SFT ``messages``).
 """
 
+import argparse
+import importlib
+
 SCRIPTS = {
     "geo3k": "hybridflow.data.preprocess.geo3k",
     "gsm8k": "hybridflow.data.preprocess.gsm8k",
@@ -26,3 +29,14 @@ SCRIPTS = {
     "tool_use": "hybridflow.data.preprocess.tool_use",
     "worked_sums": "hybridflow.data.preprocess.worked_sums",
 }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m hybridflow.data.preprocess SCRIPT [script args ...]`` (also: ``hybridflow preprocess``). A
+    script's own main returns the written paths (for callers in Python); this returns the exit status."""
+    parser = argparse.ArgumentParser(prog="hybridflow preprocess",
+                                     description="write a dataset in verl's parquet schema")
+    parser.add_argument("script", choices=sorted(SCRIPTS))
+    args, rest = parser.parse_known_args(argv)
+    importlib.import_module(SCRIPTS[args.script]).main(rest)
+    return 0
