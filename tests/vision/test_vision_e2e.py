@@ -82,3 +82,20 @@ def test_what_a_vlm_run_cannot_do_yet_is_one_line(tmp_path, tiny_vl_dir, shape_r
     assert "a value model over images is not supported; use a critic-free estimator" in capsys.readouterr().err
     assert main(args + ["actor_rollout_ref.rollout.multi_turn.enable=True"]) == 2
     assert "the agent loops do not carry images yet" in capsys.readouterr().err
+
+
+def test_a_vlm_checkpoint_merges_into_a_folder_that_loads_with_its_processor(tmp_path, tiny_vl_dir, shape_rows):
+    """model_merger over the actor's DCP shards: the HF folder is a VLM again (weights, config, processor)."""
+    from hybridflow.model_merger import merge
+    from hybridflow.models import load_causal_lm, load_tokenizer
+    from hybridflow.models.vision import load_processor
+    from hybridflow.trainer.main_ppo import main
+
+    args = grpo_args(tmp_path, tiny_vl_dir, shape_rows, freeze=True)
+    args = [a for a in args if "save_contents" not in a] + ["trainer.val_before_train=False"]
+    assert main(args) == 0
+    target = merge(str(tmp_path / "global_step_2" / "actor"), str(tmp_path / "merged"))
+    model = load_causal_lm(target)
+    processor = load_processor(target, tokenizer=load_tokenizer(target))
+    assert type(model).__name__ == "Qwen2_5_VLForConditionalGeneration"
+    assert processor is not None and processor.image_token_id == model.config.image_token_id
