@@ -98,6 +98,10 @@ class DataConfig:
     """Compatibility-only, no effect (see compat.py)."""
     image_key: str = "images"
     """Column of a row's images (a vision-language policy: each ``<image>`` of the prompt is the next one)."""
+    video_key: str = "videos"
+    """Compatibility-only (compat.py); in verl: column of a row's videos."""
+    return_multi_modal_inputs: bool = True
+    """Compatibility-only (compat.py); in verl: keep the processor's vision inputs in the batch."""
 
 
 # --------------------------------------------------------------------------- model

@@ -24,6 +24,7 @@ from hybridflow.data.chat import render
 from hybridflow.errors import DataError
 
 IMAGE_PLACEHOLDER = "<image>"
+VIDEO_PLACEHOLDER = "<video>"
 
 
 def load_image(image: Any, *, row_index: int):
@@ -60,6 +61,9 @@ def image_messages(messages: Sequence[dict], num_images: int, *, row_index: int,
     out, seen = [], 0
     for message in messages:
         content = message.get("content")
+        if isinstance(content, str) and VIDEO_PLACEHOLDER in content:
+            raise DataError(f"row {row_index}: the prompt has a '<video>' placeholder; videos are not supported yet "
+                            "(images are: '<image>' with the row's images column)")
         if not isinstance(content, str) or IMAGE_PLACEHOLDER not in content:
             out.append(dict(message))
             continue

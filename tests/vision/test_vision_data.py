@@ -58,6 +58,8 @@ def test_collate_keeps_each_row_s_pixel_values_and_grid(tmp_path, tiny_vl):
 def test_placeholders_must_match_the_images(tmp_path, tiny_vl):
     with pytest.raises(DataError, match="2 '<image>' placeholder\\(s\\) but 'images' holds 1 image"):
         image_messages([{"role": "user", "content": "<image><image>"}], 1, row_index=3, image_key="images")
+    with pytest.raises(DataError, match="row 2: the prompt has a '<video>' placeholder; videos are not supported"):
+        image_messages([{"role": "user", "content": "<video> what happens?"}], 0, row_index=2, image_key="images")
     parts = [{"type": "text", "text": "a "}, {"type": "image"}, {"type": "text", "text": " b"}]
     assert image_messages([{"role": "user", "content": "a <image> b"}], 1, row_index=0, image_key="images") == [
         {"role": "user", "content": parts}]
