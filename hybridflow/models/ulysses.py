@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import torch
 
 from hybridflow.errors import ConfigError
+from hybridflow.models.vision import is_vision_language
 
 
 @dataclass(frozen=True)
@@ -205,6 +206,9 @@ def split_sequences(model, sp: SequenceParallel | None, *, key: str):
     if sp is None or sp.size == 1:
         return model
     config = model.config
+    if is_vision_language(config):  # packed rows are what the sequence is split along, and a VLM runs padded ones
+        raise ConfigError(f"{key}={sp.size}: a vision-language model runs padded rows, which are not split over "
+                          f"ranks; set {key}=1")
     heads = config.num_attention_heads
     check_heads(num_heads=heads, num_kv_heads=getattr(config, "num_key_value_heads", None) or heads,
                 sp_size=sp.size, key=key)

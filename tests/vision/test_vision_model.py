@@ -190,3 +190,14 @@ def test_rollouts_never_sample_the_vision_tokens(vl_arch_dir):
     sampled = engine.generate(prompt, SamplingParams(n=4, temperature=1.0, max_tokens=6, ignore_eos=True, seed=0))
     for completion in greedy + sampled:
         assert not set(completion.token_ids) & set(vision_ids), completion.token_ids
+
+
+def test_sequence_parallelism_of_a_vlm_is_refused_in_one_line(tiny_vl):
+    from hybridflow.errors import ConfigError
+    from hybridflow.models.ulysses import SequenceParallel, split_sequences
+
+    model, _ = tiny_vl
+    key = "actor_rollout_ref.actor.ulysses_sequence_parallel_size"
+    with pytest.raises(ConfigError, match=f"{key}=2: a vision-language model runs padded rows"):
+        split_sequences(model, SequenceParallel(size=2, rank=0), key=key)
+    assert split_sequences(model, SequenceParallel(size=1, rank=0), key=key) is model
