@@ -103,10 +103,10 @@ def test_qkv_rope_write_rotates_q_and_k_and_fills_the_cache(with_norm):
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_fused_decode_step_equals_the_torch_step(tiny_tokenizer, arch):
     from hybridflow.models.tiny import build_tiny_model
-    from tests.rollout.conftest import randomise_qk_norms
+    from tests.rollout.conftest import randomise_norms
 
     model, tokenizer = build_tiny_model(arch, seed=1, tokenizer=tiny_tokenizer)
-    model = (randomise_qk_norms(model) if arch == "qwen3" else model).to(DEVICE)
+    model = (randomise_norms(model) if arch == "qwen3" else model).to(DEVICE)
     decoder = LlamaFamilyDecoder(model)
     prompts = [torch.tensor(p, device=DEVICE) for p in chat_prompts(tokenizer)[:3]]
     caches = []
