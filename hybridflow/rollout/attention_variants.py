@@ -11,7 +11,8 @@ softmax. SDPA has no hook for it, so a capped layer runs the eager form (scores,
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
+
+from hybridflow.models.segment_attention import capped_attention
 
 
 def prefill_mask(length: int, offset: int, window: int | None, device) -> torch.Tensor | None:
@@ -36,19 +37,6 @@ def decode_mask(positions: torch.Tensor, context: int, window: int | None, dtype
     return mask.masked_fill_(hidden[:, None, None, :], float("-inf"))
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: torch.Tensor | None, scale: float,
-              softcap: float | None, grouped: bool = False) -> torch.Tensor:
-    """``softmax(cap(scale q k^T) + mask) v`` over ``[..., T, D]`` operands; ``mask`` bool (True = attend) or
-    additive, None = causal. ``grouped``: ``k`` / ``v`` have fewer heads (dim -3) than ``q`` (GQA)."""
-    if softcap is None:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale,
-                                              enable_gqa=grouped)
-    if grouped:
-        repeats = q.shape[-3] // k.shape[-3]
-        k, v = k.repeat_interleave(repeats, dim=-3), v.repeat_interleave(repeats, dim=-3)
-    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
-    scores = torch.tanh(scores / softcap) * softcap
-    if mask is None:
-        mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
-    scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
-    return torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype), v)
+attention = capped_attention
+"""``attention(q, k, v, *, mask, scale, softcap, grouped)``: SDPA, or the eager capped form (one definition,
+shared with training's segment attention)."""
