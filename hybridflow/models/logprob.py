@@ -18,6 +18,7 @@ from hybridflow.algos import entropy_from_logits, logprobs_from_logits
 from hybridflow.algos.linear_logprob import linear_log_probs
 from hybridflow.algos.logprob import sum_pi_squared_from_logits
 from hybridflow.data.packing import PackedResponses
+from hybridflow.models.router_aux import router_forward_kwargs
 from hybridflow.models.segment_attention import SegmentLayout, packed_row_mask, use_segment_attention
 from hybridflow.models.ulysses import SequenceShard, sequence_parallel_of
 
@@ -50,7 +51,8 @@ def compute_log_probs(model, *, input_ids: torch.Tensor, attention_mask: torch.T
     # Position L-T-1 predicts the first response token, L-2 the last one: only those T
     # positions go through the LM head (logits_to_keep), saving [B, L-T, V] of work.
     length = input_ids.shape[1]
-    inputs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+    inputs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False,
+                  **router_forward_kwargs(model))
     keep = torch.arange(length - response_length - 1, length - 1, device=input_ids.device)
     return _forward_token_outputs(model, inputs, keep=keep, labels=input_ids[:, -response_length:],
                                   temperature=temperature, calculate_entropy=calculate_entropy,
@@ -175,7 +177,7 @@ def row_forward_inputs(model, *, input_ids: torch.Tensor, position_ids: torch.Te
     bounds, masks = shard.layout(layout.bounds, layout.masks)
     branches = layout.branches if shard.sp is None else None  # a padded sequence-parallel row: masks only
     inputs = dict(input_ids=shard.slice(input_ids), position_ids=shard.slice(position_ids),
-                  attention_mask=packed_row_mask().to(device), use_cache=False,
+                  attention_mask=packed_row_mask().to(device), use_cache=False, **router_forward_kwargs(model),
                   segment_layout=SegmentLayout(bounds, masks, branches).to(device))
     if shard.sp is not None:
         inputs["sequence_parallel"] = shard.sp

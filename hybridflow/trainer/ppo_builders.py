@@ -53,7 +53,8 @@ def shard_for_group(model: torch.nn.Module, *, dp: DataParallel, fsdp_cfg, devic
     mesh = data_parallel_mesh(device.type, dp.world_size, fsdp_cfg.fsdp_size)
     return shard_model(model, mesh=mesh, mixed_precision=precision,
                        param_offload=fsdp_cfg.param_offload or fsdp_cfg.offload_policy,
-                       reshard_after_forward=fsdp_cfg.reshard_after_forward)
+                       reshard_after_forward=fsdp_cfg.reshard_after_forward,
+                       layer_classes_to_wrap=fsdp_cfg.wrap_policy.transformer_layer_cls_to_wrap)
 
 
 def training_precision(fsdp_cfg, model_dtype: str | None = None) -> str | None:

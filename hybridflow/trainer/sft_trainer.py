@@ -163,7 +163,8 @@ class SFTTrainer:
             model = shard_model(model, mesh=data_parallel_mesh(device.type, dp.world_size, fsdp.fsdp_size),
                                 mixed_precision=fsdp.mixed_precision,
                                 reshard_after_forward=fsdp.reshard_after_forward,
-                                param_offload=fsdp.param_offload or fsdp.offload_policy)
+                                param_offload=fsdp.param_offload or fsdp.offload_policy,
+                                layer_classes_to_wrap=fsdp.wrap_policy.transformer_layer_cls_to_wrap)
         self.model = split_sequences(model, self.sp, key="ulysses_sequence_parallel_size")
         self.state = build_train_state(cfg, model, steps=self.total_steps)
         self.compute_dtype = resolve_dtype(fsdp.mixed_precision or fsdp.model_dtype)

@@ -15,7 +15,7 @@ import torch
 import torch.multiprocessing as mp
 
 from hybridflow.errors import ConfigError, ModelError
-from hybridflow.models.tiny import build_tiny_model
+from hybridflow.models.tiny import TINY_ARCHITECTURES, build_tiny_model
 
 WORLD = 2
 STEPS = 2
@@ -190,3 +190,23 @@ def test_micro_batch_sync_is_a_no_op_on_an_unsharded_model():
     with micro_batch_sync(model, index=0, count=2):
         summed_token_nll(model, *token_batch()).backward()
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHITECTURES)
+def test_each_architecture_shards_its_own_decoder_layer_class(arch, tiny_tokenizer):
+    from hybridflow.models.fsdp import decoder_layers, layer_classes
+
+    model, _ = build_tiny_model(arch, tokenizer=tiny_tokenizer)
+    expected = type(model.model.layers[0]).__name__  # e.g. Gemma2DecoderLayer, MixtralDecoderLayer
+    assert layer_classes(model) == [expected]
+    assert {id(layer) for layer in decoder_layers(model)} == {id(layer) for layer in model.model.layers}
+    assert len(decoder_layers(model, [expected])) == model.config.num_hidden_layers
+
+
+def test_a_wrap_class_the_model_lacks_is_one_line_naming_its_classes(tiny_tokenizer):
+    from hybridflow.models.fsdp import decoder_layers
+
+    model, _ = build_tiny_model("llama", tokenizer=tiny_tokenizer)
+    with pytest.raises(ConfigError, match=r"transformer_layer_cls_to_wrap=\['Qwen2DecoderLayer'\] names no module "
+                                          r"of this model; its classes: .*LlamaDecoderLayer"):
+        decoder_layers(model, ["Qwen2DecoderLayer"])
