@@ -2,7 +2,7 @@
 
     hybridflow config show [--trainer ppo|sft|spin|sppo] [--doc] [--config-path D --config-name N] [key=value ...]
     hybridflow config dump ppo|sft|spin|sppo [-o FILE]
-    hybridflow models tiny DIR [--arch llama|qwen2] [--seed S]
+    hybridflow models tiny DIR [--arch llama|qwen2|qwen3|mistral|phi3|gemma2|gemma3_text|mixtral|qwen3_moe] [--seed S]
     hybridflow models fetch [smollm2-135m-instruct]
     hybridflow preprocess gsm8k|reasoning_gym [script args ...]
     hybridflow ppo [--config-path D --config-name N] key=value ...     (= python -m hybridflow.trainer.main_ppo)
@@ -23,6 +23,7 @@ import sys
 
 from hybridflow.data.preprocess import SCRIPTS as PREPROCESS_SCRIPTS
 from hybridflow.errors import ConfigError, run_entry_point
+from hybridflow.models.tiny import TINY_ARCHITECTURES
 
 
 def _config_show(args: argparse.Namespace, rest: list[str]) -> int:
@@ -138,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     models = sub.add_parser("models", help="model utilities").add_subparsers(dest="action", required=True)
     tiny = models.add_parser("tiny", help="write a tiny random model (with a real tokenizer) for tests")
     tiny.add_argument("dir")
-    tiny.add_argument("--arch", choices=["llama", "qwen2"], default="llama")
+    tiny.add_argument("--arch", choices=TINY_ARCHITECTURES, default="llama")
     tiny.add_argument("--seed", type=int, default=0)
     tiny.set_defaults(func=_models_tiny)
 

@@ -117,11 +117,9 @@ class LlamaFamilyDecoder:
 
     def llama_shaped(self) -> bool:
         """Whether the fused Triton decode step computes this model: Llama's layer (SwiGLU, dense MLP, one
-        norm per sub-block, no embedding scale or logit cap) with plain attention."""
-        config = self.model.config
-        return (self.plain_attention() and not self.architecture.gemma_norms and self.activation is F.silu
-                and self.architecture.moe_renormalize is None and self.final_softcap is None
-                and getattr(config, "num_local_experts", 0) == 0)
+        norm per sub-block, no embedding scale or logit cap), uncapped attention (sliding windows included)."""
+        return (self.attn_softcap is None and not self.architecture.gemma_norms and self.activation is F.silu
+                and self.architecture.moe_renormalize is None and self.final_softcap is None)
 
     @property
     def num_layers(self) -> int:
@@ -494,7 +492,7 @@ class LlamaFamilyDecoder:
             q = qkv_rope_write(qkv=layer.qkv(normed), positions=positions, cos=cos, sin=sin, qk_norm=layer.qk_norm,
                                keys=keys, values=values, heads=self.num_heads, eps=self.eps, first_slot=first_slot)
             attn = slot_decode_attention(q=q, keys=keys, values=values, lengths=lengths, scale=self.scale,
-                                         first_slot=first_slot)
+                                         first_slot=first_slot, window=layer.window)
             normed, hidden = add_rms_norm(x=layer.o_proj(attn.view(count, -1)), residual=hidden,
                                           weight=layer.post_norm, eps=self.eps)
             following = self.layers[index + 1].input_norm if index + 1 < self.num_layers else self.final_norm

@@ -12,17 +12,21 @@ weighted expert output.
 
 The experts run grouped, never one token at a time: the ``N * k`` (token, expert) pairs are sorted by
 expert and each expert multiplies one contiguous slice of rows (:func:`grouped_experts`: one host sync
-for the slice sizes). A graph-safe decode step (static shapes, no host values) gathers each pair's
+for the slice sizes), by its weights packed for oneDNN on a CPU (:class:`PackedLinear`: 1.7x faster than
+``F.linear`` at 4 rows of Mixtral-tiny's ``[1408, 256]``, one packed copy of the experts as the cost; elsewhere
+the module's own tensors). A graph-safe decode step (static shapes, no host values) gathers each pair's
 expert weights instead and runs one batched matmul (:func:`gathered_experts`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
+
+from hybridflow.rollout.packed_linear import PackedLinear
 
 
 @dataclass
@@ -39,6 +43,13 @@ class ExpertWeights:
     renormalize: bool
     weights_in_activation_dtype: bool
     """Qwen3-MoE casts the routing weights to the activations' dtype before the experts."""
+    gate_up_linears: list[PackedLinear] = field(init=False)
+    down_linears: list[PackedLinear] = field(init=False)
+    """Each expert's projections as :class:`PackedLinear` (what :func:`grouped_experts` multiplies by)."""
+
+    def __post_init__(self):
+        self.gate_up_linears = [PackedLinear(weight) for weight in self.gate_up]
+        self.down_linears = [PackedLinear(weight) for weight in self.down]
 
 
 def expert_weights(mlp, renormalize: str) -> ExpertWeights:
@@ -71,9 +82,9 @@ def moe_mlp(hidden: torch.Tensor, experts: ExpertWeights, activation: Callable, 
     return run(hidden, weights, ids, experts, activation)
 
 
-def _expert_rows(rows: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, activation: Callable) -> torch.Tensor:
-    gate, up = F.linear(rows, gate_up).chunk(2, dim=-1)
-    return F.linear(activation(gate) * up, down)
+def _expert_rows(rows: torch.Tensor, gate_up: PackedLinear, down: PackedLinear, activation: Callable) -> torch.Tensor:
+    gate, up = gate_up(rows).chunk(2, dim=-1)
+    return down(activation(gate) * up)
 
 
 def grouped_experts(hidden: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, experts: ExpertWeights,
@@ -85,7 +96,7 @@ def grouped_experts(hidden: torch.Tensor, weights: torch.Tensor, ids: torch.Tens
     order = torch.argsort(flat_ids, stable=True)
     tokens = order // top_k
     counts = torch.bincount(flat_ids, minlength=experts.router.shape[0]).tolist()
-    outputs = [_expert_rows(rows, experts.gate_up[e], experts.down[e], activation)
+    outputs = [_expert_rows(rows, experts.gate_up_linears[e], experts.down_linears[e], activation)
                for e, rows in enumerate(hidden[tokens].split(counts)) if counts[e]]
     weighted = torch.cat(outputs) * weights.reshape(-1)[order, None]
     return torch.zeros_like(hidden).index_add_(0, tokens, weighted.to(hidden.dtype))
