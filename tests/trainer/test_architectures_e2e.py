@@ -35,3 +35,13 @@ def test_an_moe_model_with_output_router_logits_adds_the_router_loss(tmp_path):
     for row in rows:
         assert row["actor/router_aux_loss"] >= 1.0  # E * sum_e f_e P_e >= 1, equality only when balanced
         assert row["actor/loss"] == pytest.approx(row["actor/pg_loss"] + 0.5 * row["actor/router_aux_loss"], rel=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["gemma2", "mixtral"])
+def test_ppo_with_a_critic_of_the_same_architecture(tmp_path, arch):
+    """The critic's value model shares the backbone (soft-capped / windowed attention, routed experts),
+    through the packed shared-prompt forward; the router loss stays the actor's."""
+    extra = ["critic.model.override_config.output_router_logits=True"] if arch == "mixtral" else []
+    rows = grpo_metrics(tmp_path, arch, ["algorithm.adv_estimator=gae", *["+" + e for e in extra]])
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(r["critic/grad_norm"] > 0 and r["actor/grad_norm"] > 0 for r in rows)
