@@ -12,6 +12,7 @@ import warnings
 from collections.abc import Iterator
 
 import torch
+import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from hybridflow.algos import entropy_from_logits, logprobs_from_logits
@@ -176,9 +177,10 @@ def row_forward_inputs(model, *, input_ids: torch.Tensor, position_ids: torch.Te
     device = input_ids.device
     bounds, masks = shard.layout(layout.bounds, layout.masks)
     branches = layout.branches if shard.sp is None else None  # a padded sequence-parallel row: masks only
+    row_positions = F.pad(position_ids[0], (0, shard.padded - position_ids.shape[1]))  # the padding: one more unit
     inputs = dict(input_ids=shard.slice(input_ids), position_ids=shard.slice(position_ids),
                   attention_mask=packed_row_mask().to(device), use_cache=False, **router_forward_kwargs(model),
-                  segment_layout=SegmentLayout(bounds, masks, branches).to(device))
+                  segment_layout=SegmentLayout(bounds, masks, branches, row_positions).to(device))
     if shard.sp is not None:
         inputs["sequence_parallel"] = shard.sp
     return inputs

@@ -56,9 +56,13 @@ class SegmentLayout:
     bounds: list[tuple[int, int]]
     masks: list[torch.Tensor | None]
     branches: list[list[int] | None] | None = None
+    positions: torch.Tensor | None = None
+    """``[N]`` the whole row's position ids (under sequence parallelism the model's ``position_ids`` hold only
+    this rank's slice, while attention sees the whole row): what sliding windows measure distance in."""
 
     def to(self, device: torch.device | str) -> "SegmentLayout":
-        return SegmentLayout(self.bounds, [m if m is None else m.to(device) for m in self.masks], self.branches)
+        return SegmentLayout(self.bounds, [m if m is None else m.to(device) for m in self.masks], self.branches,
+                             None if self.positions is None else self.positions.to(device))
 
 
 def _segment_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
@@ -83,7 +87,7 @@ def _segment_attention(module, query, key, value, attention_mask, dropout: float
     outputs = []
     on_cuda = query.device.type == "cuda"
     dropout = dropout if module.training else 0.0
-    positions = kwargs.get("position_ids")
+    positions = _row_positions(layout, kwargs.get("position_ids"), query.shape[2])
     for index, ((start, end), mask) in enumerate(zip(layout.bounds, layout.masks)):
         unit = (query[:, :, start:end], key[:, :, start:end], value[:, :, start:end])
         branches = layout.branches[index] if layout.branches is not None else None
@@ -108,10 +112,20 @@ def _segment_attention(module, query, key, value, attention_mask, dropout: float
     return torch.cat(outputs, dim=2).transpose(1, 2).contiguous(), None
 
 
+def _row_positions(layout: SegmentLayout, position_ids: torch.Tensor | None, length: int) -> torch.Tensor | None:
+    """``[1, N]`` position ids of the whole row attention sees: the layout's, else the forward's where they span
+    the row (not a sequence-parallel slice), else None (each unit's are then derived from the layout)."""
+    if layout.positions is not None:
+        return layout.positions[None]
+    if position_ids is not None and position_ids.shape[-1] == length:
+        return position_ids
+    return None
+
+
 def _unit_positions(position_ids: torch.Tensor | None, start: int, end: int, branches: list[int] | None
                     ) -> torch.Tensor:
-    """``[L]`` positions of one unit: from the row's position ids where transformers passes them, else from
-    the layout (a shared-prompt unit's responses each continue from the prompt's end)."""
+    """``[L]`` positions of one unit: from the row's position ids where known, else from the layout (a
+    shared-prompt unit's responses each continue from the prompt's end)."""
     if position_ids is not None:
         return position_ids[0, start:end]
     if branches is None:
