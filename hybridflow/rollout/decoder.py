@@ -8,7 +8,11 @@ per-step Python object churn (cache classes, masks built from scratch, output di
 The math is the HF Llama / Qwen2 decoder layer, op for op (Touvron et al. 2023, "LLaMA";
 RMSNorm in fp32, rotary embeddings from the model's own ``rotary_emb`` so every RoPE
 scaling variant is honoured, SwiGLU MLP, grouped-query attention), so greedy outputs
-equal HF ``generate``. Projections that read the same input are fused (q|k|v and
+equal HF ``generate``; with what the table (:mod:`hybridflow.rollout.architectures`) adds per
+architecture: Gemma's ``1 + w`` norms, scaled embeddings, GeGLU, post-sub-block norms and soft-capping,
+sliding windows per layer (:mod:`hybridflow.rollout.attention_variants`), and routed experts
+(:mod:`hybridflow.rollout.moe`). Expert weights are read from the HF module (packed per expert on CPU),
+never released with the projections. Projections that read the same input are fused (q|k|v and
 gate|up) into one matmul each, and on CPU every projection's weight is packed once for
 oneDNN (:mod:`hybridflow.rollout.packed_linear`); :meth:`LlamaFamilyDecoder.refresh`
 rebuilds these copies after the HF weights change.
@@ -78,7 +82,8 @@ def _cat_or_none(tensors: list[torch.Tensor | None]) -> torch.Tensor | None:
 
 
 class LlamaFamilyDecoder:
-    """Prefill and batched decode for an HF ``LlamaForCausalLM`` / ``Qwen2ForCausalLM``."""
+    """Prefill and batched decode for an HF causal LM of the architecture table (Llama, Qwen, Mistral, Phi-3,
+    Gemma 2 / 3, Mixtral, Qwen3-MoE)."""
 
     def __init__(self, model):
         config = model.config
