@@ -45,3 +45,17 @@ def test_ppo_with_a_critic_of_the_same_architecture(tmp_path, arch):
     rows = grpo_metrics(tmp_path, arch, ["algorithm.adv_estimator=gae", *["+" + e for e in extra]])
     assert [r["step"] for r in rows] == [1, 2]
     assert all(r["critic/grad_norm"] > 0 and r["actor/grad_norm"] > 0 for r in rows)
+
+
+def test_a_wrap_class_the_model_lacks_is_one_line_at_world_size_one(tmp_path, capsys):
+    from hybridflow.trainer.main_ppo import main
+
+    model_dir = save_tiny_model(str(tmp_path / "llama"), arch="llama", seed=0)
+    overrides = base_overrides(tmp_path, model_dir) + [
+        "actor_rollout_ref.actor.fsdp_config.wrap_policy.transformer_layer_cls_to_wrap=[Qwen2DecoderLayer]"]
+    assert main(overrides) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    last = err.strip().splitlines()[-1]
+    assert "transformer_layer_cls_to_wrap=['Qwen2DecoderLayer'] names no module of this model; its classes: " in last
+    assert "LlamaDecoderLayer" in last
