@@ -35,6 +35,17 @@ SHAPES.update({  # one small config of each architecture of hybridflow/rollout/a
     "tiny-phi3": dict(model_type="phi3", tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2,
                       **_TINY),
 })
+_GEMMA = dict(head_dim=32, query_pre_attn_scalar=32, sliding_window=32, tie_word_embeddings=True)
+SHAPES.update({  # the architectures issue 36 added; windows of 32 so that they bite in a 64 + 64 token workload
+    "tiny-mistral-window": dict(model_type="mistral", sliding_window=32, tie_word_embeddings=False, **_TINY),
+    "tiny-gemma2": dict(model_type="gemma2", **_GEMMA, **_TINY),  # layers alternate local / global; caps 50 / 30
+    "tiny-gemma3": dict(model_type="gemma3_text", **_GEMMA, **{**_TINY, "num_hidden_layers": 4},
+                        layer_types=["sliding_attention"] * 3 + ["full_attention"]),
+    "tiny-mixtral": dict(model_type="mixtral", num_local_experts=8, num_experts_per_tok=2, tie_word_embeddings=False,
+                         **_TINY),
+    "tiny-qwen3-moe": dict(model_type="qwen3_moe", head_dim=32, num_experts=8, num_experts_per_tok=2,
+                           moe_intermediate_size=352, norm_topk_prob=True, tie_word_embeddings=True, **_TINY),
+})
 
 
 def random_model(shape: str, *, dtype: str = "bfloat16", device: str = "cuda", seed: int = 0):

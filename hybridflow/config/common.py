@@ -47,6 +47,9 @@ class WrapPolicyConfig:
 
     min_num_params: int = 0
     """Compatibility-only (compat.py); in verl: shard every decoder layer (0) or only modules with at least this many parameters."""
+    transformer_layer_cls_to_wrap: list[str] | None = None
+    """Class names of the modules sharded one by one (e.g. ``[Qwen2DecoderLayer]``); null: the model's own
+    ``_no_split_modules`` (its decoder-layer class, whatever the architecture), as in verl."""
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """FSDP2 (``torch.distributed.fsdp.fully_shard``) for the actor, reference and critic.
 
-Every decoder layer becomes one FSDP unit, then the root (embeddings, final norm,
+Every decoder layer becomes one FSDP unit (the classes the model lists in ``_no_split_modules``, as
+verl's default wrap policy, or ``wrap_policy.transformer_layer_cls_to_wrap``), then the root (embeddings, final norm,
 head): a layer's parameters are all-gathered just before its forward/backward and
 freed after, so a rank holds ``1/N`` of the weights, gradients and Adam state plus one
 layer in full (ZeRO-3; Rajbhandari et al., "ZeRO", SC 2020; Zhao et al., "PyTorch FSDP",
@@ -64,8 +65,28 @@ def data_parallel_mesh(device_type: str, world_size: int, fsdp_size: int = -1):
     return init_device_mesh(device_type, (world_size // fsdp_size, fsdp_size), mesh_dim_names=("replicate", "shard"))
 
 
-def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The repeated transformer blocks: every child of a ``ModuleList`` named ``layers`` or ``h``."""
+def layer_classes(model: torch.nn.Module) -> list[str]:
+    """The class names of the model's repeated blocks as transformers declares them (``_no_split_modules`` of
+    every ``PreTrainedModel`` inside ``model``: ``LlamaDecoderLayer``, ``Gemma2DecoderLayer``,
+    ``MixtralDecoderLayer``, ...), in order, without repeats."""
+    names: dict[str, None] = {}
+    for module in model.modules():
+        names.update(dict.fromkeys(getattr(module, "_no_split_modules", None) or []))
+    return list(names)
+
+
+def decoder_layers(model: torch.nn.Module, classes: list[str] | None = None) -> list[torch.nn.Module]:
+    """The modules FSDP2 shards one by one, innermost first: instances of ``classes`` (verl's
+    ``wrap_policy.transformer_layer_cls_to_wrap``; default :func:`layer_classes`), else every child of a
+    ``ModuleList`` named ``layers`` or ``h``."""
+    wanted = set(classes or layer_classes(model))
+    found = [module for module in model.modules() if type(module).__name__ in wanted]
+    if classes and not found:
+        present = sorted({type(module).__name__ for module in model.modules()})
+        raise ConfigError(f"fsdp_config.wrap_policy.transformer_layer_cls_to_wrap={list(classes)} names no module "
+                          f"of this model; its classes: {', '.join(present)}")
+    if found:
+        return found[::-1]  # descendants before ancestors: fully_shard a nested unit before its parent
     for name, module in model.named_modules():
         if isinstance(module, torch.nn.ModuleList) and name.rsplit(".", 1)[-1] in ("layers", "h"):
             return list(module)
@@ -73,8 +94,10 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def shard_model(model: torch.nn.Module, *, mesh=None, mixed_precision: str | None = None,
-                param_offload: bool = False, reshard_after_forward: bool = True) -> torch.nn.Module:
-    """``fully_shard`` each decoder layer, then the root; returns the same (now sharded) module.
+                param_offload: bool = False, reshard_after_forward: bool = True,
+                layer_classes_to_wrap: list[str] | None = None) -> torch.nn.Module:
+    """``fully_shard`` each decoder layer (:func:`decoder_layers`), then the root; returns the same (now sharded)
+    module.
 
     ``mesh``: a 1-D ``DeviceMesh`` over the data-parallel ranks (None = the default group) or a
     2-D (replicate, shard) one for HSDP (``data_parallel_mesh``).
@@ -86,7 +109,7 @@ def shard_model(model: torch.nn.Module, *, mesh=None, mixed_precision: str | Non
     if param_offload:
         # Pinned memory needs a GPU; on CPU the "offload" is the resting place of the shards anyway.
         kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
-    for layer in decoder_layers(model):
+    for layer in decoder_layers(model, layer_classes_to_wrap):
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)
     return model

@@ -12,12 +12,14 @@ import warnings
 from collections.abc import Iterator
 
 import torch
+import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from hybridflow.algos import entropy_from_logits, logprobs_from_logits
 from hybridflow.algos.linear_logprob import linear_log_probs
 from hybridflow.algos.logprob import sum_pi_squared_from_logits
 from hybridflow.data.packing import PackedResponses
+from hybridflow.models.router_aux import router_forward_kwargs
 from hybridflow.models.segment_attention import SegmentLayout, packed_row_mask, use_segment_attention
 from hybridflow.models.ulysses import SequenceShard, sequence_parallel_of
 
@@ -52,7 +54,8 @@ def compute_log_probs(model, *, input_ids: torch.Tensor, attention_mask: torch.T
     # Position L-T-1 predicts the first response token, L-2 the last one: only those T
     # positions go through the LM head (logits_to_keep), saving [B, L-T, V] of work.
     length = input_ids.shape[1]
-    inputs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+    inputs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False,
+                  **router_forward_kwargs(model))
     if vision_inputs:
         inputs.update(vision_inputs, position_ids=None)
     keep = torch.arange(length - response_length - 1, length - 1, device=input_ids.device)
@@ -178,9 +181,10 @@ def row_forward_inputs(model, *, input_ids: torch.Tensor, position_ids: torch.Te
     device = input_ids.device
     bounds, masks = shard.layout(layout.bounds, layout.masks)
     branches = layout.branches if shard.sp is None else None  # a padded sequence-parallel row: masks only
+    row_positions = F.pad(position_ids[0], (0, shard.padded - position_ids.shape[1]))  # the padding: one more unit
     inputs = dict(input_ids=shard.slice(input_ids), position_ids=shard.slice(position_ids),
-                  attention_mask=packed_row_mask().to(device), use_cache=False,
-                  segment_layout=SegmentLayout(bounds, masks, branches).to(device))
+                  attention_mask=packed_row_mask().to(device), use_cache=False, **router_forward_kwargs(model),
+                  segment_layout=SegmentLayout(bounds, masks, branches, row_positions).to(device))
     if shard.sp is not None:
         inputs["sequence_parallel"] = shard.sp
     return inputs

@@ -19,6 +19,12 @@ with a :class:`SegmentLayout` (the ``segment_layout`` forward kwarg, which trans
 passes down to every attention call), it attends per unit; called without one, it *is*
 SDPA (same mask function, same kernel), so generation, the padded path and activation
 checkpointing's recompute are unchanged.
+
+What some architectures add to attention is honoured on both paths: a layer's ``sliding_window`` ``W``
+(Mistral, Phi-3, Gemma's local layers: query position ``i`` sees key positions ``i - W < j``, from the
+row's own position ids, so a shared prompt's responses count from the prompt's end) and Gemma 2's
+``softcap`` (scores ``c * tanh(s / c)``; SDPA has no such hook, so a capped layer runs
+:func:`capped_attention`).
 """
 
 from __future__ import annotations
@@ -50,9 +56,13 @@ class SegmentLayout:
     bounds: list[tuple[int, int]]
     masks: list[torch.Tensor | None]
     branches: list[list[int] | None] | None = None
+    positions: torch.Tensor | None = None
+    """``[N]`` the whole row's position ids (under sequence parallelism the model's ``position_ids`` hold only
+    this rank's slice, while attention sees the whole row): what sliding windows measure distance in."""
 
     def to(self, device: torch.device | str) -> "SegmentLayout":
-        return SegmentLayout(self.bounds, [m if m is None else m.to(device) for m in self.masks], self.branches)
+        return SegmentLayout(self.bounds, [m if m is None else m.to(device) for m in self.masks], self.branches,
+                             None if self.positions is None else self.positions.to(device))
 
 
 def _segment_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
@@ -65,7 +75,11 @@ def _segment_attention(module, query, key, value, attention_mask, dropout: float
         return sequence_parallel.attention(_segment_attention, module, query, key, value, attention_mask,
                                            dropout=dropout, scaling=scaling, **kwargs)
     layout: SegmentLayout | None = kwargs.pop("segment_layout", None)
+    softcap, window = kwargs.get("softcap"), kwargs.get("sliding_window")
     if layout is None:
+        if softcap is not None:  # the mask transformers built already holds the window
+            return capped_attention(query, key, value, mask=attention_mask, scale=scaling, softcap=softcap,
+                                    grouped=True).transpose(1, 2).contiguous(), None
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
@@ -73,10 +87,17 @@ def _segment_attention(module, query, key, value, attention_mask, dropout: float
     outputs = []
     on_cuda = query.device.type == "cuda"
     dropout = dropout if module.training else 0.0
+    positions = _row_positions(layout, kwargs.get("position_ids"), query.shape[2])
     for index, ((start, end), mask) in enumerate(zip(layout.bounds, layout.masks)):
         unit = (query[:, :, start:end], key[:, :, start:end], value[:, :, start:end])
         branches = layout.branches[index] if layout.branches is not None else None
-        if mask is not None and branches is not None and on_cuda and BRANCHED_SHARED_PROMPTS_ON_CUDA:
+        if window is not None:
+            mask = windowed(mask, _unit_positions(positions, start, end, branches), window)
+        if softcap is not None:
+            outputs.append(capped_attention(*unit, mask=mask, scale=scaling, softcap=softcap, grouped=True))
+            continue
+        if mask is not None and branches is not None and on_cuda and BRANCHED_SHARED_PROMPTS_ON_CUDA \
+                and window is None:
             # A masked SDPA call has no flash kernel; the unit's branches run the fused causal ones.
             outputs.append(shared_prompt_attention(*unit, lengths=branches, scale=scaling, dropout=dropout,
                                                    repeat_kv=True))
@@ -89,6 +110,59 @@ def _segment_attention(module, query, key, value, attention_mask, dropout: float
                                                       is_causal=mask is None, scale=scaling, dropout_p=dropout,
                                                       enable_gqa=gqa))
     return torch.cat(outputs, dim=2).transpose(1, 2).contiguous(), None
+
+
+def _row_positions(layout: SegmentLayout, position_ids: torch.Tensor | None, length: int) -> torch.Tensor | None:
+    """``[1, N]`` position ids of the whole row attention sees: the layout's, else the forward's where they span
+    the row (not a sequence-parallel slice), else None (each unit's are then derived from the layout)."""
+    if layout.positions is not None:
+        return layout.positions[None]
+    if position_ids is not None and position_ids.shape[-1] == length:
+        return position_ids
+    return None
+
+
+def _unit_positions(position_ids: torch.Tensor | None, start: int, end: int, branches: list[int] | None
+                    ) -> torch.Tensor:
+    """``[L]`` positions of one unit: from the row's position ids where known, else from the layout (a
+    shared-prompt unit's responses each continue from the prompt's end)."""
+    if position_ids is not None:
+        return position_ids[0, start:end]
+    if branches is None:
+        return torch.arange(end - start)
+    prompt = branches[0]
+    return torch.cat([torch.arange(prompt)] + [torch.arange(prompt, prompt + n) for n in branches[1:]])
+
+
+def windowed(mask: torch.Tensor | None, positions: torch.Tensor, window: int) -> torch.Tensor:
+    """A unit's mask (None: causal) narrowed to a sliding window: query ``i`` keeps key ``j`` only where
+    ``positions[i] - positions[j] < window``; bool ``[L, L]``."""
+    positions = positions.to(mask.device if mask is not None else positions.device)
+    near = positions[:, None] - positions[None, :] < window
+    if mask is None:
+        mask = torch.ones(near.shape, dtype=torch.bool, device=near.device).tril()
+    return mask & near
+
+
+def capped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: torch.Tensor | None, scale: float,
+                     softcap: float | None, grouped: bool = False) -> torch.Tensor:
+    """``softmax(cap(scale q k^T) + mask) v`` over ``[..., T, D]`` operands, ``cap(s) = c tanh(s / c)`` (Gemma 2;
+    none when ``softcap`` is None); ``mask`` bool (True = attend) or additive, None = causal. ``grouped``: ``k`` /
+    ``v`` have fewer heads (dim -3) than ``q`` (GQA). Eager (scores, cap, mask, fp32 softmax, ``@ v``), as
+    HF's ``eager_attention_forward``; uncapped it is SDPA."""
+    if softcap is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale,
+                                              enable_gqa=grouped)
+    if grouped:
+        repeats = q.shape[-3] // k.shape[-3]
+        k, v = k.repeat_interleave(repeats, dim=-3), v.repeat_interleave(repeats, dim=-3)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    scores = torch.tanh(scores / softcap) * softcap
+    if mask is None:
+        mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
+    # The dtype's minimum, not -inf: a fully masked row (a left-padding query) stays finite, as in HF's eager path.
+    scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min) if mask.dtype == torch.bool else scores + mask
+    return torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype), v)
 
 
 def shared_prompt_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, lengths: list[int],

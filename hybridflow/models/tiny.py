@@ -5,7 +5,8 @@ tokenizer is a genuine HF fast tokenizer: byte-level BPE trained here on a fixed
 (so every string round-trips), with ChatML special tokens and a chat template that
 marks assistant turns with ``{% generation %}`` (for assistant-token masks) and, given
 ``tools``, lists their names in a short system turn (multi-turn tests stay short). The
-models are randomly initialised Llama / Qwen2 / Qwen3 architectures of a few layers, saved
+models are randomly initialised architectures of the native engine's table (Llama, Qwen2/3, Mistral, Phi-3,
+Gemma 2/3, Mixtral, Qwen3-MoE) of a few layers, saved
 exactly like a real checkpoint (config, safetensors, tokenizer files).
 """
 
@@ -74,9 +75,19 @@ def build_tiny_tokenizer(vocab_size: int = 512):
     return fast
 
 
+TINY_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "phi3", "gemma2", "gemma3_text", "mixtral", "qwen3_moe")
+"""Every architecture :func:`tiny_config` builds (the native engine's table, one each)."""
+
+TINY_WINDOW = 8
+"""The sliding window of the tiny windowed models: shorter than a chat prompt, so it bites in every test."""
+
+
 def tiny_config(arch: str = "llama", vocab_size: int = 512, **overrides):
-    """Config of a small random causal LM: 2 layers, hidden 64, GQA 4/2 heads."""
-    from transformers import LlamaConfig, MistralConfig, Phi3Config, Qwen2Config, Qwen3Config
+    """Config of a small random causal LM: 2 layers (3 for Gemma: local, global, local), hidden 64, GQA 4/2 heads.
+
+    The Gemma caps and the windows are small so that they change the numbers of a random tiny model (a cap
+    of 50 over scores of 0.01 changes nothing a test can see)."""
+    import transformers
 
     common = dict(
         vocab_size=vocab_size,
@@ -91,18 +102,27 @@ def tiny_config(arch: str = "llama", vocab_size: int = 512, **overrides):
         eos_token_id=2,
         pad_token_id=0,
     )
-    common.update(overrides)
-    if arch == "llama":
-        return LlamaConfig(**common)
-    if arch == "qwen2":
-        return Qwen2Config(**common)
-    if arch == "qwen3":  # like the real ones, heads wider than hidden / heads (4 x 32 > 64)
-        return Qwen3Config(**{"head_dim": 32, **common})
-    if arch == "mistral":  # a window as long as the context: the native decoder runs it
-        return MistralConfig(**{"sliding_window": common["max_position_embeddings"], **common})
-    if arch == "phi3":  # fused qkv_proj and gate_up_proj modules, untied head
-        return Phi3Config(**{**common, "tie_word_embeddings": False})
-    raise ValueError(f"unknown tiny architecture {arch!r}; choose 'llama', 'qwen2', 'qwen3', 'mistral' or 'phi3'")
+    gemma_layers = ["sliding_attention", "full_attention", "sliding_attention"]
+    gemma = dict(num_hidden_layers=3, layer_types=gemma_layers, sliding_window=TINY_WINDOW, head_dim=16,
+                 query_pre_attn_scalar=24)
+    extra = {
+        "llama": ("LlamaConfig", {}),
+        "qwen2": ("Qwen2Config", {}),
+        "qwen3": ("Qwen3Config", dict(head_dim=32)),  # like the real ones, heads wider than hidden / heads
+        "mistral": ("MistralConfig", dict(sliding_window=TINY_WINDOW)),
+        "phi3": ("Phi3Config", dict(tie_word_embeddings=False, sliding_window=TINY_WINDOW)),  # fused qkv / gate_up
+        "gemma2": ("Gemma2Config", dict(gemma, attn_logit_softcapping=0.5, final_logit_softcapping=0.3)),
+        "gemma3_text": ("Gemma3TextConfig", dict(gemma, rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+            "full_attention": {"rope_type": "default", "rope_theta": 10000.0}})),
+        "mixtral": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2)),
+        "qwen3_moe": ("Qwen3MoeConfig", dict(head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
+                                             mlp_only_layers=[1], norm_topk_prob=False)),
+    }
+    if arch not in extra:
+        raise ValueError(f"unknown tiny architecture {arch!r}; choose one of {', '.join(TINY_ARCHITECTURES)}")
+    name, fields = extra[arch]
+    return getattr(transformers, name)(**{**common, **fields, **overrides})
 
 
 def build_tiny_model(arch: str = "llama", seed: int = 0, tokenizer=None, **overrides):
@@ -232,12 +252,11 @@ def save_tiny_vl_model(path: str, seed: int = 0, *, arch: str = "qwen2_5_vl", **
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m hybridflow.models.tiny DIR [--arch llama|qwen2|qwen2_5_vl|qwen2_vl] [--seed S]`` (also:
-    ``hybridflow models tiny``)."""
+    """``python -m hybridflow.models.tiny DIR [--arch ARCH] [--seed S]`` (also: ``hybridflow models tiny``)."""
     parser = argparse.ArgumentParser(prog="hybridflow models tiny",
                                      description="write a tiny random model (with a real tokenizer) for tests")
     parser.add_argument("dir")
-    parser.add_argument("--arch", choices=["llama", "qwen2", *VL_ARCHS], default="llama")
+    parser.add_argument("--arch", choices=[*TINY_ARCHITECTURES, *VL_ARCHS], default="llama")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     save_tiny_model(args.dir, arch=args.arch, seed=args.seed)

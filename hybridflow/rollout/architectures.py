@@ -1,10 +1,20 @@
 """The architectures the native decoder runs: one declared table, and why a model falls outside it.
 
-Every entry is a Llama-shaped decoder (RMSNorm, rotary embeddings from the model's own module, grouped
-query attention, SwiGLU) and says only how its HF modules map onto the decoder's four fused projections
-(``q|k|v``, ``o``, ``gate|up``, ``down``) and what it adds. A model whose type is here but whose config
-asks for something the decoder does not compute is refused by :func:`unsupported_reason`, and
-``build_engine("native", ...)`` then runs it through HF ``generate`` saying why.
+Every entry is a pre-norm decoder (RMSNorm, rotary embeddings from the model's own module, grouped
+query attention, a gated MLP) and says how its HF modules map onto the decoder's fused projections
+(``q|k|v``, ``o``, ``gate|up``, ``down``) and what it adds on top of Llama's layer:
+
+- Gemma 2 / Gemma 3 (text): RMSNorm scaling by ``1 + w``, embeddings scaled by ``sqrt(hidden)``, GeGLU
+  (``gelu_pytorch_tanh``), a norm after attention and after the MLP as well as before each, attention
+  scaled by ``query_pre_attn_scalar ** -0.5``, tanh soft-capping of attention scores and final logits
+  (Gemma 2), sliding-window layers alternating with global ones (``config.layer_types``), and for Gemma 3
+  q / k norms and a rotary base of its own for the sliding layers.
+- Mixtral / Qwen3-MoE: a top-k routed mixture of SwiGLU experts in place of the MLP (:mod:`moe`).
+- Mistral / Phi-3 / Mixtral / Qwen2 with ``use_sliding_window``: a sliding attention window.
+
+A model whose type is here but whose config asks for something the decoder does not compute is refused
+by :func:`unsupported_reason`, and ``build_engine("native", ...)`` then runs it through HF ``generate``
+saying why.
 """
 
 from __future__ import annotations
@@ -19,6 +29,9 @@ LLAMA_PROJECTIONS = {
 }
 """Each fused projection of a layer and the HF linear modules (under ``model.layers.{i}``) it stacks, in order."""
 
+ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
+"""The gate activations the decoder computes: SwiGLU and GeGLU with the tanh approximation."""
+
 
 @dataclass(frozen=True)
 class Architecture:
@@ -27,45 +40,75 @@ class Architecture:
     projections: dict[str, tuple[str, ...]] = field(default_factory=lambda: dict(LLAMA_PROJECTIONS))
     """Fused projection -> the HF modules it stacks (a module already fused in HF maps alone)."""
     qk_norm: bool = False
-    """An RMSNorm over each query and key head before the rotation (Qwen3's ``q_norm`` / ``k_norm``)."""
+    """An RMSNorm over each query and key head before the rotation (Qwen3's and Gemma 3's ``q_norm`` / ``k_norm``)."""
+    gemma_norms: bool = False
+    """Gemma: every RMSNorm scales by ``1 + w`` in fp32 before the cast, and each sub-block has a second norm
+    on its output (``post_attention_layernorm`` after attention, ``pre_feedforward_layernorm`` before the MLP,
+    ``post_feedforward_layernorm`` after it)."""
+    rope_per_layer_type: bool = False
+    """Gemma 3: the rotary module takes the layer type (sliding layers rotate with their own base)."""
+    moe_renormalize: str | None = None
+    """Mixture of experts: ``"always"`` (Mixtral: the top-k routing weights are renormalised to sum to 1) or
+    ``"norm_topk_prob"`` (Qwen3-MoE: only where the config says so); None for a dense MLP."""
 
 
+GEMMA = Architecture(qk_norm=False, gemma_norms=True)
 ARCHITECTURES: dict[str, Architecture] = {
     "llama": Architecture(),
-    "mistral": Architecture(),  # Llama's layer; its sliding window only where the context fits in it
+    "mistral": Architecture(),  # Llama's layer with a sliding window
     "qwen2": Architecture(),  # q/k/v biases (taken from the modules)
     "qwen3": Architecture(qk_norm=True),
     "phi3": Architecture(projections={  # HF already fuses q|k|v and gate|up, in the decoder's order
         "qkv": ("self_attn.qkv_proj",), "o_proj": ("self_attn.o_proj",),
         "gate_up": ("mlp.gate_up_proj",), "down": ("mlp.down_proj",)}, qk_norm=False),
+    "gemma2": GEMMA,
+    "gemma3_text": Architecture(qk_norm=True, gemma_norms=True, rope_per_layer_type=True),
+    "mixtral": Architecture(moe_renormalize="always"),
+    "qwen3_moe": Architecture(qk_norm=True, moe_renormalize="norm_topk_prob"),
 }
 
 
 def sliding_window(config) -> int | None:
     """The attention window the config applies, or None: Qwen2/3 only with ``use_sliding_window``,
-    Mistral and Phi-3 whenever ``sliding_window`` is set."""
+    the others whenever ``sliding_window`` is set."""
     window = getattr(config, "sliding_window", None)
     if hasattr(config, "use_sliding_window") and not config.use_sliding_window:
         return None
     return window
 
 
+def layer_windows(config) -> list[int | None]:
+    """Each layer's attention window ``W`` (query ``i`` sees keys ``i - W < j <= i``), None for global
+    attention: the layers ``config.layer_types`` marks ``sliding_attention`` where it lists them, else
+    every layer."""
+    window = sliding_window(config)
+    layer_types = getattr(config, "layer_types", None)
+    if window is None:
+        return [None] * config.num_hidden_layers
+    if layer_types is None:
+        return [window] * config.num_hidden_layers
+    return [window if kind == "sliding_attention" else None for kind in layer_types]
+
+
+def hidden_activation(config) -> str:
+    """The MLP gate's activation name (Gemma calls it ``hidden_activation``)."""
+    return getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", "silu")
+
+
 def unsupported_reason(config, *, max_model_len: int | None = None) -> str | None:
-    """None where the native decoder reproduces this model exactly for contexts of ``max_model_len``
-    positions (default: the config's ``max_position_embeddings``), else why not, in one phrase."""
+    """None where the native decoder reproduces this model exactly, else why not, in one phrase.
+    (``max_model_len`` is accepted for callers that size the context; every window is computed.)"""
     if config.model_type not in ARCHITECTURES:
         return (f"model_type {config.model_type!r} is not in hybridflow.rollout.architectures.ARCHITECTURES "
                 f"{sorted(ARCHITECTURES)}")
-    context = max_model_len or getattr(config, "max_position_embeddings", None)
-    window = sliding_window(config)
+    activation = hidden_activation(config)
     checks = (
-        (getattr(config, "hidden_act", "silu") != "silu",
-         f"hidden_act={getattr(config, 'hidden_act', None)!r} (the decoder runs SwiGLU with silu)"),
+        (activation not in ACTIVATIONS,
+         f"hidden_act={activation!r} (the decoder runs gated MLPs with {' or '.join(ACTIVATIONS)})"),
         (getattr(config, "pretraining_tp", 1) != 1, "pretraining_tp > 1"),
         (getattr(config, "partial_rotary_factor", 1.0) != 1.0,
          f"a partial rotary embedding (partial_rotary_factor={getattr(config, 'partial_rotary_factor', None)})"),
-        (window is not None and (context is None or context > window),
-         f"a sliding window of {window} positions shorter than the context ({context}); set max_model_len "
-         f"(rollout.prompt_length + response_length) to at most {window} to run it natively"),
+        (getattr(config, "use_bidirectional_attention", False),
+         "use_bidirectional_attention (the decoder attends causally)"),
     )
     return next((reason for failed, reason in checks if failed), None)

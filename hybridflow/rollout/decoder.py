@@ -8,7 +8,11 @@ per-step Python object churn (cache classes, masks built from scratch, output di
 The math is the HF Llama / Qwen2 decoder layer, op for op (Touvron et al. 2023, "LLaMA";
 RMSNorm in fp32, rotary embeddings from the model's own ``rotary_emb`` so every RoPE
 scaling variant is honoured, SwiGLU MLP, grouped-query attention), so greedy outputs
-equal HF ``generate``. Projections that read the same input are fused (q|k|v and
+equal HF ``generate``; with what the table (:mod:`hybridflow.rollout.architectures`) adds per
+architecture: Gemma's ``1 + w`` norms, scaled embeddings, GeGLU, post-sub-block norms and soft-capping,
+sliding windows per layer (:mod:`hybridflow.rollout.attention_variants`), and routed experts
+(:mod:`hybridflow.rollout.moe`). Expert weights are read from the HF module (packed per expert on CPU),
+never released with the projections. Projections that read the same input are fused (q|k|v and
 gate|up) into one matmul each, and on CPU every projection's weight is packed once for
 oneDNN (:mod:`hybridflow.rollout.packed_linear`); :meth:`LlamaFamilyDecoder.refresh`
 rebuilds these copies after the HF weights change.
@@ -30,9 +34,11 @@ import torch
 import torch.nn.functional as F
 
 from hybridflow.errors import RolloutError
-from hybridflow.rollout.architectures import ARCHITECTURES, unsupported_reason
+from hybridflow.rollout.architectures import ARCHITECTURES, hidden_activation, layer_windows, unsupported_reason
+from hybridflow.rollout.attention_variants import attention, decode_mask, prefill_mask
 from hybridflow.models.segment_attention import kv_heads
 from hybridflow.rollout.kv_cache import SlotKVCache
+from hybridflow.rollout.moe import ExpertWeights, expert_weights, moe_mlp
 from hybridflow.rollout.optional import package_installed
 from hybridflow.rollout.packed_linear import PackedLinear, same_layout
 from hybridflow.rollout.weights import copy_named_tensors
@@ -56,10 +62,19 @@ class LayerWeights:
     qkv: PackedLinear
     o_proj: PackedLinear
     post_norm: torch.Tensor
-    gate_up: PackedLinear
-    down: PackedLinear
+    """The norm before the MLP (Llama's ``post_attention_layernorm``, Gemma's ``pre_feedforward_layernorm``)."""
+    gate_up: PackedLinear | None = None
+    down: PackedLinear | None = None
     qk_norm: torch.Tensor | None = None
     """Qwen3: ``[H + KV, D]`` RMSNorm weights of each query head (``q_norm``) then each key head (``k_norm``)."""
+    attn_out_norm: torch.Tensor | None = None
+    """Gemma: the norm of the attention output before the residual add (its ``post_attention_layernorm``)."""
+    mlp_out_norm: torch.Tensor | None = None
+    """Gemma: the norm of the MLP output before the residual add (``post_feedforward_layernorm``)."""
+    experts: ExpertWeights | None = None
+    """A mixture-of-experts layer's router and experts, in place of ``gate_up`` / ``down``."""
+    window: int | None = None
+    """This layer's sliding attention window (None: global attention)."""
 
 
 def _cat_or_none(tensors: list[torch.Tensor | None]) -> torch.Tensor | None:
@@ -67,29 +82,49 @@ def _cat_or_none(tensors: list[torch.Tensor | None]) -> torch.Tensor | None:
 
 
 class LlamaFamilyDecoder:
-    """Prefill and batched decode for an HF ``LlamaForCausalLM`` / ``Qwen2ForCausalLM``."""
+    """Prefill and batched decode for an HF causal LM of the architecture table (Llama, Qwen, Mistral, Phi-3,
+    Gemma 2 / 3, Mixtral, Qwen3-MoE)."""
 
     def __init__(self, model):
         config = model.config
         self.model = model
-        self.projections = ARCHITECTURES[config.model_type].projections
+        self.architecture = ARCHITECTURES[config.model_type]
+        self.projections = self.architecture.projections
         self.num_heads = config.num_attention_heads
         self.kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
         self.eps = config.rms_norm_eps
         self.intermediate = config.intermediate_size
-        self.scale = self.head_dim**-0.5
-        self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.scale = getattr(model.model.layers[0].self_attn, "scaling", self.head_dim**-0.5)  # Gemma's differs
+        self.activation = F.silu if hidden_activation(config) == "silu" else _gelu_tanh
+        self.windows = layer_windows(config)
+        self.attn_softcap = getattr(config, "attn_logit_softcapping", None)
+        self.final_softcap = getattr(config, "final_logit_softcapping", None)
+        self.rope_kinds = list(config.layer_types) if self.architecture.rope_per_layer_type else [None] * len(
+            self.windows)
+        """The key of each layer's rotary table (Gemma 3: its layer type; else one table for all)."""
+        self._rope: dict[str | None, tuple[torch.Tensor, torch.Tensor]] = {}
         self.weights_epoch = 0
         """Bumped whenever a weight tensor the decode step reads is replaced rather than updated in place."""
-        self.triton_kernels = triton_kernels_available(model, self.head_dim)
+        self.triton_kernels = triton_kernels_available(model, self.head_dim) and self.llama_shaped()
         """Whether the graph-safe decode step runs as Triton kernels (CUDA) rather than torch ops and SDPA."""
         weight = next(model.parameters())
-        self.varlen_prefill = weight.device.type == "cuda" and weight.dtype in (torch.float16, torch.bfloat16)
+        self.varlen_prefill = (weight.device.type == "cuda" and weight.dtype in (torch.float16, torch.bfloat16)
+                               and self.plain_attention())
         """Whether prefill attention is one varlen FlashAttention call a layer (CUDA, half precision)."""
         self.varlen_prefill_checked = False
         self.released = False  # whether the module's projection weights were dropped (release_module_projections)
         self.refresh()
+
+    def plain_attention(self) -> bool:
+        """Causal attention over every earlier key, uncapped (what the varlen and Triton kernels compute)."""
+        return self.attn_softcap is None and all(window is None for window in self.windows)
+
+    def llama_shaped(self) -> bool:
+        """Whether the fused Triton decode step computes this model: Llama's layer (SwiGLU, dense MLP, one
+        norm per sub-block, no embedding scale or logit cap), uncapped attention (sliding windows included)."""
+        return (self.attn_softcap is None and not self.architecture.gemma_norms and self.activation is F.silu
+                and self.architecture.moe_renormalize is None and self.final_softcap is None)
 
     @property
     def num_layers(self) -> int:
@@ -105,6 +140,8 @@ class LlamaFamilyDecoder:
         incoming = incoming or {}
         inner = self.model.model
         self.embed = inner.embed_tokens.weight
+        scale = getattr(inner.embed_tokens, "embed_scale", None)  # Gemma: sqrt(hidden), in the weights' dtype
+        self.embed_scale = None if scale is None else scale.to(self.embed.dtype)
         self.final_norm = inner.norm.weight
         if self._lm_head_tied():  # the head is the embedding, which the module keeps
             head = self.model.lm_head.weight
@@ -138,15 +175,30 @@ class LlamaFamilyDecoder:
         with torch.no_grad():
             return weights[0] if len(weights) == 1 else torch.cat(weights)
 
+    def _parts(self, layer) -> dict[str, tuple[str, ...]]:
+        """The fused projections of this layer: all of the table's, less the MLP's in a mixture-of-experts layer."""
+        if not _is_moe(layer):
+            return self.projections
+        return {part: paths for part, paths in self.projections.items() if part not in ("gate_up", "down")}
+
     def _layer_weights(self, index: int, layer, incoming: dict, current: LayerWeights | None) -> LayerWeights:
         linears = {}
-        for part, paths in self.projections.items():
+        for part, paths in self._parts(layer).items():
             weight = self._fused(index, layer, part, incoming)  # None: the current copy is kept
             bias = _cat_or_none([layer.get_submodule(path).bias for path in paths])
             linears[part] = self._linear(getattr(current, part, None), weight, None if bias is None else bias.detach())
-        return LayerWeights(input_norm=layer.input_layernorm.weight, post_norm=layer.post_attention_layernorm.weight,
-                            qk_norm=self._qk_norm(layer.self_attn, None if current is None else current.qk_norm),
-                            **linears)
+        norms = self._norms(layer)
+        experts = expert_weights(layer.mlp, self.architecture.moe_renormalize) if _is_moe(layer) else None
+        return LayerWeights(qk_norm=self._qk_norm(layer.self_attn, None if current is None else current.qk_norm),
+                            experts=experts, window=self.windows[index], **norms, **linears)
+
+    def _norms(self, layer) -> dict[str, torch.Tensor]:
+        """The layer's RMSNorm weights by :class:`LayerWeights` field (Gemma's four, Llama's two)."""
+        if self.architecture.gemma_norms:
+            return dict(input_norm=layer.input_layernorm.weight, attn_out_norm=layer.post_attention_layernorm.weight,
+                        post_norm=layer.pre_feedforward_layernorm.weight,
+                        mlp_out_norm=layer.post_feedforward_layernorm.weight)
+        return dict(input_norm=layer.input_layernorm.weight, post_norm=layer.post_attention_layernorm.weight)
 
     def _linear(self, current: PackedLinear | None, weight: torch.Tensor | None,
                 bias: torch.Tensor | None) -> PackedLinear:
@@ -176,8 +228,8 @@ class LlamaFamilyDecoder:
 
     def projection_names(self) -> set[str]:
         """The HF names whose weights live only in the fused copies once released."""
-        names = {f"model.layers.{i}.{path}.weight" for i in range(self.num_layers)
-                 for paths in self.projections.values() for path in paths}
+        names = {f"model.layers.{i}.{path}.weight" for i, layer in enumerate(self.model.model.layers)
+                 for paths in self._parts(layer).values() for path in paths}
         return names if self._lm_head_tied() else names | {"lm_head.weight"}
 
     def release_module_projections(self) -> None:
@@ -206,23 +258,65 @@ class LlamaFamilyDecoder:
         copy_named_tensors(self.model, rest)
         self.refresh(projections)
 
-    def rope_table(self, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """``cos, sin`` ``[max_len, head_dim]`` from the model's rotary module (cached)."""
-        if self._rope is None or self._rope[0].shape[0] < max_len:
-            positions = torch.arange(max_len, device=self.embed.device)[None]
-            probe = torch.zeros(1, dtype=self.embed.dtype, device=self.embed.device)
-            cos, sin = self.model.model.rotary_emb(probe, positions)
-            self._rope = (cos[0], sin[0])
-        return self._rope
+    def rope_table(self, max_len: int, kind: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``cos, sin`` ``[max_len, head_dim]`` from the model's rotary module (cached); ``kind`` is the layer
+        type the module takes (Gemma 3), None for the one table of the other architectures. Every table is
+        grown to ``max_len`` at once (``kind`` None on Gemma 3: the first layer's)."""
+        kind = kind if kind in self.rope_kinds else self.rope_kinds[0]
+        current = self._rope.get(kind)
+        if current is None or current[0].shape[0] < max_len:
+            # A new dict, not an update: CUDA graphs hold the old one and see they are stale.
+            self._rope = {each: self._rotary(max_len, each) for each in dict.fromkeys(self.rope_kinds)}
+        return self._rope[kind]
+
+    def _rotary(self, max_len: int, kind: str | None) -> tuple[torch.Tensor, torch.Tensor]:
+        positions = torch.arange(max_len, device=self.embed.device)[None]
+        probe = torch.zeros(1, dtype=self.embed.dtype, device=self.embed.device)
+        extra = {} if kind is None else {"layer_type": kind}
+        cos, sin = self.model.model.rotary_emb(probe, positions, **extra)
+        return cos[0], sin[0]
+
+    def _rope_rows(self, positions: torch.Tensor, max_len: int) -> dict[str | None, tuple[torch.Tensor, torch.Tensor]]:
+        """Each rotary table's ``cos, sin`` rows ``[N, 1, D]`` at ``positions`` ``[N]``, by layer kind."""
+        rows = {}
+        for kind in dict.fromkeys(self.rope_kinds):
+            cos_table, sin_table = self.rope_table(max_len, kind)
+            rows[kind] = (cos_table[positions][:, None], sin_table[positions][:, None])
+        return rows
 
     def _rms_norm(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """``w * x / sqrt(mean(x^2) + eps)`` in fp32 (Llama casts before the scaling; Gemma scales by ``1 + w``
+        in fp32 and casts after)."""
         x = hidden.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.architecture.gemma_norms:
+            return (x * (1.0 + weight.float())).to(hidden.dtype)
         return weight * x.to(hidden.dtype)
 
-    def _mlp(self, hidden: torch.Tensor, layer: LayerWeights) -> torch.Tensor:
-        gate, up = layer.gate_up(hidden).split(self.intermediate, dim=-1)
-        return layer.down(F.silu(gate) * up)
+    def _embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        hidden = F.embedding(token_ids, self.embed)
+        return hidden if self.embed_scale is None else hidden * self.embed_scale
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The head over the final norm; Gemma 2 soft-caps them: ``c * tanh(z / c)``."""
+        logits = self.lm_head(self._rms_norm(hidden, self.final_norm))
+        if self.final_softcap is None:
+            return logits
+        return torch.tanh(logits / self.final_softcap) * self.final_softcap
+
+    def _residual(self, hidden: torch.Tensor, out: torch.Tensor, norm: torch.Tensor | None) -> torch.Tensor:
+        """``hidden + out``, with Gemma's norm of the sub-block's output where the layer has one."""
+        return hidden + (out if norm is None else self._rms_norm(out, norm))
+
+    def _mlp_block(self, hidden: torch.Tensor, layer: LayerWeights, *, graph_safe: bool = False) -> torch.Tensor:
+        """The residual stream after the layer's MLP (dense or routed experts)."""
+        normed = self._rms_norm(hidden, layer.post_norm)
+        if layer.experts is not None:
+            out = moe_mlp(normed, layer.experts, self.activation, graph_safe=graph_safe)
+        else:
+            gate, up = layer.gate_up(normed).split(self.intermediate, dim=-1)
+            out = layer.down(self.activation(gate) * up)
+        return self._residual(hidden, out, layer.mlp_out_norm)
 
     def _qkv(self, hidden: torch.Tensor, layer: LayerWeights, cos: torch.Tensor, sin: torch.Tensor):
         """``[N, hidden]`` -> rotated ``q [N, H, D]``, ``k [N, KV, D]`` and ``v [N, KV, D]``."""
@@ -281,20 +375,19 @@ class LlamaFamilyDecoder:
         starts = [sum(lengths[:i]) for i in range(len(lengths))]
         device = prompts[0].device
         positions = torch.cat([torch.arange(o, o + n, device=device) for o, n in zip(offsets, lengths)])
-        cos_table, sin_table = self.rope_table(max(o + n for o, n in zip(offsets, lengths)))
-        cos, sin = cos_table[positions][:, None], sin_table[positions][:, None]
-        hidden = F.embedding(torch.cat(prompts), self.embed)
+        rope = self._rope_rows(positions, max(o + n for o, n in zip(offsets, lengths)))
+        hidden = self._embed(torch.cat(prompts))
         prefixes = [torch.empty(self.num_layers, 2, self.kv_heads, o + n, self.head_dim, dtype=hidden.dtype,
                                 device=device) for o, n in zip(offsets, lengths)]
         for prefix, done, offset in zip(prefixes, computed, offsets):
             if done is not None:
                 prefix[:, :, :, :offset] = done
-        masks = [None if o == 0 else torch.ones(n, o + n, dtype=torch.bool, device=device).tril(diagonal=o)
-                 for o, n in zip(offsets, lengths)]
+        masks = {window: [prefill_mask(n, o, window, device) for o, n in zip(offsets, lengths)]
+                 for window in set(self.windows)}
         for index, layer in enumerate(self.layers):
-            q, k, v = self._qkv(self._rms_norm(hidden, layer.input_norm), layer, cos, sin)
+            q, k, v = self._qkv(self._rms_norm(hidden, layer.input_norm), layer, *rope[self.rope_kinds[index]])
             attn = []
-            for prefix, start, length, offset, mask in zip(prefixes, starts, lengths, offsets, masks):
+            for prefix, start, length, offset, mask in zip(prefixes, starts, lengths, offsets, masks[layer.window]):
                 rows = slice(start, start + length)
                 prefix[index, 0, :, offset:] = k[rows].transpose(0, 1)
                 prefix[index, 1, :, offset:] = v[rows].transpose(0, 1)
@@ -302,14 +395,13 @@ class LlamaFamilyDecoder:
                 # On CUDA, SDPA runs grouped heads (enable_gqa) only in its math kernel: repeat them there.
                 key, value, grouped = kv_heads(query, prefix[index, 0][None], prefix[index, 1][None],
                                                repeat=query.is_cuda)
-                out = F.scaled_dot_product_attention(query, key, value, is_causal=mask is None, attn_mask=mask,
-                                                     scale=self.scale, enable_gqa=grouped)
+                out = attention(query, key, value, mask=mask, scale=self.scale, softcap=self.attn_softcap,
+                                grouped=grouped)
                 attn.append(out[0].transpose(0, 1).reshape(length, -1))
-            hidden = hidden + layer.o_proj(torch.cat(attn))
-            hidden = hidden + self._mlp(self._rms_norm(hidden, layer.post_norm), layer)
+            hidden = self._residual(hidden, layer.o_proj(torch.cat(attn)), layer.attn_out_norm)
+            hidden = self._mlp_block(hidden, layer)
         last_rows = torch.tensor([start + length - 1 for start, length in zip(starts, lengths)], device=device)
-        logits = self.lm_head(self._rms_norm(hidden[last_rows], self.final_norm))
-        return list(zip(logits.unbind(0), prefixes))
+        return list(zip(self._logits(hidden[last_rows]).unbind(0), prefixes))
 
     def _varlen_prefill_agrees(self, prompts: list[torch.Tensor], packed) -> bool:
         """Once per decoder: the varlen kernel is a private aten op, so its first result is checked against
@@ -332,19 +424,18 @@ class LlamaFamilyDecoder:
         device = prompts[0].device
         bounds = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=device)
         positions = torch.cat([torch.arange(n, device=device) for n in lengths])
-        cos_table, sin_table = self.rope_table(max(lengths))
-        cos, sin = cos_table[positions][:, None], sin_table[positions][:, None]
-        hidden = F.embedding(torch.cat(prompts), self.embed)
+        rope = self._rope_rows(positions, max(lengths))
+        hidden = self._embed(torch.cat(prompts))
         total = hidden.shape[0]
         packed = torch.empty(self.num_layers, 2, total, self.kv_heads, self.head_dim, dtype=hidden.dtype, device=device)
         for index, layer in enumerate(self.layers):
-            q, k, v = self._qkv(self._rms_norm(hidden, layer.input_norm), layer, cos, sin)
+            q, k, v = self._qkv(self._rms_norm(hidden, layer.input_norm), layer, *rope[self.rope_kinds[index]])
             packed[index, 0], packed[index, 1] = k, v
             attn = self._varlen_attention(q.contiguous(), packed[index, 0], packed[index, 1], bounds, max(lengths))
-            hidden = hidden + layer.o_proj(attn.reshape(total, -1))
-            hidden = hidden + self._mlp(self._rms_norm(hidden, layer.post_norm), layer)
+            hidden = self._residual(hidden, layer.o_proj(attn.reshape(total, -1)), layer.attn_out_norm)
+            hidden = self._mlp_block(hidden, layer)
         last_rows = bounds[1:].long() - 1
-        logits = self.lm_head(self._rms_norm(hidden[last_rows], self.final_norm))
+        logits = self._logits(hidden[last_rows])
         kv = [packed[:, :, start : start + n].permute(0, 1, 3, 2, 4) for start, n in zip(bounds.tolist(), lengths)]
         return list(zip(logits.unbind(0), kv))
 
@@ -377,17 +468,17 @@ class LlamaFamilyDecoder:
         """
         if context is None and self.triton_kernels:
             return self._decode_fused(token_ids=token_ids, positions=positions, cache=cache, first_slot=first_slot)
-        cos_table, sin_table = self.rope_table(cache.max_len if context is None else context)
-        cos, sin = cos_table[positions][:, None], sin_table[positions][:, None]
+        rope = self._rope_rows(positions, cache.max_len if context is None else context)
         rows = cache.write_rows(positions, first_slot)
         attend = self._decode_attention(positions=positions, cache=cache, context=context, first_slot=first_slot)
-        hidden = F.embedding(token_ids, self.embed)
+        hidden = self._embed(token_ids)
         for index, layer in enumerate(self.layers):
-            q, k, v = self._qkv(self._rms_norm(hidden, layer.input_norm), layer, cos, sin)
+            q, k, v = self._qkv(self._rms_norm(hidden, layer.input_norm), layer, *rope[self.rope_kinds[index]])
             cache.write(layer=index, rows=rows, keys=k, values=v)
-            hidden = hidden + layer.o_proj(attend(q, *cache.layer(index)))
-            hidden = hidden + self._mlp(self._rms_norm(hidden, layer.post_norm), layer)
-        return self.lm_head(self._rms_norm(hidden, self.final_norm))
+            hidden = self._residual(hidden, layer.o_proj(attend(q, *cache.layer(index), layer.window)),
+                                    layer.attn_out_norm)
+            hidden = self._mlp_block(hidden, layer, graph_safe=context is None)
+        return self._logits(hidden)
 
     def _decode_fused(self, *, token_ids: torch.Tensor, positions: torch.Tensor, cache: SlotKVCache,
                       first_slot: int) -> torch.Tensor:
@@ -406,7 +497,7 @@ class LlamaFamilyDecoder:
             q = qkv_rope_write(qkv=layer.qkv(normed), positions=positions, cos=cos, sin=sin, qk_norm=layer.qk_norm,
                                keys=keys, values=values, heads=self.num_heads, eps=self.eps, first_slot=first_slot)
             attn = slot_decode_attention(q=q, keys=keys, values=values, lengths=lengths, scale=self.scale,
-                                         first_slot=first_slot)
+                                         first_slot=first_slot, window=layer.window)
             normed, hidden = add_rms_norm(x=layer.o_proj(attn.view(count, -1)), residual=hidden,
                                           weight=layer.post_norm, eps=self.eps)
             following = self.layers[index + 1].input_norm if index + 1 < self.num_layers else self.final_norm
@@ -416,24 +507,21 @@ class LlamaFamilyDecoder:
 
     def _decode_attention(self, *, positions: torch.Tensor, cache: SlotKVCache, context: int | None,
                           first_slot: int):
-        """``attend(q [N, H, D], keys, values) -> [N, H * D]`` for this step: SDPA over the first ``context``
-        positions (the whole cache when ``None``) with a mask built on the device."""
+        """``attend(q [N, H, D], keys, values, window) -> [N, H * D]`` for this step: attention over the first
+        ``context`` positions (the whole cache when ``None``) with a mask built on the device, one a window."""
         count = positions.shape[0]
         slots = slice(first_slot, first_slot + count)
         context = context or cache.max_len
-        # Slot i sees its first positions[i] + 1 keys; later cache entries are stale.
-        hidden_positions = torch.arange(context, device=positions.device)[None] > positions[:, None]
-        mask = torch.zeros(count, 1, 1, context, dtype=self.embed.dtype, device=positions.device)
-        mask.masked_fill_(hidden_positions[:, None, None, :], float("-inf"))
+        masks = {window: decode_mask(positions, context, window, self.embed.dtype) for window in set(self.windows)}
 
-        def sdpa(q, keys, values):
+        def attend(q, keys, values, window):
             # Grouped-query decode: the G = H / KV query heads of one KV head act as G queries.
             grouped_q = q.view(count, self.kv_heads, self.num_heads // self.kv_heads, self.head_dim)
-            out = F.scaled_dot_product_attention(grouped_q, keys[slots, :, :context], values[slots, :, :context],
-                                                 attn_mask=mask, scale=self.scale)
+            out = attention(grouped_q, keys[slots, :, :context], values[slots, :, :context], mask=masks[window],
+                            scale=self.scale, softcap=self.attn_softcap)
             return out.reshape(count, -1)
 
-        return sdpa
+        return attend
 
 
 def triton_kernels_available(model, head_dim: int) -> bool:
@@ -445,6 +533,16 @@ def triton_kernels_available(model, head_dim: int) -> bool:
     from hybridflow.rollout.triton_attention import supported
 
     return supported(head_dim=head_dim, device=device)
+
+
+def _is_moe(layer) -> bool:
+    """Whether an HF decoder layer's MLP is a routed mixture of experts (Mixtral, Qwen3-MoE's sparse layers)."""
+    return hasattr(layer.mlp, "experts") and hasattr(layer.mlp, "gate")
+
+
+def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """GeGLU's gate activation, HF's ``gelu_pytorch_tanh``."""
+    return F.gelu(x, approximate="tanh")
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -32,15 +32,16 @@ BLOCK_N = 64
 
 
 @triton.jit
-def _split_kernel(Q, K, V, Lengths, PartOut, PartLse, scale, first_slot,
+def _split_kernel(Q, K, V, Lengths, PartOut, PartLse, scale, first_slot, window,
                   stride_qn, stride_qh, stride_ks, stride_kh, stride_kt, stride_vs, stride_vh, stride_vt,
                   stride_pn, stride_ph, stride_ps, stride_ln, stride_lh,
                   GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
                   SPLIT_LEN: tl.constexpr, PRECISION: tl.constexpr):
     row, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     length = tl.load(Lengths + row).to(tl.int32)
+    first = _window_start(length, window)
     start = split * SPLIT_LEN
-    if start >= length:
+    if start >= length or start + SPLIT_LEN <= first:
         return  # the combine kernel never reads this split
     group = tl.arange(0, BLOCK_G)
     dims = tl.arange(0, HEAD_DIM)
@@ -56,13 +57,15 @@ def _split_kernel(Q, K, V, Lengths, PartOut, PartLse, scale, first_slot,
     end = tl.minimum(start + SPLIT_LEN, length)
     for block in tl.static_range(SPLIT_LEN // BLOCK_N):  # blocks past `end` load nothing (masked)
         positions = start + block * BLOCK_N + tl.arange(0, BLOCK_N)
-        live = positions < end
+        live = (positions < end) & (positions >= first)
         k = tl.load(k_base + positions[:, None] * stride_kt + dims[None, :], mask=live[:, None], other=0.0)
         scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
         scores = tl.where(live[None, :], scores, float("-inf"))
         new_max = tl.maximum(running_max, tl.max(scores, 1))
-        rescale = tl.exp(running_max - new_max)
-        weights = tl.exp(scores - new_max[:, None])
+        # A block wholly before the window start leaves the max at -inf: subtract 0 there, not -inf (NaN).
+        shift = tl.where(new_max == float("-inf"), 0.0, new_max)
+        rescale = tl.exp(running_max - shift)
+        weights = tl.exp(scores - shift[:, None])
         running_sum = running_sum * rescale + tl.sum(weights, 1)
         v = tl.load(v_base + positions[:, None] * stride_vt + dims[None, :], mask=live[:, None], other=0.0)
         acc = acc * rescale[:, None] + tl.dot(weights.to(v.dtype), v, input_precision=PRECISION)
@@ -73,13 +76,20 @@ def _split_kernel(Q, K, V, Lengths, PartOut, PartLse, scale, first_slot,
 
 
 @triton.jit
-def _combine_kernel(PartOut, PartLse, Out, Lengths, stride_pn, stride_ph, stride_ps, stride_ln, stride_lh,
+def _window_start(length, window):
+    """The first position a row of ``length`` keys attends to: ``length - window`` with a window (> 0), else 0."""
+    return tl.where(window > 0, tl.maximum(length - window, 0), 0)
+
+
+@triton.jit
+def _combine_kernel(PartOut, PartLse, Out, Lengths, window, stride_pn, stride_ph, stride_ps, stride_ln, stride_lh,
                     stride_on, stride_oh, HEAD_DIM: tl.constexpr, SPLITS: tl.constexpr, SPLIT_LEN: tl.constexpr):
     row, head = tl.program_id(0), tl.program_id(1)
     length = tl.load(Lengths + row).to(tl.int32)
     splits = tl.arange(0, SPLITS)
     dims = tl.arange(0, HEAD_DIM)
-    used = splits * SPLIT_LEN < length  # never read a split that was not written
+    first = _window_start(length, window)
+    used = (splits * SPLIT_LEN < length) & ((splits + 1) * SPLIT_LEN > first)  # never read a split not written
     lse = tl.load(PartLse + row * stride_ln + head * stride_lh + splits, mask=used, other=float("-inf"))
     weights = tl.exp(lse - tl.max(lse, 0))
     weights = weights / tl.sum(weights, 0)
@@ -95,9 +105,10 @@ def supported(*, head_dim: int, device: torch.device) -> bool:
 
 
 def slot_decode_attention(*, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor,
-                          scale: float, first_slot: int = 0) -> torch.Tensor:
+                          scale: float, first_slot: int = 0, window: int | None = None) -> torch.Tensor:
     """Attention of ``q`` ``[N, H, D]`` over the first ``lengths[n]`` cached positions of slot
-    ``first_slot + n``; returns ``[N, H, D]``. Launches a fixed grid (graph-safe)."""
+    ``first_slot + n`` (with a sliding ``window``, only the last ``window`` of them: splits wholly before the
+    window are skipped); returns ``[N, H, D]``. Launches a fixed grid (graph-safe)."""
     rows, heads, head_dim = q.shape
     kv_heads, max_len = keys.shape[1], keys.shape[2]
     group = heads // kv_heads
@@ -107,7 +118,7 @@ def slot_decode_attention(*, q: torch.Tensor, keys: torch.Tensor, values: torch.
     out = torch.empty_like(q)
     precision = "ieee" if q.dtype == torch.float32 else "tf32"  # tf32 applies to fp32 operands only
     _split_kernel[(rows, kv_heads, splits)](
-        q, keys, values, lengths, part_out, part_lse, scale, first_slot,
+        q, keys, values, lengths, part_out, part_lse, scale, first_slot, window or 0,
         q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), keys.stride(2),
         values.stride(0), values.stride(1), values.stride(2),
         part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1),
@@ -115,7 +126,7 @@ def slot_decode_attention(*, q: torch.Tensor, keys: torch.Tensor, values: torch.
         SPLIT_LEN=SPLIT_LEN, PRECISION=precision,
     )
     _combine_kernel[(rows, heads)](
-        part_out, part_lse, out, lengths, part_out.stride(0), part_out.stride(1), part_out.stride(2),
+        part_out, part_lse, out, lengths, window or 0, part_out.stride(0), part_out.stride(1), part_out.stride(2),
         part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1),
         HEAD_DIM=head_dim, SPLITS=triton.next_power_of_2(splits), SPLIT_LEN=SPLIT_LEN,
     )

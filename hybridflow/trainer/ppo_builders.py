@@ -20,7 +20,7 @@ from hybridflow.config import config_value, reference_enabled
 from hybridflow.data.parallel import DataParallel
 from hybridflow.errors import ConfigError
 from hybridflow.models import load_causal_lm, load_tokenizer, load_value_model
-from hybridflow.models.fsdp import autocast_forward, compute_dtype, data_parallel_mesh, shard_model
+from hybridflow.models.fsdp import autocast_forward, compute_dtype, data_parallel_mesh, decoder_layers, shard_model
 from hybridflow.models.loader import import_external_lib, resolve_dtype
 from hybridflow.models.lora import apply_lora, disable_adapter
 from hybridflow.models.segment_attention import supports_segment_attention
@@ -51,12 +51,15 @@ def shard_for_group(model: torch.nn.Module, *, dp: DataParallel, fsdp_cfg, devic
                     precision: str | None = None) -> torch.nn.Module:
     """FSDP2 over the ranks of the group (HSDP with ``fsdp_size``) computing in ``precision``
     (MixedPrecisionPolicy); at world size 1 the plain model with its forward under autocast."""
+    # A wrap class the model lacks is an error at any world size, not only once it is sharded.
+    decoder_layers(model, fsdp_cfg.wrap_policy.transformer_layer_cls_to_wrap)
     if dp.world_size == 1:
         return autocast_forward(model, device_type=device.type, dtype=compute_dtype(precision))
     mesh = data_parallel_mesh(device.type, dp.world_size, fsdp_cfg.fsdp_size)
     return shard_model(model, mesh=mesh, mixed_precision=precision,
                        param_offload=fsdp_cfg.param_offload or fsdp_cfg.offload_policy,
-                       reshard_after_forward=fsdp_cfg.reshard_after_forward)
+                       reshard_after_forward=fsdp_cfg.reshard_after_forward,
+                       layer_classes_to_wrap=fsdp_cfg.wrap_policy.transformer_layer_cls_to_wrap)
 
 
 def training_precision(fsdp_cfg, model_dtype: str | None = None) -> str | None:

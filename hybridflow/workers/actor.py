@@ -6,6 +6,7 @@ One ``update_policy`` call is one training step (verl's ``dp_actor.update_policy
         for mini_batch in split(batch, ppo_mini_batch_size * rollout.n / dp_size):
             for micro_batch in split(mini_batch, ppo_micro_batch_size_per_gpu or token budget):
                 loss = policy_loss(...) - entropy_coeff * H + kl_loss_coef * KL(pi || ref)
+                       (+ router_aux_loss_coef * L_aux for an MoE model with output_router_logits)
                 backward(loss)            # normalised by the mini-batch's *global* token/seq count
             clip grad norm; skip the step if the loss or the norm is not finite; optimizer.step()
     lr_scheduler.step()
@@ -29,6 +30,7 @@ import torch
 from hybridflow.algos import agg_loss, get_policy_loss, kl_penalty, masked_mean
 from hybridflow.data.batch import Batch
 from hybridflow.data.parallel import DataParallel, LOCAL
+from hybridflow.models.router_aux import record_router_logits
 from hybridflow.workers.logprob import batch_log_probs, micro_batch_log_probs
 from hybridflow.workers.micro_batches import LogProbBatching
 from hybridflow.workers.optim import TrainState
@@ -41,6 +43,9 @@ class PolicyObjective:
     """What the actor minimises on a micro-batch (the role builder maps verl's actor keys onto it):
 
         loss = policy_loss(loss_mode; clip ratios, knobs) - entropy_coeff * H + kl_loss_coef * KL(pi || ref)
+
+    plus ``router_aux_loss_coef * L_aux`` where the model is a mixture of experts whose config sets
+    ``output_router_logits`` (``hybridflow.models.router_aux``; logged as ``actor/router_aux_loss``).
     """
 
     loss_mode: str = "vanilla"
@@ -136,11 +141,12 @@ class ActorWorker:
         obj = self.objective
         use_entropy = obj.entropy_coeff != 0
         report_entropy = use_entropy or obj.report_entropy
-        log_prob, entropy = micro_batch_log_probs(self.model, micro, temperature=temperature,
-                                                  calculate_entropy=report_entropy, layout=self.layout,
-                                                  entropy_checkpointing=self.entropy_checkpointing,
-                                                  use_torch_compile=self.use_torch_compile,
-                                                  chunked_head=self.chunked_head)
+        with record_router_logits(self.model) as router:  # None unless an MoE model gives a router loss
+            log_prob, entropy = micro_batch_log_probs(self.model, micro, temperature=temperature,
+                                                      calculate_entropy=report_entropy, layout=self.layout,
+                                                      entropy_checkpointing=self.entropy_checkpointing,
+                                                      use_torch_compile=self.use_torch_compile,
+                                                      chunked_head=self.chunked_head)
         mask = micro["response_mask"]
         agg = dict(loss_mask=mask, loss_agg_mode=obj.loss_agg_mode, max_response_length=obj.norm_length,
                    global_num_tokens=counts["tokens"], global_num_seqs=counts["seqs"])
@@ -165,5 +171,10 @@ class ActorWorker:
             loss = loss + obj.kl_loss_coef * kl_term
             shares["kl_loss"] = kl_term.item()
             metrics["kl_coef"] = obj.kl_loss_coef
+        if router is not None:
+            # This micro-batch's share of the mini-batch's sequence-weighted mean of L_aux.
+            aux_term = router.loss() * micro["responses"].shape[0] / counts["seqs"]
+            loss = loss + router.coef * aux_term
+            shares["router_aux_loss"] = aux_term.item()
         shares["loss"] = loss.item()
         return loss, shares, metrics

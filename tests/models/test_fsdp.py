@@ -15,7 +15,7 @@ import torch
 import torch.multiprocessing as mp
 
 from hybridflow.errors import ConfigError, ModelError
-from hybridflow.models.tiny import build_tiny_model
+from hybridflow.models.tiny import TINY_ARCHITECTURES, build_tiny_model
 
 WORLD = 2
 STEPS = 2
@@ -37,9 +37,9 @@ def summed_token_nll(model, ids, mask) -> torch.Tensor:
     return (nll * mask[:, 1:]).sum()
 
 
-def reference_training():
+def reference_training(arch: str = "llama"):
     """One process, whole batch, token-mean loss: what the sharded run must reproduce."""
-    model, _ = build_tiny_model("llama", seed=0)
+    model, _ = build_tiny_model(arch, seed=0)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     ids, mask = token_batch()
     for _ in range(STEPS):
@@ -55,19 +55,10 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _rank_main(rank: int, port: int, out: str) -> None:
-    """Per rank: shard, train with 2 micro-batches per step, gather, save DCP, load a 1-rank DCP."""
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
+def train_sharded_steps(model, rank: int) -> torch.optim.Optimizer:
+    """STEPS AdamW steps of a sharded ``model`` on this rank's half of the batch, one row per micro-batch."""
+    from hybridflow.models.fsdp import micro_batch_sync
 
-    from hybridflow.models.fsdp import full_state_dict, micro_batch_sync, shard_model
-    from hybridflow.models.sharded_checkpoint import load_sharded, save_sharded
-
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
-    mesh = init_device_mesh("cpu", (WORLD,))
-    model, _ = build_tiny_model("llama", seed=0)
-    shard_model(model, mesh=mesh, param_offload=True)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     ids, mask = token_batch()
     global_tokens = mask[:, 1:].sum()
@@ -79,6 +70,23 @@ def _rank_main(rank: int, port: int, out: str) -> None:
                 # FSDP averages gradients over ranks: scale the global-normalised loss back up.
                 (summed_token_nll(model, ids[i:i + 1], mask[i:i + 1]) / global_tokens * WORLD).backward()
         optimizer.step()
+    return optimizer
+
+
+def _rank_main(rank: int, port: int, out: str) -> None:
+    """Per rank: shard, train with 2 micro-batches per step, gather, save DCP, load a 1-rank DCP."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from hybridflow.models.fsdp import full_state_dict, shard_model
+    from hybridflow.models.sharded_checkpoint import load_sharded, save_sharded
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
+    mesh = init_device_mesh("cpu", (WORLD,))
+    model, _ = build_tiny_model("llama", seed=0)
+    shard_model(model, mesh=mesh, param_offload=True)
+    optimizer = train_sharded_steps(model, rank)
     full = full_state_dict(model)
     torch.save(full, os.path.join(out, f"full_rank{rank}.pt"))
     save_sharded(os.path.join(out, "dcp_2ranks"), model=model, optimizer=optimizer)
@@ -88,6 +96,45 @@ def _rank_main(rank: int, port: int, out: str) -> None:
     load_sharded(os.path.join(out, "dcp_1rank"), model=fresh, optimizer=fresh_opt)
     torch.save(full_state_dict(fresh), os.path.join(out, f"loaded_rank{rank}.pt"))
     dist.destroy_process_group()
+
+
+SHARDED_ARCHS = ("gemma2", "mixtral")
+"""Beyond llama: Gemma's four norms a layer and capped, windowed attention; Mixtral's 3-D expert weights."""
+
+
+def _train_sharded(arch: str, mesh, out: str, rank: int) -> None:
+    """The steps of ``_rank_main`` for ``arch``, sharded by its own decoder-layer class; saves the full weights."""
+    from hybridflow.models.fsdp import full_state_dict, shard_model
+
+    model, _ = build_tiny_model(arch, seed=0)
+    shard_model(model, mesh=mesh)
+    train_sharded_steps(model, rank)
+    torch.save(full_state_dict(model), os.path.join(out, f"{arch}_rank{rank}.pt"))
+
+
+def _rank_archs(rank: int, port: int, out: str) -> None:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
+    for arch in SHARDED_ARCHS:
+        _train_sharded(arch, init_device_mesh("cpu", (WORLD,)), out, rank)
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def two_rank_archs(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("fsdp_archs"))
+    mp.start_processes(_rank_archs, args=(_free_port(), out), nprocs=WORLD, start_method="spawn")
+    return out
+
+
+@pytest.mark.parametrize("arch", SHARDED_ARCHS)
+def test_two_ranks_train_each_architecture_like_one_process(two_rank_archs, arch):
+    expected, _ = reference_training(arch)
+    for rank in range(WORLD):
+        assert_same_weights(torch.load(os.path.join(two_rank_archs, f"{arch}_rank{rank}.pt")), expected.state_dict())
 
 
 @pytest.fixture(scope="module")
@@ -190,3 +237,23 @@ def test_micro_batch_sync_is_a_no_op_on_an_unsharded_model():
     with micro_batch_sync(model, index=0, count=2):
         summed_token_nll(model, *token_batch()).backward()
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHITECTURES)
+def test_each_architecture_shards_its_own_decoder_layer_class(arch, tiny_tokenizer):
+    from hybridflow.models.fsdp import decoder_layers, layer_classes
+
+    model, _ = build_tiny_model(arch, tokenizer=tiny_tokenizer)
+    expected = type(model.model.layers[0]).__name__  # e.g. Gemma2DecoderLayer, MixtralDecoderLayer
+    assert layer_classes(model) == [expected]
+    assert {id(layer) for layer in decoder_layers(model)} == {id(layer) for layer in model.model.layers}
+    assert len(decoder_layers(model, [expected])) == model.config.num_hidden_layers
+
+
+def test_a_wrap_class_the_model_lacks_is_one_line_naming_its_classes(tiny_tokenizer):
+    from hybridflow.models.fsdp import decoder_layers
+
+    model, _ = build_tiny_model("llama", tokenizer=tiny_tokenizer)
+    with pytest.raises(ConfigError, match=r"transformer_layer_cls_to_wrap=\['Qwen2DecoderLayer'\] names no module "
+                                          r"of this model; its classes: .*LlamaDecoderLayer"):
+        decoder_layers(model, ["Qwen2DecoderLayer"])

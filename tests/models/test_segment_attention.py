@@ -1,5 +1,6 @@
 """Padding-free and shared-prompt forwards equal the padded forward: log-probs, entropy, values
-and gradients, on both supported architectures, with and without activation checkpointing."""
+and gradients, on every architecture of the native engine's table (Gemma's soft-capping and every sliding
+window included), with and without activation checkpointing."""
 
 import pytest
 import torch
@@ -7,6 +8,7 @@ import torch
 from hybridflow.data.packing import PackedResponses
 from hybridflow.models import ValueModel, build_tiny_model, compute_log_probs, packed_log_probs
 from hybridflow.models.logprob import packed_forward_inputs
+from hybridflow.models.tiny import TINY_ARCHITECTURES
 
 PROMPT_COLS, RESPONSE_COLS = 7, 6
 
@@ -38,8 +40,8 @@ def grads(model) -> dict[str, torch.Tensor]:
     return out
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
-@pytest.mark.parametrize("checkpointing", [False, True])
+@pytest.mark.parametrize("arch, checkpointing", [(arch, False) for arch in TINY_ARCHITECTURES]
+                         + [("llama", True), ("gemma2", True), ("mixtral", True)])
 def test_packed_and_shared_prompt_log_probs_and_gradients_equal_padded(tiny_tokenizer, arch, checkpointing):
     model, _ = build_tiny_model(arch, seed=1, tokenizer=tiny_tokenizer)
     if checkpointing:  # the recompute in backward must see the same segments as the forward
@@ -138,3 +140,20 @@ def test_shared_prompt_branches_equal_the_masked_unit(repeat_kv):
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
     for grad, want in zip(torch.autograd.grad((got * weights).sum(), qkv), expected_grads):
         torch.testing.assert_close(grad, want, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("arch", ["gemma2", "mistral"])
+def test_padded_forward_under_segment_attention_equals_the_models_own(tiny_tokenizer, arch):
+    """Switched to segment attention, a padded batch (no layout) still caps Gemma 2's scores and keeps
+    each layer's window: the same logits as the model's own attention implementation."""
+    from hybridflow.models.segment_attention import use_segment_attention
+
+    model, _ = build_tiny_model(arch, seed=1, tokenizer=tiny_tokenizer)
+    input_ids, attention_mask, position_ids = grpo_like_rows(model.config.vocab_size)
+    inputs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+    with torch.no_grad():
+        own = model(**inputs).logits
+        use_segment_attention(model)
+        segments = model(**inputs).logits
+    valid = attention_mask.bool()
+    torch.testing.assert_close(segments[valid], own[valid], rtol=0, atol=2e-5)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from hybridflow.models.tiny import build_tiny_model
+from hybridflow.models.tiny import TINY_ARCHITECTURES, build_tiny_model
 
 QUESTIONS = ["what is 2 + 3", "the answer is", "solve 7 * 8 step by step", "hi"]
 
@@ -15,22 +15,23 @@ def chat_prompts(tokenizer, questions=QUESTIONS) -> list[list[int]]:
     ]
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3", "mistral", "phi3"])
+@pytest.fixture(scope="module", params=TINY_ARCHITECTURES)
 def tiny(request, tiny_tokenizer):
     """``(model, tokenizer)`` of each supported architecture."""
     model, tokenizer = build_tiny_model(request.param, seed=1, tokenizer=tiny_tokenizer)
-    return (randomise_qk_norms(model) if request.param == "qwen3" else model), tokenizer
+    return randomise_norms(model), tokenizer
 
 
-def randomise_qk_norms(model, seed: int = 0):
-    """Qwen3's q / k norm weights start at 1; distinct random values catch a swapped or skipped norm."""
+def randomise_norms(model, seed: int = 0):
+    """Every RMSNorm weight starts at 1 (0 in Gemma, which scales by 1 + w); distinct random values catch a
+    swapped, skipped or mis-offset norm (Qwen3's and Gemma 3's q / k norms, Gemma's four norms a layer)."""
     import torch
 
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for layer in model.model.layers:
-            for norm in (layer.self_attn.q_norm, layer.self_attn.k_norm):
-                norm.weight.copy_(0.5 + torch.rand(norm.weight.shape, generator=generator))
+        for name, weight in model.named_parameters():
+            if name.endswith("norm.weight"):
+                weight.copy_(0.5 + torch.rand(weight.shape, generator=generator))
     return model
 
 

@@ -7,7 +7,7 @@ import torch
 from hybridflow.models.tiny import build_tiny_model
 from hybridflow.rollout import SamplingParams
 from hybridflow.rollout.native import NativeEngine
-from tests.rollout.conftest import chat_prompts, randomise_qk_norms
+from tests.rollout.conftest import chat_prompts, randomise_norms
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 def _engines(arch, tiny_tokenizer, dtype=torch.float32, **kwargs):
     model, tokenizer = build_tiny_model(arch, seed=1, tokenizer=tiny_tokenizer)
     if arch == "qwen3":
-        randomise_qk_norms(model)
+        randomise_norms(model)
     model = model.to("cuda", dtype)
     graphed = NativeEngine(model, tokenizer, **kwargs)
     eager = NativeEngine(model, tokenizer, enforce_eager=True, **kwargs)

@@ -10,7 +10,7 @@ import torch
 from hybridflow.models.tiny import build_tiny_model
 from hybridflow.rollout import SamplingParams
 from hybridflow.rollout.native import NativeEngine
-from tests.rollout.conftest import chat_prompts, randomise_qk_norms
+from tests.rollout.conftest import chat_prompts, randomise_norms
 from tests.rollout.test_native import hf_greedy, teacher_forced_logits
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -64,7 +64,7 @@ def test_cuda_greedy_equals_hf_generate_on_cpu(tiny_tokenizer, arch, fp32_cuda_m
     reference, tokenizer = build_tiny_model(arch, seed=1, tokenizer=tiny_tokenizer)
     model, _ = build_tiny_model(arch, seed=1, tokenizer=tiny_tokenizer)
     if arch == "qwen3":
-        reference, model = randomise_qk_norms(reference), randomise_qk_norms(model)
+        reference, model = randomise_norms(reference), randomise_norms(model)
     prompts = chat_prompts(tokenizer)
     eos = tokenizer.eos_token_id
     completions = NativeEngine(model.cuda(), tokenizer).generate(

@@ -4,6 +4,7 @@ as the host-sized step, and ``torch.compile(fullgraph=True)`` traces it without 
 import pytest
 import torch
 
+from hybridflow.models.tiny import build_tiny_model
 from hybridflow.rollout.cuda_graphs import bucket_sizes
 from hybridflow.rollout.decoder import LlamaFamilyDecoder
 from hybridflow.rollout.kv_cache import SlotKVCache
@@ -31,11 +32,12 @@ def test_static_step_equals_the_host_sized_step(tiny, kernel_path):
     torch.testing.assert_close(static, sized, rtol=1e-5, atol=1e-5)
 
 
-def test_static_step_compiles_as_one_graph(tiny_llama, monkeypatch):
+@pytest.mark.parametrize("arch", ["llama", "gemma2", "mixtral"])  # plain; soft-capped and windowed; routed experts
+def test_static_step_compiles_as_one_graph(arch, tiny_tokenizer, monkeypatch):
     from hybridflow.rollout.packed_linear import PORTABLE_KERNELS_ENV
 
     monkeypatch.setenv(PORTABLE_KERNELS_ENV, "1")  # oneDNN's packed ops are opaque to dynamo
-    model, tokenizer = tiny_llama
+    model, tokenizer = build_tiny_model(arch, seed=1, tokenizer=tiny_tokenizer)
     decoder, cache, tokens, positions = _decode_inputs(model, tokenizer)
     eager = decoder.decode(token_ids=tokens, positions=positions, cache=cache, context=None)
     torch._dynamo.reset()

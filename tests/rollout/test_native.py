@@ -186,6 +186,27 @@ def test_an_engine_that_owns_its_model_keeps_one_copy_of_the_projections(tiny_to
     assert [c.token_ids for c in owned.generate(prompts[:1], params)] != []
 
 
+@pytest.mark.parametrize("arch", ["gemma2", "gemma3_text", "mixtral", "qwen3_moe"])
+def test_an_owning_engine_takes_new_weights_of_gemma_and_moe_models(tiny_tokenizer, arch, kernel_path):
+    """A weight sync reaches Gemma's four norms a layer and the experts (kept in the module, repacked) of an
+    engine that released its projections: it then decodes as HF does with the trained weights."""
+    import copy
+
+    from tests.rollout.conftest import randomise_norms
+
+    model, tokenizer = build_tiny_model(arch, seed=1, tokenizer=tiny_tokenizer)
+    trained, _ = build_tiny_model(arch, seed=5, tokenizer=tiny_tokenizer)
+    randomise_norms(trained, seed=3)
+    owned = NativeEngine(copy.deepcopy(model), tokenizer, own_model=True)
+    owned.load_weights(trained.state_dict().items())
+    prompts = chat_prompts(tokenizer)
+    params = SamplingParams(temperature=0, max_tokens=16, stop_token_ids=[tokenizer.eos_token_id])
+    expected = [hf_greedy(trained, p, max_new_tokens=16, eos=tokenizer.eos_token_id) for p in prompts]
+    assert [c.token_ids for c in owned.generate(prompts, params)] == expected
+    logits, _ = owned.decoder.prefill(torch.tensor(prompts[0]))
+    torch.testing.assert_close(logits, trained(torch.tensor([prompts[0]])).logits[0, -1], rtol=1e-4, atol=1e-4)
+
+
 def test_packed_prefill_equals_one_prompt_at_a_time(tiny):
     model, tokenizer = tiny
     decoder = NativeEngine(model, tokenizer).decoder

@@ -17,13 +17,15 @@ from tests.rollout.conftest import chat_prompts  # noqa: E402
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def reference_attention(q, keys, values, lengths, scale, first_slot):
-    """fp64 softmax attention of each row over its first ``lengths[n]`` positions, ``[N, H, D]``."""
+def reference_attention(q, keys, values, lengths, scale, first_slot, window=None):
+    """fp64 softmax attention of each row over its first ``lengths[n]`` positions (the last ``window`` of
+    them with a window), ``[N, H, D]``."""
     group = q.shape[1] // keys.shape[1]
     out = []
     for n, length in enumerate(lengths):
-        k = keys[first_slot + n, :, :length].double().repeat_interleave(group, 0)  # [H, L, D]
-        v = values[first_slot + n, :, :length].double().repeat_interleave(group, 0)
+        first = 0 if window is None else max(0, length - window)
+        k = keys[first_slot + n, :, first:length].double().repeat_interleave(group, 0)  # [H, L, D]
+        v = values[first_slot + n, :, first:length].double().repeat_interleave(group, 0)
         weights = torch.softmax(torch.einsum("hd,hld->hl", q[n].double(), k) * scale, dim=-1)
         out.append(torch.einsum("hl,hld->hd", weights, v))
     return torch.stack(out)
@@ -47,6 +49,23 @@ def test_split_k_attention_reads_each_rows_own_length(heads, kv_heads, head_dim,
                                 scale=head_dim**-0.5, first_slot=1)
     expected = reference_attention(q, keys, values, lengths, head_dim**-0.5, first_slot=1)
     assert ((got.double() - expected).norm() / expected.norm()) < tolerance
+
+
+@pytest.mark.parametrize("window", [1, 70, 300])  # one key; a window starting inside a block; one spanning splits
+def test_split_k_attention_reads_only_the_sliding_window(window):
+    torch.manual_seed(window)
+    lengths = [1, 63, 64, 256, 257, 600]
+    q = torch.randn(len(lengths), 6, 32, device=DEVICE)
+    keys = torch.randn(6, 2, 768, 32, device=DEVICE)
+    values = torch.randn(6, 2, 768, 32, device=DEVICE)
+    for slot, length in enumerate(lengths):  # poison what no row may read: past its length, before its window
+        for cache in (keys, values):
+            cache[slot, :, length:] = float("nan")
+            cache[slot, :, :max(0, length - window)] = float("nan")
+    got = slot_decode_attention(q=q, keys=keys, values=values, lengths=torch.tensor(lengths, device=DEVICE),
+                                scale=32**-0.5, window=window)
+    expected = reference_attention(q, keys, values, lengths, 32**-0.5, first_slot=0, window=window)
+    assert ((got.double() - expected).norm() / expected.norm()) < 1e-5
 
 
 def hf_rms_norm(x, weight, eps):
@@ -100,13 +119,13 @@ def test_qkv_rope_write_rotates_q_and_k_and_fills_the_cache(with_norm):
     assert moved[4][0].abs().sum() == 0 and moved[5][4].abs().sum() == 0  # no other slot written
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "mistral"])  # mistral: a window of 8 shorter than the prompts
 def test_fused_decode_step_equals_the_torch_step(tiny_tokenizer, arch):
     from hybridflow.models.tiny import build_tiny_model
-    from tests.rollout.conftest import randomise_qk_norms
+    from tests.rollout.conftest import randomise_norms
 
     model, tokenizer = build_tiny_model(arch, seed=1, tokenizer=tiny_tokenizer)
-    model = (randomise_qk_norms(model) if arch == "qwen3" else model).to(DEVICE)
+    model = randomise_norms(model).to(DEVICE)
     decoder = LlamaFamilyDecoder(model)
     prompts = [torch.tensor(p, device=DEVICE) for p in chat_prompts(tokenizer)[:3]]
     caches = []

@@ -3,7 +3,8 @@
 One spawn of 2 processes (module fixture, dp = 1 x sp = 2, FSDP2 over both ranks) runs the
 actor (old and reference log-probs, two PPO steps with a KL loss), the critic (values, two
 value-loss steps) and SFT (two steps) through the same factories as the trainers, and
-writes what it got; the tests compare with the same factories at one process (sp = 1).
+writes what it got; the tests compare with the same factories at one process (sp = 1). The actor is a Mistral
+with a sliding window shorter than the rows, the critic a Gemma 2 (soft-capped attention, local layers).
 Tolerance: fp32, atol 1e-5 on log-probs, values, losses and gradient norms (only reduction orders
 differ); 5e-5 on weights after two AdamW steps at lr 1e-2, whose first updates are about lr x sign(g)
 and so turn rounding in near-zero gradient elements into ~1e-5 weight differences. The critic's model has one
@@ -44,13 +45,13 @@ def ppo_config(actor_dir: str, critic_dir: str, sp: int) -> PPOConfig:
 
 
 def rollout_batch() -> Batch:
-    """4 left-padded prompts + right-padded responses of ragged lengths (a packed row of 31 tokens:
-    odd, so the last slice is padded), fixed advantages, returns and old values."""
+    """2 left-padded prompts x 2 samples + right-padded responses of ragged lengths (a shared-prompt row of 23
+    tokens: odd, so the last slice is padded), fixed advantages, returns and old values."""
     gen = torch.Generator().manual_seed(0)
-    prompts = torch.randint(3, 200, (ROWS, PROMPT), generator=gen)
+    prompts = torch.randint(3, 200, (ROWS // 2, PROMPT), generator=gen).repeat_interleave(2, dim=0)  # n = 2
     responses = torch.randint(3, 200, (ROWS, RESPONSE), generator=gen)
-    prompt_mask = (torch.arange(PROMPT) >= torch.tensor([0, 2, 1, 3]).unsqueeze(1)).long()
-    response_mask = (torch.arange(RESPONSE) < torch.tensor([6, 3, 5, 1]).unsqueeze(1)).long()
+    prompt_mask = (torch.arange(PROMPT) >= torch.tensor([0, 0, 3, 3]).unsqueeze(1)).long()
+    response_mask = (torch.arange(RESPONSE) < torch.tensor([6, 4, 5, 1]).unsqueeze(1)).long()
     attention = torch.cat([prompt_mask, response_mask], dim=1)
     return Batch.from_dict(tensors={
         "prompts": prompts, "responses": responses, "input_ids": torch.cat([prompts, responses], dim=1),
@@ -139,8 +140,10 @@ def model_dirs(tmp_path_factory):
     rows = [{"prompt": f"what is {i} + {i}?", "response": f"{i} + {i} = {2 * i}, so {2 * i}" * (1 + i % 3)}
             for i in range(4)]
     pd.DataFrame(rows).to_parquet(root / "sft.parquet")
-    return {"actor": save_tiny_model(str(root / "actor"), arch="llama", seed=0),  # 4 heads, 2 KV heads
-            "critic": save_tiny_model(str(root / "critic"), arch="qwen2", seed=1, num_key_value_heads=1),
+    # A window of 4 keys (rows of up to 11 tokens) and Gemma 2's capped attention: what each rank's attention
+    # over the whole row must still measure in the row's own positions.
+    return {"actor": save_tiny_model(str(root / "actor"), arch="mistral", seed=0, sliding_window=4),  # 4 / 2 KV heads
+            "critic": save_tiny_model(str(root / "critic"), arch="gemma2", seed=1, num_key_value_heads=1),
             "sft_data": str(root / "sft.parquet"), "out": str(root)}
 
 

@@ -1,0 +1,115 @@
+"""Top-k routed mixture-of-experts MLP for the native decoder (Mixtral, Qwen3-MoE).
+
+Routing, exactly as HF computes it (Jiang et al. 2024, "Mixtral of Experts"; Qwen3 technical report):
+
+    p = softmax(x W_r^T)            in fp32, [N, E]
+    (w, e) = topk(p, k)             [N, k] weights and expert ids
+    w = w / sum_k w                 Mixtral always; Qwen3-MoE only with ``norm_topk_prob``
+    y = sum_k w_k * down_e(act(gate_e(x)) * up_e(x))
+
+Qwen3-MoE casts ``w`` to the activations' dtype before the experts; Mixtral keeps it fp32 and casts the
+weighted expert output.
+
+The experts run grouped, never one token at a time: the ``N * k`` (token, expert) pairs are sorted by
+expert and each expert multiplies one contiguous slice of rows (:func:`grouped_experts`: one host sync
+for the slice sizes), by its weights packed for oneDNN on a CPU (:class:`PackedLinear`: 1.7x faster than
+``F.linear`` at 4 rows of Mixtral-tiny's ``[1408, 256]``, one packed copy of the experts as the cost; elsewhere
+the module's own tensors). A graph-safe decode step (static shapes, no host values) gathers each pair's
+expert weights instead and runs one batched matmul (:func:`gathered_experts`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from hybridflow.rollout.packed_linear import PackedLinear
+
+
+@dataclass
+class ExpertWeights:
+    """One MoE layer: the router and the stacked expert weights (the HF module's own tensors)."""
+
+    router: torch.Tensor
+    """``[E, hidden]`` routing logits' weight."""
+    gate_up: torch.Tensor
+    """``[E, 2 I, hidden]`` each expert's gate then up projection."""
+    down: torch.Tensor
+    """``[E, hidden, I]`` each expert's down projection."""
+    top_k: int
+    renormalize: bool
+    weights_in_activation_dtype: bool
+    """Qwen3-MoE casts the routing weights to the activations' dtype before the experts."""
+    gate_up_linears: list[PackedLinear] = field(init=False)
+    down_linears: list[PackedLinear] = field(init=False)
+    """Each expert's projections as :class:`PackedLinear` (what :func:`grouped_experts` multiplies by)."""
+
+    def __post_init__(self):
+        self.gate_up_linears = [PackedLinear(weight) for weight in self.gate_up]
+        self.down_linears = [PackedLinear(weight) for weight in self.down]
+
+
+def expert_weights(mlp, renormalize: str) -> ExpertWeights:
+    """The :class:`ExpertWeights` of an HF sparse-MoE block (``mlp.gate`` router, ``mlp.experts`` with 3-D
+    ``gate_up_proj`` / ``down_proj``); ``renormalize`` is the table's ``moe_renormalize``."""
+    gate = mlp.gate
+    qwen = renormalize == "norm_topk_prob"
+    return ExpertWeights(router=gate.weight, gate_up=mlp.experts.gate_up_proj, down=mlp.experts.down_proj,
+                         top_k=gate.top_k, renormalize=bool(gate.norm_topk_prob) if qwen else True,
+                         weights_in_activation_dtype=qwen)
+
+
+def route(hidden: torch.Tensor, experts: ExpertWeights) -> tuple[torch.Tensor, torch.Tensor]:
+    """``hidden`` ``[N, hidden]`` -> routing weights ``[N, k]`` and expert ids ``[N, k]`` (see module doc)."""
+    logits = F.linear(hidden, experts.router)
+    probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+    weights, ids = torch.topk(probs, experts.top_k, dim=-1)
+    if experts.renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    if experts.weights_in_activation_dtype:
+        weights = weights.to(logits.dtype)
+    return weights, ids
+
+
+def moe_mlp(hidden: torch.Tensor, experts: ExpertWeights, activation: Callable, *, graph_safe: bool = False
+            ) -> torch.Tensor:
+    """The routed MLP of ``hidden`` ``[N, hidden]`` -> ``[N, hidden]``."""
+    weights, ids = route(hidden, experts)
+    run = gathered_experts if graph_safe else grouped_experts
+    return run(hidden, weights, ids, experts, activation)
+
+
+def _expert_rows(rows: torch.Tensor, gate_up: PackedLinear, down: PackedLinear, activation: Callable) -> torch.Tensor:
+    gate, up = gate_up(rows).chunk(2, dim=-1)
+    return down(activation(gate) * up)
+
+
+def grouped_experts(hidden: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, experts: ExpertWeights,
+                    activation: Callable) -> torch.Tensor:
+    """Sort the ``N * k`` pairs by expert; each expert with rows runs two matmuls over its contiguous
+    slice; the weighted outputs are summed back per token (``index_add``)."""
+    top_k = ids.shape[1]
+    flat_ids = ids.reshape(-1)
+    order = torch.argsort(flat_ids, stable=True)
+    tokens = order // top_k
+    counts = torch.bincount(flat_ids, minlength=experts.router.shape[0]).tolist()
+    outputs = [_expert_rows(rows, experts.gate_up_linears[e], experts.down_linears[e], activation)
+               for e, rows in enumerate(hidden[tokens].split(counts)) if counts[e]]
+    weighted = torch.cat(outputs) * weights.reshape(-1)[order, None]
+    return torch.zeros_like(hidden).index_add_(0, tokens, weighted.to(hidden.dtype))
+
+
+def gathered_experts(hidden: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, experts: ExpertWeights,
+                     activation: Callable) -> torch.Tensor:
+    """Static shapes: each (token, expert) pair gathers its expert's weights ``[N k, 2I, hidden]`` and
+    ``[N k, hidden, I]``, one batched matmul each; the ``k`` weighted outputs of a token are summed."""
+    count, top_k = ids.shape
+    flat_ids = ids.reshape(-1)
+    rows = hidden.repeat_interleave(top_k, dim=0)[:, :, None]  # [N k, hidden, 1]
+    gate, up = torch.bmm(experts.gate_up[flat_ids], rows).squeeze(-1).chunk(2, dim=-1)
+    out = torch.bmm(experts.down[flat_ids], (activation(gate) * up)[:, :, None]).squeeze(-1)
+    weighted = (out * weights.reshape(-1, 1)).to(hidden.dtype)
+    return weighted.view(count, top_k, -1).sum(dim=1)
