@@ -71,21 +71,22 @@ CASES = {
 
 
 def build(kind: str, cfg):
-    """The trainer of ``kind`` from a loaded config, as its entry point builds it."""
+    """The loop of ``kind`` from a loaded config, with the parts its entry point chooses."""
+    from hybridflow.trainer.main_ppo import ppo_parts
+    from hybridflow.trainer.roles.assembly import build_loop
+
     if kind == "ppo":
-        from hybridflow.trainer.main_ppo import build_trainer
-
-        return build_trainer(cfg)
+        return build_loop(cfg, parts=ppo_parts)
     if kind == "async":
-        from hybridflow.trainer.async_ppo import AsyncPPOTrainer, async_training_steps
-        from hybridflow.trainer.main_ppo import build_trainer
+        from hybridflow.trainer.loop.async_source import async_training_steps
+        from hybridflow.trainer.main_fully_async import async_parts
 
-        return build_trainer(cfg, trainer_class=AsyncPPOTrainer, count_steps=async_training_steps)
+        return build_loop(cfg, parts=async_parts, count_steps=async_training_steps)
     from hybridflow.trainer.self_play import build_self_play_trainer
-    from hybridflow.trainer.spin import SPINTrainer
-    from hybridflow.trainer.sppo import SPPOTrainer
+    from hybridflow.trainer.spin import SPIN
+    from hybridflow.trainer.sppo import SPPO
 
-    return build_self_play_trainer(cfg, SPINTrainer if kind == "spin" else SPPOTrainer)
+    return build_self_play_trainer(cfg, SPIN if kind == "spin" else SPPO)
 
 
 def final_modules(trainer) -> dict[str, torch.nn.Module]:
