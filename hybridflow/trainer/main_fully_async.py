@@ -18,7 +18,7 @@ from hybridflow.trainer.loop.generation import Generation, PromptStream
 from hybridflow.trainer.loop.parts import Parts, Run
 from hybridflow.trainer.loop.weight_sync import weight_sync_for
 from hybridflow.trainer.main_ppo import preflight, run_ppo
-from hybridflow.trainer.ppo import PPOUpdate
+from hybridflow.trainer.loop.ppo_update import PPOUpdate
 
 logger = logging.getLogger(__name__)
 

@@ -27,13 +27,13 @@ from hybridflow.trainer.entry import model_context_length
 from hybridflow.trainer.loop.fit import PPORun, train_and_report
 from hybridflow.trainer.loop.generation import Generation, PromptStream
 from hybridflow.trainer.loop.parts import Parts, Run
-from hybridflow.trainer.loop.sync_sources import RefillSource, SyncSource
+from hybridflow.trainer.loop.sync_sources import GroupRefill, SyncSource
 from hybridflow.trainer.loop.weight_sync import weight_sync_for
-from hybridflow.trainer.ppo import PPOUpdate
-from hybridflow.trainer.prime_role import implicit_prm_problems
-from hybridflow.trainer.reward_config import reward_manager_problems
+from hybridflow.trainer.loop.ppo_update import PPOUpdate
+from hybridflow.trainer.roles.prime import implicit_prm_problems
+from hybridflow.trainer.roles.reward import reward_manager_problems
 from hybridflow.trainer.roles.assembly import build_loop
-from hybridflow.trainer.tracking import available_backends
+from hybridflow.trainer.tracking.trackers import available_backends
 
 logger = logging.getLogger(__name__)
 
@@ -153,10 +153,9 @@ def ppo_parts(run: Run) -> Parts:
     """main_ppo's choice: a synchronous source (with DAPO's refill when ``algorithm.filter_groups.enable``), the
     PPO update, and a weight sync after every update."""
     cfg = run.cfg
-    source = SyncSource(Generation(run), PromptStream(run.train_loader))
-    if cfg.algorithm.filter_groups.enable:
-        source = RefillSource(source, filter_groups=cfg.algorithm.filter_groups, n=cfg.actor_rollout_ref.rollout.n,
-                              wanted=cfg.data.train_batch_size)
+    refill = GroupRefill(cfg.algorithm.filter_groups, n=cfg.actor_rollout_ref.rollout.n,
+                         wanted=cfg.data.train_batch_size) if cfg.algorithm.filter_groups.enable else None
+    source = SyncSource(Generation(run), PromptStream(run.train_loader), refill=refill)
     return Parts(source=source, sync=weight_sync_for(cfg, run.workers, asynchronous=False), update=PPOUpdate(run),
                  validation_every=cfg.trainer.test_freq)
 
@@ -171,16 +170,17 @@ USAGE_SUMMARY = "PPO / GRPO / DAPO / ... training with verl's main_ppo keys (als
 
 
 def run_from_args(args: list[str], *, prog: str = "python -m hybridflow.trainer.main_ppo",
-                  summary: str = USAGE_SUMMARY, defaults: tuple[str, ...] = (), adapt=None) -> int:
+                  summary: str = USAGE_SUMMARY, defaults: tuple[str, ...] = (), adapt=None, parts=ppo_parts) -> int:
     """``[--config-path D --config-name N] key=value ...`` -> a run (shared by ``hybridflow ppo``);
     ``defaults`` (a recipe's settings) go before the YAML file's and the user's keys; ``adapt(cfg) -> cfg`` (a
-    recipe's reading of its keys) runs on the loaded config."""
+    recipe's reading of its keys) runs on the loaded config; ``parts(run)`` (another entry point's choice of
+    rollout source, weight sync and update) builds the loop."""
     if help_requested(args):
         print(trainer_usage(prog, summary, "ppo"), end="")
         return 0
     config_file, overrides = split_config_args(args)
     cfg = load_config(PPOConfig, overrides, config_file, defaults=defaults)
-    run_ppo(adapt(cfg) if adapt is not None else cfg)
+    run_ppo(adapt(cfg) if adapt is not None else cfg, parts=parts)
     return 0
 
 

@@ -11,8 +11,8 @@ from hybridflow.config import load_config, split_config_args
 from hybridflow.config.loader import help_requested, trainer_usage
 from hybridflow.config.spin import SPINConfig
 from hybridflow.errors import ConfigError, run_entry_point
-from hybridflow.trainer.self_play import run_self_play
-from hybridflow.trainer.spin import LOSS_TYPES, PAIR_SOURCES, SPIN
+from hybridflow.trainer.roles.self_play import run_self_play
+from hybridflow.trainer.loop.spin import LOSS_TYPES, PAIR_SOURCES, SPIN
 
 HINTS = {"algorithm.kl_ctrl.kl_coef": "the DPO beta is actor_rollout_ref.actor.dpo_beta, as in verl's recipe/spin"}
 

@@ -11,8 +11,8 @@ from hybridflow.config import load_config, split_config_args
 from hybridflow.config.loader import help_requested, trainer_usage
 from hybridflow.config.sppo import SPPOConfig
 from hybridflow.errors import run_entry_point
-from hybridflow.trainer.self_play import run_self_play
-from hybridflow.trainer.sppo import SPPO, sppo_eta
+from hybridflow.trainer.roles.self_play import run_self_play
+from hybridflow.trainer.loop.sppo import SPPO, sppo_eta
 
 
 def run_sppo(cfg: SPPOConfig):

@@ -82,9 +82,9 @@ def build(kind: str, cfg):
         from hybridflow.trainer.main_fully_async import async_parts
 
         return build_loop(cfg, parts=async_parts, count_steps=async_training_steps)
-    from hybridflow.trainer.self_play import build_self_play_trainer
-    from hybridflow.trainer.spin import SPIN
-    from hybridflow.trainer.sppo import SPPO
+    from hybridflow.trainer.roles.self_play import build_self_play_trainer
+    from hybridflow.trainer.loop.spin import SPIN
+    from hybridflow.trainer.loop.sppo import SPPO
 
     return build_self_play_trainer(cfg, SPIN if kind == "spin" else SPPO)
 

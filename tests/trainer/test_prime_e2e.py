@@ -68,7 +68,7 @@ def test_dense_coefficient_zero_gives_the_outcome_only_advantages(tmp_path, tiny
     """The advantages the trainer computes are the estimator's of (dense, outcome); with reward_dpo_coef=0 they equal
     those of the outcome alone, and with the dense rewards on they differ."""
     from hybridflow.algos.prime import prime_advantages
-    from hybridflow.trainer import ppo
+    from hybridflow.trainer.loop import ppo_update as ppo
 
     seen = []
     original = ppo.PPOUpdate.compute_rewards_and_advantages

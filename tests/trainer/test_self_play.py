@@ -17,9 +17,9 @@ from hybridflow.config.selfplay import resolve_legacy_micro_batch_sizes, warn_ke
 from hybridflow.errors import ConfigError
 from hybridflow.trainer.main_spin import run_spin
 from hybridflow.trainer.main_sppo import run_sppo
-from hybridflow.trainer.self_play import build_self_play_trainer
-from hybridflow.trainer.spin import SPIN
-from hybridflow.trainer.sppo import SPPO
+from hybridflow.trainer.roles.self_play import build_self_play_trainer
+from hybridflow.trainer.loop.spin import SPIN
+from hybridflow.trainer.loop.sppo import SPPO
 from tests.trainer.ppo_fixtures import base_overrides
 
 

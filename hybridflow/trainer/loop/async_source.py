@@ -60,7 +60,7 @@ from hybridflow.errors import HybridflowError
 from hybridflow.trainer.loop.generation import Generation, PromptStream
 from hybridflow.trainer.loop.parts import Rollout
 from hybridflow.trainer.loop.weight_sync import EveryKStepsVersioned
-from hybridflow.trainer.metrics import Timer
+from hybridflow.trainer.tracking.metrics import Timer
 
 
 @dataclass
@@ -157,6 +157,8 @@ class AsyncSource:
         """staleness -> trained batches, over the run (the histogram the metrics report)."""
         self.trained_loader_state: dict | None = None
         """The loader state after the last trained batch's prompts (what a checkpoint records)."""
+        self.taken: list[RolloutItem] = []
+        """The queue items of the step in progress (their versions and generation metrics)."""
         sync.on_new_version.append(self.wake)
 
     def wake(self) -> None:
@@ -170,13 +172,13 @@ class AsyncSource:
         if self.rollouter is None:
             self.start_rollouter(start=(step - 1) * require, total=self.total_steps * require)
         with timer("wait_for_rollout"):
-            items = [self.take() for _ in range(require)]
-        self.trained_loader_state = items[-1].loader_state
-        return Rollout(Batch.concat([item.batch for item in items]), items=items)
+            self.taken = [self.take() for _ in range(require)]
+        self.trained_loader_state = self.taken[-1].loader_state
+        return Rollout(Batch.concat([item.batch for item in self.taken]))
 
     def after_step(self, rollout: Rollout) -> dict[str, float]:
         """The generation metrics of the step's batches (averaged; their times added up) and the staleness ones."""
-        items = rollout.items
+        items = self.taken
         metrics = {f"timing_s/{key}": sum(item.timings.get(key, 0.0) for item in items)
                    for key in dict.fromkeys(key for item in items for key in item.timings)}
         metrics.update(mean_metrics([item.metrics for item in items]))

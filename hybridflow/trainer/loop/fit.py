@@ -17,14 +17,14 @@ import os
 from dataclasses import dataclass
 
 from hybridflow.errors import CheckpointError, WorkerDiedError
-from hybridflow.trainer.best_checkpoint import BestCheckpoint, BestRecord, read_best_record, write_best_record
-from hybridflow.trainer.checkpoint import find_resume_checkpoint, load_checkpoint, save_checkpoint
+from hybridflow.trainer.checkpoints.best import BestCheckpoint, BestRecord, read_best_record, write_best_record
+from hybridflow.trainer.checkpoints.manager import find_resume_checkpoint, load_checkpoint, save_checkpoint
 from hybridflow.trainer.loop.generation import Generation
 from hybridflow.trainer.loop.parts import Parts, Run
 from hybridflow.trainer.loop.validation import validate
-from hybridflow.trainer.metrics import Timer, memory_metrics, throughput_metrics
-from hybridflow.trainer.plots import plot_curves
-from hybridflow.trainer.summary import summary_table
+from hybridflow.trainer.tracking.metrics import Timer, memory_metrics, throughput_metrics
+from hybridflow.trainer.tracking.plots import plot_curves
+from hybridflow.trainer.tracking.summary import summary_table
 
 logger = logging.getLogger(__name__)
 

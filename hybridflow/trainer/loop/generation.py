@@ -13,7 +13,7 @@ from hybridflow.algos.over_sample import first_finished
 from hybridflow.data.batch import Batch
 from hybridflow.rollout import SamplingParams, sampling_params_from_rollout_config
 from hybridflow.trainer.loop.parts import Run
-from hybridflow.trainer.metrics import Timer
+from hybridflow.trainer.tracking.metrics import Timer
 
 
 def prompts_to_batch(collated: dict[str, Any]) -> Batch:

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import torch
 
 from hybridflow.data.batch import Batch
-from hybridflow.trainer.metrics import Timer
+from hybridflow.trainer.tracking.metrics import Timer
 from hybridflow.workers.actor import ActorWorker
 from hybridflow.workers.critic import CriticWorker
 from hybridflow.workers.implicit_prm import ImplicitPRMWorker
@@ -66,8 +66,6 @@ class Rollout:
 
     batch: Batch
     prompts: Batch | None = None
-    items: list | None = None
-    """The asynchronous source's queue items behind ``batch`` (their versions and generation metrics)."""
 
 
 class RolloutSource(Protocol):

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 from hybridflow.algos import masked_sum
 from hybridflow.data.batch import Batch
 from hybridflow.trainer.loop.parts import Rollout, Run
-from hybridflow.trainer.metrics import Timer, rollout_metrics
+from hybridflow.trainer.tracking.metrics import Timer, rollout_metrics
 
 REFERENCE_COMPONENT = "ref"
 """Checkpoint component of a refreshed reference: ``global_step_N/ref`` beside ``global_step_N/actor``."""

@@ -1,30 +1,40 @@
-"""The synchronous rollout sources: each step generates from the next prompt batch with the current weights;
+"""The synchronous rollout source: each step generates from the next prompt batch with the current weights;
 with DAPO's dynamic sampling (``algorithm.filter_groups``) it generates more batches until enough prompt groups
 have responses that differ."""
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from hybridflow.data.batch import Batch
 from hybridflow.errors import HybridflowError
 from hybridflow.trainer.loop.generation import Generation, PromptStream
 from hybridflow.trainer.loop.parts import Rollout
-from hybridflow.trainer.metrics import Timer
+from hybridflow.trainer.tracking.metrics import Timer
 
 logger = logging.getLogger(__name__)
 
 
 class SyncSource:
-    """The next prompt batch, generated and scored now."""
+    """The next prompt batch, generated and scored now; with ``refill`` (DAPO's :class:`GroupRefill`) topped up
+    from further prompt batches."""
 
-    def __init__(self, generation: Generation, prompts: PromptStream):
-        self.generation, self.prompts = generation, prompts
+    def __init__(self, generation: Generation, prompts: PromptStream, *, refill: "GroupRefill | None" = None):
+        self.generation, self.prompts, self.refill = generation, prompts, refill
 
     def next_rollout(self, *, step: int, timer: Timer, metrics: dict) -> Rollout:
         prompts = next(self.prompts)
-        return Rollout(self.generation.rollout_and_score(prompts, step=step, timer=timer, metrics=metrics), prompts)
+        batch = self.generation.rollout_and_score(prompts, step=step, timer=timer, metrics=metrics)
+        if self.refill is not None:
+
+            def generate_more(attempt: int) -> Batch:
+                return self.generation.rollout_and_score(next(self.prompts), step=step, timer=timer, metrics={},
+                                                         attempt=attempt)
+
+            batch = self.refill(batch, generate_more, step=step, metrics=metrics)
+        return Rollout(batch, prompts)
 
     def after_step(self, rollout: Rollout) -> dict[str, float]:
         return {}
@@ -39,36 +49,18 @@ class SyncSource:
         pass
 
 
-class RefillSource:
-    """DAPO dynamic sampling (arXiv 2503.14476, Sec. 3.2) around a synchronous source: groups whose responses all
-    get the same ``filter_groups.metric`` are dropped, and more prompt batches are generated until
-    ``train_batch_size`` groups remain."""
+@dataclass(frozen=True)
+class GroupRefill:
+    """DAPO dynamic sampling (arXiv 2503.14476, Sec. 3.2): groups whose responses all get the same
+    ``filter_groups.metric`` are dropped, and more prompt batches are generated until ``wanted`` groups remain."""
 
-    def __init__(self, source: SyncSource, *, filter_groups, n: int, wanted: int):
-        self.source, self.filter_groups, self.n, self.wanted = source, filter_groups, n, wanted
+    filter_groups: Any
+    n: int
+    wanted: int
 
-    def next_rollout(self, *, step: int, timer: Timer, metrics: dict) -> Rollout:
-        rollout = self.source.next_rollout(step=step, timer=timer, metrics=metrics)
-        generation, prompts = self.source.generation, self.source.prompts
-
-        def generate_more(attempt: int) -> Batch:
-            return generation.rollout_and_score(next(prompts), step=step, timer=timer, metrics={}, attempt=attempt)
-
-        batch = keep_informative_groups(rollout.batch, generate_more, filter_groups=self.filter_groups, n=self.n,
-                                        wanted=self.wanted, step=step, metrics=metrics)
-        return Rollout(batch, rollout.prompts)
-
-    def after_step(self, rollout: Rollout) -> dict[str, float]:
-        return {}
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.source.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.source.load_state_dict(state)
-
-    def close(self) -> None:
-        pass
+    def __call__(self, batch: Batch, generate_more: Callable[[int], Batch], *, step: int, metrics: dict) -> Batch:
+        return keep_informative_groups(batch, generate_more, filter_groups=self.filter_groups, n=self.n,
+                                       wanted=self.wanted, step=step, metrics=metrics)
 
 
 def keep_informative_groups(batch: Batch, generate_more: Callable[[int], Batch], *, filter_groups, n: int,

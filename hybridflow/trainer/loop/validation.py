@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from hybridflow.trainer.generations import batch_samples, dump_generations, pick_generations
+from hybridflow.trainer.tracking.generations import batch_samples, dump_generations, pick_generations
 from hybridflow.trainer.loop.generation import Generation, prompts_to_batch
 
 

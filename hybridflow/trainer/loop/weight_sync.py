@@ -11,7 +11,7 @@ import threading
 from typing import Any, Callable
 
 from hybridflow.trainer.loop.parts import PPOWorkers
-from hybridflow.trainer.metrics import Timer
+from hybridflow.trainer.tracking.metrics import Timer
 
 
 def push_weights(workers: PPOWorkers, version: int | None = None) -> None:
@@ -83,7 +83,8 @@ class EveryKStepsVersioned:
         return {"weight_version": self.version}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.version = state.get("weight_version", 0)
+        # checkpoints of the async trainer before the loop was built from parts kept it as async.syncs_done
+        self.version = state.get("weight_version", state.get("async", {}).get("syncs_done", 0))
 
 
 def weight_sync_for(cfg, workers: PPOWorkers, *, asynchronous: bool, partial: bool = False):

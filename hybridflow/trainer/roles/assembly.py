@@ -18,12 +18,12 @@ from hybridflow.data.rl_dataset import RLDataset
 from hybridflow.trainer.entry import resolve_device, seed_everything
 from hybridflow.trainer.loop.fit import Loop
 from hybridflow.trainer.loop.parts import Parts, PPOWorkers, Run
-from hybridflow.trainer.ppo_builders import (build_critic_worker, build_hybrid_engine, build_rollout_worker,
+from hybridflow.trainer.roles.builders import (build_critic_worker, build_hybrid_engine, build_rollout_worker,
                                              policy_tokenizer)
-from hybridflow.trainer.ppo_roles import CriticGroupWorker, GroupCheckpoint, HybridEngineWorker, RolloutGroupWorker
-from hybridflow.trainer.prime_role import build_prm_group
-from hybridflow.trainer.reward_config import build_reward_worker, check_reward_inputs, stop_token_ids
-from hybridflow.trainer.tracking import Tracking
+from hybridflow.trainer.roles.groups import CriticGroupWorker, GroupCheckpoint, HybridEngineWorker, RolloutGroupWorker
+from hybridflow.trainer.roles.prime import build_prm_group
+from hybridflow.trainer.roles.reward import build_reward_worker, check_reward_inputs, stop_token_ids
+from hybridflow.trainer.tracking.trackers import Tracking
 
 
 def build_datasets(cfg: PPOConfig, tokenizer):

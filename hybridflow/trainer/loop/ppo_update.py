@@ -41,14 +41,14 @@ import torch
 
 from hybridflow.algos import AdaptiveKLController, FixedKLController, apply_kl_penalty, get_advantage, masked_mean
 from hybridflow.algos.pf_ppo import pf_ppo_resample
+from hybridflow.algos.prime import dense_prm_rewards, dpo_accuracy
 from hybridflow.algos.rollout_correction import rollout_correction
 from hybridflow.data.balance import balance_batch
 from hybridflow.data.batch import Batch
 from hybridflow.errors import HybridflowError
-from hybridflow.trainer.generations import batch_samples, dump_generations
+from hybridflow.trainer.tracking.generations import batch_samples, dump_generations
 from hybridflow.trainer.loop.parts import Rollout, Run
-from hybridflow.trainer.metrics import Timer, agent_metrics, data_metrics, rollout_mismatch_metrics
-from hybridflow.trainer.prime_role import implicit_process_rewards
+from hybridflow.trainer.tracking.metrics import Timer, agent_metrics, data_metrics, rollout_mismatch_metrics
 
 
 def build_kl_controller(kl_ctrl_cfg):
@@ -66,6 +66,25 @@ def balance_over_shards(batch: Batch, *, group) -> dict[str, float]:
     trains on. A plain worker (no group) is one shard: nothing to balance."""
     dp_size = getattr(group, "data_parallel_size", 1)
     return balance_batch(batch, dp_size=dp_size) if dp_size > 1 else {}
+
+
+def prm_stage(prm, batch: Batch, *, cfg, temperature: float, step: int) -> dict[str, float]:
+    """The PRIME stage: train the PRM on the step's outcome labels (``update=before``), then its dense rewards
+    into ``batch["prm_rewards"]``; returns the ``reward_model/*`` metrics."""
+    rm = cfg.reward_model
+    labels = batch["seq_score"]
+    if ((labels < 0) | (labels > 1)).any():
+        raise HybridflowError(
+            f"PRIME's implicit PRM learns from 0/1 outcome labels, but the reward scores span "
+            f"[{labels.min().item():g}, {labels.max().item():g}]: return a score in [0, 1] from compute_score")
+    metrics = prm.update_prm(batch, temperature=temperature, step=step) if rm.model.update == "before" else {}
+    log_probs = prm.compute_prm_log_probs(batch, temperature=temperature).to(batch["ref_log_probs"].device)
+    batch["prm_rewards"], reward_metrics = dense_prm_rewards(
+        prm_log_probs=log_probs, ref_log_probs=batch["ref_log_probs"], response_mask=batch["response_mask"],
+        beta=rm.model.beta_train, granularity=rm.prime_granularity, norm=rm.prime_norm)
+    accuracy = dpo_accuracy(rewards=batch["prm_rewards"], outcome=labels, response_mask=batch["response_mask"],
+                            n=cfg.actor_rollout_ref.rollout.n)
+    return {**metrics, **reward_metrics, **accuracy}
 
 
 class PPOUpdate:
@@ -95,7 +114,7 @@ class PPOUpdate:
                 batch["values"] = self.w.critic.compute_values(batch)
         if self.w.implicit_prm is not None:
             with timer("prm"):
-                metrics.update(implicit_process_rewards(self.w.implicit_prm, batch, cfg=self.cfg,
+                metrics.update(prm_stage(self.w.implicit_prm, batch, cfg=self.cfg,
                                                         temperature=temperature, step=step))
         with timer("adv"):
             metrics.update(self.compute_rewards_and_advantages(batch))

@@ -43,7 +43,7 @@ from hybridflow.algos.self_play import best_worst_pairs
 from hybridflow.data.batch import Batch
 from hybridflow.rollout import Completion
 from hybridflow.trainer.loop.parts import Rollout, Run
-from hybridflow.trainer.metrics import Timer
+from hybridflow.trainer.tracking.metrics import Timer
 from hybridflow.trainer.loop.preference_update import PreferenceRows
 from hybridflow.workers.rollout import RolloutWorker
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 from hybridflow.algos.self_play import group_win_rates
 from hybridflow.errors import ConfigError
 from hybridflow.trainer.loop.parts import Rollout, Run
-from hybridflow.trainer.metrics import Timer
+from hybridflow.trainer.tracking.metrics import Timer
 from hybridflow.trainer.loop.preference_update import PreferenceRows
 
 

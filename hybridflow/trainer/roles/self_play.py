@@ -15,7 +15,6 @@ from hybridflow.config.selfplay import resolve_legacy_micro_batch_sizes, self_pl
 from hybridflow.config.validate import ppo_world_size, raise_if_problems
 from hybridflow.controller.worker_group import build_worker_group
 from hybridflow.models import load_tokenizer
-from hybridflow.trainer import main_ppo
 from hybridflow.trainer.entry import model_context_length, resolve_device, seed_everything
 from hybridflow.trainer.loop.fit import Loop, train_and_report
 from hybridflow.trainer.loop.generation import Generation, PromptStream
@@ -23,11 +22,12 @@ from hybridflow.trainer.loop.parts import Parts, PPOWorkers, Run
 from hybridflow.trainer.loop.preference_update import REFERENCE_COMPONENT, PreferenceUpdate, SelfPlayMethod
 from hybridflow.trainer.loop.sync_sources import SyncSource
 from hybridflow.trainer.loop.weight_sync import AfterEveryUpdate
-from hybridflow.trainer.ppo_builders import build_hybrid_engine
-from hybridflow.trainer.ppo_roles import GroupCheckpoint, HybridEngineWorker
-from hybridflow.trainer.reward_config import build_reward_worker, stop_token_ids
+from hybridflow.trainer.main_ppo import engine_and_logger_problems
 from hybridflow.trainer.roles.assembly import build_datasets, build_tracking, ray_group_kwargs, total_training_steps
-from hybridflow.trainer.tracking import EveryNthStep
+from hybridflow.trainer.roles.builders import build_hybrid_engine
+from hybridflow.trainer.roles.groups import GroupCheckpoint, HybridEngineWorker
+from hybridflow.trainer.roles.reward import build_reward_worker, stop_token_ids
+from hybridflow.trainer.tracking.trackers import EveryNthStep
 
 
 def build_self_play_trainer(cfg, method: Callable[[Run], SelfPlayMethod]) -> Loop:
@@ -60,7 +60,7 @@ def check_self_play_config(cfg, *, schema: type, trainer: str, min_n: int = 2,
                            hints: dict[str, str] | None = None) -> None:
     """Everything checkable before a model loads: PPO's checks, the self-play ones, legacy sizes; warns for
     keys without effect."""
-    problems = main_ppo.engine_and_logger_problems(cfg)
+    problems = engine_and_logger_problems(cfg)
     problems += resolve_legacy_micro_batch_sizes(cfg, world_size=ppo_world_size(cfg))
     problems += self_play_problems(cfg, min_n=min_n)
     if split_placement(cfg):
