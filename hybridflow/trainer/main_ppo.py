@@ -20,10 +20,8 @@ from hybridflow.algos.rollout_correction.rejection import parse_options
 from hybridflow.algos.rollout_correction.thresholds import parse_bounds, parse_rs_thresholds
 from hybridflow.config import PPOConfig, implicit_prm_enabled, load_config, split_config_args, validate_ppo_config
 from hybridflow.config.loader import help_requested, trainer_usage
-from hybridflow.config.validate import as_list
 from hybridflow.errors import ConfigError, run_entry_point
-from hybridflow.rollout.engine import engine_unavailable
-from hybridflow.trainer.entry import model_context_length
+from hybridflow.trainer.entry import engine_and_logger_problems, model_context_length
 from hybridflow.trainer.loop.fit import PPORun, train_and_report
 from hybridflow.trainer.loop.generation import Generation, PromptStream
 from hybridflow.trainer.loop.parts import Parts, Run
@@ -33,7 +31,6 @@ from hybridflow.trainer.loop.ppo_update import PPOUpdate
 from hybridflow.trainer.roles.prime import implicit_prm_problems
 from hybridflow.trainer.roles.reward import reward_manager_problems
 from hybridflow.trainer.roles.assembly import build_loop
-from hybridflow.trainer.tracking.trackers import available_backends
 
 logger = logging.getLogger(__name__)
 
@@ -60,16 +57,6 @@ def check_registered_names(cfg: PPOConfig) -> None:
 def name_problems(checks) -> list[str]:
     """One message for each (key, value, valid names) whose value is not a valid name."""
     return [f"{key}={value!r} is not one of {', '.join(names)}" for key, value, names in checks if value not in names]
-
-
-def engine_and_logger_problems(cfg) -> list[str]:
-    """Registered names every trainer that generates reads: the rollout engine and the trackers."""
-    engine_problem = engine_unavailable(cfg.actor_rollout_ref.rollout.name)
-    problems = [f"actor_rollout_ref.{engine_problem}"] if engine_problem else []
-    for name in as_list(cfg.trainer.logger):
-        if name not in available_backends():
-            problems.append(f"trainer.logger: unknown backend {name!r}; choose from {', '.join(available_backends())}")
-    return problems
 
 
 def check_algorithm_settings(cfg: PPOConfig) -> None:

@@ -15,14 +15,13 @@ from hybridflow.config.selfplay import resolve_legacy_micro_batch_sizes, self_pl
 from hybridflow.config.validate import ppo_world_size, raise_if_problems
 from hybridflow.controller.worker_group import build_worker_group
 from hybridflow.models import load_tokenizer
-from hybridflow.trainer.entry import model_context_length, resolve_device, seed_everything
+from hybridflow.trainer.entry import engine_and_logger_problems, model_context_length, resolve_device, seed_everything
 from hybridflow.trainer.loop.fit import Loop, train_and_report
 from hybridflow.trainer.loop.generation import Generation, PromptStream
 from hybridflow.trainer.loop.parts import Parts, PPOWorkers, Run
 from hybridflow.trainer.loop.preference_update import REFERENCE_COMPONENT, PreferenceUpdate, SelfPlayMethod
 from hybridflow.trainer.loop.sync_sources import SyncSource
 from hybridflow.trainer.loop.weight_sync import AfterEveryUpdate
-from hybridflow.trainer.main_ppo import engine_and_logger_problems
 from hybridflow.trainer.roles.assembly import build_datasets, build_tracking, ray_group_kwargs, total_training_steps
 from hybridflow.trainer.roles.builders import build_hybrid_engine
 from hybridflow.trainer.roles.groups import GroupCheckpoint, HybridEngineWorker
