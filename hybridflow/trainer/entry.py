@@ -9,6 +9,8 @@ import random
 import numpy as np
 import torch
 
+from hybridflow.config import load_config, split_config_args
+from hybridflow.config.loader import help_requested, trainer_usage
 from hybridflow.config.validate import as_list
 from hybridflow.errors import ConfigError
 from hybridflow.rollout.engine import engine_unavailable
@@ -57,3 +59,14 @@ def engine_and_logger_problems(cfg) -> list[str]:
         if name not in available_backends():
             problems.append(f"trainer.logger: unknown backend {name!r}; choose from {', '.join(available_backends())}")
     return problems
+
+
+def run_config_args(args: list[str], *, prog: str, summary: str, kind: str, schema: type, run) -> int:
+    """``[--config-path D --config-name N] key=value ...`` -> ``run(config)`` of ``schema``; ``--help`` prints the
+    usage with the keys of ``hybridflow config dump {kind}``."""
+    if help_requested(args):
+        print(trainer_usage(prog, summary, kind), end="")
+        return 0
+    config_file, overrides = split_config_args(args)
+    run(load_config(schema, overrides, config_file))
+    return 0

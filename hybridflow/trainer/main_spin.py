@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import sys
 
-from hybridflow.config import load_config, split_config_args
-from hybridflow.config.loader import help_requested, trainer_usage
 from hybridflow.config.spin import SPINConfig
 from hybridflow.errors import ConfigError, run_entry_point
+from hybridflow.trainer.entry import run_config_args
 from hybridflow.trainer.roles.self_play import run_self_play
 from hybridflow.trainer.loop.spin import LOSS_TYPES, PAIR_SOURCES, SPIN
 
@@ -42,12 +41,7 @@ USAGE_SUMMARY = "SPIN / online DPO self-play with verl's recipe.spin keys (also:
 
 def run_from_args(args: list[str], *, prog: str = "python -m hybridflow.trainer.main_spin") -> int:
     """``[--config-path D --config-name N] key=value ...`` -> a run (shared by ``hybridflow spin``)."""
-    if help_requested(args):
-        print(trainer_usage(prog, USAGE_SUMMARY, "spin"), end="")
-        return 0
-    config_file, overrides = split_config_args(args)
-    run_spin(load_config(SPINConfig, overrides, config_file))
-    return 0
+    return run_config_args(args, prog=prog, summary=USAGE_SUMMARY, kind="spin", schema=SPINConfig, run=run_spin)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import sys
 
-from hybridflow.config import load_config, split_config_args
-from hybridflow.config.loader import help_requested, trainer_usage
 from hybridflow.config.sppo import SPPOConfig
 from hybridflow.errors import run_entry_point
+from hybridflow.trainer.entry import run_config_args
 from hybridflow.trainer.roles.self_play import run_self_play
 from hybridflow.trainer.loop.sppo import SPPO, sppo_eta
 
@@ -26,12 +25,7 @@ USAGE_SUMMARY = "SPPO self-play with verl's recipe.sppo keys (also: hybridflow s
 
 def run_from_args(args: list[str], *, prog: str = "python -m hybridflow.trainer.main_sppo") -> int:
     """``[--config-path D --config-name N] key=value ...`` -> a run (shared by ``hybridflow sppo``)."""
-    if help_requested(args):
-        print(trainer_usage(prog, USAGE_SUMMARY, "sppo"), end="")
-        return 0
-    config_file, overrides = split_config_args(args)
-    run_sppo(load_config(SPPOConfig, overrides, config_file))
-    return 0
+    return run_config_args(args, prog=prog, summary=USAGE_SUMMARY, kind="sppo", schema=SPPOConfig, run=run_sppo)
 
 
 def main(argv: list[str] | None = None) -> int:
