@@ -80,7 +80,7 @@ def main() -> None:
     from hybridflow.cpu import describe_cpu
     from hybridflow.models import fetch_default_model, load_causal_lm, load_tokenizer
     from hybridflow.rollout import build_engine
-    from hybridflow.trainer.main_ppo import stop_token_ids
+    from hybridflow.trainer.roles.reward import stop_token_ids
 
     path = args.model or fetch_default_model()
     tokenizer = load_tokenizer(path)

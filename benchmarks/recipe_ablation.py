@@ -39,8 +39,7 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from hybridflow.data.preprocess.worked_sums import (STEPS_INSTRUCTION, WARMUP_SFT_OVERRIDES, WARMUP_TRACES, parse_sum,
-                                                   running_sums)
+from hybridflow.data.preprocess.worked_sums import STEPS_INSTRUCTION, parse_sum, running_sums
 
 INSTRUCTION = " Reply with only the final answer."
 CHAIN_SUM_3X2 = ["min_terms=2", "max_terms=3", "min_digits=1", "max_digits=2"]
@@ -116,6 +115,11 @@ ARMS["plain-len64"] = ["data.max_response_length=64"]
 # writes a running sum from its prompt alone, so the answer-only reward has nothing to reinforce one with. One
 # warm-up per task and seed, shared by its sft- arms; GRPO's step-0 validation is the warmed-up model's score
 WARMUP_PREFIX = "sft-"
+# The warm-up the sft- arms and the reasoning-sft demo preset (demo_presets.py) run: the first WARMUP_TRACES
+# training rows, one epoch of 16 SFT steps of 16 at lr 5e-5 (the SFT trainer's cosine decay)
+WARMUP_TRACES = 256
+WARMUP_SFT_OVERRIDES = ("data.train_batch_size=16", "data.micro_batch_size_per_gpu=16", "data.max_length=256",
+                        "optim.lr=5e-5", "trainer.total_epochs=1")
 
 
 def prepare_task(name: str, out: Path) -> Path:
@@ -301,7 +305,7 @@ def history_of(run: dict) -> list[dict]:
     A step longer than ``PAUSE_FACTOR`` x the run's median is counted at the median: on a shared machine that
     is the run held still (e.g. stopped while a test suite ran), not training time. A warm-up's minutes come
     first (as step 0's time), so against the minutes an ``sft-`` arm starts where its warm-up ended."""
-    from hybridflow.trainer.plots import STEP_TIME  # the key training_minutes sums
+    from hybridflow.trainer.tracking.plots import STEP_TIME  # the key training_minutes sums
 
     times = run["per_step"].get(STEP_TIME, [])
     median = statistics.median(times) if times else 0.0
@@ -312,7 +316,7 @@ def history_of(run: dict) -> list[dict]:
 
 def plot(exported: Path, folder: Path, tasks: list[str], arms: list[str]) -> list[str]:
     """Per task, the held-out score of the exported runs of ``arms`` against the step and the training minutes."""
-    from hybridflow.trainer.plots import plot_comparison
+    from hybridflow.trainer.tracking.plots import plot_comparison
 
     runs = json.loads(exported.read_text())
     folder.mkdir(parents=True, exist_ok=True)

@@ -86,7 +86,7 @@ def main() -> None:
 
     import ray
 
-    from hybridflow.trainer.ppo_builders import build_hybrid_engine
+    from hybridflow.trainer.roles.builders import build_hybrid_engine
     from hybridflow.models.tiny import save_tiny_model
 
     cores = os.cpu_count() or 1
@@ -125,7 +125,7 @@ def connect(nodes: int, cores: int) -> None:
 
 def dp_table(factory, data, args, cores: int) -> None:
     """local x1, ray x1, ray x2 (padded rows) and the data-parallel efficiency."""
-    from hybridflow.trainer.ppo_roles import HybridEngineWorker
+    from hybridflow.trainer.roles.groups import HybridEngineWorker
     from hybridflow.controller.worker_group import build_worker_group
 
     local = build_worker_group(factory, worker_cls=HybridEngineWorker, backend="local")
@@ -157,8 +157,8 @@ GRID = ((1, 1), (2, 1), (1, 2))
 
 def grid(model_dir: str, data, args, cores: int) -> None:
     """The dp x sp grid on padding-free rows, each with the same-run ratio to one worker."""
-    from hybridflow.trainer.ppo_builders import build_hybrid_engine
-    from hybridflow.trainer.ppo_roles import HybridEngineWorker
+    from hybridflow.trainer.roles.builders import build_hybrid_engine
+    from hybridflow.trainer.roles.groups import HybridEngineWorker
     from hybridflow.controller.worker_group import build_worker_group
 
     times = {}

@@ -11,7 +11,7 @@ Two ways to move them, alternated ``--repeats`` times:
 - ``driver``: ``rollout.load_weights(training.rollout_weights())``, the path before this benchmark: the
   driver fetches (deserialises) rank 0's dict and sends it again with every rollout call;
 - ``reference``: ``rollout.load_weights(training.call_by_reference("rollout_weights"))``, what
-  ``PPOTrainer.push_weights_to_rollout`` does: rank 0's dict stays in Ray's object store (its tensors as
+  ``trainer/loop/weight_sync.py:push_weights`` does: rank 0's dict stays in Ray's object store (its tensors as
   raw numpy bytes, ``controller/ray_backend.py:PackedTensor``) and each rollout rank maps it from there.
 
 The floor: one copy of the weights out of the training process and one into each rollout rank's tensors,

@@ -1,4 +1,5 @@
-"""Helpers every ``python -m`` entry point shares (PPO, SFT, self-play): device, seeds, context length."""
+"""Helpers every ``python -m`` entry point shares (PPO, SFT, self-play): device, seeds, context length, the engine
+and tracker names every RL run checks before any model loads."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ import random
 import numpy as np
 import torch
 
+from hybridflow.config.validate import as_list
 from hybridflow.errors import ConfigError
+from hybridflow.rollout.engine import engine_unavailable
+from hybridflow.trainer.tracking.trackers import available_backends
 
 
 def resolve_device(name: str) -> torch.device:
@@ -43,3 +47,14 @@ def model_context_length(path: str, trust_remote_code: bool, override_config: di
     except (OSError, ValueError):
         return None  # validation reports a bad path; the loader reports an unreadable model with its own message
     return getattr(config.get_text_config(), "max_position_embeddings", None)  # a VLM's is its language model's
+
+
+def engine_and_logger_problems(cfg) -> list[str]:
+    """Registered names every trainer that generates reads: the rollout engine and the trackers."""
+    engine_problem = engine_unavailable(cfg.actor_rollout_ref.rollout.name)
+    problems = [f"actor_rollout_ref.{engine_problem}"] if engine_problem else []
+    for name in as_list(cfg.trainer.logger):
+        if name not in available_backends():
+            problems.append(f"trainer.logger: unknown backend {name!r}; choose from {', '.join(available_backends())}")
+    return problems
+

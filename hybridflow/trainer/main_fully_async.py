@@ -11,13 +11,38 @@ import sys
 
 from hybridflow.config import PPOConfig, load_config, split_config_args
 from hybridflow.config.loader import help_requested, trainer_usage
+from hybridflow.config.validate import partial_rollouts
 from hybridflow.errors import run_entry_point
-from hybridflow.trainer.async_ppo import AsyncPPOTrainer, async_training_steps, check_async_config
+from hybridflow.trainer.loop.async_source import AsyncSource, async_training_steps, check_async_config
+from hybridflow.trainer.loop.generation import Generation, PromptStream
+from hybridflow.trainer.loop.parts import Parts, Run
+from hybridflow.trainer.loop.weight_sync import weight_sync_for
 from hybridflow.trainer.main_ppo import preflight, run_ppo
+from hybridflow.trainer.loop.ppo_update import PPOUpdate
 
 logger = logging.getLogger(__name__)
 
 USAGE_SUMMARY = "Fully async PPO / GRPO: a rollouter thread runs ahead of the trainer (async_training.* keys)."
+
+
+def async_parts(run: Run) -> Parts:
+    """The fully async choice: a rollouter running ahead (partial rollouts with ``partial_rollout``), a weight sync
+    every ``trigger_parameter_sync_step`` steps with versions, and the PPO update on the proximal policy's
+    log-probs (``compute_prox_log_prob``) or the behaviour ones."""
+    cfg, partial = run.cfg, partial_rollouts(run.cfg)
+    sync = weight_sync_for(cfg, run.workers, asynchronous=True, partial=partial)
+    source = AsyncSource(Generation(run, partial=partial), PromptStream(run.train_loader), sync, cfg=cfg,
+                         total_steps=run.total_steps)
+    return Parts(source=source, sync=sync, validation_every=async_validation_every(cfg),
+                 update=PPOUpdate(run, behaviour_as_old=not cfg.async_training.compute_prox_log_prob))
+
+
+def async_validation_every(cfg: PPOConfig) -> int:
+    """Steps between validations: ``rollout.test_freq`` weight syncs (verl's fully async recipe), else
+    ``trainer.test_freq`` steps."""
+    if cfg.rollout.test_freq is None:
+        return cfg.trainer.test_freq
+    return cfg.rollout.test_freq * cfg.async_training.trigger_parameter_sync_step
 
 
 def adopt_streamed_batches(cfg: PPOConfig) -> None:
@@ -50,7 +75,7 @@ def run_async_from_args(args: list[str], *, prog: str, defaults: tuple[str, ...]
     config_file, overrides = split_config_args(args)
     cfg = load_config(PPOConfig, list(defaults) + list(overrides), config_file)
     async_preflight(cfg)
-    run_ppo(cfg, trainer_class=AsyncPPOTrainer, count_steps=async_training_steps)
+    run_ppo(cfg, parts=async_parts, count_steps=async_training_steps)
     return 0
 
 

@@ -10,8 +10,8 @@ import sys
 from hybridflow.config.loader import run_from_config_args
 from hybridflow.config.spin import SPINConfig
 from hybridflow.errors import ConfigError, run_entry_point
-from hybridflow.trainer.self_play import run_self_play
-from hybridflow.trainer.spin import LOSS_TYPES, PAIR_SOURCES, SPINTrainer
+from hybridflow.trainer.roles.self_play import run_self_play
+from hybridflow.trainer.loop.spin import LOSS_TYPES, PAIR_SOURCES, SPIN
 
 HINTS = {"algorithm.kl_ctrl.kl_coef": "the DPO beta is actor_rollout_ref.actor.dpo_beta, as in verl's recipe/spin"}
 
@@ -33,7 +33,7 @@ def run_spin(cfg: SPINConfig):
                           "set ppo_micro_batch_size_per_gpu (pairs per micro-batch) instead")
     # a dataset answer pairs with every sample; ranking samples needs two of them
     min_n = 1 if algo.preference_source == "ground_truth" else 2
-    return run_self_play(cfg, schema=SPINConfig, trainer_cls=SPINTrainer, min_n=min_n, hints=HINTS)
+    return run_self_play(cfg, schema=SPINConfig, method=SPIN, trainer="SPIN", min_n=min_n, hints=HINTS)
 
 
 USAGE_SUMMARY = "SPIN / online DPO self-play with verl's recipe.spin keys (also: hybridflow spin)."

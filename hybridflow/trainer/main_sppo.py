@@ -10,14 +10,14 @@ import sys
 from hybridflow.config.loader import run_from_config_args
 from hybridflow.config.sppo import SPPOConfig
 from hybridflow.errors import run_entry_point
-from hybridflow.trainer.self_play import run_self_play
-from hybridflow.trainer.sppo import SPPOTrainer, sppo_eta
+from hybridflow.trainer.roles.self_play import run_self_play
+from hybridflow.trainer.loop.sppo import SPPO, sppo_eta
 
 
 def run_sppo(cfg: SPPOConfig):
     """Check, build, train; print the summary and write the plots."""
     sppo_eta(cfg)  # the two eta keys agree
-    return run_self_play(cfg, schema=SPPOConfig, trainer_cls=SPPOTrainer)
+    return run_self_play(cfg, schema=SPPOConfig, method=SPPO, trainer="SPPO")
 
 
 USAGE_SUMMARY = "SPPO self-play with verl's recipe.sppo keys (also: hybridflow sppo)."

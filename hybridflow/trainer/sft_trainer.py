@@ -9,10 +9,10 @@ verl's ``sft_trainer.yaml`` keys (``data.train_files``, ``data.train_batch_size`
  StatefulDataLoader ── the same global batch of train_batch_size samples on every rank
         │  N = target tokens of the whole batch (counted locally: every rank sees it)
         ▼
- sft_batches: this rank's slice -> micro-batches (padded [B, T], or packed [1, N] + block-causal mask)
+ sft/batches.py: this rank's slice -> micro-batches (padded [B, T], or packed [1, N] + block-causal mask)
         │
         ▼
- model forward -> sft_loss (token-mean CE over loss_mask, divided by the global N)
+ model forward -> sft/loss.py (token-mean CE over loss_mask, divided by the global N)
         │  backward per micro-batch: gradients accumulate; FSDP2 reduces them over ranks
         ▼
  TrainState.step (grad clip, NaN guard, AdamW) -> LR schedule -> metrics -> validation -> checkpoint
@@ -52,15 +52,15 @@ from hybridflow.models.segment_attention import use_segment_attention
 from hybridflow.models.sharded_checkpoint import FSDPModelComponent
 from hybridflow.models.ulysses import split_sequences
 from hybridflow.models.vision import load_processor, vision_forward_inputs
-from hybridflow.trainer.checkpoint import find_resume_checkpoint, load_checkpoint, save_checkpoint
+from hybridflow.trainer.checkpoints.manager import find_resume_checkpoint, load_checkpoint, save_checkpoint
 from hybridflow.trainer.entry import model_context_length, resolve_device, seed_everything
-from hybridflow.trainer.plots import Curve, fixed_keys, plot_curves
-from hybridflow.trainer.sft_batches import count_targets, even_shard, micro_batch_inputs, rank_slice, split_micro
-from hybridflow.trainer.sft_checkpoint import SharedDirComponent
-from hybridflow.trainer.sft_loss import sft_loss
-from hybridflow.trainer.sft_sequence_parallel import sequence_parallel_sft_loss
-from hybridflow.trainer.summary import summary_table
-from hybridflow.trainer.tracking import Tracking
+from hybridflow.trainer.tracking.plots import Curve, fixed_keys, plot_curves
+from hybridflow.trainer.sft.batches import count_targets, even_shard, micro_batch_inputs, rank_slice, split_micro
+from hybridflow.trainer.sft.checkpoint import SharedDirComponent
+from hybridflow.trainer.sft.loss import sft_loss
+from hybridflow.trainer.sft.sequence_parallel import sequence_parallel_sft_loss
+from hybridflow.trainer.tracking.summary import summary_table
+from hybridflow.trainer.tracking.trackers import Tracking
 from hybridflow.workers.optim import TrainState, build_optimizer, build_scheduler
 from hybridflow.workers.sequence_parallel import split_world
 

@@ -10,7 +10,7 @@ epochs of minibatch SGD over the collected batch).
                 (loss x dp_size).backward()             # FSDP averages over ranks: undo the mean
             optimizer step
 
-An :class:`UpdateSchedule` (built from a role's ``ppo_*`` keys by ``trainer/ppo_builders.py``) says how the
+An :class:`UpdateSchedule` (built from a role's ``ppo_*`` keys by ``trainer/roles/builders.py``) says how the
 batch is walked. Mini-batches hold ``mini_batch_size x rows_per_prompt / dp`` rows. With ``shuffle`` the rows are
 permuted first by a permutation fixed by (seed, step, epoch) — the same rule for actor and critic, so
 a resumed run draws the same mini-batches; without it they are taken in row order. Because each

@@ -8,7 +8,7 @@ import torch
 from hybridflow.algos.errors import AlgorithmError
 from hybridflow.algos.over_sample import first_finished
 from hybridflow.data.batch import Batch
-from hybridflow.trainer.ppo import PPOTrainer
+from hybridflow.trainer.loop.generation import Generation
 
 
 def test_the_shortest_responses_finish_first_ties_by_order():
@@ -32,8 +32,9 @@ def test_aborted_samples_carry_no_loss_tokens():
     mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1], [1, 1, 0, 0]])
     scores = torch.tensor([0.5, 1.0, 0.0, 1.0])
     batch = Batch(tensors={"response_mask": mask.clone(), "seq_score": scores.clone()})
-    trainer = SimpleNamespace(rollout_cfg=SimpleNamespace(over_sample_rate=0.5))
-    metrics = PPOTrainer.abort_late_samples(trainer, batch)
+    rollout_cfg = SimpleNamespace(over_sample_rate=0.5)
+    run = SimpleNamespace(cfg=SimpleNamespace(actor_rollout_ref=SimpleNamespace(rollout=rollout_cfg)), workers=None)
+    metrics = Generation(run).abort_late_samples(batch)
     # lengths 3, 1, 4, 2; K = 2 keeps rows 1 and 3
     assert batch["response_mask"].tolist() == [[0, 0, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0], [1, 1, 0, 0]]
     assert torch.equal(batch["seq_score"], scores)

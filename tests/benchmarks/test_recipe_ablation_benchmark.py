@@ -159,7 +159,7 @@ def test_an_sft_arm_warms_up_once_on_worked_sums_then_trains_as_its_arm(ablation
 
 def test_an_sft_arm_is_plotted_from_where_its_warm_up_ended(ablation, tmp_path):
     """The export records the warm-up's minutes; against the minutes the arm's step 0 sits at their end."""
-    from hybridflow.trainer.plots import comparison_series
+    from hybridflow.trainer.tracking.plots import comparison_series
 
     write_run(tmp_path, "t.sft-plain.s1", [{"step": 0, "val-core/x": 0.5}, {"step": 1, "timing_s/step": 60.0},
                                           {"step": 2, "timing_s/step": 30.0, "val-core/x": 0.75}])
@@ -184,9 +184,8 @@ def test_an_sft_arm_is_plotted_from_where_its_warm_up_ended(ablation, tmp_path):
 def test_a_reasoning_preset_runs_the_job_its_docs_measured(ablation, preset, task, arm):
     """docs/recipes.md measures the presets with the sweep: the same questions, instruction, PPO settings and
     warm-up (the sweep adds only its own bookkeeping: logging, base validation, no reward timeout)."""
-    from hybridflow.trainer.demo import PRESETS
-
-    demo = PRESETS[preset]
+    with loaded_benchmark("demo_presets") as presets:
+        demo = presets.PRESETS[preset]
     name, config, test_size, flags = ablation.TASKS[task]
     assert (demo.task, list(demo.task_config), demo.test_size, demo.test_as_drawn) == (
         name, config, test_size, "--test_as_drawn" in flags)

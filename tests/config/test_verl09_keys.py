@@ -10,7 +10,7 @@ from hybridflow.config.compat import COMPAT_ONLY
 from hybridflow.config.sft import sft_messages_key, sft_packed
 from hybridflow.config.validate import partial_rollouts
 from hybridflow.errors import ConfigError
-from hybridflow.trainer.main_ppo import ray_group_kwargs
+from hybridflow.trainer.roles.assembly import ray_group_kwargs
 
 MODEL = "actor_rollout_ref.model.path=/models/tiny"
 
@@ -149,13 +149,11 @@ def test_sft_messages_key_and_pad_mode_take_effect():
 
 # ------------------------------------------------------------------ verl's fully async rollouter budget
 def test_rollout_total_epochs_and_test_freq_take_effect():
-    from types import SimpleNamespace
-
-    from hybridflow.trainer.async_ppo import AsyncPPOTrainer, async_training_steps
+    from hybridflow.trainer.loop.async_source import async_training_steps
+    from hybridflow.trainer.main_fully_async import async_validation_every
 
     cfg = ppo("trainer.total_epochs=30", "rollout.total_epochs=2", "async_training.require_batches=2")
     assert async_training_steps(cfg, steps_per_epoch=4) == 4 * 2 // 2  # 2 passes of 4 batches, 2 batches a step
     cfg = ppo("rollout.test_freq=2", "async_training.trigger_parameter_sync_step=3", "trainer.test_freq=5")
-    trainer = SimpleNamespace(cfg=cfg, acfg=cfg.async_training)
-    assert AsyncPPOTrainer.validation_every(trainer) == 6  # every 2 weight syncs of 3 steps each
+    assert async_validation_every(cfg) == 6  # every 2 weight syncs of 3 steps each
     assert ppo("rollout.n=16").actor_rollout_ref.rollout.n == 16  # the fully async YAML's copy of n

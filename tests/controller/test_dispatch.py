@@ -117,7 +117,7 @@ def test_unknown_backend_and_collector_name_the_choices():
 
 def test_role_tables_cover_the_loop_methods():
     """The group workers (the only classes built as groups) declare every method the loops call."""
-    from hybridflow.trainer.ppo_roles import CriticGroupWorker, HybridEngineWorker
+    from hybridflow.trainer.roles.groups import CriticGroupWorker, HybridEngineWorker
 
     engine = dispatch_table(HybridEngineWorker)
     assert engine["update_policy"] == DispatchSpec(Mode.DP_COMPUTE, "mean")

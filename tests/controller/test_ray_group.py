@@ -19,10 +19,10 @@ pytestmark = pytest.mark.ray
 ray = pytest.importorskip("ray")
 
 from hybridflow.config import PPOConfig, load_config  # noqa: E402
-from hybridflow.trainer.ppo_builders import build_hybrid_engine  # noqa: E402
+from hybridflow.trainer.roles.builders import build_hybrid_engine  # noqa: E402
 from hybridflow.controller.dispatch import Mode, dispatch  # noqa: E402
 from hybridflow.controller.resources import ResourcePool, check_reachable  # noqa: E402
-from hybridflow.trainer.ppo_roles import HybridEngineWorker  # noqa: E402
+from hybridflow.trainer.roles.groups import HybridEngineWorker  # noqa: E402
 from hybridflow.controller.worker_group import build_worker_group  # noqa: E402
 from hybridflow.data.batch import Batch  # noqa: E402
 from hybridflow.errors import ConfigError  # noqa: E402

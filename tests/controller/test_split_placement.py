@@ -27,8 +27,8 @@ from hybridflow.data.padding import pad_sequences, position_ids_from_mask  # noq
 from hybridflow.models import load_causal_lm  # noqa: E402
 from hybridflow.rollout import SamplingParams  # noqa: E402
 from hybridflow.trainer.main_fully_async import main as fully_async_main  # noqa: E402
-from hybridflow.trainer.ppo_builders import build_rollout_worker, policy_tokenizer  # noqa: E402
-from hybridflow.trainer.ppo_roles import RolloutGroupWorker  # noqa: E402
+from hybridflow.trainer.roles.builders import build_rollout_worker, policy_tokenizer  # noqa: E402
+from hybridflow.trainer.roles.groups import RolloutGroupWorker  # noqa: E402
 from tests.controller.test_ppo_ray import ray_session  # noqa: E402,F401 (module-scoped, autouse)
 from tests.trainer.ppo_fixtures import base_overrides  # noqa: E402
 

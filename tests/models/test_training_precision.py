@@ -10,7 +10,7 @@ import torch
 import torch.multiprocessing as mp
 
 from hybridflow.config import PPOConfig, load_config
-from hybridflow.trainer.ppo_builders import build_hybrid_engine
+from hybridflow.trainer.roles.builders import build_hybrid_engine
 from hybridflow.models import compute_log_probs
 from hybridflow.models.tiny import build_tiny_model
 from hybridflow.data.parallel import LOCAL

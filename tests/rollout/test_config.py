@@ -33,15 +33,15 @@ def test_validate_reads_val_kwargs_but_keeps_response_length():
 def test_the_ppo_trainer_samples_through_the_same_mapping():
     """The loop has no copy of the mapping: top_k=0 (verl's HF-rollout 'off') reaches the engine as -1."""
     from hybridflow.config import PPOConfig, load_config
-    from hybridflow.trainer.ppo import PPOTrainer
+    from hybridflow.trainer.loop.generation import Generation
 
     cfg = load_config(PPOConfig, ["actor_rollout_ref.model.path=m", "data.train_files=t", "data.val_files=v",
                                   "actor_rollout_ref.rollout.top_k=0", "actor_rollout_ref.rollout.n=3",
                                   "actor_rollout_ref.rollout.val_kwargs.top_k=0"])
-    trainer = SimpleNamespace(rollout_cfg=cfg.actor_rollout_ref.rollout, stop_token_ids=[2])
-    train = PPOTrainer.sampling_params(trainer, step=3, validate=False)
-    again = PPOTrainer.sampling_params(trainer, step=3, validate=False)
-    val = PPOTrainer.sampling_params(trainer, step=3, validate=True)
+    generation = Generation(SimpleNamespace(cfg=cfg, workers=None, stop_token_ids=[2]))
+    train = generation.sampling_params(step=3, validate=False)
+    again = generation.sampling_params(step=3, validate=False)
+    val = generation.sampling_params(step=3, validate=True)
     assert (train.n, train.top_k, train.stop_token_ids, train.logprobs) == (3, -1, [2], True)
     assert train.seed == again.seed and train.seed != val.seed and val.top_k == -1 and val.greedy
 

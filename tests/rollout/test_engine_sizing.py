@@ -8,7 +8,7 @@ import types
 import pytest
 
 from hybridflow.config import PPOConfig, load_config
-from hybridflow.trainer.ppo_builders import _rollout_worker
+from hybridflow.trainer.roles.builders import _rollout_worker
 from hybridflow.errors import RolloutError
 from hybridflow.rollout.engine import engine_unavailable
 from hybridflow.rollout.types import SamplingParams

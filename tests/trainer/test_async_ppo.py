@@ -8,8 +8,11 @@ import torch
 
 from hybridflow.config import PPOConfig, load_config
 from hybridflow.errors import HybridflowError
-from hybridflow.trainer.async_ppo import AsyncPPOTrainer, StalenessGate, async_training_steps
-from hybridflow.trainer.main_ppo import build_trainer
+from hybridflow.trainer.loop.async_source import StalenessGate, async_training_steps
+from hybridflow.trainer.loop.fit import Loop
+from hybridflow.trainer.main_fully_async import async_parts
+from hybridflow.trainer.main_ppo import ppo_parts
+from hybridflow.trainer.roles.assembly import build_loop
 from hybridflow.trainer.main_one_step_off import main as one_step_off_main
 from tests.trainer.ppo_fixtures import base_overrides
 from tests.trainer.test_ppo_e2e import SLOW_REWARD, kill_after_step_2_and_resume
@@ -20,8 +23,34 @@ def actor_weights(trainer) -> dict[str, torch.Tensor]:
     return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
 
 
-def build_async(cfg) -> AsyncPPOTrainer:
-    return build_trainer(cfg, trainer_class=AsyncPPOTrainer, count_steps=async_training_steps)
+def build_async(cfg) -> Loop:
+    return build_loop(cfg, parts=async_parts, count_steps=async_training_steps)
+
+
+def record_training(trainer, record) -> None:
+    """``record(batch)`` on each batch the update trains, before it trains (returns nothing)."""
+    train = trainer.parts.update.train
+
+    def recording(rollout, **kwargs):
+        record(rollout.batch)
+        return train(rollout, **kwargs)
+
+    trainer.parts.update.train = recording
+
+
+def trained_batches(trainer) -> list:
+    """Run ``trainer`` to the end; the batches as the update trained them (after its rollout correction)."""
+    seen, train = [], trainer.parts.update.train
+
+    def recording(rollout, **kwargs):
+        batch, updated = train(rollout, **kwargs)
+        seen.append(batch)
+        return batch, updated
+
+    trainer.parts.update.train = recording
+    trainer.fit()
+    trainer.close()
+    return seen
 
 
 @pytest.mark.parametrize("threshold, per_sync, expected", [
@@ -37,7 +66,7 @@ def test_staleness_gate_by_hand(threshold, per_sync, expected):
 
 def test_staleness_zero_equals_the_synchronous_loop_bitwise(tmp_path, tiny_model_dir):
     overrides = base_overrides(tmp_path / "sync", tiny_model_dir, steps=3)
-    sync = build_trainer(load_config(PPOConfig, overrides))
+    sync = build_loop(load_config(PPOConfig, overrides), parts=ppo_parts)
     sync_last = sync.fit()
     expected = actor_weights(sync)
     sync.close()
@@ -60,22 +89,23 @@ def test_every_prompt_once_and_no_batch_older_than_the_threshold(tmp_path, tiny_
         f"async_training.staleness_threshold={threshold}", f"async_training.trigger_parameter_sync_step={trigger}",
         f"async_training.require_batches={require}"])
     trainer = build_async(cfg)
+    source, sync = trainer.parts.source, trainer.parts.sync
     trained, queue_ages = [], []
-    take, train_on_batch = trainer.take, trainer.train_on_batch
+    take = source.take
 
     def checked_take():
-        with trainer.changed:
-            queue_ages.extend(trainer.syncs_done - item.version for item in trainer.queue)
+        with source.changed:
+            queue_ages.extend(sync.version - item.version for item in source.queue)
         item = take()
-        queue_ages.append(trainer.version_at_training(item) - item.version)
+        queue_ages.append(source.version_at_training(item) - item.version)
         return item
 
-    def recording(batch, **kwargs):
+    def record(batch):
         assert len(batch) == require * 4 * cfg.actor_rollout_ref.rollout.n  # require_batches prompt batches
         trained.extend(row["index"] for row in batch["extra_info"][:: cfg.actor_rollout_ref.rollout.n])
-        return train_on_batch(batch, **kwargs)
 
-    trainer.take, trainer.train_on_batch = checked_take, recording
+    source.take = checked_take
+    record_training(trainer, record)
     last = trainer.fit()
     trainer.close()
     assert sorted(trained) == list(range(16))
@@ -88,18 +118,7 @@ def test_importance_weights_correct_behaviour_to_proximal(tmp_path, tiny_model_d
     cfg = load_config(PPOConfig, base_overrides(tmp_path, tiny_model_dir, steps=3) + [
         "async_training.staleness_threshold=1", "algorithm.rollout_correction.rollout_is=token",
         "algorithm.rollout_correction.rollout_is_threshold=2.0"])
-    trainer = build_async(cfg)
-    seen = []
-    train_on_batch = trainer.train_on_batch
-
-    def recording(batch, **kwargs):
-        out = train_on_batch(batch, **kwargs)
-        seen.append(out)
-        return out
-
-    trainer.train_on_batch = recording
-    trainer.fit()
-    trainer.close()
+    seen = trained_batches(build_async(cfg))
     for batch in seen:
         mask = batch["response_mask"].float()
         # truncated IS (verl's token level): min(exp(log pi_prox - log pi_behaviour), 2) on response tokens
@@ -113,12 +132,7 @@ def test_importance_weights_correct_behaviour_to_proximal(tmp_path, tiny_model_d
 def test_behaviour_log_probs_as_the_old_policy(tmp_path, tiny_model_dir):
     cfg = load_config(PPOConfig, base_overrides(tmp_path, tiny_model_dir, steps=2) + [
         "async_training.staleness_threshold=1", "async_training.compute_prox_log_prob=False"])
-    trainer = build_async(cfg)
-    seen = []
-    train_on_batch = trainer.train_on_batch
-    trainer.train_on_batch = lambda batch, **kw: seen.append(batch) or train_on_batch(batch, **kw)
-    trainer.fit()
-    trainer.close()
+    seen = trained_batches(build_async(cfg))
     assert all(torch.equal(b["old_log_probs"], b["rollout_log_probs"]) for b in seen)
 
 
@@ -157,13 +171,7 @@ def test_one_step_off_resume_after_sigkill_is_bitwise_equal(tmp_path, tiny_model
 
 
 def _recording(trainer, trained: list[int], n: int) -> None:
-    train_on_batch = trainer.train_on_batch
-
-    def recording(batch, **kwargs):
-        trained.extend(row["index"] for row in batch["extra_info"][::n])
-        return train_on_batch(batch, **kwargs)
-
-    trainer.train_on_batch = recording
+    record_training(trainer, lambda batch: trained.extend(row["index"] for row in batch["extra_info"][::n]))
 
 
 def test_resume_while_running_ahead_trains_every_prompt_once(tmp_path, tiny_model_dir):
@@ -176,13 +184,15 @@ def test_resume_while_running_ahead_trains_every_prompt_once(tmp_path, tiny_mode
     _recording(first, trained_first, n)
     train_step = first.train_step
 
-    def stop_at_step_3(batches, *, step):
+    source = first.parts.source
+
+    def stop_at_step_3(*, step):
         if step == 3:
-            with first.changed:  # wait until the rollouter has run ahead: step 3's batch is generated
-                first.changed.wait_for(lambda: first.queue)
-                queued_at_stop.extend(first.queue)
+            with source.changed:  # wait until the rollouter has run ahead: step 3's batch is generated
+                source.changed.wait_for(lambda: source.queue)
+                queued_at_stop.extend(source.queue)
             raise KeyboardInterrupt("stopped")
-        return train_step(batches, step=step)
+        return train_step(step=step)
 
     first.train_step = stop_at_step_3
     with pytest.raises(KeyboardInterrupt):
@@ -217,20 +227,18 @@ def test_partial_rollout_pauses_at_a_sync_and_trains_every_prompt_once(tmp_path,
 
     def held_step(session):
         steps_taken[id(session)] = steps_taken.get(id(session), 0) + 1
-        if trainer.generated == 1 and steps_taken[id(session)] == 2:  # batch 2, mid-generation
+        if trainer.parts.source.generated == 1 and steps_taken[id(session)] == 2:  # batch 2, mid-generation
             with handover.cond:
                 assert handover.cond.wait_for(handover.requested, timeout=60)
         return step(session)
 
     monkeypatch.setattr(StreamingSession, "step", held_step)
-    train_on_batch = trainer.train_on_batch
 
-    def recording(batch, **kwargs):
+    def record(batch):
         trained.extend(row["index"] for row in batch["extra_info"][::n])
         spans.append((batch["rollout_first_version"].tolist(), batch["rollout_last_version"].tolist()))
-        return train_on_batch(batch, **kwargs)
 
-    trainer.train_on_batch = recording
+    record_training(trainer, record)
     last = trainer.fit()
     trainer.close()
     assert sorted(trained) == list(range(16))
@@ -251,7 +259,7 @@ def test_partial_rollout_where_it_cannot_act_warns_and_is_off(tmp_path, tiny_mod
     trainer = build_async(load_config(PPOConfig, base_overrides(tmp_path, tiny_model_dir) + [
         "async_training.partial_rollout=True", "actor_rollout_ref.rollout.name=hf"]))
     trainer.close()
-    assert trainer.partial is False and "the hf engine cannot pause" in caplog.text
+    assert trainer.parts.source.partial is False and "the hf engine cannot pause" in caplog.text
     cfg = load_config(PPOConfig, base_overrides(tmp_path, tiny_model_dir) + [
         "async_training.partial_rollout=True", "trainer.backend=ray"])
     assert partial_rollouts(cfg) is False and "takes a sync mid-generate" in caplog.text

@@ -8,8 +8,8 @@ import torch
 
 from hybridflow.controller.worker_group import WorkerGroup
 from hybridflow.data.batch import Batch
-from hybridflow.trainer.ppo import balance_over_shards
-from hybridflow.trainer.ppo_roles import HybridEngineWorker
+from hybridflow.trainer.loop.ppo_update import balance_over_shards
+from hybridflow.trainer.roles.groups import HybridEngineWorker
 
 LENGTHS = [10, 10, 10, 10, 1, 1, 1, 1]  # row order puts all long rows on the first shards
 

@@ -11,8 +11,8 @@ import torch
 
 from hybridflow.config import PPOConfig, load_config
 from hybridflow.errors import ConfigError
-from hybridflow.trainer.best_checkpoint import BestCheckpoint, read_best_record, validation_score
-from hybridflow.trainer.checkpoint import complete_steps, save_checkpoint, step_dir
+from hybridflow.trainer.checkpoints.best import BestCheckpoint, read_best_record, validation_score
+from hybridflow.trainer.checkpoints.manager import complete_steps, save_checkpoint, step_dir
 from hybridflow.trainer.main_ppo import run_ppo
 from tests.trainer.ppo_fixtures import base_overrides
 

@@ -11,8 +11,8 @@ import torch
 from hybridflow.errors import ConfigError, ModelError
 from hybridflow.models.hf_folder import save_hf_folder
 from hybridflow.models.tiny import build_tiny_model
-from hybridflow.trainer import checkpoint
-from hybridflow.trainer.checkpoint import (
+from hybridflow.trainer.checkpoints import manager as checkpoint
+from hybridflow.trainer.checkpoints.manager import (
     COMPLETE_MARKER,
     TRACKER_FILE,
     complete_steps,
@@ -148,7 +148,7 @@ def test_torn_and_temp_dirs_are_ignored_with_a_warning(tmp_path, caplog):
     (tmp_path / "global_step_4" / "actor").mkdir(parents=True)  # torn: no completion marker
     (tmp_path / "global_step_5.tmp-12345" / "actor").mkdir(parents=True)  # never renamed
     (tmp_path / TRACKER_FILE).write_text("4")
-    with caplog.at_level(logging.WARNING, logger="hybridflow.trainer.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="hybridflow.trainer.checkpoints.manager"):
         assert find_resume_checkpoint(str(tmp_path), "auto") == str(tmp_path / "global_step_1")
     assert "names global_step_4, which is missing or incomplete" in caplog.text
     os.remove(tmp_path / TRACKER_FILE)

@@ -10,8 +10,8 @@ import torch
 
 from hybridflow.errors import CheckpointError
 from hybridflow.models.sharded_checkpoint import FSDPModelComponent
-from hybridflow.trainer.checkpoint import COMPLETE_MARKER, find_resume_checkpoint, load_checkpoint, save_checkpoint
-from hybridflow.trainer.checkpoint_manifest import crc32_of
+from hybridflow.trainer.checkpoints.manager import COMPLETE_MARKER, find_resume_checkpoint, load_checkpoint, save_checkpoint
+from hybridflow.trainer.checkpoints.manifest import crc32_of
 from tests.trainer.test_checkpoint import Counter, trained_actor
 
 
@@ -24,7 +24,7 @@ def save_steps(root, steps, **extra_components):
 
 
 def resume(root, caplog, components=("actor", "critic")):
-    with caplog.at_level(logging.WARNING, logger="hybridflow.trainer.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="hybridflow.trainer.checkpoints.manager"):
         return find_resume_checkpoint(str(root), "auto", components=components)
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from hybridflow.config import PPOConfig, load_config
 from hybridflow.models import build_tiny_model
-from hybridflow.trainer.ppo_builders import model_layout
+from hybridflow.trainer.roles.builders import model_layout
 
 KEY = "actor_rollout_ref.model"
 

@@ -8,7 +8,7 @@ import os
 import pandas as pd
 
 from hybridflow.config import PPOConfig, load_config
-from hybridflow.trainer import main_ppo
+from hybridflow.trainer.roles import assembly
 from hybridflow.trainer.main_ppo import main, run_ppo
 from tests.trainer.ppo_fixtures import base_overrides
 
@@ -53,7 +53,7 @@ def test_misspelled_data_source_stops_before_any_model_loads(tmp_path, tiny_mode
     def no_models(*args, **kwargs):
         raise AssertionError("models were loaded before the data was checked")
 
-    monkeypatch.setattr(main_ppo, "build_worker_groups", no_models)
+    monkeypatch.setattr(assembly, "build_worker_groups", no_models)
     assert main(overrides) == 2
     (error,) = capsys.readouterr().err.strip().splitlines()
     assert "data.train_files, row 0: no reward scorer for data_source 'openai/gsm8kk'" in error
@@ -76,9 +76,9 @@ def test_full_disk_stops_the_run_and_keeps_the_last_checkpoint(tmp_path, tiny_mo
 
 def test_full_disk_keeps_training_when_asked(tmp_path, tiny_model_dir, small_disk, caplog):
     overrides = _on_small_disk(tmp_path, tiny_model_dir, small_disk) + ["trainer.stop_on_checkpoint_error=false"]
-    with caplog.at_level(logging.WARNING, logger="hybridflow.trainer.ppo"):
+    with caplog.at_level(logging.WARNING, logger="hybridflow.trainer.loop.fit"):
         run = run_ppo(load_config(PPOConfig, overrides))
     assert run.steps == 2
-    (line,) = [r.getMessage() for r in caplog.records if r.name == "hybridflow.trainer.ppo"]
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "hybridflow.trainer.loop.fit"]
     assert line.startswith("checkpoint of step 2 not saved, training on as asked: disk full at")
     assert not any(".tmp-" in name for name in os.listdir(small_disk))

@@ -5,7 +5,7 @@ import sys
 import numpy as np
 import pytest
 
-from hybridflow.trainer.metrics import memory_metrics
+from hybridflow.trainer.tracking.metrics import memory_metrics
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="VmHWM / clear_refs are Linux's")
 

@@ -1,10 +1,10 @@
-"""Comparison plots of several runs (python -m hybridflow.trainer.plots)."""
+"""Comparison plots of several runs (python -m hybridflow.trainer.tracking.plots)."""
 
 import json
 
 import pytest
 
-from hybridflow.trainer.plots import main as plots_main
+from hybridflow.trainer.tracking.plots import main as plots_main
 
 
 def test_comparison_plot_of_several_runs(tmp_path):
@@ -22,7 +22,7 @@ def test_comparison_plot_of_several_runs(tmp_path):
 
 
 def test_training_minutes_sum_the_step_times_and_skip_the_validation_rows():
-    from hybridflow.trainer.plots import comparison_series, training_minutes
+    from hybridflow.trainer.tracking.plots import comparison_series, training_minutes
 
     history = [{"step": 0, "val-core/x": 0.1}, {"step": 1, "timing_s/step": 30.0},
                {"step": 2, "timing_s/step": 90.0, "val-core/x": 0.2}, {"step": 3, "timing_s/step": 60.0}]
@@ -42,7 +42,7 @@ def test_comparison_against_training_minutes(tmp_path):
 
 
 def test_runs_of_one_arm_share_a_colour_and_differ_by_dash():
-    from hybridflow.trainer.plots import grouped_styles
+    from hybridflow.trainer.tracking.plots import grouped_styles
 
     assert grouped_styles(["dynamic s1", "dynamic s2", "plain s1"]) == {
         "dynamic s1": {"color": "C0", "linestyle": "-"}, "dynamic s2": {"color": "C0", "linestyle": "--"},

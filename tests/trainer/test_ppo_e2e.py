@@ -152,10 +152,11 @@ def test_merged_export_generates_like_the_trained_model(tmp_path, tiny_model_dir
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from hybridflow.model_merger import main as merger_main
-    from hybridflow.trainer.main_ppo import build_trainer
+    from hybridflow.trainer.main_ppo import ppo_parts
+    from hybridflow.trainer.roles.assembly import build_loop
 
     cfg = load_config(PPOConfig, base_overrides(tmp_path, tiny_model_dir, steps=2) + ["trainer.save_freq=2"])
-    trainer = build_trainer(cfg)
+    trainer = build_loop(cfg, parts=ppo_parts)
     trainer.fit()
     actor_dir = tmp_path / "ckpt" / "global_step_2" / "actor"
     assert merger_main(["merge", "--backend", "fsdp", "--local_dir", str(actor_dir),
@@ -225,9 +226,10 @@ def test_torn_checkpoint_falls_back_to_the_previous_good_one(tmp_path, tiny_mode
     (torn / "actor").mkdir()
     (root / "latest_checkpointed_iteration.txt").write_text("3")
     resumed = load_config(PPOConfig, overrides[:-1] + ["trainer.total_training_steps=3", "trainer.save_freq=1"])
-    from hybridflow.trainer.main_ppo import build_trainer
+    from hybridflow.trainer.main_ppo import ppo_parts
+    from hybridflow.trainer.roles.assembly import build_loop
 
-    trainer = build_trainer(resumed)
+    trainer = build_loop(resumed, parts=ppo_parts)
     assert trainer.load_checkpoint() == 2
 
 
@@ -247,7 +249,7 @@ def test_dapo_dynamic_sampling_keeps_only_informative_groups(tmp_path, tiny_mode
 
 def test_informative_rows_drops_constant_groups():
     from hybridflow.data.batch import Batch
-    from hybridflow.trainer.ppo import informative_rows
+    from hybridflow.trainer.loop.sync_sources import informative_rows
 
     batch = Batch.from_dict(tensors={"seq_score": torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 0.0]),
                                      "token_level_scores": torch.zeros(6, 2)})
@@ -267,23 +269,20 @@ def test_dapo_all_equal_groups_trigger_another_generation_round():
     only groups with varied scores reach the update (the e2e run above cannot tell these apart)."""
     from types import SimpleNamespace
 
-    from hybridflow.trainer.ppo import PPOTrainer, Timer
+    from hybridflow.trainer.loop.sync_sources import keep_informative_groups
 
     n, wanted = 2, 2
     first = dapo_scores_batch([1.0, 1.0, 0.0, 0.0, 1.0, 1.0])  # three constant groups
     later = iter([dapo_scores_batch([0.0, 1.0, 1.0, 1.0, 0.5, 0.0])])
     generated = []
 
-    def rollout_and_score(prompts, *, step, timer, metrics, attempt):
+    def generate_more(attempt):
         generated.append(attempt)
-        return prompts
+        return next(later)
 
-    trainer = SimpleNamespace(
-        cfg=SimpleNamespace(algorithm=SimpleNamespace(filter_groups=SimpleNamespace(metric="score", max_num_gen_batches=0)),
-                            data=SimpleNamespace(train_batch_size=wanted)),
-        rollout_cfg=SimpleNamespace(n=n), rollout_and_score=rollout_and_score)
     metrics = {}
-    kept = PPOTrainer.keep_informative_groups(trainer, first, later, step=1, timer=Timer(), metrics=metrics)
+    kept = keep_informative_groups(first, generate_more, n=n, wanted=wanted, step=1, metrics=metrics,
+                                   filter_groups=SimpleNamespace(metric="score", max_num_gen_batches=0))
     assert generated == [1] and metrics == {"train/num_gen_batches": 2, "train/num_informative_groups": 2}
     groups = kept["seq_score"].view(-1, n)
     assert len(kept) == wanted * n and bool((groups.max(dim=1).values > groups.min(dim=1).values).all())
@@ -295,33 +294,29 @@ def test_dapo_warns_once_when_a_step_needs_many_generation_batches(monkeypatch, 
     warning names the step, the informative fraction and the cap to set, and comes once per process."""
     from types import SimpleNamespace
 
-    import hybridflow.trainer.ppo as ppo
+    import hybridflow.trainer.loop.sync_sources as sync_sources
 
-    monkeypatch.setattr(ppo, "_costly_filtering_warned", False)
+    monkeypatch.setattr(sync_sources, "_costly_filtering_warned", False)
     n, wanted = 2, 1
 
     def run(step):
         constant = [dapo_scores_batch([1.0, 1.0, 0.0, 0.0]) for _ in range(5)]
         batches = iter([*constant[1:], dapo_scores_batch([0.0, 1.0, 1.0, 1.0])])
-        trainer = SimpleNamespace(
-            cfg=SimpleNamespace(algorithm=SimpleNamespace(filter_groups=SimpleNamespace(metric="score",
-                                                                                        max_num_gen_batches=0)),
-                                data=SimpleNamespace(train_batch_size=wanted)),
-            rollout_cfg=SimpleNamespace(n=n), rollout_and_score=lambda prompts, **_: prompts)
         metrics = {}
-        ppo.PPOTrainer.keep_informative_groups(trainer, constant[0], batches, step=step, timer=ppo.Timer(),
-                                               metrics=metrics)
+        sync_sources.keep_informative_groups(
+            constant[0], lambda attempt: next(batches), n=n, wanted=wanted, step=step, metrics=metrics,
+            filter_groups=SimpleNamespace(metric="score", max_num_gen_batches=0))
         return metrics
 
-    with caplog.at_level("WARNING", logger="hybridflow.trainer.ppo"):
+    with caplog.at_level("WARNING", logger="hybridflow.trainer.loop.sync_sources"):
         assert run(7)["train/num_gen_batches"] == 6
         run(8)
     warnings = [r.getMessage() for r in caplog.records if "dynamic sampling" in r.getMessage()]
     assert len(warnings) == 1
     assert "step 7 needed 6 generation batches, only 1 of 12 prompt groups had varied score" in warnings[0]
     assert "algorithm.filter_groups.max_num_gen_batches" in warnings[0]
-    monkeypatch.setattr(ppo, "_costly_filtering_warned", False)
-    assert not ppo.warn_if_filtering_is_costly(gen_batches=4, step=1, informative=0, seen=8, metric="score")
+    monkeypatch.setattr(sync_sources, "_costly_filtering_warned", False)
+    assert not sync_sources.warn_if_filtering_is_costly(gen_batches=4, step=1, informative=0, seen=8, metric="score")
 
 
 # ---------------------------------------------------------------------------- reward model
@@ -350,12 +345,13 @@ def test_grpo_with_lora_trains_only_the_adapter_and_exports_merged(tmp_path, tin
 
     from hybridflow.model_merger import merge
     from hybridflow.models.lora import is_lora_model
-    from hybridflow.trainer.main_ppo import build_trainer
+    from hybridflow.trainer.main_ppo import ppo_parts
+    from hybridflow.trainer.roles.assembly import build_loop
 
     overrides = base_overrides(tmp_path, tiny_model_dir, steps=2) + [
         "actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.lora_alpha=8",
         "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.optim.lr=1e-2", "trainer.save_freq=2"]
-    trainer = build_trainer(load_config(PPOConfig, overrides))
+    trainer = build_loop(load_config(PPOConfig, overrides), parts=ppo_parts)
     hybrid = trainer.w.actor.backend.worker
     assert is_lora_model(hybrid.actor.model)
     assert hybrid.reference.model is hybrid.actor.model  # the reference is the actor with the adapter off

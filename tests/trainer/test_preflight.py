@@ -7,7 +7,8 @@ import pytest
 
 from hybridflow.config import PPOConfig, load_config
 from hybridflow.errors import ConfigError
-from hybridflow.trainer.main_ppo import build_datasets, preflight
+from hybridflow.trainer.main_ppo import preflight
+from hybridflow.trainer.roles.assembly import build_datasets
 from tests.trainer.ppo_fixtures import base_overrides
 
 
@@ -29,7 +30,7 @@ def test_missing_gpu_engine_is_reported_before_any_model_loads(tmp_path, tiny_mo
     import hybridflow.trainer.main_ppo as main_ppo
 
     monkeypatch.setitem(sys.modules, name, None)  # not installed
-    monkeypatch.setattr(main_ppo, "build_trainer", lambda cfg: pytest.fail("loaded before checking"))
+    monkeypatch.setattr(main_ppo, "build_loop", lambda cfg, **_: pytest.fail("loaded before checking"))
     cfg = load_config(PPOConfig, base_overrides(tmp_path, tiny_model_dir) + [f"actor_rollout_ref.rollout.name={name}"])
     with pytest.raises(ConfigError, match=rf"actor_rollout_ref.rollout.name={name} needs the {name} package"):
         main_ppo.run_ppo(cfg)

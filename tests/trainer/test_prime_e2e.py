@@ -10,7 +10,8 @@ import torch
 
 from hybridflow.config import PPOConfig, load_config
 from hybridflow.errors import ConfigError
-from hybridflow.trainer.main_ppo import build_trainer
+from hybridflow.trainer.main_ppo import ppo_parts
+from hybridflow.trainer.roles.assembly import build_loop
 from hybridflow.trainer.main_prime import PRIME_DEFAULTS, main, recipe_meaning
 from tests.trainer.ppo_fixtures import base_overrides
 
@@ -27,7 +28,7 @@ def prime_overrides(tmp_path, model_dir, *extra) -> list[str]:
 
 
 def build(overrides):
-    return build_trainer(recipe_meaning(load_config(PPOConfig, overrides, defaults=PRIME_DEFAULTS)))
+    return build_loop(recipe_meaning(load_config(PPOConfig, overrides, defaults=PRIME_DEFAULTS)), parts=ppo_parts)
 
 
 def read_metrics(tmp_path) -> list[dict]:
@@ -67,10 +68,10 @@ def test_dense_coefficient_zero_gives_the_outcome_only_advantages(tmp_path, tiny
     """The advantages the trainer computes are the estimator's of (dense, outcome); with reward_dpo_coef=0 they equal
     those of the outcome alone, and with the dense rewards on they differ."""
     from hybridflow.algos.prime import prime_advantages
-    from hybridflow.trainer import ppo
+    from hybridflow.trainer.loop import ppo_update as ppo
 
     seen = []
-    original = ppo.PPOTrainer.compute_rewards_and_advantages
+    original = ppo.PPOUpdate.compute_rewards_and_advantages
 
     def record(self, batch):
         out = original(self, batch)
@@ -78,7 +79,7 @@ def test_dense_coefficient_zero_gives_the_outcome_only_advantages(tmp_path, tiny
                      batch["response_mask"].float()))
         return out
 
-    monkeypatch.setattr(ppo.PPOTrainer, "compute_rewards_and_advantages", record)
+    monkeypatch.setattr(ppo.PPOUpdate, "compute_rewards_and_advantages", record)
     for coef in (0.0, 5.0):
         trainer = build(prime_overrides(tmp_path / str(coef), tiny_model_dir, f"algorithm.reward_dpo_coef={coef}",
                                         "trainer.total_training_steps=1"))

@@ -5,7 +5,8 @@ import pytest
 
 from hybridflow.config import PPOConfig, load_config
 from hybridflow.errors import ConfigError
-from hybridflow.trainer.main_ppo import build_reward_worker, check_registered_names
+from hybridflow.trainer.main_ppo import check_registered_names
+from hybridflow.trainer.roles.reward import build_reward_worker
 
 MODEL = "actor_rollout_ref.model.path=/m"
 DAPO_SCRIPT_KEYS = [  # as in verl's DAPO / GSPO scripts (recipe/dapo/test_dapo_7b_math.sh)

@@ -17,9 +17,9 @@ from hybridflow.config.selfplay import resolve_legacy_micro_batch_sizes, warn_ke
 from hybridflow.errors import ConfigError
 from hybridflow.trainer.main_spin import run_spin
 from hybridflow.trainer.main_sppo import run_sppo
-from hybridflow.trainer.self_play import build_self_play_trainer
-from hybridflow.trainer.spin import SPINTrainer
-from hybridflow.trainer.sppo import SPPOTrainer
+from hybridflow.trainer.roles.self_play import build_self_play_trainer
+from hybridflow.trainer.loop.spin import SPIN
+from hybridflow.trainer.loop.sppo import SPPO
 from tests.trainer.ppo_fixtures import base_overrides
 
 
@@ -70,9 +70,9 @@ def hf_model(model_dir: str, weights: dict | None = None):
     return model
 
 
-def run_two_steps(cfg, trainer_cls):
+def run_two_steps(cfg, method):
     """Step 1 moves the actor away from the reference (kept at the initial model); step 2 is checked."""
-    trainer = build_self_play_trainer(cfg, trainer_cls)
+    trainer = build_self_play_trainer(cfg, method)
     spy = UpdateSpy(trainer.w.actor)
     trainer.fit()
     trainer.close()
@@ -88,7 +88,7 @@ def test_spin_step_is_the_dpo_loss_of_best_vs_worst_pairs_by_hand(tmp_path, tiny
     cfg = load_config(SPINConfig, self_play_overrides(tmp_path, tiny_model_dir) + ONE_MINI_BATCH + [
         "actor_rollout_ref.rollout.n=3", f"actor_rollout_ref.actor.dpo_beta={beta}",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"])  # micro-batches of 3 pairs (last one smaller)
-    trainer, (pairs, weights, metrics) = run_two_steps(cfg, SPINTrainer)
+    trainer, (pairs, weights, metrics) = run_two_steps(cfg, SPIN)
     # pair construction: consecutive (chosen, rejected) rows of the same prompt, chosen scored strictly higher
     uids, scores = list(pairs["uid"]), pairs["seq_score"]
     assert len(pairs) >= 2 and len(pairs) % 2 == 0
@@ -109,7 +109,7 @@ def test_reference_refresh_makes_the_previous_iterate_the_opponent(tmp_path, tin
     """ref_update_freq=1: at step 2 the reference is the actor after step 1, so over one optimizer step
     (log pi / pi_ref) = 0 for every response and the DPO loss is exactly log 2 (step 1 moved the actor)."""
     overrides = self_play_overrides(tmp_path, tiny_model_dir) + ONE_MINI_BATCH + ["trainer.ref_update_freq=1"]
-    trainer, (pairs, weights, metrics) = run_two_steps(load_config(SPINConfig, overrides), SPINTrainer)
+    trainer, (pairs, weights, metrics) = run_two_steps(load_config(SPINConfig, overrides), SPIN)
     assert metrics["actor/dpo_loss"] == pytest.approx(math.log(2), abs=1e-6)
     assert metrics["actor/rewards_margins"] == pytest.approx(0.0, abs=1e-6)
     moved = response_log_probs(hf_model(tiny_model_dir, weights), pairs)
@@ -121,7 +121,7 @@ def test_sppo_step_is_the_squared_win_rate_loss_by_hand(tmp_path, tiny_model_dir
     cfg = load_config(SPPOConfig, self_play_overrides(tmp_path, tiny_model_dir) + ONE_MINI_BATCH + [
         f"actor_rollout_ref.rollout.n={n}", f"algorithm.sppo_eta={eta}",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"])  # 16 rows in micro-batches of 3 (uneven)
-    trainer, (batch, weights, metrics) = run_two_steps(cfg, SPPOTrainer)
+    trainer, (batch, weights, metrics) = run_two_steps(cfg, SPPO)
     scores = batch["seq_score"].tolist()
     win = []  # P(y_i > pi | x) = mean over the group (itself included) of 1 / 0 / 1/2
     for i, s in enumerate(scores):
@@ -176,12 +176,12 @@ def test_recipe_keys_take_effect_or_warn(caplog):
     arr = cfg.actor_rollout_ref
     assert (arr.actor.ppo_micro_batch_size_per_gpu, arr.rollout.log_prob_micro_batch_size_per_gpu,
             arr.ref.log_prob_micro_batch_size_per_gpu) == (1, 2, 2)  # global sizes / 2 workers, as verl
-    assert warn_keys_without_effect(cfg, SPINConfig, trainer="SPINTrainer") == []  # the recipe's 0.001 = default
+    assert warn_keys_without_effect(cfg, SPINConfig, trainer="SPIN") == []  # the recipe's 0.001 = default
     cfg.algorithm.kl_ctrl.kl_coef, cfg.actor_rollout_ref.actor.entropy_coeff = 0.05, 0.01
     with caplog.at_level(logging.WARNING):
-        assert warn_keys_without_effect(cfg, SPINConfig, trainer="SPINTrainer") == [
+        assert warn_keys_without_effect(cfg, SPINConfig, trainer="SPIN") == [
             "algorithm.kl_ctrl.kl_coef", "actor_rollout_ref.actor.entropy_coeff"]
-    assert "algorithm.kl_ctrl.kl_coef=0.05 has no effect in SPINTrainer" in caplog.text
+    assert "algorithm.kl_ctrl.kl_coef=0.05 has no effect in SPIN" in caplog.text
     both = load_config(SPINConfig, ["actor_rollout_ref.model.path=/m", "actor_rollout_ref.actor.ppo_micro_batch_size=2",
                                     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"])
     assert "keep only ppo_micro_batch_size_per_gpu" in resolve_legacy_micro_batch_sizes(both, world_size=1)[0]
@@ -278,7 +278,7 @@ def test_spin_proper_pairs_the_dataset_answer_with_each_sample_by_hand(tmp_path,
     cfg = load_config(SPINConfig, self_play_overrides(tmp_path, tiny_model_dir) + ONE_MINI_BATCH + [
         "algorithm.preference_source=ground_truth", f"actor_rollout_ref.rollout.n={n}",
         f"actor_rollout_ref.actor.dpo_beta={beta}", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"])
-    trainer, (pairs, weights, metrics) = run_two_steps(cfg, SPINTrainer)
+    trainer, (pairs, weights, metrics) = run_two_steps(cfg, SPIN)
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     assert len(pairs) == 4 * n * 2  # every sample of the 4 prompts is a rejected response
     for row in range(0, len(pairs), 2):

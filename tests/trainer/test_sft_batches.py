@@ -5,7 +5,7 @@ import torch
 
 from hybridflow.models.segment_attention import use_segment_attention
 from hybridflow.models.tiny import build_tiny_model
-from hybridflow.trainer.sft_batches import (
+from hybridflow.trainer.sft.batches import (
     count_targets,
     even_shard,
     packed_inputs,

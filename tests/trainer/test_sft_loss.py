@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from hybridflow.trainer.sft_loss import sft_loss
+from hybridflow.trainer.sft.loss import sft_loss
 
 
 def _log_softmax(row, index):

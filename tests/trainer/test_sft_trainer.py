@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from hybridflow.config import SFTConfig, load_config
 from hybridflow.errors import ConfigError
-from hybridflow.trainer.checkpoint import TRACKER_FILE
+from hybridflow.trainer.checkpoints.manager import TRACKER_FILE
 from hybridflow.trainer.sft_trainer import build_trainer, main, make_tracking
 
 SUMS = [(1, 2), (3, 4), (5, 6), (7, 8), (2, 9), (4, 4), (6, 1), (9, 9)]

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from hybridflow.errors import ConfigError
-from hybridflow.trainer.plots import Curve, fixed_keys, plot_curves
-from hybridflow.trainer.summary import summary_table
-from hybridflow.trainer.tracking import (
+from hybridflow.trainer.tracking.plots import Curve, fixed_keys, plot_curves
+from hybridflow.trainer.tracking.summary import summary_table
+from hybridflow.trainer.tracking.trackers import (
     Tracking,
     available_backends,
     format_console_line,
@@ -165,7 +165,7 @@ def test_swanlab_offline_run_when_installed(tmp_path, monkeypatch):
 
 
 def test_swanlab_mode():
-    from hybridflow.trainer.tracking import swanlab_mode
+    from hybridflow.trainer.tracking.trackers import swanlab_mode
 
     assert swanlab_mode({}) == "offline"
     assert swanlab_mode({"SWANLAB_API_KEY": "k"}) == "cloud"

@@ -5,7 +5,7 @@ import json
 import re
 
 from hybridflow.config import PPOConfig, load_config
-from hybridflow.trainer.generations import pick_generations
+from hybridflow.trainer.tracking.generations import pick_generations
 from hybridflow.trainer.main_ppo import run_ppo
 from tests.trainer.ppo_fixtures import base_overrides
 

@@ -151,7 +151,7 @@ def test_rollout_worker_sends_each_prompt_s_images(tmp_path, tiny_vl):
 
     from hybridflow.data.rl_dataset import RLDataset
     from hybridflow.data.vision import image_to_bytes
-    from hybridflow.trainer.ppo import prompts_to_batch
+    from hybridflow.trainer.loop.generation import prompts_to_batch
     from hybridflow.workers.rollout import RolloutWorker
 
     model, processor = tiny_vl

@@ -8,7 +8,7 @@ import torch
 
 from hybridflow.data.batch import Batch
 from hybridflow.data.parallel import LOCAL
-from hybridflow.trainer.ppo_builders import build_hybrid_engine
+from hybridflow.trainer.roles.builders import build_hybrid_engine
 from tests.workers.test_verl_worker_keys import _batch, _cfg
 
 

@@ -3,7 +3,7 @@
 import torch
 
 from hybridflow.algos import masked_mean
-from hybridflow.trainer.ppo_builders import build_critic_worker
+from hybridflow.trainer.roles.builders import build_critic_worker
 from hybridflow.data.parallel import LOCAL
 from tests.workers.test_verl_worker_keys import _batch, _cfg
 

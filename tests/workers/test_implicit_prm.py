@@ -8,7 +8,7 @@ import torch
 
 from hybridflow.config import PPOConfig, load_config
 from hybridflow.data.parallel import LOCAL
-from hybridflow.trainer.prime_role import build_prm_worker
+from hybridflow.trainer.roles.prime import build_prm_worker
 from tests.controller.test_ray_group import RESPONSE, rollout_batch
 
 LENGTHS = [6, 3, 5, 1, 6, 2, 4, 6]  # rollout_batch's response lengths

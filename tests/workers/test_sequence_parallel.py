@@ -117,7 +117,7 @@ def _free_port() -> int:
 def _rank_main(rank: int, port: int, dirs: dict) -> None:
     import torch.distributed as dist
 
-    from hybridflow.trainer.ppo_builders import build_critic_worker, build_hybrid_engine
+    from hybridflow.trainer.roles.builders import build_critic_worker, build_hybrid_engine
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
@@ -162,7 +162,7 @@ def two_rank_results(model_dirs):
 
 @pytest.fixture(scope="module")
 def one_process_results(model_dirs):
-    from hybridflow.trainer.ppo_builders import build_critic_worker, build_hybrid_engine
+    from hybridflow.trainer.roles.builders import build_critic_worker, build_hybrid_engine
 
     cfg = ppo_config(model_dirs["actor"], model_dirs["critic"], sp=1)
     return {"actor": run_actor(build_hybrid_engine(LOCAL, cfg=cfg, total_steps=2, with_rollout=False)),

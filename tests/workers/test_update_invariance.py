@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from hybridflow.config import PPOConfig, load_config
-from hybridflow.trainer.ppo_builders import build_hybrid_engine
+from hybridflow.trainer.roles.builders import build_hybrid_engine
 from hybridflow.data.parallel import LOCAL
 from tests.controller.test_ray_group import RESPONSE, rollout_batch
 

@@ -1,7 +1,7 @@
 """verl keys that shape the workers: deprecated global micro-batch sizes, the rollout's log-prob
 micro-batching, critic shuffle / rollout_n / gradient checkpointing, external_lib, chat template.
 
-Workers are built from a PPOConfig by the real factories (hybridflow.trainer.ppo_builders) on a
+Workers are built from a PPOConfig by the real factories (hybridflow.trainer.roles.builders) on a
 tiny model; a spy on the critic's ``optimizer_step`` records which rows each optimizer step saw.
 """
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from hybridflow.config import PPOConfig, load_config
-from hybridflow.trainer.ppo_builders import build_critic_worker, build_hybrid_engine, policy_tokenizer
+from hybridflow.trainer.roles.builders import build_critic_worker, build_hybrid_engine, policy_tokenizer
 from hybridflow.data.batch import Batch
 from hybridflow.workers.critic import CriticWorker
 from hybridflow.data.parallel import LOCAL

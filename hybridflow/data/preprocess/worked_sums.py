@@ -34,11 +34,6 @@ from hybridflow.errors import DataError
 # The instruction these traces answer: appended to a reasoning-gym prompt (the preprocess script's
 # --instruction), it asks for the running sum that a trace writes out
 STEPS_INSTRUCTION = " Add the numbers one at a time, then give the final answer."
-# The warm-up on these rows that the reasoning-sft demo preset and recipe_ablation.py's sft- arms run: the first
-# WARMUP_TRACES training rows, one epoch of 16 SFT steps of 16 at lr 5e-5 (the SFT trainer's cosine decay)
-WARMUP_TRACES = 256
-WARMUP_SFT_OVERRIDES = ("data.train_batch_size=16", "data.micro_batch_size_per_gpu=16", "data.max_length=256",
-                        "optim.lr=5e-5", "trainer.total_epochs=1")
 
 _TERM = re.compile(r"\s*([+-])\s*(\d+)")
 _FIRST = re.compile(r"\s*(-?\d+)")

@@ -17,8 +17,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from hybridflow.trainer.summary import VALIDATION_PREFIX, metric_series
-from hybridflow.trainer.tracking import METRICS_FILE
+from hybridflow.trainer.tracking.summary import VALIDATION_PREFIX, metric_series
+from hybridflow.trainer.tracking.trackers import METRICS_FILE
 
 History = Sequence[Mapping[str, float]]
 
@@ -149,7 +149,7 @@ def plot_comparison(runs: Mapping[str, History], metric: str, path: str, *, titl
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m hybridflow.trainer.plots LABEL=RUN_DIR ... --metric KEY -o out.png``."""
+    """``python -m hybridflow.trainer.tracking.plots LABEL=RUN_DIR ... --metric KEY -o out.png``."""
     parser = argparse.ArgumentParser(description="compare one metric of several runs (their logs/metrics.jsonl)")
     parser.add_argument("runs", nargs="+", help="LABEL=RUN_DIR (a trainer.default_local_dir)")
     parser.add_argument("--metric", required=True, help="e.g. val-core/basic_arithmetic/reward/mean@1")

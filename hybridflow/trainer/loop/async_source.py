@@ -2,10 +2,11 @@
 
 Dataflow (verl's fully_async_policy and one_step_off_policy recipes, on the same worker groups)::
 
-    rollouter thread:  prompts ──► rollout.generate + reward (PPOTrainer.rollout_and_score, weight version v)
+    rollouter thread:  prompts ──► rollout.generate + reward (Generation.rollout_and_score, weight version v)
                        ──► queue  (waits while it is as far ahead as async_training.staleness_threshold allows)
-    trainer (caller):  queue ──► PPOTrainer.train_on_batch (old / ref log-probs, advantages, updates)
+    trainer (the loop): queue ──► the PPO update (old / ref log-probs, advantages, updates)
                        ──► every trigger_parameter_sync_step steps: weights → engine, version v + 1
+                           (``weight_sync.EveryKStepsVersioned``, which wakes the rollouter)
 
 How far ahead: with ``P = trigger_parameter_sync_step * require_batches`` batches per sync period and
 ``s = staleness_threshold``, the rollouter may have generated at most ``floor((syncs_done + 1 + s) * P)``
@@ -51,14 +52,15 @@ import math
 import threading
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Any
 
-from hybridflow.config.validate import partial_rollouts
 from hybridflow.controller.dispatch import mean_metrics
 from hybridflow.data.batch import Batch
 from hybridflow.errors import HybridflowError
-from hybridflow.trainer.metrics import Timer
-from hybridflow.trainer.ppo import PPOTrainer
+from hybridflow.trainer.loop.generation import Generation, PromptStream
+from hybridflow.trainer.loop.parts import Rollout
+from hybridflow.trainer.loop.weight_sync import EveryKStepsVersioned
+from hybridflow.trainer.tracking.metrics import Timer
 
 
 @dataclass
@@ -133,20 +135,18 @@ def async_training_steps(cfg, steps_per_epoch: int) -> int:
     return cfg.trainer.total_training_steps if cfg.trainer.total_training_steps is not None else steps
 
 
-class AsyncPPOTrainer(PPOTrainer):
-    """PPOTrainer whose rollout runs ahead in a thread, bounded by ``async_training.staleness_threshold``."""
+class AsyncSource:
+    """Batches generated ahead by a rollouter thread, bounded by ``async_training.staleness_threshold`` weight
+    versions of ``sync``; a step takes the ``require_batches`` oldest."""
 
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        check_async_config(self.cfg)
-        self.acfg = self.cfg.async_training
+    def __init__(self, generation: Generation, prompts: PromptStream, sync: EveryKStepsVersioned, *, cfg,
+                 total_steps: int):
+        check_async_config(cfg)
+        self.generation, self.prompts, self.sync, self.cfg = generation, prompts, sync, cfg
+        self.acfg, self.total_steps = cfg.async_training, total_steps
         self.gate = StalenessGate(self.acfg.staleness_threshold,
                                   self.acfg.trigger_parameter_sync_step * self.acfg.require_batches)
-        self.syncs_done = 0
-        self.actor_updated = False
-        self.engine_lock = threading.Lock()
-        """Held by a weight sync, a validation and (without partial rollouts) a generate: one at a time."""
-        self.partial = partial_rollouts(self.cfg)
+        self.partial = generation.partial
         self.changed = threading.Condition()
         self.queue: deque[RolloutItem] = deque()
         self.generated = 0
@@ -157,41 +157,33 @@ class AsyncPPOTrainer(PPOTrainer):
         """staleness -> trained batches, over the run (the histogram the metrics report)."""
         self.trained_loader_state: dict | None = None
         """The loader state after the last trained batch's prompts (what a checkpoint records)."""
+        self.taken: list[RolloutItem] = []
+        """The queue items of the step in progress (their versions and generation metrics)."""
+        sync.on_new_version.append(self.wake)
+
+    def wake(self) -> None:
+        with self.changed:
+            self.changed.notify_all()
 
     # ================================================================== the trainer side
-    def validation_every(self) -> int:
-        """rollout.test_freq counts weight syncs (verl's fully async recipe); else trainer.test_freq steps."""
-        if self.cfg.rollout.test_freq is None:
-            return super().validation_every()
-        return self.cfg.rollout.test_freq * self.acfg.trigger_parameter_sync_step
-
-    def train_step(self, batches: Iterator[Batch], *, step: int) -> dict[str, float]:
-        """One PPO step on the ``require_batches`` oldest queued batches; starts the rollouter on the first call."""
+    def next_rollout(self, *, step: int, timer: Timer, metrics: dict) -> Rollout:
+        """The ``require_batches`` oldest queued batches as one; starts the rollouter on the first call."""
         require = self.acfg.require_batches
         if self.rollouter is None:
-            self.start_rollouter(batches, start=(step - 1) * require, total=self.total_steps * require)
-        timer, metrics = Timer(), {}
-        with timer("step"):
-            with timer("wait_for_rollout"):
-                items = [self.take() for _ in range(require)]
-            self.trained_loader_state = items[-1].loader_state
-            batch = self.train_on_batch(Batch.concat([item.batch for item in items]), step=step, timer=timer,
-                                        metrics=metrics)
-            with timer("sync_weights"):
-                self.end_sync_period(step=step)
-        for item in items:  # generation times add up; the rollout metrics are averaged over the batches
-            for key, seconds in item.timings.items():
-                timer.timings[key] = timer.timings.get(key, 0.0) + seconds
+            self.start_rollouter(start=(step - 1) * require, total=self.total_steps * require)
+        with timer("wait_for_rollout"):
+            self.taken = [self.take() for _ in range(require)]
+        self.trained_loader_state = self.taken[-1].loader_state
+        return Rollout(Batch.concat([item.batch for item in self.taken]))
+
+    def after_step(self, rollout: Rollout) -> dict[str, float]:
+        """The generation metrics of the step's batches (averaged; their times added up) and the staleness ones."""
+        items = self.taken
+        metrics = {f"timing_s/{key}": sum(item.timings.get(key, 0.0) for item in items)
+                   for key in dict.fromkeys(key for item in items for key in item.timings)}
         metrics.update(mean_metrics([item.metrics for item in items]))
         metrics.update(self.staleness_metrics(items))
-        return self.finish_step_metrics(metrics, batch=batch, timer=timer, step=step)
-
-    def old_log_probs(self, batch: Batch, *, temperature: float) -> dict[str, float]:
-        """The proximal policy's log-probs (recomputed, then rollout correction) or the behaviour ones."""
-        if self.acfg.compute_prox_log_prob:
-            return super().old_log_probs(batch, temperature=temperature)
-        batch["old_log_probs"] = batch["rollout_log_probs"]
-        return {}
+        return metrics
 
     def take(self) -> RolloutItem:
         with self.changed:
@@ -202,27 +194,6 @@ class AsyncPPOTrainer(PPOTrainer):
             self.changed.notify_all()
             return item
 
-    def sync_rollout_weights(self, *, step: int) -> None:
-        """Called by train_on_batch after an actor update: the load waits for the end of the sync period."""
-        self.actor_updated = True
-
-    def end_sync_period(self, *, step: int) -> None:
-        """At the end of a sync period load the actor's weights (if it was updated; not during critic warm-up)
-        and count a new version, both under the engine lock so a generate sees matching weights and version."""
-        if step % self.acfg.trigger_parameter_sync_step != 0:
-            return
-        with self.engine_lock:  # a partial generate does not hold it: the engine's own handover pauses it
-            if self.actor_updated or self.partial:  # (partial: the engine learns the new version even so)
-                self.push_weights_to_rollout(version=self.syncs_done + 1)
-                self.actor_updated = False
-            with self.changed:
-                self.syncs_done += 1
-                self.changed.notify_all()
-
-    def push_weights_to_rollout(self, *, version: int | None = None) -> None:
-        """Tagged with the weight version (syncs done; a resume reloads the checkpoint's)."""
-        super().push_weights_to_rollout(version=self.syncs_done if version is None else version)
-
     def staleness_metrics(self, items: list[RolloutItem]) -> dict[str, float]:
         """verl's ``fully_async/*`` counts plus the staleness histogram of the trained batches."""
         staleness = [max(0, self.version_at_training(item) - item.version) for item in items]
@@ -231,8 +202,8 @@ class AsyncPPOTrainer(PPOTrainer):
         with self.changed:
             queued = len(self.queue)
         rows = len(items[0].batch)
-        metrics = {"fully_async/count/current_param_version": self.syncs_done,
-                   "fully_async/count/total_generated_samples": self.generated * self.rollout_cfg.n
+        metrics = {"fully_async/count/current_param_version": self.sync.version,
+                   "fully_async/count/total_generated_samples": self.generated * self.generation.rollout_cfg.n
                    * self.cfg.data.train_batch_size,
                    "fully_async/count/stale_samples_processed": sum(
                        count for s, count in self.staleness_counts.items() if s > 0) * rows,
@@ -248,55 +219,48 @@ class AsyncPPOTrainer(PPOTrainer):
         """Syncs done before the step that trained ``item`` (the weights the update started from)."""
         return item.index // self.gate.batches_per_sync
 
-    def generate(self, prompts: Batch, params) -> Batch:
-        """With ``partial_rollout`` a weight sync pauses this generate and its sequences continue with the new weights."""
-        if not self.partial:
-            return super().generate(prompts, params)
-        return self.w.rollout.generate(prompts, params, partial=True)
-
     # ================================================================== checkpoints
-    def checkpoint_extra(self) -> dict:
-        """main_ppo's state plus the async counters and the batches generated but not trained yet (with
-        their weight versions); the loader continues after the last of them (or the last trained batch)."""
-        extra = super().checkpoint_extra()
+    def state_dict(self) -> dict[str, Any]:
+        """The batches generated but not trained yet (with their weight versions) and the staleness counts; the
+        loader continues after the last of them (or the last trained batch)."""
         with self.changed:  # a generated batch is queued before the engine lock that a sync takes is released
             queued = list(self.queue)
         loader_state = queued[-1].loader_state if queued else self.trained_loader_state
+        state = self.prompts.state_dict()
         if loader_state is not None:
-            extra["dataloader"] = loader_state
-        extra["async"] = {"syncs_done": self.syncs_done, "staleness_counts": dict(self.staleness_counts),
-                          "queued": [vars(item) for item in queued]}
-        return extra
+            state["dataloader"] = loader_state
+        state["async"] = {"staleness_counts": dict(self.staleness_counts), "queued": [vars(item) for item in queued]}
+        return state
 
-    def restore_extra(self, extra: dict) -> None:
-        super().restore_extra(extra)
-        state = extra.get("async", {})
-        self.syncs_done = state.get("syncs_done", 0)
-        self.staleness_counts = dict(state.get("staleness_counts", {}))
-        self.queue.extend(RolloutItem(**fields) for fields in state.get("queued", []))
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.prompts.load_state_dict(state)
+        queue_state = state.get("async", {})
+        self.staleness_counts = dict(queue_state.get("staleness_counts", {}))
+        self.queue.extend(RolloutItem(**fields) for fields in queue_state.get("queued", []))
 
     # ================================================================== the rollouter side
-    def start_rollouter(self, batches: Iterator[Batch], *, start: int, total: int) -> None:
+    def start_rollouter(self, *, start: int, total: int) -> None:
         """Generate prompt batches ``start .. total - 1`` (``start`` > 0 after a resume), after those a
         checkpoint restored to the queue."""
         start += len(self.queue)
         self.generated = start
-        self.rollouter = threading.Thread(target=self.rollouter_loop, args=(batches, start, total),
+        self.rollouter = threading.Thread(target=self.rollouter_loop, args=(start, total),
                                           name="hybridflow-rollouter", daemon=True)
         self.rollouter.start()
 
-    def rollouter_loop(self, batches: Iterator[Batch], start: int, total: int) -> None:
+    def rollouter_loop(self, start: int, total: int) -> None:
         try:
             for index in range(start, total):
                 with self.changed:
-                    self.changed.wait_for(lambda: self.stopping or index < self.gate.allowed(self.syncs_done))
+                    self.changed.wait_for(lambda: self.stopping or index < self.gate.allowed(self.sync.version))
                     if self.stopping:
                         return
-                prompts = next(batches)
+                prompts = next(self.prompts)
                 # queued under the engine lock: a checkpoint (after a sync, which takes the lock) never
                 # misses a batch generated with the weights before it
-                with contextlib.nullcontext() if self.partial else self.engine_lock:
-                    item = self.generate_item(prompts, index=index, loader_state=self.train_loader.state_dict())
+                with contextlib.nullcontext() if self.partial else self.sync.engine_lock:
+                    item = self.generate_item(prompts, index=index,
+                                              loader_state=self.prompts.state_dict()["dataloader"])
                     with self.changed:
                         self.queue.append(item)
                         self.generated += 1
@@ -310,18 +274,13 @@ class AsyncPPOTrainer(PPOTrainer):
         """Generate and score one prompt batch with the weights loaded now (seeded as main_ppo's step)."""
         timer, metrics = Timer(), {}
         require = self.acfg.require_batches
-        version = self.syncs_done  # the caller holds the engine lock (without partial rollouts)
-        batch = self.rollout_and_score(prompts, step=index // require + 1, timer=timer, metrics=metrics,
-                                       attempt=index % require)
+        version = self.sync.version  # the caller holds the engine lock (without partial rollouts)
+        batch = self.generation.rollout_and_score(prompts, step=index // require + 1, timer=timer, metrics=metrics,
+                                                  attempt=index % require)
         if self.partial:  # the engine's version when its first token was sampled (a sync may have just landed)
             version = int(batch["rollout_first_version"].min())
         return RolloutItem(batch=batch, index=index, version=version, loader_state=loader_state, metrics=metrics,
                            timings=timer.timings)
-
-    # ================================================================== shared engine
-    def validate(self) -> dict[str, float]:
-        with self.engine_lock:
-            return super().validate()
 
     def close(self) -> None:
         with self.changed:
@@ -329,4 +288,3 @@ class AsyncPPOTrainer(PPOTrainer):
             self.changed.notify_all()
         if self.rollouter is not None:
             self.rollouter.join()
-        super().close()

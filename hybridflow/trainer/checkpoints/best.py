@@ -26,8 +26,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from hybridflow.trainer.checkpoint import write_text_atomic
-from hybridflow.trainer.summary import VALIDATION_PREFIX
+from hybridflow.trainer.checkpoints.manager import write_text_atomic
+from hybridflow.trainer.tracking.summary import VALIDATION_PREFIX
 
 RECORD_FILE = "best_checkpoint.json"
 

@@ -374,3 +374,29 @@ class Tracking:
     def finish(self) -> None:
         for backend in self._backends:
             backend.finish()
+
+
+class EveryNthStep:
+    """A tracking front that forwards step metrics only every ``log_freq`` steps (``+trainer.log_freq``).
+
+    Validation before training (step 0) always goes through."""
+
+    def __init__(self, tracking, log_freq: int):
+        self.tracking, self.log_freq = tracking, log_freq
+
+    @property
+    def history(self) -> list[dict[str, float]]:
+        return self.tracking.history
+
+    def log(self, metrics: Mapping[str, Any], step: int) -> None:
+        if step % self.log_freq == 0:
+            self.tracking.log(metrics, step=step)
+
+    def progress(self, total_steps: int, initial_step: int = 0):
+        return self.tracking.progress(total_steps, initial_step=initial_step)
+
+    def resume_at(self, step: int) -> None:
+        self.tracking.resume_at(step)
+
+    def finish(self) -> None:
+        self.tracking.finish()

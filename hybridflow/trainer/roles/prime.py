@@ -1,6 +1,6 @@
 """PRIME's implicit PRM as a role of the PPO trainer: its checks before any model loads, its factory inside a rank,
-its worker group (colocated like the critic), and the trainer stage that trains it and turns its log-probs into
-dense rewards (``batch["prm_rewards"]``, read by ``adv_estimator=prime``).
+its worker group (colocated like the critic). The step stage that trains it and turns its log-probs into dense
+rewards (``batch["prm_rewards"]``, read by ``adv_estimator=prime``) is the PPO update's (``loop/ppo_update.py``).
 """
 
 from __future__ import annotations
@@ -9,15 +9,13 @@ import functools
 
 import torch
 
-from hybridflow.algos.prime import PRIME_GRANULARITIES, PRIME_NORMS, dense_prm_rewards, dpo_accuracy
+from hybridflow.algos.prime import PRIME_GRANULARITIES, PRIME_NORMS
 from hybridflow.controller.worker_group import build_worker_group
-from hybridflow.data.batch import Batch
 from hybridflow.data.parallel import DataParallel
-from hybridflow.errors import HybridflowError
 from hybridflow.models.sharded_checkpoint import FSDPModelComponent
-from hybridflow.trainer.ppo_builders import (load_policy, model_layout, policy_tokenizer, rank_device, shard_for_group,
+from hybridflow.trainer.roles.builders import (load_policy, model_layout, policy_tokenizer, rank_device, shard_for_group,
                                              training_precision)
-from hybridflow.trainer.ppo_roles import ImplicitPRMGroupWorker
+from hybridflow.trainer.roles.groups import ImplicitPRMGroupWorker
 from hybridflow.workers.implicit_prm import ImplicitPRMWorker
 from hybridflow.workers.micro_batches import LogProbBatching, per_rank_micro_batch_size
 from hybridflow.workers.optim import train_state_from_config
@@ -80,22 +78,3 @@ def build_prm_group(cfg, *, total_steps: int, group_kwargs: dict):
     """The PRM's worker group (``group_kwargs``: the backend's, as the critic's)."""
     return build_worker_group(functools.partial(build_prm_worker, cfg=cfg, total_steps=total_steps),
                               worker_cls=ImplicitPRMGroupWorker, name="reward_model", **group_kwargs)
-
-
-def implicit_process_rewards(prm, batch: Batch, *, cfg, temperature: float, step: int) -> dict[str, float]:
-    """The PRIME stage: train the PRM on the step's outcome labels (``update=before``), then its dense rewards
-    into ``batch["prm_rewards"]``; returns the ``reward_model/*`` metrics."""
-    rm = cfg.reward_model
-    labels = batch["seq_score"]
-    if ((labels < 0) | (labels > 1)).any():
-        raise HybridflowError(
-            f"PRIME's implicit PRM learns from 0/1 outcome labels, but the reward scores span "
-            f"[{labels.min().item():g}, {labels.max().item():g}]: return a score in [0, 1] from compute_score")
-    metrics = prm.update_prm(batch, temperature=temperature, step=step) if rm.model.update == "before" else {}
-    log_probs = prm.compute_prm_log_probs(batch, temperature=temperature).to(batch["ref_log_probs"].device)
-    batch["prm_rewards"], reward_metrics = dense_prm_rewards(
-        prm_log_probs=log_probs, ref_log_probs=batch["ref_log_probs"], response_mask=batch["response_mask"],
-        beta=rm.model.beta_train, granularity=rm.prime_granularity, norm=rm.prime_norm)
-    accuracy = dpo_accuracy(rewards=batch["prm_rewards"], outcome=labels, response_mask=batch["response_mask"],
-                            n=cfg.actor_rollout_ref.rollout.n)
-    return {**metrics, **reward_metrics, **accuracy}

@@ -3,7 +3,7 @@
 Layout under ``trainer.default_local_dir``::
 
     global_step_{N}/
-        actor/  critic/  ...           one directory per component (see checkpoint_components.py)
+        actor/  critic/  ...           one directory per component (see components.py)
         data.pt                        ``extra``: dataloader state and other trainer state
         checkpoint_complete.json       completion marker, written last inside the step
     latest_checkpointed_iteration.txt  "N", written after the step directory is in place
@@ -20,7 +20,7 @@ directory without the marker (torn by a crash, or copied partially) is never res
 from in ``auto`` mode.
 
 Damage after the fact: the marker records every file's size (and a checksum of the
-smaller ones, see checkpoint_manifest.py); ``auto`` resume verifies the step it picks
+smaller ones, see manifest.py); ``auto`` resume verifies the step it picks
 and falls back to the newest intact one with a warning that names the damaged file.
 
 Full disks: before writing, the free space is compared with the size of the previous
@@ -43,8 +43,8 @@ from typing import Any
 import torch
 
 from hybridflow.errors import CheckpointError, ConfigError, ModelError
-from hybridflow.trainer.checkpoint_components import Checkpointable, HasStateDict, as_component
-from hybridflow.trainer.checkpoint_manifest import build_manifest, manifest_problem, tree_size
+from hybridflow.trainer.checkpoints.components import Checkpointable, HasStateDict, as_component
+from hybridflow.trainer.checkpoints.manifest import build_manifest, manifest_problem, tree_size
 
 logger = logging.getLogger(__name__)
 

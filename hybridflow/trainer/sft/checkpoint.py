@@ -12,7 +12,7 @@ Layout (``trainer.default_local_dir``, verl's names)::
         data.pt                   dataloader position (exact resume)
     latest_checkpointed_iteration.txt
 
-The checkpoint manager (``checkpoint.py``) runs on rank 0 only: it picks the temporary
+The checkpoint manager (``checkpoints/manager.py``) runs on rank 0 only: it picks the temporary
 step directory, publishes it atomically and writes the tracker. The other ranks must
 write their shards into that same directory, so :class:`SharedDirComponent` broadcasts
 it from rank 0 and every rank writes; a barrier keeps rank 0 from publishing before the

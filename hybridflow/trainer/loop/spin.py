@@ -9,11 +9,12 @@ Dataflow of one step (Chen et al. 2024, arXiv 2401.01335; online DPO as in verl'
             ──► reference.compute_ref_log_prob on the pairs ──► log pi_ref(y | x) summed per response
             ──► actor.update_preference("dpo" | "ipo", beta = actor.dpo_beta)
                     -log sigmoid(beta [(log pi/pi_ref)(y_w) - (log pi/pi_ref)(y_l)])   (DPO eq. 7)
-            ──► rollout.sync_rollout_weights()
+            ──► weight sync (actor -> engine, after every update)
             ──► metrics ──► tracking (every trainer.log_freq);  validation every test_freq;  checkpoint
 
-Fit, validation (``val-core/...``), checkpoints and resume are the PPO trainer's
-(``trainer/ppo.py``); a refreshed reference is checkpointed as ``global_step_N/ref``.
+:class:`SPIN` is the method the preference update (``loop/preference_update.py``) asks for its rows; fit, validation
+(``val-core/...``), checkpoints and resume are the loop's (``loop/fit.py``); a refreshed reference is
+checkpointed as ``global_step_N/ref``.
 
 Preference sources (``algorithm.preference_source``):
 - ``reward`` (default, verl's recipe): chosen = the best-scored, rejected = the worst-scored
@@ -36,31 +37,32 @@ Deviations, on purpose:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable
 
 from hybridflow.algos.self_play import best_worst_pairs
 from hybridflow.data.batch import Batch
 from hybridflow.rollout import Completion
-from hybridflow.trainer.metrics import Timer, rollout_metrics
-from hybridflow.trainer.self_play import SelfPlayTrainer
+from hybridflow.trainer.loop.parts import Rollout, Run
+from hybridflow.trainer.tracking.metrics import Timer
+from hybridflow.trainer.loop.preference_update import PreferenceRows
 from hybridflow.workers.rollout import RolloutWorker
 
 LOSS_TYPES = {"sigmoid": "dpo", "ipo": "ipo"}
 """``algorithm.dpo_loss_type`` -> the actor's preference objective."""
 
 
-def reward_ranked_pairs(trainer: "SPINTrainer", batch: Batch, prompts: Batch) -> Batch:
+def reward_ranked_pairs(run: Run, batch: Batch, prompts: Batch) -> Batch:
     """Online DPO: the best-scored vs the worst-scored sample of each prompt (ties: no pair)."""
-    chosen, rejected = best_worst_pairs(scores=batch["seq_score"], group_size=trainer.rollout_cfg.n)
+    chosen, rejected = best_worst_pairs(scores=batch["seq_score"], group_size=run.cfg.actor_rollout_ref.rollout.n)
     rows = [row for pair in zip(chosen.tolist(), rejected.tolist()) for row in pair]
     return batch.index_select(rows)
 
 
-def ground_truth_pairs(trainer: "SPINTrainer", batch: Batch, prompts: Batch) -> Batch:
+def ground_truth_pairs(run: Run, batch: Batch, prompts: Batch) -> Batch:
     """SPIN proper (Chen et al. 2024, Sec. 4): the dataset's answer (``reward_model.ground_truth`` + EOS) is
     chosen against each of the policy's own samples; rows ``[answer, sample_0, answer, sample_1, ...]``."""
-    tokenizer, n = trainer.tokenizer, trainer.rollout_cfg.n
-    max_len = trainer.cfg.data.max_response_length
+    tokenizer, n = run.tokenizer, run.cfg.actor_rollout_ref.rollout.n
+    max_len = run.cfg.data.max_response_length
     completions = []
     for row in range(len(batch)):
         answer = tokenizer.encode(str(batch["ground_truth"][row]), add_special_tokens=False)
@@ -77,7 +79,7 @@ def ground_truth_pairs(trainer: "SPINTrainer", batch: Batch, prompts: Batch) -> 
 class PairSource:
     """How a step's samples become (chosen, rejected) rows, and how many pairs a prompt gives at rollout.n."""
 
-    pairs: Callable[["SPINTrainer", Batch, Batch], Batch]
+    pairs: Callable[[Run, Batch, Batch], Batch]
     pairs_per_prompt: Callable[[int], int]
 
 
@@ -86,30 +88,27 @@ PAIR_SOURCES = {"reward": PairSource(reward_ranked_pairs, pairs_per_prompt=lambd
 """``algorithm.preference_source`` -> its pair source."""
 
 
-class SPINTrainer(SelfPlayTrainer):
-    """Online DPO on best-vs-worst pairs of the policy's own samples, against a periodically refreshed reference."""
+class SPIN:
+    """Online DPO on best-vs-worst pairs of the policy's own samples (or the dataset's answer against each sample),
+    against a periodically refreshed reference."""
 
-    def train_step(self, batches: Iterator[Batch], *, step: int) -> dict[str, float]:
-        timer, metrics = Timer(), {}
-        with timer("step"):
-            self.refresh_reference_if_due(step=step, timer=timer)
-            prompts = next(batches)
-            batch = self.rollout_and_score(prompts, step=step, timer=timer, metrics=metrics)
-            source = PAIR_SOURCES[self.cfg.algorithm.preference_source]
-            with timer("pairs"):
-                pairs = self.whole_pairs(source.pairs(self, batch, prompts))
-            metrics["train/num_pairs"] = len(pairs) // 2
-            if len(pairs):
-                rows_per_prompt = 2 * source.pairs_per_prompt(self.rollout_cfg.n)
-                metrics.update(self.update_actor(pairs, objective=LOSS_TYPES[self.cfg.algorithm.dpo_loss_type],
-                                                 params=self.loss_params(), rows_per_prompt=rows_per_prompt,
-                                                 step=step, timer=timer))
-        metrics.update(rollout_metrics(batch, max_response_length=self.cfg.data.max_response_length))
-        return self.step_metrics(metrics, batch=batch, timer=timer, step=step)
+    def __init__(self, run: Run):
+        self.run, self.cfg = run, run.cfg
+
+    def rows(self, rollout: Rollout, *, timer: Timer, metrics: dict) -> PreferenceRows | None:
+        """``[chosen_0, rejected_0, chosen_1, ...]``; None when no prompt gave a pair."""
+        source = PAIR_SOURCES[self.cfg.algorithm.preference_source]
+        with timer("pairs"):
+            pairs = self.whole_pairs(source.pairs(self.run, rollout.batch, rollout.prompts))
+        metrics["train/num_pairs"] = len(pairs) // 2
+        if not len(pairs):
+            return None
+        return PreferenceRows(pairs, objective=LOSS_TYPES[self.cfg.algorithm.dpo_loss_type], params=self.loss_params(),
+                              rows_per_prompt=2 * source.pairs_per_prompt(self.cfg.actor_rollout_ref.rollout.n))
 
     def whole_pairs(self, pairs: Batch) -> Batch:
         """Rows ``[chosen_0, rejected_0, chosen_1, ...]`` cut to the same number of pairs on every worker."""
-        world = getattr(self.w.actor, "world_size", 1)
+        world = getattr(self.run.workers.actor, "world_size", 1)
         count = len(pairs) // 2
         return pairs.index_select(list(range(2 * (count - count % world))))
 

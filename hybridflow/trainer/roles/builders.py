@@ -29,7 +29,7 @@ from hybridflow.models.ulysses import split_sequences
 from hybridflow.models.vision import freeze_vision_tower, is_vision_language, load_processor
 from hybridflow.rollout.config import engine_kwargs_from_rollout_config
 from hybridflow.rollout.engine import build_engine
-from hybridflow.trainer.ppo_roles import CriticGroupWorker, HybridEngineWorker, RolloutGroupWorker
+from hybridflow.trainer.roles.groups import CriticGroupWorker, HybridEngineWorker, RolloutGroupWorker
 from hybridflow.workers.actor import ActorWorker, PolicyObjective
 from hybridflow.workers.critic import CriticWorker, ValueObjective
 from hybridflow.workers.logprob import forward_layout

@@ -9,11 +9,12 @@ Dataflow of one step (Wu et al. 2024, arXiv 2405.00675, Algorithm 1 with K = rol
             ──► reference.compute_ref_log_prob ──► log pi_t(y | x) summed per response
             ──► actor.update_preference("sppo", eta = actor.sppo_eta or algorithm.sppo_eta)
                     (log pi(y|x) - log pi_t(y|x) - eta (P(y > pi_t | x) - 1/2))^2
-            ──► rollout.sync_rollout_weights()
+            ──► weight sync (actor -> engine, after every update)
             ──► metrics ──► tracking (every trainer.log_freq);  validation every test_freq;  checkpoint
 
-Fit, validation (``val-core/...``), checkpoints and resume are the PPO trainer's
-(``trainer/ppo.py``); a refreshed reference is checkpointed as ``global_step_N/ref``.
+:class:`SPPO` is the method the preference update (``loop/preference_update.py``) asks for its rows; fit, validation
+(``val-core/...``), checkpoints and resume are the loop's (``loop/fit.py``); a refreshed reference is
+checkpointed as ``global_step_N/ref``.
 
 Deviations, on purpose:
 - From the paper: the preference oracle is the comparison of scalar scores (a rule or a
@@ -30,13 +31,11 @@ Deviations, on purpose:
 
 from __future__ import annotations
 
-from typing import Iterator
-
 from hybridflow.algos.self_play import group_win_rates
-from hybridflow.data.batch import Batch
 from hybridflow.errors import ConfigError
-from hybridflow.trainer.metrics import Timer, rollout_metrics
-from hybridflow.trainer.self_play import SelfPlayTrainer
+from hybridflow.trainer.loop.parts import Rollout, Run
+from hybridflow.trainer.tracking.metrics import Timer
+from hybridflow.trainer.loop.preference_update import PreferenceRows
 
 
 def sppo_eta(cfg) -> float:
@@ -48,16 +47,14 @@ def sppo_eta(cfg) -> float:
     return actor_eta if algorithm_eta is None else algorithm_eta
 
 
-class SPPOTrainer(SelfPlayTrainer):
+class SPPO:
     """SPPO's squared loss on the policy's own samples, with win rates estimated within each prompt's group."""
 
-    def train_step(self, batches: Iterator[Batch], *, step: int) -> dict[str, float]:
-        timer, metrics, n = Timer(), {}, self.rollout_cfg.n
-        with timer("step"):
-            self.refresh_reference_if_due(step=step, timer=timer)
-            batch = self.rollout_and_score(next(batches), step=step, timer=timer, metrics=metrics)
-            batch["win_prob"] = group_win_rates(scores=batch["seq_score"], group_size=n)
-            metrics.update(self.update_actor(batch, objective="sppo", params={"eta": sppo_eta(self.cfg)},
-                                             rows_per_prompt=n, step=step, timer=timer))
-        metrics.update(rollout_metrics(batch, max_response_length=self.cfg.data.max_response_length))
-        return self.step_metrics(metrics, batch=batch, timer=timer, step=step)
+    def __init__(self, run: Run):
+        self.run, self.cfg = run, run.cfg
+
+    def rows(self, rollout: Rollout, *, timer: Timer, metrics: dict) -> PreferenceRows:
+        """Every sample, with ``win_prob`` [B * n] against its group."""
+        batch, n = rollout.batch, self.cfg.actor_rollout_ref.rollout.n
+        batch["win_prob"] = group_win_rates(scores=batch["seq_score"], group_size=n)
+        return PreferenceRows(batch, objective="sppo", params={"eta": sppo_eta(self.cfg)}, rows_per_prompt=n)

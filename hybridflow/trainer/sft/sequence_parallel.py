@@ -13,7 +13,7 @@ import torch
 from hybridflow.algos import logprobs_from_logits
 from hybridflow.models.logprob import row_forward_inputs
 from hybridflow.models.ulysses import SequenceParallel, SequenceShard
-from hybridflow.trainer.sft_loss import sft_loss_from_log_probs
+from hybridflow.trainer.sft.loss import sft_loss_from_log_probs
 
 
 def sequence_parallel_sft_loss(model, inputs: dict, *, sp: SequenceParallel, global_num_tokens: float):

@@ -1,4 +1,4 @@
-"""The tool-use pieces of ``hybridflow demo --preset tools``: tool config, tool-agent rows, SFT warm-up.
+"""The tool-use pieces of the ``tools`` demo preset (``demo_presets.py``): tool config, tool-agent rows, SFT warm-up.
 
     tools.yaml (the preset's tools) ──► rows: reasoning-gym questions as tool-agent rows
          │                                 (``agent_name: tool_agent``, ``extra_info.tools_kwargs``)

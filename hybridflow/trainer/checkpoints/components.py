@@ -1,6 +1,6 @@
 """What a checkpoint is made of: components that write themselves into a directory.
 
-The checkpoint manager (``checkpoint.py``) owns the step directory and its atomic
+The checkpoint manager (``manager.py``) owns the step directory and its atomic
 publication; each component only writes its files into the directory it is given and
 reads them back. That is the whole interface (:class:`Checkpointable`), so a sharded
 FSDP2 component (every rank writing its DCP shard into the same directory) or a remote
