@@ -87,3 +87,9 @@ def test_every_entry_point_answers_help(module, args, pointer, monkeypatch, caps
     out, err = capsys.readouterr()
     assert exit_.value.code in (0, None), err
     assert out.startswith("usage: ") and pointer in " ".join(out.split()) and err == ""
+
+
+def test_preprocess_help_after_a_script_name_is_that_scripts_help():
+    proc = subprocess.run([sys.executable, "-m", "hybridflow.cli", "preprocess", "reasoning_gym", "--help"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "--task" in proc.stdout and "--local_save_dir" in proc.stdout

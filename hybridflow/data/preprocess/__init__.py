@@ -20,6 +20,7 @@ Each is a module with ``main(argv)`` and a ``python -m`` entry point, and writes
 
 import argparse
 import importlib
+import sys
 
 SCRIPTS = {
     "geo3k": "hybridflow.data.preprocess.geo3k",
@@ -37,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="hybridflow preprocess",
                                      description="write a dataset in verl's parquet schema")
     parser.add_argument("script", choices=sorted(SCRIPTS))
-    args, rest = parser.parse_known_args(argv)
-    importlib.import_module(SCRIPTS[args.script]).main(rest)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in SCRIPTS:  # the script's own --help is the one a user wants after its name
+        parser.parse_args(argv[:1])
+    importlib.import_module(SCRIPTS[argv[0]]).main(argv[1:])
     return 0
