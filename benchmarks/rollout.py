@@ -625,20 +625,23 @@ def decode_breakdown(engine, *, rows: int, context: int, temperature: float) -> 
     (with the bandwidth it reaches), and the sampling; the rest of a step is host work."""
     from hybridflow.rollout import SamplingParams
     from hybridflow.rollout.sampler import RowSampling, sample_tokens
-    from hybridflow.rollout.triton_attention import slot_decode_attention
+    from hybridflow.rollout.triton_attention import paged_decode_attention
 
     decoder, cache = engine.decoder, engine.cache
-    rows = min(rows, cache.slots)
+    rows = min(rows, engine.max_num_seqs, (cache.blocks - 1) // -(-context // cache.block_size))
     tokens = torch.randint(decoder.vocab_size, (rows,), device="cuda")
     positions = torch.full((rows,), context - 1, device="cuda")
+    # Each row its own blocks, in order (1 ..): what a fresh pool hands out.
+    width = -(-context // cache.block_size)
+    tables = (torch.arange(rows * width, device="cuda", dtype=torch.int32).view(rows, width) + 1)
     graphs = engine._graphs_for(cache)
-    graph_ms = cuda_ms(lambda: graphs(token_ids=tokens, positions=positions))
+    graph_ms = cuda_ms(lambda: graphs(token_ids=tokens, positions=positions, block_tables=tables))
     q = torch.randn(rows, decoder.num_heads, decoder.head_dim, device="cuda", dtype=decoder.embed.dtype)
     keys, values = cache.layer(0)
-    attention_ms = cuda_ms(lambda: slot_decode_attention(q=q, keys=keys, values=values, lengths=positions + 1,
-                                                         scale=decoder.scale))
+    attention_ms = cuda_ms(lambda: paged_decode_attention(q=q, keys=keys, values=values, lengths=positions + 1,
+                                                          scale=decoder.scale, block_tables=tables))
     kv_bytes = 2 * rows * context * decoder.kv_heads * decoder.head_dim * cache.data.element_size()
-    logits = graphs(token_ids=tokens, positions=positions).clone()
+    logits = graphs(token_ids=tokens, positions=positions, block_tables=tables).clone()
     sampling = RowSampling.uniform(SamplingParams(temperature=temperature), rows=rows, vocab_size=decoder.vocab_size,
                                    device="cuda")
     sampling_ms = cuda_ms(lambda: sample_tokens(logits=logits, params=sampling))

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from hybridflow.errors import RolloutError
 from hybridflow.rollout.architectures import ARCHITECTURES, unsupported_reason
 from hybridflow.models.segment_attention import kv_heads
-from hybridflow.rollout.kv_cache import SlotKVCache
+from hybridflow.rollout.kv_cache import PagedKVCache
 from hybridflow.rollout.optional import package_installed
 from hybridflow.rollout.packed_linear import PackedLinear, same_layout
 from hybridflow.rollout.weights import copy_named_tensors
@@ -356,44 +356,46 @@ class LlamaFamilyDecoder:
                                                        scale=self.scale)[0]
 
     @torch.no_grad()
-    def decode(self, *, token_ids: torch.Tensor, positions: torch.Tensor, cache: SlotKVCache,
-               context: int | None = None, first_slot: int = 0) -> torch.Tensor:
-        """One step for the sequences in slots ``first_slot .. first_slot + N - 1``.
+    def decode(self, *, token_ids: torch.Tensor, positions: torch.Tensor, cache: PagedKVCache,
+               block_tables: torch.Tensor, context: int | None = None) -> torch.Tensor:
+        """One step for ``N`` sequences of the paged cache.
 
         Args:
-            token_ids: ``[N]`` each slot's latest token.
-            positions: ``[N]`` where it goes (the slot's current length).
+            token_ids: ``[N]`` each sequence's latest token.
+            positions: ``[N]`` where it goes (the sequence's current length).
             cache: keys/values of the earlier tokens; the new ones are written in place.
+            block_tables: ``[N, W]`` int32, the blocks of each sequence (unused entries: the null block);
+                every block a row writes into is its own (the engine copied shared ones first).
             context: ``max(positions) + 1``, the attention span of this step; ``None`` makes the
                 step graph-safe (static shapes, no host values: CUDA graphs capture it, and
                 ``torch.compile(fullgraph=True)`` traces it): on CUDA it then runs as Triton kernels
-                (:meth:`_decode_fused`; attention reads each row's length on the device), elsewhere
-                SDPA spans the whole cache with a device-built mask.
-            first_slot: the cache slot of row 0; disjoint slot ranges may be decoded
-                concurrently (:mod:`hybridflow.rollout.lanes`).
+                (:meth:`_decode_fused`; attention reads each row's length and blocks on the device),
+                elsewhere SDPA spans all ``W`` blocks with a device-built mask.
 
         Returns:
             ``[N, V]`` next-token logits.
         """
         if context is None and self.triton_kernels:
-            return self._decode_fused(token_ids=token_ids, positions=positions, cache=cache, first_slot=first_slot)
+            return self._decode_fused(token_ids=token_ids, positions=positions, cache=cache, block_tables=block_tables)
         cos_table, sin_table = self.rope_table(cache.max_len if context is None else context)
         cos, sin = cos_table[positions][:, None], sin_table[positions][:, None]
-        rows = cache.write_rows(positions, first_slot)
-        attend = self._decode_attention(positions=positions, cache=cache, context=context, first_slot=first_slot)
+        rows = cache.write_rows(positions, block_tables)
+        if context is not None:  # only the blocks the longest row reaches
+            block_tables = block_tables[:, : -(-context // cache.block_size)]
+        attend = self._decode_attention(positions=positions, cache=cache, block_tables=block_tables)
         hidden = F.embedding(token_ids, self.embed)
         for index, layer in enumerate(self.layers):
             q, k, v = self._qkv(self._rms_norm(hidden, layer.input_norm), layer, cos, sin)
             cache.write(layer=index, rows=rows, keys=k, values=v)
-            hidden = hidden + layer.o_proj(attend(q, *cache.layer(index)))
+            hidden = hidden + layer.o_proj(attend(q, index))
             hidden = hidden + self._mlp(self._rms_norm(hidden, layer.post_norm), layer)
         return self.lm_head(self._rms_norm(hidden, self.final_norm))
 
-    def _decode_fused(self, *, token_ids: torch.Tensor, positions: torch.Tensor, cache: SlotKVCache,
-                      first_slot: int) -> torch.Tensor:
+    def _decode_fused(self, *, token_ids: torch.Tensor, positions: torch.Tensor, cache: PagedKVCache,
+                      block_tables: torch.Tensor) -> torch.Tensor:
         """:meth:`decode` in ten kernels a layer (:mod:`hybridflow.rollout.triton_fused`): the same math,
         with each residual add fused into the RMSNorm that follows it."""
-        from hybridflow.rollout.triton_attention import slot_decode_attention
+        from hybridflow.rollout.triton_attention import paged_decode_attention
         from hybridflow.rollout.triton_fused import add_rms_norm, qkv_rope_write, silu_mul
 
         cos, sin = self.rope_table(cache.max_len)
@@ -404,9 +406,10 @@ class LlamaFamilyDecoder:
         for index, layer in enumerate(self.layers):
             keys, values = cache.layer(index)
             q = qkv_rope_write(qkv=layer.qkv(normed), positions=positions, cos=cos, sin=sin, qk_norm=layer.qk_norm,
-                               keys=keys, values=values, heads=self.num_heads, eps=self.eps, first_slot=first_slot)
-            attn = slot_decode_attention(q=q, keys=keys, values=values, lengths=lengths, scale=self.scale,
-                                         first_slot=first_slot)
+                               keys=keys, values=values, heads=self.num_heads, eps=self.eps,
+                               block_tables=block_tables)
+            attn = paged_decode_attention(q=q, keys=keys, values=values, lengths=lengths, scale=self.scale,
+                                          block_tables=block_tables)
             normed, hidden = add_rms_norm(x=layer.o_proj(attn.view(count, -1)), residual=hidden,
                                           weight=layer.post_norm, eps=self.eps)
             following = self.layers[index + 1].input_norm if index + 1 < self.num_layers else self.final_norm
@@ -414,23 +417,21 @@ class LlamaFamilyDecoder:
                                           weight=following, eps=self.eps)
         return self.lm_head(normed)
 
-    def _decode_attention(self, *, positions: torch.Tensor, cache: SlotKVCache, context: int | None,
-                          first_slot: int):
-        """``attend(q [N, H, D], keys, values) -> [N, H * D]`` for this step: SDPA over the first ``context``
-        positions (the whole cache when ``None``) with a mask built on the device."""
+    def _decode_attention(self, *, positions: torch.Tensor, cache: PagedKVCache, block_tables: torch.Tensor):
+        """``attend(q [N, H, D], layer) -> [N, H * D]`` for this step: SDPA over the blocks of ``block_tables``
+        ``[N, W]``, gathered (:meth:`PagedKVCache.span`), with a mask built on the device."""
         count = positions.shape[0]
-        slots = slice(first_slot, first_slot + count)
-        context = context or cache.max_len
-        # Slot i sees its first positions[i] + 1 keys; later cache entries are stale.
+        context = block_tables.shape[1] * cache.block_size
+        # Row n sees its first positions[n] + 1 keys; later entries are stale or the null block's.
         hidden_positions = torch.arange(context, device=positions.device)[None] > positions[:, None]
         mask = torch.zeros(count, 1, 1, context, dtype=self.embed.dtype, device=positions.device)
         mask.masked_fill_(hidden_positions[:, None, None, :], float("-inf"))
 
-        def sdpa(q, keys, values):
+        def sdpa(q, layer):
+            keys, values = cache.span(layer, block_tables)
             # Grouped-query decode: the G = H / KV query heads of one KV head act as G queries.
             grouped_q = q.view(count, self.kv_heads, self.num_heads // self.kv_heads, self.head_dim)
-            out = F.scaled_dot_product_attention(grouped_q, keys[slots, :, :context], values[slots, :, :context],
-                                                 attn_mask=mask, scale=self.scale)
+            out = F.scaled_dot_product_attention(grouped_q, keys, values, attn_mask=mask, scale=self.scale)
             return out.reshape(count, -1)
 
         return sdpa

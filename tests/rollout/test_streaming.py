@@ -152,4 +152,4 @@ def test_update_weights_while_decoding_is_refused(tiny_llama):
         session.update_weights(model.named_parameters(), version=1)
     with pytest.raises(RolloutError, match="max_prompt_length"):
         session.submit(1, prompt + prompt)
-    assert torch.is_tensor(session.run.last_tokens)
+    assert len(session.run.live) == 1  # the refused calls changed nothing
