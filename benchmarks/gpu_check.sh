@@ -17,7 +17,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 fi
 export PYTHONPATH="$PWD:/tmp/site" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-ALL="env tests rollout-fixed rollout-nano update"
+ALL="env tests rollout-fixed rollout-nano rollout-preempt update"
 STAGES=${STAGES:-$ALL}
 ROLLOUT="python3 benchmarks/rollout.py --device cuda --dtype bfloat16"
 
@@ -32,7 +32,7 @@ stage() {  # name, seconds, command...
   tail -n 25 "$OUT/$name.log"
 }
 
-# Worst case 30 + 130 + 100 + 60 + 160 s = 8 min; a run that finds nothing wrong takes about 6.
+# Worst case 30 + 130 + 100 + 60 + 50 + 110 s = 8 min; a run that finds nothing wrong takes about 6.
 stage env 30 bash -c 'nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv;
   python3 -c "import torch, transformers, triton; print(torch.__version__, transformers.__version__, triton.__version__)"'
 # make test-gpu's selection: the engine's CUDA tests and Triton kernels first (they fail fastest), then the trainers.
@@ -41,5 +41,9 @@ stage rollout-fixed 100 $ROLLOUT --shape smollm2-135m --workload fixed --batches
   --prompt-len 128 --max-tokens 256 --engines ${FIXED_ENGINES:-native,hf-static} --breakdown
 stage rollout-nano 60 $ROLLOUT --shape qwen3-0.6b --workload nano-vllm --engines native --step-times --breakdown \
   --profile-admission
-stage update 160 python3 benchmarks/update.py --device cuda --quick
+# The paged cache under pressure: nano-vllm's workload on SmolLM2's shape with 3,000 blocks of 16 positions
+# (the 256 requests hold ~18,000 by their ends), so sequences are preempted and recomputed with graphs replaying.
+stage rollout-preempt 50 $ROLLOUT --shape smollm2-135m --workload nano-vllm --engines native --num-kv-blocks 3000 \
+  --step-times
+stage update 110 python3 benchmarks/update.py --device cuda --quick
 echo "=== done $(date +%T)"

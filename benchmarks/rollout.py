@@ -124,6 +124,9 @@ def parse_args() -> argparse.Namespace:
                         help="with --shape: fixed-length rows, or nano-vllm's 256 requests of 100-1024 tokens")
     parser.add_argument("--prompt-len", type=int, default=128, help="--workload fixed: prompt tokens per row")
     parser.add_argument("--enforce-eager", action="store_true", help="native engine without CUDA graphs")
+    parser.add_argument("--num-kv-blocks", type=int, default=None,
+                        help="--shape runs: the native engine's KV blocks (16 positions each); fewer than the workload "
+                             "holds at once forces preemption and recompute")
     parser.add_argument("--profile-admission", action="store_true",
                         help="with --shape on CUDA: profile admitting every request (prefill + first token) alone")
     parser.add_argument("--breakdown", action="store_true",
@@ -582,9 +585,10 @@ def main_synthetic(args) -> None:
             try:
                 if name == "native":
                     engine = NativeEngine(model, max_num_seqs=len(requests), max_model_len=max_len,
-                                          enforce_eager=args.enforce_eager)
+                                          enforce_eager=args.enforce_eager, num_kv_blocks=args.num_kv_blocks)
                     timer = StepTimer(engine) if args.step_times else None
                     seconds = run_native(engine, requests, temperature)
+                    print(f"batch {batch} native: {engine.cache.blocks} KV blocks, {engine.preemptions} preemptions")
                     if timer:
                         timer.report(f"batch {batch:4d} native")
                     if args.profile_admission:

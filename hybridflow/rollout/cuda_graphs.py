@@ -44,6 +44,7 @@ class DecodeGraphs:
     def __init__(self, decoder, cache, *, rows: int, capture_sizes: list[int] | None = None):
         self.decoder = decoder
         self.cache = cache
+        self.rows = rows
         self.buckets = bucket_sizes(rows, capture_sizes)
         device = decoder.embed.device
         self.tokens = torch.zeros(rows, dtype=torch.long, device=device)

@@ -1,8 +1,8 @@
 """A forward pass for Llama-family decoders that reads an HF model's own weights.
 
 The native engine runs this instead of the HF module because it needs two things HF's
-forward does not give cheaply: decode steps over a slot cache where every sequence has
-its own length (one batched matmul per projection, attention masked per slot), and no
+forward does not give cheaply: decode steps over a paged cache where every sequence has
+its own length and blocks (one batched matmul per projection, attention masked per row), and no
 per-step Python object churn (cache classes, masks built from scratch, output dicts).
 
 The math is the HF Llama / Qwen2 decoder layer, op for op (Touvron et al. 2023, "LLaMA";

@@ -43,11 +43,6 @@ class PagedKVCache:
         """Entries of a block table row: blocks that cover ``max_len`` positions."""
         return -(-self.max_len // self.block_size)
 
-    @property
-    def block_bytes(self) -> int:
-        """Bytes one block takes over all layers (keys and values)."""
-        return self.data[:, :, :, 0].numel() * self.data.element_size()
-
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(keys, values)`` of one layer, each ``[kv_heads, blocks, block_size, head_dim]``."""
         return self.data[index, 0], self.data[index, 1]

@@ -280,7 +280,7 @@ class NativeEngine:
         return self._graphs_for(self.cache)(token_ids=token_ids, positions=positions, block_tables=block_tables)
 
     def _graphs_for(self, cache: PagedKVCache) -> DecodeGraphs:
-        if self.graphs is None or not self.graphs.valid_for(cache):
+        if self.graphs is None or not self.graphs.valid_for(cache) or self.graphs.rows < self.max_num_seqs:
             self.graphs = DecodeGraphs(self.decoder, cache, rows=self.max_num_seqs, capture_sizes=self.capture_sizes)
         return self.graphs
 
@@ -305,7 +305,12 @@ class NativeEngine:
                 self._prefill_admissible(run)
             wave = self._admission_wave(run)
             if not wave:
-                return  # no block for the head prompt until running sequences free some
+                if run.live:
+                    return  # no block for the head prompt until running sequences free some
+                if not run.drop_waiting_prefill():
+                    raise RolloutError(f"no KV block is left for a prompt of {len(run.waiting[0].token_ids)} tokens "
+                                       "with nothing running: raise num_kv_blocks or gpu_memory_utilization")
+                continue
             rows = RowSampling.of([pending.params for pending, count in wave for _ in range(count)],
                                   vocab_size=self.decoder.vocab_size, device=self.device)
             logits = torch.cat([pending.first_logits[None].expand(count, -1) for pending, count in wave])
@@ -504,11 +509,11 @@ class GenerationRun:
             except OutOfBlocks:
                 if self.live[-1] is not sequence:
                     self.preempt(self.live[-1])
-                elif not self._drop_waiting_prefill():
+                elif not self.drop_waiting_prefill():
                     self.preempt(sequence)
                     return None
 
-    def _drop_waiting_prefill(self) -> bool:
+    def drop_waiting_prefill(self) -> bool:
         """Drop the last waiting prompt's prefill that holds blocks; whether there was one."""
         for pending in reversed(self.waiting):
             if pending.blocks is not None:
