@@ -64,6 +64,8 @@ class Sequence:
     """Its block table while it is live."""
     admitted: int = 0
     """When it was (last) admitted: the latest admitted is preempted first."""
+    row: int = -1
+    """Its row of the run's :class:`HostBlockTables` while it is live."""
 
     @property
     def position(self) -> int:
@@ -204,7 +206,8 @@ class NativeEngine:
         cache = self._reserve(sequences=min(self.max_num_seqs, sequences), max_len=max_len)
         self.decoder.rope_table(cache.max_len)  # once, rather than growing it step by step
         return GenerationRun(cache=cache, allocator=self.allocator, generator=self._generator(seed),
-                             tokenizer=self.tokenizer, waiting=deque(), max_num_seqs=self.max_num_seqs)
+                             tokenizer=self.tokenizer, waiting=deque(), max_num_seqs=self.max_num_seqs,
+                             tables=HostBlockTables(rows=self.max_num_seqs, width=cache.table_width))
 
     def _generator(self, seed: int | None) -> torch.Generator:
         generator = torch.Generator(device=self.device)
@@ -430,6 +433,7 @@ class GenerationRun:
     tokenizer: object
     waiting: deque
     max_num_seqs: int
+    tables: HostBlockTables
     live: list[Sequence] = field(default_factory=list)
     """In admission order."""
     done: list[Sequence] = field(default_factory=list)
@@ -458,6 +462,7 @@ class GenerationRun:
         """Admit ``sequence`` (holding its blocks) into the batch."""
         self.admissions += 1
         sequence.admitted = self.admissions
+        sequence.row = self.tables.take(sequence.blocks.blocks)
         self.live.append(sequence)
 
     def append(self, sequence: Sequence, token: int, logprob: float) -> None:
@@ -484,6 +489,7 @@ class GenerationRun:
         for sequence in self.live:
             if sequence.finish_reason is not None:
                 sequence.blocks.free()
+                self.tables.give_back(sequence.row)
                 self.done.append(sequence)
         self.live = [s for s in self.live if s.finish_reason is None]
 
@@ -505,13 +511,18 @@ class GenerationRun:
         and last ``sequence`` itself (``None`` then: it no longer writes this step)."""
         while True:
             try:
-                return sequence.blocks.prepare_write(sequence.position)
+                copy = sequence.blocks.prepare_write(sequence.position)
             except OutOfBlocks:
                 if self.live[-1] is not sequence:
                     self.preempt(self.live[-1])
                 elif not self.drop_waiting_prefill():
                     self.preempt(sequence)
                     return None
+                continue
+            index = sequence.position // self.allocator.block_size
+            if copy is not None or sequence.position % self.allocator.block_size == 0:  # a new block at index
+                self.tables.set(sequence.row, index, sequence.blocks.blocks[index])
+            return copy
 
     def drop_waiting_prefill(self) -> bool:
         """Drop the last waiting prompt's prefill that holds blocks; whether there was one."""
@@ -526,19 +537,20 @@ class GenerationRun:
         and continues from its next token (recompute)."""
         sequence.blocks.free()
         sequence.blocks = None
+        self.tables.give_back(sequence.row)
         self.live.remove(sequence)
         self.preemptions += 1
         self.waiting.appendleft(PendingPrompt(sequence.prompt_index, sequence.prompt_ids + sequence.token_ids,
                                               remaining=1, params=sequence.params, resumed=sequence))
 
     def step_inputs(self, positions: list[int], *, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(tokens [N], positions [N], block tables [N, W])`` of the live rows; tables padded with the null
-        block to the widest row."""
+        """``(tokens [N], positions [N], block tables [N, W])`` of the live rows; tables as wide as the widest
+        row's (null blocks past a row's end)."""
         width = max(len(s.blocks.blocks) for s in self.live)
-        tables = [s.blocks.blocks + [NULL_BLOCK] * (width - len(s.blocks.blocks)) for s in self.live]
+        tables = self.tables.gather([s.row for s in self.live], width)
         return (torch.tensor([s.token_ids[-1] for s in self.live], dtype=torch.long, device=device),
                 torch.tensor(positions, dtype=torch.long, device=device),
-                torch.tensor(tables, dtype=torch.int32, device=device))
+                tables.to(device))
 
     def release(self) -> list[Sequence]:
         """Take every live sequence out (their blocks freed) and drop the waiting prompts' prefills."""
@@ -546,9 +558,37 @@ class GenerationRun:
         for sequence in live:
             sequence.blocks.free()
             sequence.blocks = None
+            self.tables.give_back(sequence.row)
         for pending in self.waiting:
             pending.drop_prefill()
         return live
+
+
+class HostBlockTables:
+    """The live sequences' block tables as rows of one host tensor ``[rows, W]`` int32, changed entry by entry as
+    blocks are added or copied, so a decode step takes its ``[N, W]`` tables with one ``index_select`` rather than
+    building them from Python lists (256 rows x 128 entries each step would cost about a GPU step's tenth)."""
+
+    def __init__(self, *, rows: int, width: int):
+        self.data = torch.full((rows, width), NULL_BLOCK, dtype=torch.int32)
+        self.free = list(range(rows - 1, -1, -1))
+
+    def take(self, blocks: list[int]) -> int:
+        """A row for a sequence joining the batch with ``blocks``; null blocks after them."""
+        row = self.free.pop()
+        self.data[row].fill_(NULL_BLOCK)
+        self.data[row, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
+        return row
+
+    def set(self, row: int, index: int, block: int) -> None:
+        self.data[row, index] = block
+
+    def give_back(self, row: int) -> None:
+        self.free.append(row)
+
+    def gather(self, rows: list[int], width: int) -> torch.Tensor:
+        """``[len(rows), width]``: the first ``width`` entries of each row."""
+        return self.data.index_select(0, torch.tensor(rows))[:, :width]
 
 
 def params_per_prompt(params: SamplingParams | list[SamplingParams], prompts: int) -> list[SamplingParams]:

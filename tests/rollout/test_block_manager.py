@@ -8,7 +8,7 @@ import torch
 from hybridflow.rollout import SamplingParams
 from hybridflow.rollout.block_manager import BlockAllocator, OutOfBlocks, SequenceBlocks
 from hybridflow.rollout.kv_cache import PagedKVCache
-from hybridflow.rollout.native import GenerationRun, Sequence
+from hybridflow.rollout.native import GenerationRun, HostBlockTables, Sequence
 
 
 def allocator(blocks: int, *, cached: int = 0) -> BlockAllocator:
@@ -109,7 +109,7 @@ def schedule(pool: BlockAllocator, rows: list[tuple[list[int], list[int]]]) -> G
     cache = PagedKVCache(layers=1, blocks=pool.num_blocks, block_size=4, kv_heads=1, max_len=32, head_dim=2,
                          dtype=torch.float32, device="cpu")
     run = GenerationRun(cache=cache, allocator=pool, generator=torch.Generator(), tokenizer=None, waiting=deque(),
-                        max_num_seqs=8)
+                        max_num_seqs=8, tables=HostBlockTables(rows=8, width=cache.table_width))
     params = SamplingParams(temperature=0, max_tokens=20)
     for index, (prompt, tokens) in enumerate(rows):
         sequence = Sequence(index, 0, len(prompt), params, prompt_ids=prompt, token_ids=list(tokens))
@@ -124,6 +124,7 @@ def test_when_blocks_run_out_the_latest_admitted_is_preempted_and_queued_first_t
     oldest, newest = run.live
     run.make_writable()
     assert run.live == [oldest] and oldest.blocks.blocks == [1, 3] and run.preemptions == 1
+    assert run.tables.gather([oldest.row], 3).tolist() == [[1, 3, 0]]  # what the decode step reads
     queued = run.waiting[0]
     assert queued.resumed is newest and newest.blocks is None
     assert queued.token_ids == [6, 7, 8, 9, 10, 11, 12, 13, 14] and queued.remaining == 1  # prompt + tokens so far
@@ -136,3 +137,4 @@ def test_the_latest_admitted_preempts_itself_when_no_one_newer_holds_blocks():
     run.make_writable()  # first takes the last free block, second writes in its own, third finds none
     assert run.live == [first, second] and run.waiting[0].resumed is third and run.preemptions == 1
     assert first.blocks.blocks == [1, 4] and second.blocks.blocks == [2] and pool.available == 1
+    assert run.tables.gather([first.row, second.row], 2).tolist() == [[1, 4], [2, 0]]
