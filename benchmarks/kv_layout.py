@@ -1,14 +1,13 @@
-"""What the paged KV cache costs a CPU decode step: gathering each row's blocks for SDPA, against SDPA over a
-contiguous slot per row (the layout the engine had before), in one run.
+"""What the paged KV cache costs a CPU decode step, and what the slot mirror takes back, in one run.
 
-On CPU the decode step's attention is SDPA over ``[N, KV, T, D]`` keys and values. A slot layout hands SDPA a
-view; the paged layout first gathers each row's blocks (one ``index_select`` per layer and tensor, writing
-``N x T`` positions), so it moves the cache's bytes twice more. This script prices that for SmolLM2-135M at
-batch ``--rows`` and several context lengths: a whole paged decode step (``LlamaFamilyDecoder.decode``) and,
-for every layer, the attention both ways (same shapes, same mask). The share the gather adds to the step is
-the number the CPU layout decision rests on (docs/benchmarks.md, "The paged KV cache on CPU").
+On CPU the decode step's attention is SDPA over ``[N, KV, T, D]`` keys and values. Over the paged pool each
+row's blocks are gathered first (one ``index_select`` per layer and tensor, writing ``N x T`` positions), which
+moves the cache's bytes twice more; over the :class:`~hybridflow.rollout.kv_cache.SlotMirror` (a contiguous
+row per live sequence, written beside the pool) SDPA reads a view. This script prices both for SmolLM2-135M at
+batch ``--rows`` and several context lengths: a whole decode step (``LlamaFamilyDecoder.decode``) each way,
+and the attention alone over all layers each way (same shapes, same mask) (docs/benchmarks.md).
 
-    python benchmarks/kv_layout.py --rows 64 --contexts 64,160,296
+    PYTHONPATH=. python benchmarks/kv_layout.py --rows 64 --contexts 64,160,296
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ import torch.nn.functional as F  # noqa: E402
 from hybridflow.cpu import describe_cpu  # noqa: E402
 from hybridflow.rollout.block_manager import BLOCK_SIZE  # noqa: E402
 from hybridflow.rollout.decoder import LlamaFamilyDecoder  # noqa: E402
-from hybridflow.rollout.kv_cache import PagedKVCache  # noqa: E402
+from hybridflow.rollout.kv_cache import MirroredCache, PagedKVCache, SlotMirror  # noqa: E402
 
 
 def median_ms(work, repeats: int) -> float:
@@ -38,8 +37,9 @@ def median_ms(work, repeats: int) -> float:
     return 1e3 * sorted(times)[len(times) // 2]
 
 
-def measure(decoder: LlamaFamilyDecoder, *, rows: int, context: int, repeats: int) -> tuple[float, float, float]:
-    """``(paged step ms, slot attention ms, paged attention ms)`` over all layers at ``rows`` x ``context``."""
+def measure(decoder: LlamaFamilyDecoder, *, rows: int, context: int, repeats: int) -> tuple[float, ...]:
+    """``(step ms gathering, step ms over the mirror, attention ms over a slot view, attention ms gathering)``
+    at ``rows`` x ``context``, attention over all layers."""
     width = -(-context // BLOCK_SIZE)
     cache = PagedKVCache(layers=decoder.num_layers, blocks=rows * width + 1, block_size=BLOCK_SIZE,
                          kv_heads=decoder.kv_heads, max_len=width * BLOCK_SIZE, head_dim=decoder.head_dim,
@@ -51,6 +51,12 @@ def measure(decoder: LlamaFamilyDecoder, *, rows: int, context: int, repeats: in
     tokens = torch.randint(decoder.vocab_size, (rows,))
     step_ms = median_ms(lambda: decoder.decode(token_ids=tokens, positions=positions, cache=cache,
                                                block_tables=tables, context=context), repeats)
+    mirror = SlotMirror(layers=decoder.num_layers, rows=rows, kv_heads=decoder.kv_heads, max_len=width * BLOCK_SIZE,
+                        head_dim=decoder.head_dim, dtype=decoder.embed.dtype)
+    mirror.data.normal_()
+    mirrored = MirroredCache(cache, mirror, 0)
+    mirror_ms = median_ms(lambda: decoder.decode(token_ids=tokens, positions=positions, cache=mirrored,
+                                                 block_tables=tables, context=context), repeats)
     slots = torch.randn(rows, decoder.kv_heads, width * BLOCK_SIZE, decoder.head_dim)
     q = torch.randn(rows, decoder.kv_heads, decoder.num_heads // decoder.kv_heads, decoder.head_dim)
     mask = torch.zeros(rows, 1, 1, width * BLOCK_SIZE)
@@ -64,7 +70,7 @@ def measure(decoder: LlamaFamilyDecoder, *, rows: int, context: int, repeats: in
             keys, values = cache.span(layer, tables)
             F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
 
-    return step_ms, median_ms(slot_attention, repeats), median_ms(paged_attention, repeats)
+    return step_ms, mirror_ms, median_ms(slot_attention, repeats), median_ms(paged_attention, repeats)
 
 
 def main() -> None:
@@ -82,13 +88,13 @@ def main() -> None:
     decoder = LlamaFamilyDecoder(model)
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"cpu: {describe_cpu()}, {os.cpu_count()} cores, torch threads {args.threads}, load avg {load}")
-    print("| rows x context | paged decode step | attention, slot view | attention, paged gather | gather's share "
-          "of the step |")
-    print("|---|---|---|---|---|")
+    print("| rows x context | step, gathering | step, over the mirror | gathering / mirror | attention, slot view "
+          "| attention, gathering |")
+    print("|---|---|---|---|---|---|")
     for context in (int(c) for c in args.contexts.split(",")):
-        step, slot, paged = measure(decoder, rows=args.rows, context=context, repeats=args.repeats)
-        print(f"| {args.rows} x {context} | {step:.1f} ms | {slot:.1f} ms | {paged:.1f} ms | "
-              f"{100 * (paged - slot) / step:.0f} % |", flush=True)
+        step, mirrored, slot, paged = measure(decoder, rows=args.rows, context=context, repeats=args.repeats)
+        print(f"| {args.rows} x {context} | {step:.1f} ms | {mirrored:.1f} ms | {step / mirrored:.2f}x | {slot:.1f} ms "
+              f"| {paged:.1f} ms |", flush=True)
 
 
 if __name__ == "__main__":

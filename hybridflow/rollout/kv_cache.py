@@ -121,3 +121,63 @@ def zeros_on_first_touch(shape: tuple[int, ...], *, dtype: torch.dtype, device) 
         return torch.zeros(shape, dtype=dtype, device=device)
     buffer = mmap.mmap(-1, numel * dtype.itemsize)  # the tensor keeps the mapping alive
     return torch.frombuffer(buffer, dtype=dtype, count=numel).view(shape)
+
+
+class SlotMirror:
+    """On CPU, a contiguous copy of the live sequences' keys and values, row ``i`` for the ``i``-th live sequence:
+    ``[layers, 2, rows, kv_heads, T, head_dim]`` (the engine's slot layout before the paged pool).
+
+    Why: SDPA over the pool needs each row's blocks gathered first, which on CPU reads and writes the live bytes
+    once more every layer of every step (docs/benchmarks.md: 13-35 % of a 64-row step, and about 40 % slower
+    64-row steps end to end). Over this mirror a step's keys are a view. The pool stays the truth (sharing,
+    prefix caching and preemption read it); the mirror is filled from it when a sequence joins, written beside
+    it each step, and its last row moved into a finished sequence's row so the live rows stay ``0 .. N - 1``.
+    Untouched pages cost nothing (:func:`zeros_on_first_touch`).
+    """
+
+    def __init__(self, *, layers: int, rows: int, kv_heads: int, max_len: int, head_dim: int, dtype: torch.dtype):
+        self.data = zeros_on_first_touch((layers, 2, rows, kv_heads, max_len, head_dim), dtype=dtype, device="cpu")
+
+    def fits(self, *, rows: int, max_len: int, dtype: torch.dtype) -> bool:
+        return self.data.shape[2] >= rows and self.data.shape[4] >= max_len and self.data.dtype == dtype
+
+    def load(self, row: int, kv: torch.Tensor) -> None:
+        """Row ``row`` takes ``kv`` ``[layers, 2, KV, L, D]`` (a sequence's cached positions, read from the pool)."""
+        self.data[:, :, row, :, : kv.shape[3]] = kv
+
+    def move(self, *, source: int, target: int, length: int) -> None:
+        self.data[:, :, target, :, :length] = self.data[:, :, source, :, :length]
+
+    def write_rows(self, positions: torch.Tensor, first_row: int) -> torch.Tensor:
+        """Flat ``[rows * KV * T]`` indices of row ``first_row + n``'s token at ``positions[n]``, per KV head."""
+        count, kv_heads, max_len = positions.shape[0], self.data.shape[3], self.data.shape[4]
+        row_heads = torch.arange(first_row * kv_heads, (first_row + count) * kv_heads).view(count, kv_heads)
+        return (row_heads * max_len + positions[:, None]).reshape(-1)
+
+    def write(self, *, layer: int, rows: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
+        head_dim = self.data.shape[-1]
+        self.data[layer, 0].view(-1, head_dim).index_copy_(0, rows, keys.reshape(-1, head_dim))
+        self.data[layer, 1].view(-1, head_dim).index_copy_(0, rows, values.reshape(-1, head_dim))
+
+
+class MirroredCache:
+    """What a CPU decode step over live rows ``first_row ..`` sees: the pool's interface for
+    :meth:`LlamaFamilyDecoder.decode`, writing both the pool and the :class:`SlotMirror`, attending over the mirror."""
+
+    def __init__(self, pool: PagedKVCache, mirror: SlotMirror, first_row: int):
+        self.pool, self.mirror, self.first_row = pool, mirror, first_row
+        self.max_len, self.block_size = pool.max_len, pool.block_size
+
+    def write_rows(self, positions: torch.Tensor, block_tables: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.pool.write_rows(positions, block_tables), self.mirror.write_rows(positions, self.first_row)
+
+    def write(self, *, layer: int, rows: tuple[torch.Tensor, torch.Tensor], keys: torch.Tensor,
+              values: torch.Tensor) -> None:
+        self.pool.write(layer=layer, rows=rows[0], keys=keys, values=values)
+        self.mirror.write(layer=layer, rows=rows[1], keys=keys, values=values)
+
+    def span(self, layer: int, block_tables: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows ``first_row .. + N`` of the mirror over the ``W * B`` positions ``block_tables`` ``[N, W]`` spans."""
+        rows = slice(self.first_row, self.first_row + block_tables.shape[0])
+        width = block_tables.shape[1] * self.block_size
+        return self.mirror.data[layer, 0, rows, :, :width], self.mirror.data[layer, 1, rows, :, :width]

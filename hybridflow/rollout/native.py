@@ -35,7 +35,7 @@ from hybridflow.rollout.architectures import unsupported_reason
 from hybridflow.rollout.block_manager import BLOCK_SIZE, NULL_BLOCK, BlockAllocator, OutOfBlocks, SequenceBlocks
 from hybridflow.rollout.cuda_graphs import DecodeGraphs
 from hybridflow.rollout.decoder import LlamaFamilyDecoder
-from hybridflow.rollout.kv_cache import PagedKVCache
+from hybridflow.rollout.kv_cache import MirroredCache, PagedKVCache, SlotMirror
 from hybridflow.rollout.lanes import DecodeLanes
 from hybridflow.rollout.sampler import RowSampling, draw_uniform, sample_tokens
 from hybridflow.rollout.stopping import StopChecker
@@ -152,6 +152,7 @@ class NativeEngine:
         self.max_num_seqs = max_num_seqs
         self.cache: PagedKVCache | None = None
         self.allocator: BlockAllocator | None = None
+        self.mirror: SlotMirror | None = None
         self.prefix_cache_tokens = prefix_cache_tokens
         self.num_kv_blocks = num_kv_blocks
         self.preemptions = 0
@@ -207,7 +208,20 @@ class NativeEngine:
         self.decoder.rope_table(cache.max_len)  # once, rather than growing it step by step
         return GenerationRun(cache=cache, allocator=self.allocator, generator=self._generator(seed),
                              tokenizer=self.tokenizer, waiting=deque(), max_num_seqs=self.max_num_seqs,
-                             tables=HostBlockTables(rows=self.max_num_seqs, width=cache.table_width))
+                             tables=HostBlockTables(rows=self.max_num_seqs, width=cache.table_width),
+                             mirror=self._mirror_for(cache))
+
+    def _mirror_for(self, cache: PagedKVCache) -> SlotMirror | None:
+        """On CPU, the :class:`SlotMirror` SDPA reads (reused while it is large enough); ``None`` elsewhere."""
+        if self.device.type != "cpu":
+            return None
+        span, dtype = cache.table_width * cache.block_size, self.decoder.embed.dtype
+        if self.mirror is None or not self.mirror.fits(rows=self.max_num_seqs, max_len=span, dtype=dtype):
+            self.mirror = None  # free the old one first
+            self.mirror = SlotMirror(layers=self.decoder.num_layers, rows=self.max_num_seqs,
+                                     kv_heads=self.decoder.kv_heads, max_len=span, head_dim=self.decoder.head_dim,
+                                     dtype=dtype)
+        return self.mirror
 
     def _generator(self, seed: int | None) -> torch.Generator:
         generator = torch.Generator(device=self.device)
@@ -272,10 +286,10 @@ class NativeEngine:
                                 utilization=self.gpu_memory_utilization, total=total, max_len=max_len)
 
     def _decode(self, *, token_ids: torch.Tensor, positions: torch.Tensor, block_tables: torch.Tensor,
-                context: int) -> torch.Tensor:
+                context: int, cache: PagedKVCache | MirroredCache) -> torch.Tensor:
         """``[N, V]`` logits of one decode step: replayed from a CUDA graph, or run eagerly."""
         if not self.triton_kernels:
-            return self.decoder.decode(token_ids=token_ids, positions=positions, cache=self.cache,
+            return self.decoder.decode(token_ids=token_ids, positions=positions, cache=cache,
                                        block_tables=block_tables, context=context)
         if self.enforce_eager:
             return self.decoder.decode(token_ids=token_ids, positions=positions, cache=self.cache,
@@ -403,9 +417,9 @@ class NativeEngine:
         positions = [s.position for s in run.live]
         inputs = run.step_inputs(positions, device=self.device)
         if self.lanes is None:
-            tokens, logprobs = self._decode_rows(inputs, positions, 0, count, rows, uniform)
+            tokens, logprobs = self._decode_rows(run, inputs, positions, 0, count, rows, uniform)
         else:
-            parts = self.lanes.run(lambda start, stop: self._decode_rows(inputs, positions, start, stop, rows,
+            parts = self.lanes.run(lambda start, stop: self._decode_rows(run, inputs, positions, start, stop, rows,
                                                                          uniform), count)
             tokens, logprobs = (torch.cat(columns) for columns in zip(*parts))
         for sequence, token, logprob in zip(run.live, tokens.tolist(), logprobs.tolist()):
@@ -413,12 +427,13 @@ class NativeEngine:
             run.append(sequence, token, logprob)
         run.retire()
 
-    def _decode_rows(self, inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor], positions: list[int],
-                     start: int, stop: int, rows: RowSampling, uniform: torch.Tensor | None):
+    def _decode_rows(self, run: GenerationRun, inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+                     positions: list[int], start: int, stop: int, rows: RowSampling, uniform: torch.Tensor | None):
         """Decode and sample live rows ``start .. stop - 1``; returns ``(tokens, logprobs)``."""
         token_ids, position_ids, block_tables = (tensor[start:stop] for tensor in inputs)
+        cache = self.cache if run.mirror is None else MirroredCache(self.cache, run.mirror, start)
         logits = self._decode(token_ids=token_ids, positions=position_ids, block_tables=block_tables,
-                              context=max(positions[start:stop]) + 1)
+                              context=max(positions[start:stop]) + 1, cache=cache)
         return sample_tokens(logits=logits, params=rows.slice(start, stop),
                              uniform=None if uniform is None else uniform[start:stop])
 
@@ -434,8 +449,10 @@ class GenerationRun:
     waiting: deque
     max_num_seqs: int
     tables: HostBlockTables
+    mirror: SlotMirror | None = None
+    """On CPU: row ``i`` holds ``live[i]``'s keys and values for attention."""
     live: list[Sequence] = field(default_factory=list)
-    """In admission order."""
+    """The batch's rows; a finished sequence's place is taken by the last one (so the mirror moves one row)."""
     done: list[Sequence] = field(default_factory=list)
     preemptions: int = 0
     stop_checkers: dict[int, StopChecker] = field(default_factory=dict)
@@ -463,6 +480,9 @@ class GenerationRun:
         self.admissions += 1
         sequence.admitted = self.admissions
         sequence.row = self.tables.take(sequence.blocks.blocks)
+        if self.mirror is not None:  # its cached positions: the prompt and every token but the one to sample
+            cached = sequence.prompt_length + len(sequence.token_ids)
+            self.mirror.load(len(self.live), self.cache.read_prefix(sequence.blocks.blocks, cached))
         self.live.append(sequence)
 
     def append(self, sequence: Sequence, token: int, logprob: float) -> None:
@@ -484,20 +504,28 @@ class GenerationRun:
 
     def retire(self) -> None:
         """Remove finished sequences and free their blocks (named ones stay cached for reuse)."""
-        if all(s.finish_reason is None for s in self.live):
-            return
-        for sequence in self.live:
+        for index in reversed(range(len(self.live))):  # the last row is always live or the finished one itself
+            sequence = self.live[index]
             if sequence.finish_reason is not None:
                 sequence.blocks.free()
                 self.tables.give_back(sequence.row)
                 self.done.append(sequence)
-        self.live = [s for s in self.live if s.finish_reason is None]
+                self._remove(index)
+
+    def _remove(self, index: int) -> None:
+        """Take row ``index`` out of the batch: the last row moves into it (one mirror row copied)."""
+        last = len(self.live) - 1
+        if index != last:
+            moved = self.live[index] = self.live[last]
+            if self.mirror is not None:
+                self.mirror.move(source=last, target=index, length=moved.position)
+        self.live.pop()
 
     def make_writable(self) -> None:
         """Give every live sequence a block of its own at its next position (copy-on-write of a shared
         block, a new block at a boundary); when blocks run out, preempt the latest admitted (LIFO)."""
         copies = []
-        for sequence in list(self.live):  # oldest first: preemption takes the newest, not yet seen here
+        for sequence in sorted(self.live, key=lambda s: s.admitted):  # oldest first: preemption takes the newest
             if sequence.blocks is None:
                 continue  # preempted in this loop
             copy = self._writable(sequence)
@@ -513,8 +541,9 @@ class GenerationRun:
             try:
                 copy = sequence.blocks.prepare_write(sequence.position)
             except OutOfBlocks:
-                if self.live[-1] is not sequence:
-                    self.preempt(self.live[-1])
+                newest = max(self.live, key=lambda s: s.admitted)
+                if newest is not sequence:
+                    self.preempt(newest)
                 elif not self.drop_waiting_prefill():
                     self.preempt(sequence)
                     return None
@@ -538,7 +567,7 @@ class GenerationRun:
         sequence.blocks.free()
         sequence.blocks = None
         self.tables.give_back(sequence.row)
-        self.live.remove(sequence)
+        self._remove(self.live.index(sequence))
         self.preemptions += 1
         self.waiting.appendleft(PendingPrompt(sequence.prompt_index, sequence.prompt_ids + sequence.token_ids,
                                               remaining=1, params=sequence.params, resumed=sequence))
