@@ -92,7 +92,7 @@ class StreamingSession:
 
     @property
     def live_request_ids(self) -> list[Hashable]:
-        """The request of each sequence decoding now, in admission order."""
+        """The request of each sequence decoding now, row by row."""
         return [self.requests[s.prompt_index].request_id for s in self.run.live]
 
     def submit(self, request_id: Hashable, prompt_ids: list[int]) -> None:
