@@ -203,22 +203,25 @@ class NativeEngine:
                 for s in run.done]
 
     def new_run(self, *, sequences: int, max_len: int, seed: int | None) -> GenerationRun:
-        """An empty :class:`GenerationRun` over a cache reserved for ``sequences`` sequences of ``max_len``."""
-        cache = self._reserve(sequences=min(self.max_num_seqs, sequences), max_len=max_len)
+        """An empty :class:`GenerationRun` over a cache reserved for ``sequences`` sequences of ``max_len``; at most
+        ``min(max_num_seqs, sequences)`` of them decode at once (no more can be live)."""
+        rows = min(self.max_num_seqs, sequences)
+        cache = self._reserve(sequences=rows, max_len=max_len)
         self.decoder.rope_table(cache.max_len)  # once, rather than growing it step by step
         return GenerationRun(cache=cache, allocator=self.allocator, generator=self._generator(seed),
-                             tokenizer=self.tokenizer, waiting=deque(), max_num_seqs=self.max_num_seqs,
-                             tables=HostBlockTables(rows=self.max_num_seqs, width=cache.table_width),
-                             mirror=self._mirror_for(cache))
+                             tokenizer=self.tokenizer, waiting=deque(), max_num_seqs=rows,
+                             tables=HostBlockTables(rows=rows, width=cache.table_width),
+                             mirror=self._mirror_for(cache, rows))
 
-    def _mirror_for(self, cache: PagedKVCache) -> SlotMirror | None:
-        """On CPU, the :class:`SlotMirror` SDPA reads (reused while it is large enough); ``None`` elsewhere."""
+    def _mirror_for(self, cache: PagedKVCache, rows: int) -> SlotMirror | None:
+        """On CPU, the :class:`SlotMirror` SDPA reads, with ``rows`` rows (reused while it is large enough; its
+        untouched pages cost nothing); ``None`` elsewhere."""
         if self.device.type != "cpu":
             return None
         span, dtype = cache.table_width * cache.block_size, self.decoder.embed.dtype
-        if self.mirror is None or not self.mirror.fits(rows=self.max_num_seqs, max_len=span, dtype=dtype):
+        if self.mirror is None or not self.mirror.fits(rows=rows, max_len=span, dtype=dtype):
             self.mirror = None  # free the old one first
-            self.mirror = SlotMirror(layers=self.decoder.num_layers, rows=self.max_num_seqs,
+            self.mirror = SlotMirror(layers=self.decoder.num_layers, rows=rows,
                                      kv_heads=self.decoder.kv_heads, max_len=span, head_dim=self.decoder.head_dim,
                                      dtype=dtype)
         return self.mirror
