@@ -18,7 +18,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then  # by name, so pip picks the wheel built 
     --find-links .whl $(ls .whl | sed 's/-[0-9].*//' | sort -u)
 fi
 export PYTHONPATH="$PWD:/tmp/site" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-ALL="env tests rollout-fixed rollout-nano update"
+ALL="env tests rollout-fixed rollout-nano rollout-preempt update"
 STAGES=${STAGES:-$ALL}
 ROLLOUT="python3 benchmarks/rollout.py --device cuda --dtype bfloat16"
 
@@ -33,7 +33,7 @@ stage() {  # name, seconds, command...
   tail -n 25 "$OUT/$name.log"
 }
 
-# Worst case 30 + 130 + 100 + 60 + 160 s = 8 min; a run that finds nothing wrong takes about 6.
+# Worst case 30 + 130 + 100 + 60 + 50 + 110 s = 8 min; a run that finds nothing wrong takes about 6.
 stage env 30 bash -c 'nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv;
   python3 -c "import sys, torch, transformers, triton; print(sys.version.split()[0], torch.__version__, transformers.__version__, triton.__version__)"
   python3 -c "import importlib.util as u; print(\"missing for TRL:\", [m for m in (\"pandas\", \"pyarrow\", \"accelerate\", \"trl\", \"datasets\") if u.find_spec(m) is None])"'
@@ -43,5 +43,9 @@ stage rollout-fixed 100 $ROLLOUT --shape smollm2-135m --workload fixed --batches
   --prompt-len 128 --max-tokens 256 --engines ${FIXED_ENGINES:-native,hf-static} --breakdown
 stage rollout-nano 60 $ROLLOUT --shape qwen3-0.6b --workload nano-vllm --engines native --step-times --breakdown \
   --profile-admission
-stage update 160 python3 benchmarks/update.py --device cuda --quick
+# The paged cache under pressure: nano-vllm's workload on SmolLM2's shape with 3,000 blocks of 16 positions
+# (the 256 requests hold ~18,000 by their ends), so sequences are preempted and recomputed with graphs replaying.
+stage rollout-preempt 50 $ROLLOUT --shape smollm2-135m --workload nano-vllm --engines native --num-kv-blocks 3000 \
+  --step-times
+stage update 110 python3 benchmarks/update.py --device cuda --quick
 echo "=== done $(date +%T)"

@@ -89,7 +89,7 @@ def main(argv=None) -> dict[str, float]:
         seconds, outputs[name] = run_conversations(engine, tokenizer, prompts, turns=args.turns,
                                                    turn_tokens=args.turn_tokens)
         results[name] = total_turns / seconds
-        reused = engine.prefix_cache.reused_tokens if engine.prefix_cache else 0
+        reused = engine.allocator.reused_tokens
         print(f"{name:>12}: {seconds:6.2f} s, {results[name]:6.2f} turns/s (prefill tokens reused: {reused})")
     same = outputs["re-prefill"] == outputs["prefix reuse"]
     print(f"speed-up {results['prefix reuse'] / results['re-prefill']:.2f}x; same greedy tokens: {same}")

@@ -124,6 +124,9 @@ def parse_args() -> argparse.Namespace:
                         help="with --shape: fixed-length rows, or nano-vllm's 256 requests of 100-1024 tokens")
     parser.add_argument("--prompt-len", type=int, default=128, help="--workload fixed: prompt tokens per row")
     parser.add_argument("--enforce-eager", action="store_true", help="native engine without CUDA graphs")
+    parser.add_argument("--num-kv-blocks", type=int, default=None,
+                        help="--shape runs: the native engine's KV blocks (16 positions each); fewer than the workload "
+                             "holds at once forces preemption and recompute")
     parser.add_argument("--profile-admission", action="store_true",
                         help="with --shape on CUDA: profile admitting every request (prefill + first token) alone")
     parser.add_argument("--breakdown", action="store_true",
@@ -582,9 +585,10 @@ def main_synthetic(args) -> None:
             try:
                 if name == "native":
                     engine = NativeEngine(model, max_num_seqs=len(requests), max_model_len=max_len,
-                                          enforce_eager=args.enforce_eager)
+                                          enforce_eager=args.enforce_eager, num_kv_blocks=args.num_kv_blocks)
                     timer = StepTimer(engine) if args.step_times else None
                     seconds = run_native(engine, requests, temperature)
+                    print(f"batch {batch} native: {engine.cache.blocks} KV blocks, {engine.preemptions} preemptions")
                     if timer:
                         timer.report(f"batch {batch:4d} native")
                     if args.profile_admission:
@@ -625,20 +629,23 @@ def decode_breakdown(engine, *, rows: int, context: int, temperature: float) -> 
     (with the bandwidth it reaches), and the sampling; the rest of a step is host work."""
     from hybridflow.rollout import SamplingParams
     from hybridflow.rollout.sampler import RowSampling, sample_tokens
-    from hybridflow.rollout.triton_attention import slot_decode_attention
+    from hybridflow.rollout.triton_attention import paged_decode_attention
 
     decoder, cache = engine.decoder, engine.cache
-    rows = min(rows, cache.slots)
+    rows = min(rows, engine.max_num_seqs, (cache.blocks - 1) // -(-context // cache.block_size))
     tokens = torch.randint(decoder.vocab_size, (rows,), device="cuda")
     positions = torch.full((rows,), context - 1, device="cuda")
+    # Each row its own blocks, in order (1 ..): what a fresh pool hands out.
+    width = -(-context // cache.block_size)
+    tables = (torch.arange(rows * width, device="cuda", dtype=torch.int32).view(rows, width) + 1)
     graphs = engine._graphs_for(cache)
-    graph_ms = cuda_ms(lambda: graphs(token_ids=tokens, positions=positions))
+    graph_ms = cuda_ms(lambda: graphs(token_ids=tokens, positions=positions, block_tables=tables))
     q = torch.randn(rows, decoder.num_heads, decoder.head_dim, device="cuda", dtype=decoder.embed.dtype)
     keys, values = cache.layer(0)
-    attention_ms = cuda_ms(lambda: slot_decode_attention(q=q, keys=keys, values=values, lengths=positions + 1,
-                                                         scale=decoder.scale))
+    attention_ms = cuda_ms(lambda: paged_decode_attention(q=q, keys=keys, values=values, lengths=positions + 1,
+                                                          scale=decoder.scale, block_tables=tables))
     kv_bytes = 2 * rows * context * decoder.kv_heads * decoder.head_dim * cache.data.element_size()
-    logits = graphs(token_ids=tokens, positions=positions).clone()
+    logits = graphs(token_ids=tokens, positions=positions, block_tables=tables).clone()
     sampling = RowSampling.uniform(SamplingParams(temperature=temperature), rows=rows, vocab_size=decoder.vocab_size,
                                    device="cuda")
     sampling_ms = cuda_ms(lambda: sample_tokens(logits=logits, params=sampling))

@@ -388,7 +388,8 @@ class RolloutConfig:
     """Engine dtype on GPU (vllm / sglang; the native engine runs the model's own dtype, fp32 on CPU)."""
     gpu_memory_utilization: float = 0.5
     """Fraction of GPU memory the engine may use: vllm / sglang for weights + KV cache; native, what the process
-    may reach once its KV cache is allocated (fewer slots than max_num_seqs when they do not fit)."""
+    may reach once its paged KV cache is allocated, of the GPU's memory on CUDA and of the RAM on CPU (fewer blocks
+    than max_num_seqs sequences could use: sequences then wait, or are preempted and recomputed)."""
     ignore_eos: bool = False
     """Keep generating after EOS, to response_length (benchmarking only; every backend)."""
     enforce_eager: bool = False
@@ -409,7 +410,7 @@ class RolloutConfig:
     max_model_len: Optional[int] = None
     """Context limit of the engine (native, hf, vllm, sglang); null = prompt_length + response_length."""
     max_num_seqs: int = 1024
-    """Most sequences decoded at once (native: KV-cache slots; vllm / sglang: running requests)."""
+    """Most sequences decoded at once (native: rows of a decode step; vllm / sglang: running requests)."""
     log_prob_micro_batch_size: Optional[int] = None
     """Deprecated; use log_prob_micro_batch_size_per_gpu."""
     log_prob_micro_batch_size_per_gpu: Optional[int] = None
@@ -437,8 +438,8 @@ class RolloutConfig:
     update_weights_bucket_megabytes: int = 512
     """Compatibility-only (compat.py); in verl: size of the buckets weights are synced in."""
     enable_prefix_caching: bool = True
-    """native, multi-turn rollouts: keep the KV of finished turns and prefill only what a later prompt adds
-    (the observation), and prefill identical prompts once; budget ``engine_kwargs.native.prefix_cache_tokens``
+    """native, multi-turn rollouts: keep the KV blocks of finished turns, named by their tokens, and prefill only
+    what a later prompt adds (the observation); budget ``engine_kwargs.native.prefix_cache_tokens``
     (default 32768 tokens). Read by the native engine only (vllm: set engine_kwargs.vllm.enable_prefix_caching);
     single-turn rollouts never reuse a prefix (the weights change every step)."""
     over_sample_rate: float = 0.0

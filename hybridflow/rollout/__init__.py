@@ -1,6 +1,6 @@
 """Generation engines behind one interface: ``generate(prompt_token_ids, SamplingParams)``.
 
-Backends: ``native`` (default; slot KV cache, continuous batching), ``hf`` (HF
+Backends: ``native`` (default; paged KV cache, continuous batching), ``hf`` (HF
 ``generate``, the reference) and ``vllm`` (when installed).
 """
 

@@ -8,11 +8,12 @@ CUDA graph records the step's kernels once and replays them with one launch. Tha
 with static shapes and no host-side decisions, which :meth:`LlamaFamilyDecoder.decode` is when
 ``context=None`` (the Triton kernels read each row's length on the device):
 
-- the inputs live in static buffers (``tokens``, ``positions``); a step over ``N`` rows copies
-  its values into them and replays the graph of the smallest bucket ``B >= N``;
-- rows ``N .. B - 1`` decode whatever the buffers hold, in slots no live sequence uses (live
-  sequences occupy slots ``0 .. N - 1``); what they write there is overwritten before any
-  sequence reads it (:meth:`SlotKVCache.fill` writes a new sequence's prompt first);
+- the inputs live in static buffers (``tokens``, ``positions``, and the block tables ``[rows, W]``
+  with ``W`` the cache's table width); a step over ``N`` rows copies its values into them and replays
+  the graph of the smallest bucket ``B >= N``;
+- rows ``N .. B - 1`` are padding: position 0 and a table of null blocks
+  (:data:`~hybridflow.rollout.block_manager.NULL_BLOCK`), so what they write lands in the one block no
+  sequence reads;
 - graphs are captured lazily, the first time a bucket is needed, and all share one memory pool.
 
 Graphs hold raw pointers to the cache, the rotary table and the weights. A weight sync copies the
@@ -38,15 +39,17 @@ def bucket_sizes(max_rows: int, sizes: tuple[int, ...] | list[int] | None = None
 
 
 class DecodeGraphs:
-    """Replays :meth:`LlamaFamilyDecoder.decode` over slots ``0 .. N - 1`` of one cache from CUDA graphs."""
+    """Replays :meth:`LlamaFamilyDecoder.decode` over up to ``rows`` sequences of one cache from CUDA graphs."""
 
-    def __init__(self, decoder, cache, *, capture_sizes: list[int] | None = None):
+    def __init__(self, decoder, cache, *, rows: int, capture_sizes: list[int] | None = None):
         self.decoder = decoder
         self.cache = cache
-        self.buckets = bucket_sizes(cache.slots, capture_sizes)
+        self.rows = rows
+        self.buckets = bucket_sizes(rows, capture_sizes)
         device = decoder.embed.device
-        self.tokens = torch.zeros(cache.slots, dtype=torch.long, device=device)
-        self.positions = torch.zeros(cache.slots, dtype=torch.long, device=device)
+        self.tokens = torch.zeros(rows, dtype=torch.long, device=device)
+        self.positions = torch.zeros(rows, dtype=torch.long, device=device)
+        self.block_tables = torch.zeros(rows, cache.table_width, dtype=torch.int32, device=device)
         self.rope = decoder._rope  # the rotary table the graphs read
         self.weights_epoch = decoder.weights_epoch  # the weight tensors they read
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -54,29 +57,34 @@ class DecodeGraphs:
         self.pool = None
 
     def valid_for(self, cache) -> bool:
-        """Whether these graphs still point at ``cache``, the decoder's rotary table and its weight tensors
-        (a weight sync copies in place on CUDA, so graphs survive it)."""
-        return (cache is self.cache and self.decoder._rope is self.rope
+        """Whether these graphs still point at ``cache`` (with the table width they were captured for), the
+        decoder's rotary table and its weight tensors (a weight sync copies in place on CUDA, so graphs survive it)."""
+        return (cache is self.cache and cache.table_width == self.block_tables.shape[1]
+                and self.decoder._rope is self.rope
                 and self.decoder.weights_epoch == self.weights_epoch)
 
-    def __call__(self, *, token_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """``[N, V]`` logits of one decode step over slots ``0 .. N - 1``."""
-        count = token_ids.shape[0]
+    def __call__(self, *, token_ids: torch.Tensor, positions: torch.Tensor, block_tables: torch.Tensor
+                 ) -> torch.Tensor:
+        """``[N, V]`` logits of one decode step over ``N`` sequences (``block_tables`` ``[N, <= W]``)."""
+        count, width = block_tables.shape
         bucket = next(b for b in self.buckets if b >= count)
         self.tokens[:count].copy_(token_ids)
         self.positions[:count].copy_(positions)
-        self.positions[count:bucket].zero_()  # padding rows: position 0 of free slots
+        self.positions[count:bucket].zero_()  # padding rows: position 0 of the null block
+        self.block_tables[:count, :width].copy_(block_tables)
+        self.block_tables[:count, width:].zero_()
+        self.block_tables[count:bucket].zero_()
         graph = self.graphs.get(bucket) or self._capture(bucket)
         graph.replay()
         return self.logits[bucket][:count]
 
     def _step(self, bucket: int) -> torch.Tensor:
         return self.decoder.decode(token_ids=self.tokens[:bucket], positions=self.positions[:bucket],
-                                   cache=self.cache, context=None)
+                                   cache=self.cache, block_tables=self.block_tables[:bucket], context=None)
 
     def _capture(self, bucket: int) -> torch.cuda.CUDAGraph:
-        # One eager run on a side stream first (Triton compiles, cuBLAS picks kernels); it writes the
-        # same keys and values the replay will write, so it changes nothing a sequence reads.
+        # One eager run on a side stream first (Triton compiles, cuBLAS picks kernels); it writes where the
+        # replay will write (the rows' own blocks, the null block for padding), so no other sequence's keys.
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
@@ -90,9 +98,10 @@ class DecodeGraphs:
         return graph
 
     def capture_all(self) -> None:
-        """Capture every bucket now, largest first (smaller graphs then reuse its pool's memory). Only
-        while no sequence is live: the capture runs write position 0 of every slot."""
+        """Capture every bucket now, largest first (smaller graphs then reuse its pool's memory); the capture
+        runs write into the null block only."""
         self.positions.zero_()
+        self.block_tables.zero_()
         for bucket in sorted(self.buckets, reverse=True):
             if bucket not in self.graphs:
                 self._capture(bucket)

@@ -1,8 +1,8 @@
 """A forward pass for Llama-family decoders that reads an HF model's own weights.
 
 The native engine runs this instead of the HF module because it needs two things HF's
-forward does not give cheaply: decode steps over a slot cache where every sequence has
-its own length (one batched matmul per projection, attention masked per slot), and no
+forward does not give cheaply: decode steps over a paged cache where every sequence has
+its own length and blocks (one batched matmul per projection, attention masked per row), and no
 per-step Python object churn (cache classes, masks built from scratch, output dicts).
 
 The math is the HF Llama / Qwen2 decoder layer, op for op (Touvron et al. 2023, "LLaMA";
@@ -37,7 +37,7 @@ from hybridflow.errors import RolloutError
 from hybridflow.rollout.architectures import ARCHITECTURES, hidden_activation, layer_windows, unsupported_reason
 from hybridflow.rollout.attention_variants import attention, decode_mask, prefill_mask
 from hybridflow.models.segment_attention import kv_heads
-from hybridflow.rollout.kv_cache import SlotKVCache
+from hybridflow.rollout.kv_cache import PagedKVCache
 from hybridflow.rollout.moe import ExpertWeights, expert_weights, moe_mlp
 from hybridflow.rollout.optional import package_installed
 from hybridflow.rollout.packed_linear import PackedLinear, same_layout
@@ -447,44 +447,45 @@ class LlamaFamilyDecoder:
                                                        scale=self.scale)[0]
 
     @torch.no_grad()
-    def decode(self, *, token_ids: torch.Tensor, positions: torch.Tensor, cache: SlotKVCache,
-               context: int | None = None, first_slot: int = 0) -> torch.Tensor:
-        """One step for the sequences in slots ``first_slot .. first_slot + N - 1``.
+    def decode(self, *, token_ids: torch.Tensor, positions: torch.Tensor, cache: PagedKVCache,
+               block_tables: torch.Tensor, context: int | None = None) -> torch.Tensor:
+        """One step for ``N`` sequences of the paged cache.
 
         Args:
-            token_ids: ``[N]`` each slot's latest token.
-            positions: ``[N]`` where it goes (the slot's current length).
+            token_ids: ``[N]`` each sequence's latest token.
+            positions: ``[N]`` where it goes (the sequence's current length).
             cache: keys/values of the earlier tokens; the new ones are written in place.
+            block_tables: ``[N, W]`` int32, the blocks of each sequence (unused entries: the null block);
+                every block a row writes into is its own (the engine copied shared ones first).
             context: ``max(positions) + 1``, the attention span of this step; ``None`` makes the
                 step graph-safe (static shapes, no host values: CUDA graphs capture it, and
                 ``torch.compile(fullgraph=True)`` traces it): on CUDA it then runs as Triton kernels
-                (:meth:`_decode_fused`; attention reads each row's length on the device), elsewhere
-                SDPA spans the whole cache with a device-built mask.
-            first_slot: the cache slot of row 0; disjoint slot ranges may be decoded
-                concurrently (:mod:`hybridflow.rollout.lanes`).
+                (:meth:`_decode_fused`; attention reads each row's length and blocks on the device),
+                elsewhere SDPA spans all ``W`` blocks with a device-built mask.
 
         Returns:
             ``[N, V]`` next-token logits.
         """
         if context is None and self.triton_kernels:
-            return self._decode_fused(token_ids=token_ids, positions=positions, cache=cache, first_slot=first_slot)
+            return self._decode_fused(token_ids=token_ids, positions=positions, cache=cache, block_tables=block_tables)
         rope = self._rope_rows(positions, cache.max_len if context is None else context)
-        rows = cache.write_rows(positions, first_slot)
-        attend = self._decode_attention(positions=positions, cache=cache, context=context, first_slot=first_slot)
+        rows = cache.write_rows(positions, block_tables)
+        if context is not None:  # only the blocks the longest row reaches
+            block_tables = block_tables[:, : -(-context // cache.block_size)]
+        attend = self._decode_attention(positions=positions, cache=cache, block_tables=block_tables)
         hidden = self._embed(token_ids)
         for index, layer in enumerate(self.layers):
             q, k, v = self._qkv(self._rms_norm(hidden, layer.input_norm), layer, *rope[self.rope_kinds[index]])
             cache.write(layer=index, rows=rows, keys=k, values=v)
-            hidden = self._residual(hidden, layer.o_proj(attend(q, *cache.layer(index), layer.window)),
-                                    layer.attn_out_norm)
+            hidden = self._residual(hidden, layer.o_proj(attend(q, index, layer.window)), layer.attn_out_norm)
             hidden = self._mlp_block(hidden, layer, graph_safe=context is None)
         return self._logits(hidden)
 
-    def _decode_fused(self, *, token_ids: torch.Tensor, positions: torch.Tensor, cache: SlotKVCache,
-                      first_slot: int) -> torch.Tensor:
+    def _decode_fused(self, *, token_ids: torch.Tensor, positions: torch.Tensor, cache: PagedKVCache,
+                      block_tables: torch.Tensor) -> torch.Tensor:
         """:meth:`decode` in ten kernels a layer (:mod:`hybridflow.rollout.triton_fused`): the same math,
         with each residual add fused into the RMSNorm that follows it."""
-        from hybridflow.rollout.triton_attention import slot_decode_attention
+        from hybridflow.rollout.triton_attention import paged_decode_attention
         from hybridflow.rollout.triton_fused import add_rms_norm, qkv_rope_write, silu_mul
 
         cos, sin = self.rope_table(cache.max_len)
@@ -495,9 +496,10 @@ class LlamaFamilyDecoder:
         for index, layer in enumerate(self.layers):
             keys, values = cache.layer(index)
             q = qkv_rope_write(qkv=layer.qkv(normed), positions=positions, cos=cos, sin=sin, qk_norm=layer.qk_norm,
-                               keys=keys, values=values, heads=self.num_heads, eps=self.eps, first_slot=first_slot)
-            attn = slot_decode_attention(q=q, keys=keys, values=values, lengths=lengths, scale=self.scale,
-                                         first_slot=first_slot, window=layer.window)
+                               keys=keys, values=values, heads=self.num_heads, eps=self.eps,
+                               block_tables=block_tables)
+            attn = paged_decode_attention(q=q, keys=keys, values=values, lengths=lengths, scale=self.scale,
+                                          block_tables=block_tables, window=layer.window)
             normed, hidden = add_rms_norm(x=layer.o_proj(attn.view(count, -1)), residual=hidden,
                                           weight=layer.post_norm, eps=self.eps)
             following = self.layers[index + 1].input_norm if index + 1 < self.num_layers else self.final_norm
@@ -505,20 +507,19 @@ class LlamaFamilyDecoder:
                                           weight=following, eps=self.eps)
         return self.lm_head(normed)
 
-    def _decode_attention(self, *, positions: torch.Tensor, cache: SlotKVCache, context: int | None,
-                          first_slot: int):
-        """``attend(q [N, H, D], keys, values, window) -> [N, H * D]`` for this step: attention over the first
-        ``context`` positions (the whole cache when ``None``) with a mask built on the device, one a window."""
+    def _decode_attention(self, *, positions: torch.Tensor, cache: PagedKVCache, block_tables: torch.Tensor):
+        """``attend(q [N, H, D], layer, window) -> [N, H * D]`` for this step: attention over the blocks of
+        ``block_tables`` ``[N, W]``, gathered (:meth:`PagedKVCache.span`), with a mask built on the device, one
+        per window."""
         count = positions.shape[0]
-        slots = slice(first_slot, first_slot + count)
-        context = context or cache.max_len
+        context = block_tables.shape[1] * cache.block_size
         masks = {window: decode_mask(positions, context, window, self.embed.dtype) for window in set(self.windows)}
 
-        def attend(q, keys, values, window):
+        def attend(q, layer, window):
+            keys, values = cache.span(layer, block_tables)
             # Grouped-query decode: the G = H / KV query heads of one KV head act as G queries.
             grouped_q = q.view(count, self.kv_heads, self.num_heads // self.kv_heads, self.head_dim)
-            out = attention(grouped_q, keys[slots, :, :context], values[slots, :, :context], mask=masks[window],
-                            scale=self.scale, softcap=self.attn_softcap)
+            out = attention(grouped_q, keys, values, mask=masks[window], scale=self.scale, softcap=self.attn_softcap)
             return out.reshape(count, -1)
 
         return attend

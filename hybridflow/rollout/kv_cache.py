@@ -1,11 +1,15 @@
-"""A preallocated key/value cache whose live sequences occupy a contiguous slot prefix.
+"""The paged key/value cache: one preallocated pool of fixed-size blocks, read and written through block tables.
 
-One tensor ``[layers, 2, slots, kv_heads, max_len, head_dim]`` holds every layer's keys
-(index 0) and values (index 1). Decoding writes each new key/value in place at the
-sequence's position, so no step allocates or concatenates. Sequences live in slots
-``0 .. num_active - 1``; when one finishes, the last live slot is moved into its place
-(one copy of one sequence), so a decode step works on a plain slice of the cache rather
-than a gather over scattered slots.
+One tensor ``[layers, 2, kv_heads, blocks, block_size, head_dim]`` holds every layer's keys (index 0) and
+values (index 1). A sequence's positions live in the blocks its block table names
+(:mod:`hybridflow.rollout.block_manager` hands them out): position ``p`` of the sequence whose table row
+is ``t`` is at block ``t[p // B]``, offset ``p % B``. Decoding writes each new key/value in place, so no
+step allocates or concatenates, and sequences never move.
+
+The layout puts the block index right after the KV head so that, per layer and head, a table's blocks
+gathered in order are one contiguous ``[N, W * B, D]`` run: on CPU, :meth:`PagedKVCache.span` gathers the
+live blocks for SDPA with one ``index_select`` and no second copy; the Triton kernels read the blocks in
+place through the table (:mod:`hybridflow.rollout.triton_attention`).
 """
 
 from __future__ import annotations
@@ -16,64 +20,90 @@ import mmap
 import torch
 
 
-class SlotKVCache:
-    """Keys and values of up to ``slots`` sequences of at most ``max_len`` tokens."""
+class PagedKVCache:
+    """Keys and values in ``blocks`` blocks of ``block_size`` positions; ``max_len`` is the attention span of a
+    decode step (a block table row has ``ceil(max_len / block_size)`` entries)."""
 
-    def __init__(self, *, layers: int, slots: int, kv_heads: int, max_len: int, head_dim: int,
+    def __init__(self, *, layers: int, blocks: int, block_size: int, kv_heads: int, max_len: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device):
-        self.data = zeros_on_first_touch((layers, 2, slots, kv_heads, max_len, head_dim), dtype=dtype, device=device)
-        self.lengths = [0] * slots
-        """Tokens stored per slot (host copy; the next write position)."""
+        self.data = zeros_on_first_touch((layers, 2, kv_heads, blocks, block_size, head_dim), dtype=dtype,
+                                         device=device)
+        self.max_len = max_len
 
     @property
-    def slots(self) -> int:
-        return self.data.shape[2]
+    def blocks(self) -> int:
+        return self.data.shape[3]
 
     @property
-    def max_len(self) -> int:
+    def block_size(self) -> int:
         return self.data.shape[4]
 
-    def fits(self, *, slots: int, max_len: int, dtype: torch.dtype, device: torch.device) -> bool:
-        return (self.slots >= slots and self.max_len >= max_len and self.data.dtype == dtype
-                and self.data.device == torch.device(device))
+    @property
+    def table_width(self) -> int:
+        """Entries of a block table row: blocks that cover ``max_len`` positions."""
+        return -(-self.max_len // self.block_size)
 
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(keys, values)`` of one layer, each ``[slots, kv_heads, max_len, head_dim]``."""
+        """``(keys, values)`` of one layer, each ``[kv_heads, blocks, block_size, head_dim]``."""
         return self.data[index, 0], self.data[index, 1]
 
-    def write_rows(self, positions: torch.Tensor, first_slot: int = 0) -> torch.Tensor:
-        """Where slot ``first_slot + i``'s token at ``positions[i]`` goes, per KV head: ``[N * kv_heads]``.
+    def write_rows(self, positions: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
+        """Where row ``n``'s token at ``positions[n]`` goes, per KV head: ``[N * kv_heads]`` in ``(n, head)`` order.
 
-        Indexes the ``[slots * kv_heads * max_len, head_dim]`` view of one layer's keys (or
-        values); computed once per decode step and shared by every layer.
+        Indexes the ``[kv_heads * blocks * block_size, head_dim]`` view of one layer's keys (or values):
+        ``(head * blocks + block) * B + offset`` with ``block = block_tables[n, p // B]``. Computed once per decode
+        step and shared by every layer.
         """
-        slots, kv_heads, max_len = positions.shape[0], self.data.shape[3], self.max_len
-        slot_heads = torch.arange(first_slot * kv_heads, (first_slot + slots) * kv_heads,
-                                  device=positions.device).view(slots, kv_heads)
-        return (slot_heads * max_len + positions[:, None]).reshape(-1)
+        size = self.block_size
+        block = block_tables.gather(1, (positions // size)[:, None]).long()  # [N, 1]
+        heads = torch.arange(self.data.shape[2], device=positions.device)[None]  # [1, KV]
+        return ((heads * self.blocks + block) * size + (positions % size)[:, None]).reshape(-1)
 
     def write(self, *, layer: int, rows: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Store ``keys``/``values`` ``[N, kv_heads, head_dim]`` at ``rows`` (from :meth:`write_rows`).
 
-        One ``index_copy_`` per tensor: on CPU, advanced-index assignment
-        (``cache[slots, :, positions] = k``) measured 40x slower at 64 slots.
+        One ``index_copy_`` per tensor: on CPU, advanced-index assignment measured 40x slower at 64 rows.
         """
         head_dim = self.data.shape[-1]
         self.data[layer, 0].view(-1, head_dim).index_copy_(0, rows, keys.reshape(-1, head_dim))
         self.data[layer, 1].view(-1, head_dim).index_copy_(0, rows, values.reshape(-1, head_dim))
 
-    def fill(self, *, first_slot: int, count: int, prefix: torch.Tensor) -> None:
-        """Copy one prompt's ``prefix`` ``[layers, 2, kv_heads, L, head_dim]`` into ``count`` slots."""
-        length = prefix.shape[3]
-        self.data[:, :, first_slot : first_slot + count, :, :length] = prefix[:, :, None]
-        for slot in range(first_slot, first_slot + count):
-            self.lengths[slot] = length
+    def span(self, layer: int, block_tables: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of the blocks ``block_tables`` ``[N, W]`` names, gathered: each ``[N, KV, W * B, D]``
+        (a view of one copy; positions past a row's length hold stale or null-block entries: mask them)."""
+        rows, width = block_tables.shape
+        flat = block_tables.reshape(-1)
+        kv_heads, head_dim = self.data.shape[2], self.data.shape[5]
 
-    def move(self, *, source: int, target: int) -> None:
-        """Move the sequence in slot ``source`` to slot ``target`` (one in-place copy)."""
-        length = self.lengths[source]
-        self.data[:, :, target, :, :length] = self.data[:, :, source, :, :length]
-        self.lengths[target] = length
+        def gather(part: torch.Tensor) -> torch.Tensor:
+            return part.index_select(1, flat).view(kv_heads, rows, width * self.block_size, head_dim).transpose(0, 1)
+
+        return gather(self.data[layer, 0]), gather(self.data[layer, 1])
+
+    def write_prompt(self, blocks: list[int], kv: torch.Tensor, *, start: int) -> None:
+        """Store positions ``start ..`` of a prompt's ``kv`` ``[layers, 2, KV, L, D]`` into its ``blocks`` (the
+        table's; ``start`` is a block boundary: the blocks before it were cached)."""
+        size, length = self.block_size, kv.shape[3]
+        first, count = start // size, -(-length // size) - start // size
+        if count <= 0:
+            return
+        padded = kv.new_zeros(*kv.shape[:3], count * size, kv.shape[4])
+        padded[:, :, :, : length - start] = kv[:, :, :, start:]
+        target = torch.tensor(blocks[first : first + count], device=self.data.device)
+        self.data.index_copy_(3, target, padded.view(*kv.shape[:3], count, size, kv.shape[4]))
+
+    def read_prefix(self, blocks: list[int], length: int) -> torch.Tensor:
+        """The first ``length`` positions held in ``blocks``, as ``[layers, 2, KV, length, D]`` (a copy)."""
+        index = torch.tensor(blocks[: -(-length // self.block_size)], device=self.data.device)
+        gathered = self.data.index_select(3, index)
+        return gathered.flatten(3, 4)[:, :, :, :length]
+
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy each ``(source, target)`` block's keys and values (copy-on-write of a shared block)."""
+        if not pairs:
+            return
+        source, target = (torch.tensor(side, device=self.data.device) for side in zip(*pairs))
+        self.data.index_copy_(3, target, self.data.index_select(3, source))
 
 
 def zeros_on_first_touch(shape: tuple[int, ...], *, dtype: torch.dtype, device) -> torch.Tensor:
@@ -91,3 +121,63 @@ def zeros_on_first_touch(shape: tuple[int, ...], *, dtype: torch.dtype, device) 
         return torch.zeros(shape, dtype=dtype, device=device)
     buffer = mmap.mmap(-1, numel * dtype.itemsize)  # the tensor keeps the mapping alive
     return torch.frombuffer(buffer, dtype=dtype, count=numel).view(shape)
+
+
+class SlotMirror:
+    """On CPU, a contiguous copy of the live sequences' keys and values, row ``i`` for the ``i``-th live sequence:
+    ``[layers, 2, rows, kv_heads, T, head_dim]`` (the engine's slot layout before the paged pool).
+
+    Why: SDPA over the pool needs each row's blocks gathered first, which on CPU reads and writes the live bytes
+    once more every layer of every step (docs/benchmarks.md: 13-35 % of a 64-row step, and about 40 % slower
+    64-row steps end to end). Over this mirror a step's keys are a view. The pool stays the truth (sharing,
+    prefix caching and preemption read it); the mirror is filled from it when a sequence joins, written beside
+    it each step, and its last row moved into a finished sequence's row so the live rows stay ``0 .. N - 1``.
+    Untouched pages cost nothing (:func:`zeros_on_first_touch`).
+    """
+
+    def __init__(self, *, layers: int, rows: int, kv_heads: int, max_len: int, head_dim: int, dtype: torch.dtype):
+        self.data = zeros_on_first_touch((layers, 2, rows, kv_heads, max_len, head_dim), dtype=dtype, device="cpu")
+
+    def fits(self, *, rows: int, max_len: int, dtype: torch.dtype) -> bool:
+        return self.data.shape[2] >= rows and self.data.shape[4] >= max_len and self.data.dtype == dtype
+
+    def load(self, row: int, kv: torch.Tensor) -> None:
+        """Row ``row`` takes ``kv`` ``[layers, 2, KV, L, D]`` (a sequence's cached positions, read from the pool)."""
+        self.data[:, :, row, :, : kv.shape[3]] = kv
+
+    def move(self, *, source: int, target: int, length: int) -> None:
+        self.data[:, :, target, :, :length] = self.data[:, :, source, :, :length]
+
+    def write_rows(self, positions: torch.Tensor, first_row: int) -> torch.Tensor:
+        """Flat ``[rows * KV * T]`` indices of row ``first_row + n``'s token at ``positions[n]``, per KV head."""
+        count, kv_heads, max_len = positions.shape[0], self.data.shape[3], self.data.shape[4]
+        row_heads = torch.arange(first_row * kv_heads, (first_row + count) * kv_heads).view(count, kv_heads)
+        return (row_heads * max_len + positions[:, None]).reshape(-1)
+
+    def write(self, *, layer: int, rows: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
+        head_dim = self.data.shape[-1]
+        self.data[layer, 0].view(-1, head_dim).index_copy_(0, rows, keys.reshape(-1, head_dim))
+        self.data[layer, 1].view(-1, head_dim).index_copy_(0, rows, values.reshape(-1, head_dim))
+
+
+class MirroredCache:
+    """What a CPU decode step over live rows ``first_row ..`` sees: the pool's interface for
+    :meth:`LlamaFamilyDecoder.decode`, writing both the pool and the :class:`SlotMirror`, attending over the mirror."""
+
+    def __init__(self, pool: PagedKVCache, mirror: SlotMirror, first_row: int):
+        self.pool, self.mirror, self.first_row = pool, mirror, first_row
+        self.max_len, self.block_size = pool.max_len, pool.block_size
+
+    def write_rows(self, positions: torch.Tensor, block_tables: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.pool.write_rows(positions, block_tables), self.mirror.write_rows(positions, self.first_row)
+
+    def write(self, *, layer: int, rows: tuple[torch.Tensor, torch.Tensor], keys: torch.Tensor,
+              values: torch.Tensor) -> None:
+        self.pool.write(layer=layer, rows=rows[0], keys=keys, values=values)
+        self.mirror.write(layer=layer, rows=rows[1], keys=keys, values=values)
+
+    def span(self, layer: int, block_tables: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows ``first_row .. + N`` of the mirror over the ``W * B`` positions ``block_tables`` ``[N, W]`` spans."""
+        rows = slice(self.first_row, self.first_row + block_tables.shape[0])
+        width = block_tables.shape[1] * self.block_size
+        return self.mirror.data[layer, 0, rows, :, :width], self.mirror.data[layer, 1, rows, :, :width]

@@ -1,14 +1,21 @@
-"""The native generation engine: a slot KV cache with continuous batching.
+"""The native generation engine: a paged KV cache with continuous batching and preemption.
 
 Where HF ``generate`` loses time in RL rollouts, and what this engine does instead:
 
 - it prefills each prompt ``n`` times (``num_return_sequences`` repeats the prompt);
-  here a prompt is prefilled once and its keys/values are copied to its ``n`` slots;
+  here a prompt is prefilled once and its ``n`` samples share its KV blocks (copy-on-write
+  of the partial last block; :mod:`hybridflow.rollout.block_manager`);
 - a finished sequence keeps being computed, as padding, until the longest one ends;
-  here it is retired at once and a waiting sequence takes its slot (continuous
+  here it is retired at once and a waiting sequence takes its place (continuous
   batching), so every step computes only live sequences;
-- its dynamic cache grows by concatenation; here the cache is preallocated and written
-  in place.
+- its dynamic cache grows by concatenation and is sized for the longest sequence;
+  here a pool of fixed-size blocks is preallocated once, a sequence takes a block every
+  :data:`~hybridflow.rollout.block_manager.BLOCK_SIZE` tokens, and when none is left the
+  most recently admitted sequence is *preempted*: its blocks are freed and it waits at the
+  front of the queue, to be prefilled again from its prompt and its tokens so far and to
+  continue where it stopped (recompute; the engine never runs out of memory);
+- with ``prefix_cache_tokens``, the blocks of finished turns stay named by their tokens, and
+  the next turn of a conversation starts from them instead of prefilling them again.
 
 Sampling runs on the device with a ``torch.Generator`` seeded from
 ``SamplingParams.seed``, so a fixed seed and the same inputs give the same outputs.
@@ -16,6 +23,7 @@ Sampling runs on the device with a ``torch.Generator`` seeded from
 
 from __future__ import annotations
 
+import os
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -24,11 +32,11 @@ import torch
 from hybridflow.cpu import return_freed_memory
 from hybridflow.errors import RolloutError
 from hybridflow.rollout.architectures import unsupported_reason
+from hybridflow.rollout.block_manager import BLOCK_SIZE, NULL_BLOCK, BlockAllocator, OutOfBlocks, SequenceBlocks
 from hybridflow.rollout.cuda_graphs import DecodeGraphs
 from hybridflow.rollout.decoder import LlamaFamilyDecoder
-from hybridflow.rollout.kv_cache import SlotKVCache
+from hybridflow.rollout.kv_cache import MirroredCache, PagedKVCache, SlotMirror
 from hybridflow.rollout.lanes import DecodeLanes
-from hybridflow.rollout.prefix_cache import PrefixCache
 from hybridflow.rollout.sampler import RowSampling, draw_uniform, sample_tokens
 from hybridflow.rollout.stopping import StopChecker
 from hybridflow.rollout.types import Completion, SamplingParams, validate_prompts
@@ -48,57 +56,76 @@ class Sequence:
     output_index: int
     prompt_length: int
     params: SamplingParams
+    prompt_ids: list[int]
     token_ids: list[int] = field(default_factory=list)
-    prompt_ids: list[int] | None = None
-    """The prompt's ids, kept only when finished sequences go to the prefix cache."""
     logprobs: list[float] = field(default_factory=list)
     finish_reason: str | None = None
+    blocks: SequenceBlocks | None = None
+    """Its block table while it is live."""
+    admitted: int = 0
+    """When it was (last) admitted: the latest admitted is preempted first."""
+    row: int = -1
+    """Its row of the run's :class:`HostBlockTables` while it is live."""
+
+    @property
+    def position(self) -> int:
+        """Where its last token (sampled, not yet fed back) goes in the cache: the tokens cached so far."""
+        return self.prompt_length + len(self.token_ids) - 1
 
 
 @dataclass
 class PendingPrompt:
-    """A prompt whose samples are not all admitted yet; its prefill is kept for them."""
+    """A prompt whose samples are not all admitted yet; its prefilled blocks are kept for them."""
 
     index: int
     token_ids: list[int]
     remaining: int
     params: SamplingParams
-    prefix: torch.Tensor | None = None
+    blocks: SequenceBlocks | None = None
+    """The prompt's blocks once prefilled; each admitted sample takes a fork of them."""
     first_logits: torch.Tensor | None = None
     resumed: Sequence | None = None
-    """A paused sequence this prompt continues (``token_ids`` is then its prompt plus its
+    """A paused or preempted sequence this prompt continues (``token_ids`` is then its prompt plus its
     tokens so far, ``remaining`` is 1): the next sampled token is appended to it."""
 
-    def start_sequence(self, output_index: int, *, keep_prompt: bool) -> Sequence:
+    def start_sequence(self, output_index: int) -> Sequence:
         if self.resumed is not None:
             return self.resumed
-        return Sequence(self.index, output_index, len(self.token_ids), self.params,
-                        prompt_ids=self.token_ids if keep_prompt else None)
+        return Sequence(self.index, output_index, len(self.token_ids), self.params, prompt_ids=self.token_ids)
+
+    def drop_prefill(self) -> None:
+        """Forget the prefill (new weights, or its blocks are needed): it is computed again at admission."""
+        if self.blocks is not None:
+            self.blocks.free()
+        self.blocks = self.first_logits = None
 
 
 class NativeEngine:
-    """``generate`` over a Llama-family HF model with continuous batching.
+    """``generate`` over a Llama-family HF model with a paged KV cache and continuous batching.
 
     Unlike the other backends it takes one ``SamplingParams`` per prompt (:attr:`takes_params_per_prompt`).
 
     Args:
         model: an HF ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` (its weights are used in place).
         tokenizer: needed only for stop strings.
-        max_num_seqs: most sequences decoded at once (KV slots).
+        max_num_seqs: most sequences decoded at once.
         max_model_len: context limit; defaults to ``config.max_position_embeddings``.
         decode_lanes: on CPU with more than one thread, decode wide steps in concurrent
             slices (:mod:`hybridflow.rollout.lanes`); same outputs, faster wide steps.
-        prefix_cache_tokens: keep the KV of finished sequences, up to this many tokens, and
-            prefill only the new part of a prompt that extends one (multi-turn rollouts);
-            identical prompts in one call are prefilled once. 0 turns it off.
+        prefix_cache_tokens: keep the blocks of finished sequences, named by their tokens, up to this many
+            tokens, and prefill only the new part of a prompt that starts with them (multi-turn rollouts;
+            :mod:`hybridflow.rollout.block_manager`). 0 turns it off (a prompt's samples still share its blocks).
         enforce_eager: on CUDA, run every decode step eagerly instead of replaying CUDA graphs (verl's
             ``rollout.enforce_eager``; graphs are the default, as in verl HEAD).
         cudagraph_capture_sizes: on CUDA, the batch sizes to capture (verl's
             ``rollout.cudagraph_capture_sizes``); ``None`` = :data:`~hybridflow.rollout.cuda_graphs.CAPTURE_SIZES`.
-        gpu_memory_utilization: on CUDA, the fraction of the GPU's memory that everything allocated in this
-            process may reach once the KV cache is allocated (verl's ``rollout.gpu_memory_utilization``; the
-            trainer passes it): the cache gets at most the slots that fit, and the other sequences wait for a
-            free one. ``None``: no limit (``max_num_seqs`` slots).
+        gpu_memory_utilization: the fraction of the device's memory that everything allocated in this process
+            may reach once the KV cache is allocated (verl's ``rollout.gpu_memory_utilization``; the trainer passes
+            it): on CUDA of the GPU's memory, on CPU of the machine's RAM (this process's resident memory counting
+            as used). The cache gets at most the blocks that fit; when they run out, sequences are preempted and
+            recomputed later. ``None``: no limit (blocks for ``max_num_seqs`` sequences of the longest length).
+        num_kv_blocks: the number of KV blocks, overriding the budget (vLLM's ``num_gpu_blocks_override``; tests
+            use it to force preemption); at least one longest sequence's worth plus the null block.
         own_model: the engine owns ``model`` (a private copy nobody else runs): it then drops the
             module's projection weights once they are fused and packed, so the engine holds one
             copy of them, not two (~0.42 GB less for SmolLM2-135M in fp32); ``model``'s own forward
@@ -111,7 +138,7 @@ class NativeEngine:
     def __init__(self, model, tokenizer=None, *, max_num_seqs: int = 256, max_model_len: int | None = None,
                  decode_lanes: bool = True, prefix_cache_tokens: int = 0, own_model: bool = False,
                  enforce_eager: bool = False, cudagraph_capture_sizes: list[int] | None = None,
-                 gpu_memory_utilization: float | None = None):
+                 gpu_memory_utilization: float | None = None, num_kv_blocks: int | None = None):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len or model.config.max_position_embeddings
@@ -123,12 +150,17 @@ class NativeEngine:
         if own_model:
             self.decoder.release_module_projections()
         self.max_num_seqs = max_num_seqs
-        self.cache: SlotKVCache | None = None
+        self.cache: PagedKVCache | None = None
+        self.allocator: BlockAllocator | None = None
+        self.mirror: SlotMirror | None = None
+        self.prefix_cache_tokens = prefix_cache_tokens
+        self.num_kv_blocks = num_kv_blocks
+        self.preemptions = 0
+        """Sequences preempted (their blocks freed, recomputed later) since the engine was built."""
         threads = torch.get_num_threads()
         self.lanes = DecodeLanes(threads) if decode_lanes and self.device.type == "cpu" and threads > 1 else None
-        self.prefix_cache = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens > 0 else None
-        # On CUDA the decode step runs as Triton kernels that read each row's length on the device, so
-        # its shapes are static and CUDA graphs replay it; elsewhere SDPA runs over a host-sized span.
+        # On CUDA the decode step runs as Triton kernels that read each row's length and blocks on the device,
+        # so its shapes are static and CUDA graphs replay it; elsewhere SDPA runs over the gathered blocks.
         self.triton_kernels = self.decoder.triton_kernels
         self.enforce_eager = enforce_eager or not self.triton_kernels
         self.capture_sizes = cudagraph_capture_sizes
@@ -145,8 +177,8 @@ class NativeEngine:
         self.decoder.load_weights(named_tensors)
         if self.device.type == "cpu":
             return_freed_memory()  # the packing temporaries: ~0.4 GB resident otherwise (SmolLM2-135M)
-        if self.prefix_cache is not None:
-            self.prefix_cache.clear()  # computed with the old weights
+        if self.allocator is not None:
+            self.allocator.drop_names()  # cached blocks were computed with the old weights
 
     def generate(self, prompt_token_ids: list[list[int]],
                  params: SamplingParams | list[SamplingParams]) -> list[Completion]:
@@ -158,81 +190,118 @@ class NativeEngine:
         validate_prompts(prompt_token_ids, max_model_len=self.max_model_len)
         per_prompt = params_per_prompt(params, len(prompt_token_ids))
         capacity = min(self.max_model_len, max(len(p) + q.max_tokens for p, q in zip(prompt_token_ids, per_prompt)))
-        cache = self._reserve(slots=min(self.max_num_seqs, sum(q.n for q in per_prompt)), max_len=capacity)
-        self.decoder.rope_table(cache.max_len)  # once, rather than growing it step by step
-        run = GenerationRun(
-            cache=cache, generator=self._generator(next((q.seed for q in per_prompt if q.seed is not None), None)),
-            tokenizer=self.tokenizer,
-            waiting=deque(PendingPrompt(i, list(p), q.n, q)
-                          for i, (p, q) in enumerate(zip(prompt_token_ids, per_prompt))),
-            last_tokens=torch.empty(cache.slots, dtype=torch.long, device=self.device),
-            prefix_cache=self.prefix_cache,
-        )
+        run = self.new_run(sequences=sum(q.n for q in per_prompt), max_len=capacity,
+                           seed=next((q.seed for q in per_prompt if q.seed is not None), None))
+        run.waiting.extend(PendingPrompt(i, list(p), q.n, q) for i, (p, q) in enumerate(zip(prompt_token_ids, per_prompt)))
         while run.waiting or run.live:
             self._admit(run)
             if run.live:
                 self._step(run)
+        self.preemptions += run.preemptions
         run.done.sort(key=lambda s: (s.prompt_index, s.output_index))
         return [Completion(s.token_ids, s.logprobs if s.params.logprobs else None, s.finish_reason, s.prompt_index)
                 for s in run.done]
+
+    def new_run(self, *, sequences: int, max_len: int, seed: int | None) -> GenerationRun:
+        """An empty :class:`GenerationRun` over a cache reserved for ``sequences`` sequences of ``max_len``; at most
+        ``min(max_num_seqs, sequences)`` of them decode at once (no more can be live)."""
+        rows = min(self.max_num_seqs, sequences)
+        cache = self._reserve(sequences=rows, max_len=max_len)
+        self.decoder.rope_table(cache.max_len)  # once, rather than growing it step by step
+        return GenerationRun(cache=cache, allocator=self.allocator, generator=self._generator(seed),
+                             tokenizer=self.tokenizer, waiting=deque(), max_num_seqs=rows,
+                             tables=HostBlockTables(rows=rows, width=cache.table_width),
+                             mirror=self._mirror_for(cache, rows))
+
+    def _mirror_for(self, cache: PagedKVCache, rows: int) -> SlotMirror | None:
+        """On CPU, the :class:`SlotMirror` SDPA reads, with ``rows`` rows (reused while it is large enough; its
+        untouched pages cost nothing); ``None`` elsewhere."""
+        if self.device.type != "cpu":
+            return None
+        span, dtype = cache.table_width * cache.block_size, self.decoder.embed.dtype
+        if self.mirror is None or not self.mirror.fits(rows=rows, max_len=span, dtype=dtype):
+            self.mirror = None  # free the old one first
+            self.mirror = SlotMirror(layers=self.decoder.num_layers, rows=rows,
+                                     kv_heads=self.decoder.kv_heads, max_len=span, head_dim=self.decoder.head_dim,
+                                     dtype=dtype)
+        return self.mirror
 
     def _generator(self, seed: int | None) -> torch.Generator:
         generator = torch.Generator(device=self.device)
         seed = int(torch.randint(2**62, (1,)).item()) if seed is None else seed
         return generator.manual_seed(seed)
 
-    def _reserve(self, *, slots: int, max_len: int) -> SlotKVCache:
-        """Reuse the preallocated cache when it is large enough, else allocate a new one (on CUDA with at
-        most the slots ``gpu_memory_utilization`` leaves room for: the rest wait and take slots as they free)."""
+    def _reserve(self, *, sequences: int, max_len: int) -> PagedKVCache:
+        """The block pool, grown when it holds fewer blocks than ``sequences`` sequences of ``max_len`` take (at
+        most what ``gpu_memory_utilization`` leaves room for: the rest wait, and preemption keeps the running ones
+        within the pool). It never shrinks, and growing it keeps the named blocks (a conversation's next, longer
+        turn still finds its earlier turns)."""
         dtype = self.decoder.embed.dtype
-        slots = min(slots, self._slots_within_budget(max_len))
-        if self.cache is None or not self.cache.fits(slots=slots, max_len=max_len, dtype=dtype, device=self.device):
-            if self.triton_kernels and self.cache is not None:
-                # Grow only, in whole splits: every new cache costs a fresh set of CUDA graphs.
-                slots, max_len = max(slots, self.cache.slots), max(max_len, self.cache.max_len)
-            max_len = self._cache_row_length(max_len)
-            self.cache = self.graphs = None  # free the old ones before allocating
-            self.cache = SlotKVCache(
-                layers=self.decoder.num_layers, slots=slots, kv_heads=self.decoder.kv_heads, max_len=max_len,
-                head_dim=self.decoder.head_dim, dtype=dtype, device=self.device,
-            )
+        max_len = self._cache_row_length(max_len)
+        per_sequence = -(-max_len // BLOCK_SIZE)
+        blocks = self.num_kv_blocks or min(sequences * per_sequence + 1, self._blocks_within_budget(max_len))
+        if blocks < per_sequence + 1:
+            raise RolloutError(f"num_kv_blocks={blocks} cannot hold one sequence of {max_len} positions: it needs "
+                               f"{per_sequence + 1} blocks of {BLOCK_SIZE} (the null block included); raise it or "
+                               "lower max_model_len")
+        if self.cache is None or self.cache.data.dtype != dtype:
+            self._new_pool(blocks, max_len, keep_named=False)
+        elif self.cache.blocks < blocks:
+            self._new_pool(blocks, max(max_len, self.cache.max_len), keep_named=True)
+        self.cache.max_len = max(self.cache.max_len, max_len)  # a wider table (new graphs on CUDA)
         return self.cache
 
+    def _new_pool(self, blocks: int, max_len: int, *, keep_named: bool) -> None:
+        """Allocate a pool of ``blocks`` blocks; with ``keep_named``, the named blocks keep their ids and contents
+        (no sequence is live between calls, so no other block holds anything still read)."""
+        named = sorted(self.allocator.key_of) if keep_named else []
+        kept = self.cache.data[:, :, :, named].clone() if named else None
+        allocator = self.allocator.grown(blocks) if keep_named else BlockAllocator(
+            blocks, block_size=BLOCK_SIZE, cached_blocks=self.prefix_cache_tokens // BLOCK_SIZE)
+        self.cache = self.graphs = self.allocator = None  # free the old ones before allocating
+        self.cache = PagedKVCache(
+            layers=self.decoder.num_layers, blocks=blocks, block_size=BLOCK_SIZE, kv_heads=self.decoder.kv_heads,
+            max_len=max_len, head_dim=self.decoder.head_dim, dtype=self.decoder.embed.dtype, device=self.device,
+        )
+        if kept is not None:
+            self.cache.data[:, :, :, named] = kept
+        self.allocator = allocator
+
     def _cache_row_length(self, max_len: int) -> int:
-        """Positions a cache row gets: with the Triton kernels, whole attention splits (fewer caches, so fewer
-        graph captures)."""
+        """Positions a block table spans: with the Triton kernels, whole attention splits (fewer caches, so
+        fewer graph captures)."""
         if not self.triton_kernels:
             return max_len
         from hybridflow.rollout.triton_attention import SPLIT_LEN
 
         return min(self.max_model_len, -(-max_len // SPLIT_LEN) * SPLIT_LEN)
 
-    def _slots_within_budget(self, max_len: int) -> int:
-        """KV slots of ``max_len`` positions that fit in ``gpu_memory_utilization`` of the GPU, counting what is
-        allocated now besides this engine's cache (weights, the trainer's tensors); no limit off CUDA."""
-        if self.device.type != "cuda" or self.gpu_memory_utilization is None:
-            return self.max_num_seqs
-        total = torch.cuda.get_device_properties(self.device).total_memory
+    def _blocks_within_budget(self, max_len: int) -> int:
+        """KV blocks that fit in ``gpu_memory_utilization`` of the device's memory (GPU memory on CUDA, RAM on
+        CPU), counting what this process holds now besides this engine's cache; no limit when it is ``None``."""
+        if self.gpu_memory_utilization is None:
+            return 2**62
         own = 0 if self.cache is None else self.cache.data.numel() * self.cache.data.element_size()
-        in_use = torch.cuda.memory_allocated(self.device) - own
-        per_slot = (self.decoder.num_layers * 2 * self.decoder.kv_heads * self.decoder.head_dim
-                    * self._cache_row_length(max_len) * self.decoder.embed.element_size())
-        return kv_slots_within(budget=self.gpu_memory_utilization * total - in_use, per_slot=per_slot,
-                               utilization=self.gpu_memory_utilization, total=total, max_len=max_len)
+        total, in_use = device_memory(self.device)
+        per_block = (self.decoder.num_layers * 2 * self.decoder.kv_heads * self.decoder.head_dim * BLOCK_SIZE
+                     * self.decoder.embed.element_size())
+        return kv_blocks_within(budget=self.gpu_memory_utilization * total - max(in_use - own, 0), per_block=per_block,
+                                utilization=self.gpu_memory_utilization, total=total, max_len=max_len)
 
-    def _decode(self, *, token_ids: torch.Tensor, positions: torch.Tensor, cache: SlotKVCache, context: int,
-                first_slot: int) -> torch.Tensor:
+    def _decode(self, *, token_ids: torch.Tensor, positions: torch.Tensor, block_tables: torch.Tensor,
+                context: int, cache: PagedKVCache | MirroredCache) -> torch.Tensor:
         """``[N, V]`` logits of one decode step: replayed from a CUDA graph, or run eagerly."""
         if not self.triton_kernels:
-            return self.decoder.decode(token_ids=token_ids, positions=positions, cache=cache, context=context,
-                                       first_slot=first_slot)
+            return self.decoder.decode(token_ids=token_ids, positions=positions, cache=cache,
+                                       block_tables=block_tables, context=context)
         if self.enforce_eager:
-            return self.decoder.decode(token_ids=token_ids, positions=positions, cache=cache, first_slot=first_slot)
-        return self._graphs_for(cache)(token_ids=token_ids, positions=positions)
+            return self.decoder.decode(token_ids=token_ids, positions=positions, cache=self.cache,
+                                       block_tables=block_tables)
+        return self._graphs_for(self.cache)(token_ids=token_ids, positions=positions, block_tables=block_tables)
 
-    def _graphs_for(self, cache: SlotKVCache) -> DecodeGraphs:
-        if self.graphs is None or not self.graphs.valid_for(cache):
-            self.graphs = DecodeGraphs(self.decoder, cache, capture_sizes=self.capture_sizes)
+    def _graphs_for(self, cache: PagedKVCache) -> DecodeGraphs:
+        if self.graphs is None or not self.graphs.valid_for(cache) or self.graphs.rows < self.max_num_seqs:
+            self.graphs = DecodeGraphs(self.decoder, cache, rows=self.max_num_seqs, capture_sizes=self.capture_sizes)
         return self.graphs
 
     def capture(self) -> None:
@@ -241,139 +310,157 @@ class NativeEngine:
         them. Nothing to do on CPU or with ``enforce_eager``."""
         if self.enforce_eager:
             return
-        cache = self._reserve(slots=self.max_num_seqs, max_len=self.max_model_len)
+        cache = self._reserve(sequences=self.max_num_seqs, max_len=self.max_model_len)
         self.decoder.rope_table(cache.max_len)
         self._graphs_for(cache).capture_all()
 
     def _admit(self, run: GenerationRun) -> None:
-        """Move waiting samples into free slots; a prompt is prefilled once for all its samples.
+        """Move waiting samples into the batch; a prompt is prefilled once for all its samples.
 
-        Admission goes in waves: every waiting sample that fits takes a slot, and the first tokens of the
-        whole wave are sampled in one call (one host sync, not one per prompt); samples that stop at their
-        first token free their slots for the next wave."""
-        while run.waiting and len(run.live) < run.cache.slots:
-            if run.waiting[0].prefix is None:  # also when samples that stopped at once freed more slots
+        Admission goes in waves: every waiting sample that fits (a free row and a free block each) joins, and
+        the first tokens of the whole wave are sampled in one call (one host sync, not one per prompt);
+        samples that stop at their first token make room for the next wave."""
+        while run.waiting and len(run.live) < run.max_num_seqs:
+            if run.waiting[0].blocks is None:  # also when samples that stopped at once freed more room
                 self._prefill_admissible(run)
             wave = self._admission_wave(run)
-            first_slot = slot = len(run.live)
-            for pending, count in wave:
-                run.cache.fill(first_slot=slot, count=count, prefix=pending.prefix)
-                slot += count
-            logits = torch.cat([pending.first_logits[None].expand(count, -1) for pending, count in wave])
+            if not wave:
+                if run.live:
+                    return  # no block for the head prompt until running sequences free some
+                if not run.drop_waiting_prefill():
+                    raise RolloutError(f"no KV block is left for a prompt of {len(run.waiting[0].token_ids)} tokens "
+                                       "with nothing running: raise num_kv_blocks or gpu_memory_utilization")
+                continue
             rows = RowSampling.of([pending.params for pending, count in wave for _ in range(count)],
                                   vocab_size=self.decoder.vocab_size, device=self.device)
+            logits = torch.cat([pending.first_logits[None].expand(count, -1) for pending, count in wave])
             tokens, logprobs = sample_tokens(logits=logits, params=rows, generator=run.generator)
-            run.last_tokens[first_slot:slot] = tokens
             drawn = zip(tokens.tolist(), logprobs.tolist())
             for pending, count in wave:
                 output_start = pending.params.n - pending.remaining
                 for offset, (token, logprob) in zip(range(count), drawn):
-                    run.live.append(pending.start_sequence(output_start + offset,
-                                                           keep_prompt=self.prefix_cache is not None))
-                    run.append(run.live[-1], token, logprob)
+                    sequence = pending.start_sequence(output_start + offset)
+                    sequence.blocks = pending.blocks.fork()
+                    run.join(sequence)
+                    run.append(sequence, token, logprob)
                 pending.remaining -= count
+                if pending.remaining == 0:
+                    pending.drop_prefill()  # its samples hold the blocks now
             run.retire()
 
     @staticmethod
     def _admission_wave(run: GenerationRun) -> list[tuple[PendingPrompt, int]]:
-        """``(prompt, samples)`` taken from the front of the queue into the free slots, in order; a prompt
-        whose samples do not all fit leads the next wave with the rest. Stops at the first prompt without
-        a prefill (it is prefilled before the next wave)."""
-        free, wave = run.cache.slots - len(run.live), []
-        while run.waiting and free > 0 and run.waiting[0].prefix is not None:
+        """``(prompt, samples)`` taken from the front of the queue, in order, while rows are free and a block
+        is left for each sample's first write; a prompt whose samples do not all fit leads the next wave with
+        the rest. Stops at the first prompt without a prefill (it is prefilled before the next wave)."""
+        free, spare, wave = run.max_num_seqs - len(run.live), run.allocator.available, []
+        spare = max(spare, 0 if run.live else 1)  # an empty batch always takes one: preemption makes room
+        while run.waiting and free > 0 and spare > 0 and run.waiting[0].blocks is not None:
             pending = run.waiting[0]
-            count = min(pending.remaining, free)
+            count = min(pending.remaining, free, spare)
             wave.append((pending, count))
-            free -= count
+            free, spare = free - count, spare - count
             if count < pending.remaining:
                 break
             run.waiting.popleft()
         return wave
 
     def _prefill_admissible(self, run: GenerationRun) -> None:
-        """Prefill, in packed passes of at most :data:`PREFILL_TOKEN_BUDGET` tokens, every waiting
-        prompt that gets a slot now and has no prefill yet."""
-        free, batch, tokens = run.cache.slots - len(run.live), [], 0
+        """Prefill, in packed passes of at most :data:`PREFILL_TOKEN_BUDGET` tokens, every waiting prompt that
+        gets a row now and has no prefill yet, while blocks for it (and a spare one per sample) are left."""
+        free, batch, tokens = run.max_num_seqs - len(run.live), [], 0
         budget = PREFILL_TOKEN_BUDGET_CUDA if self.device.type == "cuda" else PREFILL_TOKEN_BUDGET
+        twins: dict[tuple[int, ...], PendingPrompt] = {}
         for pending in run.waiting:
             if free <= 0:
                 break
             free -= pending.remaining
-            if pending.prefix is not None:
+            if pending.blocks is not None:
                 continue
+            if tuple(pending.token_ids) in twins:  # the same prompt twice: prefilled once (below)
+                continue
+            # A spare block for the first sample's first write, unless nothing runs (then the prompt must fit).
+            reserved = SequenceBlocks.for_prompt(run.allocator, pending.token_ids, reserve=1 if run.live else 0)
+            if reserved is None:
+                break
             if batch and tokens + len(pending.token_ids) > budget:
-                self._prefill(batch)
+                self._prefill(run, batch)
                 batch, tokens = [], 0
-            batch.append(pending)
-            tokens += len(pending.token_ids)
+            pending.blocks, cached = reserved
+            batch.append((pending, cached))
+            twins[tuple(pending.token_ids)] = pending
+            tokens += len(pending.token_ids) - cached
         if batch:
-            self._prefill(batch)
+            self._prefill(run, batch)
+        for pending in run.waiting:
+            first = twins.get(tuple(pending.token_ids))
+            if pending.blocks is None and first is not None:
+                pending.blocks, pending.first_logits = first.blocks.fork(), first.first_logits
 
-    def _prefill(self, batch: list[PendingPrompt]) -> None:
-        if self.prefix_cache is not None:
-            return self._prefill_reusing(batch)
-        prompts = [torch.tensor(p.token_ids, dtype=torch.long, device=self.device) for p in batch]
-        for pending, (logits, prefix) in zip(batch, self.decoder.prefill_many(prompts)):
-            pending.first_logits, pending.prefix = logits, prefix
-
-    def _prefill_reusing(self, batch: list[PendingPrompt]) -> None:
-        """Prefill each distinct prompt once, from its longest cached prefix when there is one."""
-        groups: dict[tuple[int, ...], list[PendingPrompt]] = {}
-        for pending in batch:
-            groups.setdefault(tuple(pending.token_ids), []).append(pending)
-        hits = [self.prefix_cache.longest_prefix(list(key)) for key in groups]
-        new_tokens = [torch.tensor(key[length:], dtype=torch.long, device=self.device)
-                      for key, (length, _) in zip(groups, hits)]
-        results = self.decoder.prefill_many(new_tokens, computed=[kv for _, kv in hits])
-        for group, (logits, prefix) in zip(groups.values(), results):
-            for pending in group:
-                pending.first_logits, pending.prefix = logits, prefix
+    def _prefill(self, run: GenerationRun, batch: list[tuple[PendingPrompt, int]]) -> None:
+        """Compute each prompt's uncached tokens in one packed pass, store their keys and values in the
+        prompt's blocks, and name its full blocks for later reuse."""
+        cache = run.cache
+        prompts = [torch.tensor(p.token_ids[cached:], dtype=torch.long, device=self.device) for p, cached in batch]
+        computed = [cache.read_prefix(p.blocks.blocks, cached) if cached else None for p, cached in batch]
+        for (pending, cached), (logits, kv) in zip(batch, self.decoder.prefill_many(prompts, computed=computed)):
+            cache.write_prompt(pending.blocks.blocks, kv, start=cached)
+            pending.blocks.name_full_blocks(pending.token_ids, len(pending.token_ids))
+            pending.first_logits = logits
 
     def _step(self, run: GenerationRun) -> None:
-        """One decode step over every live slot (in lanes on CPU when there are enough of them)."""
+        """One decode step over every live sequence (in lanes on CPU when there are enough of them)."""
+        run.make_writable()
+        if not run.live:
+            return
         count = len(run.live)
         rows = run.row_sampling(vocab_size=self.decoder.vocab_size, device=self.device)
         # Drawn here for the whole batch, so the draws do not depend on how it is split.
         uniform = None if rows.all_greedy else draw_uniform(rows=count, generator=run.generator, device=self.device)
+        positions = [s.position for s in run.live]
+        inputs = run.step_inputs(positions, device=self.device)
         if self.lanes is None:
-            tokens, logprobs = self._decode_slots(run, 0, count, rows, uniform)
+            tokens, logprobs = self._decode_rows(run, inputs, positions, 0, count, rows, uniform)
         else:
-            parts = self.lanes.run(lambda start, stop: self._decode_slots(run, start, stop, rows, uniform), count)
+            parts = self.lanes.run(lambda start, stop: self._decode_rows(run, inputs, positions, start, stop, rows,
+                                                                         uniform), count)
             tokens, logprobs = (torch.cat(columns) for columns in zip(*parts))
-        run.last_tokens[:count] = tokens
-        for slot, (token, logprob) in enumerate(zip(tokens.tolist(), logprobs.tolist())):
-            run.cache.lengths[slot] += 1
-            run.append(run.live[slot], token, logprob)
+        for sequence, token, logprob in zip(run.live, tokens.tolist(), logprobs.tolist()):
+            run.cached(sequence)
+            run.append(sequence, token, logprob)
         run.retire()
 
-    def _decode_slots(self, run: GenerationRun, start: int, stop: int, rows: RowSampling,
-                      uniform: torch.Tensor | None):
-        """Decode and sample slots ``start .. stop - 1``; returns ``(tokens, logprobs)``."""
-        positions_list = run.cache.lengths[start:stop]
-        positions = torch.tensor(positions_list, dtype=torch.long, device=self.device)
-        logits = self._decode(token_ids=run.last_tokens[start:stop], positions=positions, cache=run.cache,
-                              context=max(positions_list) + 1, first_slot=start)
+    def _decode_rows(self, run: GenerationRun, inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+                     positions: list[int], start: int, stop: int, rows: RowSampling, uniform: torch.Tensor | None):
+        """Decode and sample live rows ``start .. stop - 1``; returns ``(tokens, logprobs)``."""
+        token_ids, position_ids, block_tables = (tensor[start:stop] for tensor in inputs)
+        cache = self.cache if run.mirror is None else MirroredCache(self.cache, run.mirror, start)
+        logits = self._decode(token_ids=token_ids, positions=position_ids, block_tables=block_tables,
+                              context=max(positions[start:stop]) + 1, cache=cache)
         return sample_tokens(logits=logits, params=rows.slice(start, stop),
                              uniform=None if uniform is None else uniform[start:stop])
 
 
 @dataclass
 class GenerationRun:
-    """The state of one ``generate`` call: waiting prompts, live slots, finished sequences."""
+    """The state of one generation: waiting prompts, live sequences, finished ones, and the blocks they hold."""
 
-    cache: SlotKVCache
+    cache: PagedKVCache
+    allocator: BlockAllocator
     generator: torch.Generator
     tokenizer: object
     waiting: deque
-    last_tokens: torch.Tensor
-    """``[slots]`` each live slot's latest token (not yet in the cache)."""
+    max_num_seqs: int
+    tables: HostBlockTables
+    mirror: SlotMirror | None = None
+    """On CPU: row ``i`` holds ``live[i]``'s keys and values for attention."""
     live: list[Sequence] = field(default_factory=list)
-    """``live[i]`` occupies slot ``i``."""
+    """The batch's rows; a finished sequence's place is taken by the last one (so the mirror moves one row)."""
     done: list[Sequence] = field(default_factory=list)
-    prefix_cache: PrefixCache | None = None
-    """Where finished sequences' KV goes (prompt + all generated tokens but the last, which was never fed back)."""
+    preemptions: int = 0
     stop_checkers: dict[int, StopChecker] = field(default_factory=dict)
     """One per distinct ``SamplingParams`` (by identity)."""
+    admissions: int = 0
     _rows: RowSampling | None = None
     _rows_of: list[int] = field(default_factory=list)
 
@@ -384,12 +471,22 @@ class GenerationRun:
         return checker
 
     def row_sampling(self, *, vocab_size: int, device) -> RowSampling:
-        """The live slots' sampling parameters on the device; rebuilt only when the rows' params change."""
+        """The live rows' sampling parameters on the device; rebuilt only when the rows' params change."""
         key = [id(s.params) for s in self.live]
         if self._rows is None or key != self._rows_of:
             self._rows = RowSampling.of([s.params for s in self.live], vocab_size=vocab_size, device=device)
             self._rows_of = key
         return self._rows
+
+    def join(self, sequence: Sequence) -> None:
+        """Admit ``sequence`` (holding its blocks) into the batch."""
+        self.admissions += 1
+        sequence.admitted = self.admissions
+        sequence.row = self.tables.take(sequence.blocks.blocks)
+        if self.mirror is not None:  # its cached positions: the prompt and every token but the one to sample
+            cached = sequence.prompt_length + len(sequence.token_ids)
+            self.mirror.load(len(self.live), self.cache.read_prefix(sequence.blocks.blocks, cached))
+        self.live.append(sequence)
 
     def append(self, sequence: Sequence, token: int, logprob: float) -> None:
         """Record a sampled token and decide whether the sequence has finished."""
@@ -402,30 +499,128 @@ class GenerationRun:
               or sequence.prompt_length + len(sequence.token_ids) >= self.cache.max_len):
             sequence.finish_reason = "length"
 
+    def cached(self, sequence: Sequence) -> None:
+        """The step wrote ``sequence``'s last token at its position: name the block it filled, if it did."""
+        end = sequence.position + 1
+        if end % self.allocator.block_size == 0 and self.allocator.cached_blocks > 0:
+            sequence.blocks.name_full_blocks(sequence.prompt_ids + sequence.token_ids, end)
+
     def retire(self) -> None:
-        """Remove finished sequences, keeping live ones in slots ``0 .. len(live) - 1``.
+        """Remove finished sequences and free their blocks (named ones stay cached for reuse)."""
+        for index in reversed(range(len(self.live))):  # the last row is always live or the finished one itself
+            sequence = self.live[index]
+            if sequence.finish_reason is not None:
+                sequence.blocks.free()
+                self.tables.give_back(sequence.row)
+                self.done.append(sequence)
+                self._remove(index)
 
-        Going from the highest slot down, the current last slot is always live (or the
-        finished one itself), so moving it into the hole keeps the prefix dense.
-        """
-        for slot in reversed(range(len(self.live))):
-            if self.live[slot].finish_reason is None:
+    def _remove(self, index: int) -> None:
+        """Take row ``index`` out of the batch: the last row moves into it (one mirror row copied)."""
+        last = len(self.live) - 1
+        if index != last:
+            moved = self.live[index] = self.live[last]
+            if self.mirror is not None:
+                self.mirror.move(source=last, target=index, length=moved.position)
+        self.live.pop()
+
+    def make_writable(self) -> None:
+        """Give every live sequence a block of its own at its next position (copy-on-write of a shared
+        block, a new block at a boundary); when blocks run out, preempt the latest admitted (LIFO)."""
+        copies = []
+        for sequence in sorted(self.live, key=lambda s: s.admitted):  # oldest first: preemption takes the newest
+            if sequence.blocks is None:
+                continue  # preempted in this loop
+            copy = self._writable(sequence)
+            if copy is not None:
+                copies.append(copy)
+        self.cache.copy_blocks(copies)
+
+    def _writable(self, sequence: Sequence) -> tuple[int, int] | None:
+        """:meth:`SequenceBlocks.prepare_write` at ``sequence``'s position, freeing blocks until it succeeds: the
+        latest admitted other sequence is preempted first, then the prefills waiting prompts hold are dropped,
+        and last ``sequence`` itself (``None`` then: it no longer writes this step)."""
+        while True:
+            try:
+                copy = sequence.blocks.prepare_write(sequence.position)
+            except OutOfBlocks:
+                newest = max(self.live, key=lambda s: s.admitted)
+                if newest is not sequence:
+                    self.preempt(newest)
+                elif not self.drop_waiting_prefill():
+                    self.preempt(sequence)
+                    return None
                 continue
-            self.done.append(self.live[slot])
-            if self.prefix_cache is not None:
-                self.keep_kv(slot)
-            last = len(self.live) - 1
-            if slot != last:
-                self.cache.move(source=last, target=slot)
-                self.last_tokens[slot] = self.last_tokens[last]
-                self.live[slot] = self.live[last]
-            self.live.pop()
+            index = sequence.position // self.allocator.block_size
+            if copy is not None or sequence.position % self.allocator.block_size == 0:  # a new block at index
+                self.tables.set(sequence.row, index, sequence.blocks.blocks[index])
+            return copy
 
-    def keep_kv(self, slot: int) -> None:
-        sequence, length = self.live[slot], self.cache.lengths[slot]
-        token_ids = sequence.prompt_ids + sequence.token_ids[:-1]
-        if len(token_ids) == length:  # a sequence cut at the context holds fewer
-            self.prefix_cache.store(token_ids, self.cache.data[:, :, slot, :, :length].clone())
+    def drop_waiting_prefill(self) -> bool:
+        """Drop the last waiting prompt's prefill that holds blocks; whether there was one."""
+        for pending in reversed(self.waiting):
+            if pending.blocks is not None:
+                pending.drop_prefill()
+                return True
+        return False
+
+    def preempt(self, sequence: Sequence) -> None:
+        """Free ``sequence``'s blocks and queue it first: it is prefilled again from its prompt and tokens so far
+        and continues from its next token (recompute)."""
+        sequence.blocks.free()
+        sequence.blocks = None
+        self.tables.give_back(sequence.row)
+        self._remove(self.live.index(sequence))
+        self.preemptions += 1
+        self.waiting.appendleft(PendingPrompt(sequence.prompt_index, sequence.prompt_ids + sequence.token_ids,
+                                              remaining=1, params=sequence.params, resumed=sequence))
+
+    def step_inputs(self, positions: list[int], *, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(tokens [N], positions [N], block tables [N, W])`` of the live rows; tables as wide as the widest
+        row's (null blocks past a row's end)."""
+        width = max(len(s.blocks.blocks) for s in self.live)
+        tables = self.tables.gather([s.row for s in self.live], width)
+        return (torch.tensor([s.token_ids[-1] for s in self.live], dtype=torch.long, device=device),
+                torch.tensor(positions, dtype=torch.long, device=device),
+                tables.to(device))
+
+    def release(self) -> list[Sequence]:
+        """Take every live sequence out (their blocks freed) and drop the waiting prompts' prefills."""
+        live, self.live = self.live, []
+        for sequence in live:
+            sequence.blocks.free()
+            sequence.blocks = None
+            self.tables.give_back(sequence.row)
+        for pending in self.waiting:
+            pending.drop_prefill()
+        return live
+
+
+class HostBlockTables:
+    """The live sequences' block tables as rows of one host tensor ``[rows, W]`` int32, changed entry by entry as
+    blocks are added or copied, so a decode step takes its ``[N, W]`` tables with one ``index_select`` rather than
+    building them from Python lists (256 rows x 128 entries each step would cost about a GPU step's tenth)."""
+
+    def __init__(self, *, rows: int, width: int):
+        self.data = torch.full((rows, width), NULL_BLOCK, dtype=torch.int32)
+        self.free = list(range(rows - 1, -1, -1))
+
+    def take(self, blocks: list[int]) -> int:
+        """A row for a sequence joining the batch with ``blocks``; null blocks after them."""
+        row = self.free.pop()
+        self.data[row].fill_(NULL_BLOCK)
+        self.data[row, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
+        return row
+
+    def set(self, row: int, index: int, block: int) -> None:
+        self.data[row, index] = block
+
+    def give_back(self, row: int) -> None:
+        self.free.append(row)
+
+    def gather(self, rows: list[int], width: int) -> torch.Tensor:
+        """``[len(rows), width]``: the first ``width`` entries of each row."""
+        return self.data.index_select(0, torch.tensor(rows))[:, :width]
 
 
 def params_per_prompt(params: SamplingParams | list[SamplingParams], prompts: int) -> list[SamplingParams]:
@@ -439,13 +634,26 @@ def params_per_prompt(params: SamplingParams | list[SamplingParams], prompts: in
 
 
 
-def kv_slots_within(*, budget: float, per_slot: int, utilization: float, total: int, max_len: int) -> int:
-    """How many KV slots of ``per_slot`` bytes fit in ``budget`` bytes; one line naming the fix when none does."""
-    if budget < per_slot:
+def kv_blocks_within(*, budget: float, per_block: int, utilization: float, total: int, max_len: int) -> int:
+    """How many KV blocks of ``per_block`` bytes fit in ``budget`` bytes; one line naming the fix when fewer than one
+    sequence of ``max_len`` positions needs (plus the null block) do."""
+    needed = -(-max_len // BLOCK_SIZE) + 1
+    if budget < needed * per_block:
         gib = 2**30
         raise RolloutError(
-            f"the KV cache of one sequence of {max_len} positions needs {per_slot / gib:.2f} GiB, but "
+            f"the KV cache of one sequence of {max_len} positions needs {needed * per_block / gib:.2f} GiB, but "
             f"rollout.gpu_memory_utilization={utilization} of {total / gib:.0f} GiB leaves {max(budget, 0) / gib:.2f} "
             "GiB after what is already allocated: raise rollout.gpu_memory_utilization, lower max_model_len "
             "(prompt_length + response_length), or offload the actor during rollout")
-    return int(budget // per_slot)
+    return int(budget // per_block)
+
+
+def device_memory(device: torch.device) -> tuple[int, int]:
+    """``(total bytes, bytes this process holds)`` of ``device``'s memory: the GPU's, or on CPU the machine's RAM
+    and this process's resident set."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory, torch.cuda.memory_allocated(device)
+    page = os.sysconf("SC_PAGE_SIZE")
+    with open("/proc/self/statm") as statm:
+        resident = int(statm.read().split()[1]) * page
+    return os.sysconf("SC_PHYS_PAGES") * page, resident

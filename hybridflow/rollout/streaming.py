@@ -4,7 +4,7 @@
 the tail steps of a batch run with few live rows. A :class:`StreamingSession` keeps one
 generation running between calls instead:
 
-- ``submit`` adds prompts while others are still decoding; they take free slots at the
+- ``submit`` adds prompts while others are still decoding; they join the batch at the
   next ``step`` (the tail of one batch carries the next batch's sequences);
 - ``step`` runs one admit + decode step and returns the completions that ended in it, so
   a completion leaves as soon as it ends;
@@ -21,14 +21,12 @@ The session and ``generate`` share the engine's KV cache: use one at a time.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Hashable, Iterator
 from dataclasses import dataclass, field
 
-import torch
 
 from hybridflow.errors import RolloutError
-from hybridflow.rollout.native import GenerationRun, NativeEngine, PendingPrompt, Sequence
+from hybridflow.rollout.native import NativeEngine, PendingPrompt, Sequence
 from hybridflow.rollout.types import SamplingParams, validate_prompts
 
 
@@ -83,13 +81,7 @@ class StreamingSession:
         self.weight_version = weight_version
         self.max_prompt_length = max_prompt_length
         capacity = min(engine.max_model_len, max_prompt_length + params.max_tokens)
-        cache = engine._reserve(slots=engine.max_num_seqs, max_len=capacity)
-        engine.decoder.rope_table(cache.max_len)
-        self.run = GenerationRun(
-            cache=cache, generator=engine._generator(params.seed), tokenizer=engine.tokenizer, waiting=deque(),
-            last_tokens=torch.empty(cache.slots, dtype=torch.long, device=engine.device),
-            prefix_cache=engine.prefix_cache,
-        )
+        self.run = engine.new_run(sequences=engine.max_num_seqs, max_len=capacity, seed=params.seed)
         self.requests: dict[int, _Request] = {}
         self._next_index = 0
 
@@ -100,11 +92,11 @@ class StreamingSession:
 
     @property
     def live_request_ids(self) -> list[Hashable]:
-        """The request of each sequence decoding now, slot by slot."""
+        """The request of each sequence decoding now, row by row."""
         return [self.requests[s.prompt_index].request_id for s in self.run.live]
 
     def submit(self, request_id: Hashable, prompt_ids: list[int]) -> None:
-        """Queue ``params.n`` samples of one prompt; they start at the next free slots."""
+        """Queue ``params.n`` samples of one prompt; they join the batch as rows and blocks free up."""
         validate_prompts([prompt_ids], max_model_len=self.engine.max_model_len)
         if len(prompt_ids) > self.max_prompt_length:
             raise RolloutError(f"prompt of {len(prompt_ids)} tokens is longer than the session's max_prompt_length "
@@ -115,7 +107,7 @@ class StreamingSession:
         self.run.waiting.append(PendingPrompt(index, list(prompt_ids), self.params.n, self.params))
 
     def step(self) -> list[StreamedCompletion]:
-        """Admit waiting samples into free slots, decode one token for every live one, and
+        """Admit waiting samples, decode one token for every live one, and
         return the completions that ended."""
         self.engine._admit(self.run)
         if self.run.live:
@@ -129,13 +121,9 @@ class StreamingSession:
             yield from self.step()
 
     def pause(self) -> list[PausedSequence]:
-        """Take every in-flight sequence out of the engine; waiting prompts stay queued (their
-        prefill is dropped, it was computed with the current weights)."""
-        paused = [self._paused(sequence) for sequence in self.run.live]
-        self.run.live.clear()
-        for pending in self.run.waiting:
-            pending.prefix = pending.first_logits = None
-        return paused
+        """Take every in-flight sequence out of the engine (its blocks freed); waiting prompts stay queued
+        (their prefill is dropped, it was computed with the current weights)."""
+        return [self._paused(sequence) for sequence in self.run.release()]
 
     def update_weights(self, named_tensors, *, version: int) -> None:
         """Load new weights; only between ``pause`` (or a drained session) and ``resume``."""
@@ -151,7 +139,7 @@ class StreamingSession:
         if self.run.live:
             raise RolloutError("the weights changed while sequences were decoding; pause() the session first")
         for pending in self.run.waiting:
-            pending.prefix = pending.first_logits = None
+            pending.drop_prefill()
         self.weight_version = version
 
     def resume(self, paused: list[PausedSequence]) -> None:
@@ -160,7 +148,7 @@ class StreamingSession:
             index = self._index_of(item)
             sequence = Sequence(index, item.output_index, len(item.prompt_ids), self.params,
                                 token_ids=list(item.token_ids),
-                                prompt_ids=list(item.prompt_ids) if self.engine.prefix_cache is not None else None,
+                                prompt_ids=list(item.prompt_ids),
                                 logprobs=list(item.logprobs))
             self.requests[index].versions[item.output_index] = list(item.weight_versions)
             self.run.waiting.appendleft(

@@ -1,11 +1,12 @@
-"""Decode attention over the slot KV cache as two Triton kernels (CUDA only): split-K, per-row lengths.
+"""Decode attention over the paged KV cache as two Triton kernels (CUDA only): split-K, per-row lengths and blocks.
 
 A decode step's attention is bound by reading keys and values: each live row reads its own
-``length`` positions of every KV head, nothing more. SDPA over the slot cache cannot do that
+``length`` positions of every KV head, nothing more. SDPA over the cache cannot do that
 inside a static-shape step: its key span is one number for the whole batch, so every row would
 read up to the longest row's length (the nano-vllm workload's rows range from 100 to 2048
-tokens: about twice the bytes). These kernels read the lengths from the device, so the step
-keeps static shapes (CUDA graphs) and still reads only each row's live keys.
+tokens: about twice the bytes), and over a paged cache it needs the blocks gathered first. These
+kernels read the lengths and the block tables from the device and load each key where its block
+lies, so the step keeps static shapes (CUDA graphs) and reads only each row's live keys, once.
 
 Flash-decoding (Dao et al. 2023, "Flash-Decoding for long-context inference"): the context of
 row ``n`` is cut into splits of :data:`SPLIT_LEN` positions; program ``(n, kv_head, split)``
@@ -14,9 +15,10 @@ no ``repeat_kv`` copy), the softmax-weighted values of its split and their log-s
 ``lse_s``; a second kernel combines the splits: ``out = sum_s exp(lse_s - lse) * out_s`` with
 ``lse = log sum_s exp(lse_s)``. Splits past the row's length do no work.
 
-Shapes: ``q`` ``[N, H, D]``; ``keys`` / ``values`` ``[slots, KV, T, D]`` (one layer of
-:class:`~hybridflow.rollout.kv_cache.SlotKVCache`, row ``n`` in slot ``first_slot + n``);
-``lengths`` ``[N]`` int; returns ``[N, H, D]`` in ``q``'s dtype.
+Shapes: ``q`` ``[N, H, D]``; ``keys`` / ``values`` ``[KV, blocks, B, D]`` (one layer of
+:class:`~hybridflow.rollout.kv_cache.PagedKVCache`); ``block_tables`` ``[N, W]`` int32 (position ``p`` of
+row ``n`` is at block ``block_tables[n, p // B]``, offset ``p % B``); ``lengths`` ``[N]`` int; returns
+``[N, H, D]`` in ``q``'s dtype.
 """
 
 from __future__ import annotations
@@ -32,11 +34,11 @@ BLOCK_N = 64
 
 
 @triton.jit
-def _split_kernel(Q, K, V, Lengths, PartOut, PartLse, scale, first_slot, window,
-                  stride_qn, stride_qh, stride_ks, stride_kh, stride_kt, stride_vs, stride_vh, stride_vt,
-                  stride_pn, stride_ph, stride_ps, stride_ln, stride_lh,
+def _split_kernel(Q, K, V, Lengths, Tables, PartOut, PartLse, scale, window,
+                  stride_qn, stride_qh, stride_kb, stride_kh, stride_kt, stride_vb, stride_vh, stride_vt,
+                  stride_tn, stride_pn, stride_ph, stride_ps, stride_ln, stride_lh,
                   GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-                  SPLIT_LEN: tl.constexpr, PRECISION: tl.constexpr):
+                  SPLIT_LEN: tl.constexpr, PAGE: tl.constexpr, PRECISION: tl.constexpr):
     row, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     length = tl.load(Lengths + row).to(tl.int32)
     first = _window_start(length, window)
@@ -48,9 +50,9 @@ def _split_kernel(Q, K, V, Lengths, PartOut, PartLse, scale, first_slot, window,
     heads = kv_head * GROUP + group
     in_group = group < GROUP
     q = tl.load(Q + row * stride_qn + heads[:, None] * stride_qh + dims[None, :], mask=in_group[:, None], other=0.0)
-    slot = row + first_slot
-    k_base = K + slot * stride_ks + kv_head * stride_kh
-    v_base = V + slot * stride_vs + kv_head * stride_vh
+    k_base = K + kv_head * stride_kh
+    v_base = V + kv_head * stride_vh
+    table = Tables + row * stride_tn
     running_max = tl.full([BLOCK_G], float("-inf"), tl.float32)
     running_sum = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)
@@ -58,7 +60,10 @@ def _split_kernel(Q, K, V, Lengths, PartOut, PartLse, scale, first_slot, window,
     for block in tl.static_range(SPLIT_LEN // BLOCK_N):  # blocks past `end` load nothing (masked)
         positions = start + block * BLOCK_N + tl.arange(0, BLOCK_N)
         live = (positions < end) & (positions >= first)
-        k = tl.load(k_base + positions[:, None] * stride_kt + dims[None, :], mask=live[:, None], other=0.0)
+        blocks = tl.load(table + positions // PAGE, mask=live, other=0).to(tl.int64)
+        offsets = positions % PAGE
+        k = tl.load(k_base + blocks[:, None] * stride_kb + offsets[:, None] * stride_kt + dims[None, :],
+                    mask=live[:, None], other=0.0)
         scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
         scores = tl.where(live[None, :], scores, float("-inf"))
         new_max = tl.maximum(running_max, tl.max(scores, 1))
@@ -67,7 +72,8 @@ def _split_kernel(Q, K, V, Lengths, PartOut, PartLse, scale, first_slot, window,
         rescale = tl.exp(running_max - shift)
         weights = tl.exp(scores - shift[:, None])
         running_sum = running_sum * rescale + tl.sum(weights, 1)
-        v = tl.load(v_base + positions[:, None] * stride_vt + dims[None, :], mask=live[:, None], other=0.0)
+        v = tl.load(v_base + blocks[:, None] * stride_vb + offsets[:, None] * stride_vt + dims[None, :],
+                    mask=live[:, None], other=0.0)
         acc = acc * rescale[:, None] + tl.dot(weights.to(v.dtype), v, input_precision=PRECISION)
         running_max = new_max
     out_ptr = PartOut + row * stride_pn + heads[:, None] * stride_ph + split * stride_ps + dims[None, :]
@@ -104,26 +110,27 @@ def supported(*, head_dim: int, device: torch.device) -> bool:
     return torch.device(device).type == "cuda" and head_dim >= 16 and head_dim & (head_dim - 1) == 0
 
 
-def slot_decode_attention(*, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor,
-                          scale: float, first_slot: int = 0, window: int | None = None) -> torch.Tensor:
-    """Attention of ``q`` ``[N, H, D]`` over the first ``lengths[n]`` cached positions of slot
-    ``first_slot + n`` (with a sliding ``window``, only the last ``window`` of them: splits wholly before the
-    window are skipped); returns ``[N, H, D]``. Launches a fixed grid (graph-safe)."""
+def paged_decode_attention(*, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor,
+                           scale: float, block_tables: torch.Tensor, window: int | None = None) -> torch.Tensor:
+    """Attention of ``q`` ``[N, H, D]`` over the first ``lengths[n]`` positions of row ``n``'s blocks
+    (``block_tables`` ``[N, W]``, ``keys`` / ``values`` ``[KV, blocks, B, D]``; with a sliding ``window``, only the
+    last ``window`` of them: splits wholly before the window are skipped); returns ``[N, H, D]``.
+    Launches a fixed grid (graph-safe)."""
     rows, heads, head_dim = q.shape
-    kv_heads, max_len = keys.shape[1], keys.shape[2]
+    kv_heads, page = keys.shape[0], keys.shape[2]
     group = heads // kv_heads
-    splits = triton.cdiv(max_len, SPLIT_LEN)
+    splits = triton.cdiv(block_tables.shape[1] * page, SPLIT_LEN)
     part_out = torch.empty(rows, heads, splits, head_dim, dtype=torch.float32, device=q.device)
     part_lse = torch.empty(rows, heads, splits, dtype=torch.float32, device=q.device)
     out = torch.empty_like(q)
     precision = "ieee" if q.dtype == torch.float32 else "tf32"  # tf32 applies to fp32 operands only
     _split_kernel[(rows, kv_heads, splits)](
-        q, keys, values, lengths, part_out, part_lse, scale, first_slot, window or 0,
-        q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), keys.stride(2),
-        values.stride(0), values.stride(1), values.stride(2),
+        q, keys, values, lengths, block_tables, part_out, part_lse, scale, window or 0,
+        q.stride(0), q.stride(1), keys.stride(1), keys.stride(0), keys.stride(2),
+        values.stride(1), values.stride(0), values.stride(2), block_tables.stride(0),
         part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1),
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, BLOCK_N=BLOCK_N,
-        SPLIT_LEN=SPLIT_LEN, PRECISION=precision,
+        SPLIT_LEN=SPLIT_LEN, PAGE=page, PRECISION=precision,
     )
     _combine_kernel[(rows, heads)](
         part_out, part_lse, out, lengths, window or 0, part_out.stride(0), part_out.stride(1), part_out.stride(2),

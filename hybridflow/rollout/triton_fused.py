@@ -9,7 +9,7 @@ kernels, and
 
 - :func:`add_rms_norm`: the residual add and the next RMSNorm (Zhang & Sennrich 2019), one pass;
 - :func:`qkv_rope_write`: per head of the fused q|k|v projection, Qwen3's q/k RMSNorm, the rotary
-  embedding (Su et al. 2021, HF's rotate-half layout) and, for k and v, the write into the slot
+  embedding (Su et al. 2021, HF's rotate-half layout) and, for k and v, the write into the paged
   cache at the row's position; q comes out ``[N, H, D]`` for attention;
 - :func:`silu_mul`: SwiGLU's ``silu(gate) * up`` (Shazeer 2020).
 
@@ -59,19 +59,20 @@ def add_rms_norm(*, x: torch.Tensor, residual: torch.Tensor | None, weight: torc
 
 
 @triton.jit
-def _qkv_rope_write_kernel(QKV, Positions, Cos, Sin, NormWeight, QOut, Keys, Values, eps, first_slot,
-                           stride_qkv, stride_qo_n, stride_qo_h, stride_cos,
-                           stride_ks, stride_kh, stride_kt, stride_vs, stride_vh, stride_vt,
+def _qkv_rope_write_kernel(QKV, Positions, Cos, Sin, NormWeight, QOut, Keys, Values, Tables,
+                           eps, stride_qkv, stride_qo_n, stride_qo_h, stride_cos,
+                           stride_kb, stride_kh, stride_kt, stride_vb, stride_vh, stride_vt, stride_tn,
                            HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                           HAS_NORM: tl.constexpr):
+                           PAGE: tl.constexpr, HAS_NORM: tl.constexpr):
     row, head = tl.program_id(0), tl.program_id(1)
     position = tl.load(Positions + row)
-    slot = row + first_slot
+    block = tl.load(Tables + row * stride_tn + position // PAGE).to(tl.int64)
+    offset = position % PAGE
     source = QKV + row * stride_qkv + head * HEAD_DIM
     if head >= HEADS + KV_HEADS:  # a value head: into the cache as it is
         dims = tl.arange(0, HEAD_DIM)
         value_head = head - HEADS - KV_HEADS
-        target = Values + slot * stride_vs + value_head * stride_vh + position * stride_vt
+        target = Values + block * stride_vb + value_head * stride_vh + offset * stride_vt
         tl.store(target + dims, tl.load(source + dims))
         return
     half = tl.arange(0, HEAD_DIM // 2)
@@ -98,26 +99,27 @@ def _qkv_rope_write_kernel(QKV, Positions, Cos, Sin, NormWeight, QOut, Keys, Val
     if head < HEADS:
         target = QOut + row * stride_qo_n + head * stride_qo_h
     else:
-        target = Keys + slot * stride_ks + (head - HEADS) * stride_kh + position * stride_kt
+        target = Keys + block * stride_kb + (head - HEADS) * stride_kh + offset * stride_kt
     tl.store(target + half, rotated_first)
     tl.store(target + HEAD_DIM // 2 + half, rotated_second)
 
 
 def qkv_rope_write(*, qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                    qk_norm: torch.Tensor | None, keys: torch.Tensor, values: torch.Tensor, heads: int,
-                   eps: float, first_slot: int = 0) -> torch.Tensor:
+                   eps: float, block_tables: torch.Tensor) -> torch.Tensor:
     """Rotate (and, given ``qk_norm`` ``[H + KV, D]``, first normalise) the heads of ``qkv``
-    ``[N, (H + 2 KV) * D]``; write k and v into ``keys`` / ``values`` ``[slots, KV, T, D]`` at
-    ``positions`` ``[N]`` of slots ``first_slot + n``; return q ``[N, H, D]``. ``cos`` / ``sin``:
-    ``[T, D]`` tables indexed by position."""
+    ``[N, (H + 2 KV) * D]``; write k and v into the paged ``keys`` / ``values`` ``[KV, blocks, B, D]`` at
+    ``positions`` ``[N]`` (block ``block_tables[n, p // B]`` ``[N, W]``, offset ``p % B``); return q
+    ``[N, H, D]``. ``cos`` / ``sin``: ``[T, D]`` tables indexed by position."""
     rows = qkv.shape[0]
-    kv_heads, head_dim = keys.shape[1], keys.shape[3]
+    kv_heads, page, head_dim = keys.shape[0], keys.shape[2], keys.shape[3]
     q = torch.empty(rows, heads, head_dim, dtype=qkv.dtype, device=qkv.device)
     _qkv_rope_write_kernel[(rows, heads + 2 * kv_heads)](
-        qkv, positions, cos, sin, qk_norm if qk_norm is not None else cos, q, keys, values, eps, first_slot,
+        qkv, positions, cos, sin, qk_norm if qk_norm is not None else cos, q, keys, values, block_tables, eps,
         qkv.stride(0), q.stride(0), q.stride(1), cos.stride(0),
-        keys.stride(0), keys.stride(1), keys.stride(2), values.stride(0), values.stride(1), values.stride(2),
-        HEADS=heads, KV_HEADS=kv_heads, HEAD_DIM=head_dim, HAS_NORM=qk_norm is not None,
+        keys.stride(1), keys.stride(0), keys.stride(2), values.stride(1), values.stride(0), values.stride(2),
+        block_tables.stride(0),
+        HEADS=heads, KV_HEADS=kv_heads, HEAD_DIM=head_dim, PAGE=page, HAS_NORM=qk_norm is not None,
     )
     return q
 

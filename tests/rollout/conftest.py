@@ -38,3 +38,25 @@ def randomise_norms(model, seed: int = 0):
 @pytest.fixture(scope="module")
 def tiny_llama(tiny_tokenizer):
     return build_tiny_model("llama", seed=1, tokenizer=tiny_tokenizer)
+
+
+def prefilled_paged_cache(decoder, prompts, *, device="cpu", block_size: int = 4, max_len: int = 64):
+    """A paged cache holding ``prompts`` (``[L_i]`` tensors) prefilled, each in blocks handed out in reverse
+    order so a row's blocks are neither contiguous nor ascending; returns ``(cache, block_tables [N, W] int32,
+    positions [N])``."""
+    import torch
+
+    from hybridflow.rollout.kv_cache import PagedKVCache
+
+    width = -(-max_len // block_size)
+    cache = PagedKVCache(layers=decoder.num_layers, blocks=len(prompts) * width + 1, block_size=block_size,
+                         kv_heads=decoder.kv_heads, max_len=max_len, head_dim=decoder.head_dim,
+                         dtype=decoder.embed.dtype, device=device)
+    free = list(range(1, cache.blocks))
+    tables = []
+    for prompt, (_, kv) in zip(prompts, decoder.prefill_many(prompts)):
+        blocks = [free.pop() for _ in range(-(-(len(prompt) + 1) // block_size))]  # room for the next token
+        cache.write_prompt(blocks, kv, start=0)
+        tables.append(blocks + [0] * (width - len(blocks)))
+    positions = torch.tensor([len(p) for p in prompts], device=device)
+    return cache, torch.tensor(tables, dtype=torch.int32, device=device), positions

@@ -53,3 +53,21 @@ def test_graph_replay_follows_weight_reloads(tiny_tokenizer):
     after = [c.token_ids for c in graphed.generate(prompts, params)]
     assert after == [c.token_ids for c in fresh.generate(prompts, params)]
     assert after != before and graphed.graphs is graphs
+
+
+def test_graph_replay_with_preemption_and_shared_blocks_equals_hf_greedy(tiny_tokenizer):
+    """A block budget of one sequence and a spare: the graphs replay over block tables that change as samples
+    copy their partial prompt block and sequences are preempted and recomputed."""
+    from hybridflow.rollout.block_manager import BLOCK_SIZE
+    from tests.rollout.test_native import hf_greedy
+
+    model, tokenizer = build_tiny_model("llama", seed=1, tokenizer=tiny_tokenizer)
+    model = model.to("cuda")
+    prompts, eos = chat_prompts(tokenizer), tokenizer.eos_token_id
+    max_len = max(map(len, prompts)) + 30
+    graphed = NativeEngine(model, tokenizer, max_model_len=max_len, num_kv_blocks=-(-max_len // BLOCK_SIZE) + 3)
+    params = SamplingParams(n=3, temperature=0, max_tokens=30, stop_token_ids=[eos])
+    completions = graphed.generate(prompts, params)
+    assert graphed.preemptions > 0 and graphed.graphs is not None
+    references = [hf_greedy(model, p, max_new_tokens=30, eos=eos) for p in prompts]
+    assert [c.token_ids for c in completions] == [references[c.prompt_index] for c in completions]

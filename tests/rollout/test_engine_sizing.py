@@ -10,6 +10,7 @@ import pytest
 from hybridflow.config import PPOConfig, load_config
 from hybridflow.trainer.roles.builders import _rollout_worker
 from hybridflow.errors import RolloutError
+from hybridflow.rollout.block_manager import BLOCK_SIZE
 from hybridflow.rollout.engine import engine_unavailable
 from hybridflow.rollout.types import SamplingParams
 from tests.rollout.conftest import chat_prompts
@@ -121,23 +122,27 @@ def test_native_engine_honours_max_num_seqs_and_max_model_len(tiny_llama):
     assert engine.max_num_seqs == 3 and engine.max_model_len == 40
     prompts = chat_prompts(tokenizer)[:2]
     out = engine.generate(prompts, SamplingParams(n=2, max_tokens=3, seed=0))
-    assert len(out) == 4 and engine.cache.slots == 3  # 4 samples through 3 KV slots
+    assert len(out) == 4
+    capacity = min(40, max(map(len, prompts)) + 3)  # 4 samples, 3 at a time: blocks for 3, plus the null block
+    assert engine.cache.blocks == 3 * -(-capacity // BLOCK_SIZE) + 1
     with pytest.raises(RolloutError, match="model context is 40"):
         engine.generate([[1] * 40], SamplingParams(max_tokens=2))
 
 
-def test_kv_slots_are_what_the_memory_budget_holds_and_none_is_one_line():
+def test_kv_blocks_are_what_the_memory_budget_holds_and_too_few_is_one_line():
     import pytest
 
     from hybridflow.errors import RolloutError
-    from hybridflow.rollout.native import kv_slots_within
+    from hybridflow.rollout.native import kv_blocks_within
 
-    gib = 2**30
-    # 0.5 of 80 GiB with 10 GiB in use leaves 30 GiB: 30 slots of 1 GiB.
-    assert kv_slots_within(budget=0.5 * 80 * gib - 10 * gib, per_slot=gib, utilization=0.5, total=80 * gib,
-                           max_len=4096) == 30
+    gib, mib = 2**30, 2**20
+    # 0.5 of 80 GiB with 10 GiB in use leaves 30 GiB: 30 * 1024 blocks of 1 MiB.
+    assert kv_blocks_within(budget=0.5 * 80 * gib - 10 * gib, per_block=mib, utilization=0.5, total=80 * gib,
+                            max_len=4096) == 30 * 1024
+    # One sequence of 4096 positions takes 256 blocks of 16 and the null block: 257 MiB, more than 256 MiB.
     with pytest.raises(RolloutError, match="raise rollout.gpu_memory_utilization, lower max_model_len"):
-        kv_slots_within(budget=0.5 * gib, per_slot=gib, utilization=0.5, total=80 * gib, max_len=4096)
+        kv_blocks_within(budget=256 * mib, per_block=mib, utilization=0.5, total=80 * gib, max_len=4096)
+    assert kv_blocks_within(budget=257 * mib, per_block=mib, utilization=0.5, total=80 * gib, max_len=4096) == 257
 
 
 def test_the_trainer_passes_gpu_memory_utilization_to_the_native_engine():

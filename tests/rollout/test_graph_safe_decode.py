@@ -7,28 +7,23 @@ import torch
 from hybridflow.models.tiny import build_tiny_model
 from hybridflow.rollout.cuda_graphs import bucket_sizes
 from hybridflow.rollout.decoder import LlamaFamilyDecoder
-from hybridflow.rollout.kv_cache import SlotKVCache
-from tests.rollout.conftest import chat_prompts
+from tests.rollout.conftest import chat_prompts, prefilled_paged_cache
 
 
 def _decode_inputs(model, tokenizer):
-    """A cache holding three prompts of different lengths in slots 0-2, and their next tokens."""
+    """A paged cache holding three prompts of different lengths, their block tables and next tokens."""
     decoder = LlamaFamilyDecoder(model)
     prompts = [torch.tensor(p) for p in chat_prompts(tokenizer)[:3]]
-    cache = SlotKVCache(layers=decoder.num_layers, slots=4, kv_heads=decoder.kv_heads, max_len=64,
-                        head_dim=decoder.head_dim, dtype=torch.float32, device="cpu")
-    for slot, (logits, prefix) in enumerate(decoder.prefill_many(prompts)):
-        cache.fill(first_slot=slot, count=1, prefix=prefix)
-    tokens = torch.tensor([5, 6, 7])
-    positions = torch.tensor(cache.lengths[:3])
-    return decoder, cache, tokens, positions
+    cache, tables, positions = prefilled_paged_cache(decoder, prompts)
+    return decoder, cache, tables, torch.tensor([5, 6, 7]), positions
 
 
 def test_static_step_equals_the_host_sized_step(tiny, kernel_path):
     model, tokenizer = tiny
-    decoder, cache, tokens, positions = _decode_inputs(model, tokenizer)
-    sized = decoder.decode(token_ids=tokens, positions=positions, cache=cache, context=int(positions.max()) + 1)
-    static = decoder.decode(token_ids=tokens, positions=positions, cache=cache, context=None)
+    decoder, cache, tables, tokens, positions = _decode_inputs(model, tokenizer)
+    sized = decoder.decode(token_ids=tokens, positions=positions, cache=cache, block_tables=tables,
+                           context=int(positions.max()) + 1)
+    static = decoder.decode(token_ids=tokens, positions=positions, cache=cache, block_tables=tables, context=None)
     torch.testing.assert_close(static, sized, rtol=1e-5, atol=1e-5)
 
 
@@ -38,11 +33,11 @@ def test_static_step_compiles_as_one_graph(arch, tiny_tokenizer, monkeypatch):
 
     monkeypatch.setenv(PORTABLE_KERNELS_ENV, "1")  # oneDNN's packed ops are opaque to dynamo
     model, tokenizer = build_tiny_model(arch, seed=1, tokenizer=tiny_tokenizer)
-    decoder, cache, tokens, positions = _decode_inputs(model, tokenizer)
-    eager = decoder.decode(token_ids=tokens, positions=positions, cache=cache, context=None)
+    decoder, cache, tables, tokens, positions = _decode_inputs(model, tokenizer)
+    eager = decoder.decode(token_ids=tokens, positions=positions, cache=cache, block_tables=tables, context=None)
     torch._dynamo.reset()
     step = torch.compile(decoder.decode, fullgraph=True, backend="eager")  # a graph break raises here
-    compiled = step(token_ids=tokens, positions=positions, cache=cache, context=None)
+    compiled = step(token_ids=tokens, positions=positions, cache=cache, block_tables=tables, context=None)
     torch.testing.assert_close(compiled, eager)
 
 

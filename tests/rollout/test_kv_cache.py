@@ -1,29 +1,57 @@
-"""SlotKVCache.write: each slot's key/value lands at its own position, nothing else changes."""
+"""PagedKVCache: each row's key/value lands at its position in its own block, gathers and block copies read
+back what was written, nothing else changes."""
 
 import pytest
 import torch
 
-from hybridflow.rollout.kv_cache import SlotKVCache, zeros_on_first_touch
+from hybridflow.rollout.kv_cache import PagedKVCache, zeros_on_first_touch
 
 
-def test_write_puts_each_slot_at_its_position_and_touches_nothing_else():
-    cache = SlotKVCache(layers=2, slots=4, kv_heads=3, max_len=5, head_dim=2, dtype=torch.float32, device="cpu")
-    positions = torch.tensor([0, 4, 2])  # three live slots, each at its own length
+def paged(**sizes) -> PagedKVCache:
+    shape = dict(layers=2, blocks=6, block_size=2, kv_heads=3, max_len=6, head_dim=2) | sizes
+    return PagedKVCache(**shape, dtype=torch.float32, device="cpu")
+
+
+def test_write_puts_each_row_at_its_position_in_its_block_and_touches_nothing_else():
+    cache = paged()
+    positions = torch.tensor([0, 5, 2])  # blocks of 2: row 1 writes its block 2 (offset 1), row 2 its block 1
+    tables = torch.tensor([[4, 0, 0], [1, 2, 3], [5, 1, 0]], dtype=torch.int32)
     keys = torch.arange(3 * 3 * 2, dtype=torch.float32).view(3, 3, 2) + 1
-    values = -keys
-    cache.write(layer=1, rows=cache.write_rows(positions), keys=keys, values=values)
-    expected = torch.zeros(2, 2, 4, 3, 5, 2)
-    for slot, position in enumerate(positions.tolist()):
-        expected[1, 0, slot, :, position] = keys[slot]
-        expected[1, 1, slot, :, position] = values[slot]
+    cache.write(layer=1, rows=cache.write_rows(positions, tables), keys=keys, values=-keys)
+    expected = torch.zeros(2, 2, 3, 6, 2, 2)
+    for row, (block, offset) in enumerate([(4, 0), (3, 1), (1, 0)]):
+        expected[1, 0, :, block, offset] = keys[row]
+        expected[1, 1, :, block, offset] = -keys[row]
     assert torch.equal(cache.data, expected)
 
 
 def test_write_rows_index_the_flat_layer_view():
-    cache = SlotKVCache(layers=1, slots=3, kv_heads=2, max_len=7, head_dim=1, dtype=torch.float32, device="cpu")
-    # row of (slot s, head h, position p) in [slots * kv_heads * max_len] is (s * kv_heads + h) * max_len + p
-    rows = cache.write_rows(torch.tensor([3, 6]))
-    assert rows.tolist() == [0 * 7 + 3, 1 * 7 + 3, 2 * 7 + 6, 3 * 7 + 6]
+    cache = paged(blocks=5, block_size=4, kv_heads=2, head_dim=1)
+    # row of (head h, block b, offset o) in [kv_heads * blocks * block_size] is (h * blocks + b) * block_size + o
+    rows = cache.write_rows(torch.tensor([3, 6]), torch.tensor([[2, 0], [1, 4]], dtype=torch.int32))
+    assert rows.tolist() == [(0 * 5 + 2) * 4 + 3, (1 * 5 + 2) * 4 + 3, (0 * 5 + 4) * 4 + 2, (1 * 5 + 4) * 4 + 2]
+
+
+def test_a_prompt_written_into_blocks_reads_back_and_spans_in_table_order():
+    cache = paged(layers=1, blocks=5, block_size=2, kv_heads=1, head_dim=1)
+    kv = torch.arange(1.0, 6.0).view(1, 1, 1, 5, 1).expand(1, 2, 1, 5, 1).clone()  # 5 positions: 1 .. 5
+    kv[:, 1] *= -1
+    cache.write_prompt([3, 1, 4], kv, start=2)  # block 3 came from the prefix cache: left alone
+    assert cache.data[0, 0, 0, :, :, 0].tolist() == [[0, 0], [3, 4], [0, 0], [0, 0], [5, 0]]
+    cache.write_prompt([3, 1, 4], kv, start=0)
+    torch.testing.assert_close(cache.read_prefix([3, 1, 4], 5), kv)
+    keys, values = cache.span(0, torch.tensor([[3, 1, 4], [4, 0, 0]]))
+    assert keys.shape == (2, 1, 6, 1) and keys[0, 0, :, 0].tolist() == [1, 2, 3, 4, 5, 0]
+    assert values[1, 0, :2, 0].tolist() == [-5, 0]
+
+
+def test_copy_blocks_copies_every_layer_and_head_of_each_pair():
+    cache = paged()
+    cache.data.copy_(torch.randn_like(cache.data))
+    before = cache.data.clone()
+    cache.copy_blocks([(1, 4), (2, 5)])
+    torch.testing.assert_close(cache.data[:, :, :, [4, 5]], before[:, :, :, [1, 2]])
+    torch.testing.assert_close(cache.data[:, :, :, :4], before[:, :, :, :4])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

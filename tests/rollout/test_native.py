@@ -227,7 +227,8 @@ def test_admission_packs_prefills_within_the_token_budget(tiny_llama, monkeypatc
     engine = NativeEngine(model, tokenizer)
     calls = []
     prefill_many = engine.decoder.prefill_many
-    monkeypatch.setattr(engine.decoder, "prefill_many", lambda batch: calls.append(len(batch)) or prefill_many(batch))
+    monkeypatch.setattr(engine.decoder, "prefill_many",
+                        lambda batch, computed: calls.append(len(batch)) or prefill_many(batch, computed))
     params = SamplingParams(n=2, temperature=0, max_tokens=4)
     wide = engine.generate(prompts, params)
     assert calls == [4]  # every prompt fits: one pass

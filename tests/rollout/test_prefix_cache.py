@@ -1,10 +1,11 @@
-"""Prefix reuse in the native engine: a prompt that extends a finished sequence prefills only the new tokens."""
+"""Prefix reuse in the native engine: a prompt that extends a finished sequence takes its named blocks and
+prefills only the rest."""
 
 import torch
 
 from hybridflow.rollout import SamplingParams
 from hybridflow.rollout.native import NativeEngine
-from hybridflow.rollout.prefix_cache import PrefixCache
+from hybridflow.rollout.block_manager import BLOCK_SIZE
 from tests.rollout.conftest import chat_prompts
 
 
@@ -31,29 +32,23 @@ def test_second_turn_reuses_the_first_and_generates_the_same(tiny):
     model, tokenizer = tiny
     cached, plain = NativeEngine(model, tokenizer, prefix_cache_tokens=4096), NativeEngine(model, tokenizer)
     prompts, first, params = second_turn_prompts(cached, tokenizer)
-    reused = sum(len(p) + len(c.token_ids) - 1 for p, c in zip(chat_prompts(tokenizer), first))
+    # The cache holds each first-turn prompt and all its tokens but the last (never fed back): its whole blocks.
+    held = [len(p) + len(c.token_ids) - 1 for p, c in zip(chat_prompts(tokenizer), first)]
+    reused = [length // BLOCK_SIZE * BLOCK_SIZE for length in held]
+    assert sum(reused) > 0
     with_cache, without = cached.generate(prompts, params), plain.generate(prompts, params)
     assert [c.token_ids for c in with_cache] == [c.token_ids for c in without]
     for a, b in zip(with_cache, without):
         torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4, rtol=1e-4)
-    assert cached.prefix_cache.hits == len(prompts) and cached.prefix_cache.reused_tokens == reused
+    assert cached.allocator.hits == sum(1 for r in reused if r) and cached.allocator.reused_tokens == sum(reused)
+    assert plain.allocator.hits == 0
 
 
 def test_new_weights_drop_the_cache(tiny):
     model, tokenizer = tiny
     engine = NativeEngine(model, tokenizer, prefix_cache_tokens=4096)
     second_turn_prompts(engine, tokenizer)
-    assert engine.prefix_cache.entries
+    assert engine.allocator.block_of and engine.allocator.evictable
     engine.load_weights(list(model.state_dict().items()))
-    assert not engine.prefix_cache.entries and engine.prefix_cache.tokens == 0
-
-
-def test_lookup_takes_the_longest_proper_prefix_and_eviction_keeps_the_budget():
-    cache = PrefixCache(max_tokens=6)
-    cache.store([1, 2], torch.zeros(1))
-    cache.store([1, 2, 3], torch.ones(1))
-    assert cache.longest_prefix([1, 2, 3, 4])[0] == 3
-    assert cache.longest_prefix([1, 2, 3])[0] == 2  # a proper prefix: one token must be left to compute
-    assert cache.longest_prefix([9, 1, 2])[0] == 0
-    cache.store([5, 6, 7], torch.ones(1))  # 2 + 3 + 3 tokens > 6: the least recently used, (1, 2, 3), goes
-    assert set(cache.entries) == {(1, 2), (5, 6, 7)} and cache.tokens == 5
+    assert not engine.allocator.block_of and not engine.allocator.evictable
+    assert engine.allocator.available == engine.allocator.num_blocks - 1  # every block free again

@@ -152,4 +152,34 @@ def test_update_weights_while_decoding_is_refused(tiny_llama):
         session.update_weights(model.named_parameters(), version=1)
     with pytest.raises(RolloutError, match="max_prompt_length"):
         session.submit(1, prompt + prompt)
-    assert torch.is_tensor(session.run.last_tokens)
+    assert len(session.run.live) == 1  # the refused calls changed nothing
+
+
+def test_a_session_on_a_tiny_block_budget_preempts_and_still_streams_batch_greedy(varied):
+    """Submissions between steps, preemption inside the session, a pause and a resume: the same tokens and
+    log-probs as one batch ``generate`` with room for everything."""
+    from hybridflow.rollout.block_manager import BLOCK_SIZE
+
+    model, tokenizer = varied
+    prompts = chat_prompts(tokenizer)
+    params = greedy(tokenizer, n=2, max_tokens=30)
+    batch = NativeEngine(model, tokenizer).generate(prompts, params)  # grouped by prompt, 2 samples each
+    expected = {(c.prompt_index, i % 2): c for i, c in enumerate(batch)}
+    longest = max(map(len, prompts)) + 30
+    engine = NativeEngine(model, tokenizer, decode_lanes=False, num_kv_blocks=-(-longest // BLOCK_SIZE) + 3)
+    session = StreamingSession(engine, params, max_prompt_length=max(map(len, prompts)))
+    session.submit(0, prompts[0])
+    done = list(session.step())
+    for index, prompt in enumerate(prompts[1:], start=1):
+        session.submit(index, prompt)
+        done += session.step()
+    done += [c for _ in range(6) for c in session.step()]
+    session.resume(session.pause())
+    done += list(session.stream())
+    assert session.run.preemptions > 0
+    got = by_key(done)
+    assert got.keys() == expected.keys()
+    for key, completion in expected.items():
+        assert got[key].token_ids == completion.token_ids
+        assert got[key].logprobs == pytest.approx(completion.logprobs, abs=1e-4)
+

@@ -9,26 +9,38 @@ pytest.importorskip("triton")
 pytestmark = pytest.mark.triton
 
 from hybridflow.rollout.decoder import LlamaFamilyDecoder  # noqa: E402
-from hybridflow.rollout.kv_cache import SlotKVCache  # noqa: E402
-from hybridflow.rollout.triton_attention import slot_decode_attention  # noqa: E402
+from hybridflow.rollout.triton_attention import paged_decode_attention  # noqa: E402
 from hybridflow.rollout.triton_fused import add_rms_norm, qkv_rope_write, silu_mul  # noqa: E402
-from tests.rollout.conftest import chat_prompts  # noqa: E402
+from tests.rollout.conftest import chat_prompts, prefilled_paged_cache  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def reference_attention(q, keys, values, lengths, scale, first_slot, window=None):
-    """fp64 softmax attention of each row over its first ``lengths[n]`` positions (the last ``window`` of
-    them with a window), ``[N, H, D]``."""
-    group = q.shape[1] // keys.shape[1]
+def reference_attention(q, keys, values, lengths, scale, tables, window=None):
+    """fp64 softmax attention of each row over its first ``lengths[n]`` positions (the last ``window`` of them
+    with a window), read through its block table row (``keys`` ``[KV, blocks, B, D]``); ``[N, H, D]``."""
+    group = q.shape[1] // keys.shape[0]
     out = []
     for n, length in enumerate(lengths):
         first = 0 if window is None else max(0, length - window)
-        k = keys[first_slot + n, :, first:length].double().repeat_interleave(group, 0)  # [H, L, D]
-        v = values[first_slot + n, :, first:length].double().repeat_interleave(group, 0)
-        weights = torch.softmax(torch.einsum("hd,hld->hl", q[n].double(), k) * scale, dim=-1)
-        out.append(torch.einsum("hl,hld->hd", weights, v))
+
+        def row(pool):  # [H, L, D]
+            return pool[:, tables[n]].flatten(1, 2)[:, first:length].double().repeat_interleave(group, 0)
+
+        weights = torch.softmax(torch.einsum("hd,hld->hl", q[n].double(), row(keys)) * scale, dim=-1)
+        out.append(torch.einsum("hl,hld->hd", weights, row(values)))
     return torch.stack(out)
+
+
+def scattered_tables(lengths, *, block_size, width, seed=0):
+    """``[N, width]`` tables whose rows own disjoint, shuffled blocks (1 ..), the null block 0 past their ends."""
+    needed = [-(-length // block_size) for length in lengths]
+    order = (torch.randperm(sum(needed), generator=torch.Generator().manual_seed(seed)) + 1).tolist()
+    tables = []
+    for count in needed:
+        tables.append(order[:count] + [0] * (width - count))
+        order = order[count:]
+    return torch.tensor(tables, dtype=torch.int32), sum(needed) + 1
 
 
 @pytest.mark.parametrize("dtype, tolerance", [
@@ -36,35 +48,46 @@ def reference_attention(q, keys, values, lengths, scale, first_slot, window=None
     pytest.param(torch.bfloat16, 1e-2, marks=pytest.mark.skipif(DEVICE == "cpu", reason="the interpreter has no bf16")),
 ])
 @pytest.mark.parametrize("heads, kv_heads, head_dim", [(4, 4, 16), (6, 2, 32), (9, 3, 64), (16, 8, 128)])
-def test_split_k_attention_reads_each_rows_own_length(heads, kv_heads, head_dim, dtype, tolerance):
+def test_split_k_attention_reads_each_rows_own_length_through_its_blocks(heads, kv_heads, head_dim, dtype, tolerance):
     torch.manual_seed(heads)
-    lengths = [1, 63, 64, 256, 257, 600]  # block (64) and split (256) edges
+    block_size, width = 16, 40
+    lengths = [1, 15, 16, 63, 64, 256, 257, 600]  # page (16), inner block (64) and split (256) edges
+    tables, blocks = scattered_tables(lengths, block_size=block_size, width=width, seed=heads)
     q = torch.randn(len(lengths), heads, head_dim, device=DEVICE, dtype=dtype)
-    keys = torch.randn(8, kv_heads, 768, head_dim, device=DEVICE, dtype=dtype)
-    values = torch.randn(8, kv_heads, 768, head_dim, device=DEVICE, dtype=dtype)
-    for slot, length in enumerate(lengths):  # poison what no row may read
-        keys[slot + 1, :, length:] = float("nan")
-        values[slot + 1, :, length:] = float("nan")
-    got = slot_decode_attention(q=q, keys=keys, values=values, lengths=torch.tensor(lengths, device=DEVICE),
-                                scale=head_dim**-0.5, first_slot=1)
-    expected = reference_attention(q, keys, values, lengths, head_dim**-0.5, first_slot=1)
+    keys = torch.randn(kv_heads, blocks, block_size, head_dim, dtype=dtype)
+    values = torch.randn(kv_heads, blocks, block_size, head_dim, dtype=dtype)
+    keys[:, 0] = values[:, 0] = float("nan")  # poison the null block and what no row may read
+    for row, length in enumerate(lengths):
+        last, used = tables[row, (length - 1) // block_size], (length - 1) % block_size + 1
+        keys[:, last, used:] = values[:, last, used:] = float("nan")
+    got = paged_decode_attention(q=q, keys=keys.to(DEVICE), values=values.to(DEVICE),
+                                 lengths=torch.tensor(lengths, device=DEVICE), scale=head_dim**-0.5,
+                                 block_tables=tables.to(DEVICE))
+    expected = reference_attention(q, keys.to(DEVICE), values.to(DEVICE), lengths, head_dim**-0.5, tables.long())
     assert ((got.double() - expected).norm() / expected.norm()) < tolerance
 
 
 @pytest.mark.parametrize("window", [1, 70, 300])  # one key; a window starting inside a block; one spanning splits
 def test_split_k_attention_reads_only_the_sliding_window(window):
     torch.manual_seed(window)
-    lengths = [1, 63, 64, 256, 257, 600]
+    block_size, lengths = 16, [1, 63, 64, 256, 257, 600]
+    tables, blocks = scattered_tables(lengths, block_size=block_size, width=40, seed=window)
     q = torch.randn(len(lengths), 6, 32, device=DEVICE)
-    keys = torch.randn(6, 2, 768, 32, device=DEVICE)
-    values = torch.randn(6, 2, 768, 32, device=DEVICE)
-    for slot, length in enumerate(lengths):  # poison what no row may read: past its length, before its window
-        for cache in (keys, values):
-            cache[slot, :, length:] = float("nan")
-            cache[slot, :, :max(0, length - window)] = float("nan")
-    got = slot_decode_attention(q=q, keys=keys, values=values, lengths=torch.tensor(lengths, device=DEVICE),
-                                scale=32**-0.5, window=window)
-    expected = reference_attention(q, keys, values, lengths, 32**-0.5, first_slot=0, window=window)
+    keys = torch.randn(2, blocks, block_size, 32)
+    values = torch.randn(2, blocks, block_size, 32)
+    keys[:, 0] = values[:, 0] = float("nan")  # the null block
+    for row, length in enumerate(lengths):  # poison what no row may read: past its length, before its window
+        positions = torch.arange(length, 40 * block_size)
+        before = torch.arange(max(0, length - window))
+        for hidden in (positions[positions < 40 * block_size], before):
+            live = hidden[tables[row, hidden // block_size] != 0]
+            for cache in (keys, values):
+                cache[:, tables[row, live // block_size].long(), live % block_size] = float("nan")
+    got = paged_decode_attention(q=q, keys=keys.to(DEVICE), values=values.to(DEVICE),
+                                 lengths=torch.tensor(lengths, device=DEVICE), scale=32**-0.5,
+                                 block_tables=tables.to(DEVICE), window=window)
+    expected = reference_attention(q, keys.to(DEVICE), values.to(DEVICE), lengths, 32**-0.5, tables.long(),
+                                   window=window)
     assert ((got.double() - expected).norm() / expected.norm()) < 1e-5
 
 
@@ -92,31 +115,34 @@ def test_silu_mul_is_swiglus_gate_times_up():
 
 
 @pytest.mark.parametrize("with_norm", [False, True])
-def test_qkv_rope_write_rotates_q_and_k_and_fills_the_cache(with_norm):
+def test_qkv_rope_write_rotates_q_and_k_and_fills_the_cache_through_the_table(with_norm):
     from hybridflow.rollout.decoder import _apply_rope
 
     torch.manual_seed(1)
-    rows, heads, kv_heads, head_dim, first_slot = 3, 4, 2, 16, 1
+    rows, heads, kv_heads, head_dim, block_size = 3, 4, 2, 16, 4
     qkv = torch.randn(rows, (heads + 2 * kv_heads) * head_dim)
     positions = torch.tensor([0, 5, 9])
+    tables = torch.tensor([[3, 0, 0], [1, 4, 0], [5, 2, 6]], dtype=torch.int32)  # 9 -> block 6, offset 1
     angles = torch.arange(12)[:, None] * torch.rand(head_dim // 2)[None]
     cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
     norm = torch.rand(heads + kv_heads, head_dim) + 0.5 if with_norm else None
-    keys, values = torch.zeros(5, kv_heads, 12, head_dim), torch.zeros(5, kv_heads, 12, head_dim)
-    moved = [t.to(DEVICE) for t in (qkv, positions, cos, sin, keys, values)]
+    keys, values = torch.zeros(kv_heads, 7, block_size, head_dim), torch.zeros(kv_heads, 7, block_size, head_dim)
+    moved = [t.to(DEVICE) for t in (qkv, positions, cos, sin, keys, values, tables)]
     q = qkv_rope_write(qkv=moved[0], positions=moved[1], cos=moved[2], sin=moved[3],
                        qk_norm=None if norm is None else norm.to(DEVICE), keys=moved[4], values=moved[5],
-                       heads=heads, eps=1e-6, first_slot=first_slot)
+                       heads=heads, eps=1e-6, block_tables=moved[6])
     qk, v = qkv.split([(heads + kv_heads) * head_dim, kv_heads * head_dim], dim=-1)
     qk = qk.view(rows, heads + kv_heads, head_dim)
     if with_norm:
         qk = hf_rms_norm(qk, norm, 1e-6)
     rotated = _apply_rope(qk, cos[positions][:, None], sin[positions][:, None])
     torch.testing.assert_close(q.cpu(), rotated[:, :heads])
-    for n, position in enumerate(positions.tolist()):
-        torch.testing.assert_close(moved[4][first_slot + n, :, position].cpu(), rotated[n, heads:])
-        torch.testing.assert_close(moved[5][first_slot + n, :, position].cpu(), v[n].view(kv_heads, head_dim))
-    assert moved[4][0].abs().sum() == 0 and moved[5][4].abs().sum() == 0  # no other slot written
+    expected_keys, expected_values = torch.zeros_like(keys), torch.zeros_like(values)
+    for n, (block, offset) in enumerate([(3, 0), (4, 1), (6, 1)]):
+        expected_keys[:, block, offset] = rotated[n, heads:]
+        expected_values[:, block, offset] = v[n].view(kv_heads, head_dim)
+    torch.testing.assert_close(moved[4].cpu(), expected_keys)  # written there and nowhere else
+    torch.testing.assert_close(moved[5].cpu(), expected_values)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "mistral"])  # mistral: a window of 8 shorter than the prompts
@@ -128,21 +154,16 @@ def test_fused_decode_step_equals_the_torch_step(tiny_tokenizer, arch):
     model = randomise_norms(model).to(DEVICE)
     decoder = LlamaFamilyDecoder(model)
     prompts = [torch.tensor(p, device=DEVICE) for p in chat_prompts(tokenizer)[:3]]
-    caches = []
-    for _ in range(2):
-        cache = SlotKVCache(layers=decoder.num_layers, slots=4, kv_heads=decoder.kv_heads, max_len=64,
-                            head_dim=decoder.head_dim, dtype=torch.float32, device=DEVICE)
-        for slot, (_, prefix) in enumerate(decoder.prefill_many(prompts)):
-            cache.fill(first_slot=slot, count=1, prefix=prefix)
-        caches.append(cache)
+    (torch_cache, tables, positions), (fused_cache, _, _) = (prefilled_paged_cache(decoder, prompts, device=DEVICE)
+                                                             for _ in range(2))
     tokens = torch.tensor([5, 6, 7], device=DEVICE)
-    positions = torch.tensor(caches[0].lengths[:3], device=DEVICE)
     decoder.triton_kernels = False
-    expected = decoder.decode(token_ids=tokens, positions=positions, cache=caches[0], context=int(positions.max()) + 1)
+    expected = decoder.decode(token_ids=tokens, positions=positions, cache=torch_cache, block_tables=tables,
+                              context=int(positions.max()) + 1)
     decoder.triton_kernels = True
-    fused = decoder.decode(token_ids=tokens, positions=positions, cache=caches[1], context=None)
+    fused = decoder.decode(token_ids=tokens, positions=positions, cache=fused_cache, block_tables=tables, context=None)
     torch.testing.assert_close(fused, expected, rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(caches[1].data, caches[0].data, rtol=1e-5, atol=1e-5)  # same keys and values written
+    torch.testing.assert_close(fused_cache.data, torch_cache.data, rtol=1e-5, atol=1e-5)  # same keys and values
 
 
 def test_one_kernel_sampling_draws_what_the_torch_sampler_draws():
