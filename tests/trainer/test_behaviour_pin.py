@@ -116,7 +116,8 @@ def fingerprint(name: str, tmp_path: Path, model_dir: str) -> dict:
                    if p.is_file() and not str(p.relative_to(checkpoint)).startswith(("logs", "plots")))
     return {"metrics": [{key: pinned_value(key, value) for key, value in sorted(row.items())} for row in rows],
             "weights": weights,
-            "checkpoint_files": files}
+            "checkpoint_files": files,
+            "cpu_capability": torch.backends.cpu.get_cpu_capability()}
 
 
 @pytest.fixture
@@ -134,6 +135,11 @@ def test_behaviour_is_pinned(name, tmp_path, tiny_model_dir, one_thread):
     if os.environ.get("HYBRIDFLOW_PIN_WRITE") == "1":
         path.write_text(json.dumps(got, indent=1, sort_keys=True) + "\n")
     expected = json.loads(path.read_text())
+    if got["cpu_capability"] != expected["cpu_capability"]:
+        # ATen / oneDNN pick other kernels per ISA: the last bits of a matmul differ, a sampled token may flip,
+        # and the runs part ways. Bit-for-bit holds only against a recording made on the same kernels.
+        pytest.skip(f"recorded with {expected['cpu_capability']} kernels, this CPU runs {got['cpu_capability']}; "
+                    "re-record here with HYBRIDFLOW_PIN_WRITE=1 on the commit before a change to compare it")
     assert got["weights"] == expected["weights"], "the final weights moved"
     assert got["checkpoint_files"] == expected["checkpoint_files"]
     assert len(got["metrics"]) == len(expected["metrics"])
