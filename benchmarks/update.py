@@ -37,7 +37,7 @@ Reported per variant:
               the micro-batches' shapes x layers, the head (vocab projection + log-softmax, forward +
               backward) on the response tokens, the optimizer step (clip + AdamW); ``other`` = the rest
 
-    python benchmarks/update.py --quick                      # both shapes, 5 variants, ~2.5 min on one H200
+    python benchmarks/update.py --quick                      # the 1.5B shape, 5 variants, ~75 s on one H200
     python benchmarks/update.py --shape tiny --variants bf16-padded,trl --precision fp32   # TRL's ratio, CPU
     python benchmarks/update.py --shape tiny --steps 2       # CPU smoke run
 """
@@ -126,12 +126,13 @@ def parse_args(argv=None):
     parser.add_argument("--micro-tokens", type=int, default=4096, help="token budget of a micro-batch")
     parser.add_argument("--steps", type=int, default=3, help="optimizer steps (the first is a warm-up)")
     parser.add_argument("--quick", action="store_true",
-                        help="--shape 0.5b,1.5b --variants fast,fast-branched,fast-12k,bf16-padded,trl --steps 2")
+                        help="--shape 1.5b --variants fast,fast-branched,fast-12k,bf16-padded,trl --steps 2 (the goal's shape; "
+                             "about 75 s on one H200, the GPU script's update stage)")
     parser.add_argument("--no-breakdown", action="store_true")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
     if args.quick:
-        args.shape, args.variants, args.steps = "0.5b,1.5b", "fast,fast-branched,fast-12k,bf16-padded,trl", 2
+        args.shape, args.variants, args.steps = "1.5b", "fast,fast-branched,fast-12k,bf16-padded,trl", 2
     for flag, given, known in (("--shape", args.shape, SHAPES), ("--variants", args.variants, VARIANTS)):
         unknown = [name for name in given.split(",") if name not in known]
         if unknown:
