@@ -4,7 +4,9 @@ shuffle over two PPO epochs, token-budget micro-batches, and the balance over da
 
 All prompts of the shape-count task have the same text and the same number of image tokens, so a row that
 got another row's images would pass every shape check and only make the gradient noise; the test follows
-each row by its sampled tokens and their rollout log-probs instead."""
+each row by its sampled tokens and their rollout log-probs instead, up to the rows the model's vision inputs are
+built from. (Inside HF generate, its own repeat of the images for ``n`` samples shows in the agreement of
+rollout and training log-probs, ``rollout_corr/kl``.)"""
 
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ class ImageSpy:
 
     def __init__(self):
         self.sampled_from: dict[tuple, set[str]] = {}
+        self.expected: list[set[str]] = []  # per row of the running micro-batch
         self.forwards: list[tuple[bool, bool]] = []  # (with gradients, the row's images are its rollout's)
 
     def wrap_generate(self, generate):
@@ -44,13 +47,21 @@ class ImageSpy:
         return spy
 
     def wrap_forward(self, forward):
+        """Notes which images each row of a log-prob micro-batch was sampled from."""
         def spy(model, micro, **kwargs):
             lengths = micro["response_mask"].sum(-1).tolist()
-            for row, length in enumerate(lengths):
-                key = sampled_row_key(micro["responses"][row, :length], micro["rollout_log_probs"][row, :length])
-                same = image_digest(micro["multi_modal_inputs"][row]) in self.sampled_from.get(key, ())
-                self.forwards.append((torch.is_grad_enabled(), same))
+            self.expected = [self.sampled_from.get(sampled_row_key(micro["responses"][row, :length],
+                                                                   micro["rollout_log_probs"][row, :length]), set())
+                             for row, length in enumerate(lengths)]
             return forward(model, micro, **kwargs)
+        return spy
+
+    def wrap_vision_inputs(self, vision_forward_inputs):
+        """Checks the images the forward's model inputs are built from, row by row, against those."""
+        def spy(model, rows, input_ids):
+            for row, vision in enumerate(rows):
+                self.forwards.append((torch.is_grad_enabled(), image_digest(vision) in self.expected[row]))
+            return vision_forward_inputs(model, rows, input_ids)
         return spy
 
 
@@ -72,6 +83,8 @@ def test_every_forward_of_a_grpo_step_sees_the_images_its_rows_were_sampled_from
     forward = spy.wrap_forward(logprob_module.micro_batch_log_probs)
     monkeypatch.setattr(logprob_module, "micro_batch_log_probs", forward)
     monkeypatch.setattr(actor_module, "micro_batch_log_probs", forward)
+    vision_inputs = spy.wrap_vision_inputs(logprob_module.vision_forward_inputs)
+    monkeypatch.setattr(logprob_module, "vision_forward_inputs", vision_inputs)
     assert main([
         f"actor_rollout_ref.model.path={tiny_vl_dir}", f"data.train_files={shape_rows['train']}",
         f"data.val_files={shape_rows['test']}", "data.train_batch_size=4", "data.max_prompt_length=64",
