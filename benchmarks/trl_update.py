@@ -62,7 +62,7 @@ def build_trainer(model, *, rows_per_micro: int, micros: int, device: torch.devi
     return trainer
 
 
-def trl_inputs(batch, *, prompt_width: int, device: torch.device) -> list[dict]:
+def trl_inputs(batch, *, prompt_width: int, device: torch.device) -> dict[str, torch.Tensor]:
     """The rows as TRL's generation batch: ``[B, P]`` left-padded prompts, ``[B, T]`` right-padded
     completions (``P``, ``T``: the longest prompt and completion of the batch), an advantage per row."""
     ids, mask = batch["input_ids"], batch["attention_mask"]
@@ -78,8 +78,9 @@ def trl_inputs(batch, *, prompt_width: int, device: torch.device) -> list[dict]:
 
 
 def build_update(model, batch, *, prompt_width: int, rows_per_micro: int, device: torch.device,
-                 bf16: bool) -> tuple[Callable[[], float], int]:
-    """(one optimizer step of TRL's update over every row of ``batch`` -> grad norm, micro-steps a step)."""
+                 bf16: bool) -> Callable[[], float]:
+    """One optimizer step of TRL's update over every row of ``batch``, in micro-steps of ``rows_per_micro`` rows
+    (``batch.split(rows_per_micro)``'s rows) -> the gradient norm."""
     rows = len(batch)
     micros = -(-rows // rows_per_micro)
     trainer = build_trainer(model, rows_per_micro=rows_per_micro, micros=micros, device=device, bf16=bf16)
@@ -103,4 +104,4 @@ def build_update(model, batch, *, prompt_width: int, rows_per_micro: int, device
         trainer.optimizer.zero_grad(set_to_none=True)
         return float(norm)
 
-    return step, micros
+    return step

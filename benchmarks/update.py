@@ -388,8 +388,8 @@ def trl_update_step(model, batch: Batch, *, variant: Variant, micro_tokens: int,
         raise RuntimeError(missing)
     width = int(batch["attention_mask"].any(0).sum())
     rows_per_micro = max(1, micro_tokens // width)
-    step, _ = trl_update.build_update(model, batch, prompt_width=PROMPT_WIDTH, rows_per_micro=rows_per_micro,
-                                      device=device, bf16=variant.precision == "bf16")
+    step = trl_update.build_update(model, batch, prompt_width=PROMPT_WIDTH, rows_per_micro=rows_per_micro,
+                                   device=device, bf16=variant.precision == "bf16")
     return (lambda _step: step()), batch.split(rows_per_micro), None
 
 
