@@ -16,11 +16,19 @@ SHAPE_COUNT_SOURCE = "hybridflow/shape_count"
 _INTEGER = re.compile(r"-?\d+")
 
 
+MAX_DIGITS = 9
+"""Longer numbers are no count of shapes: they score 0 instead of reaching ``int()`` (which refuses more than
+4,300 digits, and a policy can write that many)."""
+
+
 def extract_count(text: str) -> int | None:
-    """The integer a response answers with: inside its last ``\\boxed{}``, else its last integer; None if none."""
+    """The integer a response answers with: the one integer inside its last ``\\boxed{}`` (a box holding several,
+    ``\\boxed{2, 3}``, hedges and answers nothing), else its last integer; None if none."""
     boxed = last_boxed_content(text)
     found = _INTEGER.findall(boxed if boxed is not None else text)
-    return int(found[-1]) if found else None
+    if not found or (boxed is not None and len(found) > 1) or len(found[-1].lstrip("-")) > MAX_DIGITS:
+        return None
+    return int(found[-1])
 
 
 @register_scorer(SHAPE_COUNT_SOURCE)

@@ -45,6 +45,8 @@ def test_geo3k_accuracy_without_the_box_and_with_latex():
 @pytest.mark.parametrize("response, count", [
     ("\\boxed{3}", 3), ("there are 2 or maybe 4", 4), ("I see \\boxed{5 shapes} not 7", 5), ("none", None),
     ("\\boxed{x} 6", None),
+    # a policy's ways around the verifier: several answers in the box, a number too long for int()
+    ("\\boxed{2, 3}", None), ("\\boxed{1,2,3,4}", None), ("\\boxed{" + "3" * 5000 + "}", None), ("7" * 5000, None),
 ])
 def test_shape_count_answer_extraction(response, count):
     assert extract_count(response) == count
