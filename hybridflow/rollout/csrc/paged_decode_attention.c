@@ -123,7 +123,10 @@ static inline __attribute__((always_inline)) void attend_one(const float *q, con
     /* Walked block by block, so that no position pays a division. */
     for (int64_t index = first / block_size; index < blocks; index++) {
         BlockSpan at = block_span(keys, table, index, first, length, head_offset, block_size, d);
-        prefetch_block(keys, table, index + 1, blocks, head_offset, block_size, d);
+        if (index + 1 < blocks)
+            prefetch_block(keys, table, index + 1, blocks, head_offset, block_size, d);
+        else /* the values' first block, read next */
+            prefetch_block(values, table, first / block_size, blocks, head_offset, block_size, d);
         for (int64_t t = at.lo - first; t < at.hi - first; t++) {
             const float *k = at.base + t * d;
             for (int64_t g = 0; g < group; g++) {
@@ -186,6 +189,15 @@ int paged_decode_attention_f32(const float *q, const float *keys, const float *v
             if (length - first > max_length || !blocks_in_pool(tables + n * table_stride, length, block_size, blocks)) {
                 failed = 1; /* never read outside the pool */
                 continue;
+            }
+            if (task + 1 < rows * kv_heads) { /* the next task's first keys, while this one runs */
+                int64_t next_n = (task + 1) / kv_heads, next_h = (task + 1) % kv_heads;
+                int64_t next_length = lengths[next_n];
+                int64_t next_first = window > 0 && next_length > window ? next_length - window : 0;
+                const int32_t *next_table = tables + next_n * table_stride;
+                if (next_length > 0 && blocks_in_pool(next_table, next_length, block_size, blocks))
+                    prefetch_block(keys, next_table, next_first / block_size, (next_length + block_size - 1) / block_size,
+                                   next_h * blocks * block_size, block_size, head_dim);
             }
             const float *q_n = q + (n * heads + h * group) * head_dim;
             const int32_t *table = tables + n * table_stride;
