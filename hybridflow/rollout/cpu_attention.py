@@ -33,8 +33,12 @@ import torch
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("csrc") / "paged_decode_attention.c"
-FLAGS = ("-O3", "-march=native", "-fno-trapping-math", "-fopenmp", "-shared", "-fPIC")
-"""``-fno-trapping-math`` lets the exp and floor loops vectorise (results are unchanged: nothing here traps);
+FLAGS = ("-O3", "-march=native", "-fno-trapping-math", "-fassociative-math", "-fno-signed-zeros", "-fopenmp",
+         "-shared", "-fPIC")
+"""``-fno-trapping-math`` lets the exp and floor loops vectorise (nothing here traps); ``-fassociative-math``
+(with ``-fno-signed-zeros``, which it needs) lets the dot products and sums run in vector lanes, reduced in
+registers: the order of an fp32 sum changes, as SDPA's own blocking does (1.5-1.7x -> 1.4-1.5x the time of a
+plain sum over the same bytes). Infinities and NaNs keep their meaning (no ``-ffinite-math-only``);
 ``-fopenmp`` links the OpenMP runtime torch already loaded (one thread pool)."""
 FORCE_FALLBACK = "HYBRIDFLOW_CPU_ATTENTION"
 LANES = 16

@@ -41,49 +41,25 @@ static inline float exp_nonpositive(float x) {
     return p * scale.f;
 }
 
+/* LANES floats in one vector (GCC splits it into two on AVX2 machines). */
 typedef float vec16 __attribute__((vector_size(64)));
-typedef float vec8 __attribute__((vector_size(32)));
-typedef float vec4 __attribute__((vector_size(16)));
-
-/* The sum of a vector's lanes, by halves (each level one vector add). */
-static inline float lanes_sum(vec16 x) {
-    vec8 lo8, hi8;
-    memcpy(&lo8, &x, sizeof lo8);
-    memcpy(&hi8, (const char *)&x + sizeof lo8, sizeof hi8);
-    vec8 s8 = lo8 + hi8;
-    vec4 lo4, hi4;
-    memcpy(&lo4, &s8, sizeof lo4);
-    memcpy(&hi4, (const char *)&s8 + sizeof lo4, sizeof hi4);
-    vec4 s4 = lo4 + hi4;
-    return (s4[0] + s4[2]) + (s4[1] + s4[3]);
-}
-
 static inline vec16 load16(const float *p) {
     vec16 x;
     memcpy(&x, p, sizeof x);
     return x;
 }
 
-/* <a, b> over D floats: LANES products at a time in one vector, then its lanes summed. */
+/* <a, b> over D floats (vectorised by the compiler, which may reassociate the sum: -fassociative-math). */
 static inline float dot(const float *a, const float *b, int64_t d) {
-    vec16 acc = {0};
-    int64_t i = 0;
-    for (; i + LANES <= d; i += LANES) acc += load16(a + i) * load16(b + i);
-    float tail = 0.0f;
-    for (; i < d; i++) tail += a[i] * b[i];
-    return lanes_sum(acc) + tail;
+    float total = 0.0f;
+    for (int64_t i = 0; i < d; i++) total += a[i] * b[i];
+    return total;
 }
 
-/* sum of x[0 .. n), in LANES independent sums and a tree (so that it vectorises without reassociation). */
 static inline float sum(const float *x, int64_t n) {
-    float acc[LANES] = {0};
-    int64_t i = 0;
-    for (; i + LANES <= n; i += LANES)
-        for (int j = 0; j < LANES; j++) acc[j] += x[i + j];
-    for (; i < n; i++) acc[i % LANES] += x[i];
-    for (int width = LANES / 2; width > 0; width /= 2)
-        for (int j = 0; j < width; j++) acc[j] += acc[j + width];
-    return acc[0];
+    float total = 0.0f;
+    for (int64_t i = 0; i < n; i++) total += x[i];
+    return total;
 }
 
 /* The positions [lo, hi) of a row that block `index` of its table holds, and where they lie. */
