@@ -47,8 +47,8 @@ def median_ms(work, repeats: int) -> float:
 
 def measure(decoder: LlamaFamilyDecoder, *, rows: int, context: int, repeats: int) -> tuple[float, ...]:
     """``(step ms gathering, step ms over the mirror, step ms with the paged kernel, attention ms over a slot
-    view, attention ms gathering, attention ms of the paged kernel)`` at ``rows`` x ``context``, attention over
-    all layers (NaN for the kernel where it is not built)."""
+    view, attention ms gathering, attention ms of the paged kernel, ms to read the same keys and values once)``
+    at ``rows`` x ``context``, attention over all layers (NaN for the kernel where it is not built)."""
     width = -(-context // BLOCK_SIZE)
     cache = PagedKVCache(layers=decoder.num_layers, blocks=rows * width + 1, block_size=BLOCK_SIZE,
                          kv_heads=decoder.kv_heads, max_len=width * BLOCK_SIZE, head_dim=decoder.head_dim,
@@ -93,9 +93,12 @@ def measure(decoder: LlamaFamilyDecoder, *, rows: int, context: int, repeats: in
                                                  block_tables=tables, lengths=positions + 1, scale=decoder.scale,
                                                  window=None)
 
+    def read_floor():  # the same keys and values, read once in pool order: what attention cannot beat
+        cache.data[:, :, :, 1 : 1 + rows * width].sum()
+
     kernel_attention_ms = median_ms(kernel_attention, repeats) if kernel else float("nan")
     return (step_ms, mirror_ms, kernel_ms, median_ms(slot_attention, repeats), median_ms(paged_attention, repeats),
-            kernel_attention_ms)
+            kernel_attention_ms, median_ms(read_floor, repeats))
 
 
 def main() -> None:
@@ -114,13 +117,13 @@ def main() -> None:
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"cpu: {describe_cpu()}, {os.cpu_count()} cores, torch threads {args.threads}, load avg {load}")
     print("| rows x context | step, gathering | step, over the mirror | step, paged kernel | mirror / kernel "
-          "| attention, slot view | attention, gathering | attention, paged kernel |")
-    print("|---|---|---|---|---|---|---|---|")
+          "| attention, slot view | attention, gathering | attention, paged kernel | reading the KV once (floor) |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for context in (int(c) for c in args.contexts.split(",")):
-        step, mirrored, kernel, slot, paged, kernel_attention = measure(decoder, rows=args.rows, context=context,
-                                                                        repeats=args.repeats)
+        step, mirrored, kernel, slot, paged, kernel_attention, floor = measure(decoder, rows=args.rows,
+                                                                               context=context, repeats=args.repeats)
         print(f"| {args.rows} x {context} | {step:.1f} ms | {mirrored:.1f} ms | {kernel:.1f} ms | {mirrored / kernel:.2f}x "
-              f"| {slot:.1f} ms | {paged:.1f} ms | {kernel_attention:.1f} ms |", flush=True)
+              f"| {slot:.1f} ms | {paged:.1f} ms | {kernel_attention:.1f} ms | {floor:.1f} ms |", flush=True)
 
 
 if __name__ == "__main__":
