@@ -59,7 +59,10 @@ class AgentLoopManager:
         if self.context.settings.stop_after_tool_call and call_end:
             params = replace(params, stop=[*params.stop, call_end])
         generator = TurnGenerator(self.engine, params)
-        outputs = list(await asyncio.gather(*(self.loop(row).run(row, generator) for row in rows)))
+        try:
+            outputs = list(await asyncio.gather(*(self.loop(row).run(row, generator) for row in rows)))
+        finally:
+            generator.close()  # a loop that raised leaves the others' turns queued: they end here, not later
         self.context.tool_health.report()  # a tool that failed on every call: one console line
         return outputs
 
