@@ -137,7 +137,9 @@ def run_agent_loops(path: str, engine, prompts, plans, observation):
     from hybridflow.rollout import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True, seed=0)
-    turns = BatchedTurns(engine, params) if path == "batch" else QueuedTurns(engine, params, max_len=None)
+    longest = max(len(p) + sum(t + len(observation) for t, _ in plan) for p, plan in zip(prompts, plans))
+    turns = BatchedTurns(engine, params) if path == "batch" else QueuedTurns(engine, params, max_len=longest,
+                                                                               conversations=len(prompts))
 
     async def everyone():
         return await asyncio.gather(*(converse(turns, p, plan, observation) for p, plan in zip(prompts, plans)))

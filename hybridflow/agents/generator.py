@@ -46,15 +46,20 @@ class TurnGenerator:
     Args:
         engine: the rollout engine; a :class:`NativeEngine` serves turns from a request queue.
         params: how every turn samples (``n`` is taken as 1; ``max_tokens`` comes per call).
-        max_len: longest context + turn any loop reaches (prompt_length + response_length); sizes the queue's
-            cache rows. ``None``: the engine's ``max_model_len``.
+        max_len: longest context + turn any loop reaches (prompt_length + response_length; a turn is cut there);
+            with ``conversations`` it sizes the queue's KV cache. ``None``: the engine's ``max_model_len``.
+        conversations: loops that will ask for turns (each has at most one in flight); ``None``: the engine's
+            ``max_num_seqs``.
     """
 
-    def __init__(self, engine, params: SamplingParams, *, max_len: int | None = None):
+    def __init__(self, engine, params: SamplingParams, *, max_len: int | None = None,
+                 conversations: int | None = None):
         self.engine = engine
         self.params = params
-        self.turns = QueuedTurns(engine, params, max_len=max_len) if isinstance(engine, NativeEngine) \
-            else BatchedTurns(engine, params)
+        if isinstance(engine, NativeEngine):
+            self.turns = QueuedTurns(engine, params, max_len=max_len, conversations=conversations)
+        else:
+            self.turns = BatchedTurns(engine, params)
 
     async def generate(self, prompt_ids: list[int], *, max_tokens: int) -> Completion:
         return await self.turns.generate(list(prompt_ids), max_tokens=max_tokens)
@@ -67,9 +72,10 @@ class TurnGenerator:
 class QueuedTurns:
     """Each turn a request of its own in the native engine's queue, submitted as it is asked for."""
 
-    def __init__(self, engine: NativeEngine, params: SamplingParams, *, max_len: int | None):
+    def __init__(self, engine: NativeEngine, params: SamplingParams, *, max_len: int | None = None,
+                 conversations: int | None = None):
         self.params = params
-        self.queue = RequestQueue(engine, max_len=max_len, keyed_draws=True)
+        self.queue = RequestQueue(engine, max_len=max_len, sequences=conversations, keyed_draws=True)
         self.seen: dict[bytes, int] = {}
         """Context digest -> turns asked for with that context so far (rows repeated for n samples)."""
         self.start_scheduled = False
