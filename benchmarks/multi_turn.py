@@ -116,18 +116,21 @@ async def converse(generator, prompt: list[int], plan, observation: list[int]) -
 
 
 def occupancy_engine(model, tokenizer):
-    """The native engine (prefix reuse on), counting the rows of each decode step."""
+    """The native engine (prefix reuse on), counting the rows and the seconds of each decode step."""
     from hybridflow.rollout.native import NativeEngine
 
     class OccupancyEngine(NativeEngine):
         rows: list[int]
+        decode_s: float
 
         def _step(self, run):
             self.rows.append(len(run.live))
+            start = time.perf_counter()
             super()._step(run)
+            self.decode_s += time.perf_counter() - start
 
     engine = OccupancyEngine(model, tokenizer, prefix_cache_tokens=1 << 20)
-    engine.rows = []
+    engine.rows, engine.decode_s = [], 0.0
     return engine
 
 
@@ -166,6 +169,7 @@ def agent_main(args, model, tokenizer) -> dict[str, float]:
     for path, engine in engines.items():  # warm-up: one short conversation
         run_agent_loops(path, engine, prompts[:1], [[(2, 0.0)]], observation)
         engine.rows.clear()
+        engine.decode_s = 0.0
     for _ in range(args.repeats):
         for path, engine in engines.items():
             took, outputs[path] = run_agent_loops(path, engine, prompts, plans, observation)
@@ -176,8 +180,9 @@ def agent_main(args, model, tokenizer) -> dict[str, float]:
         results[path] = total_turns / best
         steps = len(engine.rows) // args.repeats
         occupancy = sum(engine.rows) / max(len(engine.rows), 1)
-        print(f"{path:>6}: {best:6.2f} s (best of {args.repeats}), {results[path]:6.2f} turns/s, {steps} decode steps, "
-              f"mean rows per step {occupancy:5.2f} of {args.conversations}")
+        print(f"{path:>6}: {best:6.2f} s (best of {args.repeats}), {results[path]:6.2f} turns/s, {steps} decode steps "
+              f"({engine.decode_s / args.repeats:5.2f} s a run), mean rows per step {occupancy:5.2f} of "
+              f"{args.conversations}")
     print(f"queue / batch: {results['queue'] / results['batch']:.2f}x turns/s; same greedy tokens: "
           f"{outputs['batch'] == outputs['queue']}; load average now {os.getloadavg()[0]:.2f}")
     return results

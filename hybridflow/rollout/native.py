@@ -18,7 +18,11 @@ Where HF ``generate`` loses time in RL rollouts, and what this engine does inste
   the next turn of a conversation starts from them instead of prefilling them again.
 
 Sampling runs on the device with a ``torch.Generator`` seeded from
-``SamplingParams.seed``, so a fixed seed and the same inputs give the same outputs.
+``SamplingParams.seed``, so a fixed seed and the same inputs give the same outputs; a run with
+``keyed_draws`` draws each token from its request's seed and its token index instead, so it does not
+depend on which requests shared its steps. ``generate`` submits its prompts to a
+:class:`~hybridflow.rollout.request_queue.RequestQueue` and drains it: the streaming sessions and the
+agent loops' turns go through the same queue and the same ``_admit`` / ``_step``.
 """
 
 from __future__ import annotations
