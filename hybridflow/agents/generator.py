@@ -143,16 +143,19 @@ class BatchedTurns:
                 future.set_result(cut(completion, max_tokens))
 
     async def _gather_ready(self) -> None:
-        """Let the loops that are ready (or whose quick tool calls are about to answer) submit."""
-        for _ in range(READY_TICKS):
-            await asyncio.sleep(0)
+        """Let the loops that are ready (or whose quick tool calls are about to answer) submit: wait until
+        ``READY_TICKS`` event-loop turns in a row have passed with no tool call in flight (calls in flight are
+        waited for up to ``TOOL_WAIT_S``). A loop whose call has just answered needs a few turns to ask for its
+        next turn, also when its call answers during the first turns of this wait."""
         deadline = time.monotonic() + TOOL_WAIT_S
-        if not calls_in_flight():
-            return
-        while calls_in_flight() and time.monotonic() < deadline:
-            await asyncio.sleep(0.0005)
-        for _ in range(READY_TICKS):
-            await asyncio.sleep(0)
+        quiet = 0
+        while quiet < READY_TICKS:
+            if calls_in_flight() and time.monotonic() < deadline:
+                quiet = 0
+                await asyncio.sleep(0.0005)
+            else:
+                quiet += 1
+                await asyncio.sleep(0)
 
     def _generate(self, batch) -> list[Completion]:
         """One engine call for all requests. An engine that takes params per prompt gets each request's own
