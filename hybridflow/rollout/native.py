@@ -491,9 +491,11 @@ class GenerationRun:
             return draw_uniform(rows=sum(count for _, count in wave), generator=self.generator, device=device)
         keys = []
         for pending, count in wave:
+            if pending.resumed is not None:  # a preempted sample: its own output index, its next token's index
+                keys.append((pending.params.seed, pending.resumed.output_index, len(pending.resumed.token_ids)))
+                continue
             first = pending.params.n - pending.remaining
-            index = 0 if pending.resumed is None else len(pending.resumed.token_ids)
-            keys += [(pending.params.seed, first + offset, index) for offset in range(count)]
+            keys += [(pending.params.seed, first + offset, 0) for offset in range(count)]
         return self._keyed(keys, device)
 
     @staticmethod

@@ -50,8 +50,8 @@ class Gate:
                 raise self.error
 
 
-def params(max_tokens: int, seed: int = 0) -> SamplingParams:
-    return SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=seed, ignore_eos=True)
+def params(max_tokens: int, seed: int = 0, n: int = 1) -> SamplingParams:
+    return SamplingParams(n=n, temperature=1.0, max_tokens=max_tokens, seed=seed, ignore_eos=True)
 
 
 def test_a_request_submitted_from_another_thread_joins_the_running_batch_at_the_next_step(tiny_llama):
@@ -97,27 +97,28 @@ def test_an_engine_error_reaches_the_decoding_the_waiting_and_the_just_submitted
 
 
 def tokens_alone_and_in_company(model, tokenizer, *, keyed: bool, **engine_kwargs):
-    """Request 0's tokens when it decodes alone, and when three other requests with other lengths share (and
-    join in the middle of) its steps; and the preemptions in company."""
+    """The tokens of request 0's three samples when it decodes alone, and when three other requests with other
+    lengths share (and join in the middle of) its steps; and the preemptions in company."""
     prompts = chat_prompts(tokenizer)
     alone = RequestQueue(NativeEngine(model, tokenizer, **engine_kwargs), max_len=64, keyed_draws=keyed)
-    request = alone.submit(prompts[0], params(24, seed=5))
+    request = alone.submit(prompts[0], params(24, seed=5, n=3))
     alone.drain()
     crowd = RequestQueue(NativeEngine(model, tokenizer, **engine_kwargs), max_len=64, keyed_draws=keyed)
     crowd.submit(prompts[1], params(9, seed=6))
     crowd.step()
     crowd.step()
-    shared = crowd.submit(prompts[0], params(24, seed=5))
+    shared = crowd.submit(prompts[0], params(24, seed=5, n=3))
     crowd.submit(prompts[2], params(30, seed=7))
     crowd.submit(prompts[3], params(3, seed=8))
     crowd.drain()
-    return request.future.result()[0].token_ids, shared.future.result()[0].token_ids, crowd.engine.preemptions
+    samples = [[c.token_ids for c in r.future.result()] for r in (request, shared)]
+    return *samples, crowd.engine.preemptions
 
 
 def test_keyed_draws_give_a_request_the_same_tokens_whatever_shares_its_steps(tiny_llama):
     model, tokenizer = tiny_llama
     alone, shared, _ = tokens_alone_and_in_company(model, tokenizer, keyed=True)
-    assert alone == shared
+    assert alone == shared and alone[0] != alone[1]  # the samples differ, each the same in company
     alone, shared, _ = tokens_alone_and_in_company(model, tokenizer, keyed=False)
     assert alone != shared  # the run's generator in row order: the draws depend on the batch
 
