@@ -183,3 +183,34 @@ def test_closing_the_generator_fails_the_turns_still_queued(llama):
     generator.close()
     with pytest.raises(RolloutError, match="closed"):
         request.future.result(HANG_GUARD_S)
+
+
+class BreakingLoop:
+    """An agent loop that raises after its first turn when its row says so; other rows ask for one long turn."""
+
+    def __init__(self, context, **kwargs):
+        self.context = context
+
+    async def run(self, row, generator):
+        if row["breaks"]:
+            await generator.generate(row["raw_prompt_ids"], max_tokens=2)
+            raise ValueError("the loop broke")
+        await generator.generate(row["raw_prompt_ids"], max_tokens=300)
+
+
+def test_a_loop_that_raises_leaves_no_turn_decoding_after_the_rollout(llama, monkeypatch):
+    """The manager closes the turn queue: the long turn ends with the rollout instead of decoding on in the
+    driver thread while the trainer goes on (and, say, loads new weights into the engine)."""
+    from hybridflow.agents import AgentContext, AgentLoopManager, MultiTurnSettings
+    from hybridflow.agents.base import AGENT_LOOPS
+
+    model, tokenizer = llama
+    monkeypatch.setitem(AGENT_LOOPS, "breaking_test_loop", BreakingLoop)
+    context = AgentContext(tokenizer=tokenizer, settings=MultiTurnSettings(prompt_length=64, response_length=300))
+    manager = AgentLoopManager(engine=NativeEngine(model, tokenizer), context=context,
+                               default_agent_loop="breaking_test_loop")
+    prompts = chat_prompts(tokenizer)[:2]
+    rows = [{"raw_prompt_ids": prompts[0], "breaks": False}, {"raw_prompt_ids": prompts[1], "breaks": True}]
+    with pytest.raises(ValueError, match="the loop broke"):
+        manager.run(rows, PARAMS)
+    assert [t for t in threading.enumerate() if t.name == "hybridflow-request-queue"] == []
