@@ -214,10 +214,11 @@ class NativeEngine:
                              mirror=self._mirror_for(cache, rows))
 
     def _mirror_for(self, cache: PagedKVCache, rows: int) -> SlotMirror | None:
-        """On CPU, the :class:`SlotMirror` SDPA reads, with ``rows`` rows (reused while it is large enough; its
+        """On CPU without the paged kernel (:mod:`hybridflow.rollout.cpu_attention`), the :class:`SlotMirror` SDPA
+        reads, with ``rows`` rows (reused while it is large enough; its
         untouched pages cost nothing); ``None`` elsewhere."""
-        if self.device.type != "cpu":
-            return None
+        if self.device.type != "cpu" or self.decoder.paged_cpu_attention:
+            return None  # attention reads the pool itself
         span, dtype = cache.table_width * cache.block_size, self.decoder.embed.dtype
         if self.mirror is None or not self.mirror.fits(rows=rows, max_len=span, dtype=dtype):
             self.mirror = None  # free the old one first
