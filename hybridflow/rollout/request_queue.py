@@ -108,7 +108,8 @@ class RequestQueue:
         validate_prompts([prompt_ids], max_model_len=self.engine.max_model_len)
         if len(prompt_ids) >= self.max_len:
             raise RolloutError(f"a prompt of {len(prompt_ids)} tokens leaves no room to generate within this queue's "
-                               f"max_len={self.max_len}; open the queue with a larger max_len (prompt + response)")
+                               f"max_len={self.max_len}; open the queue with a larger max_len (prompt + response; the agent "
+                               "loops' queue takes rollout.prompt_length + rollout.response_length)")
         if self.run.keyed_draws and params.seed is None:
             params = replace(params, seed=int(torch.randint(2**62, (1,)).item()))
         request = Request(list(prompt_ids), params)
