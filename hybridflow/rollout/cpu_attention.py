@@ -12,7 +12,7 @@ Build: ``gcc -O3 -march=native`` (the instruction set of the machine it runs on:
 intrinsics), cached under ``$HYBRIDFLOW_CACHE/kernels`` (default ``~/.cache/hybridflow/kernels``) by a hash
 of the source, the flags, the compiler and the CPU's flags, written atomically. Where no compiler is found
 or the build fails, :func:`kernel` returns ``None`` after saying why once, and the engine runs SDPA over a
-slot mirror instead (same outputs to fp32 rounding, slower). ``HYBRIDFLOW_CPU_ATTENTION=torch`` forces that
+slot mirror instead (as it does for bf16 and head dims not a multiple of 16) (same outputs to fp32 rounding, slower). ``HYBRIDFLOW_CPU_ATTENTION=torch`` forces that
 fallback (the tests run both paths on every machine).
 """
 
@@ -97,22 +97,23 @@ def kernel() -> ctypes.CDLL | None:
     function = library.paged_decode_attention_f32
     pointer, size = ctypes.c_void_p, ctypes.c_int64
     function.argtypes = [pointer, pointer, pointer, pointer, size, pointer, pointer, size, size, size, size, size,
-                         size, size, ctypes.c_float, size, ctypes.c_int]
+                         size, size, ctypes.c_float, ctypes.c_float, size, ctypes.c_int]
     function.restype = ctypes.c_int
     return library
 
 
-def supports(*, dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int, softcap: float | None) -> bool:
-    """Whether decode attention for this model can run as the kernel (fp32, no soft-capping, head dims in
-    16s, at most 16 query heads per KV head) and the kernel is built."""
-    shaped = dtype == torch.float32 and softcap is None and head_dim % LANES == 0 and heads // kv_heads <= MAX_GROUP
+def supports(*, dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int) -> bool:
+    """Whether decode attention for this model can run as the kernel (fp32, head dims in 16s, at most 16 query
+    heads per KV head) and the kernel is built."""
+    shaped = dtype == torch.float32 and head_dim % LANES == 0 and heads // kv_heads <= MAX_GROUP
     return shaped and kernel() is not None
 
 
 def paged_decode_attention(*, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, block_tables: torch.Tensor,
-                           lengths: torch.Tensor, scale: float, window: int | None) -> torch.Tensor:
-    """``softmax(scale q k^T) v`` of each row over its first ``lengths[n]`` positions (the last ``window`` of them
-    with a window).
+                           lengths: torch.Tensor, scale: float, window: int | None,
+                           softcap: float | None = None) -> torch.Tensor:
+    """``softmax(cap(scale q k^T)) v`` of each row over its first ``lengths[n]`` positions (the last ``window`` of
+    them with a window), ``cap(s) = c tanh(s / c)`` with a ``softcap`` ``c`` (Gemma 2), else ``s``.
 
     Args:
         q: ``[N, H, D]`` fp32 queries.
@@ -132,7 +133,7 @@ def paged_decode_attention(*, q: torch.Tensor, keys: torch.Tensor, values: torch
     failed = kernel().paged_decode_attention_f32(
         q.data_ptr(), keys.data_ptr(), values.data_ptr(), block_tables.data_ptr(), block_tables.stride(0),
         lengths.data_ptr(), out.data_ptr(), rows, heads, kv_heads, head_dim, blocks, block_size,
-        block_tables.shape[1] * block_size, scale, window or 0, torch.get_num_threads())
+        block_tables.shape[1] * block_size, scale, softcap or 0.0, window or 0, torch.get_num_threads())
     if failed:
         raise RuntimeError(f"paged decode attention refused its inputs (heads {heads}, KV heads {kv_heads}, head dim "
                            f"{head_dim}, longest row {int(lengths.max())} of {block_tables.shape[1] * block_size})")

@@ -115,8 +115,7 @@ class LlamaFamilyDecoder:
         """Whether prefill attention is one varlen FlashAttention call a layer (CUDA, half precision)."""
         self.varlen_prefill_checked = False
         self.paged_cpu_attention = weight.device.type == "cpu" and cpu_attention.supports(
-            dtype=weight.dtype, heads=self.num_heads, kv_heads=self.kv_heads, head_dim=self.head_dim,
-            softcap=self.attn_softcap)
+            dtype=weight.dtype, heads=self.num_heads, kv_heads=self.kv_heads, head_dim=self.head_dim)
         """Whether a CPU decode step's attention reads the pool through the block tables (the C kernel of
         :mod:`hybridflow.rollout.cpu_attention`); otherwise SDPA over a contiguous span (the engine's slot mirror)."""
         self.released = False  # whether the module's projection weights were dropped (release_module_projections)
@@ -524,7 +523,8 @@ class LlamaFamilyDecoder:
         def attend(q, layer, window):
             keys, values = cache.layer(layer)
             out = cpu_attention.paged_decode_attention(q=q, keys=keys, values=values, block_tables=block_tables,
-                                                       lengths=lengths, scale=self.scale, window=window)
+                                                       lengths=lengths, scale=self.scale, window=window,
+                                                       softcap=self.attn_softcap)
             return out.reshape(q.shape[0], -1)
 
         return attend

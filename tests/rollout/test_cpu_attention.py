@@ -5,8 +5,8 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
+from hybridflow.models.segment_attention import capped_attention
 from hybridflow.rollout import SamplingParams, cpu_attention
 from hybridflow.rollout.native import NativeEngine
 from tests.rollout.conftest import chat_prompts
@@ -16,8 +16,9 @@ from tests.rollout.test_paged_engine import tight_blocks
 pytestmark = pytest.mark.skipif(cpu_attention.kernel() is None, reason="no C compiler: the kernel is not built")
 
 
-def reference(q, keys, values, tables, lengths, scale, window=None):
-    """SDPA over each row's gathered blocks, positions past its length (or before its window) masked."""
+def reference(q, keys, values, tables, lengths, scale, window=None, softcap=None):
+    """SDPA (capped: the eager form) over each row's gathered blocks, positions past its length (or before its
+    window) masked."""
     rows, heads, dim = q.shape
     kv_heads, _, block, _ = keys.shape
     span = tables.shape[1] * block
@@ -32,7 +33,7 @@ def reference(q, keys, values, tables, lengths, scale, window=None):
         hidden |= key < lengths[:, None] - window
     mask = torch.zeros(rows, 1, 1, span).masked_fill_(hidden[:, None, None], float("-inf"))
     grouped = q.view(rows, kv_heads, heads // kv_heads, dim)
-    out = F.scaled_dot_product_attention(grouped, gather(keys), gather(values), attn_mask=mask, scale=scale)
+    out = capped_attention(grouped, gather(keys), gather(values), mask=mask, scale=scale, softcap=softcap)
     return out.reshape(rows, heads, dim)
 
 
@@ -73,11 +74,12 @@ def test_matches_sdpa_over_the_gathered_blocks(heads, kv_heads, dim, threads):
     outer = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        for window in (None, 3, 16):
+        for window, softcap in ((None, None), (3, None), (16, None), (None, 2.0), (16, 2.0)):
             out = cpu_attention.paged_decode_attention(q=q, keys=keys, values=values, block_tables=tables,
-                                                       lengths=lengths, scale=dim**-0.5, window=window)
-            torch.testing.assert_close(out, reference(q, keys, values, tables, lengths, dim**-0.5, window),
-                                       rtol=1e-5, atol=1e-5)
+                                                       lengths=lengths, scale=dim**-0.5, window=window,
+                                                       softcap=softcap)
+            expected = reference(q, keys, values, tables, lengths, dim**-0.5, window, softcap)
+            torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
     finally:
         torch.set_num_threads(outer)
 
@@ -108,15 +110,15 @@ def test_rows_read_only_their_own_positions():
 
 
 def test_shapes_it_cannot_take_run_sdpa_instead():
-    assert not cpu_attention.supports(dtype=torch.bfloat16, heads=4, kv_heads=2, head_dim=64, softcap=None)
-    assert not cpu_attention.supports(dtype=torch.float32, heads=4, kv_heads=2, head_dim=64, softcap=50.0)
-    assert not cpu_attention.supports(dtype=torch.float32, heads=4, kv_heads=2, head_dim=24, softcap=None)
-    assert cpu_attention.supports(dtype=torch.float32, heads=4, kv_heads=2, head_dim=64, softcap=None)
+    assert not cpu_attention.supports(dtype=torch.bfloat16, heads=4, kv_heads=2, head_dim=64)
+    assert not cpu_attention.supports(dtype=torch.float32, heads=4, kv_heads=2, head_dim=24)
+    assert not cpu_attention.supports(dtype=torch.float32, heads=34, kv_heads=2, head_dim=64)  # 17 per KV head
+    assert cpu_attention.supports(dtype=torch.float32, heads=4, kv_heads=2, head_dim=64)
 
 
 @pytest.mark.parametrize("path", ["kernel", "mirror"])
 def test_the_engine_on_each_cpu_attention_path_is_greedy_token_exact_with_hf(tiny, path):
-    """Every tiny architecture under preemption (Gemma 2's capped layers always take the mirror)."""
+    """Every tiny architecture under preemption (Gemma 2's soft caps and windows included)."""
     model, tokenizer = tiny
     prompts, eos = chat_prompts(tokenizer), tokenizer.eos_token_id
     engine = NativeEngine(model, tokenizer, num_kv_blocks=tight_blocks(prompts, 40), decode_lanes=False)
@@ -126,7 +128,7 @@ def test_the_engine_on_each_cpu_attention_path_is_greedy_token_exact_with_hf(tin
     assert engine.preemptions > 0
     references = [hf_greedy(model, prompt, max_new_tokens=40, eos=eos) for prompt in prompts]
     assert [c.token_ids for c in completions] == [references[c.prompt_index] for c in completions]
-    kernel = path == "kernel" and model.config.model_type != "gemma2"
+    kernel = path == "kernel"
     assert engine.decoder.paged_cpu_attention == kernel
     assert (engine.mirror is None) == kernel  # the kernel reads the pool: no second copy of the keys
 

@@ -11,7 +11,8 @@
  * p % B; lengths [N] int64; out [N, H, D]. Grouped-query: query heads h*G .. h*G+G-1 read KV head h.
  *
  * Per (row, KV head) task, two passes over the row's positions t in [first, length):
- *   s[g][t] = scale * <q_g, k_t>          (pass 1 reads each key once for the G query heads)
+ *   s[g][t] = scale * <q_g, k_t>, or c tanh(s / c) with a soft cap c (Gemma 2); pass 1 reads each key once
+ *             for the G query heads
  *   m[g] = max_t s[g][t];  p = exp(s - m);  out_g = sum_t p[g][t] v_t / sum_t p[g][t]   (pass 2: values once)
  * with first = max(0, length - window) for a sliding window (window = 0: none).
  */
@@ -92,7 +93,7 @@ static inline void prefetch_block(const float *pool, const int32_t *table, int64
 
 static inline __attribute__((always_inline)) void attend_one(const float *q, const float *keys, const float *values, const int32_t *table,
                        int64_t first, int64_t length, int64_t head_offset, int64_t block_size, int64_t d,
-                       int64_t group, float scale, float *scores, float *out) {
+                       int64_t group, float scale, float softcap, float *scores, float *out) {
     int64_t span = length - first, blocks = (length + block_size - 1) / block_size;
     float maximum[MAX_GROUP], total[MAX_GROUP];
     for (int64_t g = 0; g < group; g++) maximum[g] = -INFINITY;
@@ -107,6 +108,7 @@ static inline __attribute__((always_inline)) void attend_one(const float *q, con
             const float *k = at.base + t * d;
             for (int64_t g = 0; g < group; g++) {
                 float s = scale * dot(q + g * d, k, d);
+                if (softcap > 0.0f) s = softcap * tanhf(s / softcap); /* Gemma 2: c tanh(s / c) */
                 scores[g * span + t] = s;
                 maximum[g] = s > maximum[g] ? s : maximum[g];
             }
@@ -148,8 +150,8 @@ static int blocks_in_pool(const int32_t *table, int64_t length, int64_t block_si
 int paged_decode_attention_f32(const float *q, const float *keys, const float *values, const int32_t *tables,
                                int64_t table_stride, const int64_t *lengths, float *out, int64_t rows,
                                int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t blocks,
-                               int64_t block_size, int64_t max_length, float scale, int64_t window,
-                               int threads) {
+                               int64_t block_size, int64_t max_length, float scale, float softcap,
+                               int64_t window, int threads) {
     int64_t group = heads / kv_heads;
     if (group > MAX_GROUP || group * kv_heads != heads || head_dim % LANES != 0) return -1;
     int failed = 0;
@@ -181,7 +183,7 @@ int paged_decode_attention_f32(const float *q, const float *keys, const float *v
             int64_t offset = h * blocks * block_size;
             /* A copy per common group size (H / KV of the models in use), with the group's loops unrolled. */
 #define ATTEND(G) attend_one(q_n, keys, values, table, first, length, offset, block_size, head_dim, G, scale, \
-                             scores, out_n)
+                             softcap, scores, out_n)
             switch (group) {
                 case 1: ATTEND(1); break;
                 case 2: ATTEND(2); break;
