@@ -82,13 +82,15 @@ class PagedKVCache:
 
     def write_prompt(self, blocks: list[int], kv: torch.Tensor, *, start: int) -> None:
         """Store positions ``start ..`` of a prompt's ``kv`` ``[layers, 2, KV, L, D]`` into its ``blocks`` (the
-        table's; ``start`` is a block boundary: the blocks before it were cached)."""
+        table's). Whole blocks are written, from the one ``start`` falls in: ``kv`` holds that block's earlier
+        positions too (a prefill returns its computed prefix with the new positions), so a chunk that starts
+        inside a block rewrites them with the values they already have."""
         size, length = self.block_size, kv.shape[3]
         first, count = start // size, -(-length // size) - start // size
         if count <= 0:
             return
         padded = kv.new_zeros(*kv.shape[:3], count * size, kv.shape[4])
-        padded[:, :, :, : length - start] = kv[:, :, :, start:]
+        padded[:, :, :, : length - first * size] = kv[:, :, :, first * size :]
         target = torch.tensor(blocks[first : first + count], device=self.data.device)
         self.data.index_copy_(3, target, padded.view(*kv.shape[:3], count, size, kv.shape[4]))
 
