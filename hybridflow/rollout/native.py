@@ -200,7 +200,8 @@ class NativeEngine:
 
     @property
     def token_budget(self) -> int:
-        """Tokens of one step (chunked prefill) or one prefill pass: ``max_num_batched_tokens`` or the device's default."""
+        """Tokens of one step (chunked prefill) or one prefill pass: ``max_num_batched_tokens``, or the device's
+        default."""
         if self.max_num_batched_tokens is not None:
             return self.max_num_batched_tokens
         return PREFILL_TOKEN_BUDGET_CUDA if self.device.type == "cuda" else PREFILL_TOKEN_BUDGET
@@ -474,8 +475,9 @@ class NativeEngine:
         positions through its blocks (a cached prefix or earlier chunks): store the new keys and values, name the
         full blocks for later reuse, and keep a finished prompt's last logits."""
         cache = run.cache
-        prompts = [torch.tensor(p.token_ids[start:end], dtype=torch.long, device=self.device) for p, start, end in batch]
-        computed = [cache.read_prefix(p.blocks.blocks, start) if start else None for p, start, _ in batch]
+        prompts = [torch.tensor(p.token_ids[start:end], dtype=torch.long, device=self.device)
+                   for p, start, end in batch]
+        computed = [cache.prefix(p.blocks.blocks, start) if start else None for p, start, _ in batch]
         for (pending, start, end), (logits, kv) in zip(batch, self.decoder.prefill_many(prompts, computed=computed)):
             cache.write_prompt(pending.blocks.blocks, kv, start=start)
             pending.blocks.name_full_blocks(pending.token_ids, end)
@@ -571,7 +573,7 @@ class GenerationRun:
         sequence.row = self.tables.take(sequence.blocks.blocks)
         if self.mirror is not None:  # its cached positions: the prompt and every token but the one to sample
             cached = sequence.prompt_length + len(sequence.token_ids)
-            self.mirror.load(len(self.live), self.cache.read_prefix(sequence.blocks.blocks, cached))
+            self.mirror.load(len(self.live), self.cache.prefix(sequence.blocks.blocks, cached))
         self.live.append(sequence)
 
     def append(self, sequence: Sequence, token: int, logprob: float) -> None:

@@ -31,7 +31,7 @@ def recorded_passes(engine, monkeypatch) -> list[tuple[int, int]]:
     passes, prefill_many = [], engine.decoder.prefill_many
 
     def recording(prompts, computed):
-        passes.append([(len(p), 0 if c is None else c.shape[3]) for p, c in zip(prompts, computed)])
+        passes.append([(len(p), 0 if c is None else c.length) for p, c in zip(prompts, computed)])
         return prefill_many(prompts, computed)
 
     monkeypatch.setattr(engine.decoder, "prefill_many", recording)
@@ -173,9 +173,9 @@ def test_the_trainer_passes_the_budget_and_chunking_to_the_native_engine(tiny_ll
     model, tokenizer = tiny_llama  # the worker owns its model (drops its projections): a copy each
     engine = _rollout_worker(copy.deepcopy(model), tokenizer, rollout_cfg()).engine
     assert engine.max_num_batched_tokens == 8192 and engine.chunked_prefill  # verl's defaults
-    engine = _rollout_worker(copy.deepcopy(model), tokenizer, rollout_cfg("actor_rollout_ref.rollout.max_num_seqs=3",
-                                                           "actor_rollout_ref.rollout.max_num_batched_tokens=9",
-                                                           "actor_rollout_ref.rollout.enable_chunked_prefill=False")).engine
+    cfg = rollout_cfg("actor_rollout_ref.rollout.max_num_seqs=3", "actor_rollout_ref.rollout.max_num_batched_tokens=9",
+                      "actor_rollout_ref.rollout.enable_chunked_prefill=False")
+    engine = _rollout_worker(copy.deepcopy(model), tokenizer, cfg).engine
     assert engine.max_num_batched_tokens == 9 and not engine.chunked_prefill and engine.token_budget == 9
 
 
