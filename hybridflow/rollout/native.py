@@ -458,17 +458,23 @@ class NativeEngine:
 
     def _prefill(self, run: GenerationRun, chunks: list[tuple[PendingPrompt, int, int]]) -> None:
         """Compute each chunk ``(prompt, start, end)`` in packed passes of at most :attr:`token_budget` tokens (a
-        longer chunk alone); with chunked prefill the chunks of a step fit one pass."""
-        batch, tokens = [], 0
-        for chunk in chunks:
-            width = chunk[2] - chunk[1]
-            if batch and tokens + width > self.token_budget:
+        longer chunk alone); with chunked prefill the chunks of a step fit one pass. Where the decoder has the
+        varlen FlashAttention prefill (CUDA, half precision), chunks that start at position 0 get passes of their
+        own: a pass with any earlier prefix to attend to (a later chunk, a prefix-cache hit) runs SDPA per prompt."""
+        groups = [chunks]
+        if self.decoder.varlen_prefill:
+            groups = [[c for c in chunks if c[1] == 0], [c for c in chunks if c[1] > 0]]
+        for group in groups:
+            batch, tokens = [], 0
+            for chunk in group:
+                width = chunk[2] - chunk[1]
+                if batch and tokens + width > self.token_budget:
+                    self._prefill_pass(run, batch)
+                    batch, tokens = [], 0
+                batch.append(chunk)
+                tokens += width
+            if batch:
                 self._prefill_pass(run, batch)
-                batch, tokens = [], 0
-            batch.append(chunk)
-            tokens += width
-        if batch:
-            self._prefill_pass(run, batch)
 
     def _prefill_pass(self, run: GenerationRun, batch: list[tuple[PendingPrompt, int, int]]) -> None:
         """One packed pass over positions ``start .. end - 1`` of each prompt, each attending to its first ``start``

@@ -75,6 +75,31 @@ def test_chunked_prefill_under_preemption_recomputes_to_hf(tiny_llama, monkeypat
     assert max(sum(computed for computed, _ in batch) for batch in passes) <= 11
 
 
+def test_fresh_prompts_keep_the_varlen_prefill_beside_later_chunks(tiny_llama, monkeypatch):
+    """Where prefill has the varlen FlashAttention call (CUDA, half precision; here its CPU stand-in), a step's
+    chunks that start at 0 go in a pass of their own: a pass with an earlier prefix runs SDPA per prompt."""
+    from tests.rollout.test_native import segment_sdpa
+
+    model, tokenizer = tiny_llama
+    short, long = chat_prompts(tokenizer), chat_prompts(tokenizer, [LONG])[0]
+    # Step 1: two short prompts and the long one's first chunk (14 + 19 + 23 and 4 decode tokens: 60), one varlen
+    # pass. Step 2: the long one's next 55 tokens and the last prompt's first token: two passes, not one.
+    prompts, eos = [short[0], short[2], long, short[3]], tokenizer.eos_token_id
+    params = SamplingParams(n=2, temperature=0, max_tokens=12, stop_token_ids=[eos], logprobs=True)
+    engine = NativeEngine(model, tokenizer, max_num_seqs=8, max_num_batched_tokens=60, enable_chunked_prefill=True,
+                          decode_lanes=False)
+    varlen_calls = []
+    monkeypatch.setattr(engine.decoder, "_varlen_attention", segment_sdpa(engine.decoder.scale, varlen_calls))
+    engine.decoder.varlen_prefill = engine.decoder.varlen_prefill_checked = True
+    passes = recorded_passes(engine, monkeypatch)
+    completions = engine.generate(prompts, params)
+    assert_hf_outputs(model, prompts, completions, params, eos)
+    assert passes[:3] == [[(14, 0), (19, 0), (23, 0)], [(1, 0)], [(55, 23)]]  # (tokens computed, before them)
+    assert all(len({before > 0 for _, before in batch}) == 1 for batch in passes)  # never fresh and later mixed
+    fresh = [batch for batch in passes if batch[0][1] == 0]
+    assert len(varlen_calls) == len(fresh) * model.config.num_hidden_layers and max(varlen_calls) == 3
+
+
 def step(engine, run) -> int:
     """One engine step (what ``generate`` and a streaming session run); the tokens it computed."""
     engine._admit(run)
