@@ -134,6 +134,23 @@ def test_each_step_stays_within_the_budget_while_live_rows_keep_decoding(tiny_ll
     assert len(run.live) == 3 and run.peak_step_tokens == 21
 
 
+def test_a_chunks_full_blocks_are_named_as_it_goes(tiny_llama):
+    """With prefix caching, the blocks a chunk fills are named at once: a prompt with the same start reuses them
+    while the first is still being prefilled."""
+    model, tokenizer = tiny_llama
+    long = chat_prompts(tokenizer, [LONG])[0]
+    engine = NativeEngine(model, tokenizer, max_num_seqs=2, max_num_batched_tokens=40, enable_chunked_prefill=True,
+                          prefix_cache_tokens=4096, decode_lanes=False)
+    run = engine.new_run(sequences=2, max_len=len(long) + 4, seed=0)
+    pending = PendingPrompt(0, long, 1, SamplingParams(n=1, temperature=0, max_tokens=4))
+    run.waiting.append(pending)
+    step(engine, run)
+    assert pending.prefilled == 40 and not pending.ready  # the budget, nothing decoding yet
+    assert [engine.allocator.block_of[key] for key in pending.blocks.keys] == pending.blocks.blocks[:2]  # 2 x 16
+    blocks, _ = engine.allocator.cached_prefix(long[:35] + [1, 2, 3])
+    assert blocks == pending.blocks.blocks[:2]
+
+
 def test_a_last_chunk_is_held_back_until_its_samples_decode_tokens_fit_too():
     pending = PendingPrompt(0, list(range(40)), 3, SamplingParams(n=3), prefilled=30)
     assert chunk_end(pending, 13, joining=3) == 40  # 10 tokens + 3 decode tokens: the last chunk
