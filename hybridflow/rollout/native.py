@@ -415,32 +415,37 @@ class NativeEngine:
         """Prefill the waiting prompts that get a row now, in queue order, while blocks for them (and a spare one
         per sample) are left; returns the tokens of ``allowance`` it spent.
 
-        Whole prompts when ``allowance`` is infinite. With chunked prefill, each prompt gets what ``allowance``
-        leaves after one decode token for each sample that joins in this step (:func:`chunk_end`): its last
-        chunk only when its own samples' decode tokens fit too."""
-        free, spent, chunks = run.max_num_seqs - len(run.live), 0, []
-        prefilling: dict[tuple[int, ...], PendingPrompt] = {}
+        Whole prompts when ``allowance`` is infinite. With chunked prefill, one decode token is set aside first for
+        each sample that may join in this step without a prefill of its own (a prompt already prefilled, the same
+        prompt again), then each prompt gets what is left (:func:`chunk_end`): its last chunk only when its own
+        samples' decode tokens fit too."""
+        admissible, free = [], run.max_num_seqs - len(run.live)
         for pending in run.waiting:
-            if free <= 0 or spent >= allowance:
+            if free <= 0:
                 break
-            joining, free = min(pending.remaining, free), free - pending.remaining
-            key = tuple(pending.token_ids)
-            if pending.ready or key in prefilling:  # joins in this step (a twin: with a fork of the first's blocks)
-                prefilling.setdefault(key, pending)
-                spent += joining
+            admissible.append((pending, min(pending.remaining, free)))
+            free -= pending.remaining
+        spent, first_of = 0, {}
+        for pending, joining in admissible:
+            first = first_of.setdefault(tuple(pending.token_ids), pending)
+            spent += joining if pending.ready or first is not pending else 0
+        chunks = []
+        for pending, joining in admissible:
+            if spent >= allowance:
+                break
+            if pending.ready or first_of[tuple(pending.token_ids)] is not pending:
                 continue
             if pending.blocks is None and not self._reserve_prompt(run, pending):
                 break
-            prefilling[key] = pending
             end = chunk_end(pending, allowance - spent, joining)
             if end == pending.prefilled:
                 break
             chunks.append((pending, pending.prefilled, end))
             spent += end - pending.prefilled + (joining if end == len(pending.token_ids) else 0)
         self._prefill(run, chunks)
-        for pending in run.waiting:  # the same prompt twice: the second shares the first's prefill
-            first = prefilling.get(tuple(pending.token_ids))
-            if pending.blocks is None and first is not None and first.ready:
+        for pending, _ in admissible:  # the same prompt again shares the first one's prefill
+            first = first_of[tuple(pending.token_ids)]
+            if first is not pending and first.ready and pending.blocks is None:
                 pending.blocks, pending.first_logits = first.blocks.fork(), first.first_logits
                 pending.prefilled = first.prefilled
         return spent

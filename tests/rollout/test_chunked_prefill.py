@@ -134,6 +134,23 @@ def test_each_step_stays_within_the_budget_while_live_rows_keep_decoding(tiny_ll
     assert len(run.live) == 3 and run.peak_step_tokens == 21
 
 
+def test_a_copy_of_the_prompt_has_its_decode_token_set_aside_before_the_prefill(tiny_llama):
+    """The same 14-token prompt twice, budget 15: the copy's sample will join on the first one's prefill, so its
+    decode token is set aside first; the whole prompt and two decode tokens (16) would not fit, so 13 go, then
+    the last token and both samples' first decode step (1 + 2)."""
+    model, tokenizer = tiny_llama
+    prompt = chat_prompts(tokenizer)[0]
+    engine = NativeEngine(model, tokenizer, max_num_seqs=2, max_num_batched_tokens=15, enable_chunked_prefill=True,
+                          decode_lanes=False)
+    run = engine.new_run(sequences=2, max_len=len(prompt) + 8, seed=0)
+    params = SamplingParams(n=1, temperature=0, max_tokens=8, ignore_eos=True)
+    run.waiting.extend([PendingPrompt(0, prompt, 1, params), PendingPrompt(1, prompt, 1, params)])
+    assert [step(engine, run), step(engine, run)] == [13, 1 + 2] and len(run.live) == 2
+    while run.live:
+        step(engine, run)
+    assert run.peak_step_tokens == 13 and [s.token_ids for s in run.done][0] == [s.token_ids for s in run.done][1]
+
+
 def test_a_chunks_full_blocks_are_named_as_it_goes(tiny_llama):
     """With prefix caching, the blocks a chunk fills are named at once: a prompt with the same start reuses them
     while the first is still being prefilled."""
