@@ -358,13 +358,14 @@ class NativeEngine:
         goes on at the next step. Admission goes in waves: every waiting sample that fits (a free row and a free
         block each) joins, and the first tokens of the whole wave are sampled in one call (one host sync, not one
         per prompt); samples that stop at their first token make room for the next wave."""
-        allowance = self.token_budget - len(run.live) if self.chunked_prefill else math.inf
         run.step_prefill = run.step_decode = 0
         while run.waiting and len(run.live) < run.max_num_seqs:
             if not run.waiting[0].ready:  # also when samples that stopped at once freed more room
+                # What the step has left: its budget less a decode token a row (those that joined so far included).
+                allowance = self.token_budget - len(run.live) - run.step_prefill if self.chunked_prefill else math.inf
                 if allowance <= 0:
                     return  # the step's budget is spent: the head's next chunk comes at the next step
-                allowance -= self._prefill_admissible(run, allowance)
+                self._prefill_admissible(run, allowance)
             wave = self._admission_wave(run)
             if not wave:
                 if run.live or run.waiting[0].blocks is not None:
@@ -411,9 +412,9 @@ class NativeEngine:
             run.waiting.popleft()
         return wave
 
-    def _prefill_admissible(self, run: GenerationRun, allowance: float) -> float:
+    def _prefill_admissible(self, run: GenerationRun, allowance: float) -> None:
         """Prefill the waiting prompts that get a row now, in queue order, while blocks for them (and a spare one
-        per sample) are left; returns the tokens of ``allowance`` it spent.
+        per sample) are left, spending at most ``allowance`` tokens with the decode tokens of the samples that join.
 
         Whole prompts when ``allowance`` is infinite. With chunked prefill, one decode token is set aside first for
         each sample that may join in this step without a prefill of its own (a prompt already prefilled, the same
@@ -448,7 +449,6 @@ class NativeEngine:
             if first is not pending and first.ready and pending.blocks is None:
                 pending.blocks, pending.first_logits = first.blocks.fork(), first.first_logits
                 pending.prefilled = first.prefilled
-        return spent
 
     @staticmethod
     def _reserve_prompt(run: GenerationRun, pending: PendingPrompt) -> bool:
