@@ -26,7 +26,7 @@ def mixed_prompts(tokenizer) -> list[list[int]]:
     return [chat_prompts(tokenizer, [LONG])[0], short[0], short[2], short[0]]
 
 
-def recorded_passes(engine, monkeypatch) -> list[tuple[int, int]]:
+def recorded_passes(engine, monkeypatch) -> list[list[tuple[int, int]]]:
     """``(tokens computed, tokens attended before them)`` of every prompt in every prefill pass, as it runs."""
     passes, prefill_many = [], engine.decoder.prefill_many
 
