@@ -111,7 +111,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--n", type=int, default=8, help="samples per prompt")
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--engines", default="native,hf,vllm",
-                        help="any of native, hf, vllm, and native-nolanes (the native engine without decode lanes)")
+                        help="any of native, hf, vllm, native-nolanes (the native engine without decode lanes) and "
+                             "native-mirror (CPU: SDPA over the slot mirror instead of the paged kernel)")
     parser.add_argument("--step-times", action="store_true",
                         help="time every native decode step and print the mean by live-row bucket")
     parser.add_argument("--quick", action="store_true", help="batch 16/64 and 64 new tokens")
@@ -346,6 +347,10 @@ def build_engines(names, model, tokenizer, model_path):
             from hybridflow.rollout.native import NativeEngine
 
             engines[name] = NativeEngine(model, tokenizer, decode_lanes=False)
+            continue
+        if name == "native-mirror":  # CPU: SDPA over the slot mirror, as where the paged kernel is not built
+            engines[name] = build_engine("native", model, tokenizer)
+            engines[name].decoder.paged_cpu_attention = False
             continue
         kwargs = {"model_path": model_path} if name == "vllm" else {}
         engines[name] = build_engine(name, model, tokenizer, **kwargs)

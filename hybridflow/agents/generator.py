@@ -1,20 +1,35 @@
-"""One engine, many agent loops: the turns of every conversation in flight are batched.
+"""One engine, many agent loops: every conversation's turns share the engine's decode steps.
 
-Each agent loop awaits ``generate(context_ids, max_tokens=...)`` for its next turn. The
-requests that arrive together (every loop that is not waiting on a tool) go to the engine
-as one batch, so a step's rollouts decode together turn after turn while slow tools run in
-threads; requests that arrive during an engine call form the next batch. The engine is
-synchronous and not re-entrant, so one lock serialises the calls; it runs in a thread so the
-event loop (and the tools' time-outs) keep going meanwhile.
+Each agent loop awaits ``generate(context_ids, max_tokens=...)`` for its next turn. Two ways to
+serve them, picked by the engine:
+
+- the native engine (:class:`QueuedTurns`): each turn goes into the engine's
+  :class:`~hybridflow.rollout.request_queue.RequestQueue` as it is asked for, a driver thread
+  steps the queue, and a turn that arrives while others decode joins at the next decode step; it
+  resolves as soon as its own completion ends, so its loop runs its tool while the other turns
+  decode on (no turn waits for a batch's longest response);
+- other backends (:class:`BatchedTurns`): the requests that arrive together (every loop that is
+  not waiting on a tool) go to ``engine.generate`` as one batch, and the requests that arrive
+  during an engine call form the next batch; one lock serialises the calls, which run in a
+  thread so the event loop (and the tools' time-outs) keep going meanwhile.
+
+Sampling is reproducible in both: with ``params.seed`` set, a queued turn samples from draws
+keyed by (a seed derived from ``params.seed`` and its context tokens, its token index), so the
+same seed and the same conversations give the same turns whenever each turn arrives; a batch
+is seeded from ``params.seed`` and the number of batches before it.
 """
 
 from __future__ import annotations
 
+import array
 import asyncio
+import hashlib
 import time
 from dataclasses import replace
 
 from hybridflow.rollout import Completion, SamplingParams
+from hybridflow.rollout.native import NativeEngine
+from hybridflow.rollout.request_queue import RequestQueue
 from hybridflow.tools.bounded import calls_in_flight
 
 READY_TICKS = 4
@@ -26,7 +41,75 @@ TOOL_WAIT_S = 0.02
 
 
 class TurnGenerator:
-    """``await generate(ids, max_tokens=k)`` -> one Completion, batched with the other loops' turns."""
+    """``await generate(ids, max_tokens=k)`` -> one Completion, decoded beside the other loops' turns.
+
+    Args:
+        engine: the rollout engine; a :class:`NativeEngine` serves turns from a request queue.
+        params: how every turn samples (``n`` is taken as 1; ``max_tokens`` comes per call).
+        max_len: longest context + turn any loop reaches (prompt_length + response_length; a turn is cut there);
+            with ``conversations`` it sizes the queue's KV cache. ``None``: the engine's ``max_model_len``.
+        conversations: loops that will ask for turns (each has at most one in flight); ``None``: the engine's
+            ``max_num_seqs``.
+    """
+
+    def __init__(self, engine, params: SamplingParams, *, max_len: int | None = None,
+                 conversations: int | None = None):
+        self.engine = engine
+        self.params = params
+        if isinstance(engine, NativeEngine):
+            self.turns = QueuedTurns(engine, params, max_len=max_len, conversations=conversations)
+        else:
+            self.turns = BatchedTurns(engine, params)
+
+    async def generate(self, prompt_ids: list[int], *, max_tokens: int) -> Completion:
+        return await self.turns.generate(list(prompt_ids), max_tokens=max_tokens)
+
+    def close(self) -> None:
+        """Stop serving: turns still queued get an error (a loop that failed ends the rollout)."""
+        self.turns.close()
+
+
+class QueuedTurns:
+    """Each turn a request of its own in the native engine's queue, submitted as it is asked for."""
+
+    def __init__(self, engine: NativeEngine, params: SamplingParams, *, max_len: int | None = None,
+                 conversations: int | None = None):
+        self.params = params
+        self.queue = RequestQueue(engine, max_len=max_len, sequences=conversations, keyed_draws=True)
+        self.seen: dict[bytes, int] = {}
+        """Context digest -> turns asked for with that context so far (rows repeated for n samples)."""
+        self.start_scheduled = False
+
+    async def generate(self, prompt_ids: list[int], *, max_tokens: int) -> Completion:
+        params = replace(self.params, n=1, max_tokens=max_tokens, seed=self.turn_seed(prompt_ids))
+        request = self.queue.submit(prompt_ids, params)
+        if not self.start_scheduled:  # once the loops that are ready now have submitted: one prefill for them
+            self.start_scheduled = True
+            asyncio.get_running_loop().call_soon(self.start)
+        (completion,) = await asyncio.wrap_future(request.future)
+        return completion
+
+    def start(self) -> None:
+        self.start_scheduled = False
+        self.queue.start()
+
+    def turn_seed(self, prompt_ids: list[int]) -> int | None:
+        """The seed of a turn: a hash of ``params.seed``, its context and how many turns had that context before
+        (the samples of one prompt, repeated rows, start from the same context and must differ)."""
+        if self.params.seed is None:
+            return None
+        context = hashlib.blake2b(array.array("q", prompt_ids).tobytes(), digest_size=16).digest()
+        occurrence = self.seen.get(context, 0)
+        self.seen[context] = occurrence + 1
+        key = array.array("q", [self.params.seed % 2**63, occurrence]).tobytes() + context
+        return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") % 2**63
+
+    def close(self) -> None:
+        self.queue.close()
+
+
+class BatchedTurns:
+    """The turns that arrive together as one ``engine.generate`` call (engines without a request queue)."""
 
     def __init__(self, engine, params: SamplingParams):
         self.engine = engine
@@ -38,10 +121,13 @@ class TurnGenerator:
 
     async def generate(self, prompt_ids: list[int], *, max_tokens: int) -> Completion:
         future = asyncio.get_running_loop().create_future()
-        self.pending.append((list(prompt_ids), max_tokens, future))
+        self.pending.append((prompt_ids, max_tokens, future))
         if self.drain is None:
             self.drain = asyncio.create_task(self._drain())
         return await future
+
+    def close(self) -> None:
+        """Nothing to stop: an engine call in flight ends with ``asyncio.run`` (its executor is joined)."""
 
     async def _drain(self) -> None:
         async with self.lock:
@@ -57,20 +143,23 @@ class TurnGenerator:
                 future.set_result(cut(completion, max_tokens))
 
     async def _gather_ready(self) -> None:
-        """Let the loops that are ready (or whose quick tool calls are about to answer) submit."""
-        for _ in range(READY_TICKS):
-            await asyncio.sleep(0)
+        """Let the loops that are ready (or whose quick tool calls are about to answer) submit: wait until
+        ``READY_TICKS`` event-loop turns in a row have passed with no tool call in flight (calls in flight are
+        waited for up to ``TOOL_WAIT_S``). A loop whose call has just answered needs a few turns to ask for its
+        next turn, also when its call answers during the first turns of this wait."""
         deadline = time.monotonic() + TOOL_WAIT_S
-        if not calls_in_flight():
-            return
-        while calls_in_flight() and time.monotonic() < deadline:
-            await asyncio.sleep(0.0005)
-        for _ in range(READY_TICKS):
-            await asyncio.sleep(0)
+        quiet = 0
+        while quiet < READY_TICKS:
+            if calls_in_flight() and time.monotonic() < deadline:
+                quiet = 0
+                await asyncio.sleep(0.0005)
+            else:
+                quiet += 1
+                await asyncio.sleep(0)
 
     def _generate(self, batch) -> list[Completion]:
-        """One engine call for all requests. The native engine takes each request's own budget (a turn
-        with little budget left stops there and frees its slot); other backends run the largest budget
+        """One engine call for all requests. An engine that takes params per prompt gets each request's own
+        budget (a turn with little budget left stops there and frees its slot); others run the largest budget
         and each completion is cut to its own after."""
         seed = None if self.params.seed is None else (self.params.seed + 7919 * self.engine_calls) % 2**63
         self.engine_calls += 1

@@ -58,8 +58,13 @@ class AgentLoopManager:
         call_end = CALL_END_STRINGS.get(self.context.settings.format)
         if self.context.settings.stop_after_tool_call and call_end:
             params = replace(params, stop=[*params.stop, call_end])
-        generator = TurnGenerator(self.engine, params)
-        outputs = list(await asyncio.gather(*(self.loop(row).run(row, generator) for row in rows)))
+        settings = self.context.settings
+        generator = TurnGenerator(self.engine, params, max_len=settings.prompt_length + settings.response_length,
+                                  conversations=len(rows))
+        try:
+            outputs = list(await asyncio.gather(*(self.loop(row).run(row, generator) for row in rows)))
+        finally:
+            generator.close()  # a loop that raised leaves the others' turns queued: they end here, not later
         self.context.tool_health.report()  # a tool that failed on every call: one console line
         return outputs
 

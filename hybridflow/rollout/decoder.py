@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from hybridflow.errors import RolloutError
+from hybridflow.rollout import cpu_attention
 from hybridflow.rollout.architectures import ARCHITECTURES, hidden_activation, layer_windows, unsupported_reason
 from hybridflow.rollout.attention_variants import attention, decode_mask, prefill_mask
 from hybridflow.models.segment_attention import kv_heads
@@ -113,6 +114,11 @@ class LlamaFamilyDecoder:
                                and self.plain_attention())
         """Whether prefill attention is one varlen FlashAttention call a layer (CUDA, half precision)."""
         self.varlen_prefill_checked = False
+        self.paged_cpu_attention = weight.device.type == "cpu" and cpu_attention.supports(
+            dtype=weight.dtype, heads=self.num_heads, kv_heads=self.kv_heads, head_dim=self.head_dim,
+            softcap=self.attn_softcap)
+        """Whether a CPU decode step's attention reads the pool through the block tables (the C kernel of
+        :mod:`hybridflow.rollout.cpu_attention`); otherwise SDPA over a contiguous span (the engine's slot mirror)."""
         self.released = False  # whether the module's projection weights were dropped (release_module_projections)
         self.refresh()
 
@@ -475,7 +481,10 @@ class LlamaFamilyDecoder:
         rows = cache.write_rows(positions, block_tables)
         if context is not None:  # only the blocks the longest row reaches
             block_tables = block_tables[:, : -(-context // cache.block_size)]
-        attend = self._decode_attention(positions=positions, cache=cache, block_tables=block_tables)
+        if context is not None and self.paged_cpu_attention and isinstance(cache, PagedKVCache):
+            attend = self._paged_cpu_attention(positions=positions, cache=cache, block_tables=block_tables)
+        else:
+            attend = self._decode_attention(positions=positions, cache=cache, block_tables=block_tables)
         hidden = self._embed(token_ids)
         for index, layer in enumerate(self.layers):
             q, k, v = self._qkv(self._rms_norm(hidden, layer.input_norm), layer, *rope[self.rope_kinds[index]])
@@ -509,6 +518,19 @@ class LlamaFamilyDecoder:
             normed, hidden = add_rms_norm(x=layer.down(silu_mul(layer.gate_up(normed))), residual=hidden,
                                           weight=following, eps=self.eps)
         return self.lm_head(normed)
+
+    def _paged_cpu_attention(self, *, positions: torch.Tensor, cache: PagedKVCache, block_tables: torch.Tensor):
+        """``attend(q [N, H, D], layer, window) -> [N, H * D]``: each row over its own ``positions[n] + 1`` keys,
+        read through ``block_tables`` from the pool (:func:`cpu_attention.paged_decode_attention`)."""
+        lengths = positions + 1
+
+        def attend(q, layer, window):
+            keys, values = cache.layer(layer)
+            out = cpu_attention.paged_decode_attention(q=q, keys=keys, values=values, block_tables=block_tables,
+                                                       lengths=lengths, scale=self.scale, window=window)
+            return out.reshape(q.shape[0], -1)
+
+        return attend
 
     def _decode_attention(self, *, positions: torch.Tensor, cache: PagedKVCache, block_tables: torch.Tensor):
         """``attend(q [N, H, D], layer, window) -> [N, H * D]`` for this step: attention over the blocks of

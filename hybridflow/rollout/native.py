@@ -22,7 +22,11 @@ Where HF ``generate`` loses time in RL rollouts, and what this engine does inste
   batch after its last chunk, so a long prompt never stalls the live rows' decode for more than one budget.
 
 Sampling runs on the device with a ``torch.Generator`` seeded from
-``SamplingParams.seed``, so a fixed seed and the same inputs give the same outputs.
+``SamplingParams.seed``, so a fixed seed and the same inputs give the same outputs; a run with
+``keyed_draws`` draws each token from its request's seed and its token index instead, so it does not
+depend on which requests shared its steps. ``generate`` submits its prompts to a
+:class:`~hybridflow.rollout.request_queue.RequestQueue` and drains it: the streaming sessions and the
+agent loops' turns go through the same queue and the same ``_admit`` / ``_step``.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from hybridflow.rollout.cuda_graphs import DecodeGraphs
 from hybridflow.rollout.decoder import LlamaFamilyDecoder
 from hybridflow.rollout.kv_cache import MirroredCache, PagedKVCache, SlotMirror
 from hybridflow.rollout.lanes import DecodeLanes
-from hybridflow.rollout.sampler import RowSampling, draw_uniform, sample_tokens
+from hybridflow.rollout.sampler import RowSampling, draw_uniform, keyed_uniform, sample_tokens
 from hybridflow.rollout.stopping import StopChecker
 from hybridflow.rollout.types import Completion, SamplingParams, validate_prompts
 
@@ -222,20 +226,16 @@ class NativeEngine:
         ``params`` is one ``SamplingParams`` for every prompt, or one per prompt (each request
         samples with its own temperature, filters, length and stops, in the same batch).
         """
+        from hybridflow.rollout.request_queue import RequestQueue  # the queue is built on this module's run
+
         validate_prompts(prompt_token_ids, max_model_len=self.max_model_len)
         per_prompt = params_per_prompt(params, len(prompt_token_ids))
         capacity = min(self.max_model_len, max(len(p) + q.max_tokens for p, q in zip(prompt_token_ids, per_prompt)))
-        run = self.new_run(sequences=sum(q.n for q in per_prompt), max_len=capacity,
-                           seed=next((q.seed for q in per_prompt if q.seed is not None), None))
-        run.waiting.extend(PendingPrompt(i, list(p), q.n, q) for i, (p, q) in enumerate(zip(prompt_token_ids, per_prompt)))
-        while run.waiting or run.live:
-            self._admit(run)
-            if run.live:
-                self._step(run)
-        self.preemptions += run.preemptions
-        run.done.sort(key=lambda s: (s.prompt_index, s.output_index))
-        return [Completion(s.token_ids, s.logprobs if s.params.logprobs else None, s.finish_reason, s.prompt_index)
-                for s in run.done]
+        queue = RequestQueue(self, max_len=capacity, sequences=sum(q.n for q in per_prompt),
+                             seed=next((q.seed for q in per_prompt if q.seed is not None), None))
+        requests = [queue.submit(p, q) for p, q in zip(prompt_token_ids, per_prompt)]
+        queue.drain()
+        return [completion for request in requests for completion in request.future.result()]
 
     def new_run(self, *, sequences: int, max_len: int, seed: int | None) -> GenerationRun:
         """An empty :class:`GenerationRun` over a cache reserved for ``sequences`` sequences of ``max_len``; at most
@@ -249,10 +249,11 @@ class NativeEngine:
                              mirror=self._mirror_for(cache, rows))
 
     def _mirror_for(self, cache: PagedKVCache, rows: int) -> SlotMirror | None:
-        """On CPU, the :class:`SlotMirror` SDPA reads, with ``rows`` rows (reused while it is large enough; its
+        """On CPU without the paged kernel (:mod:`hybridflow.rollout.cpu_attention`), the :class:`SlotMirror` SDPA
+        reads, with ``rows`` rows (reused while it is large enough; its
         untouched pages cost nothing); ``None`` elsewhere."""
-        if self.device.type != "cpu":
-            return None
+        if self.device.type != "cpu" or self.decoder.paged_cpu_attention:
+            return None  # attention reads the pool itself
         span, dtype = cache.table_width * cache.block_size, self.decoder.embed.dtype
         if self.mirror is None or not self.mirror.fits(rows=rows, max_len=span, dtype=dtype):
             self.mirror = None  # free the old one first
@@ -381,7 +382,8 @@ class NativeEngine:
         rows = RowSampling.of([pending.params for pending, count in wave for _ in range(count)],
                               vocab_size=self.decoder.vocab_size, device=self.device)
         logits = torch.cat([pending.first_logits[None].expand(count, -1) for pending, count in wave])
-        tokens, logprobs = sample_tokens(logits=logits, params=rows, generator=run.generator)
+        uniform = None if rows.all_greedy else run.wave_uniform(wave, device=self.device)
+        tokens, logprobs = sample_tokens(logits=logits, params=rows, uniform=uniform)
         drawn = zip(tokens.tolist(), logprobs.tolist())
         for pending, count in wave:
             output_start = pending.params.n - pending.remaining
@@ -508,7 +510,7 @@ class NativeEngine:
         run.peak_step_tokens = max(run.peak_step_tokens, run.step_prefill + count)
         rows = run.row_sampling(vocab_size=self.decoder.vocab_size, device=self.device)
         # Drawn here for the whole batch, so the draws do not depend on how it is split.
-        uniform = None if rows.all_greedy else draw_uniform(rows=count, generator=run.generator, device=self.device)
+        uniform = None if rows.all_greedy else run.step_uniform(device=self.device)
         positions = [s.position for s in run.live]
         inputs = run.step_inputs(positions, device=self.device)
         if self.lanes is None:
@@ -561,7 +563,11 @@ class GenerationRun:
     """The most tokens (prefill + decode) one step of this run computed: at most the engine's budget with
     chunked prefill."""
     _rows: RowSampling | None = None
-    _rows_of: list[int] = field(default_factory=list)
+    _rows_of: list[SamplingParams] = field(default_factory=list)
+    keyed_draws: bool = False
+    """Sample with :func:`~hybridflow.rollout.sampler.keyed_uniform` draws keyed by (request seed, sample, token
+    index) instead of the run's generator in row order: a request's tokens then do not depend on which requests
+    shared its steps (a request queue whose requests arrive at times the engine does not choose)."""
 
     def stop_checker(self, params: SamplingParams) -> StopChecker:
         checker = self.stop_checkers.get(id(params))
@@ -569,12 +575,40 @@ class GenerationRun:
             checker = self.stop_checkers[id(params)] = StopChecker(params=params, tokenizer=self.tokenizer)
         return checker
 
+    def forget(self, params: SamplingParams) -> None:
+        """Drop ``params``' stop checker (its request ended; a later ``SamplingParams`` may reuse its id)."""
+        self.stop_checkers.pop(id(params), None)
+
+    def step_uniform(self, *, device) -> torch.Tensor:
+        """``[N, 1]`` draws for the live rows' next tokens."""
+        if not self.keyed_draws:
+            return draw_uniform(rows=len(self.live), generator=self.generator, device=device)
+        return self._keyed([(s.params.seed, s.output_index, len(s.token_ids)) for s in self.live], device)
+
+    def wave_uniform(self, wave: list[tuple[PendingPrompt, int]], *, device) -> torch.Tensor:
+        """``[N, 1]`` draws for the first tokens of an admission wave's samples, in wave order."""
+        if not self.keyed_draws:
+            return draw_uniform(rows=sum(count for _, count in wave), generator=self.generator, device=device)
+        keys = []
+        for pending, count in wave:
+            if pending.resumed is not None:  # a preempted sample: its own output index, its next token's index
+                keys.append((pending.params.seed, pending.resumed.output_index, len(pending.resumed.token_ids)))
+                continue
+            first = pending.params.n - pending.remaining
+            keys += [(pending.params.seed, first + offset, 0) for offset in range(count)]
+        return self._keyed(keys, device)
+
+    @staticmethod
+    def _keyed(keys: list[tuple[int, int, int]], device) -> torch.Tensor:
+        return keyed_uniform(torch.tensor(keys, dtype=torch.long)).to(device)
+
     def row_sampling(self, *, vocab_size: int, device) -> RowSampling:
         """The live rows' sampling parameters on the device; rebuilt only when the rows' params change."""
-        key = [id(s.params) for s in self.live]
-        if self._rows is None or key != self._rows_of:
-            self._rows = RowSampling.of([s.params for s in self.live], vocab_size=vocab_size, device=device)
-            self._rows_of = key
+        params = [s.params for s in self.live]
+        if self._rows is None or len(params) != len(self._rows_of) or any(
+                a is not b for a, b in zip(params, self._rows_of)):
+            self._rows = RowSampling.of(params, vocab_size=vocab_size, device=device)
+            self._rows_of = params  # held, so no other SamplingParams can take these ids meanwhile
         return self._rows
 
     def join(self, sequence: Sequence) -> None:

@@ -244,3 +244,43 @@ def _inverse_cdf_sample(*, logits: torch.Tensor, uniform: torch.Tensor) -> tuple
     logprobs = logits.gather(-1, tokens[:, None]) - peak - total.log()
     return tokens, logprobs.squeeze(-1)
 
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def _signed64(value: int) -> int:
+    """``value`` mod 2**64 as the int64 with the same bits."""
+    value &= _MASK64
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+_GOLDEN, _MIX1, _MIX2 = (_signed64(c) for c in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB))
+
+
+def _shift_right(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical right shift of int64 bits (torch's ``>>`` on int64 is arithmetic)."""
+    return (x >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def _splitmix64(x: torch.Tensor) -> torch.Tensor:
+    """SplitMix64's finaliser (Steele et al. 2014) on int64 ``[N]``, multiplications wrapping mod 2**64."""
+    x = (x ^ _shift_right(x, 30)) * _MIX1
+    x = (x ^ _shift_right(x, 27)) * _MIX2
+    return x ^ _shift_right(x, 31)
+
+
+def keyed_uniform(keys: torch.Tensor) -> torch.Tensor:
+    """``[N, 1]`` fp32 draws from ``U[0, 1)``, each a function of its row's key alone.
+
+    ``keys`` ``[N, 3]`` int64 holds ``(seed, sample index, token index)``; the draw is
+    ``h >> 40`` scaled by ``2**-24`` with ``h = mix(mix(mix(seed) + sample) + token)``, ``mix``
+    SplitMix64's finaliser (``+`` adds the golden-ratio increment too). A token's draw then does
+    not depend on which other rows share its decode step, on when its request was admitted, or
+    on a preemption: what a request samples is fixed by its seed and its inputs.
+    """
+    h = keys[:, 0]
+    for column in (1, 2):
+        h = _splitmix64(h + _GOLDEN) + keys[:, column]
+    h = _splitmix64(h + _GOLDEN)
+    return (_shift_right(h, 40).to(torch.float32) * 2.0**-24)[:, None]

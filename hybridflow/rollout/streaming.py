@@ -16,7 +16,9 @@ generation running between calls instead:
 Every token carries the log-probability it was sampled with (the behaviour policy) and
 the version of the weights that sampled it, so an off-policy trainer can correct for it.
 
-The session and ``generate`` share the engine's KV cache: use one at a time.
+The session is a :class:`~hybridflow.rollout.request_queue.RequestQueue` that its caller steps,
+as ``generate`` is one that it drains: one code path admits and decodes for both. They share the
+engine's KV cache: use one at a time.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from dataclasses import dataclass, field
 
 
 from hybridflow.errors import RolloutError
-from hybridflow.rollout.native import NativeEngine, PendingPrompt, Sequence
+from hybridflow.rollout.native import GenerationRun, NativeEngine, PendingPrompt, Sequence
+from hybridflow.rollout.request_queue import RequestQueue
 from hybridflow.rollout.types import SamplingParams, validate_prompts
 
 
@@ -80,15 +83,17 @@ class StreamingSession:
         self.params = params
         self.weight_version = weight_version
         self.max_prompt_length = max_prompt_length
-        capacity = min(engine.max_model_len, max_prompt_length + params.max_tokens)
-        self.run = engine.new_run(sequences=engine.max_num_seqs, max_len=capacity, seed=params.seed)
+        self.queue = RequestQueue(engine, max_len=max_prompt_length + params.max_tokens, seed=params.seed)
         self.requests: dict[int, _Request] = {}
-        self._next_index = 0
+
+    @property
+    def run(self) -> GenerationRun:
+        return self.queue.run
 
     @property
     def idle(self) -> bool:
         """Nothing is waiting or decoding."""
-        return not self.run.waiting and not self.run.live
+        return self.queue.idle
 
     @property
     def live_request_ids(self) -> list[Hashable]:
@@ -101,19 +106,14 @@ class StreamingSession:
         if len(prompt_ids) > self.max_prompt_length:
             raise RolloutError(f"prompt of {len(prompt_ids)} tokens is longer than the session's max_prompt_length "
                                f"{self.max_prompt_length}; open the session with a larger max_prompt_length")
-        index = self._next_index
-        self._next_index += 1
-        self.requests[index] = _Request(request_id, list(prompt_ids))
-        self.run.waiting.append(PendingPrompt(index, list(prompt_ids), self.params.n, self.params))
+        request = self.queue.submit(prompt_ids, self.params)
+        self.queue.take_inbox()  # waiting now, as in the order of calls
+        self.requests[request.index] = _Request(request_id, list(prompt_ids))
 
     def step(self) -> list[StreamedCompletion]:
         """Admit waiting samples, decode one token for every live one, and
         return the completions that ended."""
-        self.engine._admit(self.run)
-        if self.run.live:
-            self.engine._step(self.run)
-        finished, self.run.done = self.run.done, []
-        return [self._finish(sequence) for sequence in finished]
+        return [self._finish(sequence) for sequence in self.queue.step()]
 
     def stream(self) -> Iterator[StreamedCompletion]:
         """Step until idle, yielding each completion as it ends."""
@@ -159,8 +159,7 @@ class StreamingSession:
         for index, request in self.requests.items():
             if request.request_id == item.request_id and request.prompt_ids == item.prompt_ids:
                 return index
-        index = self._next_index  # paused in another session (e.g. restored from a checkpoint)
-        self._next_index += 1
+        index = self.queue.new_index()  # paused in another session (e.g. restored from a checkpoint)
         self.requests[index] = _Request(item.request_id, list(item.prompt_ids))
         return index
 

@@ -45,7 +45,8 @@ class SamplingParams:
     """Strings that end a completion once its decoded text contains one."""
     seed: int | None = None
     """Seed of the sampling generator; the same seed and inputs give the same outputs (with one
-    ``SamplingParams`` per prompt, the first seed given seeds the whole call)."""
+    ``SamplingParams`` per prompt, the first seed given seeds the whole call; in a request queue with keyed
+    draws, as the agent loops' turns use, each request's seed keys its own draws)."""
     logprobs: bool = True
     """Return per-token log-probabilities."""
 

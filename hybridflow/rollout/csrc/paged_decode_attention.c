@@ -1,0 +1,201 @@
+/* Decode attention over the paged KV cache on CPU, fp32: each row reads its own keys and values once.
+ *
+ * Built at first use by hybridflow/rollout/cpu_attention.py (gcc -O3 -march=native -fopenmp), loaded with
+ * ctypes. Why a kernel of its own: SDPA over the cache needs one key span for the whole batch (every row
+ * reads up to the longest row's length, ~1.5x the bytes in an RL batch) and a contiguous layout (the
+ * blocks gathered, or a slot-layout mirror kept beside the pool); and with 3 query heads per KV head its
+ * tiny matmuls ran at ~40 % of the bandwidth a plain sum reaches (docs/benchmarks.md).
+ *
+ * Shapes (all contiguous except the table's row stride): q [N, H, D]; keys, values [KV, blocks, B, D] (one
+ * layer of the pool); tables [N, table_stride] int32, position p of row n at block tables[n][p / B], offset
+ * p % B; lengths [N] int64; out [N, H, D]. Grouped-query: query heads h*G .. h*G+G-1 read KV head h.
+ *
+ * Per (row, KV head) task, two passes over the row's positions t in [first, length):
+ *   s[g][t] = scale * <q_g, k_t>          (pass 1 reads each key once for the G query heads)
+ *   m[g] = max_t s[g][t];  p = exp(s - m);  out_g = sum_t p[g][t] v_t / sum_t p[g][t]   (pass 2: values once)
+ * with first = max(0, length - window) for a sliding window (window = 0: none).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define LANES 16
+#define MAX_GROUP 16
+
+/* exp(x) for x <= 0 (Cephes' expf: x = n ln2 + r, |r| <= ln2 / 2, a degree-6 polynomial in r, times 2^n),
+ * branch-free so that the loops calling it vectorise; within 2 ulp of expf. */
+static inline float exp_nonpositive(float x) {
+    x = x < -87.0f ? -87.0f : x;
+    float n = floorf(x * 1.44269504088896341f + 0.5f);
+    float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    union { int32_t i; float f; } scale;
+    scale.i = ((int32_t)n + 127) << 23;
+    return p * scale.f;
+}
+
+/* LANES floats in one vector (GCC splits it into two on AVX2 machines). */
+typedef float vec16 __attribute__((vector_size(64)));
+static inline vec16 load16(const float *p) {
+    vec16 x;
+    memcpy(&x, p, sizeof x);
+    return x;
+}
+
+/* <a, b> over D floats (vectorised by the compiler, which may reassociate the sum: -fassociative-math). */
+static inline float dot(const float *a, const float *b, int64_t d) {
+    float total = 0.0f;
+    for (int64_t i = 0; i < d; i++) total += a[i] * b[i];
+    return total;
+}
+
+static inline float sum(const float *x, int64_t n) {
+    float total = 0.0f;
+    for (int64_t i = 0; i < n; i++) total += x[i];
+    return total;
+}
+
+/* The positions [lo, hi) of a row that block `index` of its table holds, and where they lie. */
+typedef struct {
+    const float *base;
+    int64_t lo, hi;
+} BlockSpan;
+
+static inline BlockSpan block_span(const float *pool, const int32_t *table, int64_t index, int64_t first,
+                                   int64_t length, int64_t head_offset, int64_t block_size, int64_t d) {
+    int64_t start = index * block_size;
+    BlockSpan span;
+    span.lo = first > start ? first : start;
+    span.hi = length < start + block_size ? length : start + block_size;
+    /* position t of the block at base + (t - first) * d, so that callers index by t - first */
+    span.base = pool + (head_offset + (int64_t)table[index] * block_size + (first - start)) * d;
+    return span;
+}
+
+/* Ask for block `index` of the table while the one before it is read: a block's positions are one
+ * contiguous run (block_size x D floats), but consecutive blocks lie anywhere in the pool, where the hardware
+ * prefetcher does not follow (the kernel stalled on the first lines of every block). */
+static inline void prefetch_block(const float *pool, const int32_t *table, int64_t index, int64_t blocks,
+                                  int64_t head_offset, int64_t block_size, int64_t d) {
+    if (index >= blocks) return;
+    const char *start = (const char *)(pool + (head_offset + (int64_t)table[index] * block_size) * d);
+    for (int64_t byte = 0; byte < (int64_t)sizeof(float) * block_size * d; byte += 64)
+        __builtin_prefetch(start + byte, 0, 3);
+}
+
+static inline __attribute__((always_inline)) void attend_one(const float *q, const float *keys, const float *values, const int32_t *table,
+                       int64_t first, int64_t length, int64_t head_offset, int64_t block_size, int64_t d,
+                       int64_t group, float scale, float *scores, float *out) {
+    int64_t span = length - first, blocks = (length + block_size - 1) / block_size;
+    float maximum[MAX_GROUP], total[MAX_GROUP];
+    for (int64_t g = 0; g < group; g++) maximum[g] = -INFINITY;
+    /* Walked block by block, so that no position pays a division. */
+    for (int64_t index = first / block_size; index < blocks; index++) {
+        BlockSpan at = block_span(keys, table, index, first, length, head_offset, block_size, d);
+        if (index + 1 < blocks)
+            prefetch_block(keys, table, index + 1, blocks, head_offset, block_size, d);
+        else /* the values' first block, read next */
+            prefetch_block(values, table, first / block_size, blocks, head_offset, block_size, d);
+        for (int64_t t = at.lo - first; t < at.hi - first; t++) {
+            const float *k = at.base + t * d;
+            for (int64_t g = 0; g < group; g++) {
+                float s = scale * dot(q + g * d, k, d);
+                scores[g * span + t] = s;
+                maximum[g] = s > maximum[g] ? s : maximum[g];
+            }
+        }
+    }
+    for (int64_t g = 0; g < group; g++) {
+        float *row = scores + g * span, m = maximum[g];
+        for (int64_t t = 0; t < span; t++) row[t] = exp_nonpositive(row[t] - m);
+        total[g] = sum(row, span);
+    }
+    /* Values 16 dims at a time, the group's sums held in registers: each line of a value row is read once,
+     * and no partial sum goes back to memory between positions. */
+    for (int64_t chunk = 0; chunk < d; chunk += LANES) {
+        vec16 acc[MAX_GROUP];
+        for (int64_t g = 0; g < group; g++) acc[g] = (vec16){0};
+        for (int64_t index = first / block_size; index < blocks; index++) {
+            BlockSpan at = block_span(values, table, index, first, length, head_offset, block_size, d);
+            if (chunk == 0) prefetch_block(values, table, index + 1, blocks, head_offset, block_size, d);
+            for (int64_t t = at.lo - first; t < at.hi - first; t++) {
+                vec16 v = load16(at.base + t * d + chunk);
+                for (int64_t g = 0; g < group; g++) acc[g] += scores[g * span + t] * v;
+            }
+        }
+        for (int64_t g = 0; g < group; g++) {
+            vec16 o = acc[g] / total[g];
+            memcpy(out + g * d + chunk, &o, sizeof o);
+        }
+    }
+}
+
+static int blocks_in_pool(const int32_t *table, int64_t length, int64_t block_size, int64_t blocks) {
+    for (int64_t index = 0; index * block_size < length; index++)
+        if (table[index] < 0 || table[index] >= blocks) return 0;
+    return 1;
+}
+
+/* Returns 0, or -1 for inputs it refuses: a group it cannot take, a row longer than max_length, or a block id
+ * outside the pool. */
+int paged_decode_attention_f32(const float *q, const float *keys, const float *values, const int32_t *tables,
+                               int64_t table_stride, const int64_t *lengths, float *out, int64_t rows,
+                               int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t blocks,
+                               int64_t block_size, int64_t max_length, float scale, int64_t window,
+                               int threads) {
+    int64_t group = heads / kv_heads;
+    if (group > MAX_GROUP || group * kv_heads != heads || head_dim % LANES != 0) return -1;
+    int failed = 0;
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+        float *scores = malloc(sizeof(float) * group * (max_length > 0 ? max_length : 1));
+        if (scores == NULL) failed = 1;
+#pragma omp for schedule(static)
+        for (int64_t task = 0; task < rows * kv_heads; task++) {
+            if (scores == NULL) continue;
+            int64_t n = task / kv_heads, h = task % kv_heads, length = lengths[n];
+            int64_t first = window > 0 && length > window ? length - window : 0;
+            if (length - first > max_length || !blocks_in_pool(tables + n * table_stride, length, block_size, blocks)) {
+                failed = 1; /* never read outside the pool */
+                continue;
+            }
+            if (task + 1 < rows * kv_heads) { /* the next task's first keys, while this one runs */
+                int64_t next_n = (task + 1) / kv_heads, next_h = (task + 1) % kv_heads;
+                int64_t next_length = lengths[next_n];
+                int64_t next_first = window > 0 && next_length > window ? next_length - window : 0;
+                const int32_t *next_table = tables + next_n * table_stride;
+                if (next_length > 0 && blocks_in_pool(next_table, next_length, block_size, blocks))
+                    prefetch_block(keys, next_table, next_first / block_size, (next_length + block_size - 1) / block_size,
+                                   next_h * blocks * block_size, block_size, head_dim);
+            }
+            const float *q_n = q + (n * heads + h * group) * head_dim;
+            const int32_t *table = tables + n * table_stride;
+            float *out_n = out + (n * heads + h * group) * head_dim;
+            int64_t offset = h * blocks * block_size;
+            /* A copy per common group size (H / KV of the models in use), with the group's loops unrolled. */
+#define ATTEND(G) attend_one(q_n, keys, values, table, first, length, offset, block_size, head_dim, G, scale, \
+                             scores, out_n)
+            switch (group) {
+                case 1: ATTEND(1); break;
+                case 2: ATTEND(2); break;
+                case 3: ATTEND(3); break;
+                case 4: ATTEND(4); break;
+                case 5: ATTEND(5); break;
+                case 6: ATTEND(6); break;
+                case 7: ATTEND(7); break;
+                case 8: ATTEND(8); break;
+                default: ATTEND(group);
+            }
+#undef ATTEND
+        }
+        free(scores);
+    }
+    return failed ? -1 : 0;
+}

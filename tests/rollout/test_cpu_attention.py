@@ -1,0 +1,138 @@
+"""The CPU paged decode-attention kernel: hand-computed values, SDPA over the gathered blocks, and the engine on
+both paths (the kernel, and SDPA over the slot mirror that runs where no compiler is found)."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hybridflow.rollout import SamplingParams, cpu_attention
+from hybridflow.rollout.native import NativeEngine
+from tests.rollout.conftest import chat_prompts
+from tests.rollout.test_native import hf_greedy
+from tests.rollout.test_paged_engine import tight_blocks
+
+pytestmark = pytest.mark.skipif(cpu_attention.kernel() is None, reason="no C compiler: the kernel is not built")
+
+
+def reference(q, keys, values, tables, lengths, scale, window=None):
+    """SDPA over each row's gathered blocks, positions past its length (or before its window) masked."""
+    rows, heads, dim = q.shape
+    kv_heads, _, block, _ = keys.shape
+    span = tables.shape[1] * block
+    flat = tables.reshape(-1).long()
+
+    def gather(part):
+        return part.index_select(1, flat).view(kv_heads, rows, span, dim).transpose(0, 1)
+
+    key = torch.arange(span)[None]
+    hidden = key >= lengths[:, None]
+    if window is not None:
+        hidden |= key < lengths[:, None] - window
+    mask = torch.zeros(rows, 1, 1, span).masked_fill_(hidden[:, None, None], float("-inf"))
+    grouped = q.view(rows, kv_heads, heads // kv_heads, dim)
+    out = F.scaled_dot_product_attention(grouped, gather(keys), gather(values), attn_mask=mask, scale=scale)
+    return out.reshape(rows, heads, dim)
+
+
+def test_one_row_by_hand():
+    """One head, two positions in two blocks of 1 (the table reversed): scores s = (0, ln 3), so
+    softmax = (1/4, 3/4) and the output is v0 / 4 + 3 v1 / 4."""
+    dim = 16
+    q = torch.zeros(1, 1, dim)
+    q[0, 0, 0] = 1.0
+    keys = torch.zeros(1, 3, 1, dim)
+    values = torch.zeros(1, 3, 1, dim)
+    keys[0, 2, 0, 0] = 0.0  # position 0 lives in block 2
+    keys[0, 1, 0, 0] = math.log(3.0)  # position 1 in block 1
+    values[0, 2, 0] = torch.arange(dim, dtype=torch.float32)
+    values[0, 1, 0] = 100.0
+    out = cpu_attention.paged_decode_attention(q=q, keys=keys, values=values,
+                                               block_tables=torch.tensor([[2, 1]], dtype=torch.int32),
+                                               lengths=torch.tensor([2]), scale=1.0, window=None)
+    expected = torch.arange(dim, dtype=torch.float32) / 4 + 3 * 100.0 / 4
+    torch.testing.assert_close(out[0, 0], expected)
+    window_of_one = cpu_attention.paged_decode_attention(
+        q=q, keys=keys, values=values, block_tables=torch.tensor([[2, 1]], dtype=torch.int32),
+        lengths=torch.tensor([2]), scale=1.0, window=1)
+    torch.testing.assert_close(window_of_one[0, 0], torch.full((dim,), 100.0))  # only the newest key
+
+
+@pytest.mark.parametrize("heads,kv_heads,dim", [(4, 4, 16), (6, 2, 32), (9, 3, 64), (14, 2, 64), (12, 1, 128),
+                                                (20, 2, 16)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_matches_sdpa_over_the_gathered_blocks(heads, kv_heads, dim, threads):
+    generator = torch.Generator().manual_seed(heads * dim)
+    rows, block, width = 7, 4, 9
+    blocks = rows * width + 1
+    keys, values = (torch.randn(kv_heads, blocks, block, dim, generator=generator) for _ in range(2))
+    tables = (torch.randperm(rows * width, generator=generator) + 1).view(rows, width).to(torch.int32)
+    lengths = torch.tensor([1, 4, 5, 17, 36, 2, 30])  # one position, whole blocks, partial ones, the full table
+    q = torch.randn(rows, heads, dim, generator=generator)
+    outer = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for window in (None, 3, 16):
+            out = cpu_attention.paged_decode_attention(q=q, keys=keys, values=values, block_tables=tables,
+                                                       lengths=lengths, scale=dim**-0.5, window=window)
+            torch.testing.assert_close(out, reference(q, keys, values, tables, lengths, dim**-0.5, window),
+                                       rtol=1e-5, atol=1e-5)
+    finally:
+        torch.set_num_threads(outer)
+
+
+def test_a_table_trimmed_to_the_longest_row_is_read_through_its_row_stride():
+    """The engine passes ``block_tables[:, :ceil(context / B)]``, a view whose rows are wider than it."""
+    generator = torch.Generator().manual_seed(0)
+    keys, values = (torch.randn(2, 40, 4, 16, generator=generator) for _ in range(2))
+    full = (torch.randperm(39, generator=generator)[:30] + 1).view(3, 10).to(torch.int32)
+    trimmed = full[:, :3]
+    lengths = torch.tensor([12, 5, 9])
+    q = torch.randn(3, 4, 16, generator=generator)
+    out = cpu_attention.paged_decode_attention(q=q, keys=keys, values=values, block_tables=trimmed, lengths=lengths,
+                                               scale=0.25, window=None)
+    torch.testing.assert_close(out, reference(q, keys, values, trimmed.contiguous(), lengths, 0.25))
+
+
+def test_rows_read_only_their_own_positions():
+    """Keys and values past a row's length are poison (NaN): a kernel that read them would return NaN."""
+    keys = torch.full((1, 4, 4, 16), float("nan"))
+    values = torch.full((1, 4, 4, 16), float("nan"))
+    keys[0, 1, :3], values[0, 1, :3] = 0.5, 2.0  # row 0: three positions in block 1
+    q = torch.ones(1, 2, 16)
+    out = cpu_attention.paged_decode_attention(q=q, keys=keys, values=values,
+                                               block_tables=torch.tensor([[1, 2]], dtype=torch.int32),
+                                               lengths=torch.tensor([3]), scale=1.0, window=None)
+    torch.testing.assert_close(out, torch.full((1, 2, 16), 2.0))
+
+
+def test_shapes_it_cannot_take_run_sdpa_instead():
+    assert not cpu_attention.supports(dtype=torch.bfloat16, heads=4, kv_heads=2, head_dim=64, softcap=None)
+    assert not cpu_attention.supports(dtype=torch.float32, heads=4, kv_heads=2, head_dim=64, softcap=50.0)
+    assert not cpu_attention.supports(dtype=torch.float32, heads=4, kv_heads=2, head_dim=24, softcap=None)
+    assert cpu_attention.supports(dtype=torch.float32, heads=4, kv_heads=2, head_dim=64, softcap=None)
+
+
+@pytest.mark.parametrize("path", ["kernel", "mirror"])
+def test_the_engine_on_each_cpu_attention_path_is_greedy_token_exact_with_hf(tiny, path):
+    """Every tiny architecture under preemption (Gemma 2's capped layers always take the mirror)."""
+    model, tokenizer = tiny
+    prompts, eos = chat_prompts(tokenizer), tokenizer.eos_token_id
+    engine = NativeEngine(model, tokenizer, num_kv_blocks=tight_blocks(prompts, 40), decode_lanes=False)
+    if path == "mirror":
+        engine.decoder.paged_cpu_attention = False
+    completions = engine.generate(prompts, SamplingParams(n=2, temperature=0, max_tokens=40, stop_token_ids=[eos]))
+    assert engine.preemptions > 0
+    references = [hf_greedy(model, prompt, max_new_tokens=40, eos=eos) for prompt in prompts]
+    assert [c.token_ids for c in completions] == [references[c.prompt_index] for c in completions]
+    kernel = path == "kernel" and model.config.model_type != "gemma2"
+    assert engine.decoder.paged_cpu_attention == kernel
+    assert (engine.mirror is None) == kernel  # the kernel reads the pool: no second copy of the keys
+
+
+def test_a_block_id_outside_the_pool_is_refused_not_read():
+    q, keys = torch.ones(1, 2, 16), torch.zeros(2, 4, 4, 16)
+    with pytest.raises(RuntimeError, match="refused"):
+        cpu_attention.paged_decode_attention(q=q, keys=keys, values=keys, lengths=torch.tensor([6]), scale=1.0,
+                                             block_tables=torch.tensor([[1, 9]], dtype=torch.int32), window=None)
