@@ -428,10 +428,10 @@ class NativeEngine:
                 break
             admissible.append((pending, min(pending.remaining, free)))
             free -= pending.remaining
-        spent, first_of = 0, {}
+        spent, first_of = 0, {}  # a prompt being prefilled, by its tokens: a copy of it waits for its prefill
         for pending, joining in admissible:
-            first = first_of.setdefault(tuple(pending.token_ids), pending)
-            spent += joining if pending.ready or first is not pending else 0
+            first = pending if pending.ready else first_of.setdefault(tuple(pending.token_ids), pending)
+            spent += joining if first is not pending or pending.ready else 0
         chunks = []
         for pending, joining in admissible:
             if spent >= allowance:
@@ -446,8 +446,11 @@ class NativeEngine:
             chunks.append((pending, pending.prefilled, end))
             spent += end - pending.prefilled + (joining if end == len(pending.token_ids) else 0)
         self._prefill(run, chunks)
-        for pending, _ in admissible:  # the same prompt again shares the first one's prefill
-            first = first_of[tuple(pending.token_ids)]
+        # A copy shares a prefill that was under way at this call; a prompt already prefilled is nobody's first (a
+        # copy of it prefills itself, from the prefix cache if named), so a fork dropped to free blocks for the
+        # head is never made again at the next call, which would loop.
+        for pending, _ in admissible:
+            first = first_of.get(tuple(pending.token_ids), pending)
             if first is not pending and first.ready and pending.blocks is None:
                 pending.blocks, pending.first_logits = first.blocks.fork(), first.first_logits
                 pending.prefilled = first.prefilled

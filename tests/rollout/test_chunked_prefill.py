@@ -168,30 +168,33 @@ def test_a_chunks_full_blocks_are_named_as_it_goes(tiny_llama):
     assert blocks == pending.blocks.blocks[:2]
 
 
-@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("seed", [0, 1, 2, 5, 7, 433])
 def test_random_schedules_stay_within_the_budget_and_generate_what_whole_prompts_do(tiny_llama, seed):
     """Random prompts (copies among them), samples, budgets and block pools (some small enough to preempt), stepped
-    as ``generate`` steps: no step computes more than the budget, and the greedy tokens are whole prompts'."""
+    as ``generate`` steps: no step computes more than the budget, and the greedy tokens are whole prompts'. Seeds 1,
+    2, 5 and 7 overran the budget before the allowance counted rows that joined earlier in the step; 433 looped in
+    ``_admit`` while a copy of a prefilled prompt was forked again after each drop of its blocks."""
     import random
 
     model, tokenizer = tiny_llama
     rng = random.Random(seed)
-    prompts = [[rng.randrange(3, 500) for _ in range(rng.randrange(2, 90))] for _ in range(5)]
-    prompts.append(list(prompts[0]))
-    params = [SamplingParams(n=rng.randrange(1, 4), temperature=0, max_tokens=rng.randrange(1, 12), ignore_eos=True)
+    prompts = [[rng.randrange(3, 500) for _ in range(rng.randrange(2, 90))] for _ in range(rng.randrange(1, 8))]
+    prompts += [list(rng.choice(prompts)) for _ in range(rng.randrange(0, 3))]
+    params = [SamplingParams(n=rng.randrange(1, 5), temperature=0, max_tokens=rng.randrange(1, 14), ignore_eos=True)
               for _ in prompts]
-    seqs, budget = rng.randrange(2, 7), rng.randrange(8, 40)
-    blocks = rng.choice([None, tight_blocks(prompts, 12, spare=2)])
+    seqs, budget = rng.randrange(1, 9), rng.randrange(2, 60)
+    blocks = rng.choice([None, tight_blocks(prompts, 14, spare=rng.randrange(0, 4))])
     expected = NativeEngine(model, tokenizer, max_num_seqs=seqs, decode_lanes=False).generate(prompts, params)
     engine = NativeEngine(model, tokenizer, max_num_seqs=seqs, max_num_batched_tokens=max(budget, seqs + 1),
                           enable_chunked_prefill=True, num_kv_blocks=blocks, prefix_cache_tokens=rng.choice([0, 512]),
                           decode_lanes=False)
-    run = engine.new_run(sequences=sum(q.n for q in params), max_len=max(map(len, prompts)) + 12, seed=0)
+    run = engine.new_run(sequences=sum(q.n for q in params), max_len=max(map(len, prompts)) + 14, seed=0)
     run.waiting.extend(PendingPrompt(i, list(p), q.n, q) for i, (p, q) in enumerate(zip(prompts, params)))
     while run.waiting or run.live:
         assert step(engine, run) <= engine.token_budget
     got = sorted(run.done, key=lambda s: (s.prompt_index, s.output_index))
     assert [s.token_ids for s in got] == [c.token_ids for c in expected]
+    assert engine.allocator.available == engine.allocator.num_blocks - 1  # every block back (or cached, unheld)
 
 
 def test_a_last_chunk_is_held_back_until_its_samples_decode_tokens_fit_too():
