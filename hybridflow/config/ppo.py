@@ -406,7 +406,10 @@ class RolloutConfig:
     tensor_model_parallel_size: int = 1
     """vllm / sglang tensor parallel degree (the native engine is single-device)."""
     max_num_batched_tokens: int = 8192
-    """vllm / sglang token budget per forward (prefill chunking)."""
+    """Tokens one engine step computes at most. native: with enable_chunked_prefill, one decode token per live row
+    plus prefill chunks of waiting prompts with what is left (must exceed max_num_seqs); without, the prompt tokens
+    of one packed prefill pass (a longer prompt gets a pass of its own). vllm: the same key; sglang:
+    chunked_prefill_size."""
     max_model_len: Optional[int] = None
     """Context limit of the engine (native, hf, vllm, sglang); null = prompt_length + response_length."""
     max_num_seqs: int = 1024
@@ -422,7 +425,9 @@ class RolloutConfig:
     disable_log_stats: bool = True
     """Compatibility-only (compat.py); in verl: vllm: silence its statistics."""
     enable_chunked_prefill: bool = True
-    """vllm / sglang: chunked prefill."""
+    """Prefill long prompts in chunks within each step's max_num_batched_tokens, beside the live rows' decode, so
+    a long prompt never stalls decoding for more than one budget (native, vllm, sglang). False: a waiting prompt
+    is prefilled whole before it joins."""
     do_sample: bool = True
     """False makes training rollouts greedy."""
     n: int = 1

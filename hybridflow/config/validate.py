@@ -267,6 +267,7 @@ def _check_rollout(problems: list[str], cfg: Any, model_max_len: int | None) -> 
     if not 0 < rollout.top_p <= 1:
         problems.append(f"actor_rollout_ref.rollout.top_p={rollout.top_p} must be in (0, 1]")
     _check_positive(problems, "actor_rollout_ref.rollout.val_kwargs.n", rollout.val_kwargs.n)
+    _check_token_budget(problems, rollout)
     _check_positive(problems, "data.max_prompt_length", data.max_prompt_length)
     _check_positive(problems, "data.max_response_length", data.max_response_length)
     total = data.max_prompt_length + data.max_response_length
@@ -275,6 +276,17 @@ def _check_rollout(problems: list[str], cfg: Any, model_max_len: int | None) -> 
             f"data.max_prompt_length + data.max_response_length = {total} exceeds the model's context of "
             f"{model_max_len} tokens: lower one of them"
         )
+
+
+def _check_token_budget(problems: list[str], rollout: Any) -> None:
+    """The native engine's step budget: positive, and with chunked prefill above the decode rows it must hold."""
+    key = "actor_rollout_ref.rollout.max_num_batched_tokens"
+    _check_positive(problems, key, rollout.max_num_batched_tokens)
+    if (rollout.name == "native" and rollout.enable_chunked_prefill and isinstance(rollout.max_num_batched_tokens, int)
+            and 0 < rollout.max_num_batched_tokens <= rollout.max_num_seqs):
+        problems.append(f"{key}={rollout.max_num_batched_tokens} must exceed actor_rollout_ref.rollout.max_num_seqs="
+                        f"{rollout.max_num_seqs} with chunked prefill (a live row decodes one token a step, prefill "
+                        "takes what is left): raise it, lower max_num_seqs, or set rollout.enable_chunked_prefill=False")
 
 
 def _check_optim(problems: list[str], key: str, optim: Any) -> None:

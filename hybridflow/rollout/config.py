@@ -49,7 +49,8 @@ def sampling_params_from_rollout_config(
 
 
 ENGINE_SIZING_KEYS: dict[str, tuple[str, ...]] = {
-    "native": ("max_num_seqs", "max_model_len", "enforce_eager", "cudagraph_capture_sizes", "gpu_memory_utilization"),
+    "native": ("max_num_seqs", "max_model_len", "enforce_eager", "cudagraph_capture_sizes", "gpu_memory_utilization",
+               "max_num_batched_tokens", "enable_chunked_prefill"),
     "hf": ("max_model_len",),
     "vllm": ("dtype", "gpu_memory_utilization", "tensor_model_parallel_size", "max_model_len",
              "enable_chunked_prefill", "max_num_batched_tokens", "max_num_seqs", "enforce_eager"),

@@ -38,7 +38,7 @@ from hybridflow.rollout import cpu_attention
 from hybridflow.rollout.architectures import ARCHITECTURES, hidden_activation, layer_windows, unsupported_reason
 from hybridflow.rollout.attention_variants import attention, decode_mask, prefill_mask
 from hybridflow.models.segment_attention import kv_heads
-from hybridflow.rollout.kv_cache import PagedKVCache
+from hybridflow.rollout.kv_cache import CachedPrefix, PagedKVCache
 from hybridflow.rollout.moe import ExpertWeights, expert_weights, moe_mlp
 from hybridflow.rollout.optional import package_installed
 from hybridflow.rollout.packed_linear import PackedLinear, same_layout
@@ -342,7 +342,7 @@ class LlamaFamilyDecoder:
         return self.prefill_many([token_ids])[0]
 
     @torch.no_grad()
-    def prefill_many(self, prompts: list[torch.Tensor], computed: list[torch.Tensor | None] | None = None
+    def prefill_many(self, prompts: list[torch.Tensor], computed: list[torch.Tensor | CachedPrefix | None] | None = None
                      ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Run several prompts ``[L_i]`` in one pass; per prompt, last-position logits ``[V]`` and KV.
 
@@ -352,9 +352,10 @@ class LlamaFamilyDecoder:
         weights. Attention stays per prompt (causal within it, never across prompts).
 
         ``computed[i]``, when given, is the KV ``[layers, 2, KV, C_i, D]`` of ``C_i`` tokens that come
-        before ``prompts[i]`` (a prefix-cache hit): only the new tokens are computed, at positions
-        ``C_i ..``, and new row j attends to positions ``0 .. C_i + j``. The KV returned covers all
-        ``C_i + L_i`` tokens.
+        before ``prompts[i]`` (a prefix-cache hit or earlier chunks of a chunked prefill; a tensor, or a
+        :class:`~hybridflow.rollout.kv_cache.CachedPrefix` read from the paged cache): only the new tokens are
+        computed, at positions ``C_i ..``, and new row j attends to positions ``0 .. C_i + j``. The KV returned
+        covers all ``C_i + L_i`` tokens.
 
         On CUDA in half precision with nothing computed, attention over all prompts is one varlen
         FlashAttention call a layer (:meth:`_prefill_varlen`) instead of one SDPA call per prompt.
@@ -372,11 +373,11 @@ class LlamaFamilyDecoder:
                     return packed
         return self._prefill_per_prompt(prompts, computed)
 
-    def _prefill_per_prompt(self, prompts: list[torch.Tensor], computed: list[torch.Tensor | None]
+    def _prefill_per_prompt(self, prompts: list[torch.Tensor], computed: list[torch.Tensor | CachedPrefix | None]
                             ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """:meth:`prefill_many` with one SDPA call per prompt a layer (any device, dtype and prefix)."""
         lengths = [int(p.shape[0]) for p in prompts]
-        offsets = [0 if c is None else int(c.shape[3]) for c in computed]
+        offsets = [0 if c is None else c.length if isinstance(c, CachedPrefix) else int(c.shape[3]) for c in computed]
         starts = [sum(lengths[:i]) for i in range(len(lengths))]
         device = prompts[0].device
         positions = torch.cat([torch.arange(o, o + n, device=device) for o, n in zip(offsets, lengths)])
@@ -385,7 +386,9 @@ class LlamaFamilyDecoder:
         prefixes = [torch.empty(self.num_layers, 2, self.kv_heads, o + n, self.head_dim, dtype=hidden.dtype,
                                 device=device) for o, n in zip(offsets, lengths)]
         for prefix, done, offset in zip(prefixes, computed, offsets):
-            if done is not None:
+            if isinstance(done, CachedPrefix):
+                done.copy_into(prefix)
+            elif done is not None:
                 prefix[:, :, :, :offset] = done
         masks = {window: [prefill_mask(n, o, window, device) for o, n in zip(offsets, lengths)]
                  for window in set(self.windows)}

@@ -82,21 +82,29 @@ class PagedKVCache:
 
     def write_prompt(self, blocks: list[int], kv: torch.Tensor, *, start: int) -> None:
         """Store positions ``start ..`` of a prompt's ``kv`` ``[layers, 2, KV, L, D]`` into its ``blocks`` (the
-        table's; ``start`` is a block boundary: the blocks before it were cached)."""
+        table's). Whole blocks are written, from the one ``start`` falls in: ``kv`` holds that block's earlier
+        positions too (a prefill returns its computed prefix with the new positions), so a chunk that starts
+        inside a block rewrites them with the values they already have. Full blocks go straight from ``kv`` (a
+        view; a padded copy of a long prompt's KV would double its peak memory), the partial last one padded."""
         size, length = self.block_size, kv.shape[3]
-        first, count = start // size, -(-length // size) - start // size
-        if count <= 0:
-            return
-        padded = kv.new_zeros(*kv.shape[:3], count * size, kv.shape[4])
-        padded[:, :, :, : length - start] = kv[:, :, :, start:]
-        target = torch.tensor(blocks[first : first + count], device=self.data.device)
-        self.data.index_copy_(3, target, padded.view(*kv.shape[:3], count, size, kv.shape[4]))
+        first, full = start // size, length // size
+        if full > first:
+            target = torch.tensor(blocks[first:full], device=self.data.device)
+            self.data.index_copy_(3, target, kv[:, :, :, first * size : full * size].unflatten(3, (full - first, size)))
+        if length % size:
+            tail = kv.new_zeros(*kv.shape[:3], 1, size, kv.shape[4])
+            tail[:, :, :, 0, : length % size] = kv[:, :, :, full * size :]
+            self.data.index_copy_(3, torch.tensor([blocks[full]], device=self.data.device), tail)
 
     def read_prefix(self, blocks: list[int], length: int) -> torch.Tensor:
         """The first ``length`` positions held in ``blocks``, as ``[layers, 2, KV, length, D]`` (a copy)."""
-        index = torch.tensor(blocks[: -(-length // self.block_size)], device=self.data.device)
-        gathered = self.data.index_select(3, index)
-        return gathered.flatten(3, 4)[:, :, :, :length]
+        out = self.data.new_empty(*self.data.shape[:3], length, self.data.shape[5])
+        self.prefix(blocks, length).copy_into(out)
+        return out
+
+    def prefix(self, blocks: list[int], length: int) -> CachedPrefix:
+        """The first ``length`` positions held in ``blocks``, to be read into a prefill's buffer (no copy yet)."""
+        return CachedPrefix(self, list(blocks[: -(-length // self.block_size)]), length)
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         """Copy each ``(source, target)`` block's keys and values (copy-on-write of a shared block)."""
@@ -104,6 +112,24 @@ class PagedKVCache:
             return
         source, target = (torch.tensor(side, device=self.data.device) for side in zip(*pairs))
         self.data.index_copy_(3, target, self.data.index_select(3, source))
+
+
+class CachedPrefix:
+    """A sequence's first ``length`` cached positions, which a prefill (a later chunk of the prompt, or a prompt
+    after a prefix-cache hit) attends to and returns with its new ones. Read straight into the prefill's
+    ``[layers, 2, KV, length + new, D]`` buffer one layer at a time, rather than gathered whole and then copied:
+    a long prompt's keys and values are the largest thing its last chunks hold, and two copies of them would be
+    the peak (measured in docs/benchmarks.md)."""
+
+    def __init__(self, cache: PagedKVCache, blocks: list[int], length: int):
+        self.cache, self.blocks, self.length = cache, blocks, length
+
+    def copy_into(self, out: torch.Tensor) -> None:
+        """``out[:, :, :, :length]`` (``out`` is ``[layers, 2, KV, >= length, D]``) takes the cached positions."""
+        index = torch.tensor(self.blocks, device=self.cache.data.device)
+        for layer in range(out.shape[0]):  # [2, KV, blocks, B, D] gathered one layer at a time
+            gathered = self.cache.data[layer].index_select(2, index).flatten(2, 3)
+            out[layer, :, :, : self.length] = gathered[:, :, : self.length]
 
 
 def zeros_on_first_touch(shape: tuple[int, ...], *, dtype: torch.dtype, device) -> torch.Tensor:
@@ -150,9 +176,9 @@ class SlotMirror:
     def fits(self, *, rows: int, max_len: int, dtype: torch.dtype) -> bool:
         return self.data.shape[2] >= rows and self.data.shape[4] >= max_len and self.data.dtype == dtype
 
-    def load(self, row: int, kv: torch.Tensor) -> None:
-        """Row ``row`` takes ``kv`` ``[layers, 2, KV, L, D]`` (a sequence's cached positions, read from the pool)."""
-        self.data[:, :, row, :, : kv.shape[3]] = kv
+    def load(self, row: int, prefix: CachedPrefix) -> None:
+        """Row ``row`` takes a sequence's cached positions, read from the pool layer by layer."""
+        prefix.copy_into(self.data[:, :, row])
 
     def move(self, *, source: int, target: int, length: int) -> None:
         self.data[:, :, target, :, :length] = self.data[:, :, source, :, :length]

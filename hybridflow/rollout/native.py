@@ -15,7 +15,11 @@ Where HF ``generate`` loses time in RL rollouts, and what this engine does inste
   front of the queue, to be prefilled again from its prompt and its tokens so far and to
   continue where it stopped (recompute; the engine never runs out of memory);
 - with ``prefix_cache_tokens``, the blocks of finished turns stay named by their tokens, and
-  the next turn of a conversation starts from them instead of prefilling them again.
+  the next turn of a conversation starts from them instead of prefilling them again;
+- with ``enable_chunked_prefill``, each engine step spends at most ``max_num_batched_tokens`` tokens: one
+  decode token per live row first, then chunks of waiting prompts with what is left. A prompt longer than that
+  is prefilled over several steps, each chunk attending to the earlier ones through its blocks, and joins the
+  batch after its last chunk, so a long prompt never stalls the live rows' decode for more than one budget.
 
 Sampling runs on the device with a ``torch.Generator`` seeded from
 ``SamplingParams.seed``, so a fixed seed and the same inputs give the same outputs; a run with
@@ -27,6 +31,7 @@ agent loops' turns go through the same queue and the same ``_admit`` / ``_step``
 
 from __future__ import annotations
 
+import math
 import os
 from collections import deque
 from dataclasses import dataclass, field
@@ -47,7 +52,8 @@ from hybridflow.rollout.types import Completion, SamplingParams, validate_prompt
 
 
 PREFILL_TOKEN_BUDGET = 4096
-"""Most prompt tokens packed into one prefill pass on CPU (bounds its activation memory)."""
+"""Most tokens of one engine step (chunked prefill) or one packed prefill pass (whole prompts) on CPU when
+``max_num_batched_tokens`` is not given (bounds a pass's activation memory)."""
 PREFILL_TOKEN_BUDGET_CUDA = 16384
 """The same on a GPU, where a pass is bound by its launches and weight reads until it is this wide."""
 
@@ -86,8 +92,12 @@ class PendingPrompt:
     remaining: int
     params: SamplingParams
     blocks: SequenceBlocks | None = None
-    """The prompt's blocks once prefilled; each admitted sample takes a fork of them."""
+    """The prompt's blocks, reserved for all its tokens when its prefill starts; each admitted sample takes a
+    fork of them."""
+    prefilled: int = 0
+    """Its first tokens whose keys and values are in ``blocks`` (a chunked prefill's progress; cached ones too)."""
     first_logits: torch.Tensor | None = None
+    """``[V]`` logits after its last token: set when its prefill is complete."""
     resumed: Sequence | None = None
     """A paused or preempted sequence this prompt continues (``token_ids`` is then its prompt plus its
     tokens so far, ``remaining`` is 1): the next sampled token is appended to it."""
@@ -97,11 +107,17 @@ class PendingPrompt:
             return self.resumed
         return Sequence(self.index, output_index, len(self.token_ids), self.params, prompt_ids=self.token_ids)
 
+    @property
+    def ready(self) -> bool:
+        """Its prefill is complete: its samples can join the batch."""
+        return self.first_logits is not None
+
     def drop_prefill(self) -> None:
-        """Forget the prefill (new weights, or its blocks are needed): it is computed again at admission."""
+        """Forget the prefill, whole or partial (new weights, or its blocks are needed): it is computed again."""
         if self.blocks is not None:
             self.blocks.free()
         self.blocks = self.first_logits = None
+        self.prefilled = 0
 
 
 class NativeEngine:
@@ -130,6 +146,13 @@ class NativeEngine:
             recomputed later. ``None``: no limit (blocks for ``max_num_seqs`` sequences of the longest length).
         num_kv_blocks: the number of KV blocks, overriding the budget (vLLM's ``num_gpu_blocks_override``; tests
             use it to force preemption); at least one longest sequence's worth plus the null block.
+        max_num_batched_tokens: tokens one engine step may compute (verl's ``rollout.max_num_batched_tokens``);
+            ``None`` = :data:`PREFILL_TOKEN_BUDGET` (:data:`PREFILL_TOKEN_BUDGET_CUDA` on CUDA). With chunked prefill,
+            the step's decode tokens (one a live row, and one for each sample that joins in it) plus its prefill
+            chunks; without, the prompt tokens of one packed prefill pass (a longer prompt gets a pass of its own).
+        enable_chunked_prefill: prefill waiting prompts in chunks within each step's token budget, beside the
+            live rows' decode, instead of whole before the step (verl's ``rollout.enable_chunked_prefill``; the
+            trainer passes it, default on there). The budget must then exceed ``max_num_seqs``.
         own_model: the engine owns ``model`` (a private copy nobody else runs): it then drops the
             module's projection weights once they are fused and packed, so the engine holds one
             copy of them, not two (~0.42 GB less for SmolLM2-135M in fp32); ``model``'s own forward
@@ -142,7 +165,8 @@ class NativeEngine:
     def __init__(self, model, tokenizer=None, *, max_num_seqs: int = 256, max_model_len: int | None = None,
                  decode_lanes: bool = True, prefix_cache_tokens: int = 0, own_model: bool = False,
                  enforce_eager: bool = False, cudagraph_capture_sizes: list[int] | None = None,
-                 gpu_memory_utilization: float | None = None, num_kv_blocks: int | None = None):
+                 gpu_memory_utilization: float | None = None, num_kv_blocks: int | None = None,
+                 max_num_batched_tokens: int | None = None, enable_chunked_prefill: bool = False):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len or model.config.max_position_embeddings
@@ -154,6 +178,9 @@ class NativeEngine:
         if own_model:
             self.decoder.release_module_projections()
         self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.chunked_prefill = enable_chunked_prefill
+        check_token_budget(self.token_budget, max_num_seqs=max_num_seqs, chunked=enable_chunked_prefill)
         self.cache: PagedKVCache | None = None
         self.allocator: BlockAllocator | None = None
         self.mirror: SlotMirror | None = None
@@ -174,6 +201,14 @@ class NativeEngine:
     @property
     def device(self) -> torch.device:
         return self.decoder.embed.device
+
+    @property
+    def token_budget(self) -> int:
+        """Tokens of one step (chunked prefill) or one prefill pass: ``max_num_batched_tokens``, or the device's
+        default."""
+        if self.max_num_batched_tokens is not None:
+            return self.max_num_batched_tokens
+        return PREFILL_TOKEN_BUDGET_CUDA if self.device.type == "cuda" else PREFILL_TOKEN_BUDGET
 
     def load_weights(self, named_tensors) -> None:
         """Trainer weights (HF names) into the engine: copied into the fused copies in place where they can
@@ -316,48 +351,60 @@ class NativeEngine:
         self._graphs_for(cache).capture_all()
 
     def _admit(self, run: GenerationRun) -> None:
-        """Move waiting samples into the batch; a prompt is prefilled once for all its samples.
+        """Prefill waiting prompts and move their samples into the batch; a prompt is prefilled once for all its
+        samples.
 
-        Admission goes in waves: every waiting sample that fits (a free row and a free block each) joins, and
-        the first tokens of the whole wave are sampled in one call (one host sync, not one per prompt);
-        samples that stop at their first token make room for the next wave."""
+        With chunked prefill this is the prefill half of one engine step: it spends what the step's token budget
+        leaves after one decode token per live row (:meth:`_prefill_admissible`), and a prompt it could not finish
+        goes on at the next step. Admission goes in waves: every waiting sample that fits (a free row and a free
+        block each) joins, and the first tokens of the whole wave are sampled in one call (one host sync, not one
+        per prompt); samples that stop at their first token make room for the next wave."""
+        run.step_prefill = run.step_decode = 0
         while run.waiting and len(run.live) < run.max_num_seqs:
-            if run.waiting[0].blocks is None:  # also when samples that stopped at once freed more room
-                self._prefill_admissible(run)
+            if not run.waiting[0].ready:  # also when samples that stopped at once freed more room
+                # What the step has left: its budget less a decode token a row (those that joined so far included).
+                allowance = self.token_budget - len(run.live) - run.step_prefill if self.chunked_prefill else math.inf
+                if allowance <= 0:
+                    return  # the step's budget is spent: the head's next chunk comes at the next step
+                self._prefill_admissible(run, allowance)
             wave = self._admission_wave(run)
             if not wave:
-                if run.live:
-                    return  # no block for the head prompt until running sequences free some
+                if run.live or run.waiting[0].blocks is not None:
+                    return  # the head waits for blocks running sequences free, or for its next chunk
                 if not run.drop_waiting_prefill():
                     raise RolloutError(f"no KV block is left for a prompt of {len(run.waiting[0].token_ids)} tokens "
                                        "with nothing running: raise num_kv_blocks or gpu_memory_utilization")
                 continue
-            rows = RowSampling.of([pending.params for pending, count in wave for _ in range(count)],
-                                  vocab_size=self.decoder.vocab_size, device=self.device)
-            logits = torch.cat([pending.first_logits[None].expand(count, -1) for pending, count in wave])
-            uniform = None if rows.all_greedy else run.wave_uniform(wave, device=self.device)
-            tokens, logprobs = sample_tokens(logits=logits, params=rows, uniform=uniform)
-            drawn = zip(tokens.tolist(), logprobs.tolist())
-            for pending, count in wave:
-                output_start = pending.params.n - pending.remaining
-                for offset, (token, logprob) in zip(range(count), drawn):
-                    sequence = pending.start_sequence(output_start + offset)
-                    sequence.blocks = pending.blocks.fork()
-                    run.join(sequence)
-                    run.append(sequence, token, logprob)
-                pending.remaining -= count
-                if pending.remaining == 0:
-                    pending.drop_prefill()  # its samples hold the blocks now
-            run.retire()
+            self._join(run, wave)
+
+    def _join(self, run: GenerationRun, wave: list[tuple[PendingPrompt, int]]) -> None:
+        """Sample the first token of every sample in ``wave`` from its prompt's last logits and add it to the batch."""
+        rows = RowSampling.of([pending.params for pending, count in wave for _ in range(count)],
+                              vocab_size=self.decoder.vocab_size, device=self.device)
+        logits = torch.cat([pending.first_logits[None].expand(count, -1) for pending, count in wave])
+        uniform = None if rows.all_greedy else run.wave_uniform(wave, device=self.device)
+        tokens, logprobs = sample_tokens(logits=logits, params=rows, uniform=uniform)
+        drawn = zip(tokens.tolist(), logprobs.tolist())
+        for pending, count in wave:
+            output_start = pending.params.n - pending.remaining
+            for offset, (token, logprob) in zip(range(count), drawn):
+                sequence = pending.start_sequence(output_start + offset)
+                sequence.blocks = pending.blocks.fork()
+                run.join(sequence)
+                run.append(sequence, token, logprob)
+            pending.remaining -= count
+            if pending.remaining == 0:
+                pending.drop_prefill()  # its samples hold the blocks now
+        run.retire()
 
     @staticmethod
     def _admission_wave(run: GenerationRun) -> list[tuple[PendingPrompt, int]]:
         """``(prompt, samples)`` taken from the front of the queue, in order, while rows are free and a block
         is left for each sample's first write; a prompt whose samples do not all fit leads the next wave with
-        the rest. Stops at the first prompt without a prefill (it is prefilled before the next wave)."""
+        the rest. Stops at the first prompt whose prefill is not complete."""
         free, spare, wave = run.max_num_seqs - len(run.live), run.allocator.available, []
         spare = max(spare, 0 if run.live else 1)  # an empty batch always takes one: preemption makes room
-        while run.waiting and free > 0 and spare > 0 and run.waiting[0].blocks is not None:
+        while run.waiting and free > 0 and spare > 0 and run.waiting[0].ready:
             pending = run.waiting[0]
             count = min(pending.remaining, free, spare)
             wave.append((pending, count))
@@ -367,48 +414,94 @@ class NativeEngine:
             run.waiting.popleft()
         return wave
 
-    def _prefill_admissible(self, run: GenerationRun) -> None:
-        """Prefill, in packed passes of at most :data:`PREFILL_TOKEN_BUDGET` tokens, every waiting prompt that
-        gets a row now and has no prefill yet, while blocks for it (and a spare one per sample) are left."""
-        free, batch, tokens = run.max_num_seqs - len(run.live), [], 0
-        budget = PREFILL_TOKEN_BUDGET_CUDA if self.device.type == "cuda" else PREFILL_TOKEN_BUDGET
-        twins: dict[tuple[int, ...], PendingPrompt] = {}
+    def _prefill_admissible(self, run: GenerationRun, allowance: float) -> None:
+        """Prefill the waiting prompts that get a row now, in queue order, while blocks for them (and a spare one
+        per sample) are left, spending at most ``allowance`` tokens with the decode tokens of the samples that join.
+
+        Whole prompts when ``allowance`` is infinite. With chunked prefill, one decode token is set aside first for
+        each sample that may join in this step without a prefill of its own (a prompt already prefilled, the same
+        prompt again), then each prompt gets what is left (:func:`chunk_end`): its last chunk only when its own
+        samples' decode tokens fit too."""
+        admissible, free = [], run.max_num_seqs - len(run.live)
         for pending in run.waiting:
             if free <= 0:
                 break
+            admissible.append((pending, min(pending.remaining, free)))
             free -= pending.remaining
-            if pending.blocks is not None:
-                continue
-            if tuple(pending.token_ids) in twins:  # the same prompt twice: prefilled once (below)
-                continue
-            # A spare block for the first sample's first write, unless nothing runs (then the prompt must fit).
-            reserved = SequenceBlocks.for_prompt(run.allocator, pending.token_ids, reserve=1 if run.live else 0)
-            if reserved is None:
+        spent, first_of = 0, {}  # a prompt being prefilled, by its tokens: a copy of it waits for its prefill
+        for pending, joining in admissible:
+            first = pending if pending.ready else first_of.setdefault(tuple(pending.token_ids), pending)
+            spent += joining if first is not pending or pending.ready else 0
+        chunks = []
+        for pending, joining in admissible:
+            if spent >= allowance:
                 break
-            if batch and tokens + len(pending.token_ids) > budget:
-                self._prefill(run, batch)
-                batch, tokens = [], 0
-            pending.blocks, cached = reserved
-            batch.append((pending, cached))
-            twins[tuple(pending.token_ids)] = pending
-            tokens += len(pending.token_ids) - cached
-        if batch:
-            self._prefill(run, batch)
-        for pending in run.waiting:
-            first = twins.get(tuple(pending.token_ids))
-            if pending.blocks is None and first is not None:
+            if pending.ready or first_of[tuple(pending.token_ids)] is not pending:
+                continue
+            if pending.blocks is None and not self._reserve_prompt(run, pending):
+                break
+            end = chunk_end(pending, allowance - spent, joining)
+            if end == pending.prefilled:
+                break
+            chunks.append((pending, pending.prefilled, end))
+            spent += end - pending.prefilled + (joining if end == len(pending.token_ids) else 0)
+        self._prefill(run, chunks)
+        # A copy shares a prefill that was under way at this call; a prompt already prefilled is nobody's first (a
+        # copy of it prefills itself, from the prefix cache if named), so a fork dropped to free blocks for the
+        # head is never made again at the next call, which would loop.
+        for pending, _ in admissible:
+            first = first_of.get(tuple(pending.token_ids), pending)
+            if first is not pending and first.ready and pending.blocks is None:
                 pending.blocks, pending.first_logits = first.blocks.fork(), first.first_logits
+                pending.prefilled = first.prefilled
 
-    def _prefill(self, run: GenerationRun, batch: list[tuple[PendingPrompt, int]]) -> None:
-        """Compute each prompt's uncached tokens in one packed pass, store their keys and values in the
-        prompt's blocks, and name its full blocks for later reuse."""
+    @staticmethod
+    def _reserve_prompt(run: GenerationRun, pending: PendingPrompt) -> bool:
+        """Blocks for all of ``pending``'s tokens (its cached prefix reused, and counted as prefilled), and a spare
+        one for its first sample's first write unless nothing runs (then the prompt alone must fit); whether they
+        were left."""
+        reserved = SequenceBlocks.for_prompt(run.allocator, pending.token_ids, reserve=1 if run.live else 0)
+        if reserved is None:
+            return False
+        pending.blocks, pending.prefilled = reserved
+        return True
+
+    def _prefill(self, run: GenerationRun, chunks: list[tuple[PendingPrompt, int, int]]) -> None:
+        """Compute each chunk ``(prompt, start, end)`` in packed passes of at most :attr:`token_budget` tokens (a
+        longer chunk alone); with chunked prefill the chunks of a step fit one pass. Where the decoder has the
+        varlen FlashAttention prefill (CUDA, half precision), chunks that start at position 0 get passes of their
+        own: a pass with any earlier prefix to attend to (a later chunk, a prefix-cache hit) runs SDPA per prompt."""
+        groups = [chunks]
+        if self.decoder.varlen_prefill:
+            groups = [[c for c in chunks if c[1] == 0], [c for c in chunks if c[1] > 0]]
+        for group in groups:
+            batch, tokens = [], 0
+            for chunk in group:
+                width = chunk[2] - chunk[1]
+                if batch and tokens + width > self.token_budget:
+                    self._prefill_pass(run, batch)
+                    batch, tokens = [], 0
+                batch.append(chunk)
+                tokens += width
+            if batch:
+                self._prefill_pass(run, batch)
+
+    def _prefill_pass(self, run: GenerationRun, batch: list[tuple[PendingPrompt, int, int]]) -> None:
+        """One packed pass over positions ``start .. end - 1`` of each prompt, each attending to its first ``start``
+        positions through its blocks (a cached prefix or earlier chunks): store the new keys and values, name the
+        full blocks for later reuse, and keep a finished prompt's last logits."""
         cache = run.cache
-        prompts = [torch.tensor(p.token_ids[cached:], dtype=torch.long, device=self.device) for p, cached in batch]
-        computed = [cache.read_prefix(p.blocks.blocks, cached) if cached else None for p, cached in batch]
-        for (pending, cached), (logits, kv) in zip(batch, self.decoder.prefill_many(prompts, computed=computed)):
-            cache.write_prompt(pending.blocks.blocks, kv, start=cached)
-            pending.blocks.name_full_blocks(pending.token_ids, len(pending.token_ids))
-            pending.first_logits = logits
+        prompts = [torch.tensor(p.token_ids[start:end], dtype=torch.long, device=self.device)
+                   for p, start, end in batch]
+        computed = [cache.prefix(p.blocks.blocks, start) if start else None for p, start, _ in batch]
+        for (pending, start, end), (logits, kv) in zip(batch, self.decoder.prefill_many(prompts, computed=computed)):
+            cache.write_prompt(pending.blocks.blocks, kv, start=start)
+            pending.blocks.name_full_blocks(pending.token_ids, end)
+            pending.prefilled = end
+            if end == len(pending.token_ids):
+                pending.first_logits = logits
+        run.step_prefill += sum(end - start for _, start, end in batch)
+        run.peak_step_tokens = max(run.peak_step_tokens, run.step_prefill)
 
     def _step(self, run: GenerationRun) -> None:
         """One decode step over every live sequence (in lanes on CPU when there are enough of them)."""
@@ -416,6 +509,8 @@ class NativeEngine:
         if not run.live:
             return
         count = len(run.live)
+        run.step_decode = count
+        run.peak_step_tokens = max(run.peak_step_tokens, run.step_prefill + count)
         rows = run.row_sampling(vocab_size=self.decoder.vocab_size, device=self.device)
         # Drawn here for the whole batch, so the draws do not depend on how it is split.
         uniform = None if rows.all_greedy else run.step_uniform(device=self.device)
@@ -463,6 +558,13 @@ class GenerationRun:
     stop_checkers: dict[int, StopChecker] = field(default_factory=dict)
     """One per distinct ``SamplingParams`` (by identity)."""
     admissions: int = 0
+    step_prefill: int = 0
+    """Prompt tokens the current step's admission prefilled."""
+    step_decode: int = 0
+    """Rows the current step decoded (0 until it decodes)."""
+    peak_step_tokens: int = 0
+    """The most tokens (prefill + decode) one step of this run computed: at most the engine's budget with
+    chunked prefill."""
     _rows: RowSampling | None = None
     _rows_of: list[SamplingParams] = field(default_factory=list)
     keyed_draws: bool = False
@@ -519,7 +621,7 @@ class GenerationRun:
         sequence.row = self.tables.take(sequence.blocks.blocks)
         if self.mirror is not None:  # its cached positions: the prompt and every token but the one to sample
             cached = sequence.prompt_length + len(sequence.token_ids)
-            self.mirror.load(len(self.live), self.cache.read_prefix(sequence.blocks.blocks, cached))
+            self.mirror.load(len(self.live), self.cache.prefix(sequence.blocks.blocks, cached))
         self.live.append(sequence)
 
     def append(self, sequence: Sequence, token: int, logprob: float) -> None:
@@ -655,6 +757,28 @@ class HostBlockTables:
     def gather(self, rows: list[int], width: int) -> torch.Tensor:
         """``[len(rows), width]``: the first ``width`` entries of each row."""
         return self.data.index_select(0, torch.tensor(rows))[:, :width]
+
+
+def chunk_end(pending: PendingPrompt, left: float, joining: int) -> int:
+    """Where ``pending``'s next prefill chunk ends when the step has ``left`` tokens to spend: after its last token
+    when the rest of it and one decode token for each of its ``joining`` samples fit (they join in this step), else
+    as far as ``left`` reaches short of its last token (its samples join at a later step)."""
+    total, rest = len(pending.token_ids), len(pending.token_ids) - pending.prefilled
+    if rest + joining <= left:
+        return total
+    return pending.prefilled + int(min(rest - 1, left))
+
+
+def check_token_budget(budget, *, max_num_seqs: int, chunked: bool) -> None:
+    """Refuse, in one line naming the fix, a token budget the scheduler cannot work with."""
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+        raise RolloutError(f"max_num_batched_tokens={budget!r} is not a positive number of tokens; set "
+                           "rollout.max_num_batched_tokens to a positive integer (verl's default is 8192)")
+    if chunked and budget <= max_num_seqs:
+        raise RolloutError(f"max_num_batched_tokens={budget} must exceed max_num_seqs={max_num_seqs} with chunked "
+                           "prefill (each live row decodes one token a step and prefill takes what is left): raise "
+                           "rollout.max_num_batched_tokens, lower rollout.max_num_seqs, or set "
+                           "rollout.enable_chunked_prefill=False")
 
 
 def params_per_prompt(params: SamplingParams | list[SamplingParams], prompts: int) -> list[SamplingParams]:

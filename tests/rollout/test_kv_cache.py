@@ -45,6 +45,15 @@ def test_a_prompt_written_into_blocks_reads_back_and_spans_in_table_order():
     assert values[1, 0, :2, 0].tolist() == [-5, 0]
 
 
+def test_a_chunk_starting_inside_a_block_rewrites_that_block_from_the_returned_prefix():
+    cache = paged(layers=1, blocks=5, block_size=2, kv_heads=1, head_dim=1)
+    kv = torch.arange(1.0, 6.0).view(1, 1, 1, 5, 1).expand(1, 2, 1, 5, 1).clone()  # positions 0 .. 4 hold 1 .. 5
+    cache.data[0, 0, 0, 1] = -9.0  # block 1 (positions 2, 3) holds something else before the write
+    cache.write_prompt([3, 1, 4], kv, start=3)  # a chunk of positions 3, 4 after a prefix of 3
+    assert cache.data[0, 0, 0, :, :, 0].tolist() == [[0, 0], [3, 4], [0, 0], [0, 0], [5, 0]]
+    torch.testing.assert_close(cache.read_prefix([1, 4], 3)[0, 0, 0, :, 0], torch.tensor([3.0, 4.0, 5.0]))
+
+
 def test_copy_blocks_copies_every_layer_and_head_of_each_pair():
     cache = paged()
     cache.data.copy_(torch.randn_like(cache.data))

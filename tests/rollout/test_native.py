@@ -238,27 +238,34 @@ def test_admission_packs_prefills_within_the_token_budget(tiny_llama, monkeypatc
     assert calls == [1, 1, 1, 1]  # the budget fits one prompt at a time
 
 
+def segment_sdpa(scale: float, calls: list | None = None):
+    """The CUDA-only varlen FlashAttention call as causal SDPA over each segment (same function), for CPU tests;
+    each call's segment count is appended to ``calls``."""
+    import torch.nn.functional as F
+
+    def attend(q, k, v, bounds, longest):
+        if calls is not None:
+            calls.append(len(bounds) - 1)
+        out = torch.empty_like(q)
+        for start, end in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+            out[start:end] = F.scaled_dot_product_attention(
+                q[start:end].transpose(0, 1), k[start:end].transpose(0, 1), v[start:end].transpose(0, 1),
+                is_causal=True, scale=scale, enable_gqa=True).transpose(0, 1)
+        return out
+
+    return attend
+
+
 def test_varlen_prefill_packs_and_unpacks_like_one_prompt_at_a_time(tiny, monkeypatch):
     """The varlen path's bookkeeping (segment bounds, packed KV views, last rows) on CPU, with the CUDA-only
     FlashAttention call replaced by causal SDPA over each segment (same function)."""
-    import torch.nn.functional as F
-
     from hybridflow.rollout.decoder import LlamaFamilyDecoder
 
     model, tokenizer = tiny
     decoder = LlamaFamilyDecoder(model)
     prompts = [torch.tensor(p) for p in chat_prompts(tokenizer)]
     expected = decoder.prefill_many(prompts)
-
-    def segment_sdpa(q, k, v, bounds, longest):
-        out = torch.empty_like(q)
-        for start, end in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
-            out[start:end] = F.scaled_dot_product_attention(
-                q[start:end].transpose(0, 1), k[start:end].transpose(0, 1), v[start:end].transpose(0, 1),
-                is_causal=True, scale=decoder.scale, enable_gqa=True).transpose(0, 1)
-        return out
-
-    monkeypatch.setattr(decoder, "_varlen_attention", segment_sdpa)
+    monkeypatch.setattr(decoder, "_varlen_attention", segment_sdpa(decoder.scale))
     decoder.varlen_prefill = True
     for (logits, kv), (want_logits, want_kv) in zip(decoder.prefill_many(prompts), expected):
         torch.testing.assert_close(logits, want_logits, rtol=1e-5, atol=1e-5)
