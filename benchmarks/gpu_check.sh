@@ -18,7 +18,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then  # by name, so pip picks the wheel built 
     --find-links .whl $(ls .whl | sed 's/-[0-9].*//' | sort -u)
 fi
 export PYTHONPATH="$PWD:/tmp/site" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-ALL="env tests rollout-fixed rollout-nano rollout-preempt update"
+ALL="env tests rollout-fixed rollout-nano rollout-chunked rollout-preempt update"
 STAGES=${STAGES:-$ALL}
 ROLLOUT="python3 benchmarks/rollout.py --device cuda --dtype bfloat16"
 
@@ -33,19 +33,22 @@ stage() {  # name, seconds, command...
   tail -n 25 "$OUT/$name.log"
 }
 
-# Worst case 30 + 130 + 100 + 60 + 50 + 110 s = 8 min; a run that finds nothing wrong takes about 6.
+# Worst case 30 + 130 + 90 + 60 + 40 + 40 + 90 s = 8 min; a run that finds nothing wrong takes about 6.
 stage env 30 bash -c 'nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv;
   python3 -c "import sys, torch, transformers, triton; print(sys.version.split()[0], torch.__version__, transformers.__version__, triton.__version__)"
   python3 -c "import importlib.util as u; print(\"missing for TRL:\", [m for m in (\"pandas\", \"pyarrow\", \"accelerate\", \"trl\", \"datasets\") if u.find_spec(m) is None])"'
 # make test-gpu's selection: the engine's CUDA tests and Triton kernels first (they fail fastest), then the trainers.
 stage tests 130 python3 -m pytest -q -p no:cacheprovider -m "gpu or triton" -rs tests/rollout tests
-stage rollout-fixed 100 $ROLLOUT --shape smollm2-135m --workload fixed --batches ${FIXED_BATCHES:-64,256} \
+stage rollout-fixed 90 $ROLLOUT --shape smollm2-135m --workload fixed --batches ${FIXED_BATCHES:-64,256} \
   --prompt-len 128 --max-tokens 256 --engines ${FIXED_ENGINES:-native,hf-static} --breakdown
 stage rollout-nano 60 $ROLLOUT --shape qwen3-0.6b --workload nano-vllm --engines native --step-times --breakdown \
   --profile-admission
+# The same with verl's default chunked prefill (8,192 tokens a step): what a trainer's rollout gets.
+stage rollout-chunked 40 $ROLLOUT --shape qwen3-0.6b --workload nano-vllm --engines native --step-times \
+  --max-num-batched-tokens 8192
 # The paged cache under pressure: nano-vllm's workload on SmolLM2's shape with 3,000 blocks of 16 positions
 # (the 256 requests hold ~18,000 by their ends), so sequences are preempted and recomputed with graphs replaying.
-stage rollout-preempt 50 $ROLLOUT --shape smollm2-135m --workload nano-vllm --engines native --num-kv-blocks 3000 \
+stage rollout-preempt 40 $ROLLOUT --shape smollm2-135m --workload nano-vllm --engines native --num-kv-blocks 3000 \
   --step-times
-stage update 110 python3 benchmarks/update.py --device cuda --quick
+stage update 90 python3 benchmarks/update.py --device cuda --quick
 echo "=== done $(date +%T)"

@@ -128,6 +128,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--num-kv-blocks", type=int, default=None,
                         help="--shape runs: the native engine's KV blocks (16 positions each); fewer than the workload "
                              "holds at once forces preemption and recompute")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=None,
+                        help="--shape runs: chunked prefill within this many tokens a step (verl's default is 8192, "
+                             "chunking on); unset: whole prompts, as nano-vllm prefills them")
     parser.add_argument("--profile-admission", action="store_true",
                         help="with --shape on CUDA: profile admitting every request (prefill + first token) alone")
     parser.add_argument("--breakdown", action="store_true",
@@ -590,7 +593,9 @@ def main_synthetic(args) -> None:
             try:
                 if name == "native":
                     engine = NativeEngine(model, max_num_seqs=len(requests), max_model_len=max_len,
-                                          enforce_eager=args.enforce_eager, num_kv_blocks=args.num_kv_blocks)
+                                          enforce_eager=args.enforce_eager, num_kv_blocks=args.num_kv_blocks,
+                                          max_num_batched_tokens=args.max_num_batched_tokens,
+                                          enable_chunked_prefill=args.max_num_batched_tokens is not None)
                     timer = StepTimer(engine) if args.step_times else None
                     seconds = run_native(engine, requests, temperature)
                     print(f"batch {batch} native: {engine.cache.blocks} KV blocks, {engine.preemptions} preemptions")
