@@ -138,3 +138,22 @@ def test_a_block_id_outside_the_pool_is_refused_not_read():
     with pytest.raises(RuntimeError, match="refused"):
         cpu_attention.paged_decode_attention(q=q, keys=keys, values=keys, lengths=torch.tensor([6]), scale=1.0,
                                              block_tables=torch.tensor([[1, 9]], dtype=torch.int32), window=None)
+
+
+@pytest.mark.parametrize("compiler", ["no-such-compiler", "false"])
+def test_without_a_working_compiler_the_kernel_is_off_and_says_why_once(compiler, monkeypatch, tmp_path, caplog):
+    """No compiler on PATH, or one that fails: ``kernel()`` is None after one warning, and decode attention runs SDPA
+    over the slot mirror (the engine test above covers that path)."""
+    monkeypatch.setenv("CC", compiler)
+    monkeypatch.setenv("HYBRIDFLOW_CACHE", str(tmp_path))  # no cached build to find
+    monkeypatch.setattr(cpu_attention.shutil, "which", lambda name: None if name != "false" else "/bin/false")
+    cpu_attention.kernel.cache_clear()
+    try:
+        with caplog.at_level("WARNING", logger="hybridflow.rollout.cpu_attention"):
+            assert cpu_attention.kernel() is None
+            assert cpu_attention.kernel() is None
+        assert len(caplog.records) == 1
+        assert "slot mirror" in caplog.records[0].getMessage()
+        assert not cpu_attention.supports(dtype=torch.float32, heads=4, kv_heads=2, head_dim=64)
+    finally:
+        cpu_attention.kernel.cache_clear()  # the next caller builds (or finds) the real one again
