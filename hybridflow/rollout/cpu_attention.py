@@ -9,11 +9,12 @@ blocks gathered every layer, or a slot-layout mirror kept beside the pool, twice
 from the pool: the same contract as the CUDA kernels of :mod:`hybridflow.rollout.triton_attention`.
 
 Build: ``gcc -O3 -march=native`` (the instruction set of the machine it runs on: AVX2 or AVX-512 alike, no
-intrinsics), cached under ``$HYBRIDFLOW_CACHE/kernels`` (default ``~/.cache/hybridflow/kernels``) by a hash
-of the source, the flags, the compiler and the CPU's flags, written atomically. Where no compiler is found
-or the build fails, :func:`kernel` returns ``None`` after saying why once, and the engine runs SDPA over a
-slot mirror instead (as it does for bf16 and head dims not a multiple of 16) (same outputs to fp32 rounding, slower). ``HYBRIDFLOW_CPU_ATTENTION=torch`` forces that
-fallback (the tests run both paths on every machine).
+intrinsics; ``HYBRIDFLOW_KERNEL_MARCH`` picks another), cached under ``$HYBRIDFLOW_CACHE/kernels`` (default
+``~/.cache/hybridflow/kernels``) by a hash of the source, the flags, the compiler and the CPU's flags, written
+atomically. Where no compiler is found or the build fails, :func:`kernel` returns ``None`` after saying why once,
+and the engine runs SDPA over a slot mirror instead, as it does for bf16 and head dims not a multiple of 16 (same
+outputs to fp32 rounding, slower). ``HYBRIDFLOW_CPU_ATTENTION=torch`` forces that fallback (the tests run both
+paths on every machine).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import torch
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("csrc") / "paged_decode_attention.c"
-FLAGS = ("-O3", "-march=native", "-fno-trapping-math", "-fassociative-math", "-fno-signed-zeros", "-fopenmp",
+FLAGS = ("-O3", "-fno-trapping-math", "-fassociative-math", "-fno-signed-zeros", "-fopenmp",
          "-Wno-psabi", "-shared", "-fPIC")
 """``-fno-trapping-math`` lets the exp and floor loops vectorise (nothing here traps); ``-fassociative-math``
 (with ``-fno-signed-zeros``, which it needs) lets the dot products and sums run in vector lanes, reduced in
@@ -43,6 +44,14 @@ plain sum over the same bytes). Infinities and NaNs keep their meaning (no ``-ff
 that a 16-float vector passes differently without AVX-512, which concerns no call outside this file. Built with
 ``-march=haswell`` (AVX2, no AVX-512) on an AVX-512 machine, the kernel passes tests/rollout/test_cpu_attention.py."""
 FORCE_FALLBACK = "HYBRIDFLOW_CPU_ATTENTION"
+MARCH = "HYBRIDFLOW_KERNEL_MARCH"
+"""``-march`` of the build: ``native`` (default, the machine it runs on), or e.g. ``haswell`` to build the AVX2 code
+an AVX2-only machine gets (benchmarks emulate one with it, beside ``ATEN_CPU_CAPABILITY=avx2`` and
+``ONEDNN_MAX_CPU_ISA=AVX2``)."""
+
+
+def build_flags() -> tuple[str, ...]:
+    return (f"-march={os.environ.get(MARCH) or 'native'}", *FLAGS)
 LANES = 16
 """The kernel reads head dims 16 floats at a time: ``head_dim`` must be a multiple (64, 128, 256 are)."""
 MAX_GROUP = 16
@@ -64,14 +73,15 @@ def _cpu_flags() -> str:
 def _build(compiler: str) -> Path:
     """The shared library for this source, flags, compiler and CPU: built unless already cached."""
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), " ".join(FLAGS), version, _cpu_flags()]).encode())
+    flags = build_flags()
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), " ".join(flags), version, _cpu_flags()]).encode())
     target = kernels_dir() / f"paged_decode_attention-{key.hexdigest()[:16]}.so"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
         built = Path(scratch) / target.name
-        subprocess.run([compiler, *FLAGS, "-o", str(built), str(SOURCE), "-lm"], capture_output=True, text=True,
+        subprocess.run([compiler, *flags, "-o", str(built), str(SOURCE), "-lm"], capture_output=True, text=True,
                        check=True)
         os.replace(built, target)  # atomic: a concurrent process sees the old state or the whole library
     return target

@@ -157,3 +157,26 @@ def test_without_a_working_compiler_the_kernel_is_off_and_says_why_once(compiler
         assert not cpu_attention.supports(dtype=torch.float32, heads=4, kv_heads=2, head_dim=64)
     finally:
         cpu_attention.kernel.cache_clear()  # the next caller builds (or finds) the real one again
+
+
+def test_the_kernel_built_for_avx2_matches_sdpa_too(monkeypatch, tmp_path):
+    """What an AVX2-only machine builds (``-march=haswell``: 8-float vectors, no AVX-512), run here: the kernel's
+    one source must be right for every instruction set gcc targets."""
+    monkeypatch.setenv("HYBRIDFLOW_KERNEL_MARCH", "haswell")
+    monkeypatch.setenv("HYBRIDFLOW_CACHE", str(tmp_path))
+    cpu_attention.kernel.cache_clear()
+    try:
+        assert cpu_attention.kernel() is not None
+        assert list(tmp_path.glob("kernels/*.so"))  # built here, not found in the shared cache
+        generator = torch.Generator().manual_seed(5)
+        keys, values = (torch.randn(2, 30, 4, 64, generator=generator) for _ in range(2))
+        tables = (torch.randperm(29, generator=generator)[:21] + 1).view(3, 7).to(torch.int32)
+        lengths = torch.tensor([1, 13, 28])
+        q = torch.randn(3, 6, 64, generator=generator)
+        for window, softcap in ((None, None), (5, 3.0)):
+            out = cpu_attention.paged_decode_attention(q=q, keys=keys, values=values, block_tables=tables,
+                                                       lengths=lengths, scale=0.125, window=window, softcap=softcap)
+            torch.testing.assert_close(out, reference(q, keys, values, tables, lengths, 0.125, window, softcap),
+                                       rtol=1e-5, atol=1e-5)
+    finally:
+        cpu_attention.kernel.cache_clear()
