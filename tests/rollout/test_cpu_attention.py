@@ -159,6 +159,8 @@ def test_without_a_working_compiler_the_kernel_is_off_and_says_why_once(compiler
         cpu_attention.kernel.cache_clear()  # the next caller builds (or finds) the real one again
 
 
+@pytest.mark.skipif(not {"avx2", "fma", "bmi2"} <= set(cpu_attention._cpu_flags().split()),
+                    reason="this CPU cannot run code built for haswell (AVX2, FMA, BMI2)")
 def test_the_kernel_built_for_avx2_matches_sdpa_too(monkeypatch, tmp_path):
     """What an AVX2-only machine builds (``-march=haswell``: 8-float vectors, no AVX-512), run here: the kernel's
     one source must be right for every instruction set gcc targets."""
