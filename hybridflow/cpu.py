@@ -26,12 +26,17 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def cpu_isa_flags() -> list[str]:
-    """Which of the extensions that matter here this CPU reports (empty where /proc/cpuinfo is absent)."""
+def cpu_flags() -> list[str]:
+    """Every feature flag /proc/cpuinfo lists for this CPU (empty where it is absent)."""
     if not os.path.exists("/proc/cpuinfo"):
         return []
     with open("/proc/cpuinfo") as f:
-        flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+        return next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+
+
+def cpu_isa_flags() -> list[str]:
+    """Which of the extensions that matter here this CPU reports (empty where /proc/cpuinfo is absent)."""
+    flags = cpu_flags()
     return [flag for flag in _ISA_FLAGS if flag in flags]
 
 

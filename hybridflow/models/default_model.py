@@ -71,10 +71,14 @@ DEFAULT_MODELS: dict[str, GGUFPackage] = {
 }
 
 
+def cache_root() -> Path:
+    """Where hybridflow keeps what it builds or fetches: ``$HYBRIDFLOW_CACHE``, else ``~/.cache/hybridflow``."""
+    return Path(os.environ.get("HYBRIDFLOW_CACHE") or os.path.join(Path.home(), ".cache", "hybridflow"))
+
+
 def default_cache_dir(name: str) -> Path:
     """``$HYBRIDFLOW_CACHE/models/NAME``, else ``~/.cache/hybridflow/models/NAME``."""
-    root = os.environ.get("HYBRIDFLOW_CACHE") or os.path.join(Path.home(), ".cache", "hybridflow")
-    return Path(root) / "models" / name
+    return cache_root() / "models" / name
 
 
 def fetch_default_model(name: str = "smollm2-135m-instruct", cache_dir: str | None = None) -> str:

@@ -31,51 +31,42 @@ from pathlib import Path
 
 import torch
 
+from hybridflow.cpu import cpu_flags
+from hybridflow.models.default_model import cache_root
+
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("csrc") / "paged_decode_attention.c"
 FLAGS = ("-O3", "-fno-trapping-math", "-fassociative-math", "-fno-signed-zeros", "-fopenmp",
          "-Wno-psabi", "-shared", "-fPIC")
-"""``-fno-trapping-math`` lets the exp and floor loops vectorise (nothing here traps); ``-fassociative-math``
-(with ``-fno-signed-zeros``, which it needs) lets the dot products and sums run in vector lanes, reduced in
-registers: the order of an fp32 sum changes, as SDPA's own blocking does (1.5-1.7x -> 1.4-1.5x the time of a
-plain sum over the same bytes). Infinities and NaNs keep their meaning (no ``-ffinite-math-only``);
-``-fopenmp`` links the OpenMP runtime torch already loaded (one thread pool); ``-Wno-psabi``: on AVX2 gcc notes
-that a 16-float vector passes differently without AVX-512, which concerns no call outside this file. Built with
-``-march=haswell`` (AVX2, no AVX-512) on an AVX-512 machine, the kernel passes tests/rollout/test_cpu_attention.py."""
-FORCE_FALLBACK = "HYBRIDFLOW_CPU_ATTENTION"
+"""Beside ``-march``: ``-fno-trapping-math`` lets the exp and floor loops vectorise (nothing here traps);
+``-fassociative-math`` (with ``-fno-signed-zeros``, which it needs) lets the dot products and sums run in vector
+lanes, reduced in registers: the order of an fp32 sum changes, as SDPA's own blocking does (1.63-1.76x ->
+1.36-1.53x the time of a plain sum over the same bytes). Infinities and NaNs keep their meaning (no
+``-ffinite-math-only``); ``-fopenmp`` links the OpenMP runtime torch already loaded (one thread pool);
+``-Wno-psabi``: on AVX2 gcc notes that a 16-float vector passes differently without AVX-512, which concerns no
+call outside this file."""
 MARCH = "HYBRIDFLOW_KERNEL_MARCH"
 """``-march`` of the build: ``native`` (default, the machine it runs on), or e.g. ``haswell`` to build the AVX2 code
-an AVX2-only machine gets (benchmarks emulate one with it, beside ``ATEN_CPU_CAPABILITY=avx2`` and
-``ONEDNN_MAX_CPU_ISA=AVX2``)."""
-
-
-def build_flags() -> tuple[str, ...]:
-    return (f"-march={os.environ.get(MARCH) or 'native'}", *FLAGS)
+an AVX2-only machine gets (a test builds that one too; benchmarks emulate an AVX2 machine with it, beside
+``ATEN_CPU_CAPABILITY=avx2`` and ``ONEDNN_MAX_CPU_ISA=AVX2``)."""
+FORCE_FALLBACK = "HYBRIDFLOW_CPU_ATTENTION"
 LANES = 16
 """The kernel reads head dims 16 floats at a time: ``head_dim`` must be a multiple (64, 128, 256 are)."""
 MAX_GROUP = 16
 """Most query heads per KV head the kernel takes."""
 
 
-def kernels_dir() -> Path:
-    root = os.environ.get("HYBRIDFLOW_CACHE") or os.path.join(Path.home(), ".cache", "hybridflow")
-    return Path(root) / "kernels"
-
-
-def _cpu_flags() -> str:
-    if not os.path.exists("/proc/cpuinfo"):
-        return ""
-    with open("/proc/cpuinfo") as f:
-        return next((line for line in f if line.startswith("flags")), "")
+def build_flags() -> tuple[str, ...]:
+    return (f"-march={os.environ.get(MARCH) or 'native'}", *FLAGS)
 
 
 def _build(compiler: str) -> Path:
     """The shared library for this source, flags, compiler and CPU: built unless already cached."""
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout
     flags = build_flags()
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), " ".join(flags), version, _cpu_flags()]).encode())
-    target = kernels_dir() / f"paged_decode_attention-{key.hexdigest()[:16]}.so"
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), " ".join(flags), version, " ".join(cpu_flags())]).encode())
+    target = cache_root() / "kernels" / f"paged_decode_attention-{key.hexdigest()[:16]}.so"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)

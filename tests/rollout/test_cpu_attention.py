@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from hybridflow.cpu import cpu_flags
 from hybridflow.models.segment_attention import capped_attention
 from hybridflow.rollout import SamplingParams, cpu_attention
 from hybridflow.rollout.native import NativeEngine
@@ -140,6 +141,15 @@ def test_a_block_id_outside_the_pool_is_refused_not_read():
                                              block_tables=torch.tensor([[1, 9]], dtype=torch.int32), window=None)
 
 
+def test_a_row_longer_than_its_table_is_refused_even_within_a_window():
+    """9 positions over a table of 2 blocks of 4: its third block would be read past the table's row."""
+    q, keys = torch.ones(2, 2, 16), torch.zeros(2, 6, 4, 16)
+    tables = torch.tensor([[1, 2], [3, 4]], dtype=torch.int32)
+    with pytest.raises(RuntimeError, match="refused"):
+        cpu_attention.paged_decode_attention(q=q, keys=keys, values=keys, block_tables=tables, scale=1.0,
+                                             lengths=torch.tensor([9, 2]), window=4)
+
+
 @pytest.mark.parametrize("compiler", ["no-such-compiler", "false"])
 def test_without_a_working_compiler_the_kernel_is_off_and_says_why_once(compiler, monkeypatch, tmp_path, caplog):
     """No compiler on PATH, or one that fails: ``kernel()`` is None after one warning, and decode attention runs SDPA
@@ -159,7 +169,7 @@ def test_without_a_working_compiler_the_kernel_is_off_and_says_why_once(compiler
         cpu_attention.kernel.cache_clear()  # the next caller builds (or finds) the real one again
 
 
-@pytest.mark.skipif(not {"avx2", "fma", "bmi2"} <= set(cpu_attention._cpu_flags().split()),
+@pytest.mark.skipif(not {"avx2", "fma", "bmi2"} <= set(cpu_flags()),
                     reason="this CPU cannot run code built for haswell (AVX2, FMA, BMI2)")
 def test_the_kernel_built_for_avx2_matches_sdpa_too(monkeypatch, tmp_path):
     """What an AVX2-only machine builds (``-march=haswell``: 8-float vectors, no AVX-512), run here: the kernel's

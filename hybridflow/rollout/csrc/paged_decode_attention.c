@@ -139,14 +139,27 @@ static inline __attribute__((always_inline)) void attend_one(const float *q, con
     }
 }
 
-static int blocks_in_pool(const int32_t *table, int64_t length, int64_t block_size, int64_t blocks) {
-    for (int64_t index = 0; index * block_size < length; index++)
-        if (table[index] < 0 || table[index] >= blocks) return 0;
+/* Whether every row's length fits its table (length <= max_length) and every block id it reads lies in the pool:
+ * checked once, before any row is read, so that a malformed table is refused rather than read out of bounds. */
+static int tables_valid(const int32_t *tables, int64_t table_stride, const int64_t *lengths, int64_t rows,
+                        int64_t block_size, int64_t blocks, int64_t max_length) {
+    for (int64_t n = 0; n < rows; n++) {
+        if (lengths[n] < 0 || lengths[n] > max_length) return 0;
+        for (int64_t index = 0; index * block_size < lengths[n]; index++) {
+            int32_t block = tables[n * table_stride + index];
+            if (block < 0 || block >= blocks) return 0;
+        }
+    }
     return 1;
 }
 
-/* Returns 0, or -1 for inputs it refuses: a group it cannot take, a row longer than max_length, or a block id
- * outside the pool. */
+/* The first position a row of `length` attends to: the last `window` ones, or all (window = 0). */
+static inline int64_t window_start(int64_t length, int64_t window) {
+    return window > 0 && length > window ? length - window : 0;
+}
+
+/* Returns 0, or -1 for inputs it refuses: a group it cannot take, a row longer than its table (max_length), or a
+ * block id outside the pool. */
 int paged_decode_attention_f32(const float *q, const float *keys, const float *values, const int32_t *tables,
                                int64_t table_stride, const int64_t *lengths, float *out, int64_t rows,
                                int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t blocks,
@@ -154,6 +167,7 @@ int paged_decode_attention_f32(const float *q, const float *keys, const float *v
                                int64_t window, int threads) {
     int64_t group = heads / kv_heads;
     if (group > MAX_GROUP || group * kv_heads != heads || head_dim % LANES != 0) return -1;
+    if (!tables_valid(tables, table_stride, lengths, rows, block_size, blocks, max_length)) return -1;
     int failed = 0;
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
@@ -163,19 +177,12 @@ int paged_decode_attention_f32(const float *q, const float *keys, const float *v
         for (int64_t task = 0; task < rows * kv_heads; task++) {
             if (scores == NULL) continue;
             int64_t n = task / kv_heads, h = task % kv_heads, length = lengths[n];
-            int64_t first = window > 0 && length > window ? length - window : 0;
-            if (length - first > max_length || !blocks_in_pool(tables + n * table_stride, length, block_size, blocks)) {
-                failed = 1; /* never read outside the pool */
-                continue;
-            }
+            int64_t first = window_start(length, window);
             if (task + 1 < rows * kv_heads) { /* the next task's first keys, while this one runs */
-                int64_t next_n = (task + 1) / kv_heads, next_h = (task + 1) % kv_heads;
-                int64_t next_length = lengths[next_n];
-                int64_t next_first = window > 0 && next_length > window ? next_length - window : 0;
-                const int32_t *next_table = tables + next_n * table_stride;
-                if (next_length > 0 && blocks_in_pool(next_table, next_length, block_size, blocks))
-                    prefetch_block(keys, next_table, next_first / block_size, (next_length + block_size - 1) / block_size,
-                                   next_h * blocks * block_size, block_size, head_dim);
+                int64_t next_n = (task + 1) / kv_heads, next_length = lengths[next_n];
+                prefetch_block(keys, tables + next_n * table_stride, window_start(next_length, window) / block_size,
+                               (next_length + block_size - 1) / block_size,
+                               (task + 1) % kv_heads * blocks * block_size, block_size, head_dim);
             }
             const float *q_n = q + (n * heads + h * group) * head_dim;
             const int32_t *table = tables + n * table_stride;
