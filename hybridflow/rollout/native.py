@@ -250,8 +250,8 @@ class NativeEngine:
 
     def _mirror_for(self, cache: PagedKVCache, rows: int) -> SlotMirror | None:
         """On CPU without the paged kernel (:mod:`hybridflow.rollout.cpu_attention`), the :class:`SlotMirror` SDPA
-        reads, with ``rows`` rows (reused while it is large enough; its
-        untouched pages cost nothing); ``None`` elsewhere."""
+        reads, with ``rows`` rows (reused while it is large enough; its untouched pages cost nothing); ``None``
+        elsewhere."""
         if self.device.type != "cpu" or self.decoder.paged_cpu_attention:
             return None  # attention reads the pool itself
         span, dtype = cache.table_width * cache.block_size, self.decoder.embed.dtype

@@ -214,11 +214,16 @@ class TensorboardBackend:
         self._writer.close()
 
 
+def hosted_mode(environ: Mapping[str, str], *, product: str, online: str) -> str:
+    """``$<PRODUCT>_MODE`` if set; else ``online`` with ``$<PRODUCT>_API_KEY``, offline without (no network needed)."""
+    if environ.get(f"{product}_MODE"):
+        return environ[f"{product}_MODE"]
+    return online if environ.get(f"{product}_API_KEY") else "offline"
+
+
 def wandb_mode(environ: Mapping[str, str]) -> str:
-    """``$WANDB_MODE`` if set; else online with an API key, offline without (no network needed)."""
-    if environ.get("WANDB_MODE"):
-        return environ["WANDB_MODE"]
-    return "online" if environ.get("WANDB_API_KEY") else "offline"
+    """``$WANDB_MODE`` if set; else online with an API key, offline without."""
+    return hosted_mode(environ, product="WANDB", online="online")
 
 
 @register_backend("wandb")
@@ -245,10 +250,8 @@ class WandbBackend:
 
 
 def swanlab_mode(environ: Mapping[str, str]) -> str:
-    """``$SWANLAB_MODE`` if set; else cloud with an API key, offline without (no network needed)."""
-    if environ.get("SWANLAB_MODE"):
-        return environ["SWANLAB_MODE"]
-    return "cloud" if environ.get("SWANLAB_API_KEY") else "offline"
+    """``$SWANLAB_MODE`` if set; else cloud with an API key, offline without."""
+    return hosted_mode(environ, product="SWANLAB", online="cloud")
 
 
 @register_backend("swanlab")
