@@ -111,8 +111,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--n", type=int, default=8, help="samples per prompt")
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--engines", default="native,hf,vllm",
-                        help="any of native, hf, vllm, native-nolanes (the native engine without decode lanes) and "
-                             "native-mirror (CPU: SDPA over the slot mirror instead of the paged kernel)")
+                        help="any of native, hf, vllm, native-nolanes (the native engine without decode lanes), "
+                             "native-mirror (CPU: SDPA over the slot mirror instead of the paged kernel) and "
+                             "native-unfused (CPU: the layer's small ops and the sampler as torch ops, attention still "
+                             "the kernel)")
     parser.add_argument("--step-times", action="store_true",
                         help="time every native decode step and print the mean by live-row bucket")
     parser.add_argument("--quick", action="store_true", help="batch 16/64 and 64 new tokens")
@@ -355,9 +357,29 @@ def build_engines(names, model, tokenizer, model_path):
             engines[name] = build_engine("native", model, tokenizer)
             engines[name].decoder.paged_cpu_attention = False
             continue
+        if name == "native-unfused":  # CPU: the decode step before the fused C kernels, beside them
+            engines[name] = build_engine("native", model, tokenizer)
+            engines[name].decoder.fused_cpu_decode = False
+            engines[name].generate = with_torch_sampling(engines[name].generate)
+            continue
         kwargs = {"model_path": model_path} if name == "vllm" else {}
         engines[name] = build_engine(name, model, tokenizer, **kwargs)
     return engines
+
+
+def with_torch_sampling(generate):
+    """``generate`` with the one-pass CPU sampling kernel switched off for the call (the torch ops sample)."""
+    from hybridflow.rollout import sampler
+
+    def call(*args, **kwargs):
+        state = sampler._FUSED_SAMPLING["cpu"]
+        enabled, state["enabled"] = state["enabled"], False
+        try:
+            return generate(*args, **kwargs)
+        finally:
+            state["enabled"] = enabled
+
+    return call
 
 
 class StepTimer:

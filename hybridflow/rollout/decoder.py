@@ -26,8 +26,10 @@ new weights then go straight from the trainer's tensors into the packed copies
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -118,6 +120,9 @@ class LlamaFamilyDecoder:
             dtype=weight.dtype, heads=self.num_heads, kv_heads=self.kv_heads, head_dim=self.head_dim)
         """Whether a CPU decode step's attention reads the pool through the block tables (the C kernel of
         :mod:`hybridflow.rollout.cpu_attention`); otherwise SDPA over a contiguous span (the engine's slot mirror)."""
+        self.fused_cpu_decode = self.paged_cpu_attention and self.llama_shaped()
+        """Whether a CPU decode step runs fused (:meth:`_decode_fused` with the C kernels of
+        :mod:`hybridflow.rollout.cpu_fused`) rather than as torch ops; needs :attr:`paged_cpu_attention` too."""
         self.released = False  # whether the module's projection weights were dropped (release_module_projections)
         self.refresh()
 
@@ -475,7 +480,13 @@ class LlamaFamilyDecoder:
             ``[N, V]`` next-token logits.
         """
         if context is None and self.triton_kernels:
-            return self._decode_fused(token_ids=token_ids, positions=positions, cache=cache, block_tables=block_tables)
+            return self._decode_fused(token_ids=token_ids, positions=positions, cache=cache, block_tables=block_tables,
+                                      ops=fused_decode_ops("cuda"))
+        fused_on_cpu = self.fused_cpu_decode and self.paged_cpu_attention and isinstance(cache, PagedKVCache)
+        if context is not None and fused_on_cpu:
+            return self._decode_fused(token_ids=token_ids, positions=positions, cache=cache,
+                                      block_tables=block_tables[:, : -(-context // cache.block_size)],
+                                      ops=fused_decode_ops("cpu"))
         rope = self._rope_rows(positions, cache.max_len if context is None else context)
         rows = cache.write_rows(positions, block_tables)
         if context is not None:  # only the blocks the longest row reaches
@@ -493,12 +504,10 @@ class LlamaFamilyDecoder:
         return self._logits(hidden)
 
     def _decode_fused(self, *, token_ids: torch.Tensor, positions: torch.Tensor, cache: PagedKVCache,
-                      block_tables: torch.Tensor) -> torch.Tensor:
-        """:meth:`decode` in ten kernels a layer (:mod:`hybridflow.rollout.triton_fused`): the same math,
-        with each residual add fused into the RMSNorm that follows it."""
-        from hybridflow.rollout.triton_attention import paged_decode_attention
-        from hybridflow.rollout.triton_fused import add_rms_norm, qkv_rope_write, silu_mul
-
+                      block_tables: torch.Tensor, ops: FusedDecodeOps) -> torch.Tensor:
+        """:meth:`decode` in a few kernels a layer (:class:`FusedDecodeOps`: Triton on CUDA, ten a layer; C on
+        CPU): the same math, with each residual add fused into the RMSNorm that follows it."""
+        add_rms_norm, qkv_rope_write, silu_mul = ops.add_rms_norm, ops.qkv_rope_write, ops.silu_mul
         cos, sin = self.rope_table(cache.max_len)
         lengths = positions + 1
         count = token_ids.shape[0]
@@ -509,8 +518,8 @@ class LlamaFamilyDecoder:
             q = qkv_rope_write(qkv=layer.qkv(normed), positions=positions, cos=cos, sin=sin, qk_norm=layer.qk_norm,
                                keys=keys, values=values, heads=self.num_heads, eps=self.eps,
                                block_tables=block_tables)
-            attn = paged_decode_attention(q=q, keys=keys, values=values, lengths=lengths, scale=self.scale,
-                                          block_tables=block_tables, window=layer.window)
+            attn = ops.attention(q=q, keys=keys, values=values, lengths=lengths, scale=self.scale,
+                                 block_tables=block_tables, window=layer.window)
             normed, hidden = add_rms_norm(x=layer.o_proj(attn.view(count, -1)), residual=hidden,
                                           weight=layer.post_norm, eps=self.eps)
             following = self.layers[index + 1].input_norm if index + 1 < self.num_layers else self.final_norm
@@ -548,6 +557,31 @@ class LlamaFamilyDecoder:
             return out.reshape(count, -1)
 
         return attend
+
+
+@dataclass(frozen=True)
+class FusedDecodeOps:
+    """The kernels a fused decode step calls, one set per device with the same signatures: Triton on CUDA
+    (:mod:`hybridflow.rollout.triton_fused`, :mod:`hybridflow.rollout.triton_attention`), C on CPU
+    (:mod:`hybridflow.rollout.cpu_fused`, :mod:`hybridflow.rollout.cpu_attention`)."""
+
+    add_rms_norm: Callable
+    qkv_rope_write: Callable
+    silu_mul: Callable
+    attention: Callable
+
+
+@functools.cache
+def fused_decode_ops(device_type: str) -> FusedDecodeOps:
+    """The fused decode kernels for ``"cuda"`` or ``"cpu"`` (imported on first use: Triton only where it runs)."""
+    if device_type == "cuda":
+        from hybridflow.rollout import triton_fused as fused
+        from hybridflow.rollout.triton_attention import paged_decode_attention
+    else:
+        from hybridflow.rollout import cpu_fused as fused
+        from hybridflow.rollout.cpu_attention import paged_decode_attention
+    return FusedDecodeOps(add_rms_norm=fused.add_rms_norm, qkv_rope_write=fused.qkv_rope_write,
+                          silu_mul=fused.silu_mul, attention=paged_decode_attention)
 
 
 def triton_kernels_available(model, head_dim: int) -> bool:

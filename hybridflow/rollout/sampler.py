@@ -14,7 +14,8 @@ returned log-prob of a sampled token is ``log p_i[token]`` under this processed 
 
 The rows of one batch may differ in every parameter (requests with their own
 ``SamplingParams`` decode side by side); all of it runs as tensor ops on the logits' device,
-and a filter no row asks for costs nothing.
+and a filter no row asks for costs nothing. Rows without filters take a one-pass kernel where
+there is one (Triton on CUDA, C on CPU for fp32 logits), with the same rule.
 """
 
 from __future__ import annotations
@@ -182,37 +183,51 @@ def _torch_sample(logits: torch.Tensor, rows: RowSampling,
     return tuple(torch.where(rows.greedy, g, s) for g, s in zip(greedy, sampled))
 
 
-_FUSED_SAMPLING = {"enabled": True, "checked": False}
-"""The one-kernel sampler's state: switched off, with one warning, if it fails to build or if its first draw
+_FUSED_SAMPLING = {"cuda": {"enabled": True, "checked": False}, "cpu": {"enabled": True, "checked": False}}
+"""The one-pass sampler's state per device type: switched off, with one warning, if it fails to build or if its first draw
 disagrees with the torch ops (it is checked once per process, like a kernel that just compiled)."""
 
 
 def _fused_sampling_applies(logits: torch.Tensor, rows: RowSampling) -> bool:
-    """The one-kernel sampler (:mod:`hybridflow.rollout.triton_sampling`) serves CUDA rows without top-k,
-    top-p or min-p, where Triton is installed."""
-    if not (logits.is_cuda and _FUSED_SAMPLING["enabled"]) or rows.needs_top_k or rows.needs_top_p or rows.needs_min_p:
+    """The one-pass sampler serves rows without top-k, top-p or min-p: on CUDA where Triton is installed
+    (:mod:`hybridflow.rollout.triton_sampling`), on CPU for fp32 logits where the C kernels are built
+    (:mod:`hybridflow.rollout.cpu_fused`)."""
+    state = _FUSED_SAMPLING.get(logits.device.type)
+    if state is None or not state["enabled"] or rows.needs_top_k or rows.needs_top_p or rows.needs_min_p:
         return False
-    return package_installed("triton")
+    if logits.is_cuda:
+        return package_installed("triton")
+    if logits.dtype != torch.float32:
+        return False
+    from hybridflow.rollout.cpu_fused import available
+
+    return available()
 
 
 def _fused_sample(logits: torch.Tensor, rows: RowSampling, uniform: torch.Tensor):
-    from hybridflow.rollout.triton_sampling import sample_rows
+    if logits.is_cuda:
+        from hybridflow.rollout.triton_sampling import sample_rows
+    else:
+        from hybridflow.rollout.cpu_fused import sample_rows
 
     try:
         fused = sample_rows(logits=logits, temperature=rows.temperature, greedy=rows.greedy, uniform=uniform)
     except Exception as error:  # noqa: BLE001 - any build failure: the torch ops give the same draws
-        return _fused_sampling_off(f"failed ({str(error).splitlines()[0] if str(error) else type(error).__name__})")
-    if not _FUSED_SAMPLING["checked"]:
-        _FUSED_SAMPLING["checked"] = True
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        return _fused_sampling_off(logits.device.type, f"failed ({reason})")
+    state = _FUSED_SAMPLING[logits.device.type]
+    if not state["checked"]:
+        state["checked"] = True
         reference = _torch_sample(logits, rows, uniform)
         if not (torch.equal(fused[0], reference[0]) and torch.allclose(fused[1], reference[1], atol=1e-3)):
-            return _fused_sampling_off("disagreed with the torch ops on its first draw")
+            return _fused_sampling_off(logits.device.type, "disagreed with the torch ops on its first draw")
     return fused
 
 
-def _fused_sampling_off(reason: str) -> None:
-    logging.getLogger(__name__).warning("Triton sampling kernel %s; sampling with torch ops", reason)
-    _FUSED_SAMPLING["enabled"] = False
+def _fused_sampling_off(device_type: str, reason: str) -> None:
+    logging.getLogger(__name__).warning("the one-pass %s sampling kernel %s; sampling with torch ops",
+                                        device_type, reason)
+    _FUSED_SAMPLING[device_type]["enabled"] = False
     return None
 
 

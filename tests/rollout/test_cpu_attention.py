@@ -6,15 +6,14 @@ import math
 import pytest
 import torch
 
-from hybridflow.cpu import cpu_flags
 from hybridflow.models.segment_attention import capped_attention
-from hybridflow.rollout import SamplingParams, cpu_attention
+from hybridflow.rollout import SamplingParams, cpu_attention, cpu_kernels
 from hybridflow.rollout.native import NativeEngine
 from tests.rollout.conftest import chat_prompts
 from tests.rollout.test_native import hf_greedy
 from tests.rollout.test_paged_engine import tight_blocks
 
-pytestmark = pytest.mark.skipif(cpu_attention.kernel() is None, reason="no C compiler: the kernel is not built")
+pytestmark = pytest.mark.skipif(cpu_kernels.library() is None, reason="no C compiler: the kernel is not built")
 
 
 def reference(q, keys, values, tables, lengths, scale, window=None, softcap=None):
@@ -148,47 +147,3 @@ def test_a_row_longer_than_its_table_is_refused_even_within_a_window():
     with pytest.raises(RuntimeError, match="refused"):
         cpu_attention.paged_decode_attention(q=q, keys=keys, values=keys, block_tables=tables, scale=1.0,
                                              lengths=torch.tensor([9, 2]), window=4)
-
-
-@pytest.mark.parametrize("compiler", ["no-such-compiler", "false"])
-def test_without_a_working_compiler_the_kernel_is_off_and_says_why_once(compiler, monkeypatch, tmp_path, caplog):
-    """No compiler on PATH, or one that fails: ``kernel()`` is None after one warning, and decode attention runs SDPA
-    over the slot mirror (the engine test above covers that path)."""
-    monkeypatch.setenv("CC", compiler)
-    monkeypatch.setenv("HYBRIDFLOW_CACHE", str(tmp_path))  # no cached build to find
-    monkeypatch.setattr(cpu_attention.shutil, "which", lambda name: None if name != "false" else "/bin/false")
-    cpu_attention.kernel.cache_clear()
-    try:
-        with caplog.at_level("WARNING", logger="hybridflow.rollout.cpu_attention"):
-            assert cpu_attention.kernel() is None
-            assert cpu_attention.kernel() is None
-        assert len(caplog.records) == 1
-        assert "slot mirror" in caplog.records[0].getMessage()
-        assert not cpu_attention.supports(dtype=torch.float32, heads=4, kv_heads=2, head_dim=64)
-    finally:
-        cpu_attention.kernel.cache_clear()  # the next caller builds (or finds) the real one again
-
-
-@pytest.mark.skipif(not {"avx2", "fma", "bmi2"} <= set(cpu_flags()),
-                    reason="this CPU cannot run code built for haswell (AVX2, FMA, BMI2)")
-def test_the_kernel_built_for_avx2_matches_sdpa_too(monkeypatch, tmp_path):
-    """What an AVX2-only machine builds (``-march=haswell``: 8-float vectors, no AVX-512), run here: the kernel's
-    one source must be right for every instruction set gcc targets."""
-    monkeypatch.setenv("HYBRIDFLOW_KERNEL_MARCH", "haswell")
-    monkeypatch.setenv("HYBRIDFLOW_CACHE", str(tmp_path))
-    cpu_attention.kernel.cache_clear()
-    try:
-        assert cpu_attention.kernel() is not None
-        assert list(tmp_path.glob("kernels/*.so"))  # built here, not found in the shared cache
-        generator = torch.Generator().manual_seed(5)
-        keys, values = (torch.randn(2, 30, 4, 64, generator=generator) for _ in range(2))
-        tables = (torch.randperm(29, generator=generator)[:21] + 1).view(3, 7).to(torch.int32)
-        lengths = torch.tensor([1, 13, 28])
-        q = torch.randn(3, 6, 64, generator=generator)
-        for window, softcap in ((None, None), (5, 3.0)):
-            out = cpu_attention.paged_decode_attention(q=q, keys=keys, values=values, block_tables=tables,
-                                                       lengths=lengths, scale=0.125, window=window, softcap=softcap)
-            torch.testing.assert_close(out, reference(q, keys, values, tables, lengths, 0.125, window, softcap),
-                                       rtol=1e-5, atol=1e-5)
-    finally:
-        cpu_attention.kernel.cache_clear()

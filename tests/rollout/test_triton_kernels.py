@@ -199,6 +199,7 @@ def test_one_kernel_sampling_follows_the_uniform_draw_across_blocks():
     torch.testing.assert_close(logprobs.cpu(), torch.full((4,), -float(torch.log(torch.tensor(5000.0)))))
 
 
+@pytest.mark.skipif(DEVICE != "cuda", reason="CPU logits take the C sampler (tests/rollout/test_cpu_fused.py checks it)")
 def test_the_sampling_kernel_is_checked_on_its_first_draw_and_switched_off_if_wrong(monkeypatch, caplog):
     import hybridflow.rollout.triton_sampling as kernel
     from hybridflow.rollout import SamplingParams
@@ -208,15 +209,14 @@ def test_the_sampling_kernel_is_checked_on_its_first_draw_and_switched_off_if_wr
     torch.manual_seed(2)
     logits, uniform = torch.randn(3, 300, device=DEVICE), torch.rand(3, 1, device=DEVICE)
     rows = RowSampling.of([SamplingParams(temperature=0.9)] * 3, vocab_size=300, device=DEVICE)
-    monkeypatch.setitem(sampler._FUSED_SAMPLING, "enabled", True)
-    monkeypatch.setitem(sampler._FUSED_SAMPLING, "checked", False)
+    monkeypatch.setitem(sampler._FUSED_SAMPLING, "cuda", {"enabled": True, "checked": False})
     tokens, _ = sampler._fused_sample(logits, rows, uniform)
-    assert sampler._FUSED_SAMPLING == {"enabled": True, "checked": True}
+    assert sampler._FUSED_SAMPLING["cuda"] == {"enabled": True, "checked": True}
     assert tokens.tolist() == sampler._torch_sample(logits, rows, uniform)[0].tolist()
 
-    monkeypatch.setitem(sampler._FUSED_SAMPLING, "checked", False)
+    sampler._FUSED_SAMPLING["cuda"]["checked"] = False
     right = kernel.sample_rows
     monkeypatch.setattr(kernel, "sample_rows", lambda **kw: ((right(**kw)[0] + 1) % 300, right(**kw)[1]))
     with caplog.at_level("WARNING"):
         assert sampler._fused_sample(logits, rows, uniform) is None
-    assert not sampler._FUSED_SAMPLING["enabled"] and "disagreed" in caplog.text
+    assert not sampler._FUSED_SAMPLING["cuda"]["enabled"] and "disagreed" in caplog.text

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from hybridflow.config import PPOConfig, SPINConfig, SPPOConfig, load_config
-from hybridflow.rollout import cpu_attention
+from hybridflow.rollout import cpu_kernels
 from tests.trainer.ppo_fixtures import base_overrides
 
 DATA = Path(__file__).parent / "data" / "behaviour_pin"
@@ -119,7 +119,7 @@ def fingerprint(name: str, tmp_path: Path, model_dir: str) -> dict:
             "weights": weights,
             "checkpoint_files": files,
             "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "cpu_decode_attention": "kernel" if cpu_attention.kernel() is not None else "sdpa"}
+            "cpu_decode_kernels": "c" if cpu_kernels.library() is not None else "torch"}
 
 
 @pytest.fixture
@@ -137,11 +137,11 @@ def test_behaviour_is_pinned(name, tmp_path, tiny_model_dir, one_thread):
     if os.environ.get("HYBRIDFLOW_PIN_WRITE") == "1":
         path.write_text(json.dumps(got, indent=1, sort_keys=True) + "\n")
     expected = json.loads(path.read_text())
-    kernels = ("cpu_capability", "cpu_decode_attention")
+    kernels = ("cpu_capability", "cpu_decode_kernels")
     if any(got[key] != expected.get(key) for key in kernels):
         # ATen / oneDNN pick other kernels per ISA: the last bits of a matmul differ, a sampled token may flip,
         # and the runs part ways. Bit-for-bit holds only against a recording made on the same kernels.
-        # The same holds for the rollout's decode attention (the C kernel where gcc built it, else SDPA).
+        # The same holds for the rollout's decode step (the C kernels where gcc built them, else torch ops and SDPA).
         pytest.skip(f"recorded with {[expected.get(key) for key in kernels]} kernels, this machine runs "
                     f"{[got[key] for key in kernels]}; "
                     "re-record here with HYBRIDFLOW_PIN_WRITE=1 on the commit before a change to compare it")

@@ -1,6 +1,6 @@
 /* Decode attention over the paged KV cache on CPU, fp32: each row reads its own keys and values once.
  *
- * Built at first use by hybridflow/rollout/cpu_attention.py (gcc -O3 -march=native -fopenmp), loaded with
+ * Built at first use by hybridflow/rollout/cpu_kernels.py (gcc -O3 -march=native -fopenmp), loaded with
  * ctypes. Why a kernel of its own: SDPA over the cache needs one key span for the whole batch (every row
  * reads up to the longest row's length, ~1.5x the bytes in an RL batch) and a contiguous layout (the
  * blocks gathered, or a slot-layout mirror kept beside the pool); and with 3 query heads per KV head its
@@ -21,26 +21,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "vector_math.h"
+
 #define LANES 16
 #define MAX_GROUP 16
-
-/* exp(x) for x <= 0 (Cephes' expf: x = n ln2 + r, |r| <= ln2 / 2, a degree-6 polynomial in r, times 2^n),
- * branch-free so that the loops calling it vectorise; within 2 ulp of expf. */
-static inline float exp_nonpositive(float x) {
-    x = x < -87.0f ? -87.0f : x;
-    float n = floorf(x * 1.44269504088896341f + 0.5f);
-    float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    union { int32_t i; float f; } scale;
-    scale.i = ((int32_t)n + 127) << 23;
-    return p * scale.f;
-}
 
 /* LANES floats in one vector (GCC splits it into two on AVX2 machines). */
 typedef float vec16 __attribute__((vector_size(64)));
@@ -116,7 +100,7 @@ static inline __attribute__((always_inline)) void attend_one(const float *q, con
     }
     for (int64_t g = 0; g < group; g++) {
         float *row = scores + g * span, m = maximum[g];
-        for (int64_t t = 0; t < span; t++) row[t] = exp_nonpositive(row[t] - m);
+        for (int64_t t = 0; t < span; t++) row[t] = exp_clamped(row[t] - m);
         total[g] = sum(row, span);
     }
     /* Values 16 dims at a time, the group's sums held in registers: each line of a value row is read once,

@@ -1,0 +1,104 @@
+"""The CPU decode step's small ops and its sampler as C kernels (``csrc/decode_ops.c``, ``csrc/sample_rows.c``).
+
+The CPU counterparts of :mod:`hybridflow.rollout.triton_fused` and :mod:`hybridflow.rollout.triton_sampling`, with
+their signatures, so that one fused decode step (:meth:`LlamaFamilyDecoder._decode_fused`) runs on either device.
+Why: at a decode step's sizes (``[N, 576]`` for SmolLM2) a torch op costs a few microseconds of dispatch for well
+under one of work, an eager layer is ~30 of them, and two decode lanes' dispatches also queue for the GIL; the
+sampler's five passes over ``[N, V]`` were ~6 ms of a 32-row lane. Here a layer is its matmuls, the attention kernel
+and three calls, and a row is sampled in two passes over its logits (docs/benchmarks.md has the measurements).
+
+Every function takes fp32 CPU tensors (the engine's CPU dtype) and runs on the calling thread (the sampler on
+``torch.get_num_threads()`` threads from 16 rows); :func:`available` says whether the library is built.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hybridflow.rollout.cpu_kernels import library
+
+
+def available() -> bool:
+    """Whether the C kernels are built (:func:`hybridflow.rollout.cpu_kernels.library`)."""
+    return library() is not None
+
+
+def _pointer(tensor: torch.Tensor | None) -> int | None:
+    return None if tensor is None else tensor.data_ptr()
+
+
+def _contiguous_f32(tensor: torch.Tensor, name: str) -> torch.Tensor:
+    if tensor.dtype != torch.float32 or tensor.device.type != "cpu":
+        raise ValueError(f"{name}: the CPU kernels take fp32 CPU tensors, not {tensor.dtype} on {tensor.device}")
+    return tensor.contiguous()
+
+
+def add_rms_norm(*, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``h = x + residual`` (or ``x`` alone) and ``weight * RMSNorm(h)``; returns ``(normed, h)``, each ``[N, C]``."""
+    x = _contiguous_f32(x, "x")
+    residual = None if residual is None else _contiguous_f32(residual, "residual")
+    weight = _contiguous_f32(weight, "weight")
+    rows, columns = x.shape
+    normed = torch.empty_like(x)
+    summed = torch.empty_like(x) if residual is not None else x
+    library().add_rms_norm_f32(x.data_ptr(), _pointer(residual), weight.data_ptr(), normed.data_ptr(),
+                               summed.data_ptr(), rows, columns, eps)
+    return normed, summed
+
+
+def qkv_rope_write(*, qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                   qk_norm: torch.Tensor | None, keys: torch.Tensor, values: torch.Tensor, heads: int,
+                   eps: float, block_tables: torch.Tensor) -> torch.Tensor:
+    """Rotate (and, given ``qk_norm`` ``[H + KV, D]``, first normalise) the heads of ``qkv``
+    ``[N, (H + 2 KV) * D]``; write k and v into the paged ``keys`` / ``values`` ``[KV, blocks, B, D]`` at
+    ``positions`` ``[N]`` (block ``block_tables[n, p // B]`` ``[N, W]`` int32, offset ``p % B``); return q
+    ``[N, H, D]``. ``cos`` / ``sin``: ``[T, D]`` tables indexed by position. A position past the table or the
+    rotary table, or a block id outside the pool, is refused before anything is written."""
+    qkv, cos, sin = (_contiguous_f32(t, name) for t, name in ((qkv, "qkv"), (cos, "cos"), (sin, "sin")))
+    qk_norm = None if qk_norm is None else _contiguous_f32(qk_norm, "qk_norm")
+    if not (keys.is_contiguous() and values.is_contiguous()):
+        raise ValueError("keys and values must be contiguous layers of the pool")
+    positions = positions.to(torch.int64).contiguous()
+    if block_tables.stride(1) != 1 or block_tables.dtype != torch.int32:
+        block_tables = block_tables.to(torch.int32).contiguous()
+    rows = qkv.shape[0]
+    kv_heads, blocks, block_size, head_dim = keys.shape
+    q = torch.empty(rows, heads, head_dim, dtype=qkv.dtype)
+    max_length = min(cos.shape[0], block_tables.shape[1] * block_size)
+    failed = library().qkv_rope_write_f32(
+        qkv.data_ptr(), positions.data_ptr(), cos.data_ptr(), sin.data_ptr(), _pointer(qk_norm), q.data_ptr(),
+        keys.data_ptr(), values.data_ptr(), rows, heads, block_tables.data_ptr(), block_tables.stride(0), kv_heads,
+        head_dim, blocks, block_size, max_length, eps)
+    if failed:
+        raise RuntimeError(f"qkv_rope_write refused its inputs (head dim {head_dim}, positions up to "
+                           f"{int(positions.max())} of {max_length}, or a block id outside the pool of {blocks})")
+    return q
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` for ``gate_up`` ``[N, 2 I]`` (gate first); returns ``[N, I]``."""
+    gate_up = _contiguous_f32(gate_up, "gate_up")
+    rows, inner = gate_up.shape[0], gate_up.shape[1] // 2
+    out = torch.empty(rows, inner, dtype=gate_up.dtype)
+    library().silu_mul_f32(gate_up.data_ptr(), out.data_ptr(), rows, inner)
+    return out
+
+
+def sample_rows(*, logits: torch.Tensor, temperature: torch.Tensor, greedy: torch.Tensor,
+                uniform: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(tokens [N] int64, logprobs [N] fp32)`` for fp32 ``logits`` ``[N, V]``, per-row ``temperature`` ``[N]``
+    (1 on greedy rows), ``greedy`` ``[N]`` bool and ``uniform`` ``[N, 1]``."""
+    logits = _contiguous_f32(logits, "logits")
+    temperature, uniform = (_contiguous_f32(t, name) for t, name in ((temperature, "temperature"),
+                                                                     (uniform, "uniform")))
+    greedy = greedy.to(torch.bool).contiguous()
+    rows, vocab = logits.shape
+    tokens = torch.empty(rows, dtype=torch.int64)
+    logprobs = torch.empty(rows, dtype=torch.float32)
+    failed = library().sample_rows_f32(logits.data_ptr(), temperature.data_ptr(), greedy.data_ptr(),
+                                       uniform.data_ptr(), tokens.data_ptr(), logprobs.data_ptr(), rows, vocab,
+                                       torch.get_num_threads())
+    if failed:
+        raise MemoryError(f"sample_rows: no scratch memory for a row of {vocab} logits")
+    return tokens, logprobs

@@ -1,0 +1,106 @@
+"""The CPU decode kernels: the C sources of ``csrc/``, compiled on this machine at first use into one library.
+
+What is in it: decode attention over the paged pool (:mod:`hybridflow.rollout.cpu_attention`), the decode step's
+small ops fused per layer and the one-pass sampler (:mod:`hybridflow.rollout.cpu_fused`). Each exists because the
+torch ops it replaces cost several times what the machine needs for the same bytes (docs/benchmarks.md).
+
+Build: ``gcc -O3 -march=native`` (the instruction set of the machine it runs on: AVX2 or AVX-512 alike, no
+intrinsics; ``HYBRIDFLOW_KERNEL_MARCH`` picks another), cached under ``$HYBRIDFLOW_CACHE/kernels`` (default
+``~/.cache/hybridflow/kernels``) by a hash of the sources, the flags, the compiler and the CPU's flags, written
+atomically. Where no compiler is found or the build fails, :func:`library` returns ``None`` after saying why once,
+and the engine runs torch ops instead: SDPA over a slot mirror for attention, the eager layer and sampler for the
+rest (same outputs to fp32 rounding, slower), as it does for bf16 and head dims not a multiple of 16.
+``HYBRIDFLOW_CPU_KERNELS=torch`` forces that fallback (the tests run both paths on every machine).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from hybridflow.cpu import cpu_flags
+from hybridflow.models.default_model import cache_root
+
+logger = logging.getLogger(__name__)
+
+CSRC = Path(__file__).with_name("csrc")
+SOURCES = tuple(sorted(CSRC.glob("*.c")))
+"""Compiled together into one library; with the headers beside them they make the build's cache key."""
+FLAGS = ("-O3", "-fno-trapping-math", "-fassociative-math", "-fno-signed-zeros", "-fopenmp",
+         "-Wno-psabi", "-shared", "-fPIC")
+"""Beside ``-march``: ``-fno-trapping-math`` lets the exp and floor loops vectorise (nothing here traps);
+``-fassociative-math`` (with ``-fno-signed-zeros``, which it needs) lets the dot products and sums run in vector
+lanes, reduced in registers: the order of an fp32 sum changes, as SDPA's own blocking does (attention: 1.63-1.76x
+-> 1.36-1.53x the time of a plain sum over the same bytes). Infinities and NaNs keep their meaning (no
+``-ffinite-math-only``); ``-fopenmp`` links the OpenMP runtime torch already loaded (one thread pool);
+``-Wno-psabi``: on AVX2 gcc notes that a 16-float vector passes differently without AVX-512, which concerns no
+call outside these files."""
+MARCH = "HYBRIDFLOW_KERNEL_MARCH"
+"""``-march`` of the build: ``native`` (default, the machine it runs on), or e.g. ``haswell`` to build the AVX2 code
+an AVX2-only machine gets (a test builds that one too; benchmarks emulate an AVX2 machine with it, beside
+``ATEN_CPU_CAPABILITY=avx2`` and ``ONEDNN_MAX_CPU_ISA=AVX2``)."""
+FORCE_FALLBACK = "HYBRIDFLOW_CPU_KERNELS"
+"""Set to ``torch`` to run the torch ops these kernels replace (read when the library is first asked for)."""
+
+_POINTER, _SIZE = ctypes.c_void_p, ctypes.c_int64
+SIGNATURES = {
+    "paged_decode_attention_f32": [_POINTER] * 4 + [_SIZE] + [_POINTER] * 2 + [_SIZE] * 7
+    + [ctypes.c_float] * 2 + [_SIZE, ctypes.c_int],
+    "add_rms_norm_f32": [_POINTER] * 5 + [_SIZE] * 2 + [ctypes.c_float],
+    "qkv_rope_write_f32": [_POINTER] * 8 + [_SIZE] * 2 + [_POINTER] + [_SIZE] * 6 + [ctypes.c_float],
+    "silu_mul_f32": [_POINTER] * 2 + [_SIZE] * 2,
+    "sample_rows_f32": [_POINTER] * 6 + [_SIZE] * 2 + [ctypes.c_int],
+}
+"""Each exported function's argument types (every one returns an ``int``: 0, or -1 for inputs it refuses)."""
+
+
+def build_flags() -> tuple[str, ...]:
+    return (f"-march={os.environ.get(MARCH) or 'native'}", *FLAGS)
+
+
+def _build(compiler: str) -> Path:
+    """The shared library for these sources, flags, compiler and CPU: built unless already cached."""
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout
+    flags = build_flags()
+    texts = [path.read_text() for path in sorted(CSRC.glob("*.[ch]"))]
+    key = hashlib.sha256("\0".join([*texts, " ".join(flags), version, " ".join(cpu_flags())]).encode())
+    target = cache_root() / "kernels" / f"hybridflow_cpu-{key.hexdigest()[:16]}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+        built = Path(scratch) / target.name
+        subprocess.run([compiler, *flags, "-o", str(built), *map(str, SOURCES), "-lm"], capture_output=True,
+                       text=True, check=True)
+        os.replace(built, target)  # atomic: a concurrent process sees the old state or the whole library
+    return target
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    """The loaded kernels, or ``None`` (forced off, no compiler, or the build failed: said once)."""
+    if os.environ.get(FORCE_FALLBACK, "").lower() == "torch":
+        return None
+    compiler = shutil.which(os.environ.get("CC", "gcc")) or shutil.which("cc")
+    if compiler is None:
+        logger.warning("no C compiler (gcc or $CC) found: the CPU decode step runs torch ops (slower; attention "
+                       "then reads a slot mirror, twice the KV memory); install gcc to build the kernels")
+        return None
+    try:
+        loaded = ctypes.CDLL(str(_build(compiler)))
+    except (OSError, subprocess.CalledProcessError) as err:
+        detail = getattr(err, "stderr", "") or str(err)
+        logger.warning("the CPU decode kernels did not build (%s): the decode step runs torch ops instead (slower; "
+                       "attention over a slot mirror)", detail.strip().splitlines()[-1] if detail.strip() else err)
+        return None
+    for name, argtypes in SIGNATURES.items():
+        function = getattr(loaded, name)
+        function.argtypes, function.restype = argtypes, ctypes.c_int
+    return loaded

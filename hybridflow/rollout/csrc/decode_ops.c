@@ -1,0 +1,113 @@
+/* The small ops of a CPU decode layer, fused: fp32, one pass each, on the calling thread.
+ *
+ * Built at first use by hybridflow/rollout/cpu_kernels.py, loaded with ctypes; the CPU counterparts of the Triton
+ * kernels of hybridflow/rollout/triton_fused.py, with the same contracts. Why: an eager layer is ~30 torch ops on
+ * [N, 576]-sized tensors, each a few microseconds of dispatch for well under a microsecond of work, and in decode
+ * lanes two threads' dispatches also queue for the GIL (docs/benchmarks.md). A layer is now the four matmuls, the
+ * attention kernel and these three calls:
+ *
+ *   add_rms_norm:   h = x + residual (or x alone);  normed = w * (h / sqrt(mean(h^2) + eps))   (Zhang & Sennrich 2019)
+ *   qkv_rope_write: per head of the fused q|k|v row: Qwen3's RMSNorm of q and k heads, the rotary embedding
+ *                   (Su et al. 2021, HF's rotate-half layout: x cos + rotate_half(x) sin), q out as [N, H, D],
+ *                   k and v written into the paged pool at the row's position
+ *   silu_mul:       silu(gate) * up = gate / (1 + exp(-gate)) * up                             (Shazeer 2020)
+ *
+ * in the order of operations of the eager path (hybridflow/rollout/decoder.py), so results differ from it by fp32
+ * rounding of sums (and fused multiply-adds) only.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "vector_math.h"
+
+#define MAX_HEAD_DIM 512
+
+/* Shapes: x, residual, normed, summed [rows, columns] contiguous; weight [columns]. residual NULL: h = x (summed
+ * is not written). */
+int add_rms_norm_f32(const float *x, const float *residual, const float *weight, float *normed, float *summed,
+                     int64_t rows, int64_t columns, float eps) {
+    for (int64_t n = 0; n < rows; n++) {
+        const float *h = x + n * columns;
+        if (residual != NULL) {
+            float *out = summed + n * columns;
+            const float *r = residual + n * columns;
+            for (int64_t i = 0; i < columns; i++) out[i] = h[i] + r[i];
+            h = out;
+        }
+        float squares = 0.0f;
+        for (int64_t i = 0; i < columns; i++) squares += h[i] * h[i];
+        float inverse_rms = 1.0f / sqrtf(squares / (float)columns + eps);
+        float *out = normed + n * columns;
+        for (int64_t i = 0; i < columns; i++) out[i] = weight[i] * (h[i] * inverse_rms);
+    }
+    return 0;
+}
+
+/* Whether every row's position lies below max_length and the block holding it in the pool: checked before any
+ * row is written, so that a malformed table is refused rather than written out of bounds. */
+static int positions_valid(const int64_t *positions, const int32_t *tables, int64_t table_stride, int64_t rows,
+                           int64_t blocks, int64_t block_size, int64_t max_length) {
+    for (int64_t n = 0; n < rows; n++) {
+        if (positions[n] < 0 || positions[n] >= max_length) return 0;
+        int32_t block = tables[n * table_stride + positions[n] / block_size];
+        if (block < 0 || block >= blocks) return 0;
+    }
+    return 1;
+}
+
+/* One q or k head: optional RMSNorm over its D values (weight: that head's row of the norm), then the rotation
+ * by the position's cos / sin rows, into target. */
+static inline void rotate_head(const float *source, const float *norm_weight, const float *cos, const float *sin,
+                               int64_t d, float eps, float *target) {
+    float x[MAX_HEAD_DIM];
+    memcpy(x, source, sizeof(float) * d);
+    if (norm_weight != NULL) {
+        float squares = 0.0f;
+        for (int64_t i = 0; i < d; i++) squares += x[i] * x[i];
+        float inverse_rms = 1.0f / sqrtf(squares / (float)d + eps);
+        for (int64_t i = 0; i < d; i++) x[i] = norm_weight[i] * (x[i] * inverse_rms);
+    }
+    int64_t half = d / 2;
+    for (int64_t i = 0; i < half; i++) {
+        target[i] = x[i] * cos[i] + (-x[i + half]) * sin[i];
+        target[i + half] = x[i + half] * cos[i + half] + x[i] * sin[i + half];
+    }
+}
+
+/* Shapes: qkv [rows, (heads + 2 kv_heads) * d] contiguous (q heads, then k, then v); positions [rows] int64;
+ * cos, sin [>= max_length, d]; norm_weight [heads + kv_heads, d] or NULL; q_out [rows, heads, d]; keys, values
+ * [kv_heads, blocks, block_size, d] (one layer of the pool); tables [rows, table_stride] int32, position p of row n
+ * in block tables[n][p / block_size] at offset p % block_size. Returns -1 (writing nothing) for a position at or
+ * past max_length, a block id outside the pool, an odd or too large head dim. */
+int qkv_rope_write_f32(const float *qkv, const int64_t *positions, const float *cos, const float *sin,
+                       const float *norm_weight, float *q_out, float *keys, float *values, int64_t rows,
+                       int64_t heads, const int32_t *tables, int64_t table_stride, int64_t kv_heads, int64_t d,
+                       int64_t blocks, int64_t block_size, int64_t max_length, float eps) {
+    if (d % 2 != 0 || d > MAX_HEAD_DIM) return -1;
+    if (!positions_valid(positions, tables, table_stride, rows, blocks, block_size, max_length)) return -1;
+    int64_t width = (heads + 2 * kv_heads) * d;
+    for (int64_t n = 0; n < rows; n++) {
+        int64_t p = positions[n];
+        int64_t slot = (int64_t)tables[n * table_stride + p / block_size] * block_size + p % block_size;
+        const float *row = qkv + n * width, *cos_p = cos + p * d, *sin_p = sin + p * d;
+        for (int64_t j = 0; j < heads + kv_heads; j++) {
+            const float *norm = norm_weight == NULL ? NULL : norm_weight + j * d;
+            float *target = j < heads ? q_out + (n * heads + j) * d : keys + ((j - heads) * blocks * block_size + slot) * d;
+            rotate_head(row + j * d, norm, cos_p, sin_p, d, eps, target);
+        }
+        for (int64_t h = 0; h < kv_heads; h++)
+            memcpy(values + (h * blocks * block_size + slot) * d, row + (heads + kv_heads + h) * d, sizeof(float) * d);
+    }
+    return 0;
+}
+
+/* Shapes: gate_up [rows, 2 * inner] contiguous (gate first); out [rows, inner]. */
+int silu_mul_f32(const float *gate_up, float *out, int64_t rows, int64_t inner) {
+    for (int64_t n = 0; n < rows; n++) {
+        const float *gate = gate_up + n * 2 * inner, *up = gate + inner;
+        float *target = out + n * inner;
+        for (int64_t i = 0; i < inner; i++) target[i] = gate[i] / (1.0f + exp_clamped(-gate[i])) * up[i];
+    }
+    return 0;
+}

@@ -1,0 +1,198 @@
+"""The CPU decode step's fused small ops and one-pass sampler (C kernels): hand-computed values, the eager torch ops
+they replace, inputs they refuse, and the decode step built from them against the eager one."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hybridflow.rollout import SamplingParams, cpu_fused, cpu_kernels, sampler
+from hybridflow.rollout.decoder import LlamaFamilyDecoder, _apply_rope
+from hybridflow.rollout.sampler import RowSampling
+from tests.rollout.conftest import prefilled_paged_cache
+
+pytestmark = pytest.mark.skipif(cpu_kernels.library() is None, reason="no C compiler: the kernels are not built")
+
+
+def eager_rms_norm(x, weight, eps):
+    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def test_add_rms_norm_by_hand():
+    """h = (1, 2) + (2, 2) = (3, 4): rms = sqrt((9 + 16) / 2) = sqrt(12.5), so normed = (1, 2) * h / sqrt(12.5)."""
+    normed, summed = cpu_fused.add_rms_norm(x=torch.tensor([[1.0, 2.0]]), residual=torch.tensor([[2.0, 2.0]]),
+                                            weight=torch.tensor([1.0, 2.0]), eps=0.0)
+    torch.testing.assert_close(summed, torch.tensor([[3.0, 4.0]]))
+    torch.testing.assert_close(normed, torch.tensor([[3.0, 8.0]]) / math.sqrt(12.5))
+    alone, same = cpu_fused.add_rms_norm(x=torch.tensor([[3.0, 4.0]]), residual=None,
+                                         weight=torch.tensor([1.0, 2.0]), eps=0.0)
+    torch.testing.assert_close(alone, normed)
+    torch.testing.assert_close(same, torch.tensor([[3.0, 4.0]]))
+
+
+def test_silu_mul_by_hand():
+    """silu(0) = 0 and silu(1) = 1 / (1 + e^-1): gate (0, 1), up (2, 3) -> (0, 3 / (1 + e^-1))."""
+    out = cpu_fused.silu_mul(torch.tensor([[0.0, 1.0, 2.0, 3.0]]))
+    torch.testing.assert_close(out, torch.tensor([[0.0, 3.0 / (1.0 + math.exp(-1.0))]]))
+
+
+def rope_tables(positions: int, dim: int, generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random angles in HF's layout (the two halves of a row repeat the same angles)."""
+    angles = torch.rand(positions, dim // 2, generator=generator) * 6.0
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def test_qkv_rope_write_by_hand():
+    """One q, k and v head of 4 dims at position 3 (the table's second block, 2, at offset 1, in blocks of 2),
+    rotated by 90 degrees in the first pair of dims and 0 in the second: rotate-half sends (a, b, c, d) to
+    (-c, b, a, d)."""
+    cos = torch.tensor([[1.0, 1.0, 1.0, 1.0]] * 3 + [[0.0, 1.0, 0.0, 1.0]])
+    sin = torch.tensor([[0.0, 0.0, 0.0, 0.0]] * 3 + [[1.0, 0.0, 1.0, 0.0]])
+    keys, values = torch.zeros(1, 3, 2, 4), torch.zeros(1, 3, 2, 4)
+    qkv = torch.arange(1.0, 13.0)[None]  # q (1..4), k (5..8), v (9..12)
+    q = cpu_fused.qkv_rope_write(qkv=qkv, positions=torch.tensor([3]), cos=cos, sin=sin, qk_norm=None, keys=keys,
+                                 values=values, heads=1, eps=1e-6, block_tables=torch.tensor([[0, 2]], dtype=torch.int32))
+    torch.testing.assert_close(q, torch.tensor([[[-3.0, 2.0, 1.0, 4.0]]]))
+    torch.testing.assert_close(keys[0, 2, 1], torch.tensor([-7.0, 6.0, 5.0, 8.0]))
+    torch.testing.assert_close(values[0, 2, 1], torch.tensor([9.0, 10.0, 11.0, 12.0]))
+    assert keys.count_nonzero() == 4 and values.count_nonzero() == 4  # nothing else written
+
+
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_qkv_rope_write_matches_the_eager_ops(qk_norm):
+    """Rows at different positions in scattered blocks, 6 q heads over 2 KV heads of 64 dims; Qwen3's per-head
+    norm over q and k (one weight row per head) where asked."""
+    generator = torch.Generator().manual_seed(3)
+    heads, kv_heads, dim, block = 6, 2, 64, 4
+    positions = torch.tensor([0, 5, 11])
+    tables = torch.tensor([[7, 0, 0], [3, 6, 0], [1, 4, 2]], dtype=torch.int32)
+    qkv = torch.randn(3, (heads + 2 * kv_heads) * dim, generator=generator)
+    cos, sin = rope_tables(16, dim, generator)
+    norm = 0.5 + torch.rand(heads + kv_heads, dim, generator=generator) if qk_norm else None
+    keys, values = torch.zeros(kv_heads, 8, block, dim), torch.zeros(kv_heads, 8, block, dim)
+    q = cpu_fused.qkv_rope_write(qkv=qkv, positions=positions, cos=cos, sin=sin, qk_norm=norm, keys=keys,
+                                 values=values, heads=heads, eps=1e-6, block_tables=tables)
+    qk, v = qkv.split([(heads + kv_heads) * dim, kv_heads * dim], dim=-1)
+    qk = qk.view(3, heads + kv_heads, dim)
+    if qk_norm:
+        qk = eager_rms_norm(qk, norm, 1e-6)
+    rotated = _apply_rope(qk, cos[positions][:, None], sin[positions][:, None])
+    torch.testing.assert_close(q, rotated[:, :heads], rtol=1e-5, atol=1e-5)
+    for n, position in enumerate(positions.tolist()):
+        block_id, offset = int(tables[n, position // block]), position % block
+        torch.testing.assert_close(keys[:, block_id, offset], rotated[n, heads:], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(values[:, block_id, offset], v[n].view(kv_heads, dim))
+
+
+def test_norm_and_silu_match_the_eager_ops():
+    generator = torch.Generator().manual_seed(4)
+    x, residual = torch.randn(5, 576, generator=generator), torch.randn(5, 576, generator=generator)
+    weight = 0.5 + torch.rand(576, generator=generator)
+    normed, summed = cpu_fused.add_rms_norm(x=x, residual=residual, weight=weight, eps=1e-5)
+    torch.testing.assert_close(summed, x + residual, rtol=0, atol=0)
+    torch.testing.assert_close(normed, eager_rms_norm(x + residual, weight, 1e-5), rtol=1e-5, atol=1e-6)
+    gate_up = 6 * torch.randn(5, 2 * 1536, generator=generator)
+    torch.testing.assert_close(cpu_fused.silu_mul(gate_up), F.silu(gate_up[:, :1536]) * gate_up[:, 1536:],
+                               rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("bad", ["past the table", "block outside the pool"])
+def test_qkv_rope_write_refuses_a_bad_table_and_writes_nothing(bad):
+    keys, values = torch.zeros(1, 3, 2, 16), torch.zeros(1, 3, 2, 16)
+    tables = torch.tensor([[1, 2], [2, 9 if bad == "block outside the pool" else 1]], dtype=torch.int32)
+    positions = torch.tensor([1, 4 if bad == "past the table" else 3])
+    cos, sin = torch.ones(8, 16), torch.zeros(8, 16)
+    with pytest.raises(RuntimeError, match="refused"):
+        cpu_fused.qkv_rope_write(qkv=torch.ones(2, 48), positions=positions, cos=cos, sin=sin, qk_norm=None,
+                                 keys=keys, values=values, heads=1, eps=1e-6, block_tables=tables)
+    assert keys.count_nonzero() == 0 and values.count_nonzero() == 0  # row 0 was valid, and still not written
+
+
+def test_the_kernels_refuse_what_is_not_fp32():
+    with pytest.raises(ValueError, match="fp32"):
+        cpu_fused.silu_mul(torch.ones(2, 4, dtype=torch.bfloat16))
+
+
+def test_sample_rows_by_hand():
+    """p = (0.1, 0.2, 0.3, 0.4): the CDF is (0.1, 0.3, 0.6, 1.0), so u = 0.05, 0.35 and 0.999 draw tokens 0, 2 and 3
+    with log-probs log p; at T = 2 the logits halve, p = sqrt(p) / sum sqrt(p). A greedy row takes the first maximum
+    (1 of (0, 3, 3, 1)) and reports log softmax."""
+    probs = torch.tensor([0.1, 0.2, 0.3, 0.4])
+    logits = probs.log().expand(4, -1).clone()
+    logits[3] = torch.tensor([0.0, 3.0, 3.0, 1.0])
+    tokens, logprobs = cpu_fused.sample_rows(logits=logits, temperature=torch.tensor([1.0, 1.0, 2.0, 1.0]),
+                                             greedy=torch.tensor([False, False, False, True]),
+                                             uniform=torch.tensor([[0.05], [0.35], [0.999], [0.5]]))
+    assert tokens.tolist() == [0, 2, 3, 1]
+    tempered = probs.sqrt() / probs.sqrt().sum()
+    expected = [math.log(0.1), math.log(0.3), math.log(float(tempered[3])), float(torch.log_softmax(logits[3], -1)[1])]
+    torch.testing.assert_close(logprobs, torch.tensor(expected), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_sample_rows_draws_what_the_torch_ops_draw(threads):
+    """32 rows (enough to run on two threads), temperatures from 0.3 to 1.5 and greedy rows mixed in."""
+    generator = torch.Generator().manual_seed(5)
+    params = [SamplingParams(temperature=0.0 if i % 7 == 0 else 0.3 + 0.04 * i) for i in range(32)]
+    rows = RowSampling.of(params, vocab_size=5000, device="cpu")
+    logits = 4 * torch.randn(32, 5000, generator=generator)
+    uniform = torch.rand(32, 1, generator=generator)
+    outer = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        tokens, logprobs = cpu_fused.sample_rows(logits=logits, temperature=rows.temperature, greedy=rows.greedy,
+                                                 uniform=uniform)
+    finally:
+        torch.set_num_threads(outer)
+    reference_tokens, reference_logprobs = sampler._torch_sample(logits, rows, uniform)
+    assert tokens.tolist() == reference_tokens.tolist()
+    torch.testing.assert_close(logprobs, reference_logprobs, rtol=1e-5, atol=1e-5)
+
+
+def test_sample_tokens_takes_the_kernel_for_plain_rows_and_torch_for_filters(monkeypatch):
+    calls = []
+    kernel = cpu_fused.sample_rows
+    monkeypatch.setattr(cpu_fused, "sample_rows", lambda **kw: calls.append(1) or kernel(**kw))
+    logits = torch.randn(3, 100)
+    sampler.sample_tokens(logits=logits, params=SamplingParams(temperature=0.8), uniform=torch.rand(3, 1))
+    assert calls == [1]
+    sampler.sample_tokens(logits=logits, params=SamplingParams(temperature=0.8, top_p=0.9), uniform=torch.rand(3, 1))
+    sampler.sample_tokens(logits=logits.double(), params=SamplingParams(temperature=0.8), uniform=torch.rand(3, 1))
+    assert calls == [1]
+
+
+def test_the_cpu_sampler_is_checked_on_its_first_draw_and_switched_off_if_wrong(monkeypatch, caplog):
+    logits, uniform = torch.randn(3, 300), torch.rand(3, 1)
+    rows = RowSampling.of([SamplingParams(temperature=0.9)] * 3, vocab_size=300, device="cpu")
+    monkeypatch.setitem(sampler._FUSED_SAMPLING, "cpu", {"enabled": True, "checked": False})
+    right = cpu_fused.sample_rows
+    monkeypatch.setattr(cpu_fused, "sample_rows", lambda **kw: ((right(**kw)[0] + 1) % 300, right(**kw)[1]))
+    with caplog.at_level("WARNING"):
+        tokens, _ = sampler.sample_tokens(logits=logits, params=rows, uniform=uniform)
+    assert tokens.tolist() == sampler._torch_sample(logits, rows, uniform)[0].tolist()  # the torch ops answered
+    assert not sampler._FUSED_SAMPLING["cpu"]["enabled"] and "disagreed" in caplog.text
+
+
+def test_the_fused_decode_step_matches_the_eager_one(tiny):
+    """Every llama-shaped tiny architecture (Qwen3's q/k norms, Qwen2's biases, windows): logits and the keys and
+    values written, rows at different positions in scattered blocks."""
+    model, _ = tiny
+    decoder = LlamaFamilyDecoder(model)
+    if not decoder.llama_shaped():
+        assert not decoder.fused_cpu_decode
+        pytest.skip("Gemma's norms, soft caps and routed experts decode as torch ops")
+    assert decoder.fused_cpu_decode
+    generator = torch.Generator().manual_seed(6)
+    prompts = [torch.randint(0, decoder.vocab_size, (length,), generator=generator) for length in (3, 17, 9)]
+    results = []
+    for fused in (True, False):
+        decoder.fused_cpu_decode = fused
+        cache, tables, positions = prefilled_paged_cache(decoder, prompts, block_size=4, max_len=32)
+        decoder.rope_table(cache.max_len)
+        logits = decoder.decode(token_ids=torch.tensor([5, 6, 7]), positions=positions, cache=cache,
+                                block_tables=tables, context=int(positions.max()) + 1)
+        results.append((logits, cache.data.clone()))
+    torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(results[0][1], results[1][1], rtol=1e-5, atol=1e-5)
