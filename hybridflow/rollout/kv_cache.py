@@ -96,12 +96,6 @@ class PagedKVCache:
             tail[:, :, :, 0, : length % size] = kv[:, :, :, full * size :]
             self.data.index_copy_(3, torch.tensor([blocks[full]], device=self.data.device), tail)
 
-    def read_prefix(self, blocks: list[int], length: int) -> torch.Tensor:
-        """The first ``length`` positions held in ``blocks``, as ``[layers, 2, KV, length, D]`` (a copy)."""
-        out = self.data.new_empty(*self.data.shape[:3], length, self.data.shape[5])
-        self.prefix(blocks, length).copy_into(out)
-        return out
-
     def prefix(self, blocks: list[int], length: int) -> CachedPrefix:
         """The first ``length`` positions held in ``blocks``, to be read into a prefill's buffer (no copy yet)."""
         return CachedPrefix(self, list(blocks[: -(-length // self.block_size)]), length)

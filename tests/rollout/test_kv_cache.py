@@ -32,6 +32,14 @@ def test_write_rows_index_the_flat_layer_view():
     assert rows.tolist() == [(0 * 5 + 2) * 4 + 3, (1 * 5 + 2) * 4 + 3, (0 * 5 + 4) * 4 + 2, (1 * 5 + 4) * 4 + 2]
 
 
+def read_prefix(cache, blocks: list[int], length: int) -> torch.Tensor:
+    """The first ``length`` positions held in ``blocks``, as ``[layers, 2, KV, length, D]``: read back through
+    :class:`CachedPrefix`, as a prefill reads them."""
+    out = cache.data.new_empty(*cache.data.shape[:3], length, cache.data.shape[5])
+    cache.prefix(blocks, length).copy_into(out)
+    return out
+
+
 def test_a_prompt_written_into_blocks_reads_back_and_spans_in_table_order():
     cache = paged(layers=1, blocks=5, block_size=2, kv_heads=1, head_dim=1)
     kv = torch.arange(1.0, 6.0).view(1, 1, 1, 5, 1).expand(1, 2, 1, 5, 1).clone()  # 5 positions: 1 .. 5
@@ -39,7 +47,7 @@ def test_a_prompt_written_into_blocks_reads_back_and_spans_in_table_order():
     cache.write_prompt([3, 1, 4], kv, start=2)  # block 3 came from the prefix cache: left alone
     assert cache.data[0, 0, 0, :, :, 0].tolist() == [[0, 0], [3, 4], [0, 0], [0, 0], [5, 0]]
     cache.write_prompt([3, 1, 4], kv, start=0)
-    torch.testing.assert_close(cache.read_prefix([3, 1, 4], 5), kv)
+    torch.testing.assert_close(read_prefix(cache, [3, 1, 4], 5), kv)
     keys, values = cache.span(0, torch.tensor([[3, 1, 4], [4, 0, 0]]))
     assert keys.shape == (2, 1, 6, 1) and keys[0, 0, :, 0].tolist() == [1, 2, 3, 4, 5, 0]
     assert values[1, 0, :2, 0].tolist() == [-5, 0]
@@ -51,7 +59,7 @@ def test_a_chunk_starting_inside_a_block_rewrites_that_block_from_the_returned_p
     cache.data[0, 0, 0, 1] = -9.0  # block 1 (positions 2, 3) holds something else before the write
     cache.write_prompt([3, 1, 4], kv, start=3)  # a chunk of positions 3, 4 after a prefix of 3
     assert cache.data[0, 0, 0, :, :, 0].tolist() == [[0, 0], [3, 4], [0, 0], [0, 0], [5, 0]]
-    torch.testing.assert_close(cache.read_prefix([1, 4], 3)[0, 0, 0, :, 0], torch.tensor([3.0, 4.0, 5.0]))
+    torch.testing.assert_close(read_prefix(cache, [1, 4], 3)[0, 0, 0, :, 0], torch.tensor([3.0, 4.0, 5.0]))
 
 
 def test_copy_blocks_copies_every_layer_and_head_of_each_pair():
