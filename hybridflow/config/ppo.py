@@ -379,6 +379,11 @@ class RolloutConfig:
     """Top-k (-1 = off)."""
     top_p: float = 1.0
     """Nucleus sampling mass."""
+    repetition_penalty: float = 1.0
+    """Penalty on tokens already in the prompt or the response (vLLM's rule: a logit z becomes z / r where
+    positive, z * r elsewhere); 1.0 = off. Validation rollouts too (verl's vLLM and SGLang servers apply it to every
+    request); needs use_rollout_log_probs=False when set (the engine's log-probs are then of the penalised
+    distribution)."""
     prompt_length: int = II("data.max_prompt_length")
     """Prompt length limit (follows data.max_prompt_length); with response_length it sizes the engine's
     context when max_model_len is null."""

@@ -262,6 +262,12 @@ def _check_rollout(problems: list[str], cfg: Any, model_max_len: int | None) -> 
     if cfg.actor_rollout_ref.actor.use_rollout_log_probs and (rollout.top_p < 1 or rollout.top_k > 0):
         problems.append("actor_rollout_ref.actor.use_rollout_log_probs=True needs rollout.top_p=1 and rollout.top_k=-1: "
                         "the engine's log-probs are of the filtered distribution, the trainer's are not")
+    if cfg.actor_rollout_ref.actor.use_rollout_log_probs and rollout.repetition_penalty != 1:
+        problems.append("actor_rollout_ref.actor.use_rollout_log_probs=True needs rollout.repetition_penalty=1: the "
+                        "engine's log-probs are of the penalised distribution, the trainer's are not")
+    if not rollout.repetition_penalty > 0:
+        problems.append(f"actor_rollout_ref.rollout.repetition_penalty={rollout.repetition_penalty} must be > 0 "
+                        "(1.0 = off)")
     if rollout.temperature < 0:
         problems.append(f"actor_rollout_ref.rollout.temperature={rollout.temperature} must be >= 0")
     if not 0 < rollout.top_p <= 1:

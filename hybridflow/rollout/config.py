@@ -9,6 +9,7 @@ node, a ``SimpleNamespace``):
 | ``temperature`` | ``temperature`` |
 | ``top_p`` | ``top_p`` |
 | ``top_k`` (``-1`` or ``0`` = off, as verl's vLLM / HF defaults) | ``top_k`` (``-1`` = off) |
+| ``repetition_penalty`` (training and validation: verl's vLLM / SGLang servers apply it to every request) | ``repetition_penalty`` |
 | ``response_length`` | ``max_tokens`` |
 | ``ignore_eos`` | ``ignore_eos`` (generate to ``response_length``; benchmarks) |
 | ``do_sample=False`` | ``temperature=0`` (greedy) |
@@ -45,6 +46,7 @@ def sampling_params_from_rollout_config(
         seed=seed,
         logprobs=logprobs,
         ignore_eos=bool(getattr(rollout_cfg, "ignore_eos", False)),
+        repetition_penalty=float(getattr(rollout_cfg, "repetition_penalty", 1.0)),  # validation too, as verl's servers
     )
 
 

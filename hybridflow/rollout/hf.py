@@ -89,6 +89,7 @@ class HFEngine:
             return_dict_in_generate=True,
             output_scores=True,
             suppress_tokens=self.suppressed or None,
+            repetition_penalty=params.repetition_penalty,  # greedy rows too, as the native engine
         )
 
     def _completion(self, prompt_index, tokens, logprobs, stop: StopChecker, params) -> Completion:

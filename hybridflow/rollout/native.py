@@ -383,7 +383,9 @@ class NativeEngine:
                               vocab_size=self.decoder.vocab_size, device=self.device)
         logits = torch.cat([pending.first_logits[None].expand(count, -1) for pending, count in wave])
         uniform = None if rows.all_greedy else run.wave_uniform(wave, device=self.device)
-        tokens, logprobs = sample_tokens(logits=logits, params=rows, uniform=uniform)
+        seen = [pending.token_ids for pending, count in wave for _ in range(count)] if (
+            rows.needs_repetition_penalty) else None
+        tokens, logprobs = sample_tokens(logits=logits, params=rows, uniform=uniform, seen=seen)
         drawn = zip(tokens.tolist(), logprobs.tolist())
         for pending, count in wave:
             output_start = pending.params.n - pending.remaining
@@ -534,8 +536,9 @@ class NativeEngine:
         cache = self.cache if run.mirror is None else MirroredCache(self.cache, run.mirror, start)
         logits = self._decode(token_ids=token_ids, positions=position_ids, block_tables=block_tables,
                               context=max(positions[start:stop]) + 1, cache=cache)
+        seen = [s.prompt_ids + s.token_ids for s in run.live[start:stop]] if rows.needs_repetition_penalty else None
         return sample_tokens(logits=logits, params=rows.slice(start, stop),
-                             uniform=None if uniform is None else uniform[start:stop])
+                             uniform=None if uniform is None else uniform[start:stop], seen=seen)
 
 
 @dataclass

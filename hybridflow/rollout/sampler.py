@@ -2,7 +2,11 @@
 
 For logits ``z`` ``[N, V]`` and row ``i``'s parameters, the sampling distribution is
 
-    p_i = softmax(filter_top_p(filter_top_k(filter_min_p(z_i / T_i))))
+    p_i = softmax(filter_top_p(filter_top_k(filter_min_p(rep(z_i) / T_i))))
+
+where ``rep`` is the repetition penalty ``r_i`` over the tokens row ``i`` has seen (its prompt and
+response so far; Keskar et al. 2019, "CTRL", as vLLM and HF apply it): ``z / r`` where ``z > 0``,
+``z * r`` elsewhere, other tokens unchanged (``r = 1``: off).
 
 where each filter sets the logits of removed tokens to ``-inf``: min-p removes tokens whose
 probability is below ``min_p`` times the most likely one's (Nguyen et al. 2024, "Turning Up
@@ -43,12 +47,15 @@ class RowSampling:
     top_p: torch.Tensor
     min_p: torch.Tensor
     greedy: torch.Tensor
+    repetition_penalty: torch.Tensor
     all_greedy: bool
     any_greedy: bool
     needs_top_k: bool
     needs_top_p: bool
     needs_min_p: bool
     needs_temperature: bool
+    needs_repetition_penalty: bool
+    """Whether any row (greedy ones too) has a repetition penalty: sampling then needs each row's seen tokens."""
 
     @classmethod
     def of(cls, params: Sequence[SamplingParams], *, vocab_size: int, device) -> RowSampling:
@@ -63,18 +70,20 @@ class RowSampling:
             temperature=column([1.0 if p.greedy else p.temperature for p in params]),
             top_k=column(top_k, torch.long), top_p=column([p.top_p for p in params]),
             min_p=column([p.min_p for p in params]), greedy=column(greedy, torch.bool),
+            repetition_penalty=column([p.repetition_penalty for p in params]),
             all_greedy=all(greedy), any_greedy=any(greedy),
             needs_top_k=any(k < vocab_size for k, g in zip(top_k, greedy) if not g),
             needs_top_p=any(p.top_p < 1.0 for p in params if not p.greedy),
             needs_min_p=any(p.min_p > 0.0 for p in params if not p.greedy),
             needs_temperature=any(p.temperature != 1.0 for p in params if not p.greedy),
+            needs_repetition_penalty=any(p.repetition_penalty != 1.0 for p in params),
         )
 
     def slice(self, start: int, stop: int) -> RowSampling:
         """Rows ``start .. stop - 1`` (a decode lane's share); the flags stay those of the whole batch."""
         if start == 0 and stop == self.temperature.shape[0]:
             return self
-        names = ("temperature", "top_k", "top_p", "min_p", "greedy")
+        names = ("temperature", "top_k", "top_p", "min_p", "greedy", "repetition_penalty")
         columns = {name: getattr(self, name)[start:stop] for name in names}
         return replace(self, **columns)
 
@@ -82,6 +91,26 @@ class RowSampling:
     def uniform(cls, params: SamplingParams, *, rows: int, vocab_size: int, device) -> RowSampling:
         """``rows`` rows that all sample with ``params``."""
         return cls.of([params] * rows, vocab_size=vocab_size, device=device)
+
+
+def apply_repetition_penalty(*, logits: torch.Tensor, penalty: torch.Tensor,
+                             seen: Sequence[Sequence[int]]) -> torch.Tensor:
+    """Row ``i``'s logits of the tokens in ``seen[i]`` (its prompt and response so far) penalised by
+    ``penalty[i]``: ``z / r`` where ``z > 0``, ``z * r`` elsewhere; a new ``[N, V]`` tensor (``logits`` may be a
+    view shared by rows, as an admission wave's first logits are)."""
+    rows, tokens = [], []
+    for row, (ids, value) in enumerate(zip(seen, penalty.tolist())):
+        if value != 1.0:
+            unique = sorted(set(ids))  # a token seen twice is penalised once
+            rows += [row] * len(unique)
+            tokens += unique
+    logits = logits.clone()
+    if not rows:
+        return logits
+    index = (torch.tensor(rows, device=logits.device), torch.tensor(tokens, device=logits.device))
+    scores, factor = logits[index], penalty[index[0]].to(logits.dtype)
+    logits[index] = torch.where(scores > 0, scores / factor, scores * factor)
+    return logits
 
 
 def filter_min_p(*, logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
@@ -143,7 +172,7 @@ def processed_logits(*, logits: torch.Tensor, params: SamplingParams | RowSampli
 
 def sample_tokens(
     *, logits: torch.Tensor, params: SamplingParams | RowSampling, generator: torch.Generator | None = None,
-    uniform: torch.Tensor | None = None,
+    uniform: torch.Tensor | None = None, seen: Sequence[Sequence[int]] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one token per row of ``logits`` ``[N, V]``.
 
@@ -152,12 +181,18 @@ def sample_tokens(
         uniform: ``[N, 1]`` draws from ``U[0, 1)`` (:func:`draw_uniform`) to use instead of
             drawing from ``generator``; lets slices of one batch be sampled apart (in decode
             lanes) with the same numbers as the whole batch.
+        seen: each row's prompt and response tokens so far; needed (and only read) where a row has a
+            repetition penalty.
 
     Returns:
         ``(tokens [N] int64, logprobs [N] float32)``, both on the logits' device.
     """
     rows = params if isinstance(params, RowSampling) else RowSampling.uniform(
         params, rows=logits.shape[0], vocab_size=logits.shape[-1], device=logits.device)
+    if rows.needs_repetition_penalty:
+        if seen is None:
+            raise ValueError("a row has a repetition penalty: pass each row's seen tokens (seen=...)")
+        logits = apply_repetition_penalty(logits=logits, penalty=rows.repetition_penalty, seen=seen)
     if _fused_sampling_applies(logits, rows):
         if uniform is None:
             uniform = (torch.zeros(logits.shape[0], 1, device=logits.device) if rows.all_greedy

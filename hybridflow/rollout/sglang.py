@@ -46,6 +46,7 @@ class SGLangEngine:
             validate_prompts(prompt_token_ids, max_model_len=self.max_model_len)
         sampling = {"n": 1, "temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k,
                     "min_p": params.min_p, "ignore_eos": params.ignore_eos,
+                    "repetition_penalty": params.repetition_penalty,
                     "max_new_tokens": params.max_tokens, "stop_token_ids": list(params.stop_token_ids),
                     "stop": list(params.stop) or None, "skip_special_tokens": False}
         repeated = [list(prompt) for prompt in prompt_token_ids for _ in range(params.n)]

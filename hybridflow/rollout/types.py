@@ -21,8 +21,8 @@ class SamplingParams:
     ``temperature == 0`` means greedy decoding (top-k / top-p are then ignored).
     ``top_k == -1`` and ``top_p == 1`` switch those filters off. ``logprobs=True`` asks
     for the log-probability of each sampled token under the *sampling* distribution,
-    i.e. after temperature, top-k and top-p (vLLM's ``processed_logprobs``); under
-    greedy decoding it is the log-probability under the unscaled model distribution.
+    i.e. after the repetition penalty, temperature, top-k and top-p (vLLM's ``processed_logprobs``);
+    under greedy decoding it is the log-probability under the unscaled (but penalised) model distribution.
     """
 
     n: int = 1
@@ -35,6 +35,10 @@ class SamplingParams:
     """Keep the k most likely tokens; -1 keeps all."""
     min_p: float = 0.0
     """Drop tokens less likely than ``min_p`` times the most likely one; 0 keeps all."""
+    repetition_penalty: float = 1.0
+    """Penalise every token already in the prompt or the response (vLLM's and HF's rule, Keskar et al. 2019,
+    "CTRL"): its logit ``z`` becomes ``z / r`` where positive, ``z * r`` where not, before temperature and the
+    filters; greedy rows too. 1 switches it off; > 1 discourages repeats."""
     max_tokens: int = 16
     """Most new tokens per completion (finish reason 'length' when reached)."""
     stop_token_ids: list[int] = field(default_factory=list)
@@ -61,6 +65,9 @@ class SamplingParams:
             raise RolloutError(f"temperature must be >= 0 (got {self.temperature}); use 0 for greedy decoding")
         if not 0.0 <= self.min_p <= 1.0:
             raise RolloutError(f"min_p must be in [0, 1] (got {self.min_p}); use 0.0 to switch it off")
+        if not self.repetition_penalty > 0:
+            raise RolloutError(f"repetition_penalty must be > 0 (got {self.repetition_penalty}); use 1.0 to switch "
+                               "it off")
         if self.top_k == 0 or self.top_k < -1:
             raise RolloutError(f"top_k must be -1 (off) or >= 1 (got {self.top_k})")
         if isinstance(self.stop, str):

@@ -53,6 +53,7 @@ class VLLMEngine:
         validate_prompts(prompt_token_ids, max_model_len=self.max_model_len)
         vllm_params = vllm.SamplingParams(
             n=params.n, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k, min_p=params.min_p,
+            repetition_penalty=params.repetition_penalty,
             ignore_eos=params.ignore_eos,
             max_tokens=params.max_tokens, stop_token_ids=list(params.stop_token_ids), stop=list(params.stop) or None,
             seed=params.seed, logprobs=0 if params.logprobs else None, include_stop_str_in_output=True,

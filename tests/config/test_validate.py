@@ -226,3 +226,13 @@ def test_split_placement_needs_ray_and_a_batch_the_rollout_ranks_divide(files):
     (line,) = problems(ppo(files, "rollout.n_gpus_per_node=-1"))
     assert "n_gpus_per_node >= 0" in line
     validate_ppo_config(ppo(files, "rollout.n_gpus_per_node=2", "trainer.backend=ray"), model_max_len=2048)
+
+
+def test_a_repetition_penalty_needs_engine_free_log_probs_and_must_be_positive(files):
+    """The engine's log-probs are of the penalised distribution: the trainer cannot reuse them as the policy's."""
+    (line,) = problems(ppo(files, "actor_rollout_ref.rollout.repetition_penalty=1.2",
+                           "actor_rollout_ref.actor.use_rollout_log_probs=True"))
+    assert "use_rollout_log_probs=True needs rollout.repetition_penalty=1" in line
+    (line,) = problems(ppo(files, "actor_rollout_ref.rollout.repetition_penalty=0"))
+    assert "repetition_penalty=0" in line and "must be > 0" in line
+    validate_ppo_config(ppo(files, "actor_rollout_ref.rollout.repetition_penalty=1.2"), model_max_len=2048)

@@ -96,7 +96,8 @@ class Generation:
         """ReMax's baseline (arXiv 2310.10505): the reward of the greedy response, repeated n times."""
         params = self.sampling_params(step=step, validate=False)
         greedy = SamplingParams(n=1, temperature=0.0, max_tokens=params.max_tokens,
-                                stop_token_ids=params.stop_token_ids, logprobs=False)
+                                stop_token_ids=params.stop_token_ids, logprobs=False,
+                                repetition_penalty=params.repetition_penalty)  # the same policy, decoded greedily
         baseline_batch = self.w.rollout.generate(prompts, greedy)
         _, scores, _, _ = self.w.reward.compute_scores(baseline_batch)
         return scores.repeat_interleave(self.rollout_cfg.n).to(self.run.device)
