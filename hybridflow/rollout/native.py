@@ -46,7 +46,7 @@ from hybridflow.rollout.cuda_graphs import DecodeGraphs
 from hybridflow.rollout.decoder import LlamaFamilyDecoder
 from hybridflow.rollout.kv_cache import MirroredCache, PagedKVCache, SlotMirror
 from hybridflow.rollout.lanes import DecodeLanes
-from hybridflow.rollout.sampler import RowSampling, draw_uniform, keyed_uniform, sample_tokens
+from hybridflow.rollout.sampler import RowSampling, draw_uniform, keyed_uniform, sample_tokens, seen_mask
 from hybridflow.rollout.stopping import StopChecker
 from hybridflow.rollout.types import Completion, SamplingParams, validate_prompts
 
@@ -245,6 +245,7 @@ class NativeEngine:
         self.decoder.rope_table(cache.max_len)  # once, rather than growing it step by step
         return GenerationRun(cache=cache, allocator=self.allocator, generator=self._generator(seed),
                              tokenizer=self.tokenizer, waiting=deque(), max_num_seqs=rows,
+                             vocab_size=self.decoder.vocab_size,
                              tables=HostBlockTables(rows=rows, width=cache.table_width),
                              mirror=self._mirror_for(cache, rows))
 
@@ -383,20 +384,22 @@ class NativeEngine:
                               vocab_size=self.decoder.vocab_size, device=self.device)
         logits = torch.cat([pending.first_logits[None].expand(count, -1) for pending, count in wave])
         uniform = None if rows.all_greedy else run.wave_uniform(wave, device=self.device)
-        seen = [pending.token_ids for pending, count in wave for _ in range(count)] if (
-            rows.needs_repetition_penalty) else None
+        seen = seen_mask([pending.token_ids for pending, count in wave for _ in range(count)],
+                         vocab_size=self.decoder.vocab_size, device=self.device) if rows.needs_repetition_penalty else None
         tokens, logprobs = sample_tokens(logits=logits, params=rows, uniform=uniform, seen=seen)
-        drawn = zip(tokens.tolist(), logprobs.tolist())
+        drawn, joined = list(zip(tokens.tolist(), logprobs.tolist())), []
         for pending, count in wave:
             output_start = pending.params.n - pending.remaining
-            for offset, (token, logprob) in zip(range(count), drawn):
+            for offset, (token, logprob) in zip(range(count), drawn[len(joined):]):
                 sequence = pending.start_sequence(output_start + offset)
                 sequence.blocks = pending.blocks.fork()
                 run.join(sequence)
                 run.append(sequence, token, logprob)
+                joined.append(sequence)
             pending.remaining -= count
             if pending.remaining == 0:
                 pending.drop_prefill()  # its samples hold the blocks now
+        run.mark_seen(joined, [token for token, _ in drawn])
         run.retire()
 
     @staticmethod
@@ -524,9 +527,11 @@ class NativeEngine:
             parts = self.lanes.run(lambda start, stop: self._decode_rows(run, inputs, positions, start, stop, rows,
                                                                          uniform), count)
             tokens, logprobs = (torch.cat(columns) for columns in zip(*parts))
-        for sequence, token, logprob in zip(run.live, tokens.tolist(), logprobs.tolist()):
+        tokens = tokens.tolist()
+        for sequence, token, logprob in zip(run.live, tokens, logprobs.tolist()):
             run.cached(sequence)
             run.append(sequence, token, logprob)
+        run.mark_seen(run.live, tokens)
         run.retire()
 
     def _decode_rows(self, run: GenerationRun, inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
@@ -536,7 +541,7 @@ class NativeEngine:
         cache = self.cache if run.mirror is None else MirroredCache(self.cache, run.mirror, start)
         logits = self._decode(token_ids=token_ids, positions=position_ids, block_tables=block_tables,
                               context=max(positions[start:stop]) + 1, cache=cache)
-        seen = [s.prompt_ids + s.token_ids for s in run.live[start:stop]] if rows.needs_repetition_penalty else None
+        seen = run.seen.rows([s.row for s in run.live[start:stop]]) if rows.needs_repetition_penalty else None
         return sample_tokens(logits=logits, params=rows.slice(start, stop),
                              uniform=None if uniform is None else uniform[start:stop], seen=seen)
 
@@ -570,6 +575,9 @@ class GenerationRun:
     chunked prefill."""
     _rows: RowSampling | None = None
     _rows_of: list[SamplingParams] = field(default_factory=list)
+    vocab_size: int = 0
+    seen: SeenTokens | None = None
+    """The tokens each row slot's sequence has seen, kept where a live sequence has a repetition penalty."""
     keyed_draws: bool = False
     """Sample with :func:`~hybridflow.rollout.sampler.keyed_uniform` draws keyed by (request seed, sample, token
     index) instead of the run's generator in row order: a request's tokens then do not depend on which requests
@@ -622,6 +630,10 @@ class GenerationRun:
         self.admissions += 1
         sequence.admitted = self.admissions
         sequence.row = self.tables.take(sequence.blocks.blocks)
+        if sequence.params.repetition_penalty != 1.0:
+            if self.seen is None:
+                self.seen = SeenTokens(rows=self.max_num_seqs, vocab_size=self.vocab_size, device=self.cache.data.device)
+            self.seen.reset(sequence.row, sequence.prompt_ids + sequence.token_ids)
         if self.mirror is not None:  # its cached positions: the prompt and every token but the one to sample
             cached = sequence.prompt_length + len(sequence.token_ids)
             self.mirror.load(len(self.live), self.cache.prefix(sequence.blocks.blocks, cached))
@@ -637,6 +649,14 @@ class GenerationRun:
         elif (len(sequence.token_ids) >= params.max_tokens
               or sequence.prompt_length + len(sequence.token_ids) >= self.cache.max_len):
             sequence.finish_reason = "length"
+
+    def mark_seen(self, sequences: list[Sequence], tokens: list[int]) -> None:
+        """Each sequence has seen its new token (kept only for those with a repetition penalty)."""
+        if self.seen is None:
+            return
+        marked = [(s.row, token) for s, token in zip(sequences, tokens) if s.params.repetition_penalty != 1.0]
+        if marked:
+            self.seen.add(*zip(*marked))
 
     def cached(self, sequence: Sequence) -> None:
         """The step wrote ``sequence``'s last token at its position: name the block it filled, if it did."""
@@ -733,6 +753,27 @@ class GenerationRun:
         for pending in self.waiting:
             pending.drop_prefill()
         return live
+
+
+class SeenTokens:
+    """Per row slot, the tokens its sequence has seen (prompt and response), as a ``[rows, V]`` bool mask on the
+    device, for the repetition penalty: set when a sequence joins, one entry a row each step, gathered by the
+    rows that sample; so a step's cost does not grow with the sequences' lengths."""
+
+    def __init__(self, *, rows: int, vocab_size: int, device):
+        self.mask = torch.zeros(rows, vocab_size, dtype=torch.bool, device=device)
+
+    def reset(self, slot: int, token_ids: list[int]) -> None:
+        self.mask[slot] = False
+        self.mask[slot, torch.tensor(token_ids, dtype=torch.long, device=self.mask.device)] = True
+
+    def add(self, slots: tuple[int, ...], token_ids: tuple[int, ...]) -> None:
+        device = self.mask.device
+        self.mask[torch.tensor(slots, device=device), torch.tensor(token_ids, device=device)] = True
+
+    def rows(self, slots: list[int]) -> torch.Tensor:
+        """``[len(slots), V]``: the masks of these slots, in this order."""
+        return self.mask[torch.tensor(slots, device=self.mask.device)]
 
 
 class HostBlockTables:

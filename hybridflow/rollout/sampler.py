@@ -93,24 +93,24 @@ class RowSampling:
         return cls.of([params] * rows, vocab_size=vocab_size, device=device)
 
 
-def apply_repetition_penalty(*, logits: torch.Tensor, penalty: torch.Tensor,
-                             seen: Sequence[Sequence[int]]) -> torch.Tensor:
-    """Row ``i``'s logits of the tokens in ``seen[i]`` (its prompt and response so far) penalised by
-    ``penalty[i]``: ``z / r`` where ``z > 0``, ``z * r`` elsewhere; a new ``[N, V]`` tensor (``logits`` may be a
-    view shared by rows, as an admission wave's first logits are)."""
-    rows, tokens = [], []
-    for row, (ids, value) in enumerate(zip(seen, penalty.tolist())):
-        if value != 1.0:
-            unique = sorted(set(ids))  # a token seen twice is penalised once
-            rows += [row] * len(unique)
-            tokens += unique
-    logits = logits.clone()
-    if not rows:
-        return logits
-    index = (torch.tensor(rows, device=logits.device), torch.tensor(tokens, device=logits.device))
-    scores, factor = logits[index], penalty[index[0]].to(logits.dtype)
-    logits[index] = torch.where(scores > 0, scores / factor, scores * factor)
-    return logits
+def seen_mask(seen: Sequence[Sequence[int]], *, vocab_size: int, device) -> torch.Tensor:
+    """``[N, V]`` bool: ``True`` at the tokens row ``i`` has seen (``seen[i]``, its prompt and response so far)."""
+    mask = torch.zeros(len(seen), vocab_size, dtype=torch.bool, device=device)
+    rows = [row for row, ids in enumerate(seen) for _ in ids]
+    if rows:
+        tokens = [token for ids in seen for token in ids]
+        mask[torch.tensor(rows, device=device), torch.tensor(tokens, device=device)] = True
+    return mask
+
+
+def apply_repetition_penalty(*, logits: torch.Tensor, penalty: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
+    """Row ``i``'s logits of the tokens it has seen (``seen`` ``[N, V]`` bool, :func:`seen_mask`) penalised by
+    ``penalty[i]``: ``z / r`` where ``z > 0``, ``z * r`` elsewhere; a new ``[N, V]`` tensor, on the device, in one
+    pass whatever the rows have seen (``logits`` may be a view shared by rows, as an admission wave's first logits
+    are)."""
+    factor = penalty.to(logits.dtype)[:, None]
+    penalised = torch.where(logits > 0, logits / factor, logits * factor)
+    return torch.where(seen, penalised, logits)
 
 
 def filter_min_p(*, logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
@@ -172,7 +172,7 @@ def processed_logits(*, logits: torch.Tensor, params: SamplingParams | RowSampli
 
 def sample_tokens(
     *, logits: torch.Tensor, params: SamplingParams | RowSampling, generator: torch.Generator | None = None,
-    uniform: torch.Tensor | None = None, seen: Sequence[Sequence[int]] | None = None,
+    uniform: torch.Tensor | None = None, seen: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one token per row of ``logits`` ``[N, V]``.
 
@@ -181,8 +181,8 @@ def sample_tokens(
         uniform: ``[N, 1]`` draws from ``U[0, 1)`` (:func:`draw_uniform`) to use instead of
             drawing from ``generator``; lets slices of one batch be sampled apart (in decode
             lanes) with the same numbers as the whole batch.
-        seen: each row's prompt and response tokens so far; needed (and only read) where a row has a
-            repetition penalty.
+        seen: ``[N, V]`` bool, the tokens each row has seen so far (:func:`seen_mask`); needed (and only
+            read) where a row has a repetition penalty.
 
     Returns:
         ``(tokens [N] int64, logprobs [N] float32)``, both on the logits' device.
@@ -191,7 +191,7 @@ def sample_tokens(
         params, rows=logits.shape[0], vocab_size=logits.shape[-1], device=logits.device)
     if rows.needs_repetition_penalty:
         if seen is None:
-            raise ValueError("a row has a repetition penalty: pass each row's seen tokens (seen=...)")
+            raise ValueError("a row has a repetition penalty: pass the tokens each row has seen (seen=seen_mask(...))")
         logits = apply_repetition_penalty(logits=logits, penalty=rows.repetition_penalty, seen=seen)
     if _fused_sampling_applies(logits, rows):
         if uniform is None:
