@@ -33,6 +33,14 @@ def _contiguous_f32(tensor: torch.Tensor, name: str) -> torch.Tensor:
     return tensor.contiguous()
 
 
+def _check_shapes(kernel: str, **shapes: tuple[tuple[int, ...], tuple[int, ...]]) -> None:
+    """Each ``name=(shape, expected)`` must match: the C kernels trust their shapes, so a mismatch is refused here
+    rather than read or written out of bounds. ``-1`` in ``expected`` takes any size."""
+    for name, (shape, expected) in shapes.items():
+        if len(shape) != len(expected) or any(e not in (-1, s) for s, e in zip(shape, expected)):
+            raise ValueError(f"{kernel}: {name} has shape {tuple(shape)}, expected {tuple(expected)} (-1: any)")
+
+
 def add_rms_norm(*, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """``h = x + residual`` (or ``x`` alone) and ``weight * RMSNorm(h)``; returns ``(normed, h)``, each ``[N, C]``."""
@@ -40,6 +48,8 @@ def add_rms_norm(*, x: torch.Tensor, residual: torch.Tensor | None, weight: torc
     residual = None if residual is None else _contiguous_f32(residual, "residual")
     weight = _contiguous_f32(weight, "weight")
     rows, columns = x.shape
+    _check_shapes("add_rms_norm", weight=(weight.shape, (columns,)),
+                  residual=(x.shape if residual is None else residual.shape, (rows, columns)))
     normed = torch.empty_like(x)
     summed = torch.empty_like(x) if residual is not None else x
     library().add_rms_norm_f32(x.data_ptr(), _pointer(residual), weight.data_ptr(), normed.data_ptr(),
@@ -64,6 +74,12 @@ def qkv_rope_write(*, qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Ten
         block_tables = block_tables.to(torch.int32).contiguous()
     rows = qkv.shape[0]
     kv_heads, blocks, block_size, head_dim = keys.shape
+    _check_shapes("qkv_rope_write", qkv=(qkv.shape, (rows, (heads + 2 * kv_heads) * head_dim)),
+                  values=(values.shape, keys.shape), positions=(positions.shape, (rows,)),
+                  cos=(cos.shape, (-1, head_dim)), sin=(sin.shape, cos.shape),
+                  qk_norm=((heads + kv_heads, head_dim) if qk_norm is None else qk_norm.shape,
+                           (heads + kv_heads, head_dim)),
+                  block_tables=(block_tables.shape[:1], (rows,)))
     q = torch.empty(rows, heads, head_dim, dtype=qkv.dtype)
     max_length = min(cos.shape[0], block_tables.shape[1] * block_size)
     failed = library().qkv_rope_write_f32(
@@ -80,6 +96,7 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up`` for ``gate_up`` ``[N, 2 I]`` (gate first); returns ``[N, I]``."""
     gate_up = _contiguous_f32(gate_up, "gate_up")
     rows, inner = gate_up.shape[0], gate_up.shape[1] // 2
+    _check_shapes("silu_mul", gate_up=(gate_up.shape, (rows, 2 * inner)))
     out = torch.empty(rows, inner, dtype=gate_up.dtype)
     library().silu_mul_f32(gate_up.data_ptr(), out.data_ptr(), rows, inner)
     return out
@@ -94,6 +111,8 @@ def sample_rows(*, logits: torch.Tensor, temperature: torch.Tensor, greedy: torc
                                                                      (uniform, "uniform")))
     greedy = greedy.to(torch.bool).contiguous()
     rows, vocab = logits.shape
+    _check_shapes("sample_rows", logits=(logits.shape, (rows, max(vocab, 1))), temperature=(temperature.shape, (rows,)),
+                  greedy=(greedy.shape, (rows,)), uniform=(uniform.reshape(-1).shape, (rows,)))
     tokens = torch.empty(rows, dtype=torch.int64)
     logprobs = torch.empty(rows, dtype=torch.float32)
     failed = library().sample_rows_f32(logits.data_ptr(), temperature.data_ptr(), greedy.data_ptr(),

@@ -196,3 +196,27 @@ def test_the_fused_decode_step_matches_the_eager_one(tiny):
         results.append((logits, cache.data.clone()))
     torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(results[0][1], results[1][1], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("bad", ["norm weight", "qkv width", "cos width", "qk norm", "positions", "odd gate|up",
+                                 "temperatures", "empty vocabulary"])
+def test_a_shape_the_kernel_cannot_take_is_refused_before_it_runs(bad):
+    """The C kernels trust their shapes: each mismatch is one error naming the tensor, never a read past its end."""
+    keys = torch.zeros(1, 3, 2, 16)
+    rope = dict(positions=torch.tensor([1]), cos=torch.ones(4, 16), sin=torch.zeros(4, 16), qk_norm=None,
+                keys=keys, values=keys.clone(), heads=1, eps=1e-6, block_tables=torch.tensor([[1, 2]], dtype=torch.int32))
+    calls = {
+        "norm weight": lambda: cpu_fused.add_rms_norm(x=torch.ones(2, 8), residual=None, weight=torch.ones(4), eps=0.0),
+        "qkv width": lambda: cpu_fused.qkv_rope_write(qkv=torch.ones(1, 40), **rope),
+        "cos width": lambda: cpu_fused.qkv_rope_write(qkv=torch.ones(1, 48), **{**rope, "cos": torch.ones(4, 8)}),
+        "qk norm": lambda: cpu_fused.qkv_rope_write(qkv=torch.ones(1, 48), **{**rope, "qk_norm": torch.ones(1, 16)}),
+        "positions": lambda: cpu_fused.qkv_rope_write(qkv=torch.ones(1, 48), **{**rope, "positions": torch.tensor([1, 2])}),
+        "odd gate|up": lambda: cpu_fused.silu_mul(torch.ones(2, 7)),
+        "temperatures": lambda: cpu_fused.sample_rows(logits=torch.zeros(2, 5), temperature=torch.ones(1),
+                                                      greedy=torch.zeros(2, dtype=torch.bool), uniform=torch.rand(2, 1)),
+        "empty vocabulary": lambda: cpu_fused.sample_rows(logits=torch.zeros(2, 0), temperature=torch.ones(2),
+                                                          greedy=torch.zeros(2, dtype=torch.bool), uniform=torch.rand(2, 1)),
+    }
+    with pytest.raises(ValueError, match="expected"):
+        calls[bad]()
+    assert keys.count_nonzero() == 0
