@@ -482,8 +482,8 @@ class LlamaFamilyDecoder:
         if context is None and self.triton_kernels:
             return self._decode_fused(token_ids=token_ids, positions=positions, cache=cache, block_tables=block_tables,
                                       ops=fused_decode_ops("cuda"))
-        fused_on_cpu = self.fused_cpu_decode and self.paged_cpu_attention and isinstance(cache, PagedKVCache)
-        if context is not None and fused_on_cpu:
+        reads_pool_on_cpu = context is not None and self.paged_cpu_attention and isinstance(cache, PagedKVCache)
+        if reads_pool_on_cpu and self.fused_cpu_decode:
             return self._decode_fused(token_ids=token_ids, positions=positions, cache=cache,
                                       block_tables=block_tables[:, : -(-context // cache.block_size)],
                                       ops=fused_decode_ops("cpu"))
@@ -491,7 +491,7 @@ class LlamaFamilyDecoder:
         rows = cache.write_rows(positions, block_tables)
         if context is not None:  # only the blocks the longest row reaches
             block_tables = block_tables[:, : -(-context // cache.block_size)]
-        if context is not None and self.paged_cpu_attention and isinstance(cache, PagedKVCache):
+        if reads_pool_on_cpu:
             attend = self._paged_cpu_attention(positions=positions, cache=cache, block_tables=block_tables)
         else:
             attend = self._decode_attention(positions=positions, cache=cache, block_tables=block_tables)

@@ -387,10 +387,11 @@ class NativeEngine:
         seen = seen_mask([pending.token_ids for pending, count in wave for _ in range(count)],
                          vocab_size=self.decoder.vocab_size, device=self.device) if rows.needs_repetition_penalty else None
         tokens, logprobs = sample_tokens(logits=logits, params=rows, uniform=uniform, seen=seen)
-        drawn, joined = list(zip(tokens.tolist(), logprobs.tolist())), []
+        tokens, joined = tokens.tolist(), []
+        drawn = zip(tokens, logprobs.tolist())
         for pending, count in wave:
             output_start = pending.params.n - pending.remaining
-            for offset, (token, logprob) in zip(range(count), drawn[len(joined):]):
+            for offset, (token, logprob) in zip(range(count), drawn):
                 sequence = pending.start_sequence(output_start + offset)
                 sequence.blocks = pending.blocks.fork()
                 run.join(sequence)
@@ -399,7 +400,7 @@ class NativeEngine:
             pending.remaining -= count
             if pending.remaining == 0:
                 pending.drop_prefill()  # its samples hold the blocks now
-        run.mark_seen(joined, [token for token, _ in drawn])
+        run.mark_seen(joined, tokens)
         run.retire()
 
     @staticmethod
@@ -764,8 +765,7 @@ class SeenTokens:
         self.mask = torch.zeros(rows, vocab_size, dtype=torch.bool, device=device)
 
     def reset(self, slot: int, token_ids: list[int]) -> None:
-        self.mask[slot] = False
-        self.mask[slot, torch.tensor(token_ids, dtype=torch.long, device=self.mask.device)] = True
+        self.mask[slot] = seen_mask([token_ids], vocab_size=self.mask.shape[1], device=self.mask.device)[0]
 
     def add(self, slots: tuple[int, ...], token_ids: tuple[int, ...]) -> None:
         device = self.mask.device

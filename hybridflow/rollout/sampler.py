@@ -295,7 +295,6 @@ def _inverse_cdf_sample(*, logits: torch.Tensor, uniform: torch.Tensor) -> tuple
     return tokens, logprobs.squeeze(-1)
 
 
-
 _MASK64 = (1 << 64) - 1
 
 
