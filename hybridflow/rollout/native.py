@@ -216,8 +216,16 @@ class NativeEngine:
         self.decoder.load_weights(named_tensors)
         if self.device.type == "cpu":
             return_freed_memory()  # the packing temporaries: ~0.4 GB resident otherwise (SmolLM2-135M)
+        self.reset_prefix_cache()  # cached blocks were computed with the old weights
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every named block (vLLM's ``reset_prefix_cache``): a prompt then prefills all its tokens. A
+        prefill that starts from cached blocks sums in another order than a whole one (other matmul shapes), so
+        a rollout batch is bitwise the same whatever ran before it only when it starts with no names: the
+        rollout worker calls this at the start of every batch (a resumed run never saw the validation rollout
+        whose turns the uninterrupted run would otherwise reuse at the next step)."""
         if self.allocator is not None:
-            self.allocator.drop_names()  # cached blocks were computed with the old weights
+            self.allocator.drop_names()
 
     def generate(self, prompt_token_ids: list[list[int]],
                  params: SamplingParams | list[SamplingParams]) -> list[Completion]:

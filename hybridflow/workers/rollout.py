@@ -102,6 +102,7 @@ class RolloutWorker:
         """Sample ``params.n`` responses for each prompt of ``prompts`` (needs ``raw_prompt_ids``); ``partial``:
         a weight sync may land between two decode steps (:meth:`generate_partial`)."""
         with self.handover.lock:
+            self.start_from_a_clean_engine()
             if self.agent_loops is not None:
                 return self.run_agent_loops(prompts, params)
             if partial:
@@ -112,6 +113,15 @@ class RolloutWorker:
                 images["multi_modal_inputs"] = list(prompts["multi_modal_inputs"])
             completions = self.engine.generate([list(ids) for ids in prompts["raw_prompt_ids"]], params, **images)
             return self.assemble(prompts, completions, n=params.n)
+
+    def start_from_a_clean_engine(self) -> None:
+        """Drop what an earlier batch left in the engine's prefix cache (e.g. the validation rollout before the
+        next step's, which share weights): prefix caching then serves the turns of this batch's conversations
+        only, and a batch's log-probs do not depend on what ran before it, so a killed and resumed run
+        reproduces the uninterrupted one bit for bit. Engines without a prefix cache have nothing to drop."""
+        reset = getattr(self.engine, "reset_prefix_cache", None)
+        if reset is not None:
+            reset()
 
     def generate_partial(self, prompts: Batch, params: SamplingParams, *, handover: EngineHandover) -> Batch:
         """A generation that a weight sync may interrupt between two decode steps (verl's partial rollout); the

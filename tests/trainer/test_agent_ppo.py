@@ -91,3 +91,59 @@ def test_grpo_learns_to_call_the_tool(tmp_path, tool_model_dir):
     print("score per step:", scores, "tool calls per conversation:", [round(r["tool_call_counts/mean"], 2) for r in rows])
     assert sum(scores[:3]) / 3 < 0.1, scores
     assert sum(scores[-3:]) / 3 > 0.9, scores
+
+
+# ---------------------------------------------------------------------------- resume after SIGKILL
+def tool_calling_model_dir(path) -> str:
+    """The tiny model with a bias towards the answer-submitting call token, so conversations have tool turns
+    from the first step: hidden dim 0 is a constant (every embedding holds 0.2 there and no layer writes to it),
+    and the call token's tied embedding holds 1.2 there, which lifts its logit wherever the model is."""
+    import torch
+
+    from hybridflow.models.tiny import build_tiny_model, build_tiny_tokenizer
+
+    tokenizer = build_tiny_tokenizer()
+    tokenizer.add_tokens([SUBMIT_42])
+    model, _ = build_tiny_model(tokenizer=tokenizer, seed=0)
+    with torch.no_grad():
+        embed = model.model.embed_tokens.weight
+        embed[:, 0] = 0.2
+        embed[tokenizer.convert_tokens_to_ids(SUBMIT_42), 0] = 1.2
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight[0].zero_()
+            layer.mlp.down_proj.weight[0].zero_()
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+@pytest.mark.slow
+def test_multi_turn_tool_run_resumes_bit_for_bit_after_sigkill(tmp_path):
+    """Killed after step 2's checkpoint (where it validated, so the straight run's engine holds the validation
+    conversations' blocks) and resumed: step 4's weights and every step's metrics equal the uninterrupted run's.
+    The prompts' lengths span 16 tokens, so some end 1-3 tokens past a whole block (a prefix-cache hit there
+    prefills a 1-3 row chunk, whose matmul sums differently), and the loss reads the engine's log-probs."""
+    from tests.trainer.test_ppo_e2e import kill_after_step_2_and_resume, read_metrics
+
+    model = tool_calling_model_dir(tmp_path / "model")
+
+    def overrides(root) -> list[str]:
+        root.mkdir(parents=True, exist_ok=True)
+        rows = tool_task(root, rows=8)
+        padded = pd.read_parquet(root / "tool_train.parquet")
+        padded["prompt"] = [[{**m, "content": m["content"] + " ok" * i} for m in p] for i, p in enumerate(padded["prompt"])]
+        padded.to_parquet(root / "tool_train.parquet")
+        padded.to_parquet(root / "tool_test.parquet")  # validation sees every training prompt
+        return base_overrides(root, model, steps=4) + rows + [
+            "data.max_response_length=48", "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3",
+            "actor_rollout_ref.rollout.multi_turn.stop_after_tool_call=True",
+            "actor_rollout_ref.actor.use_rollout_log_probs=True", "trainer.test_freq=2", "trainer.save_freq=2",
+            "trainer.logger=[file]", "data.shuffle=True"]
+
+    straight, resumed = kill_after_step_2_and_resume(tmp_path, overrides)
+    before, after = read_metrics(straight), read_metrics(resumed)
+    assert [row["step"] for row in after] == [1, 2, 3, 4]
+    assert before[0]["tool_call_counts/mean"] > 0  # conversations with tool turns from the first step
+    for a, b in zip(before, after):
+        same = {key for key in a if not key.startswith(("timing_s/", "perf/"))}
+        assert {key: a[key] for key in same} == {key: b[key] for key in same}, a["step"]

@@ -37,6 +37,7 @@ from typing import Any, Protocol
 from tqdm import tqdm
 
 from hybridflow.errors import ConfigError
+from hybridflow.trainer.tracking.above_bar import console_above_bar
 
 logger = logging.getLogger("hybridflow.tracking")
 
@@ -369,7 +370,8 @@ class Tracking:
         bar = tqdm(total=total_steps, initial=initial_step, desc="training", unit="step", dynamic_ncols=True)
         self._progress = bar
         try:
-            yield bar
+            with console_above_bar():  # warnings, log lines and prints start on a line of their own
+                yield bar
         finally:
             self._progress = None
             bar.close()
