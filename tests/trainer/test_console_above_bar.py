@@ -12,6 +12,7 @@ MESSAGES = ("a logged warning", "a warnings.warn warning", "a printed line", "a 
 
 CHILD = f'''
 import logging, threading, warnings
+from tqdm import tqdm
 from hybridflow.trainer.tracking.trackers import Tracking
 MESSAGES = {MESSAGES!r}
 tracking = Tracking("p", "e", backends=[])
@@ -25,6 +26,10 @@ with tracking.progress(total_steps=4):
     worker.start()
     worker.join()
     tracking.log({{}}, step=3)
+    for _ in tqdm(range(3), desc="writing shards"):  # another bar, drawn on the replaced stderr
+        pass
+    tqdm.write("a tqdm.write line")
+    logging.getLogger("hybridflow.test").warning("after the inner bar")
 '''
 
 
@@ -41,5 +46,7 @@ def test_each_message_starts_a_line_and_the_bar_resumes_after_it():
     lines = out.split("\n")  # a log filter's view: \n-separated lines, whatever \r the bar left in them
     assert MESSAGES[0] in lines and MESSAGES[2] in lines and MESSAGES[3] in lines, out
     assert any(line.endswith(f"UserWarning: {MESSAGES[1]}") and line.startswith("<string>") for line in lines), out
+    assert "a tqdm.write line" in lines and "after the inner bar" in lines, out
+    assert "writing shards: 100%" in out
     # the bar was drawn before the first message and again after the last one
     assert out.index("training:") < out.index(MESSAGES[0]) and out.rindex("training:") > out.rindex(MESSAGES[3]), out
