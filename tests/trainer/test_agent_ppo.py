@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pandas as pd
 import pytest
+import torch
 
 from hybridflow.config import PPOConfig, load_config
 from hybridflow.trainer.main_ppo import run_ppo
@@ -98,8 +100,6 @@ def tool_calling_model_dir(path) -> str:
     """The tiny model with a bias towards the answer-submitting call token, so conversations have tool turns
     from the first step: hidden dim 0 is a constant (every embedding holds 0.2 there and no layer writes to it),
     and the call token's tied embedding holds 1.2 there, which lifts its logit wherever the model is."""
-    import torch
-
     from hybridflow.models.tiny import build_tiny_model, build_tiny_tokenizer
 
     tokenizer = build_tiny_tokenizer()
@@ -117,33 +117,82 @@ def tool_calling_model_dir(path) -> str:
     return str(path)
 
 
-@pytest.mark.slow
-def test_multi_turn_tool_run_resumes_bit_for_bit_after_sigkill(tmp_path):
-    """Killed after step 2's checkpoint (where it validated, so the straight run's engine holds the validation
-    conversations' blocks) and resumed: step 4's weights and every step's metrics equal the uninterrupted run's.
-    The prompts' lengths span 16 tokens, so some end 1-3 tokens past a whole block (a prefix-cache hit there
-    prefills a 1-3 row chunk, whose matmul sums differently), and the loss reads the engine's log-probs."""
-    from tests.trainer.test_ppo_e2e import kill_after_step_2_and_resume, read_metrics
+PAST_A_BLOCK = 2
+"""Every prompt of :func:`resumable_tool_run` is this many tokens past a whole KV block: a prefix-cache hit then
+prefills a 2-row chunk, whose CPU matmul sums in another order than the whole prompt's."""
 
-    model = tool_calling_model_dir(tmp_path / "model")
 
-    def overrides(root) -> list[str]:
-        root.mkdir(parents=True, exist_ok=True)
-        rows = tool_task(root, rows=8)
-        padded = pd.read_parquet(root / "tool_train.parquet")
-        padded["prompt"] = [[{**m, "content": m["content"] + " ok" * i} for m in p] for i, p in enumerate(padded["prompt"])]
-        padded.to_parquet(root / "tool_train.parquet")
-        padded.to_parquet(root / "tool_test.parquet")  # validation sees every training prompt
-        return base_overrides(root, model, steps=4) + rows + [
-            "data.max_response_length=48", "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3",
-            "actor_rollout_ref.rollout.multi_turn.stop_after_tool_call=True",
-            "actor_rollout_ref.actor.use_rollout_log_probs=True", "trainer.test_freq=2", "trainer.save_freq=2",
-            "trainer.logger=[file]", "data.shuffle=True"]
+def resumable_tool_run(root, model: str, *, steps: int, every: int) -> list[str]:
+    """A multi-turn tool GRPO run that validates and checkpoints every ``every`` steps, so the uninterrupted run's
+    engine holds the validation conversations' blocks when the next step's rollout starts. Validation sees every
+    training prompt; the prompts (with the tools described, as the tool agent renders them) are padded to one
+    length, :data:`PAST_A_BLOCK` tokens past a whole block; the loss reads the engine's log-probs."""
+    from transformers import AutoTokenizer
 
-    straight, resumed = kill_after_step_2_and_resume(tmp_path, overrides)
-    before, after = read_metrics(straight), read_metrics(resumed)
-    assert [row["step"] for row in after] == [1, 2, 3, 4]
-    assert before[0]["tool_call_counts/mean"] > 0  # conversations with tool turns from the first step
+    from hybridflow.agents.chat import render_prompt
+    from hybridflow.rollout.block_manager import BLOCK_SIZE
+    from hybridflow.tools.config import load_tools
+
+    root.mkdir(parents=True, exist_ok=True)
+    task = tool_task(root, rows=8)
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    schemas = [tool.tool_schema for tool in load_tools(str(root / "tools.yaml"))]
+    rows = pd.read_parquet(root / "tool_train.parquet")
+    lengths = [len(render_prompt(tokenizer, list(p), tool_schemas=schemas, template_kwargs={})) for p in rows["prompt"]]
+    target = -(-(max(lengths) - PAST_A_BLOCK) // BLOCK_SIZE) * BLOCK_SIZE + PAST_A_BLOCK
+    rows["prompt"] = [[{**m, "content": m["content"] + " 7" * (target - n)} for m in p]  # " 7" is one token
+                      for n, p in zip(lengths, rows["prompt"])]
+    rows.to_parquet(root / "tool_train.parquet")
+    rows.to_parquet(root / "tool_test.parquet")
+    return base_overrides(root, model, steps=steps) + task + [
+        "data.max_response_length=48", "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3",
+        "actor_rollout_ref.rollout.multi_turn.stop_after_tool_call=True",
+        "actor_rollout_ref.actor.use_rollout_log_probs=True", f"trainer.test_freq={every}",
+        f"trainer.save_freq={every}", "trainer.logger=[file]", "data.shuffle=True"]
+
+
+def assert_same_steps(before: list[dict], after: list[dict]) -> None:
+    """Every metric of every step equal, bit for bit (times and memory aside), in a run whose conversations had
+    tool turns from the first step and whose prompts were all :data:`PAST_A_BLOCK` tokens past a whole block."""
+    from hybridflow.rollout.block_manager import BLOCK_SIZE
+
+    assert before[0]["tool_call_counts/mean"] > 0
+    assert before[0]["prompt_length/min"] == before[0]["prompt_length/max"]
+    assert before[0]["prompt_length/max"] % BLOCK_SIZE == PAST_A_BLOCK
+    assert [row["step"] for row in after] == [row["step"] for row in before]
     for a, b in zip(before, after):
         same = {key for key in a if not key.startswith(("timing_s/", "perf/"))}
         assert {key: a[key] for key in same} == {key: b[key] for key in same}, a["step"]
+
+
+def test_multi_turn_tool_run_resumed_from_a_checkpoint_is_bit_for_bit(tmp_path):
+    """The fast variant: a 2-step run, and a second one resumed from a copy of its step-1 checkpoint (as if
+    killed right after it was published), in this process: step 2's metrics and weights are the same."""
+    from tests.trainer.test_ppo_e2e import merged_weights
+
+    model = tool_calling_model_dir(tmp_path / "model")
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    run_ppo(load_config(PPOConfig, resumable_tool_run(straight, model, steps=2, every=1)))
+    overrides = resumable_tool_run(resumed, model, steps=2, every=1)
+    (resumed / "ckpt" / "logs").mkdir(parents=True)
+    shutil.copytree(straight / "ckpt" / "global_step_1", resumed / "ckpt" / "global_step_1")
+    (resumed / "ckpt" / "latest_checkpointed_iteration.txt").write_text("1")
+    first_step = (straight / "ckpt" / "logs" / "metrics.jsonl").read_text().splitlines()[0]
+    (resumed / "ckpt" / "logs" / "metrics.jsonl").write_text(first_step + "\n")
+    run_ppo(load_config(PPOConfig, overrides))
+    assert_same_steps(metrics_rows(straight), metrics_rows(resumed))
+    a = merged_weights(straight / "ckpt" / "global_step_2" / "actor", tmp_path / "a")
+    b = merged_weights(resumed / "ckpt" / "global_step_2" / "actor", tmp_path / "b")
+    assert all(torch.equal(a[key], b[key]) for key in a)
+
+
+@pytest.mark.slow
+def test_multi_turn_tool_run_resumes_bit_for_bit_after_sigkill(tmp_path):
+    """Killed with SIGKILL after step 2's checkpoint (where it validated) and resumed: step 4's weights (checked
+    by kill_after_step_2_and_resume) and every step's metrics equal the uninterrupted run's."""
+    from tests.trainer.test_ppo_e2e import kill_after_step_2_and_resume
+
+    model = tool_calling_model_dir(tmp_path / "model")
+    straight, resumed = kill_after_step_2_and_resume(
+        tmp_path, lambda root: resumable_tool_run(root, model, steps=4, every=2))
+    assert_same_steps(metrics_rows(straight), metrics_rows(resumed))
