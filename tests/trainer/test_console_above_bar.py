@@ -15,6 +15,9 @@ import logging, threading, warnings
 from tqdm import tqdm
 from hybridflow.trainer.tracking.trackers import Tracking
 MESSAGES = {MESSAGES!r}
+configured = logging.getLogger("a_library")  # a handler set up before the bar, holding the real stderr
+configured.addHandler(logging.StreamHandler())
+configured.propagate = False
 tracking = Tracking("p", "e", backends=[])
 with tracking.progress(total_steps=4):
     tracking.log({{"critic/score/mean": 0.5}}, step=1)
@@ -30,6 +33,7 @@ with tracking.progress(total_steps=4):
         pass
     tqdm.write("a tqdm.write line")
     logging.getLogger("hybridflow.test").warning("after the inner bar")
+    configured.warning("from a configured handler")
 '''
 
 
@@ -47,6 +51,7 @@ def test_each_message_starts_a_line_and_the_bar_resumes_after_it():
     assert MESSAGES[0] in lines and MESSAGES[2] in lines and MESSAGES[3] in lines, out
     assert any(line.endswith(f"UserWarning: {MESSAGES[1]}") and line.startswith("<string>") for line in lines), out
     assert "a tqdm.write line" in lines and "after the inner bar" in lines, out
+    assert "from a configured handler" in lines, out
     assert "writing shards: 100%" in out
     # the bar was drawn before the first message and again after the last one
     assert out.index("training:") < out.index(MESSAGES[0]) and out.rindex("training:") > out.rindex(MESSAGES[3]), out

@@ -4,7 +4,7 @@ streams that clear the bar, write whole lines, and draw the bar again (tqdm's ``
 Why: the bar is a line without its newline, redrawn in place; a warning written to the same terminal lands glued
 to its end (``training:  50%|#####     | 1/2 [...]no KV block is left ...``), where a reader or a log filter
 matching at the start of a line misses it. Every console message of a run goes through these two streams:
-``logging`` (the last-resort handler and any handler that writes to them look them up when they write),
+``logging`` (the last-resort handler looks them up when it writes; handlers that hold them get the wrapped ones),
 ``warnings.warn`` (``showwarning`` writes to ``sys.stderr``) and ``print``, from any thread (tqdm's lock orders
 the clears and redraws; these streams take it too). A write is held until its line is complete, so ``print``'s
 text and its newline (two writes) never have the bar drawn between them. What a tqdm bar draws (another bar drawn
@@ -14,6 +14,7 @@ while this one is, such as a checkpoint's "Writing model shards") goes through a
 from __future__ import annotations
 
 import contextlib
+import logging
 import sys
 from collections.abc import Iterator
 
@@ -73,14 +74,30 @@ def _drawn_by_a_bar() -> bool:
 
 @contextlib.contextmanager
 def console_above_bar() -> Iterator[None]:
-    """``sys.stdout`` / ``sys.stderr`` write above the bar for the block's duration, then are restored (their
-    pending partial lines written)."""
+    """``sys.stdout`` / ``sys.stderr`` write above the bar for the block's duration, and so do the logging
+    handlers that hold them (``logging.basicConfig``'s, transformers' own, set up before the bar); all are
+    restored afterwards (pending partial lines written)."""
     real = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = LinesAboveBar(real[0]), LinesAboveBar(real[1])
+    wrapped = {id(stream): LinesAboveBar(stream) for stream in real}
+    held = [(handler, handler.stream) for handler in _console_handlers() if id(handler.stream) in wrapped]
+    sys.stdout, sys.stderr = (wrapped[id(stream)] for stream in real)
+    for handler, stream in held:
+        handler.setStream(wrapped[id(stream)])
     try:
         yield
     finally:
-        wrapped, (sys.stdout, sys.stderr) = (sys.stdout, sys.stderr), real
-        for stream in wrapped:
-            if isinstance(stream, LinesAboveBar):
-                stream.flush()
+        sys.stdout, sys.stderr = real
+        for handler, stream in held:
+            handler.setStream(stream)
+        for stream in wrapped.values():
+            stream.flush()
+
+
+def _console_handlers() -> list[logging.StreamHandler]:
+    """Every logging handler that writes to a stream it holds (files aside), on the root logger and the named
+    ones."""
+    loggers = [logging.getLogger(), *(each for each in logging.Logger.manager.loggerDict.values()
+                                      if isinstance(each, logging.Logger))]
+    handlers = {id(h): h for each in loggers for h in each.handlers
+                if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)}
+    return list(handlers.values())
