@@ -450,7 +450,8 @@ class RolloutConfig:
     enable_prefix_caching: bool = True
     """native, multi-turn rollouts: keep the KV blocks of finished turns, named by their tokens, and prefill only
     what a later prompt adds (the observation); budget ``engine_kwargs.native.prefix_cache_tokens``
-    (default 32768 tokens). Read by the native engine only (vllm: set engine_kwargs.vllm.enable_prefix_caching);
+    (default 32768 tokens). The cache serves one rollout batch: it is emptied at the start of each (so a resumed
+    run reproduces the uninterrupted one bit for bit). Read by the native engine only (vllm: set engine_kwargs.vllm.enable_prefix_caching);
     single-turn rollouts never reuse a prefix (the weights change every step)."""
     over_sample_rate: float = 0.0
     """In [0, 1). Train on the first ``ceil((1 - over_sample_rate) * N)`` of a batch's N samples to finish; the rest
