@@ -39,7 +39,11 @@ class SGLangEngine:
         self.max_model_len = max_model_len
 
     def load_weights(self, named_tensors) -> None:
-        self.engine.update_weights_from_tensor(named_tensors=list(named_tensors))
+        self.engine.update_weights_from_tensor(named_tensors=list(named_tensors), flush_cache=True)
+
+    def reset_prefix_cache(self) -> None:
+        """Empty SGLang's radix (prefix) cache: the next prompts prefill with the current weights."""
+        self.engine.flush_cache()
 
     def generate(self, prompt_token_ids: list[list[int]], params: SamplingParams) -> list[Completion]:
         if self.max_model_len:

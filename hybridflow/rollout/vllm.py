@@ -46,6 +46,11 @@ class VLLMEngine:
     def load_weights(self, named_tensors) -> None:
         weights = list(named_tensors)
         self.llm.collective_rpc(lambda worker: worker.model_runner.model.load_weights(weights))
+        self.reset_prefix_cache()  # vLLM caches prefixes by default: blocks computed with the old weights
+
+    def reset_prefix_cache(self) -> None:
+        """Forget vLLM's cached prefix blocks, so the next prompts prefill with the current weights."""
+        self.llm.reset_prefix_cache()
 
     def generate(self, prompt_token_ids: list[list[int]], params: SamplingParams) -> list[Completion]:
         import vllm

@@ -49,7 +49,14 @@ def fake_vllm(monkeypatch):
     class LLM:
         def __init__(self, **kwargs):
             calls.append(kwargs)
+            self.events = []
             self.llm_engine = types.SimpleNamespace(model_config=types.SimpleNamespace(max_model_len=kwargs["max_model_len"]))
+
+        def collective_rpc(self, method):
+            self.events.append("load_weights")
+
+        def reset_prefix_cache(self):
+            self.events.append("reset_prefix_cache")
 
     monkeypatch.setitem(sys.modules, "vllm", fake_module("vllm", LLM=LLM))
     return calls
@@ -62,6 +69,12 @@ def fake_sglang(monkeypatch):
     class Engine:
         def __init__(self, **kwargs):
             calls.append(kwargs)
+
+        def update_weights_from_tensor(self, *, named_tensors, flush_cache):
+            calls.append({"update_weights": len(named_tensors), "flush_cache": flush_cache})
+
+        def flush_cache(self):
+            calls.append({"flush_cache": True})
 
         def generate(self, *, input_ids, sampling_params, return_logprob):
             calls.append({"input_ids": input_ids, **sampling_params})
@@ -104,6 +117,23 @@ def test_sglang_backend_maps_the_keys_and_groups_n_samples(fake_sglang, loaded_m
     assert [c.prompt_index for c in out] == [0, 0, 1, 1]
     assert fake_sglang[1]["input_ids"] == [[1, 2], [1, 2], [3], [3]] and fake_sglang[1]["max_new_tokens"] == 4
     assert out[0].token_ids == [7, 2] and out[0].logprobs == [-0.5, -0.25] and out[0].finish_reason == "stop"
+
+
+def test_vllm_weight_sync_empties_the_prefix_cache(fake_vllm, loaded_model):
+    """vLLM caches prefixes by default: after a sync, blocks computed with the old weights must not be reused."""
+    model, tokenizer = loaded_model
+    worker = _rollout_worker(model, tokenizer, rollout_cfg("actor_rollout_ref.rollout.name=vllm"))
+    worker.engine.load_weights(model.named_parameters())
+    assert worker.engine.llm.events == ["load_weights", "reset_prefix_cache"]
+
+
+def test_sglang_weight_sync_flushes_the_radix_cache(fake_sglang, loaded_model):
+    model, tokenizer = loaded_model
+    worker = _rollout_worker(model, tokenizer, rollout_cfg("actor_rollout_ref.rollout.name=sglang"))
+    worker.engine.load_weights(model.named_parameters())
+    worker.engine.reset_prefix_cache()
+    assert fake_sglang[1:] == [{"update_weights": len(list(model.parameters())), "flush_cache": True},
+                               {"flush_cache": True}]
 
 
 @pytest.mark.parametrize("name, package", [("vllm", "vllm"), ("sglang", "sglang")])
