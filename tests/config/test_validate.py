@@ -138,17 +138,39 @@ def test_sft_validation(tmp_path):
 @pytest.mark.parametrize(
     "override, expected",
     [
-        ("actor_rollout_ref.actor.optim.lr=-1", "actor_rollout_ref.actor.optim.lr=-1.0 must be >= 0"),
+        ("actor_rollout_ref.actor.optim.lr=-1", "actor_rollout_ref.actor.optim.lr=-1.0 must be a finite number >= 0"),
+        ("actor_rollout_ref.actor.optim.lr=nan", "actor_rollout_ref.actor.optim.lr=nan must be a finite number >= 0"),
+        ("actor_rollout_ref.actor.optim.lr=inf", "actor_rollout_ref.actor.optim.lr=inf must be a finite number >= 0"),
         ("actor_rollout_ref.actor.optim.eps=-1e-8", "actor_rollout_ref.actor.optim.eps=-1e-08 must be >= 0"),
         ("actor_rollout_ref.actor.optim.weight_decay=-0.1", "actor_rollout_ref.actor.optim.weight_decay=-0.1 must be >= 0"),
         ("actor_rollout_ref.actor.optim.betas=[0.9,1.5]", "actor_rollout_ref.actor.optim.betas=[0.9, 1.5] must be two numbers in [0, 1)"),
         ("actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=2", "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=2.0 must be in [0, 1]"),
-        ("critic.optim.lr=-1e-5", "critic.optim.lr=-1e-05 must be >= 0"),
+        ("critic.optim.lr=-1e-5", "critic.optim.lr=-1e-05 must be a finite number >= 0"),
+        ("critic.optim.lr=-inf", "critic.optim.lr=-inf must be a finite number >= 0"),
     ],
 )
 def test_optimizer_settings_are_validated_with_the_config(files, override, expected):
     (line,) = problems(ppo(files, "algorithm.adv_estimator=gae", f"critic.model.path={files / 'model'}", override))
     assert line.startswith(expected)
+
+
+@pytest.mark.parametrize("override", ["clip_ratio=-0.2", "clip_ratio_low=-0.1", "clip_ratio_high=nan",
+                                      "clip_ratio=inf"])
+def test_clip_ratios_must_be_finite_and_non_negative(files, override):
+    """Issue 50: a negative clip_ratio reached the policy loss, whose AlgorithmError was a traceback."""
+    name, value = override.split("=")
+    (line,) = problems(ppo(files, f"actor_rollout_ref.actor.{override}"))
+    assert line == (f"actor_rollout_ref.actor.{name}={float(value)} must be a finite number >= 0 (PPO's clip epsilon, "
+                    "typically 0.2; DAPO's clip_ratio_high is 0.28)")
+
+
+@pytest.mark.parametrize("limit", [0, -1, 31])
+def test_a_sandbox_memory_limit_no_program_starts_under_is_refused(files, limit):
+    """Issue 50: memory_limit_mb=0 scored every code sample 0 without a word."""
+    (line,) = problems(ppo(files, f"reward_model.sandbox_fusion.memory_limit_mb={limit}"))
+    assert line == (f"reward_model.sandbox_fusion.memory_limit_mb={limit} is too small for a Python program to start "
+                    "(at least 32; the default is 1024): every code sample would score 0")
+    validate_ppo_config(ppo(files, "reward_model.sandbox_fusion.memory_limit_mb=32"))
 
 
 def test_sft_optimizer_settings_are_validated(tmp_path):
@@ -158,7 +180,7 @@ def test_sft_optimizer_settings_are_validated(tmp_path):
                                   f"data.train_files={tmp_path / 'train.parquet'}", "optim.lr=-1", "optim.clip_grad=0"])
     with pytest.raises(ConfigError) as err:
         validate_sft_config(cfg)
-    assert str(err.value).splitlines() == ["optim.lr=-1.0 must be >= 0 (a typical RL learning rate is 1e-6)",
+    assert str(err.value).splitlines() == ["optim.lr=-1.0 must be a finite number >= 0 (a typical RL learning rate is 1e-6)",
                                            "optim.clip_grad=0.0 must be > 0"]
 
 
