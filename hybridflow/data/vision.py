@@ -68,11 +68,16 @@ def process_images(processor, text: str, images: Sequence[Any], *, row_index: in
     ratio of 200 or more) is a DataError naming the row, the image sizes and the fix."""
     pil = [load_image(image, row_index=row_index, position=i) for i, image in enumerate(images)]
     try:
-        return processor(text=[text], images=pil, return_tensors="pt")
+        out = processor(text=[text], images=pil, return_tensors="pt")
     except ValueError as err:
         sizes = ", ".join(f"{im.width}x{im.height}" for im in pil)
         raise DataError(f"row {row_index}: the image processor refused the row's image(s) ({sizes}): {err}; resize or "
                         "pad the image(s) to a moderate aspect ratio, or drop the row") from None
+    if "image_grid_thw" not in out:
+        raise DataError(f"row {row_index}: images through {type(processor).__name__} are not supported: image rows "
+                        "take a Qwen2-VL / Qwen2.5-VL processor (patch grids, image_grid_thw); use such a model, or "
+                        "drop the image column to train on the text")
+    return out
 
 
 def require_processor_for_images(rows: Sequence[dict], *, processor, image_key: str) -> None:
