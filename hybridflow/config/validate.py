@@ -383,9 +383,23 @@ def _check_trainer(problems: list[str], trainer: Any) -> None:
     _check_choice(problems, "trainer.backend", trainer.backend, ("local", "ray"))
     if trainer.resume_mode == "resume_path" and not trainer.resume_from_path:
         problems.append("trainer.resume_mode=resume_path needs trainer.resume_from_path=.../global_step_N")
+    _check_output_folder(problems, "trainer.default_local_dir", trainer.default_local_dir)
     if trainer.total_training_steps is not None:
         _check_positive(problems, "trainer.total_training_steps", trainer.total_training_steps)
     _check_positive(problems, "trainer.total_epochs", trainer.total_epochs)
+
+
+def _check_output_folder(problems: list[str], key: str, path: str) -> None:
+    """A folder the run writes into (checkpoints, logs) cannot be, or lie under, a regular file: said before any
+    model loads, not as a NotADirectoryError when the first log or checkpoint is written."""
+    full = os.path.abspath(os.path.expanduser(str(path)))
+    existing = full
+    while not os.path.exists(existing) and os.path.dirname(existing) != existing:
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        where = "is a file" if existing == full else f"lies under the file '{existing}'"
+        problems.append(f"{key}='{path}' {where}, not a folder: point it at a folder (the run writes its "
+                        "global_step_N checkpoints and logs there)")
 
 
 def _check_best_checkpoint(problems: list[str], cfg: Any) -> None:
@@ -515,6 +529,7 @@ def validate_sft_config(cfg: Any, *, world_size: int = 1, model_max_len: int | N
     if model_max_len is not None and data.max_length > model_max_len:
         problems.append(f"data.max_length={data.max_length} exceeds the model's context of {model_max_len} tokens")
     _check_choice(problems, "trainer.resume_mode", cfg.trainer.resume_mode, RESUME_MODES)
+    _check_output_folder(problems, "trainer.default_local_dir", cfg.trainer.default_local_dir)
     _check_sp_size(problems, "ulysses_sequence_parallel_size", cfg.ulysses_sequence_parallel_size, world_size,
                    packed=sft_packed(cfg), packing_key="use_remove_padding",
                    ranks_name="torchrun's processes")

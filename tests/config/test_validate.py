@@ -258,3 +258,18 @@ def test_a_repetition_penalty_needs_engine_free_log_probs_and_must_be_positive(f
     (line,) = problems(ppo(files, "actor_rollout_ref.rollout.repetition_penalty=0"))
     assert "repetition_penalty=0" in line and "must be > 0" in line
     validate_ppo_config(ppo(files, "actor_rollout_ref.rollout.repetition_penalty=1.2"), model_max_len=2048)
+
+
+def test_a_checkpoint_folder_that_is_a_file_is_refused_before_loading(files, tmp_path):
+    """Issue 50: a NotADirectoryError traceback when the first log was written, after the models loaded."""
+    regular = tmp_path / "a_file"
+    regular.write_text("x")
+    (line,) = problems(ppo(files, f"trainer.default_local_dir={regular}"))
+    assert line == (f"trainer.default_local_dir='{regular}' is a file, not a folder: point it at a folder (the run "
+                    "writes its global_step_N checkpoints and logs there)")
+    (line,) = problems(ppo(files, f"trainer.default_local_dir={regular}/run1/ckpt"))
+    assert line.startswith(f"trainer.default_local_dir='{regular}/run1/ckpt' lies under the file '{regular}', not a "
+                           "folder")
+    with pytest.raises(ConfigError, match=f"^trainer.default_local_dir='{regular}' is a file"):
+        validate_sft_config(sft(tmp_path, f"trainer.default_local_dir={regular}"))
+    validate_ppo_config(ppo(files, f"trainer.default_local_dir={tmp_path / 'new' / 'folder'}"))  # created later
