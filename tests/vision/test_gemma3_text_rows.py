@@ -41,3 +41,30 @@ def test_text_rows_train_on_a_gemma3_multimodal_checkpoint(tmp_path, tiny_gemma3
     overrides = base_overrides(tmp_path, tiny_gemma3_vl_dir, steps=1) + ["trainer.save_freq=1"]
     assert main(overrides) == 0
     assert (tmp_path / "ckpt" / "global_step_1" / "actor").is_dir()
+
+
+def test_images_through_gemma3_s_processor_are_one_line(tmp_path):
+    """Image rows take Qwen-VL processors (patch grids, image_grid_thw); Gemma 3's returns none, which was a
+    KeyError: one DataError line instead, while the dataset is built."""
+    import transformers
+    from PIL import Image
+
+    from hybridflow.data.vision import image_to_bytes, process_image_prompt
+    from hybridflow.errors import DataError
+    from hybridflow.models.tiny import build_tiny_tokenizer
+
+    tokenizer = build_tiny_tokenizer()
+    tokens = {"boi": "<start_of_image>", "eoi": "<end_of_image>", "image": "<image_soft_token>"}
+    tokenizer.add_special_tokens({"additional_special_tokens": list(tokens.values())})
+    for kind, token in tokens.items():  # what Gemma 3's own tokenizer carries
+        setattr(tokenizer, f"{kind}_token", token)
+        setattr(tokenizer, f"{kind}_token_id", tokenizer.convert_tokens_to_ids(token))
+    template = ("{% for m in messages %}{% for p in m.content %}{% if p.type == 'image' %}<start_of_image>"
+                "{% else %}{{ p.text }}{% endif %}{% endfor %}{% endfor %}")
+    processor = transformers.Gemma3Processor(
+        image_processor=transformers.Gemma3ImageProcessorPil(size={"height": 56, "width": 56}), tokenizer=tokenizer,
+        image_seq_length=4, chat_template=template)
+    image = image_to_bytes(Image.new("RGB", (56, 56)))
+    with pytest.raises(DataError, match=r"^row 2: images through Gemma3Processor are not supported: image rows take "
+                                        r"a Qwen2-VL / Qwen2.5-VL processor .*drop the image column"):
+        process_image_prompt(processor, [{"role": "user", "content": "<image> what is it?"}], [image], row_index=2)
