@@ -237,7 +237,6 @@ def _check_algorithm(problems: list[str], cfg: Any) -> None:
         if value is not None and not 0 <= value < math.inf:
             problems.append(f"actor_rollout_ref.actor.{name}={value} must be a finite number >= 0 (PPO's clip epsilon, "
                             "typically 0.2; DAPO's clip_ratio_high is 0.28)")
-    _check_sandbox(problems, cfg.reward_model.sandbox_fusion)
 
 
 SANDBOX_MIN_MEMORY_MB = 32
@@ -246,10 +245,11 @@ runs at 32 MB, at 16 MB the harness's imports fail): below it every code sample 
 
 
 def _check_sandbox(problems: list[str], sandbox: Any) -> None:
-    if not SANDBOX_MIN_MEMORY_MB <= sandbox.memory_limit_mb:
+    if sandbox.memory_limit_mb < SANDBOX_MIN_MEMORY_MB:
         problems.append(f"reward_model.sandbox_fusion.memory_limit_mb={sandbox.memory_limit_mb} is too small for a "
                         f"Python program to start (at least {SANDBOX_MIN_MEMORY_MB}; the default is 1024): every code "
                         "sample would score 0")
+
 
 def _check_sequence_parallel(problems: list[str], cfg: Any) -> None:
     """Ulysses needs packed rows and a size that divides the group's ranks; the reference lives in
@@ -462,6 +462,7 @@ def validate_ppo_config(cfg: Any, *, model_max_len: int | None = None, check_pat
     _check_trainer(problems, cfg.trainer)
     _check_split_placement(problems, cfg)
     _check_best_checkpoint(problems, cfg)
+    _check_sandbox(problems, cfg.reward_model.sandbox_fusion)
     _check_optim(problems, "actor_rollout_ref.actor.optim", cfg.actor_rollout_ref.actor.optim)
     if critic_enabled(cfg):
         _check_optim(problems, "critic.optim", cfg.critic.optim)
