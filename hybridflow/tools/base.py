@@ -53,18 +53,17 @@ def validate_tool_schema(schema: Any, *, where: str) -> dict:
 
 def parameters_problem(parameters: Any) -> str | None:
     """Why ``parameters`` is not the object schema a function call's arguments need (the chat template shows it to
-    the model, and the parser reads the arguments as an object), or None."""
-    if hasattr(parameters, "items") and not isinstance(parameters, dict):
-        parameters = dict(parameters)
-    if not isinstance(parameters, dict):
+    the model, and the parser reads the arguments as an object), or None. Mappings and lists may be OmegaConf's."""
+    if not hasattr(parameters, "items"):
         return f"it is a {type(parameters).__name__}, not a mapping"
     if parameters.get("type", "object") != "object":
         return f"its type is {parameters.get('type')!r}; the arguments are an object"
     properties = parameters.get("properties", {})
-    if not isinstance(properties, dict) or not all(isinstance(p, dict) for p in properties.values()):
+    if not hasattr(properties, "items") or not all(hasattr(p, "items") for p in properties.values()):
         return "properties must map each argument name to its schema"
     required = parameters.get("required", [])
-    if not isinstance(required, list) or not all(name in properties for name in required):
+    if isinstance(required, (str, bytes)) or not hasattr(required, "__iter__") or not all(
+            name in properties for name in required):
         return f"required={required!r} must list argument names of properties"
     return None
 
