@@ -28,6 +28,11 @@ from hybridflow.tools.parsers import get_tool_parser
 logger = logging.getLogger(__name__)
 
 
+FAILED = object()
+"""What an interaction call that failed (raised, timed out) returns: counted and said already; None is a value
+a user's method may return."""
+
+
 @register_agent_loop("tool_agent")
 class ToolAgentLoop:
     def __init__(self, context: AgentContext, **kwargs):
@@ -116,38 +121,42 @@ class ToolAgentLoop:
         interaction = self.context.interactions[name]
         instance_id = await self.interaction_call(traj, (interaction, None, kwargs), "start_interaction",
                                                   uuid4().hex, **kwargs)
-        return None if instance_id is None else (interaction, instance_id, kwargs)
+        return None if instance_id in (None, FAILED) else (interaction, instance_id, kwargs)
 
     async def user_reply(self, user, traj: Trajectory, turn_scores: list[float]) -> list[dict] | None:
         """The simulated user's next message, or None when it ends the conversation (or failed)."""
         interaction, instance_id, kwargs = user
         reply = await self.interaction_call(traj, user, "generate_response", instance_id, traj.messages, **kwargs)
-        if reply is None:
+        if reply is FAILED:
             return None
         try:
             done, text, score, _ = reply
             score = None if score is None else reward_number(score, what=f"interaction {interaction.name}")
+            if not done and not isinstance(text, str):  # str(None) would reach the model as the user's "None"
+                raise TypeError(f"the user's turn is a {type(text).__name__}, not a str")
         except (TypeError, ValueError, ToolCallError) as err:
             self.interaction_failed(traj, interaction, f"generate_response returned {str(reply)[:80]!r}: {err}; "
-                                    "it must return (done: bool, text: str, score: float | None, metrics: dict)")
+                                    "it must return (done: bool, text: str, score: float | None, metrics: dict), "
+                                    "done=True to end the conversation")
             return None
         if score is not None:
             turn_scores.append(score)
         return None if done else [{"role": "user", "content": str(text)}]
 
     async def interaction_call(self, traj: Trajectory, user, method: str, *args, **kwargs):
-        """``user``'s interaction ``method``, bounded like a tool call; None (counted, logged) when it fails."""
+        """``user``'s interaction ``method``, bounded like a tool call; FAILED (counted, said) when it fails."""
         interaction = user[0]
         try:
             return await call_bounded(getattr(interaction, method), *args, timeout_s=self.settings.tool_timeout_s,
                                       what=f"interaction {getattr(interaction, 'name', '?')} {method}()", **kwargs)
         except ToolCallError as err:
             self.interaction_failed(traj, interaction, str(err))
-            return None
+            return FAILED
 
     def interaction_failed(self, traj: Trajectory, interaction, message: str) -> None:
         traj.counts["interaction_errors"] += 1
-        self.context.tool_health.record(f"interaction {getattr(interaction, 'name', '?')}", message)
+        self.context.tool_health.record(f"interaction {getattr(interaction, 'name', '?')}", message,
+                                        consequence="its conversations end there")
 
     def sanity_check(self, traj: Trajectory) -> bool:
         """``tokenization_sanity_check_mode``: the trained context must read as the template's conversation."""

@@ -97,12 +97,13 @@ class ToolSession:
                 reward = await call_bounded(tool.calc_reward, instance_id, timeout_s=limit,
                                             what=f"tool {name} calc_reward()")
                 rewards[name] = reward_number(reward, what=f"tool {name} calc_reward()")
-            except ToolCallError as err:
+            except ToolCallError as err:  # said on the console: the reward changes, and nothing else shows it
                 self.counts["tool_errors"] += 1
-                self.health.record(name, str(err))
+                self.health.record(f"{name} calc_reward()", str(err),
+                                   consequence="its conversations get no reward from the tool")
             try:
                 await call_bounded(tool.release, instance_id, timeout_s=limit, what=f"tool {name} release()")
             except ToolCallError as err:
                 self.counts["tool_errors"] += 1
-                self.health.record(name, str(err))
+                self.health.record(f"{name} release()", str(err), consequence="its instances may not be freed")
         return rewards

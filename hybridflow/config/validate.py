@@ -9,6 +9,7 @@ trainer at start-up, also before any model loads.
 from __future__ import annotations
 
 import logging
+import math
 import os
 from typing import Any
 
@@ -172,18 +173,39 @@ def split_placement(cfg: Any) -> bool:
     return cfg.rollout.n_gpus_per_node > 0
 
 
+SERVER_ENGINES = ("vllm", "sglang")
+"""verl's fully async YAML turns partial_rollout on with these; here they cannot pause, so it is off, said once."""
+
+
+def partial_rollout_blocker(cfg: Any) -> str | None:
+    """Why ``async_training.partial_rollout`` cannot act in this run, or None where it can (the native engine,
+    single-turn, in this process or in a rollout pool of its own)."""
+    rollout = cfg.actor_rollout_ref.rollout
+    if rollout.name != "native" or rollout.multi_turn.enable:
+        return f"the {rollout.name} engine{' in multi-turn' if rollout.multi_turn.enable else ''} cannot pause"
+    if cfg.trainer.backend != "local" and not split_placement(cfg):
+        return "on Ray only a rollout pool of its own (rollout.n_gpus_per_node > 0) takes a sync mid-generate"
+    return None
+
+
+def partial_rollout_problems(cfg: Any) -> list[str]:
+    """``partial_rollout=True`` where it cannot act is refused before anything loads, except with vLLM / SGLang:
+    verl's fully async recipes turn it on with them (its YAML's default), so there it is off with a warning."""
+    blocker = partial_rollout_blocker(cfg) if cfg.async_training.partial_rollout else None
+    if blocker is None or cfg.actor_rollout_ref.rollout.name in SERVER_ENGINES:
+        return []
+    return [f"async_training.partial_rollout=True cannot act here ({blocker}): use rollout.name=native single-turn "
+            "(on Ray with rollout.n_gpus_per_node > 0), or set async_training.partial_rollout=False"]
+
+
 def partial_rollouts(cfg: Any) -> bool:
     """``async_training.partial_rollout`` where it can act: the native engine pauses single-turn sequences at a
-    weight sync, in this process or in a rollout pool of its own. verl's async recipes turn it on by default with
-    vLLM; elsewhere it warns once and in-flight sequences finish with the weights they started with."""
+    weight sync, in this process or in a rollout pool of its own. With vLLM / SGLang (verl's async recipes turn it
+    on by default) it warns once and in-flight sequences finish with the weights they started with; elsewhere
+    :func:`partial_rollout_problems` refused it before loading."""
     if not cfg.async_training.partial_rollout:
         return False
-    rollout = cfg.actor_rollout_ref.rollout
-    reason = None
-    if rollout.name != "native" or rollout.multi_turn.enable:
-        reason = f"the {rollout.name} engine{' in multi-turn' if rollout.multi_turn.enable else ''} cannot pause"
-    elif cfg.trainer.backend != "local" and not split_placement(cfg):
-        reason = "on Ray only a rollout pool of its own (rollout.n_gpus_per_node > 0) takes a sync mid-generate"
+    reason = partial_rollout_blocker(cfg)
     if reason is None:
         return True
     if reason not in _PARTIAL_WARNED:
@@ -210,6 +232,24 @@ def _check_algorithm(problems: list[str], cfg: Any) -> None:
     _check_gen_batch_size(problems, cfg)
     if actor.clip_ratio_c <= 1.0:
         problems.append(f"actor_rollout_ref.actor.clip_ratio_c={actor.clip_ratio_c} must be > 1 (dual-clip bound)")
+    for name in ("clip_ratio", "clip_ratio_low", "clip_ratio_high"):
+        value = getattr(actor, name)
+        if value is not None and not 0 <= value < math.inf:
+            problems.append(f"actor_rollout_ref.actor.{name}={value} must be a finite number >= 0 (PPO's clip epsilon, "
+                            "typically 0.2; DAPO's clip_ratio_high is 0.28)")
+
+
+SANDBOX_MIN_MEMORY_MB = 32
+"""The smallest address-space limit under which the sandbox's Python starts (measured: ``print(sum(range(10)))``
+runs at 32 MB, at 16 MB the harness's imports fail): below it every code sample would score 0."""
+
+
+def _check_sandbox(problems: list[str], sandbox: Any) -> None:
+    if sandbox.memory_limit_mb < SANDBOX_MIN_MEMORY_MB:
+        problems.append(f"reward_model.sandbox_fusion.memory_limit_mb={sandbox.memory_limit_mb} is too small for a "
+                        f"Python program to start (at least {SANDBOX_MIN_MEMORY_MB}; the default is 1024): every code "
+                        "sample would score 0")
+
 
 def _check_sequence_parallel(problems: list[str], cfg: Any) -> None:
     """Ulysses needs packed rows and a size that divides the group's ranks; the reference lives in
@@ -296,9 +336,10 @@ def _check_token_budget(problems: list[str], rollout: Any) -> None:
 
 
 def _check_optim(problems: list[str], key: str, optim: Any) -> None:
-    """AdamW and schedule settings that torch would only reject after the model has loaded."""
-    if optim.lr < 0:
-        problems.append(f"{key}.lr={optim.lr} must be >= 0 (a typical RL learning rate is 1e-6)")
+    """AdamW and schedule settings that torch would only reject after the model has loaded (a NaN or infinite
+    learning rate it takes silently, and every weight becomes NaN at the first step)."""
+    if not 0 <= optim.lr < math.inf:
+        problems.append(f"{key}.lr={optim.lr} must be a finite number >= 0 (a typical RL learning rate is 1e-6)")
     if optim.eps < 0:
         problems.append(f"{key}.eps={optim.eps} must be >= 0 (AdamW's default is 1e-8)")
     if optim.weight_decay < 0:
@@ -342,9 +383,23 @@ def _check_trainer(problems: list[str], trainer: Any) -> None:
     _check_choice(problems, "trainer.backend", trainer.backend, ("local", "ray"))
     if trainer.resume_mode == "resume_path" and not trainer.resume_from_path:
         problems.append("trainer.resume_mode=resume_path needs trainer.resume_from_path=.../global_step_N")
+    _check_output_folder(problems, "trainer.default_local_dir", trainer.default_local_dir)
     if trainer.total_training_steps is not None:
         _check_positive(problems, "trainer.total_training_steps", trainer.total_training_steps)
     _check_positive(problems, "trainer.total_epochs", trainer.total_epochs)
+
+
+def _check_output_folder(problems: list[str], key: str, path: str) -> None:
+    """A folder the run writes into (checkpoints, logs) cannot be, or lie under, a regular file: said before any
+    model loads, not as a NotADirectoryError when the first log or checkpoint is written."""
+    full = os.path.abspath(os.path.expanduser(str(path)))
+    existing = full
+    while not os.path.exists(existing) and os.path.dirname(existing) != existing:
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        where = "is a file" if existing == full else f"lies under the file '{existing}'"
+        problems.append(f"{key}='{path}' {where}, not a folder: point it at a folder (the run writes its "
+                        "global_step_N checkpoints and logs there)")
 
 
 def _check_best_checkpoint(problems: list[str], cfg: Any) -> None:
@@ -407,6 +462,7 @@ def validate_ppo_config(cfg: Any, *, model_max_len: int | None = None, check_pat
     _check_trainer(problems, cfg.trainer)
     _check_split_placement(problems, cfg)
     _check_best_checkpoint(problems, cfg)
+    _check_sandbox(problems, cfg.reward_model.sandbox_fusion)
     _check_optim(problems, "actor_rollout_ref.actor.optim", cfg.actor_rollout_ref.actor.optim)
     if critic_enabled(cfg):
         _check_optim(problems, "critic.optim", cfg.critic.optim)
@@ -474,6 +530,7 @@ def validate_sft_config(cfg: Any, *, world_size: int = 1, model_max_len: int | N
     if model_max_len is not None and data.max_length > model_max_len:
         problems.append(f"data.max_length={data.max_length} exceeds the model's context of {model_max_len} tokens")
     _check_choice(problems, "trainer.resume_mode", cfg.trainer.resume_mode, RESUME_MODES)
+    _check_output_folder(problems, "trainer.default_local_dir", cfg.trainer.default_local_dir)
     _check_sp_size(problems, "ulysses_sequence_parallel_size", cfg.ulysses_sequence_parallel_size, world_size,
                    packed=sft_packed(cfg), packing_key="use_remove_padding",
                    ranks_name="torchrun's processes")

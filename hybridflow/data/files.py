@@ -74,25 +74,43 @@ def _read_parquet(path: str) -> list[dict[str, Any]]:
 
 
 def _read_jsonl(path: str) -> list[dict[str, Any]]:
-    rows = []
-    with open(path, encoding="utf-8") as handle:
-        for line_number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise DataError(
-                    f"cannot read {path!r}: line {line_number} is not valid JSON ({error.msg}); write one JSON "
-                    "object per line"
-                ) from None
-            if not isinstance(row, dict):
-                raise DataError(
-                    f"cannot read {path!r}: line {line_number} is a {type(row).__name__}, not a JSON object; "
-                    "write one object per line"
-                )
-            rows.append(row)
+    rows, offset = [], 0
+    with open(path, "rb") as handle:
+        for line_number, raw in enumerate(handle, start=1):
+            line = _decoded_line(raw, path=path, line_number=line_number, offset=offset)
+            offset += len(raw)
+            if line.strip():
+                rows.append(_json_object(line, path=path, line_number=line_number))
     return rows
+
+
+def _decoded_line(raw: bytes, *, path: str, line_number: int, offset: int) -> str:
+    """One line of a jsonl file as text; bytes that are not UTF-8 (JSON's encoding) are one DataError naming the
+    line and the file's byte offset."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise DataError(
+            f"cannot read {path!r}: line {line_number} (byte {offset + error.start}) is not UTF-8 "
+            f"({raw[error.start:error.start + 4]!r}...); re-encode the file as UTF-8 "
+            "(e.g. `iconv -f latin1 -t utf-8`)"
+        ) from None
+
+
+def _json_object(line: str, *, path: str, line_number: int) -> dict[str, Any]:
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise DataError(
+            f"cannot read {path!r}: line {line_number} is not valid JSON ({error.msg}); write one JSON "
+            "object per line"
+        ) from None
+    if not isinstance(row, dict):
+        raise DataError(
+            f"cannot read {path!r}: line {line_number} is a {type(row).__name__}, not a JSON object; "
+            "write one object per line"
+        )
+    return row
 
 
 def require_columns(rows: list[dict[str, Any]], columns: dict[str, str], source: str, fix: str | None = None) -> None:

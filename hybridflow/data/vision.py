@@ -27,19 +27,57 @@ IMAGE_PLACEHOLDER = "<image>"
 VIDEO_PLACEHOLDER = "<video>"
 
 
-def load_image(image: Any, *, row_index: int):
-    """An RGB ``PIL.Image`` from a row's image entry (bytes dict, path dict, path string or PIL image)."""
+def load_image(image: Any, *, row_index: int, position: int = 0):
+    """An RGB ``PIL.Image`` from a row's image entry (bytes dict, path dict, path string or PIL image).
+
+    Bytes or a file that is not a readable image (corrupt, truncated, a text file, a decompression bomb past
+    PIL's ``Image.MAX_IMAGE_PIXELS``) is a DataError naming the row, the entry and the fix."""
     from PIL import Image
 
     if isinstance(image, Image.Image):
         return image.convert("RGB")
     if isinstance(image, dict) and image.get("bytes") is not None:
-        return Image.open(io.BytesIO(image["bytes"])).convert("RGB")
+        return _decode_image(io.BytesIO(image["bytes"]), what=f"{len(image['bytes'])} bytes", row_index=row_index,
+                             position=position)
     path = image.get("path") if isinstance(image, dict) else image
     if isinstance(path, str) and os.path.isfile(os.path.expanduser(path)):
-        return Image.open(os.path.expanduser(path)).convert("RGB")
+        return _decode_image(os.path.expanduser(path), what=f"file '{path}'", row_index=row_index, position=position)
     raise DataError(f"row {row_index}: an image entry must be {{'bytes': ...}}, {{'path': ...}}, an existing file "
                     f"path or a PIL image, got {type(image).__name__} {str(image)[:60]!r}; fix the data's image column")
+
+
+def _decode_image(source, *, what: str, row_index: int, position: int):
+    """``Image.open(source)`` decoded to RGB; what PIL refuses becomes one line (PIL raises OSError for corrupt,
+    truncated or unidentified data, SyntaxError for some broken headers, DecompressionBombError past twice
+    ``Image.MAX_IMAGE_PIXELS``)."""
+    from PIL import Image
+
+    try:
+        with Image.open(source) as image:
+            return image.convert("RGB")
+    except Image.DecompressionBombError as err:
+        raise DataError(f"row {row_index}: image {position} ({what}) is too large to decode safely ({err}); "
+                        "downscale it, or drop the row") from None
+    except (OSError, SyntaxError, ValueError) as err:
+        raise DataError(f"row {row_index}: image {position} ({what}) is not a readable image ({err}); "
+                        "re-encode it as PNG or JPEG, or drop the row") from None
+
+
+def process_images(processor, text: str, images: Sequence[Any], *, row_index: int):
+    """``processor(text=[text], images=...)`` of one row; an image the processor refuses (Qwen2-VL: an aspect
+    ratio of 200 or more) is a DataError naming the row, the image sizes and the fix."""
+    pil = [load_image(image, row_index=row_index, position=i) for i, image in enumerate(images)]
+    try:
+        out = processor(text=[text], images=pil, return_tensors="pt")
+    except ValueError as err:
+        sizes = ", ".join(f"{im.width}x{im.height}" for im in pil)
+        raise DataError(f"row {row_index}: the image processor refused the row's image(s) ({sizes}): {err}; resize or "
+                        "pad the image(s) to a moderate aspect ratio, or drop the row") from None
+    if "image_grid_thw" not in out:
+        raise DataError(f"row {row_index}: images through {type(processor).__name__} are not supported: image rows "
+                        "take a Qwen2-VL / Qwen2.5-VL processor (patch grids, image_grid_thw); use such a model, or "
+                        "drop the image column to train on the text")
+    return out
 
 
 def require_processor_for_images(rows: Sequence[dict], *, processor, image_key: str) -> None:
@@ -92,8 +130,7 @@ def process_image_prompt(processor, messages: Sequence[dict], images: Sequence[A
                                          **(template_kwargs or {}))
     if not images:
         return processor.tokenizer(text, add_special_tokens=False)["input_ids"], None
-    pil = [load_image(image, row_index=row_index) for image in images]
-    out = processor(text=[text], images=pil, return_tensors="pt")
+    out = process_images(processor, text, images, row_index=row_index)
     vision = {"pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"]}
     return out["input_ids"][0].tolist(), vision
 
@@ -114,8 +151,7 @@ def tokenize_image_conversation(processor, messages: Sequence[dict], images: Seq
     if not images:
         return ids, mask, None
     text = render(processor.tokenizer, messages, add_generation_prompt=False, template_kwargs=template_kwargs)
-    out = processor(text=[text], images=[load_image(image, row_index=row_index) for image in images],
-                    return_tensors="pt")
+    out = process_images(processor, text, images, row_index=row_index)
     merge = processor.image_processor.merge_size ** 2
     counts = iter((out["image_grid_thw"].prod(-1) // merge).tolist())
     pad_id = processor.image_token_id

@@ -247,7 +247,40 @@ def load_config(path: str, *, trust_remote_code: bool = False, override_config: 
             raise ConfigError(f"override_config key {key!r} is not a field of {type(config).__name__}; "
                               f"check the spelling against the model's config.json")
         setattr(config, key, value)
+    check_routing(config, path)
     return config
+
+
+EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
+"""Where a mixture-of-experts config keeps its expert count (Qwen2/3-MoE, Mixtral, DeepSeek)."""
+
+
+def check_routing(config, path: str) -> None:
+    """A mixture-of-experts config whose routing cannot run (top-k outside 1..experts: torch.topk fails at the
+    first forward; ``decoder_sparse_step=0``: a modulo by zero while the layers are built) is one ModelError line
+    before any weight loads."""
+    text = config.get_text_config()
+    experts = next((getattr(text, key) for key in EXPERT_COUNT_KEYS if getattr(text, key, None)), None)
+    top_k = getattr(text, "num_experts_per_tok", None)
+    where = f"{path}/config.json (or model.override_config)"
+    if experts and top_k is not None and not 1 <= top_k <= experts:
+        raise ModelError(f"{where} routes each token to num_experts_per_tok={top_k} of its {experts} experts: set "
+                         f"num_experts_per_tok between 1 and {experts}")
+    step = getattr(text, "decoder_sparse_step", None)
+    if experts and step is not None and step < 1:
+        raise ModelError(f"{where} has decoder_sparse_step={step}: every how many layers a layer is a mixture of "
+                         "experts must be >= 1 (1 = every layer)")
+
+
+def check_vocab_covers_tokenizer(config, tokenizer, path: str, *, tokenizer_key: str) -> None:
+    """A model whose embedding has fewer rows (``vocab_size``) than the tokenizer has tokens would index past it
+    on the first prompt that holds one of the extra tokens: one ModelError line before any weight loads."""
+    rows, tokens = getattr(config.get_text_config(), "vocab_size", None), len(tokenizer)
+    if rows is not None and rows < tokens:
+        raise ModelError(f"the model in {path} has vocab_size={rows} embedding rows but the tokenizer "
+                         f"({tokenizer_key}) has {tokens} tokens: ids {rows}..{tokens - 1} would index past the "
+                         "embedding; use the model's own tokenizer, or resize the model's embeddings "
+                         "(model.resize_token_embeddings(len(tokenizer)) and save it)")
 
 
 def load_causal_lm(

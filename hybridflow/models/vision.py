@@ -98,8 +98,12 @@ def vision_forward_inputs(model: torch.nn.Module, rows: Sequence[dict | None] | 
 
 
 def check_image_tokens(model: torch.nn.Module, rows: Sequence[dict], input_ids: torch.Tensor) -> None:
-    merge = model.config.vision_config.spatial_merge_size ** 2
-    expected = sum(int(torch.as_tensor(row["image_grid_thw"]).prod(-1).sum()) // merge for row in rows)
+    """The image tokens of ``input_ids`` are the images' ``sum t h w / merge^2``; a text batch (no rows with images)
+    needs none, and reads no merge size (a Gemma 3 tower has none: its text rows run as a text model's)."""
+    expected = 0
+    if rows:
+        merge = model.config.vision_config.spatial_merge_size ** 2
+        expected = sum(int(torch.as_tensor(row["image_grid_thw"]).prod(-1).sum()) // merge for row in rows)
     found = int((input_ids == image_token_id(model)).sum())
     if found != expected:
         raise DataError(f"the batch holds {found} image tokens but its images make {expected}: each row needs the "

@@ -45,6 +45,13 @@ class SampleScore:
     timed_out: bool = False
 
 
+MAX_ABS_SCORE = 1e16
+"""The largest score magnitude a batch can train on: estimators square scores (group std, variance, whitening) in
+float32 and sum them over the batch, and at 1e16 a million squared scores still sum below float32's 3.4e38. A
+larger score (say 1e300, inf once in float32) turned the score mean inf and the loss NaN, and the update was
+skipped; it is a failed sample instead."""
+
+
 class ScoreValueError(ValueError):
     """A scorer returned something that is not a finite score."""
 
@@ -69,8 +76,8 @@ def normalize_score(raw) -> tuple[float, dict[str, float]]:
     must be averageable).
 
     Raises:
-        ScoreValueError: the value (or ``raw['score']``) is not a finite number, or a
-            dict lacks ``'score'``.
+        ScoreValueError: the value (or ``raw['score']``) is not a finite number, is larger in
+            magnitude than ``MAX_ABS_SCORE``, or a dict lacks ``'score'``.
     """
     if isinstance(raw, dict):
         if "score" not in raw:
@@ -83,8 +90,15 @@ def normalize_score(raw) -> tuple[float, dict[str, float]]:
                 extras[str(key)] = _finite_float(value, what=key)
             except ScoreValueError:
                 continue
-        return _finite_float(raw["score"], what="score"), extras
-    return _finite_float(raw, what="score"), {}
+        return _bounded_score(raw["score"]), extras
+    return _bounded_score(raw), {}
+
+
+def _bounded_score(value) -> float:
+    score = _finite_float(value, what="score")
+    if abs(score) > MAX_ABS_SCORE:
+        raise ScoreValueError(f"score is {score:g}, beyond +-{MAX_ABS_SCORE:g} (float32 training overflows)")
+    return score
 
 
 def score_sample(compute_score, args: tuple, kwargs: dict) -> SampleScore:

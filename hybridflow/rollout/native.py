@@ -40,6 +40,7 @@ import torch
 
 from hybridflow.cpu import return_freed_memory
 from hybridflow.errors import RolloutError
+from hybridflow.models.vision import is_vision_language
 from hybridflow.rollout.architectures import unsupported_reason
 from hybridflow.rollout.block_manager import BLOCK_SIZE, NULL_BLOCK, BlockAllocator, OutOfBlocks, SequenceBlocks
 from hybridflow.rollout.cuda_graphs import DecodeGraphs
@@ -120,6 +121,16 @@ class PendingPrompt:
         self.prefilled = 0
 
 
+def refuse_vision_language(config) -> None:
+    """The native decoder is text-only; a vision-language model goes through HF generate, which build_engine
+    chooses for it (with a warning), as the trainer does."""
+    if is_vision_language(config):
+        raise RolloutError(f"the native engine decodes text-only models, and {', '.join(config.architectures or [])} "
+                           "is a vision-language model: build it with build_engine('native', model, tokenizer) (it "
+                           "runs vision-language models through HF generate, as the trainer does) or set "
+                           "rollout.name=hf")
+
+
 class NativeEngine:
     """``generate`` over a Llama-family HF model with a paged KV cache and continuous batching.
 
@@ -167,6 +178,7 @@ class NativeEngine:
                  enforce_eager: bool = False, cudagraph_capture_sizes: list[int] | None = None,
                  gpu_memory_utilization: float | None = None, num_kv_blocks: int | None = None,
                  max_num_batched_tokens: int | None = None, enable_chunked_prefill: bool = False):
+        refuse_vision_language(model.config)
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len or model.config.max_position_embeddings

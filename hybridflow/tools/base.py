@@ -41,7 +41,31 @@ def validate_tool_schema(schema: Any, *, where: str) -> dict:
             f"{where}: tool_schema must be an OpenAI function schema like "
             "{type: function, function: {name: calculator, description: ..., parameters: {type: object, "
             f"properties: {{...}}, required: [...]}}}}; got {schema!r}")
-    return {"type": "function", "function": {"parameters": {"type": "object", "properties": {}}, **function}}
+    parameters = function.get("parameters")
+    parameters = {"type": "object", "properties": {}} if parameters is None else parameters  # a tool without args
+    problem = parameters_problem(parameters)
+    if problem is not None:
+        raise ConfigError(f"{where}: tool {function['name']!r} has tool_schema.function.parameters={parameters!r}, "
+                          f"which is not a JSON schema of the arguments: {problem}; write {{type: object, properties: "
+                          "{x: {type: number, description: ...}}, required: [x]}")
+    return {"type": "function", "function": {**function, "parameters": parameters}}
+
+
+def parameters_problem(parameters: Any) -> str | None:
+    """Why ``parameters`` is not the object schema a function call's arguments need (the chat template shows it to
+    the model, and the parser reads the arguments as an object), or None. Mappings and lists may be OmegaConf's."""
+    if not hasattr(parameters, "items"):
+        return f"it is a {type(parameters).__name__}, not a mapping"
+    if parameters.get("type", "object") != "object":
+        return f"its type is {parameters.get('type')!r}; the arguments are an object"
+    properties = parameters.get("properties", {})
+    if not hasattr(properties, "items") or not all(hasattr(p, "items") for p in properties.values()):
+        return "properties must map each argument name to its schema"
+    required = parameters.get("required", [])
+    if isinstance(required, (str, bytes)) or not hasattr(required, "__iter__") or not all(
+            name in properties for name in required):
+        return f"required={required!r} must list argument names of properties"
+    return None
 
 
 class BaseTool:

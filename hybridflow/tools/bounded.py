@@ -100,25 +100,31 @@ async def call_bounded(method, *args, timeout_s: float | None, what: str, **kwar
 
 @dataclass
 class ToolHealth:
-    """Calls and failures per tool name over one batch, and each tool's first failure."""
+    """Calls and failures per tool name over one batch, each name's first failure and what a failure costs there
+    (a tool's execute: the model sees an error; its calc_reward: the conversation gets no tool reward)."""
 
     calls: dict[str, int] = field(default_factory=dict)
     failures: dict[str, int] = field(default_factory=dict)
     first_failure: dict[str, str] = field(default_factory=dict)
+    consequence: dict[str, str] = field(default_factory=dict)
 
-    def record(self, name: str, failure: str | None) -> None:
+    def record(self, name: str, failure: str | None, *,
+               consequence: str = "the model only ever sees errors from it") -> None:
+        """A call of ``name`` and its failure (None: it worked). Names recorded only when they fail (calc_reward,
+        release, interactions) are said on every batch in which they fail."""
         self.calls[name] = self.calls.get(name, 0) + 1
         if failure is not None:
             self.failures[name] = self.failures.get(name, 0) + 1
             self.first_failure.setdefault(name, failure)
+            self.consequence.setdefault(name, consequence)
 
     def report(self) -> list[str]:
         """One console line per tool that failed on every call of the batch; then start over."""
         lines = [f"tool {name!r} failed on all {count} of its calls in this batch (first: "
-                 f"{self.first_failure[name]}); the model only ever sees errors from it: fix the tool or "
+                 f"{self.first_failure[name]}); {self.consequence[name]}: fix the tool or "
                  "multi_turn.tool_config_path"
                  for name, count in self.calls.items() if self.failures.get(name, 0) == count]  # fmt: skip
         for line in lines:
             logger.warning(line)
-        self.calls, self.failures, self.first_failure = {}, {}, {}
+        self.calls, self.failures, self.first_failure, self.consequence = {}, {}, {}, {}
         return lines

@@ -11,6 +11,7 @@ import torch
 
 from hybridflow.config.validate import as_list
 from hybridflow.errors import ConfigError
+from hybridflow.models.loader import check_routing
 from hybridflow.rollout.engine import engine_unavailable
 from hybridflow.trainer.tracking.trackers import available_backends
 
@@ -34,7 +35,8 @@ def seed_everything(seed: int) -> None:
 
 
 def model_context_length(path: str, trust_remote_code: bool, override_config: dict | None = None) -> int | None:
-    """``max_position_embeddings`` from the model's config (no weights loaded); None if unreadable.
+    """``max_position_embeddings`` from the model's config (no weights loaded); None if unreadable. A mixture of
+    experts whose routing cannot run is a ModelError here already.
 
     ``model.override_config`` wins, as it does when the model loads (verl's long-context scripts raise it that way).
     """
@@ -46,6 +48,7 @@ def model_context_length(path: str, trust_remote_code: bool, override_config: di
         config = AutoConfig.from_pretrained(os.path.expanduser(str(path)), trust_remote_code=trust_remote_code)
     except (OSError, ValueError):
         return None  # validation reports a bad path; the loader reports an unreadable model with its own message
+    check_routing(config, path)  # a MoE config that cannot route: said before the data and the weights load
     return getattr(config.get_text_config(), "max_position_embeddings", None)  # a VLM's is its language model's
 
 

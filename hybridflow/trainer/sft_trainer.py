@@ -47,6 +47,8 @@ from hybridflow.data.sft_dataset import SFTDataset
 from hybridflow.errors import ConfigError, run_entry_point
 from hybridflow.models import load_causal_lm, load_tokenizer, resolve_dtype
 from hybridflow.models.fsdp import data_parallel_mesh, decoder_layers, micro_batch_sync, shard_model
+from hybridflow.models.loader import check_vocab_covers_tokenizer
+from hybridflow.models.loader import load_config as load_model_config
 from hybridflow.models.lora import apply_lora
 from hybridflow.models.segment_attention import use_segment_attention
 from hybridflow.models.sharded_checkpoint import FSDPModelComponent
@@ -111,6 +113,9 @@ def preflight(cfg: SFTConfig, *, world_size: int) -> None:
 def build_tokenizer(cfg: SFTConfig):
     """The model's tokenizer; ``data.chat_template`` replaces its template when set."""
     tokenizer = load_tokenizer(sft_model_path(cfg), trust_remote_code=cfg.model.trust_remote_code)
+    config = load_model_config(sft_model_path(cfg), trust_remote_code=cfg.model.trust_remote_code,
+                               override_config=dict(cfg.model.override_config))
+    check_vocab_covers_tokenizer(config, tokenizer, sft_model_path(cfg), tokenizer_key="the model's own")
     if cfg.data.chat_template:
         tokenizer.chat_template = cfg.data.chat_template
     if not tokenizer.chat_template:

@@ -8,9 +8,12 @@ Schedules (multiplier of the peak lr at step s, W warm-up steps, S total steps):
 
 from __future__ import annotations
 
+import logging
 import math
 
 import torch
+
+logger = logging.getLogger(__name__)
 
 
 def resolve_warmup_steps(*, warmup_steps: int, warmup_ratio: float, total_steps: int) -> int:
@@ -123,6 +126,10 @@ class TrainState:
         else:
             self.zero_grad()
             self.skipped_steps += 1
+            logger.warning("hybridflow: warning: update skipped: the loss (%g) or the gradient norm (%g) is not finite; "
+                           "the weights and optimizer state stay as they were (%d skipped so far): look for "
+                           "non-finite rewards or advantages, or lower the learning rate", loss_value, grad_norm,
+                           self.skipped_steps)
         return grad_norm
 
     def state_dict(self) -> dict:

@@ -98,9 +98,15 @@ class BadReward(BaseTool):
         raise ValueError("no ground truth")
 
 
-def test_calc_reward_that_raises_is_counted_and_has_no_reward(tiny_tokenizer):
-    out = run(manager(tiny_tokenizer, call_then_answer, tools=(BadReward(),))[0], tiny_tokenizer)[0]
+def test_calc_reward_that_raises_is_counted_said_and_has_no_reward(tiny_tokenizer, caplog):
+    """Issue 50: the count alone was silent on the console (execute worked, so the tool never 'failed on all')."""
+    with caplog.at_level(logging.WARNING):
+        out = run(manager(tiny_tokenizer, call_then_answer, tools=(BadReward(),))[0], tiny_tokenizer)[0]
     assert out.extra_info["tool_rewards"] == {} and out.metrics["tool_errors"] == 1
+    (line,) = [r.getMessage() for r in caplog.records if "calc_reward" in r.getMessage()]
+    assert line == ("tool 'calculator calc_reward()' failed on all 1 of its calls in this batch (first: tool "
+                    "calculator calc_reward() raised ValueError: no ground truth); its conversations get no reward "
+                    "from the tool: fix the tool or multi_turn.tool_config_path")
 
 
 def test_a_tool_failing_on_every_call_is_said_on_the_console(tiny_tokenizer, caplog):
@@ -121,12 +127,38 @@ class WrongShapeUser(BaseInteraction):
         return False, "try again", "great", {}
 
 
-@pytest.mark.parametrize("user", [RaisingUser({"name": "u"}), WrongShapeUser({"name": "u"})])
-def test_an_interaction_that_fails_ends_its_conversation_not_the_run(tiny_tokenizer, user):
+def user_returning(reply):
+    class User(BaseInteraction):
+        async def generate_response(self, instance_id, messages, **kwargs):
+            return reply
+
+    return User({"name": "u"})
+
+
+@pytest.mark.parametrize("user, said", [
+    (RaisingUser({"name": "u"}), "generate_response() raised RuntimeError: judge offline"),
+    (WrongShapeUser({"name": "u"}), "the reward 'great', which is not a finite number"),
+    (user_returning((False, None, 0.0, {})), "the user's turn is a NoneType, not a str"),  # was sent as "None"
+    (user_returning((False, {"content": "hi"}, 0.0, {})), "the user's turn is a dict, not a str"),
+    (user_returning(None), "generate_response returned 'None': cannot unpack"),  # ended the conversation unsaid
+], ids=["raises", "score-not-a-number", "text-none", "text-dict", "returns-none"])  # fmt: skip
+def test_an_interaction_that_fails_ends_its_conversation_not_the_run(tiny_tokenizer, user, said, caplog):
     row = {"raw_prompt": [{"role": "user", "content": "hi"}], "extra_info": {"interaction_kwargs": {"name": "u"}}}
     mgr, _ = manager(tiny_tokenizer, lambda text: "an answer", tools=(), interactions={"u": user})
-    out = run(mgr, tiny_tokenizer, rows=[row])[0]
+    with caplog.at_level(logging.WARNING):
+        out = run(mgr, tiny_tokenizer, rows=[row])[0]
     assert out.metrics["interaction_errors"] == 1 and out.metrics["assistant_turns"] == 1
+    assert "None" not in tiny_tokenizer.decode(out.response_ids)
+    (line,) = [r.getMessage() for r in caplog.records if "interaction u" in r.getMessage()]
+    assert said in line and line.endswith("its conversations end there: fix the tool or multi_turn.tool_config_path")
+
+
+def test_an_interaction_that_ends_with_no_text_is_no_failure(tiny_tokenizer):
+    row = {"raw_prompt": [{"role": "user", "content": "hi"}], "extra_info": {"interaction_kwargs": {"name": "u"}}}
+    mgr, _ = manager(tiny_tokenizer, lambda text: "an answer", tools=(),
+                     interactions={"u": user_returning((True, None, 1.0, {}))})
+    out = run(mgr, tiny_tokenizer, rows=[row])[0]
+    assert out.metrics["interaction_errors"] == 0 and out.metrics["assistant_turns"] == 1
 
 
 def write(tmp_path, text: str) -> str:

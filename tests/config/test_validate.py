@@ -138,17 +138,39 @@ def test_sft_validation(tmp_path):
 @pytest.mark.parametrize(
     "override, expected",
     [
-        ("actor_rollout_ref.actor.optim.lr=-1", "actor_rollout_ref.actor.optim.lr=-1.0 must be >= 0"),
+        ("actor_rollout_ref.actor.optim.lr=-1", "actor_rollout_ref.actor.optim.lr=-1.0 must be a finite number >= 0"),
+        ("actor_rollout_ref.actor.optim.lr=nan", "actor_rollout_ref.actor.optim.lr=nan must be a finite number >= 0"),
+        ("actor_rollout_ref.actor.optim.lr=inf", "actor_rollout_ref.actor.optim.lr=inf must be a finite number >= 0"),
         ("actor_rollout_ref.actor.optim.eps=-1e-8", "actor_rollout_ref.actor.optim.eps=-1e-08 must be >= 0"),
         ("actor_rollout_ref.actor.optim.weight_decay=-0.1", "actor_rollout_ref.actor.optim.weight_decay=-0.1 must be >= 0"),
         ("actor_rollout_ref.actor.optim.betas=[0.9,1.5]", "actor_rollout_ref.actor.optim.betas=[0.9, 1.5] must be two numbers in [0, 1)"),
         ("actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=2", "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=2.0 must be in [0, 1]"),
-        ("critic.optim.lr=-1e-5", "critic.optim.lr=-1e-05 must be >= 0"),
+        ("critic.optim.lr=-1e-5", "critic.optim.lr=-1e-05 must be a finite number >= 0"),
+        ("critic.optim.lr=-inf", "critic.optim.lr=-inf must be a finite number >= 0"),
     ],
 )
 def test_optimizer_settings_are_validated_with_the_config(files, override, expected):
     (line,) = problems(ppo(files, "algorithm.adv_estimator=gae", f"critic.model.path={files / 'model'}", override))
     assert line.startswith(expected)
+
+
+@pytest.mark.parametrize("override", ["clip_ratio=-0.2", "clip_ratio_low=-0.1", "clip_ratio_high=nan",
+                                      "clip_ratio=inf"])
+def test_clip_ratios_must_be_finite_and_non_negative(files, override):
+    """Issue 50: a negative clip_ratio reached the policy loss, whose AlgorithmError was a traceback."""
+    name, value = override.split("=")
+    (line,) = problems(ppo(files, f"actor_rollout_ref.actor.{override}"))
+    assert line == (f"actor_rollout_ref.actor.{name}={float(value)} must be a finite number >= 0 (PPO's clip epsilon, "
+                    "typically 0.2; DAPO's clip_ratio_high is 0.28)")
+
+
+@pytest.mark.parametrize("limit", [0, -1, 31])
+def test_a_sandbox_memory_limit_no_program_starts_under_is_refused(files, limit):
+    """Issue 50: memory_limit_mb=0 scored every code sample 0 without a word."""
+    (line,) = problems(ppo(files, f"reward_model.sandbox_fusion.memory_limit_mb={limit}"))
+    assert line == (f"reward_model.sandbox_fusion.memory_limit_mb={limit} is too small for a Python program to start "
+                    "(at least 32; the default is 1024): every code sample would score 0")
+    validate_ppo_config(ppo(files, "reward_model.sandbox_fusion.memory_limit_mb=32"))
 
 
 def test_sft_optimizer_settings_are_validated(tmp_path):
@@ -158,7 +180,7 @@ def test_sft_optimizer_settings_are_validated(tmp_path):
                                   f"data.train_files={tmp_path / 'train.parquet'}", "optim.lr=-1", "optim.clip_grad=0"])
     with pytest.raises(ConfigError) as err:
         validate_sft_config(cfg)
-    assert str(err.value).splitlines() == ["optim.lr=-1.0 must be >= 0 (a typical RL learning rate is 1e-6)",
+    assert str(err.value).splitlines() == ["optim.lr=-1.0 must be a finite number >= 0 (a typical RL learning rate is 1e-6)",
                                            "optim.clip_grad=0.0 must be > 0"]
 
 
@@ -236,3 +258,18 @@ def test_a_repetition_penalty_needs_engine_free_log_probs_and_must_be_positive(f
     (line,) = problems(ppo(files, "actor_rollout_ref.rollout.repetition_penalty=0"))
     assert "repetition_penalty=0" in line and "must be > 0" in line
     validate_ppo_config(ppo(files, "actor_rollout_ref.rollout.repetition_penalty=1.2"), model_max_len=2048)
+
+
+def test_a_checkpoint_folder_that_is_a_file_is_refused_before_loading(files, tmp_path):
+    """Issue 50: a NotADirectoryError traceback when the first log was written, after the models loaded."""
+    regular = tmp_path / "a_file"
+    regular.write_text("x")
+    (line,) = problems(ppo(files, f"trainer.default_local_dir={regular}"))
+    assert line == (f"trainer.default_local_dir='{regular}' is a file, not a folder: point it at a folder (the run "
+                    "writes its global_step_N checkpoints and logs there)")
+    (line,) = problems(ppo(files, f"trainer.default_local_dir={regular}/run1/ckpt"))
+    assert line.startswith(f"trainer.default_local_dir='{regular}/run1/ckpt' lies under the file '{regular}', not a "
+                           "folder")
+    with pytest.raises(ConfigError, match=f"^trainer.default_local_dir='{regular}' is a file"):
+        validate_sft_config(sft(tmp_path, f"trainer.default_local_dir={regular}"))
+    validate_ppo_config(ppo(files, f"trainer.default_local_dir={tmp_path / 'new' / 'folder'}"))  # created later

@@ -179,6 +179,14 @@ def test_unsupported_and_corrupt_files(tiny_tokenizer, tmp_path):
     bad_json.write_text('{"prompt": []}\n{oops\n')
     with pytest.raises(DataError, match=r"line 2 is not valid JSON"):
         RLDataset(str(bad_json), tiny_tokenizer)
+    latin1 = tmp_path / "latin1.jsonl"  # issue 50: a UnicodeDecodeError traceback before
+    first = '{"prompt": [{"role": "user", "content": "hi"}]}\n'
+    latin1.write_bytes(first.encode() + '{"prompt": [{"role": "user", "content": "caf\u00e9"}]}\n'.encode("latin1"))
+    offset = len(first) + len('{"prompt": [{"role": "user", "content": "caf')
+    with pytest.raises(DataError) as err:
+        RLDataset(str(latin1), tiny_tokenizer)
+    assert str(err.value) == (f"cannot read {str(latin1)!r}: line 2 (byte {offset}) is not UTF-8 ("
+                              + repr(b'\xe9"}]') + "...); re-encode the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8`)")
 
 
 def test_missing_prompt_column_names_columns_and_key(tiny_tokenizer, make_rows, write_rows):

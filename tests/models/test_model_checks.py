@@ -137,3 +137,29 @@ def test_a_known_model_type_with_a_field_transformers_rejects_quotes_it(tiny_mod
     with pytest.raises(ModelError, match=r"transformers cannot read .*config.json \(model_type 'llama'\): .*; fix that "
                                          r"field of config.json"):
         load_causal_lm(path)
+
+
+@pytest.fixture(scope="module")
+def tiny_moe_dirs(tmp_path_factory):
+    from hybridflow.models.tiny import save_tiny_model
+
+    return {arch: save_tiny_model(str(tmp_path_factory.mktemp(arch)), arch=arch) for arch in ("qwen3_moe", "mixtral")}
+
+
+@pytest.mark.parametrize("arch, change, message", [
+    ("qwen3_moe", {"num_experts_per_tok": 8}, "routes each token to num_experts_per_tok=8 of its 4 experts: set "
+                                              "num_experts_per_tok between 1 and 4"),
+    ("mixtral", {"num_experts_per_tok": 5}, "routes each token to num_experts_per_tok=5 of its 4 experts"),
+    ("qwen3_moe", {"num_experts_per_tok": 0}, "routes each token to num_experts_per_tok=0 of its 4 experts"),
+    ("qwen3_moe", {"decoder_sparse_step": 0}, "has decoder_sparse_step=0: every how many layers a layer is a mixture "
+                                              "of experts must be >= 1"),
+])
+def test_moe_routing_that_cannot_run_is_one_line_before_the_weights_load(tiny_moe_dirs, tmp_path, arch, change,
+                                                                         message):
+    """Issue 50: torch.topk's 'selected index k out of range' at the first forward, or a ZeroDivisionError while
+    the layers were built."""
+    path = edited_copy(tiny_moe_dirs[arch], tmp_path, **change)
+    with pytest.raises(ModelError, match=f"^{path}/config.json \\(or model.override_config\\) {message}") as err:
+        load_causal_lm(path)
+    assert "\n" not in str(err.value)
+    load_causal_lm(edited_copy(tiny_moe_dirs[arch], tmp_path / "ok", num_experts_per_tok=4))  # all experts: fine

@@ -92,10 +92,29 @@ tools:
      "  - class_name: hybridflow.tools.calculator.CalculatorTool", "tool names must be unique"),
     ("tools:\n  - class_name: hybridflow.tools.calculator.CalculatorTool\n    tool_schema: {type: function}",
      "OpenAI function schema"),
+    *[(f"tools:\n  - class_name: hybridflow.tools.calculator.CalculatorTool\n    tool_schema: {{type: function, "
+       f"function: {{name: calc, parameters: {parameters}}}}}",
+       f"^CalculatorTool: tool 'calc' has tool_schema.function.parameters=.*, which is not a JSON schema of the "
+       f"arguments: {problem}; write {{type: object") for parameters, problem in [  # issue 50: these were silent
+        ("the expression", "it is a str, not a mapping"),
+        ("[expression]", "it is a list, not a mapping"),
+        ("{type: string}", "its type is 'string'; the arguments are an object"),
+        ("{type: object, properties: [expression]}", "properties must map each argument name to its schema"),
+        ("{type: object, properties: {expression: string}}", "properties must map each argument name to its schema"),
+        ("{type: object, properties: {x: {type: number}}, required: [y]}",
+         r"required=\['y'\] must list argument names of properties"),
+    ]],
 ])
 def test_bad_tool_configs_are_one_clear_error(tmp_path, text, message):
     with pytest.raises(ConfigError, match=message):
         load_tools(write(tmp_path, text))
+
+
+def test_a_tool_without_parameters_gets_an_empty_object_schema(tmp_path):
+    text = ("tools:\n  - class_name: hybridflow.tools.calculator.CalculatorTool\n    tool_schema: {type: function, "
+            "function: {name: calc, parameters: null}}")
+    (tool,) = load_tools(write(tmp_path, text))
+    assert tool.tool_schema["function"]["parameters"] == {"type": "object", "properties": {}}
 
 
 def test_missing_tool_config_file_names_the_key(tmp_path):

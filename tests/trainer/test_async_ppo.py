@@ -248,18 +248,23 @@ def test_partial_rollout_pauses_at_a_sync_and_trains_every_prompt_once(tmp_path,
     assert last["fully_async/count/current_param_version"] == 4
 
 
-def test_partial_rollout_where_it_cannot_act_warns_and_is_off(tmp_path, tiny_model_dir, caplog, monkeypatch):
-    """verl's async recipes turn partial_rollout on with vLLM: a server engine, multi-turn, or Ray without a rollout
-    pool of its own cannot pause mid-generate, so it is off there, said once (issue 37: it was an error)."""
-    from hybridflow.config import validate
-    from hybridflow.config.validate import partial_rollouts
+def test_partial_rollout_where_it_cannot_act_is_refused_before_loading(tmp_path, tiny_model_dir, monkeypatch):
+    """Issue 50: the HF engine, native multi-turn, or Ray without a rollout pool of its own cannot pause
+    mid-generate: async_training.partial_rollout=True there is one line before any model loads (issue 37 made it a
+    warning; only vLLM / SGLang, which verl's fully async YAML pairs with it, keep the warning: test_verl09_keys)."""
+    import hybridflow.trainer.main_ppo as main_ppo
+    from hybridflow.trainer.main_fully_async import async_preflight
 
-    monkeypatch.setattr(validate, "_PARTIAL_WARNED", set())  # said once per process
-
-    trainer = build_async(load_config(PPOConfig, base_overrides(tmp_path, tiny_model_dir) + [
-        "async_training.partial_rollout=True", "actor_rollout_ref.rollout.name=hf"]))
-    trainer.close()
-    assert trainer.parts.source.partial is False and "the hf engine cannot pause" in caplog.text
-    cfg = load_config(PPOConfig, base_overrides(tmp_path, tiny_model_dir) + [
-        "async_training.partial_rollout=True", "trainer.backend=ray"])
-    assert partial_rollouts(cfg) is False and "takes a sync mid-generate" in caplog.text
+    monkeypatch.setattr(main_ppo, "build_loop", lambda cfg, **_: pytest.fail("loaded before checking"))
+    refused = {"actor_rollout_ref.rollout.name=hf": "the hf engine cannot pause",
+               "actor_rollout_ref.rollout.multi_turn.enable=True": "the native engine in multi-turn cannot pause",
+               "trainer.backend=ray": "on Ray only a rollout pool of its own"}
+    for override, reason in refused.items():
+        cfg = load_config(PPOConfig, base_overrides(tmp_path, tiny_model_dir) + [
+            "async_training.partial_rollout=True", override])
+        with pytest.raises(HybridflowError) as err:
+            async_preflight(cfg)
+        assert str(err.value).startswith(f"async_training.partial_rollout=True cannot act here ({reason}")
+        assert "set async_training.partial_rollout=False" in str(err.value) and "\n" not in str(err.value)
+    async_preflight(load_config(PPOConfig, base_overrides(tmp_path, tiny_model_dir) + [
+        "async_training.partial_rollout=True"]))  # native single-turn, local: it acts

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 
 import pandas as pd
@@ -41,6 +42,29 @@ def test_keep_going_when_asked_prints_one_line_per_step(tmp_path, tiny_model_dir
     lines = [r.getMessage() for r in caplog.records if r.name == "hybridflow.workers.reward"]
     assert run.steps == 2 and len(lines) == 2
     assert all(line.startswith("reward: 8 of 8 samples failed to score this step") for line in lines)
+
+
+ABSURD_ON_ODD_ROWS = '''
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    return 1e300 if extra_info["index"] % 2 else 0.5
+'''
+
+
+def test_an_absurd_reward_is_a_failed_sample_and_the_update_runs(tmp_path, tiny_model_dir, caplog):
+    """Issue 50: 1e300 became inf in float32, the score mean inf, the loss NaN, and the update was skipped
+    without a word. Now those samples fail (failure_score, counted, one line a step) and the update runs."""
+    path = tmp_path / "absurd_reward.py"
+    path.write_text(ABSURD_ON_ODD_ROWS)
+    overrides = base_overrides(tmp_path, tiny_model_dir, steps=1) + [f"custom_reward_function.path={path}"]
+    with caplog.at_level(logging.WARNING):
+        run = run_ppo(load_config(PPOConfig, overrides))
+    metrics = run.history[-1]
+    assert metrics["reward/num_failed"] == 4 and metrics["critic/score/mean"] == 0.25  # 4 x 0.5 + 4 x 0.0
+    assert all(math.isfinite(metrics[key]) for key in ("actor/pg_loss", "actor/grad_norm"))
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("reward: 4 of 8 samples failed to score this step (first: digits: ScoreValueError: "
+                            "score is 1e+300, beyond +-1e+16") for m in messages)
+    assert not any("update skipped" in m for m in messages)
 
 
 def test_misspelled_data_source_stops_before_any_model_loads(tmp_path, tiny_model_dir, capsys, monkeypatch):

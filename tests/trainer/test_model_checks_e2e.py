@@ -85,3 +85,22 @@ def test_unknown_model_type_of_a_generative_judge_stops_with_one_line(tmp_path, 
     assert main(base_overrides(tmp_path, tiny_model_dir, steps=1) + judge) == 2
     [error] = _error_lines(capsys.readouterr().err)
     assert "foo_config/config.json has model_type 'foo'" in error
+
+
+def test_a_tokenizer_larger_than_the_model_s_vocab_stops_before_training(tmp_path, tiny_model_dir, tiny_tokenizer,
+                                                                        capsys):
+    """Issue 50: data.tokenizer with 8 tokens more than the embedding's 512 rows was an index error in the first
+    forward; now one line before any weight loads."""
+    import copy
+
+    larger = copy.deepcopy(tiny_tokenizer)
+    larger.add_tokens([f"<extra_{i}>" for i in range(8)])
+    larger.save_pretrained(tmp_path / "larger_tokenizer")
+    overrides = base_overrides(tmp_path, tiny_model_dir, steps=1) + [f"data.tokenizer={tmp_path / 'larger_tokenizer'}"]
+    assert main(overrides) == 2
+    [error] = _error_lines(capsys.readouterr().err)
+    assert error == (f"hybridflow: error: the model in {tiny_model_dir} has vocab_size=512 embedding rows but the "
+                     f"tokenizer (data.tokenizer={tmp_path / 'larger_tokenizer'}) has 520 tokens: ids 512..519 would "
+                     "index past the embedding; use the model's own tokenizer, or resize the model's embeddings "
+                     "(model.resize_token_embeddings(len(tokenizer)) and save it)")
+    assert not (tmp_path / "ckpt" / "global_step_1").exists()

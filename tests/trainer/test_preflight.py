@@ -55,3 +55,19 @@ def test_name_and_arithmetic_problems_are_reported_together(tmp_path, tiny_model
     lines = str(err.value).splitlines()
     assert lines[0] == "reward_model.reward_manager='primo' is not one of dapo, gdpo, naive, parallel, prime"
     assert any(line.startswith("data.train_batch_size=4 (x rollout.n=2) is not divisible") for line in lines[1:])
+
+
+def test_moe_routing_that_cannot_run_is_said_before_the_data_loads(tmp_path, monkeypatch):
+    """Issue 50: the check of models.loader.load_config runs in preflight too, from config.json alone."""
+    import json
+
+    import hybridflow.trainer.main_ppo as main_ppo
+    from hybridflow.errors import ModelError
+    from hybridflow.models.tiny import save_tiny_model
+
+    model = save_tiny_model(str(tmp_path / "moe"), arch="qwen3_moe")
+    config = json.loads((tmp_path / "moe" / "config.json").read_text())
+    (tmp_path / "moe" / "config.json").write_text(json.dumps({**config, "decoder_sparse_step": 0}))
+    monkeypatch.setattr(main_ppo, "build_loop", lambda cfg, **_: pytest.fail("loaded before checking"))
+    with pytest.raises(ModelError, match="has decoder_sparse_step=0: every how many layers"):
+        main_ppo.run_ppo(load_config(PPOConfig, base_overrides(tmp_path, model)))

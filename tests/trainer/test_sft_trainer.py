@@ -310,3 +310,22 @@ def test_verl_global_micro_batch_size_sets_the_micro_batches(tmp_path, tiny_mode
                             samples, micro_batch_size=micro_batch_size))
     trainer, _ = _train(_cfg(tmp_path, tiny_model_dir, sums_file, "data.micro_batch_size=1"))
     assert trainer.micro_batch_size == 1 and sizes == [1]
+
+
+def test_a_tokenizer_larger_than_the_model_s_vocab_is_one_line_before_loading(tmp_path, tiny_model_dir, sums_file,
+                                                                             tiny_tokenizer, monkeypatch):
+    """Issue 50: ids past the embedding were an index error in the first forward."""
+    import copy
+
+    import hybridflow.trainer.sft_trainer as sft_trainer
+    from hybridflow.errors import ModelError
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, folder)
+    larger = copy.deepcopy(tiny_tokenizer)
+    larger.add_tokens(["<extra_0>", "<extra_1>"])
+    larger.save_pretrained(folder)
+    monkeypatch.setattr(sft_trainer, "load_causal_lm", lambda *a, **k: pytest.fail("loaded before checking"))
+    with pytest.raises(ModelError, match=r"vocab_size=512 embedding rows but the tokenizer \(the model's own\) has "
+                                         r"514 tokens: ids 512..513 would index past the embedding"):
+        build_trainer(_cfg(tmp_path, str(folder), sums_file))

@@ -127,6 +127,18 @@ def test_native_rollout_of_a_vlm_runs_through_hf_generate_and_says_why(tiny_vl):
     assert "rollout.name=native runs" in message and "vision tower prefills" in message
 
 
+def test_native_engine_built_directly_refuses_a_vlm_in_one_line(vl_arch):
+    """Issue 50: ``NativeEngine(vlm)`` was an AttributeError (no max_position_embeddings on a VL config)."""
+    from hybridflow.errors import RolloutError
+    from hybridflow.rollout.native import NativeEngine
+
+    model, processor = vl_arch
+    with pytest.raises(RolloutError, match=r"^the native engine decodes text-only models, and Qwen2(_5_)?VLFor"
+                                           r"ConditionalGeneration is a vision-language model: build it with "
+                                           r"build_engine\('native', model, tokenizer\) .* or set rollout.name=hf$"):
+        NativeEngine(model, processor.tokenizer)
+
+
 def test_a_text_batch_gets_no_vision_inputs(tiny_vl):
     model, _ = tiny_vl
     assert vision_forward_inputs(model, [None, {}], torch.zeros(2, 3, dtype=torch.long)) == {}

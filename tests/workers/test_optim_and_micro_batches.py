@@ -1,5 +1,6 @@
 """LR schedules (hand-computed), the NaN guard, and micro-batch splitting."""
 
+import logging
 import math
 
 import pytest
@@ -49,13 +50,18 @@ def _state():
     return TrainState(model, opt, build_scheduler(opt, warmup_steps=0, total_steps=1, style="constant"), grad_clip=1.0)
 
 
-def test_nan_guard_skips_the_step_and_keeps_weights():
+def test_nan_guard_skips_the_step_keeps_weights_and_says_so(caplog):
     state = _state()
     before = {k: v.clone() for k, v in state.model.state_dict().items()}
     loss = state.model(torch.tensor([[float("nan"), 1.0]])).sum()
     loss.backward()
-    state.step(loss_value=loss.item())
+    with caplog.at_level(logging.WARNING):
+        state.step(loss_value=loss.item())
     assert state.skipped_steps == 1
+    (line,) = [r.getMessage() for r in caplog.records if "update skipped" in r.getMessage()]  # issue 50: was silent
+    assert line == ("hybridflow: warning: update skipped: the loss (nan) or the gradient norm (nan) is not finite; the "
+                    "weights and optimizer state stay as they were (1 skipped so far): look for non-finite rewards or "
+                    "advantages, or lower the learning rate")
     for k, v in state.model.state_dict().items():
         assert torch.equal(v, before[k])
     assert all(p.grad is None for p in state.model.parameters())

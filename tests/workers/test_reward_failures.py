@@ -16,6 +16,8 @@ BAD_RETURNS = {
     "string": "1.0",
     "none": None,
     "dict without score": {"acc": 1.0},
+    "absurd": 1e300,  # issue 50: inf in float32, the loss NaN and the update skipped in silence
+    "absurd negative": {"score": -1e17},
 }
 
 

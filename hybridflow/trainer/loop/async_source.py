@@ -54,6 +54,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from hybridflow.config.validate import partial_rollout_problems
 from hybridflow.controller.dispatch import mean_metrics
 from hybridflow.data.batch import Batch
 from hybridflow.errors import HybridflowError
@@ -109,6 +110,7 @@ def check_async_config(cfg) -> None:
     if cfg.algorithm.filter_groups.enable:
         problems.append("algorithm.filter_groups (DAPO dynamic sampling) is not supported by the async trainers; "
                         "use main_ppo or set algorithm.filter_groups.enable=False")
+    problems += partial_rollout_problems(cfg)
     if problems:
         raise HybridflowError("; ".join(problems))
 

@@ -19,8 +19,7 @@ from hybridflow.trainer.entry import resolve_device, seed_everything
 from hybridflow.trainer.loop.fit import Loop
 from hybridflow.trainer.loop.parts import Parts, PPOWorkers, Run
 from hybridflow.trainer.roles.builders import (build_critic_worker, build_hybrid_engine, build_rollout_worker,
-                                             policy_processor,
-                                             policy_tokenizer)
+                                             check_policy_vocab, policy_processor, policy_tokenizer)
 from hybridflow.trainer.roles.groups import CriticGroupWorker, GroupCheckpoint, HybridEngineWorker, RolloutGroupWorker
 from hybridflow.trainer.roles.prime import build_prm_group
 from hybridflow.trainer.roles.reward import build_reward_worker, check_reward_inputs, stop_token_ids
@@ -128,6 +127,7 @@ def build_loop(cfg: PPOConfig, *, parts: Callable[[Run], Parts], count_steps=tot
     seed_everything(cfg.trainer.seed)
     device = resolve_device(cfg.trainer.device)
     tokenizer = policy_tokenizer(cfg)
+    check_policy_vocab(cfg, tokenizer)
     train_loader, val_loader = build_datasets(cfg, tokenizer)
     check_reward_inputs(cfg, {"data.train_files": train_loader, "data.val_files": val_loader})
     total_steps = count_steps(cfg, len(train_loader))

@@ -21,7 +21,8 @@ from hybridflow.data.parallel import DataParallel
 from hybridflow.errors import ConfigError
 from hybridflow.models import load_causal_lm, load_tokenizer, load_value_model
 from hybridflow.models.fsdp import autocast_forward, compute_dtype, data_parallel_mesh, decoder_layers, shard_model
-from hybridflow.models.loader import import_external_lib, resolve_dtype
+from hybridflow.models.loader import check_vocab_covers_tokenizer, import_external_lib, resolve_dtype
+from hybridflow.models.loader import load_config as load_model_config
 from hybridflow.models.lora import apply_lora, disable_adapter
 from hybridflow.models.segment_attention import supports_segment_attention
 from hybridflow.models.sharded_checkpoint import FSDPModelComponent
@@ -73,6 +74,16 @@ def policy_tokenizer(cfg):
     model = cfg.actor_rollout_ref.model
     return load_tokenizer(cfg.data.tokenizer or model.path, chat_template=model.custom_chat_template,
                           trust_remote_code=model.trust_remote_code or cfg.data.trust_remote_code)
+
+
+def check_policy_vocab(cfg, tokenizer) -> None:
+    """The policy's embedding covers every id of its tokenizer (``data.tokenizer`` may be another model's)."""
+    model = cfg.actor_rollout_ref.model
+    config = load_model_config(model.path, trust_remote_code=model.trust_remote_code,
+                               override_config=dict(model.override_config))
+    check_vocab_covers_tokenizer(config, tokenizer, model.path,
+                                 tokenizer_key=f"data.tokenizer={cfg.data.tokenizer}" if cfg.data.tokenizer else
+                                 "the model's own")
 
 
 def policy_processor(cfg, tokenizer):
