@@ -141,6 +141,8 @@ def _host_dirs(host_dir: str, code: str) -> str:
     os.chmod(host_dir, 0o755)  # user nobody mounts and binds from here when we are root
     for folder, _, _ in _TMPFS:
         os.mkdir(os.path.join(host_dir, folder), 0o755)
+    mounts = [(os.path.join(host_dir, folder), size) for folder, _, size in _TMPFS]
+    _write_readable(host_dir, "fstab", sandbox_limits.tmpfs_fstab(mounts))
     program = os.path.join(host_dir, "program")
     os.mkdir(program)
     return _write_readable(program, "main.py", code)
@@ -149,9 +151,8 @@ def _host_dirs(host_dir: str, code: str) -> str:
 def _bwrap_command(host_dir: str, harness_args: list[str], seccomp_fd: int | None) -> list[str]:
     """The sandbox's argv: :func:`sandbox_limits.tmpfs_mount_prefix` mounts the capped tmpfs folders, bwrap binds them."""
     executable, prefix = _interpreter()
-    mounts = [(os.path.join(host_dir, folder), size) for folder, _, size in _TMPFS]
     command = [
-        *sandbox_limits.tmpfs_mount_prefix(mounts), "bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
+        *sandbox_limits.tmpfs_mount_prefix(os.path.join(host_dir, "fstab")), "bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
         "--uid", _NOBODY, "--gid", _NOBODY, "--cap-drop", "ALL", "--hostname", "sandbox",
         "--ro-bind", "/usr", "/usr",
     ]  # fmt: skip
@@ -172,7 +173,7 @@ def _bwrap_command(host_dir: str, harness_args: list[str], seccomp_fd: int | Non
         "--remount-ro", "/", "--chdir", "/sandbox",
         "--clearenv", "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "HOME", "/sandbox",
         "--setenv", "LANG", "C.UTF-8", "--setenv", "OMP_NUM_THREADS", "1",
-        executable, "-I", "-c", _HARNESS_SOURCE, *harness_args,
+        executable, "-I", "-S", "-c", _HARNESS_SOURCE, *harness_args,
     ]  # fmt: skip
     return command
 
@@ -364,7 +365,7 @@ def _start(launch: _Launch, host_dir: str, stdin_file, output) -> subprocess.Pop
     seccomp = sandbox_limits.seccomp_filter() if isolated else None
     seccomp_fd = None if seccomp is None else _pass_file(host_dir, "seccomp.bpf", seccomp)
     passed = [*launch.passed_fds, *([] if seccomp_fd is None else [seccomp_fd])]
-    weak_command = [sys.executable, "-I", "-c", _HARNESS_SOURCE, *args]
+    weak_command = [sys.executable, "-I", "-S", "-c", _HARNESS_SOURCE, *args]
     command = _bwrap_command(host_dir, args, seccomp_fd) if isolated else weak_command
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1"}
     try:

@@ -86,18 +86,24 @@ def tree_rss_bytes(root_pid: int) -> int:
     return total
 
 
-def tmpfs_mount_prefix(mounts: list[tuple[str, int]]) -> list[str]:
+def tmpfs_fstab(mounts: list[tuple[str, int]]) -> str:
+    """fstab lines for a tmpfs of ``size`` bytes and :data:`TMPFS_INODES` inodes on each ``(path, size)``."""
+    lines = []
+    for path, size in mounts:
+        escaped = path.replace("\\", "\\134").replace(" ", "\\040").replace("\t", "\\011").replace("\n", "\\012")
+        lines.append(f"tmpfs {escaped} tmpfs size={size},nr_inodes={TMPFS_INODES},mode=0755,nosuid,nodev 0 0\n")
+    return "".join(lines)
+
+
+def tmpfs_mount_prefix(fstab_path: str) -> list[str]:
     """The argv to put before bwrap's: a new user and mount namespace of its own (util-linux
-    ``unshare``; the caller's uid is root in there, nobody else's) that mounts a tmpfs of ``size``
-    bytes and :data:`TMPFS_INODES` inodes on each ``(path, size)``, then execs bwrap, which binds
-    them into the sandbox (bwrap's own ``--tmpfs`` has no inode cap). The mounts live only in that
-    namespace: the host sees none, and they vanish with the sandbox.
+    ``unshare``; the caller's uid is root in there, nobody else's) that mounts the tmpfs of
+    ``fstab_path`` (:func:`tmpfs_fstab`, one ``mount`` for all), then execs bwrap, which binds them
+    into the sandbox (bwrap's own ``--tmpfs`` has no inode cap). The mounts live only in that
+    namespace: the host sees none, and they vanish with the sandbox. ~7 ms a sandbox.
 
     A separate program, not a ``preexec_fn``: forked from a process with OpenMP threads (torch),
     the child is no longer single-threaded and ``unshare(CLONE_NEWUSER)`` refuses it.
     """
-    script = " && ".join(
-        f"mount -t tmpfs -o size={size},nr_inodes={TMPFS_INODES},mode=0755,nosuid,nodev tmpfs {shlex.quote(path)}"
-        for path, size in mounts
-    )
-    return ["unshare", "--user", "--map-root-user", "--mount", "--", "sh", "-c", f'{script} && exec "$@"', "sh"]
+    script = f'mount -n -a -T {shlex.quote(fstab_path)} && exec "$@"'
+    return ["unshare", "--user", "--map-root-user", "--mount", "--", "sh", "-c", script, "sh"]
