@@ -3,9 +3,10 @@
 An assert entry (``"import math\\nassert math.isclose(area(2), 12.566, rel_tol=1e-3)"``) is
 ordinary Python executed in *this* process, in a fresh namespace where:
 
-- builtins, the entry's own imports and standard-library module names (``math``, ``collections``)
-  are this process's own objects; a name the program bound by importing from a pure standard
-  module (``from collections import Counter`` in ``main.py``) is imported here too. What the program
+- builtins, the entry's own imports and the pure standard modules it uses without importing them
+  (``math`` in ``math.fabs(x)``, HumanEval style) are this process's own objects; a name the
+  program bound by importing from a pure standard module (``from collections import Counter`` in
+  ``main.py``) is imported here too. What the program
   did to its own ``math`` or ``builtins`` never reaches a test;
 - every other free name of the entry the program defines becomes a :class:`RemoteFunction` (a
   callable) or its value (plain data), asked once per entry. Calling a remote function sends its
@@ -31,7 +32,6 @@ import importlib
 import json
 import os
 import select
-import sys
 import time
 from dataclasses import dataclass
 
@@ -44,9 +44,9 @@ WATCH_INTERVAL_S = 0.02
 PURE_MODULES = frozenset({
     "math", "cmath", "collections", "itertools", "functools", "heapq", "bisect", "operator", "fractions",
     "decimal", "statistics", "string", "re", "random", "copy", "datetime", "json", "typing", "numbers",
-    "array", "enum", "dataclasses", "textwrap", "unicodedata", "struct", "sys", "calendar",
+    "array", "enum", "dataclasses", "textwrap", "unicodedata", "struct", "sys", "calendar", "os", "time",
+    "string", "queue", "types", "abc", "contextlib",
 })  # fmt: skip
-_STDLIB = frozenset(name for name in sys.stdlib_module_names if not name.startswith("_"))
 
 
 class TestCaseError(ValueError):
@@ -64,11 +64,13 @@ class ProgramAnswerError(Exception):
 
 @dataclass(frozen=True)
 class AssertEntry:
-    """One entry of ``asserts``: its compiled statements and the free names they use."""
+    """One entry of ``asserts``: its compiled statements, the free names they use, and which of
+    those name a pure standard module the entry uses as one (``math`` in ``math.fabs(x)``)."""
 
     source: str
     code: object
     free_names: tuple[str, ...]
+    modules: frozenset[str]
 
 
 def parse_assert_tests(entries: list[str]) -> list[AssertEntry]:
@@ -91,7 +93,10 @@ def _parse_entry(entry: str) -> AssertEntry:
                 for alias in node.names}  # fmt: skip
     names = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
     free = sorted(name for name in names - imported if not hasattr(builtins, name))
-    return AssertEntry(source=entry, code=compile(tree, "<test>", "exec"), free_names=tuple(free))
+    attribute_bases = {node.value.id for node in ast.walk(tree)
+                       if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)}  # fmt: skip
+    modules = frozenset(name for name in free if name in attribute_bases and name in PURE_MODULES)
+    return AssertEntry(source=entry, code=compile(tree, "<test>", "exec"), free_names=tuple(free), modules=modules)
 
 
 def stdlib_imports(program: str) -> dict[str, tuple[str, str | None]]:
@@ -236,15 +241,14 @@ class Judge:
         namespace: dict = {"__builtins__": builtins, "__name__": "__test__"}
         remote = []
         for name in entry.free_names:
-            if name in _STDLIB:
-                namespace[name] = importlib.import_module(name)
-            elif name in self.program_imports:
-                try:
-                    namespace[name] = _import(*self.program_imports[name])
-                except (ImportError, AttributeError):
-                    remote.append(name)
-            else:
-                remote.append(name)
+            origin = (name, None) if name in entry.modules else self.program_imports.get(name)
+            try:
+                if origin is not None:
+                    namespace[name] = _import(*origin)
+                    continue
+            except (ImportError, AttributeError):
+                pass  # not importable here: the program's, as it would be without this rule
+            remote.append(name)
         if remote:
             reply = self._ask({"names": remote})
             found = reply.get("names")

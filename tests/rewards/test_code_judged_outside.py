@@ -168,6 +168,57 @@ def test_the_expected_values_never_enter_the_program(test):
     assert score(READ_EXPECTED, [test]) == 0.0
 
 
+# ----------------------------------------------------------------- what crosses: plain data only
+COUNTER = "from collections import Counter\ndef letters(s):\n    return Counter(s)\n"
+RIGHT_PROGRAMS = [
+    ("def add(a, b):\n    return a + b\n", "assert add(a=2, b=3) == 5 and add(2, b=3) == 5"),
+    ("import math\ndef fact(n):\n    return math.prod(range(1, n + 1))\n",
+     "assert fact(2000) % 10**10 == 0 and len(str(fact(30))) == 33"),  # 5736 digits: past repr's int limit
+    (COUNTER, "assert letters('aab') == {'a': 2, 'b': 1}"),
+    (COUNTER, "assert letters('aab') == Counter({'a': 2, 'b': 1})"),  # Counter: the program's import, made here
+    ("import math\ndef nan():\n    return float('nan')\n", "assert math.isnan(nan())"),
+    ("def pack(a):\n    return (a, [a], {a: {a}}, frozenset([a]), b'x', None, True, 1.5, 2j)\n",
+     "assert pack(1) == (1, [1], {1: {1}}, frozenset([1]), b'x', None, True, 1.5, 2j)"),
+    ("LIMIT = 7\ndef add(a, b):\n    return a + b\n", "assert add(LIMIT, 1) == 8"),
+    ("def grow(xs):\n    xs.append(1)\n    return xs\n", "assert grow([0]) == [0, 1]"),
+    ("import sys\ndef add(a, b):\n    return a + b\nsys.exit(0)\n", "assert add(1, 1) == 2"),
+    ("def add(a, b):\n    return a + b\n", "assert all(add(string, 1) == string + 1 for string in [1, 2])"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("program, test", RIGHT_PROGRAMS)
+def test_a_right_program_keeps_its_reward(program, test):
+    assert score(program, [test]) == 1.0
+
+
+@pytest.mark.parametrize("program, test", [
+    ("def gen(n):\n    yield from range(n)\n", "assert list(gen(3)) == [0, 1, 2]"),
+    ("def make():\n    return lambda x: x\n", "assert make()(3) == 3"),
+    ("class P:\n    pass\ndef make():\n    return P()\n", "assert make() is not None"),
+    ("def span(n):\n    return range(n)\n", "assert list(span(3)) == [0, 1, 2]"),
+    ("def deep(n):\n    x = []\n    for _ in range(n):\n        x = [x]\n    return x\n", "assert deep(100) != 0"),
+    ("def f(a):\n    return a\n", "assert f(lambda: 1) is not None"),  # an argument that is not data
+], ids=["generator", "function", "object", "range", "too-deep", "lambda-argument"])  # fmt: skip
+def test_what_is_not_plain_data_fails_the_test(program, test):
+    assert score(program, [test]) == 0.0
+
+
+FORGED_REPLIES = r"""
+import os
+def add(a, b):
+    return a - b
+for fd in range(3, 64):
+    try:
+        os.write(fd, b'{"ready": 1}\n{"v": 5}\n{"v": 6}\n{"names": {"add": {"v": 5}}}\n{"v": 7}\n' * 4)
+    except OSError:
+        pass
+"""
+
+
+def test_replies_written_ahead_by_the_program_are_only_its_answers():
+    assert score(FORGED_REPLIES, ["assert add(2, 3) == 5", "assert add(10, -4) == 6", "assert add(0, 7) == 7"]) == 0.0
+
+
 # ----------------------------------------------------------------- time by the harness's own clock
 STOP_THE_JUDGE = r"""
 import os, signal, time
@@ -208,6 +259,13 @@ def test_a_wrong_answer_after_megabytes_of_whitespace_fails(padding):
     truth = json.dumps({"inputs": [""], "outputs": ["ok\n"]})
     program = f"import sys\nsys.stdout.write('ok\\n' + {padding} + '\\nwrong\\n')\n"
     assert compute_score(f"```python\n{program}```", truth, time_limit_s=10.0)["score"] == 0.0
+
+
+def test_a_right_answer_longer_than_a_mebibyte_passes():
+    line = "x" * (3 << 19)  # 1.5 MiB
+    truth = json.dumps({"inputs": [""], "outputs": [line + "\n"]})
+    program = f"print('x' * {len(line)})\n"
+    assert compute_score(f"```python\n{program}```", truth, time_limit_s=10.0)["score"] == 1.0
 
 
 def test_a_right_answer_with_megabytes_on_stderr_still_passes():
