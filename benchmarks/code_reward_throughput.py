@@ -28,7 +28,10 @@ ASSERTS = json.dumps({"asserts": [
     "import math\nassert math.isclose(area(2.0), 12.566, rel_tol=1e-3)",
     "from collections import Counter\nassert Counter(letters('abca')) == Counter({'a': 2, 'b': 1, 'c': 1})",
 ]})  # fmt: skip
-RIGHT = "import math\ndef add(a, b):\n    return a + b\ndef area(r):\n    return math.pi * r * r\ndef letters(s):\n    return list(s)\n"
+RIGHT = (
+    "import math\ndef add(a, b):\n    return a + b\n"
+    "def area(r):\n    return math.pi * r * r\ndef letters(s):\n    return list(s)\n"
+)
 WRONG = RIGHT.replace("a + b", "a - b")  # passes the area and letters tests only: 2 of 5
 STDIO = json.dumps({"inputs": ["2 3\n", "10 -4\n", "0 0\n"], "outputs": ["5\n", "6\n", "0\n"]})
 STDIO_RIGHT = "a, b = map(int, input().split())\nprint(a + b)\n"

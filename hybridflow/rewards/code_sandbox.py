@@ -1,10 +1,12 @@
 """Run an untrusted Python program in a sandbox, and grade it on test cases.
 
 ``run_python(code, stdin=..., timeout_s=..., memory_mb=...)`` runs ``code`` as ``__main__``;
-``run_asserts(code, asserts, ...)`` runs it under the assert harness of
-:mod:`hybridflow.rewards.sandbox_harness` (the program never sees the asserts; a test
-passes only on the harness's own record). Both use the base interpreter (``python -I``,
-standard library only) inside bubblewrap (``bwrap``, the Debian package ``bubblewrap``):
+``run_asserts(code, asserts, ...)`` runs the asserts here, in the trusted judge of
+:mod:`hybridflow.rewards.sandbox_judge`, against the program served by
+:mod:`hybridflow.rewards.sandbox_harness` (the program's process only calls its own
+functions on plain arguments and answers plain data). Both use the base interpreter
+(``python -I -S``, standard library only) inside bubblewrap (``bwrap``, the Debian package
+``bubblewrap``):
 
 - its own PID, mount, network, IPC, UTS and user namespaces: no network at all, it
   sees only its own processes, and when the time-out kills bwrap the kernel kills the
@@ -13,16 +15,19 @@ standard library only) inside bubblewrap (``bwrap``, the Debian package ``bubble
   nothing else: no ``/etc``, ``/home``, ``/root`` or checkout, so no ``/etc/passwd``,
   project files or trainer files to read, write or delete;
 - one writable scratch dir, ``/sandbox`` (the working dir, a 64 MiB tmpfs that holds
-  ``main.py``), a 64 MiB ``/tmp`` and a 16 MiB ``/dev/shm``; ``/dev`` itself is read-only;
-  all vanish with the sandbox;
+  ``main.py``), a 64 MiB ``/tmp`` and a 16 MiB ``/dev/shm``, each of at most
+  :data:`sandbox_limits.TMPFS_INODES` inodes (mounted by util-linux ``unshare`` + ``mount``
+  in a namespace of their own before bwrap binds them in: bwrap's ``--tmpfs`` cannot cap
+  inodes); ``/dev`` itself is read-only; all vanish with the sandbox;
 - user ``nobody`` (uid 65534) with no capabilities and no nested user namespaces;
 - ``RLIMIT_AS`` (``memory_mb``), ``RLIMIT_CPU``, ``RLIMIT_FSIZE`` (16 MiB),
   ``RLIMIT_NPROC`` (32 tasks), ``RLIMIT_NOFILE`` (64) and no core dumps;
 - the whole sample's memory bounded across forks (:mod:`sandbox_limits`): the tree's
   resident memory is watched and the tree killed past ``memory_mb``; ``memfd_create``,
   SysV ``shmget`` and foreign-ABI syscalls are refused by a seccomp filter;
-- output read incrementally: the first 1 MiB of stdout and of stderr are kept, the
-  rest is read and dropped, so a program that prints gigabytes costs no memory here.
+- output read incrementally: the first ``output_limit_bytes`` (1 MiB) of stdout and of
+  stderr are kept, the rest is read and dropped (``stdout_truncated`` says so), so a program
+  that prints gigabytes costs no memory here.
 
 Where bwrap is missing or the kernel forbids user namespaces, ``run_python`` refuses
 with :class:`SandboxUnavailableError` -- unless the weaker mode was allowed
@@ -149,10 +154,11 @@ def _host_dirs(host_dir: str, code: str) -> str:
 
 
 def _bwrap_command(host_dir: str, harness_args: list[str], seccomp_fd: int | None) -> list[str]:
-    """The sandbox's argv: :func:`sandbox_limits.tmpfs_mount_prefix` mounts the capped tmpfs folders, bwrap binds them."""
+    """The sandbox's argv: :func:`sandbox_limits.tmpfs_mount_prefix` mounts the capped tmpfs, bwrap binds them."""
     executable, prefix = _interpreter()
     command = [
-        *sandbox_limits.tmpfs_mount_prefix(os.path.join(host_dir, "fstab")), "bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
+        *sandbox_limits.tmpfs_mount_prefix(os.path.join(host_dir, "fstab")),
+        "bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
         "--uid", _NOBODY, "--gid", _NOBODY, "--cap-drop", "ALL", "--hostname", "sandbox",
         "--ro-bind", "/usr", "/usr",
     ]  # fmt: skip

@@ -36,9 +36,9 @@ import time
 from dataclasses import dataclass
 
 from hybridflow.rewards.sandbox_harness import NotPlainData, decode, encode
+from hybridflow.rewards.sandbox_limits import WATCH_INTERVAL_S
 
 REPLY_LIMIT_BYTES = 16 << 20
-WATCH_INTERVAL_S = 0.02
 # standard modules without side effects on import: a name the program imports from one of these
 # is imported here instead of asked from the program (whose copy it may have changed)
 PURE_MODULES = frozenset({
@@ -123,10 +123,12 @@ def stdlib_imports(program: str) -> dict[str, tuple[str, str | None]]:
 
 def _bound_without_import(body: list[ast.stmt]) -> set[str]:
     """Names the top-level statements other than imports bind (defs, classes, assignments)."""
-    bound = {node.name for node in body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+    definitions = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+    bound = {node.name for node in body if isinstance(node, definitions)}
     for statement in body:
         if not isinstance(statement, (ast.Import, ast.ImportFrom)):
-            bound |= {node.id for node in ast.walk(statement) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)}
+            stores = (node for node in ast.walk(statement) if isinstance(node, ast.Name))
+            bound |= {node.id for node in stores if isinstance(node.ctx, ast.Store)}
     return bound
 
 

@@ -125,13 +125,18 @@ def test_replacing_math_or_builtins_in_the_program_does_not_reach_the_test(test)
 
 # ----------------------------------------------------------------- expected values never reach the program
 READ_EXPECTED = r"""
-import builtins, gc, re, sys
+import builtins, collections, gc, re, sys
+from collections import Counter
 SEEN = []
-_eval, _exec = builtins.eval, builtins.exec
+_eval, _init = builtins.eval, collections.Counter.__init__
 def _spy(source, *args, **kwargs):
     SEEN.append(source if isinstance(source, str) else repr(source))
     return _eval(source, *args, **kwargs)
+def _spy_init(self, *args, **kwargs):
+    SEEN.append(repr(args) + repr(kwargs))
+    _init(self, *args, **kwargs)
 builtins.eval = _spy
+collections.Counter.__init__ = _spy_init
 def _texts():
     yield from SEEN
     frame = sys._getframe(1)
@@ -143,8 +148,8 @@ def _texts():
             yield repr(thing)[:2000]
 def letters(s):
     for text in _texts():
-        found = re.search(r"Counter\((\{[^{}]*\})\)", text)
-        if found and 'letters' not in text:
+        found = re.search(r"(\{'[^{}]*\})", text)
+        if found and 'letters' not in text and 'abc' not in text:
             return dict(_eval(found.group(1)))
     return {}
 def add(a, b):
@@ -159,6 +164,7 @@ def add(a, b):
 @pytest.mark.parametrize("test", [
     "from collections import Counter\nassert Counter({'x': 3}) == Counter(letters('abc'))",
     "from collections import Counter\nassert Counter(letters('abc')) == Counter({'x': 3})",
+    "assert Counter({'x': 3}) == Counter(letters('abc'))",  # Counter: the program's own import
     "assert add(2, 3) == 5",
     "assert [5][0] == add(2, 3)",
     "assert (5, 'x')[0] == add(2, 3)",
