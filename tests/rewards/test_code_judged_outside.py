@@ -186,6 +186,8 @@ RIGHT_PROGRAMS = [
     ("def pack(a):\n    return (a, [a], {a: {a}}, frozenset([a]), b'x', None, True, 1.5, 2j)\n",
      "assert pack(1) == (1, [1], {1: {1}}, frozenset([1]), b'x', None, True, 1.5, 2j)"),
     ("LIMIT = 7\ndef add(a, b):\n    return a + b\n", "assert add(LIMIT, 1) == 8"),
+    # HumanEval style: the test uses math unimported, the program imports it only where it needs it
+    ("def area(r):\n    import math\n    return math.pi * r * r\n", "assert math.fabs(area(2) - 12.566) < 1e-3"),
     ("def grow(xs):\n    xs.append(1)\n    return xs\n", "assert grow([0]) == [0, 1]"),
     ("import sys\ndef add(a, b):\n    return a + b\nsys.exit(0)\n", "assert add(1, 1) == 2"),
     ("def add(a, b):\n    return a + b\n", "assert all(add(string, 1) == string + 1 for string in [1, 2])"),
