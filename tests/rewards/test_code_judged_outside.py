@@ -314,7 +314,12 @@ def test_empty_files_cannot_hold_unbounded_kernel_memory(folder, make):
 def test_a_null_time_limit_gets_the_documented_default(monkeypatch):
     for name in (code_sandbox.ALLOW_UNSANDBOXED_ENV, code_sandbox.TIMEOUT_ENV, code_sandbox.MEMORY_ENV):
         monkeypatch.delenv(name, raising=False)  # restored after the test
-    code_sandbox.apply_sandbox_settings(allow_unsandboxed=False, timeout_s=None, memory_mb=1024)
+    from hybridflow.config.loader import load_config
+    from hybridflow.config.ppo import PPOConfig
+
+    cfg = load_config(PPOConfig, ["actor_rollout_ref.model.path=/m", "reward_model.sandbox_fusion.timeout_s=null"])
+    timeout_s = cfg.reward_model.sandbox_fusion.timeout_s
+    code_sandbox.apply_sandbox_settings(allow_unsandboxed=False, timeout_s=timeout_s, memory_mb=1024)
     assert code_sandbox.default_limits()[0] == code_sandbox.DEFAULT_TIMEOUT_S
     run = run_python("import time\ntime.sleep(10**6)\n", timeout_s=None)
     assert run.timed_out
