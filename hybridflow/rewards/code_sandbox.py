@@ -153,12 +153,13 @@ def _host_dirs(host_dir: str, code: str) -> str:
     return _write_readable(program, "main.py", code)
 
 
-def _bwrap_command(host_dir: str, harness_args: list[str], seccomp_fd: int | None) -> list[str]:
-    """The sandbox's argv: :func:`sandbox_limits.tmpfs_mount_prefix` mounts the capped tmpfs, bwrap binds them."""
+def _bwrap_command(host_dir: str, harness_args: list[str], seccomp_fd: int | None, capped: bool) -> list[str]:
+    """The sandbox's argv: :func:`sandbox_limits.tmpfs_mount_prefix` mounts the capped tmpfs and bwrap
+    binds them (``capped``), or bwrap's own tmpfs, of the same sizes but no inode cap."""
     executable, prefix = _interpreter()
+    mount_prefix = sandbox_limits.tmpfs_mount_prefix(os.path.join(host_dir, "fstab")) if capped else []
     command = [
-        *sandbox_limits.tmpfs_mount_prefix(os.path.join(host_dir, "fstab")),
-        "bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
+        *mount_prefix, "bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
         "--uid", _NOBODY, "--gid", _NOBODY, "--cap-drop", "ALL", "--hostname", "sandbox",
         "--ro-bind", "/usr", "/usr",
     ]  # fmt: skip
@@ -172,8 +173,9 @@ def _bwrap_command(host_dir: str, harness_args: list[str], seccomp_fd: int | Non
     if seccomp_fd is not None:
         command += ["--seccomp", str(seccomp_fd)]
     command += ["--proc", "/proc", "--dev", "/dev"]
-    for folder, path, _ in _TMPFS:
-        command += ["--bind", os.path.join(host_dir, folder), path]
+    for folder, path, size in _TMPFS:
+        own_tmpfs = ["--size", str(size), "--tmpfs", path]
+        command += ["--bind", os.path.join(host_dir, folder), path] if capped else own_tmpfs
     command += [
         "--remount-ro", "/dev", "--ro-bind", os.path.join(host_dir, "program", "main.py"), "/sandbox/main.py",
         "--remount-ro", "/", "--chdir", "/sandbox",
@@ -184,16 +186,11 @@ def _bwrap_command(host_dir: str, harness_args: list[str], seccomp_fd: int | Non
     return command
 
 
-@functools.cache
-def bwrap_problem() -> str | None:
-    """None where bubblewrap runs here; else why not (missing, or namespaces refused)."""
-    if shutil.which("bwrap") is None:
-        return "bubblewrap (bwrap) is not installed"
-    if shutil.which("unshare") is None or shutil.which("mount") is None:
-        return "util-linux's unshare and mount (which mount the sandbox's capped tmpfs folders) are not installed"
+def _probe(capped: bool) -> str | None:
+    """None where the sandbox (with the capped tmpfs or bwrap's own) runs ``pass``; else why not."""
     with tempfile.TemporaryDirectory(prefix="hybridflow-sandbox-probe-") as folder:
         _host_dirs(folder, "pass\n")
-        command = _bwrap_command(folder, _harness_args(1024, 5.0, "bwrap", "program"), None)
+        command = _bwrap_command(folder, _harness_args(1024, 5.0, "bwrap", "program"), None, capped=capped)
         try:
             done = subprocess.run(
                 command, capture_output=True, timeout=30, stdin=subprocess.DEVNULL, **_drop_to_nobody()
@@ -203,6 +200,34 @@ def bwrap_problem() -> str | None:
     if done.returncode != 0:
         return f"bwrap cannot create its namespaces here: {done.stderr.decode(errors='replace').strip()[:200]}"
     return None
+
+
+@functools.cache
+def inode_caps_work() -> bool:
+    """Whether util-linux ``unshare`` + ``mount`` can mount the inode-capped tmpfs folders here."""
+    tools = shutil.which("bwrap") and shutil.which("unshare") and shutil.which("mount")
+    return bool(tools) and _probe(capped=True) is None
+
+
+@functools.cache
+def bwrap_problem() -> str | None:
+    """None where bubblewrap runs here; else why not (missing, or namespaces refused). Where only
+    the inode caps cannot be mounted (no util-linux, or a policy that lets bwrap alone make user
+    namespaces), the sandbox runs with bwrap's uncapped tmpfs and one warning says so."""
+    if shutil.which("bwrap") is None:
+        return "bubblewrap (bwrap) is not installed"
+    if inode_caps_work():
+        return None
+    problem = _probe(capped=False)
+    if problem is None:
+        warnings.warn(
+            "code sandbox: cannot mount inode-capped tmpfs folders here (util-linux unshare/mount missing or "
+            "refused a user namespace); the sandbox's writable folders have no inode cap, so a program can hold "
+            "kernel memory in empty files",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return problem
 
 
 def sandbox_available() -> bool:
@@ -372,7 +397,7 @@ def _start(launch: _Launch, host_dir: str, stdin_file, output) -> subprocess.Pop
     seccomp_fd = None if seccomp is None else _pass_file(host_dir, "seccomp.bpf", seccomp)
     passed = [*launch.passed_fds, *([] if seccomp_fd is None else [seccomp_fd])]
     weak_command = [sys.executable, "-I", "-S", "-c", _HARNESS_SOURCE, *args]
-    command = _bwrap_command(host_dir, args, seccomp_fd) if isolated else weak_command
+    command = _bwrap_command(host_dir, args, seccomp_fd, inode_caps_work()) if isolated else weak_command
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1"}
     try:
         return subprocess.Popen(
