@@ -13,7 +13,7 @@ import pytest
 
 from hybridflow.rewards import code_sandbox, sandbox_limits
 from hybridflow.rewards.code import compute_score
-from hybridflow.rewards.code_sandbox import run_python
+from hybridflow.rewards.code_sandbox import run_asserts, run_python
 
 needs_bwrap = pytest.mark.skipif(
     not code_sandbox.sandbox_available(),
@@ -326,6 +326,8 @@ def test_a_null_time_limit_gets_the_documented_default(monkeypatch):
     cfg = load_config(PPOConfig, ["actor_rollout_ref.model.path=/m", "reward_model.sandbox_fusion.timeout_s=null"])
     timeout_s = cfg.reward_model.sandbox_fusion.timeout_s
     code_sandbox.apply_sandbox_settings(allow_unsandboxed=False, timeout_s=timeout_s, memory_mb=1024)
-    assert code_sandbox.default_limits()[0] == code_sandbox.DEFAULT_TIMEOUT_S
+    assert code_sandbox.default_limits()[0] == code_sandbox.DEFAULT_TIMEOUT_S == 10.0
+    monkeypatch.setattr(code_sandbox, "DEFAULT_TIMEOUT_S", 1.0)  # the same path, a shorter wait
     run = run_python("import time\ntime.sleep(10**6)\n", timeout_s=None)
     assert run.timed_out
+    assert run_asserts("import time\ntime.sleep(10**6)\n", ["assert True"], timeout_s=None) == [False]
