@@ -5,7 +5,9 @@
 - fork-and-allocate: four forked children each touch 700 MiB under ``memory_mb=1024``; the peak
   resident memory of this process's whole tree (the sandbox included) is sampled every 2 ms;
 - sleep-forever: ``time.sleep(10**6)`` under ``timeout_s=2``: wall time to the result;
-- ``/dev/shm``: how many MiB a program holds there in 8 MiB files (each under ``RLIMIT_FSIZE``).
+- ``/dev/shm``: how many MiB a program holds there in 8 MiB files (each under ``RLIMIT_FSIZE``);
+- empty files: how many a program makes in ``/tmp``, ``/sandbox`` and ``/dev/shm`` together (each
+  holds ~1.2 KiB of kernel memory no memory limit counts); the script stops at 100,000 a folder.
 """
 
 from __future__ import annotations
@@ -41,6 +43,19 @@ except OSError:
 print(held)
 """
 
+FILL_INODES = """
+import os
+made = 0
+for folder in ('/tmp', '/sandbox', '/dev/shm'):
+    try:
+        for k in range(100_000):
+            open(f'{folder}/e{k}', 'w').close()
+            made += 1
+    except OSError:
+        pass
+print(made)
+"""
+
 
 def run_with_peak(program: str, **limits) -> tuple[code_sandbox.ExecutionResult, float, float]:
     """(result, peak MiB of resident memory added to this process's tree, wall seconds)."""
@@ -68,6 +83,8 @@ def main() -> None:
     run, _, wall = run_with_peak("import time\ntime.sleep(10**6)\n", timeout_s=2.0)
     print(f"sleep forever, timeout_s=2: {wall:.2f} s, timed_out={run.timed_out}")
     print(f"/dev/shm: {code_sandbox.run_python(FILL_SHM, timeout_s=20.0).stdout.strip()} MiB held")
+    run = code_sandbox.run_python(FILL_INODES, timeout_s=60.0)
+    print(f"empty files held in the three writable folders: {run.stdout.strip() or run}")
 
 
 if __name__ == "__main__":

@@ -643,8 +643,8 @@ class SandboxConfig:
     """Compatibility-only (compat.py); in verl: programs run at once."""
     memory_limit_mb: int = 1024
     """Address-space limit of one sandboxed program (MB)."""
-    timeout_s: float = 10.0
-    """Wall-clock limit of one program."""
+    timeout_s: Optional[float] = 10.0
+    """Wall-clock limit of one program; null is ``code_sandbox.DEFAULT_TIMEOUT_S`` (10 s), never unbounded."""
     allow_unsandboxed: bool = False
     """Where bubblewrap (``bwrap``) cannot run (not installed, or the kernel forbids user namespaces),
     run untrusted code anyway with resource limits only: NOT isolated from your files or processes.

@@ -5,10 +5,12 @@ hub names) the ground truth is JSON of test cases, in one of two forms:
 
 - ``{"inputs": [stdin, ...], "outputs": [expected_stdout, ...]}`` -- judge style: each test
   runs the program in a fresh sandbox; it passes when the run exits 0 (a crash, a time-out or
-  the memory bound fails) and its stdout matches;
-- ``{"asserts": ["assert f(2) == 4", ...]}`` -- judged by the harness of
-  :mod:`hybridflow.rewards.sandbox_harness` in one sandbox: the program never sees the
-  asserts, and only the harness's own record of a test passes it (exiting early passes nothing).
+  the memory bound fails) and its whole stdout matches (an output longer than the kept limit
+  fails: a prefix is never judged);
+- ``{"asserts": ["assert f(2) == 4", ...]}`` -- each entry runs in the trusted judge
+  (:mod:`hybridflow.rewards.sandbox_judge`); one sandbox per sample only answers calls of the
+  program's own functions with plain data, so the program never sees the asserts or the
+  expected values, and exiting early passes nothing.
 
 The program is the last fenced code block of the response (```` ```python ... ``` ````),
 or the whole response when it has none (:mod:`hybridflow.rewards.code_sandbox`). After the
@@ -27,8 +29,15 @@ import time
 import warnings
 
 from hybridflow.errors import DataError
-from hybridflow.rewards.code_sandbox import check_sandbox, default_limits, outputs_match, run_asserts, run_python
-from hybridflow.rewards.sandbox_harness import TestCaseError, parse_assert_tests
+from hybridflow.rewards.code_sandbox import (
+    OUTPUT_LIMIT_BYTES,
+    check_sandbox,
+    default_limits,
+    outputs_match,
+    run_asserts,
+    run_python,
+)
+from hybridflow.rewards.sandbox_judge import TestCaseError, parse_assert_tests
 from hybridflow.rewards.registry import register_scorer
 
 CODE_DATA_SOURCES = (
@@ -81,13 +90,20 @@ def _stdio_passes(program: str, cases: list[tuple[str, str]], time_limit_s: floa
         if remaining <= 0:
             _warn_ceiling()
             break
-        run = run_python(program, stdin=stdin, timeout_s=min(time_limit_s, remaining), memory_mb=memory_limit_mb)
-        passed += run.ok and outputs_match(run.stdout, expected)
+        run = run_python(program, stdin=stdin, timeout_s=min(time_limit_s, remaining), memory_mb=memory_limit_mb,
+                         output_limit_bytes=_output_limit(expected))  # fmt: skip
+        passed += run.ok and not run.stdout_truncated and outputs_match(run.stdout, expected)
         if run.timed_out:
             if remaining < time_limit_s:
                 _warn_ceiling()
             break
     return passed
+
+
+def _output_limit(expected: str) -> int:
+    """Room for the whole of a right answer (twice the expected output, at least 1 MiB): what is
+    judged is all the program printed, never a prefix, and a longer output fails."""
+    return max(OUTPUT_LIMIT_BYTES, 2 * len(expected.encode()) + 4096)
 
 
 @functools.cache

@@ -1,10 +1,12 @@
 """Run an untrusted Python program in a sandbox, and grade it on test cases.
 
 ``run_python(code, stdin=..., timeout_s=..., memory_mb=...)`` runs ``code`` as ``__main__``;
-``run_asserts(code, asserts, ...)`` runs it under the assert harness of
-:mod:`hybridflow.rewards.sandbox_harness` (the program never sees the asserts; a test
-passes only on the harness's own record). Both use the base interpreter (``python -I``,
-standard library only) inside bubblewrap (``bwrap``, the Debian package ``bubblewrap``):
+``run_asserts(code, asserts, ...)`` runs the asserts here, in the trusted judge of
+:mod:`hybridflow.rewards.sandbox_judge`, against the program served by
+:mod:`hybridflow.rewards.sandbox_harness` (the program's process only calls its own
+functions on plain arguments and answers plain data). Both use the base interpreter
+(``python -I -S``, standard library only) inside bubblewrap (``bwrap``, the Debian package
+``bubblewrap``):
 
 - its own PID, mount, network, IPC, UTS and user namespaces: no network at all, it
   sees only its own processes, and when the time-out kills bwrap the kernel kills the
@@ -13,16 +15,19 @@ standard library only) inside bubblewrap (``bwrap``, the Debian package ``bubble
   nothing else: no ``/etc``, ``/home``, ``/root`` or checkout, so no ``/etc/passwd``,
   project files or trainer files to read, write or delete;
 - one writable scratch dir, ``/sandbox`` (the working dir, a 64 MiB tmpfs that holds
-  ``main.py``), a 64 MiB ``/tmp`` and a 16 MiB ``/dev/shm``; ``/dev`` itself is read-only;
-  all vanish with the sandbox;
+  ``main.py``), a 64 MiB ``/tmp`` and a 16 MiB ``/dev/shm``, each of at most
+  :data:`sandbox_limits.TMPFS_INODES` inodes (mounted by util-linux ``unshare`` + ``mount``
+  in a namespace of their own before bwrap binds them in: bwrap's ``--tmpfs`` cannot cap
+  inodes); ``/dev`` itself is read-only; all vanish with the sandbox;
 - user ``nobody`` (uid 65534) with no capabilities and no nested user namespaces;
 - ``RLIMIT_AS`` (``memory_mb``), ``RLIMIT_CPU``, ``RLIMIT_FSIZE`` (16 MiB),
   ``RLIMIT_NPROC`` (32 tasks), ``RLIMIT_NOFILE`` (64) and no core dumps;
 - the whole sample's memory bounded across forks (:mod:`sandbox_limits`): the tree's
   resident memory is watched and the tree killed past ``memory_mb``; ``memfd_create``,
   SysV ``shmget`` and foreign-ABI syscalls are refused by a seccomp filter;
-- output read incrementally: the first 1 MiB of stdout and of stderr are kept, the
-  rest is read and dropped, so a program that prints gigabytes costs no memory here.
+- output read incrementally: the first ``output_limit_bytes`` (1 MiB) of stdout and of
+  stderr are kept, the rest is read and dropped (``stdout_truncated`` says so), so a program
+  that prints gigabytes costs no memory here.
 
 Where bwrap is missing or the kernel forbids user namespaces, ``run_python`` refuses
 with :class:`SandboxUnavailableError` -- unless the weaker mode was allowed
@@ -36,9 +41,7 @@ against hostile code. One warning line says so.
 from __future__ import annotations
 
 import functools
-import json
 import os
-import secrets
 import selectors
 import shutil
 import signal
@@ -51,12 +54,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hybridflow.errors import ConfigError
-from hybridflow.rewards import sandbox_harness, sandbox_limits
+from hybridflow.rewards import sandbox_harness, sandbox_judge, sandbox_limits
 
 ALLOW_UNSANDBOXED_ENV = "HYBRIDFLOW_ALLOW_UNSANDBOXED_CODE"
 TIMEOUT_ENV = "HYBRIDFLOW_SANDBOX_TIMEOUT_S"
 MEMORY_ENV = "HYBRIDFLOW_SANDBOX_MEMORY_MB"
 OUTPUT_LIMIT_BYTES = 1 << 20
+DEFAULT_TIMEOUT_S = 10.0
+"""The time limit where ``timeout_s`` is None (``reward_model.sandbox_fusion.timeout_s: null``)."""
 _FILE_SIZE_LIMIT = 16 * 2**20
 _SCRATCH_BYTES = 64 * 2**20
 _MAX_PROCESSES = 32  # threads count too; with RLIMIT_AS the hard memory bound between watchdog polls
@@ -76,8 +81,8 @@ class SandboxUnavailableError(ConfigError):
 class ExecutionResult:
     """Outcome of one sandboxed run; ``returncode`` is None when it timed out.
 
-    ``stdout`` / ``stderr`` hold at most the first 1 MiB each; ``truncated`` says more
-    was printed and dropped.
+    ``stdout`` / ``stderr`` hold at most the first ``output_limit_bytes`` (1 MiB) each; ``truncated``
+    says more was printed on either and dropped, ``stdout_truncated`` on stdout.
     """
 
     returncode: int | None
@@ -86,6 +91,7 @@ class ExecutionResult:
     timed_out: bool
     truncated: bool = False
     memory_exceeded: bool = False  # the whole tree passed memory_mb of resident memory and was killed
+    stdout_truncated: bool = False  # stdout alone was longer than the limit: judging it would judge a part
 
     @property
     def ok(self) -> bool:
@@ -130,10 +136,30 @@ def _drop_to_nobody() -> dict:
     return {"user": int(_NOBODY), "group": int(_NOBODY), "extra_groups": []}
 
 
-def _bwrap_command(program_path: str, harness_args: list[str], seccomp_fd: int | None) -> list[str]:
+_TMPFS = (("sandbox", "/sandbox", _SCRATCH_BYTES), ("tmp", "/tmp", _SCRATCH_BYTES),
+          ("shm", "/dev/shm", sandbox_limits.SHM_BYTES))  # fmt: skip
+"""(folder of the host dir, path in the sandbox, size): the writable tmpfs, each capped in inodes too."""
+
+
+def _host_dirs(host_dir: str, code: str) -> str:
+    """Write ``host_dir/program/main.py`` and make the empty mount points of the tmpfs folders; returns main.py."""
+    os.chmod(host_dir, 0o755)  # user nobody mounts and binds from here when we are root
+    for folder, _, _ in _TMPFS:
+        os.mkdir(os.path.join(host_dir, folder), 0o755)
+    mounts = [(os.path.join(host_dir, folder), size) for folder, _, size in _TMPFS]
+    _write_readable(host_dir, "fstab", sandbox_limits.tmpfs_fstab(mounts))
+    program = os.path.join(host_dir, "program")
+    os.mkdir(program)
+    return _write_readable(program, "main.py", code)
+
+
+def _bwrap_command(host_dir: str, harness_args: list[str], seccomp_fd: int | None, capped: bool) -> list[str]:
+    """The sandbox's argv: :func:`sandbox_limits.tmpfs_mount_prefix` mounts the capped tmpfs and bwrap
+    binds them (``capped``), or bwrap's own tmpfs, of the same sizes but no inode cap."""
     executable, prefix = _interpreter()
+    mount_prefix = sandbox_limits.tmpfs_mount_prefix(os.path.join(host_dir, "fstab")) if capped else []
     command = [
-        "bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
+        *mount_prefix, "bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
         "--uid", _NOBODY, "--gid", _NOBODY, "--cap-drop", "ALL", "--hostname", "sandbox",
         "--ro-bind", "/usr", "/usr",
     ]  # fmt: skip
@@ -146,27 +172,25 @@ def _bwrap_command(program_path: str, harness_args: list[str], seccomp_fd: int |
         command += ["--ro-bind", prefix, prefix]
     if seccomp_fd is not None:
         command += ["--seccomp", str(seccomp_fd)]
+    command += ["--proc", "/proc", "--dev", "/dev"]
+    for folder, path, size in _TMPFS:
+        own_tmpfs = ["--size", str(size), "--tmpfs", path]
+        command += ["--bind", os.path.join(host_dir, folder), path] if capped else own_tmpfs
     command += [
-        "--proc", "/proc", "--dev", "/dev", "--size", str(sandbox_limits.SHM_BYTES), "--tmpfs", "/dev/shm",
-        "--remount-ro", "/dev",
-        "--size", str(_SCRATCH_BYTES), "--tmpfs", "/tmp",
-        "--size", str(_SCRATCH_BYTES), "--tmpfs", "/sandbox",
-        "--ro-bind", program_path, "/sandbox/main.py", "--remount-ro", "/", "--chdir", "/sandbox",
+        "--remount-ro", "/dev", "--ro-bind", os.path.join(host_dir, "program", "main.py"), "/sandbox/main.py",
+        "--remount-ro", "/", "--chdir", "/sandbox",
         "--clearenv", "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "HOME", "/sandbox",
         "--setenv", "LANG", "C.UTF-8", "--setenv", "OMP_NUM_THREADS", "1",
-        executable, "-I", "-c", _HARNESS_SOURCE, *harness_args,
+        executable, "-I", "-S", "-c", _HARNESS_SOURCE, *harness_args,
     ]  # fmt: skip
     return command
 
 
-@functools.cache
-def bwrap_problem() -> str | None:
-    """None where bubblewrap runs here; else why not (missing, or namespaces refused)."""
-    if shutil.which("bwrap") is None:
-        return "bubblewrap (bwrap) is not installed"
+def _probe(capped: bool) -> str | None:
+    """None where the sandbox (with the capped tmpfs or bwrap's own) runs ``pass``; else why not."""
     with tempfile.TemporaryDirectory(prefix="hybridflow-sandbox-probe-") as folder:
-        probe = _write_readable(folder, "main.py", "pass\n")
-        command = _bwrap_command(probe, _harness_args(1024, 5.0, "bwrap", "program"), None)
+        _host_dirs(folder, "pass\n")
+        command = _bwrap_command(folder, _harness_args(1024, 5.0, "bwrap", "program"), None, capped=capped)
         try:
             done = subprocess.run(
                 command, capture_output=True, timeout=30, stdin=subprocess.DEVNULL, **_drop_to_nobody()
@@ -178,24 +202,53 @@ def bwrap_problem() -> str | None:
     return None
 
 
+@functools.cache
+def inode_caps_work() -> bool:
+    """Whether util-linux ``unshare`` + ``mount`` can mount the inode-capped tmpfs folders here."""
+    tools = shutil.which("bwrap") and shutil.which("unshare") and shutil.which("mount")
+    return bool(tools) and _probe(capped=True) is None
+
+
+@functools.cache
+def bwrap_problem() -> str | None:
+    """None where bubblewrap runs here; else why not (missing, or namespaces refused). Where only
+    the inode caps cannot be mounted (no util-linux, or a policy that lets bwrap alone make user
+    namespaces), the sandbox runs with bwrap's uncapped tmpfs and one warning says so."""
+    if shutil.which("bwrap") is None:
+        return "bubblewrap (bwrap) is not installed"
+    if inode_caps_work():
+        return None
+    problem = _probe(capped=False)
+    if problem is None:
+        warnings.warn(
+            "code sandbox: cannot mount inode-capped tmpfs folders here (util-linux unshare/mount missing or "
+            "refused a user namespace); the sandbox's writable folders have no inode cap, so a program can hold "
+            "kernel memory in empty files",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return problem
+
+
 def sandbox_available() -> bool:
     """Whether :func:`run_python` runs fully isolated on this machine."""
     return bwrap_problem() is None
 
 
-def apply_sandbox_settings(*, allow_unsandboxed: bool, timeout_s: float, memory_mb: int) -> None:
+def apply_sandbox_settings(*, allow_unsandboxed: bool, timeout_s: float | None, memory_mb: int) -> None:
     """Make ``reward_model.sandbox_fusion.*`` the defaults of this process and the scorer processes it starts.
 
     Environment variables, because scorers run in spawned worker processes that do not
     share this module's state.
     """
     os.environ[ALLOW_UNSANDBOXED_ENV] = "1" if allow_unsandboxed else "0"
-    os.environ[TIMEOUT_ENV] = str(float(timeout_s))
+    os.environ[TIMEOUT_ENV] = str(_time_limit(timeout_s))
     os.environ[MEMORY_ENV] = str(int(memory_mb))
 
 
 def default_limits() -> tuple[float, int]:
-    """(timeout_s, memory_mb) set by :func:`apply_sandbox_settings`, else (5 s, 1024 MiB)."""
+    """(timeout_s, memory_mb) set by :func:`apply_sandbox_settings` (a null time-out there is
+    :data:`DEFAULT_TIMEOUT_S`), else (5 s, 1024 MiB)."""
     return float(os.environ.get(TIMEOUT_ENV, 5.0)), int(os.environ.get(MEMORY_ENV, 1024))
 
 
@@ -253,12 +306,13 @@ def _kill_tree(process: subprocess.Popen) -> None:
 
 
 class _CappedReader:
-    """Reads the named pipes (stdout, stderr, the verdict) as they come, keeping the first ``limit`` bytes of each."""
+    """Reads the named pipes (stdout, stderr) as they come, keeping the first ``limit`` bytes of each;
+    ``truncated`` names those that had more."""
 
     def __init__(self, streams: dict[str, int], limit: int):
         self.limit = limit
         self.kept = {name: bytearray() for name in streams}
-        self.truncated = False
+        self.truncated: set[str] = set()
         self.selector = selectors.DefaultSelector()
         for name, fd in streams.items():
             os.set_blocking(fd, False)
@@ -281,7 +335,8 @@ class _CappedReader:
             buffer = self.kept[key.data]
             room = self.limit - len(buffer)
             buffer += chunk[: max(room, 0)]
-            self.truncated |= len(chunk) > room
+            if len(chunk) > room:
+                self.truncated.add(key.data)
 
     def text(self, name: str) -> str:
         return self.kept[name].decode("utf-8", errors="replace")
@@ -321,102 +376,124 @@ def _pass_file(folder: str, name: str, data: bytes) -> int:
 
 @dataclass
 class _Launch:
-    """What one sandboxed run is given: the program, stdin, limits, and the harness's extra pipes."""
+    """What one sandboxed run is given: the program, stdin, limits and the harness's mode."""
 
     code: str
     stdin: str
     timeout_s: float
     memory_mb: int
-    kind: str = "program"  # or "asserts"
-    spec: dict | None = None  # the assert harness's tests and nonce
-    test_timeout_s: float = 0.0
+    kind: str = "program"  # or "serve": the program server of the assert tests
+    passed_fds: tuple[int, ...] = ()  # the server's two pipe ends, given to the harness in its argv
+    output_limit: int = OUTPUT_LIMIT_BYTES  # bytes kept of stdout and of stderr
 
 
-def _start(launch: _Launch, host_dir: str, stdin_file) -> tuple[subprocess.Popen, dict[str, int]]:
-    """Start the sandbox; returns the process and the pipes to read (stdout, stderr, the verdict)."""
-    scratch = os.path.join(host_dir, "scratch")  # the weak mode's working dir: main.py alone
-    os.mkdir(scratch)
-    program_path = _write_readable(scratch, "main.py", launch.code)
+def _start(launch: _Launch, host_dir: str, stdin_file, output) -> subprocess.Popen:
+    """Start the sandbox; ``output`` is where its stdout and stderr go (PIPE or DEVNULL)."""
+    program_path = _host_dirs(host_dir, launch.code)
     isolated = sandbox_available()
     args = _harness_args(launch.memory_mb, launch.timeout_s, "bwrap" if isolated else "weak", launch.kind)
-    passed: list[int] = []
-    streams: dict[str, int] = {}
-    if launch.spec is not None:
-        verdict_read, verdict_write = os.pipe()
-        passed += [_pass_file(host_dir, "spec.json", json.dumps(launch.spec).encode()), verdict_write]
-        args += [str(passed[0]), str(verdict_write), str(launch.test_timeout_s)]
-        streams["verdict"] = verdict_read
+    args += [str(fd) for fd in launch.passed_fds]
     seccomp = sandbox_limits.seccomp_filter() if isolated else None
     seccomp_fd = None if seccomp is None else _pass_file(host_dir, "seccomp.bpf", seccomp)
-    passed += [] if seccomp_fd is None else [seccomp_fd]
-    weak_command = [sys.executable, "-I", "-c", _HARNESS_SOURCE, *args]
-    command = _bwrap_command(program_path, args, seccomp_fd) if isolated else weak_command
+    passed = [*launch.passed_fds, *([] if seccomp_fd is None else [seccomp_fd])]
+    weak_command = [sys.executable, "-I", "-S", "-c", _HARNESS_SOURCE, *args]
+    command = _bwrap_command(host_dir, args, seccomp_fd, inode_caps_work()) if isolated else weak_command
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1"}
-    process = subprocess.Popen(
-        command, cwd=scratch, env=env, stdin=stdin_file, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        start_new_session=True, pass_fds=passed, **(_drop_to_nobody() if isolated else {}),
-    )  # fmt: skip
-    for fd in passed:
-        os.close(fd)  # the sandbox holds them now; the verdict pipe ends when the harness ends
-    streams.update(stdout=process.stdout.fileno(), stderr=process.stderr.fileno())
-    return process, streams
+    try:
+        return subprocess.Popen(
+            command, cwd=os.path.dirname(program_path), env=env, stdin=stdin_file, stdout=output, stderr=output,
+            start_new_session=True, pass_fds=passed, **(_drop_to_nobody() if isolated else {}),
+        )  # fmt: skip
+    finally:
+        for fd in passed:
+            os.close(fd)  # the sandbox holds them now
 
 
-def _run(launch: _Launch) -> tuple[ExecutionResult, str]:
-    """Run one sandbox; the result and the verdict pipe's text ("" without the assert harness)."""
+def _time_limit(timeout_s: float | None) -> float:
+    return DEFAULT_TIMEOUT_S if timeout_s is None else float(timeout_s)
+
+
+def _run(launch: _Launch) -> ExecutionResult:
+    """Run one program with stdin; its capped output and why it stopped."""
     check_sandbox()
     with tempfile.TemporaryDirectory(prefix=f"{_TEMP_PREFIX}{os.getpid()}-") as host_dir:
         stdin_path = _write_readable(host_dir, "stdin.txt", launch.stdin)
         with open(stdin_path, "rb") as stdin_file:
-            process, streams = _start(launch, host_dir, stdin_file)
-            reader = _CappedReader(streams, OUTPUT_LIMIT_BYTES)
+            process = _start(launch, host_dir, stdin_file, subprocess.PIPE)
+            streams = {"stdout": process.stdout.fileno(), "stderr": process.stderr.fileno()}
+            reader = _CappedReader(streams, launch.output_limit)
             try:
                 stopped = _supervise(process, reader, launch.timeout_s, launch.memory_mb * 2**20)
             finally:
                 _kill_tree(process)
-                if "verdict" in streams:
-                    os.close(streams["verdict"])
                 process.stdout.close()
                 process.stderr.close()
-    result = ExecutionResult(
+    return ExecutionResult(
         returncode=None if stopped == "time" else process.returncode,
         stdout=reader.text("stdout"),
         stderr=reader.text("stderr"),
         timed_out=stopped == "time",
-        truncated=reader.truncated,
+        truncated=bool(reader.truncated),
         memory_exceeded=stopped == "memory",
+        stdout_truncated="stdout" in reader.truncated,
     )
-    return result, reader.text("verdict") if "verdict" in streams else ""
 
 
-def run_python(code: str, *, stdin: str = "", timeout_s: float = 5.0, memory_mb: int = 1024) -> ExecutionResult:
+def run_python(
+    code: str, *, stdin: str = "", timeout_s: float | None = 5.0, memory_mb: int = 1024,
+    output_limit_bytes: int = OUTPUT_LIMIT_BYTES,
+) -> ExecutionResult:  # fmt: skip
     """Run ``code`` with ``stdin`` in the sandbox described in the module docstring.
+
+    ``timeout_s=None`` is :data:`DEFAULT_TIMEOUT_S`; stdout and stderr keep their first
+    ``output_limit_bytes`` each (``stdout_truncated`` / ``truncated`` say more was dropped).
 
     Raises:
         SandboxUnavailableError: bwrap does not work here and the weak mode is not allowed.
     """
-    return _run(_Launch(code=code, stdin=stdin, timeout_s=timeout_s, memory_mb=memory_mb))[0]
+    launch = _Launch(code=code, stdin=stdin, timeout_s=_time_limit(timeout_s), memory_mb=memory_mb,
+                     output_limit=output_limit_bytes)  # fmt: skip
+    return _run(launch)
 
 
-def run_asserts(code: str, asserts: list[str], *, timeout_s: float = 5.0, memory_mb: int = 1024) -> list[bool]:
-    """Whether ``code`` passes each entry of ``asserts``, judged by the harness of :mod:`sandbox_harness`.
+def _memory_watch(process: subprocess.Popen, memory_mb: int):
+    def watch() -> None:
+        if sandbox_limits.tree_rss_bytes(process.pid) > memory_mb * 2**20:
+            raise sandbox_judge.ProgramStopped("memory")
 
-    ``timeout_s`` bounds each test (the first one includes running the module body); the
-    program never sees the tests, and a test passes only on the harness's own record of it.
+    return watch
+
+
+def run_asserts(code: str, asserts: list[str], *, timeout_s: float | None = 5.0, memory_mb: int = 1024) -> list[bool]:
+    """Whether ``code`` passes each entry of ``asserts``, judged here by :mod:`sandbox_judge`.
+
+    The tests run in this process; the sandbox runs only the program's own functions on the
+    arguments sent to it (:mod:`sandbox_harness`). ``timeout_s`` (None: :data:`DEFAULT_TIMEOUT_S`)
+    bounds the program's time in each entry, and the module body's; all of them together stop at
+    ``timeout_s * (len(asserts) + 1)``.
     """
-    sandbox_harness.parse_assert_tests(asserts)  # a bad row fails here, in one line
-    nonce = secrets.token_hex(16)
-    launch = _Launch(
-        code=code, stdin="", timeout_s=timeout_s * (len(asserts) + 1), memory_mb=memory_mb, kind="asserts",
-        spec={"nonce": nonce, "asserts": list(asserts)}, test_timeout_s=timeout_s,
-    )  # fmt: skip
-    _, verdict = _run(launch)
-    passed = [False] * len(asserts)
-    for line in verdict.splitlines():
-        token, *fields = line.split()
-        if token == nonce and len(fields) == 2 and fields[0].isdigit() and int(fields[0]) < len(asserts):
-            passed[int(fields[0])] = fields[1] == "1"
-    return passed
+    entries = sandbox_judge.parse_assert_tests(asserts)  # a bad row fails here, in one line
+    timeout_s = _time_limit(timeout_s)
+    check_sandbox()
+    requests_read, requests_write = os.pipe()
+    replies_read, replies_write = os.pipe()
+    launch = _Launch(code=code, stdin="", timeout_s=timeout_s * (len(asserts) + 1), memory_mb=memory_mb,
+                     kind="serve", passed_fds=(requests_read, replies_write))  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix=f"{_TEMP_PREFIX}{os.getpid()}-") as host_dir:
+        try:
+            process = _start(launch, host_dir, subprocess.DEVNULL, subprocess.DEVNULL)
+        except BaseException:
+            os.close(requests_write)
+            os.close(replies_read)
+            raise
+        try:
+            channel = sandbox_judge.ProgramChannel(requests_write, replies_read, _memory_watch(process, memory_mb))
+            return sandbox_judge.judge(channel, code, entries, timeout_s, time.monotonic() + launch.timeout_s)
+        finally:
+            _kill_tree(process)
+            os.close(requests_write)
+            os.close(replies_read)
+            process.wait()
 
 
 def remove_leftovers(pid: int) -> None:

@@ -28,7 +28,8 @@ class CodeInterpreterTool(BaseTool):
 
     async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs) -> tuple[ToolResponse, float, dict]:
         code = str(parameters.get("code", ""))
-        result = await asyncio.to_thread(run_python, code, timeout_s=float(self.config.get("timeout_s", 5.0)),
+        timeout_s = self.config.get("timeout_s", 5.0)  # null: the sandbox's DEFAULT_TIMEOUT_S
+        result = await asyncio.to_thread(run_python, code, timeout_s=None if timeout_s is None else float(timeout_s),
                                          memory_mb=int(self.config.get("memory_limit_mb", 1024)))
         if result.timed_out:
             text = "Error: the program ran out of time"
