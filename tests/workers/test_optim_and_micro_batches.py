@@ -20,7 +20,7 @@ def test_cosine_warmup_and_zero_indexed_step():
     assert [lr_multiplier(s, warmup_steps=4, total_steps=8, style="cosine") for s in range(3)] == [0.0, 0.25, 0.5]
     assert [lr_multiplier(s, warmup_steps=4, total_steps=8, style="cosine", zero_indexed_step=False)
             for s in range(3)] == [0.25, 0.5, 0.75]
-    # s = 6: p = (6 - 4) / 4 = 0.5 -> 0.5 * (1 + cos(pi / 2)) = 0.5; from 1, p = (7 - 4) / 4 -> 0.5 * (1 + cos(3 pi / 4))
+    # s = 6: p = (6 - 4) / 4 = 0.5 -> 0.5 (1 + cos(pi / 2)) = 0.5; from 1, p = (7 - 4) / 4 -> 0.5 (1 + cos(3 pi / 4))
     assert lr_multiplier(6, warmup_steps=4, total_steps=8, style="cosine") == pytest.approx(0.5)
     assert lr_multiplier(6, warmup_steps=4, total_steps=8, style="cosine", zero_indexed_step=False) == pytest.approx(
         0.5 * (1 - math.sqrt(0.5)))

@@ -282,7 +282,8 @@ def build_critic_worker(dp: DataParallel, *, cfg, total_steps: int):
                              override_config=dict(critic_cfg.model.override_config),
                              gradient_checkpointing=critic_cfg.model.enable_gradient_checkpointing).to(device)
     layout = model_layout(critic_cfg.model, model, key="critic.model")
-    model = shard_for_group(model, dp=world, fsdp_cfg=fsdp_cfg, device=device, precision=training_precision(fsdp_cfg, device=device))
+    model = shard_for_group(model, dp=world, fsdp_cfg=fsdp_cfg, device=device,
+                            precision=training_precision(fsdp_cfg, device=device))
     split_sequences(model, sp, key="critic.ulysses_sequence_parallel_size")
     state = train_state_from_config(model, critic_cfg.optim, total_steps=total_steps,
                                     grad_clip=grad_clip_threshold("critic", critic_cfg.grad_clip, critic_cfg.optim)[0],

@@ -63,7 +63,8 @@ def build_prm_worker(dp: DataParallel, *, cfg, total_steps: int) -> ImplicitPRMG
     fsdp_cfg = rm.model.fsdp_config
     model = shard_for_group(model, dp=dp, fsdp_cfg=fsdp_cfg, device=device,
                             precision=training_precision(fsdp_cfg, arr.model.dtype, device=device))
-    state = train_state_from_config(model, rm.model.optim, grad_clip=optim_clip_grad(rm.model.optim), total_steps=total_steps,
+    state = train_state_from_config(model, rm.model.optim, grad_clip=optim_clip_grad(rm.model.optim),
+                                    total_steps=total_steps,
                                     offload_optimizer=fsdp_cfg.optimizer_offload)
     micro = per_rank_micro_batch_size(rm.micro_batch_size_per_gpu, rm.micro_batch_size, dp.world_size)
     schedule = UpdateSchedule(mini_batch_size=rm.mini_batch_size, rows_per_prompt=arr.rollout.n,
