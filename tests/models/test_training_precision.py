@@ -40,7 +40,7 @@ def _linear_output_dtypes(model, run) -> set[torch.dtype]:
 # ------------------------------------------------------------------ dtype
 def test_model_dtype_bf16_computes_in_bf16_with_fp32_weights(tiny_model_dir):
     batch = _batch()
-    fp32 = _engine(tiny_model_dir)
+    fp32 = _engine(tiny_model_dir, "actor_rollout_ref.actor.fsdp_config.mixed_precision=fp32")
     bf16 = _engine(tiny_model_dir, "actor_rollout_ref.model.dtype=bf16")
     actor = bf16.actor
     assert {p.dtype for p in actor.model.parameters()} == {torch.float32}  # master weights stay fp32
@@ -53,8 +53,10 @@ def test_model_dtype_bf16_computes_in_bf16_with_fp32_weights(tiny_model_dir):
     mask = batch["response_mask"].bool()
     assert not torch.equal(got[mask], want[mask])  # it really ran in bf16 ...
     torch.testing.assert_close(got[mask], want[mask], atol=0.1, rtol=0.05)  # ... close to fp32 (8-bit mantissa)
-    assert _linear_output_dtypes(fp32.actor.model, lambda: fp32.actor.compute_log_prob(
-        batch, temperature=1.0)) == {torch.float32}  # fp32 stays the CPU default
+    default = _engine(tiny_model_dir)
+    unset = torch.bfloat16 if torch.cuda.is_available() else torch.float32  # verl's bf16 on a GPU, fp32 on a CPU
+    assert _linear_output_dtypes(default.actor.model, lambda: default.actor.compute_log_prob(
+        batch, temperature=1.0)) == {unset}
 
 
 def test_fsdp_mixed_precision_wins_over_model_dtype_and_model_dtype_sets_the_weights(tiny_model_dir):
