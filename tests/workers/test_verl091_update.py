@@ -167,3 +167,35 @@ def test_dynamic_micro_batches_are_verl_s_balanced_partition():
 
 def test_a_row_longer_than_the_budget_gets_a_micro_batch_of_its_own():
     assert balanced_token_groups([20, 1, 1], 10) == [[1], [0], [2]]
+
+
+def _two_rank_groups(rank: int, port: int, out: str) -> None:
+    import json
+    import os
+
+    import torch.distributed as dist
+
+    from hybridflow.data.parallel import DataParallel
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    lengths = [[9, 8, 7, 5, 4, 3], [2, 2, 2, 2, 2, 2]][rank]
+    groups = balanced_token_groups(lengths, 14, dp=DataParallel(world_size=2, rank=rank))
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as fh:
+        json.dump(groups, fh)
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow  # two spawned processes: ~35 s on the shared 2-core machine
+def test_ranks_agree_on_the_micro_batch_count(tmp_path):
+    """verl syncs the count with an all-reduce MAX: rank 1's 12 tokens alone would make 1 micro-batch, rank 0's 36
+    make 3, so both run 3 (rank 1: six 2-token rows balanced as 2 + 2 + 2 rows)."""
+    import json
+
+    import torch.multiprocessing as mp
+
+    from tests.models.test_fsdp import _free_port
+
+    mp.start_processes(_two_rank_groups, args=(_free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
+    got = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(2)]
+    assert got[0] == [[2, 3], [0, 5], [1, 4]]
+    assert len(got[1]) == 3 and sorted(sum(got[1], [])) == list(range(6)) and all(len(g) == 2 for g in got[1])
