@@ -44,6 +44,9 @@ def grad_clip_threshold(role: str, role_grad_clip: float | None, optim: Any) -> 
     if clip_grad != VERL_CLIP_GRAD:
         raise ConfigError(f"{role}.grad_clip={role_grad_clip} and {role}.optim.clip_grad={clip_grad} disagree (verl "
                           f"before 0.9 clips at the first, verl 0.9 at the second): set only {role}.optim.clip_grad")
+    if role_grad_clip <= 0:
+        return role_grad_clip, (f"{role}.grad_clip={role_grad_clip} turns gradient clipping off; verl 0.9 ignores "
+                                f"this key and clips at {role}.optim.clip_grad ({clip_grad})")
     return role_grad_clip, (f"{role}.grad_clip={role_grad_clip} clips the gradient norm at {role_grad_clip}, as in "
                             f"verl before 0.9; verl 0.9 ignores it and clips at {role}.optim.clip_grad "
                             f"({clip_grad}): set {role}.optim.clip_grad={role_grad_clip} to mean the same in both")

@@ -62,6 +62,7 @@ def test_clip_ratio_alone_changes_nothing_as_in_verl_09_and_is_said_once():
     (("actor_rollout_ref.actor.optim.clip_grad=0.5",), 0.5, False),
     (("actor_rollout_ref.actor.optim.grad_clip=0.3",), 0.3, False),  # verl 0.9's deprecated spelling wins
     (("actor_rollout_ref.actor.grad_clip=0.2",), 0.2, True),  # verl < 0.9's key: it clips, and says verl 0.9 would not
+    (("actor_rollout_ref.actor.grad_clip=0",), 0, True),  # hybridflow's "<= 0: no clipping", said the same way
     # a full verl 0.9 YAML carries grad_clip: 1.0 next to the clip_grad the user changed: clip_grad decides
     (("actor_rollout_ref.actor.grad_clip=1.0", "actor_rollout_ref.actor.optim.clip_grad=0.5"), 0.5, False),
 ])
@@ -72,7 +73,7 @@ def test_actor_clip_threshold(overrides, threshold, says):
     assert got == threshold
     assert (line is not None) == says
     if says:
-        assert "verl 0.9 ignores it and clips at actor_rollout_ref.actor.optim.clip_grad (1.0)" in line
+        assert "verl 0.9 ignores" in line and "clips at actor_rollout_ref.actor.optim.clip_grad (1.0)" in line
 
 
 def test_grad_clip_and_clip_grad_that_disagree_are_refused_in_one_line():
