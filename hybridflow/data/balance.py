@@ -22,6 +22,11 @@ import torch
 from hybridflow.errors import ConfigError
 
 
+def seqlen_workload(length: int) -> int:
+    """verl's estimate of a sequence's forward cost (a 7B dense block: 24576 L + L^2, linear layers plus attention)."""
+    return 24576 * length + length * length
+
+
 class _Part:
     """One part of a partial solution: its (index, length) items in the order they joined, and their sum."""
 

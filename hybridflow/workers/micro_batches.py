@@ -12,7 +12,7 @@ from typing import Sequence
 
 import torch
 
-from hybridflow.data.balance import balance_partitions
+from hybridflow.data.balance import balance_partitions, seqlen_workload
 from hybridflow.data.batch import Batch
 
 
@@ -54,11 +54,6 @@ def split_to_count(groups: list[list[int]], count: int) -> list[list[int]]:
         half = len(group) // 2
         groups[largest:largest] = [group[:half], group[half:]]
     return groups
-
-
-def seqlen_workload(length: int) -> int:
-    """verl's estimate of a sequence's forward cost (a 7B dense block: 24576 L + L^2, linear layers plus attention)."""
-    return 24576 * length + length * length
 
 
 def balanced_token_groups(lengths: Sequence[int], max_tokens: int, *, dp=None) -> list[list[int]]:
