@@ -69,7 +69,7 @@ from hybridflow.models.loader import enable_gradient_checkpointing  # noqa: E402
 from hybridflow.models.logprob import packed_forward_inputs  # noqa: E402
 from hybridflow.workers.actor import ActorWorker, PolicyObjective  # noqa: E402
 from hybridflow.workers.logprob import pack_micro_batch  # noqa: E402
-from hybridflow.workers.micro_batches import LogProbBatching, micro_batches  # noqa: E402
+from hybridflow.workers.micro_batches import LogProbBatching, balanced_token_groups  # noqa: E402
 from hybridflow.workers.optim import TrainState, build_optimizer, build_scheduler  # noqa: E402
 from hybridflow.workers.ppo_update import UpdateSchedule  # noqa: E402
 from model_shapes import SHAPES as MODEL_SHAPES  # noqa: E402
@@ -202,8 +202,7 @@ def build_actor(model, *, variant: Variant, rows: int, micro_tokens: int, device
     optimizer = build_optimizer(model.parameters(), lr=1e-6, betas=(0.9, 0.999), weight_decay=0.01)
     scheduler = build_scheduler(optimizer, warmup_steps=0, total_steps=1_000_000, style="constant")
     state = TrainState(model, optimizer, scheduler, grad_clip=1.0)
-    schedule = UpdateSchedule(mini_batch_size=rows, use_dynamic_bsz=True, max_token_len=micro_tokens,
-                              packed=variant.layout != "padded")
+    schedule = UpdateSchedule(mini_batch_size=rows, use_dynamic_bsz=True, max_token_len=micro_tokens)
     return ActorWorker(state=state, schedule=schedule, objective=PolicyObjective(loss_agg_mode="token-mean"),
                        log_prob=LogProbBatching(use_dynamic_bsz=True, max_token_len=micro_tokens),
                        layout=variant.layout, chunked_head=variant.chunked_head)
@@ -373,8 +372,8 @@ def hybridflow_update_step(model, batch: Batch, *, variant: Variant, micro_token
     # The policy that sampled the rows is the current one (ratio 1, no token clipped), as in a GRPO step
     # with one update per rollout; random old log-probs would clip away the negative advantages' gradient.
     batch["old_log_probs"] = actor.compute_log_prob(batch, temperature=1.0)[0]
-    micros = micro_batches(batch, micro_batch_size=None, use_dynamic_bsz=True, max_token_len=micro_tokens,
-                           packed=variant.layout != "padded")  # the actor's own cut (same schedule)
+    lengths = batch["attention_mask"].sum(-1).tolist()  # the actor's own cut (same schedule)
+    micros = [batch.index_select(rows) for rows in balanced_token_groups(lengths, micro_tokens)]
     return (lambda step: actor.update_policy(batch, temperature=1.0, step=step)["actor/grad_norm"]), micros, actor
 
 

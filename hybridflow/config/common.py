@@ -14,19 +14,26 @@ class OptimConfig:
 
     lr: float = 1e-6
     """Peak learning rate."""
-    lr_warmup_steps: int = -1
-    """Linear warm-up steps; -1 derives them from ``lr_warmup_steps_ratio``."""
+    lr_warmup_steps: Optional[int] = -1
+    """Linear warm-up steps (the lr rises as step / lr_warmup_steps from 0, verl's schedule); null, 0 or negative
+    derives them from ``lr_warmup_steps_ratio``."""
     lr_warmup_steps_ratio: float = 0.0
-    """Warm-up length as a fraction of the total training steps (used when lr_warmup_steps < 0)."""
+    """Warm-up length as a fraction of the total training steps (used when lr_warmup_steps is not positive)."""
     min_lr_ratio: Optional[float] = 0.0
     """Floor of the cosine schedule as a fraction of ``lr``."""
     num_cycles: float = 0.5
     """Cosine cycles over training (0.5 = one half-cosine from lr down to the floor)."""
-    warmup_style: Optional[str] = "constant"
-    """Schedule after warm-up: ``constant`` or ``cosine`` (verl's name; ``lr_scheduler_type`` is an alias); null
-    (verl's "deprecated") is ``constant`` unless ``lr_scheduler_type`` says otherwise."""
-    lr_scheduler_type: Optional[str] = None
-    """Alias of ``warmup_style`` used by newer verl versions; wins when set."""
+    lr_scheduler_type: str = "constant"
+    """Schedule after warm-up: ``constant`` or ``cosine``."""
+    warmup_style: Optional[str] = None
+    """verl's deprecated name of ``lr_scheduler_type``; when set it wins, as in verl 0.9."""
+    zero_indexed_step: bool = True
+    """False counts the cosine schedule's steps from 1 instead of 0 (torchtitan's convention; verl applies it to
+    the cosine schedule only)."""
+    clip_grad: float = 1.0
+    """Clip the global gradient norm to this value before each step (verl 0.9's key; must be > 0)."""
+    grad_clip: Optional[float] = None
+    """verl 0.9's deprecated name of ``clip_grad`` inside ``optim``; when set it wins, as in verl 0.9."""
     total_training_steps: int = -1
     """Compatibility-only (compat.py); in verl: filled in by the trainer from the dataset size and epochs; leave at -1."""
     weight_decay: float = 0.01
@@ -74,9 +81,12 @@ class FSDPConfig:
     """Compatibility-only (compat.py); in verl: prefetch the next unit's parameters during forward."""
     model_dtype: str = "fp32"
     """Dtype the trained parameters (and optimizer state) are held in: ``fp32``, ``bf16`` or ``fp16``."""
-    mixed_precision: Optional[str] = None
-    """Compute dtype: ``bf16`` / ``fp16`` (FSDP2 casts per layer with fp32 gradient reduction; autocast
-    on a single process) or null for model_dtype. On a CPU without AMX / AVX-512 BF16 bf16 is slower."""
+    mixed_precision: Any = None
+    """Compute precision over the ``model_dtype`` weights (FSDP2 casts per layer; autocast on a single process).
+    verl's mapping ``{param_dtype, reduce_dtype, buffer_dtype}``: param_dtype (default ``bf16``) is the compute
+    dtype, reduce_dtype (``fp32``) the gradient reduction's, buffer_dtype is not applied (FSDP2 casts parameters
+    only). A dtype name (``bf16``, ``fp16``, ``fp32``) sets the compute dtype. null: bf16 on a GPU, as verl; fp32
+    on a CPU, where bf16 matmuls are 27-160x slower without AMX / AVX-512 BF16 (docs/configuration.md)."""
 
 
 @dataclass

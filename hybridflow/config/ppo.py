@@ -199,11 +199,12 @@ class ActorConfig:
     ppo_max_token_len_per_gpu: int = 16384
     """Token budget of one micro-batch when use_dynamic_bsz."""
     clip_ratio: float = 0.2
-    """PPO clip epsilon (both sides unless clip_ratio_low/high are set)."""
-    clip_ratio_low: Optional[float] = None
-    """Lower clip epsilon; null = clip_ratio."""
-    clip_ratio_high: Optional[float] = None
-    """Upper clip epsilon (DAPO clip-higher uses 0.28); null = clip_ratio."""
+    """PPO clip epsilon of a side whose clip_ratio_low/high is null. As in verl 0.9 both are 0.2 by default and
+    win, so setting only clip_ratio changes nothing (said once at start-up)."""
+    clip_ratio_low: Optional[float] = 0.2
+    """Lower clip epsilon (verl 0.9's default 0.2); null = clip_ratio."""
+    clip_ratio_high: Optional[float] = 0.2
+    """Upper clip epsilon (verl 0.9's default 0.2; DAPO clip-higher uses 0.28); null = clip_ratio."""
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     """Policy loss mode and its parameters."""
     clip_ratio_c: float = 3.0
@@ -220,7 +221,10 @@ class ActorConfig:
     """Also compute sum_v pi(v)^2 per token in the old-log-prob pass; needed by the optimal_token_baseline and
     tir_optimal_token_baseline estimators."""
     entropy_coeff: float = 0.0
-    """Weight of the entropy bonus in the actor loss."""
+    """Weight of the entropy bonus in the actor loss (non-zero: ``actor/entropy_loss`` is logged, as in verl)."""
+    calculate_entropy: bool = False
+    """Compute the entropy in the training forward and log ``actor/entropy_loss`` even when entropy_coeff is 0
+    (verl 0.9's key)."""
     use_kl_loss: bool = False
     """Add KL(actor || reference) to the loss (GRPO style) instead of to the reward."""
     use_torch_compile: bool = False
@@ -243,8 +247,10 @@ class ActorConfig:
     """What actor checkpoints hold."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """Optimizer and schedule."""
-    grad_clip: float = 1.0
-    """Clip the global gradient norm to this value (<= 0 disables)."""
+    grad_clip: Optional[float] = None
+    """verl before 0.9's clip threshold (verl 0.9 ignores it and clips at ``optim.clip_grad``): null follows
+    ``optim.clip_grad``; a value set off 1.0 clips there, as before 0.9, with one line at start-up (<= 0 disables
+    clipping); refused when ``optim.clip_grad`` is also moved off 1.0 to another value."""
     freeze_vision_tower: bool = False
     """A vision-language policy: the vision tower is not trained (no gradients, weights unchanged)."""
     ulysses_sequence_parallel_size: int = 1
@@ -573,8 +579,9 @@ class CriticConfig:
     """Aggregation of the value loss; follows the actor."""
     loss_scale_factor: Optional[float] = II("actor_rollout_ref.actor.loss_scale_factor")
     """seq-mean-token-sum-norm divisor of the value loss; follows the actor (null = data.max_response_length)."""
-    grad_clip: float = 1.0
-    """Global gradient-norm clip."""
+    grad_clip: Optional[float] = None
+    """verl before 0.9's clip threshold of the critic (verl 0.9 clips at ``critic.optim.clip_grad``); as
+    ``actor_rollout_ref.actor.grad_clip``."""
     ulysses_sequence_parallel_size: int = 1
     """Ulysses sequence parallelism of the critic's group (as actor.ulysses_sequence_parallel_size);
     needs critic.model.use_remove_padding."""
@@ -589,8 +596,9 @@ class CriticConfig:
 class PRMOptimConfig(OptimConfig):
     """The implicit PRM's optimizer (verl-recipe PRIME's ``reward_model.model.optim``): AdamW plus its clip."""
 
-    grad_clip: float = 10.0
-    """Clip the PRM's gradient norm to this before each step."""
+    grad_clip: Optional[float] = 10.0
+    """Clip the PRM's gradient norm to this before each step (verl-recipe PRIME's key and default; it wins over
+    ``clip_grad``, which applies when this is null)."""
 
 
 @dataclass

@@ -87,6 +87,7 @@ KEYS_WITHOUT_EFFECT = (
     "algorithm.filter_groups.enable", "algorithm.gamma", "algorithm.lam", "critic.enable",
     "actor_rollout_ref.actor.use_kl_loss", "actor_rollout_ref.actor.entropy_coeff",
     "actor_rollout_ref.actor.policy_loss.loss_mode", "actor_rollout_ref.actor.clip_ratio",
+    "actor_rollout_ref.actor.clip_ratio_low", "actor_rollout_ref.actor.clip_ratio_high",
     "actor_rollout_ref.actor.shuffle", "actor_rollout_ref.actor.use_rollout_log_probs",
     "trainer.critic_warmup",
 )

@@ -16,6 +16,7 @@ from typing import Any
 from hybridflow.algos.registry import AdvantageSpec, UnknownAlgorithmError, advantage_spec
 from hybridflow.config.loader import MEGATRON
 from hybridflow.config.sft import sft_packed
+from hybridflow.config.verl_versions import warn_version_differences
 from hybridflow.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -356,6 +357,19 @@ def _check_optim(problems: list[str], key: str, optim: Any) -> None:
         problems.append(f"{key}.num_cycles={optim.num_cycles} must be >= 0")
     if getattr(optim, "clip_grad", 1.0) <= 0:
         problems.append(f"{key}.clip_grad={optim.clip_grad} must be > 0")
+    for name in ("lr_scheduler_type", "warmup_style"):
+        value = getattr(optim, name, None)
+        if value is not None and value not in LR_SCHEDULES:
+            problems.append(f"{key}.{name}={value!r} is not one of {', '.join(LR_SCHEDULES)}")
+
+
+def _check_verl_versions(problems: list[str], cfg: Any) -> None:
+    """Keys whose meaning changed between verl versions (``config/verl_versions.py``): a conflict is a problem,
+    the rest is said once."""
+    try:
+        warn_version_differences(cfg, with_critic=critic_enabled(cfg))
+    except ConfigError as err:
+        problems.append(str(err))
 
 
 def _check_multi_turn(problems: list[str], multi_turn: Any) -> None:
@@ -469,10 +483,7 @@ def validate_ppo_config(cfg: Any, *, model_max_len: int | None = None, check_pat
         _check_optim(problems, "critic.optim", cfg.critic.optim)
     if implicit_prm_enabled(cfg):
         _check_optim(problems, "reward_model.model.optim", cfg.reward_model.model.optim)
-    _check_choice(problems, "actor_rollout_ref.actor.optim.warmup_style",
-                  cfg.actor_rollout_ref.actor.optim.lr_scheduler_type or cfg.actor_rollout_ref.actor.optim.warmup_style
-                  or "constant",
-                  LR_SCHEDULES)
+    _check_verl_versions(problems, cfg)
     raise_if_problems(problems)
 
 

@@ -22,27 +22,47 @@ import torch
 from hybridflow.errors import ConfigError
 
 
-class _Partial:
-    """k parts (index lists with their token sums), kept sorted by sum, heaviest first."""
+def seqlen_workload(length: int) -> int:
+    """verl's estimate of a sequence's forward cost (a 7B dense block: 24576 L + L^2, linear layers plus attention)."""
+    return 24576 * length + length * length
 
-    def __init__(self, parts: list[tuple[int, list[int]]]):
-        self.parts = sorted(parts, key=lambda part: -part[0])
+
+class _Part:
+    """One part of a partial solution: its (index, length) items in the order they joined, and their sum."""
+
+    def __init__(self, items: list[tuple[int, int]]):
+        self.items = items
+        self.sum = sum(length for _, length in items)
+
+    def key(self) -> tuple:
+        """verl's order of parts: by sum, then item count, then the items themselves (ties broken the same way)."""
+        return self.sum, len(self.items), self.items
+
+
+class _Partial:
+    """k parts, kept sorted heaviest first (by ``_Part.key``)."""
+
+    def __init__(self, parts: list[_Part]):
+        self.parts = sorted(parts, key=_Part.key, reverse=True)
 
     @property
     def spread(self) -> int:
-        return self.parts[0][0] - self.parts[-1][0]
+        return self.parts[0].sum - self.parts[-1].sum
 
     def merge(self, other: _Partial) -> _Partial:
         """Heaviest part here with the lightest there: the differencing step."""
-        pairs = zip(self.parts, reversed(other.parts))
-        return _Partial([(a_sum + b_sum, a_idx + b_idx) for (a_sum, a_idx), (b_sum, b_idx) in pairs])
+        return _Partial([_Part(mine.items + theirs.items) for mine, theirs in zip(self.parts, reversed(other.parts))])
 
-    def __lt__(self, other: _Partial) -> bool:  # heapq is a min-heap: largest spread pops first
-        return self.spread > other.spread
+    def __lt__(self, other: _Partial) -> bool:
+        # heapq is a min-heap: the largest spread pops first, then the one with the heaviest part (verl's order)
+        if self.spread != other.spread:
+            return self.spread > other.spread
+        return self.parts[0].key() > other.parts[0].key()
 
 
 def balance_partitions(lengths: Sequence[int], k: int, equal_size: bool = True) -> list[list[int]]:
-    """Indices of ``lengths`` cut into ``k`` parts with balanced sums (each part sorted).
+    """Indices of ``lengths`` cut into ``k`` parts with balanced sums (each part sorted), heaviest part first;
+    the same parts in the same order as verl 0.9.1's ``get_seqlen_balanced_partitions`` (ties included).
 
     ``equal_size`` (required for data-parallel dispatch) gives every part
     ``len(lengths) / k`` indices; otherwise each sequence is its own starting set and
@@ -58,14 +78,14 @@ def balance_partitions(lengths: Sequence[int], k: int, equal_size: bool = True) 
     heap = []
     for start in range(0, len(order), group):
         chunk = order[start:start + group]
-        parts = [(int(lengths[i]), [i]) for i in chunk] + [(0, [])] * (k - len(chunk))
+        parts = [_Part([(i, int(lengths[i]))]) for i in chunk] + [_Part([]) for _ in range(k - len(chunk))]
         heapq.heappush(heap, _Partial(parts))
     while len(heap) > 1:
         first, second = heapq.heappop(heap), heapq.heappop(heap)
         heapq.heappush(heap, first.merge(second))
     if not heap:
         return [[] for _ in range(k)]
-    return [sorted(indices) for _, indices in heap[0].parts]
+    return [sorted(i for i, _ in part.items) for part in heap[0].parts]
 
 
 def balanced_order(lengths: Sequence[int], k: int) -> tuple[list[int], list[list[int]]]:

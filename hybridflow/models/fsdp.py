@@ -8,11 +8,11 @@ layer in full (ZeRO-3; Rajbhandari et al., "ZeRO", SC 2020; Zhao et al., "PyTorc
 VLDB 2023). Gradients are reduce-scattered as the *mean* over ranks, which is why the
 workers multiply their globally-normalised losses by the world size.
 
-Precision: ``mixed_precision="bf16"`` (or ``fp16``) computes in that dtype with the master
-weights in ``model_dtype`` (fp32) and fp32 gradient reduction: FSDP2's
-``MixedPrecisionPolicy`` when sharded, autocast around the forward on a single process. The
-default is the parameter dtype: fp32 on CPU, where bf16 matmuls are slower without AMX / AVX-512
-BF16 (docs/trainer.md has numbers). ``param_offload`` keeps the sharded parameters, gradients
+Precision (:func:`resolve_precision`): verl's ``mixed_precision`` mapping (``param_dtype`` / ``reduce_dtype``) or a
+dtype name computes in that dtype with the master weights in ``model_dtype`` (fp32): FSDP2's
+``MixedPrecisionPolicy`` when sharded, autocast around the forward on a single process. Unset, a GPU computes in
+bf16 as verl does, a CPU in the parameter dtype (fp32), where bf16 matmuls are far slower without AMX / AVX-512
+BF16 (docs/configuration.md has numbers). ``param_offload`` keeps the sharded parameters, gradients
 and optimizer state in CPU memory between uses (``CPUOffloadPolicy``); ``optimizer_offload``
 keeps only the optimizer state there between steps. ``fsdp_size`` < world size shards inside
 groups of that size and replicates across them (HSDP, a 2-D mesh).
@@ -21,13 +21,18 @@ groups of that size and replicates across them (HSDP, a 2-D mesh).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import logging
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from hybridflow.errors import ConfigError
+
+logger = logging.getLogger(__name__)
 
 COMPUTE_DTYPES = {"fp32": None, "float32": None, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
                   "fp16": torch.float16, "float16": torch.float16}
@@ -43,6 +48,45 @@ def compute_dtype(*choices: str | None) -> torch.dtype | None:
                 raise ConfigError(f"mixed precision {choice!r} is not one of {', '.join(COMPUTE_DTYPES)} or null")
             return COMPUTE_DTYPES[choice]
     return None
+
+
+@dataclass(frozen=True)
+class Precision:
+    """How a trained model computes: ``param_dtype`` is the dtype its layers run in (None: the weights' own,
+    no mixed precision), ``reduce_dtype`` the dtype FSDP2 reduces gradients in."""
+
+    param_dtype: torch.dtype | None = None
+    reduce_dtype: torch.dtype = torch.float32
+
+
+MIXED_PRECISION_KEYS = ("param_dtype", "reduce_dtype", "buffer_dtype")
+_warned_buffer_dtype: set[str] = set()
+
+
+def resolve_precision(mixed_precision: Any, *, fallback: str | None = None, device_type: str = "cpu") -> Precision:
+    """verl's ``fsdp_config.mixed_precision``: a mapping ``{param_dtype: bf16, reduce_dtype: fp32, buffer_dtype:
+    fp32}`` (each defaulting to that, as verl's FSDP engine) or a dtype name (the compute dtype). Unset, ``fallback``
+    (``model.dtype``) decides, else the device: bf16 over the weights on a GPU, as verl; the weights' own dtype on a
+    CPU, where bf16 matmuls are 27-160x slower without AMX / AVX-512 BF16 (docs/configuration.md)."""
+    if isinstance(mixed_precision, Mapping):
+        unknown = sorted(set(mixed_precision) - set(MIXED_PRECISION_KEYS))
+        if unknown:
+            raise ConfigError(f"fsdp_config.mixed_precision has no key {unknown[0]!r}; it takes "
+                              f"{', '.join(MIXED_PRECISION_KEYS)}")
+        _note_buffer_dtype(mixed_precision.get("buffer_dtype", "fp32"))
+        reduce = compute_dtype(mixed_precision.get("reduce_dtype", "fp32")) or torch.float32
+        return Precision(compute_dtype(mixed_precision.get("param_dtype", "bf16")), reduce)
+    if mixed_precision is not None or fallback is not None:
+        return Precision(compute_dtype(mixed_precision, fallback))
+    return Precision(torch.bfloat16 if device_type == "cuda" else None)
+
+
+def _note_buffer_dtype(name: str) -> None:
+    """FSDP2 has no buffer dtype (verl's fsdp2 strategy ignores it too): a non-fp32 one is said once."""
+    if compute_dtype(name) is not None and name not in _warned_buffer_dtype:
+        _warned_buffer_dtype.add(name)
+        logger.warning("hybridflow: fsdp_config.mixed_precision.buffer_dtype=%s has no effect: buffers stay in "
+                       "fsdp_config.model_dtype (FSDP2 casts parameters only, as in verl's fsdp2 strategy)", name)
 
 
 def autocast_forward(model: torch.nn.Module, *, device_type: str, dtype: torch.dtype | None) -> torch.nn.Module:
@@ -93,7 +137,7 @@ def decoder_layers(model: torch.nn.Module, classes: list[str] | None = None) -> 
     return []
 
 
-def shard_model(model: torch.nn.Module, *, mesh=None, mixed_precision: str | None = None,
+def shard_model(model: torch.nn.Module, *, mesh=None, precision: Precision = Precision(),
                 param_offload: bool = False, reshard_after_forward: bool = True,
                 layer_classes_to_wrap: list[str] | None = None) -> torch.nn.Module:
     """``fully_shard`` each decoder layer (:func:`decoder_layers`), then the root; returns the same (now sharded)
@@ -103,9 +147,9 @@ def shard_model(model: torch.nn.Module, *, mesh=None, mixed_precision: str | Non
     2-D (replicate, shard) one for HSDP (``data_parallel_mesh``).
     """
     kwargs = {"mesh": mesh, "reshard_after_forward": reshard_after_forward}
-    dtype = compute_dtype(mixed_precision)
-    if dtype is not None:
-        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+    if precision.param_dtype is not None:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=precision.param_dtype,
+                                                   reduce_dtype=precision.reduce_dtype)
     if param_offload:
         # Pinned memory needs a GPU; on CPU the "offload" is the resting place of the shards anyway.
         kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())

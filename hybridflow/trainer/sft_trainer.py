@@ -46,7 +46,7 @@ from hybridflow.data.parallel import DataParallel, LOCAL
 from hybridflow.data.sft_dataset import SFTDataset
 from hybridflow.errors import ConfigError, run_entry_point
 from hybridflow.models import load_causal_lm, load_tokenizer, resolve_dtype
-from hybridflow.models.fsdp import data_parallel_mesh, decoder_layers, micro_batch_sync, shard_model
+from hybridflow.models.fsdp import data_parallel_mesh, decoder_layers, micro_batch_sync, resolve_precision, shard_model
 from hybridflow.models.loader import check_vocab_covers_tokenizer
 from hybridflow.models.loader import load_config as load_model_config
 from hybridflow.models.lora import apply_lora
@@ -181,15 +181,16 @@ class SFTTrainer:
         self.total_steps = total_steps(cfg, len(self.loader))
         fsdp = cfg.model.fsdp_config
         decoder_layers(model, fsdp.wrap_policy.transformer_layer_cls_to_wrap)  # a wrong class fails at any size
+        precision = resolve_precision(fsdp.mixed_precision, device_type=device.type)
         if dp.world_size > 1:
             model = shard_model(model, mesh=data_parallel_mesh(device.type, dp.world_size, fsdp.fsdp_size),
-                                mixed_precision=fsdp.mixed_precision,
+                                precision=precision,
                                 reshard_after_forward=fsdp.reshard_after_forward,
                                 param_offload=fsdp.param_offload or fsdp.offload_policy,
                                 layer_classes_to_wrap=fsdp.wrap_policy.transformer_layer_cls_to_wrap)
         self.model = split_sequences(model, self.sp, key="ulysses_sequence_parallel_size")
         self.state = build_train_state(cfg, model, steps=self.total_steps)
-        self.compute_dtype = resolve_dtype(fsdp.mixed_precision or fsdp.model_dtype)
+        self.compute_dtype = precision.param_dtype or resolve_dtype(fsdp.model_dtype)
         # FSDP2 casts per layer when sharded; the plain single-process model gets autocast instead
         plain_mixed = dp.world_size == 1 and self.compute_dtype != resolve_dtype(fsdp.model_dtype)
         self.autocast = (torch.autocast(device.type, dtype=self.compute_dtype) if plain_mixed

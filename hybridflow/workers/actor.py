@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hybridflow.algos import agg_loss, get_policy_loss, kl_penalty, masked_mean
+from hybridflow.algos import agg_loss, get_policy_loss, kl_penalty
 from hybridflow.data.batch import Batch
 from hybridflow.data.parallel import DataParallel, LOCAL
 from hybridflow.models.router_aux import record_router_logits
@@ -65,8 +65,12 @@ class PolicyObjective:
     use_kl_loss: bool = False
     kl_loss_coef: float = 0.0
     kl_loss_type: str = "low_var_kl"
+    calculate_entropy: bool = False
+    """verl's ``actor.calculate_entropy``: compute the entropy in the training forward and log it as
+    ``actor/entropy_loss`` even when entropy_coeff is 0 (verl logs it whenever the entropy is computed)."""
     report_entropy: bool = False
-    """Compute the entropy metric in the training forward even when entropy_coeff is 0 (no recompute pass)."""
+    """No recompute pass gives the pre-update ``actor/entropy`` (the engine's log-probs are the old ones): take it
+    from the training forward instead, aggregated as the loss is."""
 
 
 class ActorWorker:
@@ -140,10 +144,10 @@ class ActorWorker:
     def _micro_loss(self, micro: Batch, *, temperature: float, counts: dict[str, float]):
         obj = self.objective
         use_entropy = obj.entropy_coeff != 0
-        report_entropy = use_entropy or obj.report_entropy
+        calculate_entropy = use_entropy or obj.calculate_entropy or obj.report_entropy
         with record_router_logits(self.model) as router:  # None unless an MoE model gives a router loss
             log_prob, entropy = micro_batch_log_probs(self.model, micro, temperature=temperature,
-                                                      calculate_entropy=report_entropy, layout=self.layout,
+                                                      calculate_entropy=calculate_entropy, layout=self.layout,
                                                       entropy_checkpointing=self.entropy_checkpointing,
                                                       use_torch_compile=self.use_torch_compile,
                                                       chunked_head=self.chunked_head)
@@ -161,10 +165,15 @@ class ActorWorker:
         )
         loss = pg_loss
         shares = {"pg_loss": pg_loss.item()}
-        if report_entropy:
-            metrics["entropy"] = masked_mean(values=entropy.detach(), mask=mask).item()
-        if use_entropy:
-            loss = loss - obj.entropy_coeff * agg_loss(loss_mat=entropy, **agg)
+        if calculate_entropy:
+            # this micro-batch's share of the mini-batch's aggregate entropy: summed over micro-batches like the loss
+            entropy_term = agg_loss(loss_mat=entropy, **agg)
+            if use_entropy:
+                loss = loss - obj.entropy_coeff * entropy_term
+            if use_entropy or obj.calculate_entropy:
+                shares["entropy_loss"] = entropy_term.item()  # verl's actor/entropy_loss
+            if obj.report_entropy:
+                shares["entropy"] = entropy_term.item()
         if obj.use_kl_loss:
             kld = kl_penalty(logprob=log_prob, ref_logprob=micro["ref_log_probs"], kl_penalty=obj.kl_loss_type)
             kl_term = agg_loss(loss_mat=kld, **agg)

@@ -12,6 +12,7 @@ from typing import Sequence
 
 import torch
 
+from hybridflow.data.balance import balance_partitions, seqlen_workload
 from hybridflow.data.batch import Batch
 
 
@@ -53,6 +54,33 @@ def split_to_count(groups: list[list[int]], count: int) -> list[list[int]]:
         half = len(group) // 2
         groups[largest:largest] = [group[:half], group[half:]]
     return groups
+
+
+def balanced_token_groups(lengths: Sequence[int], max_tokens: int, *, dp=None) -> list[list[int]]:
+    """Micro-batches of a training mini-batch under a token budget, as verl 0.9.1's ``rearrange_micro_batches``:
+
+    1. count = min(rows, ceil(sum(lengths) / max_tokens)), the largest over the data-parallel ranks;
+    2. the rows are cut into ``count`` parts balanced by :func:`seqlen_workload` (Karmarkar-Karp,
+       ``hybridflow.data.balance``); while a part holds more than ``max_tokens`` tokens on some rank, count + 1
+       (a row longer than the budget alone ends the search at one row a micro-batch, where verl stops with an error);
+    3. parts are ordered by workload, heaviest first, then the even-numbered ones reversed ahead of the odd ones
+       (smaller micro-batches at both ends, verl's pipeline-bubble order).
+
+    ``lengths``: valid tokens (prompt + response) of each row. Returns the row indices of each micro-batch.
+    """
+    sync = dp is not None and dp.world_size > 1
+    count = min(len(lengths), -(-sum(lengths) // max_tokens))
+    count = dp.all_reduce_max(count) if sync else count
+    fewest_rows = -dp.all_reduce_max(-len(lengths)) if sync else len(lengths)
+    workloads = [seqlen_workload(int(length)) for length in lengths]
+    while True:
+        groups = balance_partitions(workloads, count, equal_size=False)
+        over = int(any(sum(lengths[i] for i in group) > max_tokens for group in groups))
+        if not (dp.all_reduce_max(over) if sync else over) or count >= fewest_rows:
+            break
+        count += 1
+    groups.sort(key=lambda group: (sum(workloads[i] for i in group), group[0]), reverse=True)
+    return groups[::2][::-1] + groups[1::2]
 
 
 @dataclass(frozen=True)

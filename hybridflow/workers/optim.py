@@ -1,9 +1,11 @@
 """AdamW and the learning-rate schedules of verl's ``optim`` sections.
 
-Schedules (multiplier of the peak lr at step s, W warm-up steps, S total steps):
-- warm-up:  (s + 1) / W for s < W (linear, starting above 0 so step 0 trains)
+Schedules (multiplier of the peak lr at step s, W warm-up steps, S total steps), verl 0.9.1's
+``get_constant_schedule_with_warmup`` / ``get_cosine_schedule_with_warmup``:
+- warm-up:  s / W for s < W (linear from 0: the first optimizer step runs at lr 0, as in verl)
 - constant: 1
-- cosine:   floor + (1 - floor) * 0.5 * (1 + cos(2 pi * cycles * p)), p = (s - W) / (S - W)
+- cosine:   max(floor, floor + (1 - floor) * 0.5 * (1 + cos(2 pi * cycles * p))), p = (s - W) / max(1, S - W)
+  (``zero_indexed_step=False``, torchtitan's convention: the cosine schedule counts s from 1)
 """
 
 from __future__ import annotations
@@ -16,26 +18,27 @@ import torch
 logger = logging.getLogger(__name__)
 
 
-def resolve_warmup_steps(*, warmup_steps: int, warmup_ratio: float, total_steps: int) -> int:
-    """verl's rule: an explicit non-negative ``lr_warmup_steps`` wins over the ratio."""
-    if warmup_steps is not None and warmup_steps >= 0:
+def resolve_warmup_steps(*, warmup_steps: int | None, warmup_ratio: float, total_steps: int) -> int:
+    """verl's rule: a positive ``lr_warmup_steps`` wins; null, 0 or negative delegates to the ratio."""
+    if warmup_steps is not None and warmup_steps > 0:
         return warmup_steps
     return int(warmup_ratio * max(total_steps, 0))
 
 
 def lr_multiplier(step: int, *, warmup_steps: int, total_steps: int, style: str, min_lr_ratio: float = 0.0,
-                  num_cycles: float = 0.5) -> float:
-    """The schedule above, as a pure function of the step."""
+                  num_cycles: float = 0.5, zero_indexed_step: bool = True) -> float:
+    """The schedule above, as a pure function of the (0-based) scheduler step."""
+    if style not in ("constant", "cosine"):
+        raise ValueError(f"unknown lr schedule {style!r}; use constant or cosine")
+    if style == "cosine" and not zero_indexed_step:
+        step += 1
     if step < warmup_steps:
-        return (step + 1) / warmup_steps
+        return step / warmup_steps
     if style == "constant":
         return 1.0
-    if style != "cosine":
-        raise ValueError(f"unknown lr schedule {style!r}; use constant or cosine")
-    span = max(1, total_steps - warmup_steps)
-    progress = min(1.0, (step - warmup_steps) / span)
+    progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
     floor = min_lr_ratio or 0.0
-    return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(2.0 * math.pi * num_cycles * progress))
+    return max(floor, floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(2.0 * math.pi * num_cycles * progress)))
 
 
 # Devices with a fused AdamW kernel (one pass over each parameter, no per-op temporaries). On the
@@ -55,13 +58,18 @@ def build_optimizer(params, *, lr: float, betas, weight_decay: float, eps: float
 
 
 def build_scheduler(optimizer, *, warmup_steps: int, total_steps: int, style: str, min_lr_ratio: float = 0.0,
-                    num_cycles: float = 0.5) -> torch.optim.lr_scheduler.LambdaLR:
+                    num_cycles: float = 0.5, zero_indexed_step: bool = True) -> torch.optim.lr_scheduler.LambdaLR:
     """A LambdaLR following ``lr_multiplier``; call ``.step()`` once per training step."""
     def multiplier(step: int) -> float:
         return lr_multiplier(step, warmup_steps=warmup_steps, total_steps=total_steps, style=style,
-                             min_lr_ratio=min_lr_ratio, num_cycles=num_cycles)
+                             min_lr_ratio=min_lr_ratio, num_cycles=num_cycles, zero_indexed_step=zero_indexed_step)
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, multiplier)
+
+
+def lr_schedule(optim_cfg) -> str:
+    """verl 0.9.1's rule: the deprecated ``warmup_style``, when set, wins over ``lr_scheduler_type``."""
+    return optim_cfg.warmup_style or optim_cfg.lr_scheduler_type or "constant"
 
 
 def optimizer_from_config(model: torch.nn.Module, optim_cfg, *, total_steps: int):
@@ -70,9 +78,9 @@ def optimizer_from_config(model: torch.nn.Module, optim_cfg, *, total_steps: int
                                 weight_decay=optim_cfg.weight_decay, eps=optim_cfg.eps)
     warmup = resolve_warmup_steps(warmup_steps=optim_cfg.lr_warmup_steps,
                                   warmup_ratio=optim_cfg.lr_warmup_steps_ratio, total_steps=total_steps)
-    style = optim_cfg.lr_scheduler_type or optim_cfg.warmup_style or "constant"
-    scheduler = build_scheduler(optimizer, warmup_steps=warmup, total_steps=total_steps, style=style,
-                                min_lr_ratio=optim_cfg.min_lr_ratio or 0.0, num_cycles=optim_cfg.num_cycles)
+    scheduler = build_scheduler(optimizer, warmup_steps=warmup, total_steps=total_steps, style=lr_schedule(optim_cfg),
+                                min_lr_ratio=optim_cfg.min_lr_ratio or 0.0, num_cycles=optim_cfg.num_cycles,
+                                zero_indexed_step=optim_cfg.zero_indexed_step)
     return optimizer, scheduler
 
 

@@ -30,7 +30,7 @@ import torch
 from hybridflow.data.batch import Batch
 from hybridflow.models.fsdp import micro_batch_sync
 from hybridflow.data.parallel import DataParallel
-from hybridflow.workers.micro_batches import micro_batches, mini_batches
+from hybridflow.workers.micro_batches import balanced_token_groups, micro_batches, mini_batches
 from hybridflow.workers.optim import TrainState
 
 LossFn = Callable[[Batch], tuple[torch.Tensor, dict[str, float], dict[str, float]]]
@@ -53,14 +53,12 @@ class UpdateSchedule:
     micro_batch_size: int | None = None
     """Items per micro-batch on this rank; None: one micro-batch per mini-batch (or the token budget)."""
     use_dynamic_bsz: bool = False
-    """Cut micro-batches by ``max_token_len`` tokens instead of a row count (only when ``item_rows`` is 1)."""
+    """Cut micro-batches by ``max_token_len`` tokens instead of a row count (only when ``item_rows`` is 1), as
+    verl does: valid tokens per part, parts balanced by workload (``micro_batches.balanced_token_groups``)."""
     max_token_len: int | None = None
     """The token budget of one dynamic micro-batch (``ppo_max_token_len_per_gpu``)."""
     item_rows: int = 1
     """Consecutive rows that stay together (2: a chosen/rejected pair); micro-batch sizes count items."""
-    packed: bool = False
-    """The forwards are packed rows (``use_remove_padding`` / ``use_shared_prompt``): the token budget
-    counts the rows' valid tokens (verl's rule), not rows x the longest row (a padded forward's cost)."""
 
     def mini_batch_rows(self, dp: DataParallel) -> int:
         """Rows of one mini-batch on one rank (at least one item)."""
@@ -74,18 +72,23 @@ def ppo_mini_batches(batch: Batch, *, schedule: UpdateSchedule, dp: DataParallel
     for epoch in range(schedule.epochs):
         for mini in mini_batches(batch, schedule.mini_batch_rows(dp), shuffle=schedule.shuffle, seed=seed, step=step,
                                  epoch=epoch):
-            micros = micro_batches(mini, micro_batch_size=micro_rows,
-                                   use_dynamic_bsz=schedule.use_dynamic_bsz and schedule.item_rows == 1,
-                                   max_token_len=schedule.max_token_len, dp=dp, packed=schedule.packed)
+            if schedule.use_dynamic_bsz and schedule.item_rows == 1:
+                lengths = mini["attention_mask"].sum(-1).tolist()
+                micros = [mini.index_select(rows) for rows in balanced_token_groups(lengths, schedule.max_token_len,
+                                                                                   dp=dp)]
+            else:
+                micros = micro_batches(mini, micro_batch_size=micro_rows)
             yield dp.global_counts(mini["response_mask"]), micros
 
 
 def optimizer_step(*, state: TrainState, dp: DataParallel, micros: list[Batch], loss_fn: LossFn,
                    metrics: dict[str, list[float]], loss_key: str = "loss") -> None:
-    """One optimizer step over a mini-batch's ``micros``; appends the summed shares, the micro-batch
-    metrics and ``grad_norm`` to ``metrics``. ``shares[loss_key]`` is the loss value the step checks."""
+    """One optimizer step over a mini-batch's ``micros``; appends the summed shares, the micro-batch metrics'
+    mean and ``grad_norm`` to ``metrics`` (one value each per step). ``shares[loss_key]`` is the loss value the
+    step checks."""
     state.zero_grad()
     sums: dict[str, float] = defaultdict(float)
+    per_micro: dict[str, list[float]] = defaultdict(list)
     for index, micro in enumerate(micros):
         loss, shares, micro_metrics = loss_fn(micro)
         # Gradients are reduced once, in the last micro-batch's backward.
@@ -94,7 +97,10 @@ def optimizer_step(*, state: TrainState, dp: DataParallel, micros: list[Batch], 
         for key, value in shares.items():
             sums[key] += value
         for key, value in micro_metrics.items():
-            metrics[key].append(value)
+            per_micro[key].append(value)
+    # verl's aggregation: a micro-batch metric is averaged within the step, then over steps (mini-batches x epochs)
+    for key, values in per_micro.items():
+        metrics[key].append(sum(values) / len(values))
     for key, value in sums.items():
         metrics[key].append(float(dp.all_reduce_sum(torch.tensor(value))))
     metrics["grad_norm"].append(state.step(loss_value=metrics[loss_key][-1]))

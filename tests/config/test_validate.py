@@ -164,13 +164,13 @@ def test_clip_ratios_must_be_finite_and_non_negative(files, override):
                     "typically 0.2; DAPO's clip_ratio_high is 0.28)")
 
 
-@pytest.mark.parametrize("limit", [0, -1, 31])
+@pytest.mark.parametrize("limit", [0, -1, 23])
 def test_a_sandbox_memory_limit_no_program_starts_under_is_refused(files, limit):
     """Issue 50: memory_limit_mb=0 scored every code sample 0 without a word."""
     (line,) = problems(ppo(files, f"reward_model.sandbox_fusion.memory_limit_mb={limit}"))
     assert line == (f"reward_model.sandbox_fusion.memory_limit_mb={limit} is too small for a Python program to start "
-                    "(at least 32; the default is 1024): every code sample would score 0")
-    validate_ppo_config(ppo(files, "reward_model.sandbox_fusion.memory_limit_mb=32"))
+                    "(at least 24; the default is 1024): every code sample would score 0")
+    validate_ppo_config(ppo(files, "reward_model.sandbox_fusion.memory_limit_mb=24"))
 
 
 def test_sft_optimizer_settings_are_validated(tmp_path):

@@ -220,12 +220,16 @@ def test_component_round_trip_restores_scheduler_and_rng(tmp_path):
 
 
 def test_bad_precision_and_missing_checkpoint_name_the_fix(tmp_path):
-    from hybridflow.models.fsdp import shard_model
+    from hybridflow.models.fsdp import resolve_precision
     from hybridflow.models.sharded_checkpoint import load_sharded
 
     model, _ = build_tiny_model("llama", seed=0)
     with pytest.raises(ConfigError, match="not one of fp32"):
-        shard_model(model, mixed_precision="fp8")
+        resolve_precision("fp8")
+    with pytest.raises(ConfigError, match="not one of fp32"):
+        resolve_precision({"param_dtype": "fp8"})
+    with pytest.raises(ConfigError, match="no key 'param_dypte'"):
+        resolve_precision({"param_dypte": "bf16"})
     with pytest.raises(ModelError, match="not a DCP checkpoint"):
         load_sharded(str(tmp_path), model=model)
 

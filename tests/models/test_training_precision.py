@@ -40,7 +40,7 @@ def _linear_output_dtypes(model, run) -> set[torch.dtype]:
 # ------------------------------------------------------------------ dtype
 def test_model_dtype_bf16_computes_in_bf16_with_fp32_weights(tiny_model_dir):
     batch = _batch()
-    fp32 = _engine(tiny_model_dir)
+    fp32 = _engine(tiny_model_dir, "actor_rollout_ref.actor.fsdp_config.mixed_precision=fp32")
     bf16 = _engine(tiny_model_dir, "actor_rollout_ref.model.dtype=bf16")
     actor = bf16.actor
     assert {p.dtype for p in actor.model.parameters()} == {torch.float32}  # master weights stay fp32
@@ -53,8 +53,10 @@ def test_model_dtype_bf16_computes_in_bf16_with_fp32_weights(tiny_model_dir):
     mask = batch["response_mask"].bool()
     assert not torch.equal(got[mask], want[mask])  # it really ran in bf16 ...
     torch.testing.assert_close(got[mask], want[mask], atol=0.1, rtol=0.05)  # ... close to fp32 (8-bit mantissa)
-    assert _linear_output_dtypes(fp32.actor.model, lambda: fp32.actor.compute_log_prob(
-        batch, temperature=1.0)) == {torch.float32}  # fp32 stays the CPU default
+    default = _engine(tiny_model_dir)
+    unset = torch.bfloat16 if torch.cuda.is_available() else torch.float32  # verl's bf16 on a GPU, fp32 on a CPU
+    assert _linear_output_dtypes(default.actor.model, lambda: default.actor.compute_log_prob(
+        batch, temperature=1.0)) == {unset}
 
 
 def test_fsdp_mixed_precision_wins_over_model_dtype_and_model_dtype_sets_the_weights(tiny_model_dir):
@@ -67,6 +69,35 @@ def test_fsdp_mixed_precision_wins_over_model_dtype_and_model_dtype_sets_the_wei
     assert {p.dtype for p in engine.rollout.engine.model.parameters()} == {torch.float32}  # CPU engine: fp32
     held = _engine(tiny_model_dir, "actor_rollout_ref.actor.fsdp_config.model_dtype=bf16")
     assert {p.dtype for p in held.actor.model.parameters()} == {torch.bfloat16}
+
+
+def test_verl_mixed_precision_mapping_sets_the_compute_dtype(tiny_model_dir):
+    batch = _batch()
+    bf16 = _engine(tiny_model_dir, "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bf16",
+                   "actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype=fp32")
+    assert {p.dtype for p in bf16.actor.model.parameters()} == {torch.float32}
+    assert _linear_output_dtypes(bf16.actor.model, lambda: bf16.actor.compute_log_prob(
+        batch, temperature=1.0)) == {torch.bfloat16}
+    fp32 = _engine(tiny_model_dir, "actor_rollout_ref.actor.fsdp_config.mixed_precision={param_dtype: fp32}")
+    assert _linear_output_dtypes(fp32.actor.model, lambda: fp32.actor.compute_log_prob(
+        batch, temperature=1.0)) == {torch.float32}
+
+
+def test_unset_precision_follows_verl_on_a_gpu_and_stays_fp32_on_a_cpu():
+    from hybridflow.config import PPOConfig, load_config
+    from hybridflow.models.fsdp import Precision, resolve_precision
+    from hybridflow.trainer.roles.builders import training_precision
+
+    cfg = load_config(PPOConfig, ["actor_rollout_ref.model.path=/models/tiny"])
+    fsdp = cfg.actor_rollout_ref.actor.fsdp_config
+    # verl's FSDP engine with no mixed_precision: bf16 compute, fp32 reduction
+    assert training_precision(fsdp, device=torch.device("cuda")) == Precision(torch.bfloat16, torch.float32)
+    assert training_precision(fsdp, device=torch.device("cpu")) == Precision(None, torch.float32)
+    assert training_precision(fsdp, "fp32", device=torch.device("cuda")) == Precision(None)  # model.dtype decides
+    # verl's mapping: each key defaults to verl's value, on any device
+    assert resolve_precision({}, device_type="cpu") == Precision(torch.bfloat16, torch.float32)
+    assert resolve_precision({"reduce_dtype": "bf16"}) == Precision(torch.bfloat16, torch.bfloat16)
+    assert resolve_precision({"param_dtype": "fp32"}, device_type="cuda") == Precision(None, torch.float32)
 
 
 # ------------------------------------------------------------------ optimizer offload

@@ -11,8 +11,22 @@ from hybridflow.workers.optim import TrainState, build_optimizer, build_schedule
 
 
 def test_warmup_then_constant():
+    # verl 0.9.1's get_constant_schedule_with_warmup: s / W, so the first step runs at lr 0
     assert [lr_multiplier(s, warmup_steps=4, total_steps=10, style="constant") for s in range(6)] == [
-        0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+        0.0, 0.25, 0.5, 0.75, 1.0, 1.0]
+
+
+def test_cosine_warmup_and_zero_indexed_step():
+    # verl's get_cosine_schedule_with_warmup: the same s / W ramp; zero_indexed_step=False shifts s by one
+    assert [lr_multiplier(s, warmup_steps=4, total_steps=8, style="cosine") for s in range(3)] == [0.0, 0.25, 0.5]
+    assert [lr_multiplier(s, warmup_steps=4, total_steps=8, style="cosine", zero_indexed_step=False)
+            for s in range(3)] == [0.25, 0.5, 0.75]
+    # s = 6: p = (6 - 4) / 4 = 0.5 -> 0.5 (1 + cos(pi / 2)) = 0.5; from 1, p = (7 - 4) / 4 -> 0.5 (1 + cos(3 pi / 4))
+    assert lr_multiplier(6, warmup_steps=4, total_steps=8, style="cosine") == pytest.approx(0.5)
+    assert lr_multiplier(6, warmup_steps=4, total_steps=8, style="cosine", zero_indexed_step=False) == pytest.approx(
+        0.5 * (1 - math.sqrt(0.5)))
+    # the constant schedule ignores zero_indexed_step, as verl's does
+    assert lr_multiplier(0, warmup_steps=4, total_steps=8, style="constant", zero_indexed_step=False) == 0.0
 
 
 def test_cosine_hand_values():
@@ -30,6 +44,9 @@ def test_cosine_hand_values():
 def test_warmup_steps_rule():
     assert resolve_warmup_steps(warmup_steps=-1, warmup_ratio=0.1, total_steps=50) == 5
     assert resolve_warmup_steps(warmup_steps=3, warmup_ratio=0.1, total_steps=50) == 3
+    # verl: 0 (or null) delegates to the ratio too
+    assert resolve_warmup_steps(warmup_steps=0, warmup_ratio=0.1, total_steps=50) == 5
+    assert resolve_warmup_steps(warmup_steps=None, warmup_ratio=0.1, total_steps=50) == 5
 
 
 def test_scheduler_follows_multiplier():
@@ -41,7 +58,7 @@ def test_scheduler_follows_multiplier():
         lrs.append(opt.param_groups[0]["lr"])
         opt.step()
         sched.step()
-    assert lrs == [0.5, 1.0, 1.0]
+    assert lrs == [0.0, 0.5, 1.0]
 
 
 def _state():

@@ -40,8 +40,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from hybridflow.algos import (AdaptiveKLController, FixedKLController, advantage_spec, apply_kl_penalty, get_advantage,
-                             masked_mean)
+from hybridflow.algos import (AdaptiveKLController, FixedKLController, advantage_spec, agg_loss, apply_kl_penalty,
+                             get_advantage)
 from hybridflow.algos.errors import AlgorithmError
 from hybridflow.algos.pf_ppo import pf_ppo_resample
 from hybridflow.algos.prime import dense_prm_rewards, dpo_accuracy
@@ -52,6 +52,7 @@ from hybridflow.data.batch import Batch
 from hybridflow.errors import HybridflowError
 from hybridflow.trainer.tracking.generations import batch_samples, dump_generations
 from hybridflow.trainer.loop.parts import Rollout, Run
+from hybridflow.trainer.roles.builders import seq_norm_length
 from hybridflow.trainer.tracking.metrics import Timer, agent_metrics, data_metrics, rollout_mismatch_metrics
 
 
@@ -89,6 +90,14 @@ def prm_stage(prm, batch: Batch, *, cfg, temperature: float, step: int) -> dict[
     accuracy = dpo_accuracy(rewards=batch["prm_rewards"], outcome=labels, response_mask=batch["response_mask"],
                             n=cfg.actor_rollout_ref.rollout.n)
     return {**metrics, **reward_metrics, **accuracy}
+
+
+def pre_update_entropy(entropy: torch.Tensor, response_mask: torch.Tensor, cfg) -> float:
+    """verl's ``actor/entropy``: the old-log-prob pass's entropy ``[B, T]`` aggregated over the batch as the actor's
+    loss is (``loss_agg_mode``; seq-mean-token-sum-norm divides by loss_scale_factor or max_response_length)."""
+    actor = cfg.actor_rollout_ref.actor
+    return agg_loss(loss_mat=entropy, loss_mask=response_mask, loss_agg_mode=actor.loss_agg_mode,
+                    max_response_length=seq_norm_length(actor, cfg.data.max_response_length)).item()
 
 
 class PPOUpdate:
@@ -157,7 +166,7 @@ class PPOUpdate:
         batch["old_log_probs"], entropy, *sum_pi_squared = self.w.actor.compute_log_prob(batch, temperature=temperature)
         if sum_pi_squared:
             batch["sum_pi_squared"] = sum_pi_squared[0]
-        return {"actor/entropy": masked_mean(values=entropy, mask=batch["response_mask"]).item(),
+        return {"actor/entropy": pre_update_entropy(entropy, batch["response_mask"], self.cfg),
                 **rollout_mismatch_metrics(rollout_log_probs=batch["rollout_log_probs"],
                                            old_log_probs=batch["old_log_probs"], mask=batch["response_mask"])}
 

@@ -17,10 +17,12 @@ import torch
 from hybridflow.agents.manager import build_agent_loop_manager
 from hybridflow.algos import policy_loss_spec
 from hybridflow.config import config_value, reference_enabled
+from hybridflow.config.verl_versions import ACTOR, grad_clip_threshold
 from hybridflow.data.parallel import DataParallel
 from hybridflow.errors import ConfigError
 from hybridflow.models import load_causal_lm, load_tokenizer, load_value_model
-from hybridflow.models.fsdp import autocast_forward, compute_dtype, data_parallel_mesh, decoder_layers, shard_model
+from hybridflow.models.fsdp import (Precision, autocast_forward, data_parallel_mesh, decoder_layers, resolve_precision,
+                                    shard_model)
 from hybridflow.models.loader import check_vocab_covers_tokenizer, import_external_lib, resolve_dtype
 from hybridflow.models.loader import load_config as load_model_config
 from hybridflow.models.lora import apply_lora, disable_adapter
@@ -49,24 +51,24 @@ def rank_device() -> torch.device:
 
 
 def shard_for_group(model: torch.nn.Module, *, dp: DataParallel, fsdp_cfg, device: torch.device,
-                    precision: str | None = None) -> torch.nn.Module:
+                    precision: Precision = Precision()) -> torch.nn.Module:
     """FSDP2 over the ranks of the group (HSDP with ``fsdp_size``) computing in ``precision``
     (MixedPrecisionPolicy); at world size 1 the plain model with its forward under autocast."""
     # A wrap class the model lacks is an error at any world size, not only once it is sharded.
     decoder_layers(model, fsdp_cfg.wrap_policy.transformer_layer_cls_to_wrap)
     if dp.world_size == 1:
-        return autocast_forward(model, device_type=device.type, dtype=compute_dtype(precision))
+        return autocast_forward(model, device_type=device.type, dtype=precision.param_dtype)
     mesh = data_parallel_mesh(device.type, dp.world_size, fsdp_cfg.fsdp_size)
-    return shard_model(model, mesh=mesh, mixed_precision=precision,
+    return shard_model(model, mesh=mesh, precision=precision,
                        param_offload=fsdp_cfg.param_offload or fsdp_cfg.offload_policy,
                        reshard_after_forward=fsdp_cfg.reshard_after_forward,
                        layer_classes_to_wrap=fsdp_cfg.wrap_policy.transformer_layer_cls_to_wrap)
 
 
-def training_precision(fsdp_cfg, model_dtype: str | None = None) -> str | None:
-    """Compute dtype of a trained or reference model: ``fsdp_config.mixed_precision``, else the
-    policy's ``model.dtype``, else None (the parameters' ``fsdp_config.model_dtype``, fp32)."""
-    return fsdp_cfg.mixed_precision or model_dtype
+def training_precision(fsdp_cfg, model_dtype: str | None = None, *, device: torch.device) -> Precision:
+    """Compute precision of a trained or reference model: ``fsdp_config.mixed_precision``, else the
+    policy's ``model.dtype``, else the device's default (bf16 on a GPU as verl, fp32 on a CPU)."""
+    return resolve_precision(fsdp_cfg.mixed_precision, fallback=model_dtype, device_type=device.type)
 
 
 def policy_tokenizer(cfg):
@@ -139,16 +141,16 @@ def build_hybrid_engine(dp: DataParallel, *, cfg, total_steps: int, with_rollout
     if arr.actor.freeze_vision_tower:
         freeze_vision_tower(model)
     model = shard_for_group(model, dp=world, fsdp_cfg=arr.actor.fsdp_config, device=device,
-                            precision=training_precision(arr.actor.fsdp_config, arr.model.dtype))
+                            precision=training_precision(arr.actor.fsdp_config, arr.model.dtype, device=device))
     split_sequences(model, sp, key="actor_rollout_ref.actor.ulysses_sequence_parallel_size")
     reference = None
     if with_reference:
         reference = _reference_worker(actor_model=model, ref_model=ref_model, arr=arr, dp=dp, device=device,
                                       world=world, sp=sp, layout=layout)
-    state = train_state_from_config(model, arr.actor.optim, grad_clip=arr.actor.grad_clip, total_steps=total_steps,
+    state = train_state_from_config(model, arr.actor.optim, total_steps=total_steps,
+                                    grad_clip=grad_clip_threshold(ACTOR, arr.actor.grad_clip, arr.actor.optim)[0],
                                     offload_optimizer=arr.actor.fsdp_config.optimizer_offload)
-    actor = ActorWorker(state=state, schedule=update_schedule(arr.actor, rows_per_prompt=arr.rollout.n, dp=dp,
-                                                                layout=layout),
+    actor = ActorWorker(state=state, schedule=update_schedule(arr.actor, rows_per_prompt=arr.rollout.n, dp=dp),
                         objective=policy_objective(arr.actor, rollout_correction=cfg.algorithm.rollout_correction,
                                                    max_response_length=cfg.data.max_response_length,
                                                    setting=functools.partial(config_value, cfg)),
@@ -165,16 +167,21 @@ def build_hybrid_engine(dp: DataParallel, *, cfg, total_steps: int, with_rollout
                               reference_checkpoint=ref_checkpoint)
 
 
-def update_schedule(section, *, rows_per_prompt: int, dp: DataParallel, layout: str = "padded"):
+def update_schedule(section, *, rows_per_prompt: int, dp: DataParallel):
     """How a trained role's update walks its batch, from its section's verl keys (``ppo_mini_batch_size``,
     ``ppo_epochs``, ``shuffle``, ``ppo_micro_batch_size[_per_gpu]``, ``use_dynamic_bsz``,
-    ``ppo_max_token_len_per_gpu``) and its forward ``layout`` (what a token budget counts)."""
+    ``ppo_max_token_len_per_gpu``)."""
     return UpdateSchedule(
         mini_batch_size=section.ppo_mini_batch_size, rows_per_prompt=rows_per_prompt, epochs=section.ppo_epochs,
         shuffle=section.shuffle, use_dynamic_bsz=section.use_dynamic_bsz,
         micro_batch_size=per_rank_micro_batch_size(section.ppo_micro_batch_size_per_gpu, section.ppo_micro_batch_size,
                                                    dp.world_size),
-        max_token_len=section.ppo_max_token_len_per_gpu, packed=layout != "padded")
+        max_token_len=section.ppo_max_token_len_per_gpu)
+
+
+def seq_norm_length(actor_cfg, max_response_length: int) -> int:
+    """seq-mean-token-sum-norm's divisor: ``loss_scale_factor`` when set, else the response length verl pads to."""
+    return actor_cfg.loss_scale_factor if actor_cfg.loss_scale_factor is not None else max_response_length
 
 
 def policy_objective(actor_cfg, *, rollout_correction, max_response_length: int, setting):
@@ -189,10 +196,9 @@ def policy_objective(actor_cfg, *, rollout_correction, max_response_length: int,
         loss_mode=loss_mode, knobs=knobs, loss_agg_mode=actor_cfg.loss_agg_mode, clip_ratio=actor_cfg.clip_ratio,
         clip_ratio_low=actor_cfg.clip_ratio_low, clip_ratio_high=actor_cfg.clip_ratio_high,
         clip_ratio_c=actor_cfg.clip_ratio_c,
-        # seq-mean-token-sum-norm's divisor: loss_scale_factor when set, as verl's agg_loss
-        norm_length=actor_cfg.loss_scale_factor if actor_cfg.loss_scale_factor is not None else max_response_length,
-        entropy_coeff=actor_cfg.entropy_coeff, use_kl_loss=actor_cfg.use_kl_loss, kl_loss_coef=actor_cfg.kl_loss_coef,
-        kl_loss_type=actor_cfg.kl_loss_type,
+        norm_length=seq_norm_length(actor_cfg, max_response_length), entropy_coeff=actor_cfg.entropy_coeff,
+        calculate_entropy=actor_cfg.calculate_entropy, use_kl_loss=actor_cfg.use_kl_loss,
+        kl_loss_coef=actor_cfg.kl_loss_coef, kl_loss_type=actor_cfg.kl_loss_type,
         # without a recompute pass the entropy metric comes from the training forward
         report_entropy=actor_cfg.use_rollout_log_probs)
 
@@ -249,7 +255,7 @@ def _reference_worker(*, actor_model, ref_model, arr, dp: DataParallel, device: 
     if ref_model is None:
         return ReferenceWorker(model=actor_model, adapter_off=functools.partial(disable_adapter, actor_model), **kwargs)
     ref_model = shard_for_group(ref_model, dp=world, fsdp_cfg=arr.ref.fsdp_config, device=device,
-                                precision=training_precision(arr.ref.fsdp_config, arr.model.dtype))
+                                precision=training_precision(arr.ref.fsdp_config, arr.model.dtype, device=device))
     # The ranks of a sequence-parallel group hold the same rows: at size 1 each runs them whole (redundant, exact).
     ref_sp = sp if arr.ref.ulysses_sequence_parallel_size > 1 else None
     split_sequences(ref_model, ref_sp, key="actor_rollout_ref.ref.ulysses_sequence_parallel_size")
@@ -287,9 +293,11 @@ def build_critic_worker(dp: DataParallel, *, cfg, total_steps: int):
                              override_config=dict(critic_cfg.model.override_config),
                              gradient_checkpointing=critic_cfg.model.enable_gradient_checkpointing).to(device)
     layout = model_layout(critic_cfg.model, model, key="critic.model")
-    model = shard_for_group(model, dp=world, fsdp_cfg=fsdp_cfg, device=device, precision=training_precision(fsdp_cfg))
+    model = shard_for_group(model, dp=world, fsdp_cfg=fsdp_cfg, device=device,
+                            precision=training_precision(fsdp_cfg, device=device))
     split_sequences(model, sp, key="critic.ulysses_sequence_parallel_size")
-    state = train_state_from_config(model, critic_cfg.optim, grad_clip=critic_cfg.grad_clip, total_steps=total_steps,
+    state = train_state_from_config(model, critic_cfg.optim, total_steps=total_steps,
+                                    grad_clip=grad_clip_threshold("critic", critic_cfg.grad_clip, critic_cfg.optim)[0],
                                     offload_optimizer=fsdp_cfg.optimizer_offload)
     forward = LogProbBatching(
         micro_batch_size=per_rank_micro_batch_size(critic_cfg.forward_micro_batch_size_per_gpu,
@@ -298,8 +306,7 @@ def build_critic_worker(dp: DataParallel, *, cfg, total_steps: int):
     objective = ValueObjective(cliprange_value=critic_cfg.cliprange_value, loss_agg_mode=critic_cfg.loss_agg_mode,
                                max_response_length=cfg.data.max_response_length,
                                loss_scale_factor=critic_cfg.loss_scale_factor)
-    critic = CriticWorker(state=state, schedule=update_schedule(critic_cfg, rows_per_prompt=critic_cfg.rollout_n, dp=dp,
-                                                           layout=layout),
+    critic = CriticWorker(state=state, schedule=update_schedule(critic_cfg, rows_per_prompt=critic_cfg.rollout_n, dp=dp),
                           objective=objective, forward=forward, dp=dp, seed=cfg.trainer.seed,
                           layout=layout)
     tokenizer = load_tokenizer(critic_cfg.model.tokenizer_path or critic_cfg.model.path,

@@ -10,6 +10,7 @@ import functools
 import torch
 
 from hybridflow.algos.prime import PRIME_GRANULARITIES, PRIME_NORMS
+from hybridflow.config.verl_versions import optim_clip_grad
 from hybridflow.controller.worker_group import build_worker_group
 from hybridflow.data.parallel import DataParallel
 from hybridflow.models.sharded_checkpoint import FSDPModelComponent
@@ -61,12 +62,13 @@ def build_prm_worker(dp: DataParallel, *, cfg, total_steps: int) -> ImplicitPRMG
     layout = model_layout(arr.model, model, key="actor_rollout_ref.model")  # the reference's forward
     fsdp_cfg = rm.model.fsdp_config
     model = shard_for_group(model, dp=dp, fsdp_cfg=fsdp_cfg, device=device,
-                            precision=training_precision(fsdp_cfg, arr.model.dtype))
-    state = train_state_from_config(model, rm.model.optim, grad_clip=rm.model.optim.grad_clip, total_steps=total_steps,
+                            precision=training_precision(fsdp_cfg, arr.model.dtype, device=device))
+    state = train_state_from_config(model, rm.model.optim, grad_clip=optim_clip_grad(rm.model.optim),
+                                    total_steps=total_steps,
                                     offload_optimizer=fsdp_cfg.optimizer_offload)
     micro = per_rank_micro_batch_size(rm.micro_batch_size_per_gpu, rm.micro_batch_size, dp.world_size)
     schedule = UpdateSchedule(mini_batch_size=rm.mini_batch_size, rows_per_prompt=arr.rollout.n,
-                              micro_batch_size=micro, packed=layout != "padded")
+                              micro_batch_size=micro)
     prm = ImplicitPRMWorker(state=state, schedule=schedule, beta=rm.model.beta_train,
                             forward=LogProbBatching(micro_batch_size=micro), dp=dp, seed=cfg.trainer.seed,
                             layout=layout)
