@@ -37,8 +37,6 @@ COMPAT_ONLY: dict[str, str] = {
     "data.return_full_prompt": "the templated prompt text is not kept in the batch",
     "data.dataloader_num_workers": "prompts are tokenised up front; batches are collated in the main process",
     "data.filter_overlong_prompts_workers": "overlong-prompt filtering is a single pass over the tokenised rows",
-    "data.custom_cls.path": "a user dataset class is not supported; rows must follow verl's parquet schema",
-    "data.custom_cls.name": "a user dataset class is not supported; rows must follow verl's parquet schema",
     "data.use_shm": _NO_SHM,
     "data.video_key": "videos are not supported yet: rows are read for text and images (data.image_key); a <video> "
                       "placeholder is refused",

@@ -56,7 +56,7 @@ def _check_strategies(problems: list[str], strategies: dict[str, str]) -> None:
 def _check_files(problems: list[str], key: str, files: Any) -> None:
     for path in as_list(files):
         full = os.path.expanduser(str(path))
-        if not os.path.isfile(full):
+        if not (os.path.isfile(full) or os.path.isdir(full)):  # a folder's contents are checked as it is read
             problems.append(
                 f"{key}: file '{path}' does not exist (write one with `python -m hybridflow.data.preprocess.reasoning_gym"
                 f" --task chain_sum --local_save_dir DIR` or point {key} at your parquet/jsonl)"

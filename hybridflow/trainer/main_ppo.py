@@ -22,7 +22,8 @@ from hybridflow.algos.rollout_correction.thresholds import parse_bounds, parse_r
 from hybridflow.config import PPOConfig, config_value, implicit_prm_enabled, validate_ppo_config
 from hybridflow.config.loader import run_from_config_args
 from hybridflow.errors import ConfigError, run_entry_point
-from hybridflow.trainer.entry import engine_and_logger_problems, model_context_length
+from hybridflow.trainer.entry import (check_user_data_classes, check_vision_multi_turn, engine_and_logger_problems,
+                                     model_context_length)
 from hybridflow.trainer.loop.fit import PPORun, train_and_report
 from hybridflow.trainer.loop.generation import Generation, PromptStream
 from hybridflow.trainer.loop.parts import Parts, Run
@@ -121,7 +122,9 @@ def preflight(cfg: PPOConfig) -> None:
     model = cfg.actor_rollout_ref.model
     checks = (lambda: check_registered_names(cfg), lambda: check_algorithm_settings(cfg),
               lambda: validate_ppo_config(cfg, model_max_len=model_context_length(
-                  model.path, model.trust_remote_code, dict(model.override_config))))
+                  model.path, model.trust_remote_code, dict(model.override_config))),
+              lambda: check_vision_multi_turn(model, cfg.actor_rollout_ref.rollout.multi_turn.enable),
+              lambda: check_user_data_classes(cfg.data))
     problems = []
     for check in checks:
         try:
