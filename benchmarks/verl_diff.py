@@ -58,8 +58,8 @@ PROMPTS, ROWS_PER_PROMPT, PROMPT_WIDTH, RESPONSE_WIDTH = 2, 4, 6, 6
 GRAD_TOL, WEIGHT_TOL, METRIC_RTOL, EPS_SENSITIVE = 1e-5, 1e-6, 1e-4, 1e-6
 COMPARED_METRICS = ("pg_loss", "pg_clipfrac", "ppo_kl", "pg_clipfrac_lower", "kl_loss", "entropy_loss",
                     "grad_norm", "lr")
-FP32 = "{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
-BF16 = "{param_dtype:bf16,reduce_dtype:fp32,buffer_dtype:fp32}"
+FP32 = "{param_dtype: fp32, reduce_dtype: fp32, buffer_dtype: fp32}"
+BF16 = "{param_dtype: bf16, reduce_dtype: fp32, buffer_dtype: fp32}"
 
 
 @dataclass
@@ -69,8 +69,10 @@ class Case:
     what: str
     # verl computes in bf16 unless fsdp_config.mixed_precision says otherwise; the weight cases pin fp32
     verl_precision: str | None = FP32
-    judge: str = "exact"  # exact | bf16 (dtypes equal, gradients within bf16 rounding)
-    extra: list[str] = field(default_factory=list)
+    judge: str = "exact"  # exact | bf16 (dtypes equal, gradients within bf16 rounding) | dtype
+    # where hybridflow follows the verl version a key comes from: the key on our side, verl 0.9's spelling on verl's
+    ours_only: list[str] = field(default_factory=list)
+    verl_only: list[str] = field(default_factory=list)
 
 
 def _actor(*keys: str) -> list[str]:
@@ -97,7 +99,10 @@ CASES = {
     "lr_warmup": Case(GRPO + _actor("optim.lr_warmup_steps=4"), "optim.lr_warmup_steps=4 (verl: lr s/W)"),
     "clip_ratio_only": Case(_actor("use_kl_loss=False", "clip_ratio=0.1"),
                             "only actor.clip_ratio=0.1 (verl's clip_ratio_low/high 0.2 win)"),
-    "grad_clip": Case(GRPO + _actor("grad_clip=0.2"), "actor.grad_clip=0.2 (verl 0.9.1 clips at optim.clip_grad)"),
+    # verl < 0.9 clipped at actor.grad_clip; verl 0.9.1 reads optim.clip_grad only. hybridflow follows the version
+    # a key comes from (issue 49), so actor.grad_clip=0.2 here is verl 0.9.1's optim.clip_grad=0.2
+    "grad_clip": Case(GRPO, "actor.grad_clip=0.2 (verl < 0.9's key) against verl 0.9.1's optim.clip_grad=0.2",
+                      ours_only=_actor("grad_clip=0.2"), verl_only=_actor("optim.clip_grad=0.2")),
     "optim_clip_grad": Case(GRPO + _actor("optim.clip_grad=0.2"), "actor.optim.clip_grad=0.2"),
     "entropy_metrics": Case(GRPO + _actor("entropy_coeff=0.01") + ["actor_rollout_ref.rollout.temperature=0.7"],
                             "entropy_coeff 0.01, temperature 0.7: entropy_loss and its value"),
@@ -240,7 +245,8 @@ def run_case(name: str, case: Case, *, workdir: str, model_dir: str, verl_python
     os.makedirs(case_dir, exist_ok=True)
     os.link(os.path.join(workdir, "batch.pt"), os.path.join(case_dir, "batch.pt"))
     keys = [f"actor_rollout_ref.model.path={model_dir}", *BASE_KEYS, *case.keys]
-    verl_keys = keys + ["+actor_rollout_ref.model.override_config.attn_implementation=sdpa"]  # no flash-attn
+    verl_keys = keys + case.verl_only + ["+actor_rollout_ref.model.override_config.attn_implementation=sdpa"]  # no flash-attn
+    keys = keys + case.ours_only
     if case.verl_precision:
         verl_keys.append(f"+actor_rollout_ref.actor.fsdp_config.mixed_precision={case.verl_precision}")
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
