@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 import types
 
@@ -81,8 +82,12 @@ def compose_verl_config(overrides: list[str]):
 
 
 def init_single_process_group() -> None:
+    """World size 1 over gloo, on a free port (two checks may run at once)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = str(probe.getsockname()[1])
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("VERL_DIFF_PORT", "29533"))
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("VERL_DIFF_PORT", port))
     if not torch.distributed.is_initialized():
         torch.distributed.init_process_group("gloo", rank=0, world_size=1)
 

@@ -80,17 +80,17 @@ class DataConfig:
     filter_overlong_prompts_workers: int = 1
     """Compatibility-only, no effect (see compat.py)."""
     filter_accuracy: bool = False
-    """Compatibility-only (compat.py); in verl-recipe's PRIME: keep the prompts whose accuracy over their n samples
-    lies within the accuracy bounds first."""
+    """verl-recipe's PRIME: the prompt groups whose accuracy (mean score of their n responses) lies within the
+    accuracy bounds are trained on first (the others fill up the batch after them)."""
     accuracy_lower_bound: float = 0.0
-    """Compatibility-only (compat.py); in verl-recipe's PRIME: the lowest kept accuracy of a prompt."""
+    """verl-recipe's PRIME: the lowest accuracy of a group that passes ``filter_accuracy``."""
     accuracy_upper_bound: float = 1.0
-    """Compatibility-only (compat.py); in verl-recipe's PRIME: the highest kept accuracy of a prompt."""
+    """verl-recipe's PRIME: the highest accuracy of a group that passes ``filter_accuracy``."""
     oversample_factor: float = 1.0
-    """Compatibility-only (compat.py); in verl-recipe's PRIME: generate this many times the batch's prompts and
-    keep 1/oversample_factor of them."""
+    """verl-recipe's PRIME: each step generates ``train_batch_size x oversample_factor`` prompts' groups and trains
+    on ``train_batch_size`` of them, the groups that pass the filters first."""
     filter_truncate: bool = False
-    """Compatibility-only (compat.py); in verl-recipe's PRIME: put responses cut at max_response_length last."""
+    """verl-recipe's PRIME: a group with a response of ``max_response_length - 1`` tokens or more does not pass."""
     truncation: str = "error"
     """What to do with a prompt that is still too long: ``error``, ``left``, ``right`` or ``middle``."""
     max_samples: int = -1

@@ -113,3 +113,60 @@ def test_vision_language_multi_turn_is_refused_from_config_json(tmp_path, local_
         preflight("ppo", args)
     assert VISION_MULTI_TURN in str(err.value).splitlines()
     preflight("ppo", args[:-1])  # the same model without multi-turn passes
+
+
+def prime_data(**overrides):
+    from types import SimpleNamespace
+
+    keys = dict(filter_accuracy=True, accuracy_lower_bound=0.2, accuracy_upper_bound=0.8, filter_truncate=True,
+                max_response_length=4, oversample_factor=2.0)
+    return SimpleNamespace(**{**keys, **overrides})
+
+
+def scored_groups():
+    """4 groups of n=2: accuracies 1.0, 0.5, 0.5 (a response of 3 tokens = max_response_length - 1), 0.5."""
+    import torch
+
+    from hybridflow.data.batch import Batch
+
+    lengths = torch.tensor([1, 2, 2, 1, 3, 1, 2, 2])
+    return Batch.from_dict(tensors={"seq_score": torch.tensor([1.0, 1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0]),
+                                    "response_mask": (torch.arange(4) < lengths.unsqueeze(1)).long(),
+                                    "row": torch.arange(8)})
+
+
+@pytest.mark.parametrize("data, wanted, rows", [
+    (prime_data(), 2, [2, 3, 6, 7]),                      # groups 1 and 3 pass
+    (prime_data(), 3, [2, 3, 6, 7, 0, 1]),                # then the first failing group, in generation order
+    (prime_data(filter_truncate=False), 2, [2, 3, 4, 5]),  # group 2's 3-token response no longer fails it
+    (prime_data(filter_accuracy=False, filter_truncate=False), 2, [0, 1, 2, 3]),  # oversampling alone
+], ids=["both", "fill-up", "accuracy-only", "oversample-only"])
+def test_prime_s_filter_keeps_the_passing_groups_first(data, wanted, rows):
+    from hybridflow.trainer.loop.sync_sources import AccuracyFilter
+
+    metrics = {}
+    kept = AccuracyFilter(data, n=2, wanted=wanted)(scored_groups(), None, step=1, metrics=metrics)
+    assert kept["row"].tolist() == rows
+    assert metrics["train/prime_groups_seen"] == 4
+
+
+def test_prime_recipe_command_generates_an_oversampled_batch(local_files, reward_file,
+                                                             gpu_engines_installed):  # noqa: F811
+    """verl-recipe's prime/run_prime_qwen.sh (its YAML: filter_accuracy, bounds 0.2 / 0.8, oversample_factor 4,
+    filter_truncate): the loader draws train_batch_size x 4 prompts and the step filters them."""
+    from hybridflow.config.validate import generation_batch_size
+    from hybridflow.trainer.main_ppo import group_selection
+    from hybridflow.trainer.main_prime import PRIME_DEFAULTS, recipe_meaning
+    from hybridflow.trainer.loop.sync_sources import AccuracyFilter
+
+    (command,) = [c for c in COMMANDS if script(c) == "prime/run_prime_qwen.sh"]
+    argv = localised(command, *local_files, reward=reward_file)
+    preflight("prime", argv)
+    config_file, overrides = split_config_args(argv)
+    cfg = recipe_meaning(load_config(PPOConfig, overrides, config_file, defaults=PRIME_DEFAULTS))
+    assert cfg.data.filter_accuracy and cfg.data.oversample_factor == 4.0
+    assert generation_batch_size(cfg.data) == 4 * cfg.data.train_batch_size
+    selection = group_selection(cfg)
+    assert isinstance(selection, AccuracyFilter) and selection.wanted == cfg.data.train_batch_size
+    with pytest.raises(ConfigError, match="both pick the groups to train on: keep one"):
+        preflight("prime", argv + ["algorithm.filter_groups.enable=True", "algorithm.filter_groups.metric=acc"])
