@@ -2,19 +2,15 @@
 ``async_training.*`` and ``rollout.total_rollout_steps``::
 
     python -m hybridflow.trainer.main_fully_async async_training.staleness_threshold=1 ...
-
-Like verl's entry point it starts from the recipe's YAML (hybridflow/config/fully_async_ppo_trainer.yaml: the
-recipe's staleness, sync, partial-rollout and rollout.* values over ppo_trainer's) unless --config-name names another.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import sys
 
 from hybridflow.config import PPOConfig, load_config, split_config_args
-from hybridflow.config.loader import SHIPPED_CONFIG_DIR, help_requested, trainer_usage
+from hybridflow.config.loader import help_requested, trainer_usage
 from hybridflow.config.validate import partial_rollouts
 from hybridflow.errors import run_entry_point
 from hybridflow.trainer.loop.async_source import AsyncSource, async_training_steps, check_async_config
@@ -71,19 +67,12 @@ def async_preflight(cfg: PPOConfig) -> None:
     preflight(cfg)
 
 
-RECIPE_YAML = os.path.join(SHIPPED_CONFIG_DIR, "fully_async_ppo_trainer.yaml")
-"""verl's fully async recipe YAML, which its entry point starts from unless --config-name names another."""
-
-
-def run_async_from_args(args: list[str], *, prog: str, defaults: tuple[str, ...] = (),
-                        recipe_yaml: str | None = None) -> int:
-    """``[--config-path D --config-name N] key=value ...`` -> an async run; ``defaults`` go before the user's,
-    ``recipe_yaml`` is the YAML started from when no --config-name is given."""
+def run_async_from_args(args: list[str], *, prog: str, defaults: tuple[str, ...] = ()) -> int:
+    """``[--config-path D --config-name N] key=value ...`` -> an async run; ``defaults`` go before the user's."""
     if help_requested(args):
         print(trainer_usage(prog, USAGE_SUMMARY, "ppo"), end="")
         return 0
     config_file, overrides = split_config_args(args)
-    config_file = config_file or recipe_yaml
     cfg = load_config(PPOConfig, list(defaults) + list(overrides), config_file)
     async_preflight(cfg)
     run_ppo(cfg, parts=async_parts, count_steps=async_training_steps)
@@ -92,8 +81,7 @@ def run_async_from_args(args: list[str], *, prog: str, defaults: tuple[str, ...]
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    return run_entry_point(lambda a: run_async_from_args(a, prog="python -m hybridflow.trainer.main_fully_async",
-                                                         recipe_yaml=RECIPE_YAML), args)
+    return run_entry_point(lambda a: run_async_from_args(a, prog="python -m hybridflow.trainer.main_fully_async"), args)
 
 
 if __name__ == "__main__":

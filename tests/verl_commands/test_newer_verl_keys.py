@@ -3,7 +3,7 @@ in one line that says what to do. The keys are the real scripts' (named in each 
 
 from __future__ import annotations
 
-import json
+import os
 
 import pandas as pd
 import pytest
@@ -83,17 +83,18 @@ def test_a_folder_without_data_says_what_to_pass(tmp_path):
 
 
 def test_main_fully_async_finds_the_recipe_yaml_by_verl_s_name(local_files, gpu_engines_installed):  # noqa: F811
-    """``--config-name fully_async_ppo_trainer`` resolves to the shipped recipe YAML, which main_fully_async also
-    starts from by default; verl's dapo_7b_math_fsdp2_4_4.sh passes the pre-load checks from it."""
-    from hybridflow.trainer.main_fully_async import RECIPE_YAML
+    """``--config-name fully_async_ppo_trainer`` resolves to the shipped recipe YAML; verl's
+    dapo_7b_math_fsdp2_4_4.sh passes the pre-load checks from it."""
+    from hybridflow.config.loader import SHIPPED_CONFIG_DIR
 
+    recipe_yaml = os.path.join(SHIPPED_CONFIG_DIR, "fully_async_ppo_trainer.yaml")
     config_file, _ = split_config_args(["--config-name", "fully_async_ppo_trainer"])
-    assert config_file == RECIPE_YAML
+    assert config_file == recipe_yaml
     model, _ = local_files
-    cfg = load_config(PPOConfig, [f"actor_rollout_ref.model.path={model}"], RECIPE_YAML)
+    cfg = load_config(PPOConfig, [f"actor_rollout_ref.model.path={model}"], recipe_yaml)
     assert cfg.async_training.staleness_threshold == 0.1 and cfg.async_training.trigger_parameter_sync_step == 4
     assert cfg.async_training.partial_rollout and cfg.actor_rollout_ref.actor.use_rollout_log_probs
-    assert cfg.actor_rollout_ref.rollout.n == 4 and cfg.data.gen_batch_size == 1
+    assert cfg.actor_rollout_ref.rollout.n == 4 and cfg.rollout.total_rollout_steps == 100
     (command,) = [c for c in COMMANDS if script(c).endswith("fully_async_policy/shell/dapo_7b_math_fsdp2_4_4.sh")]
     verl_yaml_dropped = {key: value for key, value in command.items() if key != "config"}
     preflight("fully_async", ["--config-name", "fully_async_ppo_trainer", *localised(verl_yaml_dropped, *local_files)])
