@@ -245,7 +245,8 @@ def run_case(name: str, case: Case, *, workdir: str, model_dir: str, verl_python
     os.makedirs(case_dir, exist_ok=True)
     os.link(os.path.join(workdir, "batch.pt"), os.path.join(case_dir, "batch.pt"))
     keys = [f"actor_rollout_ref.model.path={model_dir}", *BASE_KEYS, *case.keys]
-    verl_keys = keys + case.verl_only + ["+actor_rollout_ref.model.override_config.attn_implementation=sdpa"]  # no flash-attn
+    no_flash_attn = "+actor_rollout_ref.model.override_config.attn_implementation=sdpa"
+    verl_keys = keys + case.verl_only + [no_flash_attn]
     keys = keys + case.ours_only
     if case.verl_precision:
         verl_keys.append(f"+actor_rollout_ref.actor.fsdp_config.mixed_precision={case.verl_precision}")

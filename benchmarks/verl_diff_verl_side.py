@@ -46,27 +46,32 @@ class _CpuDeviceModule(types.ModuleType):
         return lambda *args, **kwargs: 0
 
 
+CPU_PLATFORM = dict(
+    device_name="cpu", vendor_name="cpu", device_module=_CpuDeviceModule(), is_available=True,
+    current_device="cpu",  # verl hands it to Module.to(): a device, not an index, on a host
+    device_count=1, communication_backend_name="gloo", visible_devices_envvar="CUDA_VISIBLE_DEVICES",
+    ray_resource_name="CPU", ray_noset_envvars=[], is_ipc_supported=False, cudart=None)
+"""What the CPU platform answers to each of verl's abstract platform members (properties and methods alike)."""
+
+
+def cpu_platform_class(base: type) -> type:
+    """A subclass of verl's ``PlatformBase`` answering every abstract member from ``CPU_PLATFORM``."""
+    namespace = {}
+    for name in base.__abstractmethods__:
+        value = CPU_PLATFORM.get(name)
+        if isinstance(getattr(base, name), property):
+            namespace[name] = property(lambda self, v=value: v)
+        else:
+            namespace[name] = lambda self, *args, v=value, **kwargs: v
+    return type("CpuPlatform", (base,), namespace)
+
+
 def install_cpu_platform() -> None:
-    """Register and select a ``cpu`` verl platform (verl 0.9.1 ships cuda, npu and rocm only)."""
+    """Select a ``cpu`` verl platform (verl 0.9.1 ships cuda, npu and rocm only)."""
     from verl.plugin.platform.platform_base import PlatformBase
     from verl.plugin.platform.platform_manager import set_platform
 
-    device_module = _CpuDeviceModule()
-    answers = dict(
-        device_name="cpu", vendor_name="cpu", device_module=device_module, is_available=True,
-        current_device="cpu", device_count=1, communication_backend_name="gloo", visible_devices_envvar="CUDA_VISIBLE_DEVICES",
-        ray_resource_name="CPU", ray_noset_envvars=[], is_ipc_supported=False, cudart=None)
-
-    namespace = {}
-    for name in getattr(PlatformBase, "__abstractmethods__", ()):
-        member = getattr(PlatformBase, name)
-        value = answers.get(name)
-        if isinstance(member, property):
-            namespace[name] = property(lambda self, v=value: v)
-        else:
-            namespace[name] = (lambda v: (lambda self, *a, **k: v))(value)
-    cpu_platform = type("CpuPlatform", (PlatformBase,), namespace)
-    set_platform(cpu_platform())
+    set_platform(cpu_platform_class(PlatformBase)())
     # The FSDP engines are registered for cuda / npu only; they run on the CPU once the platform says cpu.
     os.environ.update(VERL_ENGINE_DEVICE="cuda", VERL_ENGINE_VENDOR="nvidia")
 
