@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 # Two threads in total on the 2-core machines; passive OpenMP waiting (see docs/benchmarks.md).
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: venv sandbox test test-slow test-gpu test-all demo demo-tiny lock clean
+.PHONY: venv sandbox test test-slow test-gpu test-all verl-diff demo demo-tiny lock clean
 
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -41,6 +41,12 @@ test-gpu: venv
 test-all: venv
 	OMP_NUM_THREADS=2 $(BIN)/python -m pytest -q -m "" $(PYTEST_ARGS)
 
+# The differential check against verl 0.9.1 (benchmarks/verl_diff.py; in no test tier): verl in a side venv
+# (.venv-verl, made on first use over this venv's torch, no second torch), one actor update per case on both
+# sides compared parameter by parameter. VERL_DIFF_ARGS="--cases grpo,gspo" picks cases.
+verl-diff: venv
+	OMP_NUM_THREADS=2 $(BIN)/python benchmarks/verl_diff.py $(VERL_DIFF_ARGS)
+
 # The main job on the embedded default (no hub, no GPU).
 demo: venv
 	OMP_NUM_THREADS=2 $(BIN)/hybridflow demo $(DEMO_ARGS)
@@ -50,4 +56,4 @@ lock: venv
 	$(BIN)/python -m pip freeze --exclude-editable | sed 's/^torch==2.13.0+cpu/torch==2.13.0/' > requirements.lock
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .venv-verl .pytest_cache

@@ -25,8 +25,6 @@ _ASYNC_SAVE = "checkpoints are written synchronously (the tracker file last, ato
 _TOTAL_STEPS = "filled in by the trainer from the data size and total_epochs / total_training_steps"
 _VLLM = "sizes the vLLM engine; the native engine sizes itself from the batch"
 _WEIGHT_SYNC = "weights go to the rollout engine in memory (or by Ray object reference to a rollout pool)"
-_PRIME_FILTER = ("PRIME's accuracy filter and oversampling are not implemented: every generated group is trained on "
-                 "(algorithm.filter_groups is DAPO's dynamic sampling)")
 _PRIME_REF = "the implicit PRM's reference is the policy's frozen reference (actor_rollout_ref.ref)"
 _PRIME_KERNELS = "the implicit PRM's log-probs run through the same forward as the actor's"
 _RM_IN_TRAINER = "the reward model scores in the trainer process; it has no resource pool of its own"
@@ -37,18 +35,11 @@ COMPAT_ONLY: dict[str, str] = {
     "data.return_full_prompt": "the templated prompt text is not kept in the batch",
     "data.dataloader_num_workers": "prompts are tokenised up front; batches are collated in the main process",
     "data.filter_overlong_prompts_workers": "overlong-prompt filtering is a single pass over the tokenised rows",
-    "data.custom_cls.path": "a user dataset class is not supported; rows must follow verl's parquet schema",
-    "data.custom_cls.name": "a user dataset class is not supported; rows must follow verl's parquet schema",
     "data.use_shm": _NO_SHM,
     "data.video_key": "videos are not supported yet: rows are read for text and images (data.image_key); a <video> "
                       "placeholder is refused",
     "data.return_multi_modal_inputs": "rows with images always carry their vision inputs (multi_modal_inputs)",
     "data.balance_dp_token": "SFT micro-batches are fixed-size per rank; losses use global token counts",
-    "data.filter_accuracy": _PRIME_FILTER,
-    "data.accuracy_lower_bound": _PRIME_FILTER,
-    "data.accuracy_upper_bound": _PRIME_FILTER,
-    "data.oversample_factor": _PRIME_FILTER,
-    "data.filter_truncate": _PRIME_FILTER,
     "data.multiturn.enable_thinking_key": "per-row enable_thinking is not passed to the SFT chat template",
     # policy model
     "actor_rollout_ref.hybrid_engine": "actor, rollout and reference are always colocated (the hybrid engine)",

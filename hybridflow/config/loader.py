@@ -50,6 +50,10 @@ KEY_ALIASES: tuple[tuple[str, str], ...] = (
       for role, owner in (("actor_rollout_ref.actor", "actor_rollout_ref.actor"),
                           ("actor_rollout_ref.ref", "actor_rollout_ref.ref"), ("critic.model", "critic"))
       for name in ("strategy", "ulysses_sequence_parallel_size")),
+    # verl 0.9's critic keeps its FSDP engine settings under critic.fsdp (critic.model.fsdp_config before)
+    ("critic.fsdp.strategy", "critic.strategy"),
+    ("critic.fsdp.ulysses_sequence_parallel_size", "critic.ulysses_sequence_parallel_size"),
+    ("critic.fsdp.", "critic.model.fsdp_config."),
 )
 HYDRA_TARGET = "_target_"
 MEGATRON = ("Megatron-LM is not supported: hybridflow trains with FSDP2 only. Drop the *.megatron.* keys and set "

@@ -19,9 +19,20 @@ class CustomClassConfig:
     """A user class loaded from a file: ``path`` to a .py file, ``name`` of the class."""
 
     path: Optional[str] = None
-    """Compatibility-only (compat.py); in verl: python file that defines the class."""
+    """Refused when set (a user dataset class is not supported); in verl: python file that defines the class."""
     name: Optional[str] = None
-    """Compatibility-only (compat.py); in verl: class name inside that file."""
+    """Refused when set with ``path``; in verl: class name inside that file."""
+
+
+@dataclass
+class SamplerConfig:
+    """verl's ``data.sampler``: a user sampler class (curriculum learning) that orders the training prompts."""
+
+    class_path: Optional[str] = None
+    """Refused when set (a user sampler is not supported: the training set is shuffled by ``data.shuffle`` /
+    ``data.seed``); in verl: python file or module that defines the sampler class."""
+    class_name: Optional[str] = None
+    """Refused when set with ``class_path``; in verl: the sampler class (an AbstractSampler) in that file."""
 
 
 @dataclass
@@ -31,9 +42,9 @@ class DataConfig:
     tokenizer: Optional[str] = None
     """Tokenizer path; null uses the actor model's tokenizer."""
     train_files: Any = "~/data/gsm8k/train.parquet"
-    """Training parquet/jsonl file or list of files."""
+    """Training parquet/jsonl file or list of files; a folder of them, or a ``datasets`` save_to_disk folder."""
     val_files: Any = "~/data/gsm8k/test.parquet"
-    """Validation parquet/jsonl file or list of files; null disables validation."""
+    """Validation parquet/jsonl file, list of files or folder (as train_files); null disables validation."""
     prompt_key: str = "prompt"
     """Column holding the prompt as a list of chat messages."""
     reward_fn_key: str = "data_source"
@@ -69,17 +80,17 @@ class DataConfig:
     filter_overlong_prompts_workers: int = 1
     """Compatibility-only, no effect (see compat.py)."""
     filter_accuracy: bool = False
-    """Compatibility-only (compat.py); in verl-recipe's PRIME: keep the prompts whose accuracy over their n samples
-    lies within the accuracy bounds first."""
+    """verl-recipe's PRIME: the prompt groups whose accuracy (mean score of their n responses) lies within the
+    accuracy bounds are trained on first (the others fill up the batch after them)."""
     accuracy_lower_bound: float = 0.0
-    """Compatibility-only (compat.py); in verl-recipe's PRIME: the lowest kept accuracy of a prompt."""
+    """verl-recipe's PRIME: the lowest accuracy of a group that passes ``filter_accuracy``."""
     accuracy_upper_bound: float = 1.0
-    """Compatibility-only (compat.py); in verl-recipe's PRIME: the highest kept accuracy of a prompt."""
+    """verl-recipe's PRIME: the highest accuracy of a group that passes ``filter_accuracy``."""
     oversample_factor: float = 1.0
-    """Compatibility-only (compat.py); in verl-recipe's PRIME: generate this many times the batch's prompts and
-    keep 1/oversample_factor of them."""
+    """verl-recipe's PRIME: each step generates ``train_batch_size x oversample_factor`` prompts' groups and trains
+    on ``train_batch_size`` of them, the groups that pass the filters first."""
     filter_truncate: bool = False
-    """Compatibility-only (compat.py); in verl-recipe's PRIME: put responses cut at max_response_length last."""
+    """verl-recipe's PRIME: a group with a response of ``max_response_length - 1`` tokens or more does not pass."""
     truncation: str = "error"
     """What to do with a prompt that is still too long: ``error``, ``left``, ``right`` or ``middle``."""
     max_samples: int = -1
@@ -91,7 +102,9 @@ class DataConfig:
     trust_remote_code: bool = False
     """Allow a tokenizer with custom code."""
     custom_cls: CustomClassConfig = field(default_factory=CustomClassConfig)
-    """A user dataset class (path + name) instead of the built-in RL dataset."""
+    """A user dataset class (path + name) instead of the built-in RL dataset: refused before anything loads."""
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    """A user sampler class (verl's curriculum sampler): refused before anything loads."""
     apply_chat_template_kwargs: Dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments for ``tokenizer.apply_chat_template`` (e.g. enable_thinking)."""
     use_shm: bool = False

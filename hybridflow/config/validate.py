@@ -58,7 +58,7 @@ def _check_strategies(problems: list[str], strategies: dict[str, str]) -> None:
 def _check_files(problems: list[str], key: str, files: Any) -> None:
     for path in as_list(files):
         full = os.path.expanduser(str(path))
-        if not os.path.isfile(full):
+        if not (os.path.isfile(full) or os.path.isdir(full)):  # a folder's contents are checked as it is read
             problems.append(
                 f"{key}: file '{path}' does not exist (write one with `python -m hybridflow.data.preprocess.reasoning_gym"
                 f" --task chain_sum --local_save_dir DIR` or point {key} at your parquet/jsonl)"
@@ -281,10 +281,37 @@ def _check_sp_size(problems: list[str], key: str, size: int, ranks: int, *, pack
         problems.append(f"{key}={size} splits packed rows over ranks: set {packing_key}=True")
 
 
+def prime_filtering(data: Any) -> bool:
+    """PRIME's accuracy / truncation filter or its oversampling is asked for (``data.*``, verl-recipe's keys)."""
+    return bool(data.filter_accuracy or data.filter_truncate or data.oversample_factor != 1.0)
+
+
+def generation_batch_size(data: Any) -> int:
+    """Prompts a step generates from: ``gen_batch_size`` (DAPO), else ``train_batch_size`` x PRIME's
+    ``oversample_factor`` (1 unless set), as verl-recipe's PRIME trainer sizes its data loader."""
+    return data.gen_batch_size or int(data.train_batch_size * data.oversample_factor)
+
+
+def _check_prime_filter(problems: list[str], cfg: Any) -> None:
+    data = cfg.data
+    if not prime_filtering(data):
+        return
+    if data.oversample_factor < 1.0:
+        problems.append(f"data.oversample_factor={data.oversample_factor} must be >= 1 (PRIME generates that many "
+                        "times the train batch's prompts and keeps train_batch_size of them)")
+    if cfg.algorithm.filter_groups.enable:
+        problems.append("PRIME's filter (data.filter_accuracy / filter_truncate / oversample_factor) and DAPO's "
+                        "algorithm.filter_groups.enable=True both pick the groups to train on: keep one")
+    if data.gen_batch_size is not None and data.gen_batch_size != data.train_batch_size:
+        problems.append(f"data.gen_batch_size={data.gen_batch_size} with PRIME's filter: the generation batch is "
+                        "train_batch_size x data.oversample_factor; drop data.gen_batch_size")
+
+
 def _check_gen_batch_size(problems: list[str], cfg: Any) -> None:
     """data.gen_batch_size only means something with DAPO's dynamic sampling."""
     gen, train = cfg.data.gen_batch_size, cfg.data.train_batch_size
-    if gen is None:
+    _check_prime_filter(problems, cfg)
+    if gen is None or prime_filtering(cfg.data):
         return
     _check_positive(problems, "data.gen_batch_size", gen)
     if gen > 0 and gen != train and not cfg.algorithm.filter_groups.enable:

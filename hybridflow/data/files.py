@@ -1,4 +1,4 @@
-"""Reading dataset rows from parquet and jsonl files.
+"""Reading dataset rows from parquet and jsonl files (or a folder of them, or a ``datasets`` save_to_disk folder).
 
 verl's datasets are parquet files whose rows carry ``prompt`` (a list of chat
 messages), ``data_source``, ``ability``, ``reward_model`` and ``extra_info``. Users also
@@ -19,7 +19,7 @@ SUPPORTED_SUFFIXES = (".parquet", ".jsonl", ".json")
 
 
 def as_file_list(files: str | os.PathLike | Sequence[str | os.PathLike]) -> list[str]:
-    """Normalise one path or a list of paths (verl's ``data.train_files`` takes both)."""
+    """Normalise one path or a list of paths (verl's ``data.train_files`` takes both; a path may be a folder)."""
     if isinstance(files, (str, os.PathLike)):
         return [os.fspath(files)]
     paths = [os.fspath(path) for path in files]
@@ -32,8 +32,26 @@ def read_rows(files: str | os.PathLike | Sequence[str | os.PathLike]) -> list[di
     """All rows of all ``files``, in order, as dicts."""
     rows: list[dict[str, Any]] = []
     for path in as_file_list(files):
-        rows.extend(_read_one_file(path))
+        rows.extend(_read_folder(path) if os.path.isdir(path) else _read_one_file(path))
     return rows
+
+
+def _read_folder(path: str) -> list[dict[str, Any]]:
+    """A dataset folder (verl's newer scripts pass one as ``data.train_files``): a ``datasets``
+    ``save_to_disk`` folder (its ``state.json``), else every .parquet / .jsonl file directly in it, by name."""
+    if os.path.isfile(os.path.join(path, "dataset_dict.json")):
+        splits = sorted(name for name in os.listdir(path) if os.path.isdir(os.path.join(path, name)))
+        raise DataError(f"data folder {path!r} holds several splits ({', '.join(splits)}); point data.train_files / "
+                        f"data.val_files at one of them, e.g. {os.path.join(path, splits[0] if splits else 'train')}")
+    if os.path.isfile(os.path.join(path, "state.json")):
+        import datasets
+
+        return datasets.load_from_disk(path).to_list()
+    files = sorted(name for name in os.listdir(path) if os.path.splitext(name)[1].lower() in SUPPORTED_SUFFIXES)
+    if not files:
+        raise DataError(f"data folder {path!r} holds no .parquet / .jsonl file and is not a datasets save_to_disk "
+                        f"folder; point data.train_files / data.val_files at the files, e.g. [a.parquet,b.parquet]")
+    return [row for name in files for row in _read_one_file(os.path.join(path, name))]
 
 
 def no_rows_message(files) -> str:

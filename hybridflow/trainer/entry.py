@@ -34,22 +34,45 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+VISION_MULTI_TURN = ("actor_rollout_ref.rollout.multi_turn.enable=True with a vision-language policy: the agent "
+                     "loops do not carry images yet; set actor_rollout_ref.rollout.multi_turn.enable=False")
+
+
+def read_model_config(path: str, trust_remote_code: bool):
+    """The model's ``config.json`` as a transformers config (no weights loaded); None if unreadable (validation
+    reports a bad path; the loader reports an unreadable model with its own message)."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(os.path.expanduser(str(path)), trust_remote_code=trust_remote_code)
+    except (OSError, ValueError):
+        return None
+
+
 def model_context_length(path: str, trust_remote_code: bool, override_config: dict | None = None) -> int | None:
     """``max_position_embeddings`` from the model's config (no weights loaded); None if unreadable. A mixture of
     experts whose routing cannot run is a ModelError here already.
 
     ``model.override_config`` wins, as it does when the model loads (verl's long-context scripts raise it that way).
     """
-    from transformers import AutoConfig
-
     if (override_config or {}).get("max_position_embeddings"):
         return int(override_config["max_position_embeddings"])
-    try:
-        config = AutoConfig.from_pretrained(os.path.expanduser(str(path)), trust_remote_code=trust_remote_code)
-    except (OSError, ValueError):
-        return None  # validation reports a bad path; the loader reports an unreadable model with its own message
+    config = read_model_config(path, trust_remote_code)
+    if config is None:
+        return None
     check_routing(config, path)  # a MoE config that cannot route: said before the data and the weights load
     return getattr(config.get_text_config(), "max_position_embeddings", None)  # a VLM's is its language model's
+
+
+def check_vision_multi_turn(model_cfg, multi_turn_enabled: bool) -> None:
+    """Multi-turn rollouts with a vision-language policy, refused from its config.json before any weight loads."""
+    from hybridflow.models.vision import is_vision_language
+
+    if not multi_turn_enabled:
+        return
+    config = read_model_config(model_cfg.path, model_cfg.trust_remote_code)
+    if config is not None and is_vision_language(config):
+        raise ConfigError(VISION_MULTI_TURN)
 
 
 def engine_and_logger_problems(cfg) -> list[str]:
@@ -61,3 +84,19 @@ def engine_and_logger_problems(cfg) -> list[str]:
             problems.append(f"trainer.logger: unknown backend {name!r}; choose from {', '.join(available_backends())}")
     return problems
 
+
+
+def check_user_data_classes(data) -> None:
+    """verl's user dataset class (``data.custom_cls``) and sampler class (``data.sampler``, its curriculum
+    learning), refused before anything loads, one line each."""
+    problems = []
+    if data.custom_cls.path or data.custom_cls.name:
+        problems.append(f"data.custom_cls (path={data.custom_cls.path!r}, name={data.custom_cls.name!r}): a user "
+                        "dataset class is not supported; write the rows in verl's parquet schema (prompt, data_source, "
+                        "reward_model, extra_info) and drop data.custom_cls.*")
+    if data.sampler.class_path or data.sampler.class_name:
+        problems.append(f"data.sampler (class_path={data.sampler.class_path!r}, class_name="
+                        f"{data.sampler.class_name!r}): a user sampler (curriculum) is not supported; drop "
+                        "data.sampler.* (the training set is shuffled by data.shuffle and data.seed)")
+    if problems:
+        raise ConfigError("\n".join(problems))

@@ -21,12 +21,14 @@ from hybridflow.algos.rollout_correction.rejection import parse_options
 from hybridflow.algos.rollout_correction.thresholds import parse_bounds, parse_rs_thresholds
 from hybridflow.config import PPOConfig, config_value, implicit_prm_enabled, validate_ppo_config
 from hybridflow.config.loader import run_from_config_args
+from hybridflow.config.validate import prime_filtering
 from hybridflow.errors import ConfigError, run_entry_point
-from hybridflow.trainer.entry import engine_and_logger_problems, model_context_length
+from hybridflow.trainer.entry import (check_user_data_classes, check_vision_multi_turn, engine_and_logger_problems,
+                                     model_context_length)
 from hybridflow.trainer.loop.fit import PPORun, train_and_report
 from hybridflow.trainer.loop.generation import Generation, PromptStream
 from hybridflow.trainer.loop.parts import Parts, Run
-from hybridflow.trainer.loop.sync_sources import GroupRefill, SyncSource
+from hybridflow.trainer.loop.sync_sources import AccuracyFilter, GroupRefill, SyncSource
 from hybridflow.trainer.loop.weight_sync import weight_sync_for
 from hybridflow.trainer.loop.ppo_update import PPOUpdate
 from hybridflow.trainer.roles.prime import implicit_prm_problems
@@ -121,7 +123,9 @@ def preflight(cfg: PPOConfig) -> None:
     model = cfg.actor_rollout_ref.model
     checks = (lambda: check_registered_names(cfg), lambda: check_algorithm_settings(cfg),
               lambda: validate_ppo_config(cfg, model_max_len=model_context_length(
-                  model.path, model.trust_remote_code, dict(model.override_config))))
+                  model.path, model.trust_remote_code, dict(model.override_config))),
+              lambda: check_vision_multi_turn(model, cfg.actor_rollout_ref.rollout.multi_turn.enable),
+              lambda: check_user_data_classes(cfg.data))
     problems = []
     for check in checks:
         try:
@@ -136,12 +140,22 @@ def preflight(cfg: PPOConfig) -> None:
 # ------------------------------------------------------------------ the parts main_ppo chooses
 
 
+def group_selection(cfg: PPOConfig) -> GroupRefill | AccuracyFilter | None:
+    """The groups a step trains on: DAPO's dynamic sampling (``algorithm.filter_groups.enable``), PRIME's accuracy
+    filter over an oversampled batch (``data.filter_accuracy`` ...), or every group (validation refuses both)."""
+    n, wanted = cfg.actor_rollout_ref.rollout.n, cfg.data.train_batch_size
+    if cfg.algorithm.filter_groups.enable:
+        return GroupRefill(cfg.algorithm.filter_groups, n=n, wanted=wanted)
+    if prime_filtering(cfg.data):
+        return AccuracyFilter(cfg.data, n=n, wanted=wanted)
+    return None
+
+
 def ppo_parts(run: Run) -> Parts:
-    """main_ppo's choice: a synchronous source (with DAPO's refill when ``algorithm.filter_groups.enable``), the
+    """main_ppo's choice: a synchronous source (with DAPO's refill or PRIME's filter: ``group_selection``), the
     PPO update, and a weight sync after every update."""
     cfg = run.cfg
-    refill = GroupRefill(cfg.algorithm.filter_groups, n=cfg.actor_rollout_ref.rollout.n,
-                         wanted=cfg.data.train_batch_size) if cfg.algorithm.filter_groups.enable else None
+    refill = group_selection(cfg)
     source = SyncSource(Generation(run), PromptStream(run.train_loader), refill=refill)
     return Parts(source=source, sync=weight_sync_for(cfg, run.workers, asynchronous=False), update=PPOUpdate(run),
                  validation_every=cfg.trainer.test_freq)

@@ -162,7 +162,7 @@ def test_every_shipped_yaml_loads():
     names = sorted(f for f in os.listdir(SHIPPED_DIR) if f.endswith(".yaml"))
     assert "ppo_trainer.yaml" in names and "sft_trainer.yaml" in names
     for name in names:
-        schema = SCHEMAS[name.removesuffix("_trainer.yaml")] if name.endswith("_trainer.yaml") else PPOConfig
+        schema = SCHEMAS.get(name.removesuffix("_trainer.yaml"), PPOConfig)
         required = ["model.partial_pretrain=/m"] if schema is SFTConfig else [MODEL]
         cfg = load_config(schema, required, os.path.join(SHIPPED_DIR, name))
         assert cfg is not None

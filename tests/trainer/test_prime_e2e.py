@@ -123,4 +123,20 @@ def test_recipe_keys_that_cannot_run_are_one_line_each(tmp_path, tiny_model_dir,
 
 def test_prm_optimizer_settings_are_checked_before_loading(tmp_path, tiny_model_dir, capsys):
     assert main(prime_overrides(tmp_path, tiny_model_dir, "reward_model.model.optim.lr=-1")) != 0
-    assert "reward_model.model.optim.lr=-1.0 must be >= 0" in capsys.readouterr().err
+    assert "reward_model.model.optim.lr=-1.0 must be a finite number >= 0" in capsys.readouterr().err
+
+
+def test_the_recipe_s_accuracy_filter_trains_on_train_batch_size_of_an_oversampled_batch(tmp_path, tiny_model_dir):
+    """run_prime_qwen.sh's YAML filter (accuracy within [0.2, 0.8], oversample_factor 2): each step generates twice
+    the train batch's prompt groups and trains on train_batch_size of them."""
+    overrides = prime_overrides(tmp_path, tiny_model_dir, "data.filter_accuracy=True", "data.accuracy_lower_bound=0.2",
+                                "data.accuracy_upper_bound=0.8", "data.oversample_factor=2.0")
+    trainer = build(overrides)
+    groups = trainer.cfg.data.train_batch_size
+    assert trainer.run.train_loader.batch_size == 2 * groups
+    trainer.fit()
+    trainer.close()
+    rows = read_metrics(tmp_path)
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(r["train/prime_groups_seen"] == 2 * groups for r in rows)
+    assert all(0 <= r["train/prime_passing_groups"] <= 2 * groups for r in rows)

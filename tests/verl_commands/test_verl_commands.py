@@ -58,6 +58,10 @@ EXPECTED_ERRORS: dict[str, str] = {  # script -> the error it gets
         "data.train_batch_size=32 prompts cannot be split over the 64 rollout processes",
     # an Ascend NPU script: its checkpoint_engine key is accepted (warned), the device is the one thing refused
     "dapo/run_dapo_qwen2.5_7b_npu.sh": "trainer.device='npu' is not one of auto, cpu, cuda",
+    # the ReTool recipe's dataset class (recipe/retool/retool.py) reshapes DAPO-Math rows: refused before load
+    "examples/sglang_multiturn/run_qwen3_4b_dapo_multiturn.sh":
+        "data.custom_cls (path='/REPO/recipe/retool/retool.py', name='CustomRLHFDataset'): a user dataset class is "
+        "not supported",
 }
 SEQUENCE_PARALLEL_SCRIPTS = (  # Ulysses sizes 2, 2, 4 and 8: accepted since issue 18
     "examples/ppo_trainer/run_deepseek7b_llm_sp2.sh", "examples/sft/gsm8k/run_qwen_05_sp2.sh",

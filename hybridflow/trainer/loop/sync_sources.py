@@ -1,12 +1,14 @@
 """The synchronous rollout source: each step generates from the next prompt batch with the current weights;
 with DAPO's dynamic sampling (``algorithm.filter_groups``) it generates more batches until enough prompt groups
-have responses that differ."""
+have responses that differ; with PRIME's accuracy filter it keeps the groups that pass out of an oversampled batch."""
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
 from typing import Any, Callable
+
+import torch
 
 from hybridflow.data.batch import Batch
 from hybridflow.errors import HybridflowError
@@ -86,6 +88,38 @@ def keep_informative_groups(batch: Batch, generate_more: Callable[[int], Batch],
     warn_if_filtering_is_costly(gen_batches=gen_batches, step=step, informative=num_groups, seen=groups_seen,
                                 metric=filter_groups.metric)
     return Batch.concat(kept).index_select(list(range(wanted * n)))
+
+
+@dataclass
+class AccuracyFilter:
+    """verl-recipe PRIME's filter and oversampling (``data.filter_accuracy``, ``accuracy_lower_bound`` /
+    ``upper_bound``, ``filter_truncate``, ``oversample_factor``): the generation batch holds ``oversample_factor``
+    times the train batch's prompts; the groups (n consecutive rows) that pass come first, the others after,
+    in generation order, and the first ``wanted`` groups are trained on."""
+
+    data: Any
+    n: int
+    wanted: int
+
+    def __call__(self, batch: Batch, generate_more: Callable[[int], Batch], *, step: int, metrics: dict) -> Batch:
+        passing = prime_passing_groups(batch, self.data, n=self.n)
+        order = torch.argsort((~passing).to(torch.int8), stable=True)[: self.wanted]
+        metrics.update({"train/prime_passing_groups": int(passing.sum()), "train/prime_groups_seen": len(passing)})
+        return batch.index_select([g * self.n + i for g in order.tolist() for i in range(self.n)])
+
+
+def prime_passing_groups(batch: Batch, data: Any, *, n: int) -> torch.Tensor:
+    """``[groups]`` bool: the group's accuracy (mean ``seq_score`` of its n responses) lies within
+    [accuracy_lower_bound, accuracy_upper_bound] (with ``filter_accuracy``) and none of its responses reached
+    ``max_response_length - 1`` tokens (with ``filter_truncate``), as PRIME's ``filter_and_downsample``."""
+    passing = torch.ones(len(batch) // n, dtype=torch.bool)
+    if data.filter_accuracy:
+        accuracy = batch["seq_score"].float().cpu().reshape(-1, n).mean(-1)
+        passing &= (accuracy >= data.accuracy_lower_bound) & (accuracy <= data.accuracy_upper_bound)
+    if data.filter_truncate:
+        longest = batch["response_mask"].sum(-1).cpu().reshape(-1, n).max(-1).values
+        passing &= longest < data.max_response_length - 1
+    return passing
 
 
 def informative_rows(batch: Batch, *, metric: str, n: int) -> list[int]:

@@ -10,7 +10,7 @@ from typing import Any, Callable
 from omegaconf import OmegaConf
 
 from hybridflow.config import PPOConfig, critic_enabled, implicit_prm_enabled, reference_enabled, split_placement
-from hybridflow.config.validate import as_list, partial_rollouts
+from hybridflow.config.validate import as_list, generation_batch_size, partial_rollouts
 from hybridflow.controller.resources import ResourcePool, pool_from_trainer_config
 from hybridflow.controller.worker_group import build_worker_group
 from hybridflow.data.dataloader import StatefulDataLoader
@@ -41,7 +41,7 @@ def build_datasets(cfg: PPOConfig, tokenizer):
 
     max_train = data.train_max_samples if data.train_max_samples > 0 else data.max_samples
     train = dataset(data.train_files, max_train)
-    train_loader = StatefulDataLoader(train, batch_size=data.gen_batch_size or data.train_batch_size,
+    train_loader = StatefulDataLoader(train, batch_size=generation_batch_size(data),
                                       collate_fn=train.collate_fn,
                                       shuffle=data.shuffle, seed=data.seed, drop_last=True)
     if not data.val_files:

@@ -32,6 +32,7 @@ from hybridflow.models.ulysses import split_sequences
 from hybridflow.models.vision import freeze_vision_tower, is_vision_language, load_processor
 from hybridflow.rollout.config import engine_kwargs_from_rollout_config
 from hybridflow.rollout.engine import build_engine
+from hybridflow.trainer.entry import VISION_MULTI_TURN
 from hybridflow.trainer.roles.groups import CriticGroupWorker, HybridEngineWorker, RolloutGroupWorker
 from hybridflow.workers.actor import ActorWorker, PolicyObjective
 from hybridflow.workers.critic import CriticWorker, ValueObjective
@@ -93,8 +94,7 @@ def policy_processor(cfg, tokenizer):
     model = cfg.actor_rollout_ref.model
     processor = load_processor(model.path, tokenizer=tokenizer, trust_remote_code=model.trust_remote_code)
     if processor is not None and cfg.actor_rollout_ref.rollout.multi_turn.enable:
-        raise ConfigError("rollout.multi_turn.enable=True with a vision-language policy: the agent loops do not "
-                          "carry images yet; set actor_rollout_ref.rollout.multi_turn.enable=False")
+        raise ConfigError(VISION_MULTI_TURN)  # main_ppo's preflight says it first, from config.json
     return processor
 
 
