@@ -1,11 +1,15 @@
-"""Behaviour pin: tiny two-step runs of every loop variant must keep the metrics and final weights recorded
-before the loop was rebuilt from parts (issue 39), bit for bit.
+"""Behaviour pin: tiny two-step runs of every loop variant must keep what they decided when recorded (the pins
+of issue 39, made to hold on every CPU in issue 48).
 
 Each case runs on CPU with one thread and fixed seeds and is compared with
-``tests/trainer/data/behaviour_pin/<case>.json``: every step's metrics (times and memory by name only), a SHA-256
-of the final actor (and critic) ``state_dict`` bytes, and the files of the last checkpoint. A change that moves
-any number is a behaviour change: find it, do not re-record. Re-record only for an intended change, with
-``HYBRIDFLOW_PIN_WRITE=1`` (and say why in the commit).
+``tests/trainer/data/behaviour_pin/<case>.json``: every step's metrics (times and memory by name only), a summary
+of each tensor of the final actor (and critic) ``state_dict`` (sum, abs-sum, norm, eight evenly spaced elements),
+and the files of the last checkpoint -- within :data:`TOLERANCE` on any machine, since another CPU's kernels round
+the same arithmetic differently. Where the run's :func:`kernel_identity` equals the recording's (the same CPU,
+torch build and kernels), also the metrics and a SHA-256 of the final weights bit for bit. A change that moves a
+number beyond that is a behaviour change: find it, do not re-record. Re-record only for an intended change, with
+``HYBRIDFLOW_PIN_WRITE=1`` (and say why in the commit); ``HYBRIDFLOW_PIN_DUMP=<dir>`` writes each run's
+fingerprint there instead of comparing (to measure the spread across forced kernel paths).
 """
 
 from __future__ import annotations
