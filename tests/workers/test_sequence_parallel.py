@@ -6,8 +6,10 @@ value-loss steps) and SFT (two steps) through the same factories as the trainers
 writes what it got; the tests compare with the same factories at one process (sp = 1). The actor is a Mistral
 with a sliding window shorter than the rows, the critic a Gemma 2 (soft-capped attention, local layers).
 Tolerance: fp32, atol 1e-5 on log-probs, values, losses and gradient norms (only reduction orders
-differ); 5e-5 on weights after two AdamW steps at lr 1e-2, whose first updates are about lr x sign(g)
-and so turn rounding in near-zero gradient elements into ~1e-5 weight differences. The critic's model has one
+differ); 5e-5 on weights after two AdamW steps at lr 1e-2 for all but 1e-3 of each tensor's elements, and the
+steps' bound on those few: AdamW's updates are about lr x sign(g), so rounding in a near-zero gradient element
+can carry that element as far as a whole step (tests/adamw_weights.py; issue 48: 1 of 8,192 elements 7.4e-5
+apart on an Intel Xeon). The critic's model has one
 key/value head for two ranks, so its KV head is repeated (GQA path).
 """
 
@@ -26,8 +28,10 @@ from hybridflow.data.batch import Batch
 from hybridflow.errors import ConfigError
 from hybridflow.models.ulysses import SequenceParallel, SequenceShard, check_heads
 from hybridflow.data.parallel import LOCAL, DataParallel
+from tests.adamw_weights import assert_adamw_weights_close
 
 WORLD, ATOL, WEIGHT_ATOL = 2, 1e-5, 5e-5
+LR, STEPS = 1e-2, 2
 ROWS, PROMPT, RESPONSE = 4, 5, 6
 
 
@@ -186,7 +190,7 @@ def test_actor_with_sp2_equals_one_process(two_rank_results, one_process_results
             torch.testing.assert_close(a, b, atol=ATOL, rtol=0)
     for a, b in zip(got["metrics"], expected["metrics"]):
         assert_close_dicts(a, b, keys=("actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "actor/entropy"))
-    assert_close_dicts(got["weights"], expected["weights"], atol=WEIGHT_ATOL)
+    assert_adamw_weights_close(got["weights"], expected["weights"], atol=WEIGHT_ATOL, lr=LR, steps=STEPS)
     assert (expected["old"][1] - expected["old"][0]).abs().max() > 100 * ATOL  # step 1 moved the policy
     assert expected["metrics"][1]["actor/kl_loss"] > 1e-4
 
@@ -199,7 +203,7 @@ def test_critic_with_sp2_equals_one_process(two_rank_results, one_process_result
         torch.testing.assert_close(a, b, atol=ATOL, rtol=0)
     for a, b in zip(got["metrics"], expected["metrics"]):
         assert_close_dicts(a, b, keys=("critic/vf_loss", "critic/grad_norm", "critic/vpred_mean"))
-    assert_close_dicts(got["weights"], expected["weights"], atol=WEIGHT_ATOL)
+    assert_adamw_weights_close(got["weights"], expected["weights"], atol=WEIGHT_ATOL, lr=LR, steps=STEPS)
     assert (expected["values"][1] - expected["values"][0]).abs().max() > 100 * ATOL  # step 1 moved the critic
 
 
@@ -209,7 +213,7 @@ def test_sft_with_sp2_equals_one_process(two_rank_results, one_process_results, 
     got, expected = two_rank_results[rank]["sft"], one_process_results["sft"]
     for a, b in zip(got["metrics"], expected["metrics"]):
         assert_close_dicts(a, b, keys=("train/loss", "train/grad_norm", "train/num_target_tokens"))
-    assert_close_dicts(got["weights"], expected["weights"], atol=WEIGHT_ATOL)
+    assert_adamw_weights_close(got["weights"], expected["weights"], atol=WEIGHT_ATOL, lr=LR, steps=STEPS)
     assert expected["metrics"][1]["train/loss"] < expected["metrics"][0]["train/loss"]  # the step did something
 
 
