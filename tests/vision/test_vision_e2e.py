@@ -1,5 +1,5 @@
 """A tiny random Qwen2.5-VL on the synthetic shape-count task, end to end through the trainers' entry points:
-SFT, and 2 GRPO steps with images (the vision tower frozen, or trained)."""
+SFT, and 2 GRPO steps with images (the vision tower frozen, or trained; also a tiny Qwen2-VL and Qwen3-VL)."""
 
 from __future__ import annotations
 
@@ -53,7 +53,8 @@ def grpo_args(tmp_path, model_dir, rows, *, freeze: bool) -> list[str]:
     ]
 
 
-@pytest.mark.parametrize("arch, freeze", [("qwen2_5_vl", True), ("qwen2_5_vl", False), ("qwen2_vl", True)])
+@pytest.mark.parametrize("arch, freeze", [("qwen2_5_vl", True), ("qwen2_5_vl", False), ("qwen2_vl", True),
+                                          ("qwen3_vl", False)])
 def test_grpo_two_steps_with_images(tmp_path, tiny_vl_dir, shape_rows, arch, freeze):
     from hybridflow.models.tiny import save_tiny_vl_model
     from hybridflow.trainer.main_ppo import main

@@ -1,4 +1,5 @@
-"""A tiny Qwen2.5-VL through hybridflow's forward, rollout and freeze: equal to HF's own forward and generate."""
+"""Tiny Qwen2.5-VL, Qwen2-VL and Qwen3-VL models through hybridflow's forward, rollout and freeze: equal to HF's own
+forward and generate."""
 
 from __future__ import annotations
 
@@ -145,7 +146,7 @@ def test_image_tokens_without_their_images_are_refused(vl_arch):
 
 
 @torch.no_grad()
-def test_rollout_worker_sends_each_prompt_s_images(tmp_path, tiny_vl):
+def test_rollout_worker_sends_each_prompt_s_images(tmp_path, vl_arch):
     """The dataset's collated prompts through the rollout worker: greedy tokens equal HF generate row by row."""
     import pandas as pd
 
@@ -154,7 +155,7 @@ def test_rollout_worker_sends_each_prompt_s_images(tmp_path, tiny_vl):
     from hybridflow.trainer.loop.generation import prompts_to_batch
     from hybridflow.workers.rollout import RolloutWorker
 
-    model, processor = tiny_vl
+    model, processor = vl_arch
     rows = [{"prompt": [{"role": "user", "content": "<image>How many?"}], "images": [image_to_bytes(solid_image(*s))]}
             for s in ((56, 56), (112, 84))]
     pd.DataFrame(rows).to_parquet(tmp_path / "rows.parquet")
