@@ -40,8 +40,6 @@ COMPAT_ONLY: dict[str, str] = {
     "data.custom_cls.path": "a user dataset class is not supported; rows must follow verl's parquet schema",
     "data.custom_cls.name": "a user dataset class is not supported; rows must follow verl's parquet schema",
     "data.use_shm": _NO_SHM,
-    "data.video_key": "videos are not supported yet: rows are read for text and images (data.image_key); a <video> "
-                      "placeholder is refused",
     "data.return_multi_modal_inputs": "rows with images always carry their vision inputs (multi_modal_inputs)",
     "data.balance_dp_token": "SFT micro-batches are fixed-size per rank; losses use global token counts",
     "data.filter_accuracy": _PRIME_FILTER,

@@ -85,6 +85,26 @@ def test_what_a_vlm_run_cannot_do_yet_is_one_line(tmp_path, tiny_vl_dir, shape_r
     assert "the agent loops do not carry images yet" in capsys.readouterr().err
 
 
+def test_rows_with_videos_are_refused_in_one_line_before_a_model_loads(tmp_path, tiny_vl_dir, shape_rows, capsys,
+                                                                     monkeypatch):
+    import pandas as pd
+
+    import hybridflow.trainer.roles.builders as builders
+    from hybridflow.trainer.main_ppo import main
+
+    rows = pd.read_parquet(shape_rows["train"])
+    rows["videos"] = [[] for _ in range(len(rows))]
+    rows.at[3, "videos"] = [rows.at[3, "images"][0]] * 2  # a clip of the row's own picture, as frames
+    rows.to_parquet(tmp_path / "videos.parquet")
+    load, loaded = builders.load_causal_lm, []
+    monkeypatch.setattr(builders, "load_causal_lm", lambda *args, **kwargs: loaded.append(args) or load(*args, **kwargs))
+    args = grpo_args(tmp_path, tiny_vl_dir, {**shape_rows, "train": str(tmp_path / "videos.parquet")}, freeze=True)
+    assert main(args) == 2
+    assert loaded == []
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert "row 3 has 2 video(s) in 'videos'; videos are not supported: give the sampled frames as images" in line
+
+
 def test_a_vlm_checkpoint_merges_into_a_folder_that_loads_with_its_processor(tmp_path, tiny_vl_dir, shape_rows):
     """model_merger over the actor's DCP shards: the HF folder is a VLM again (weights, config, processor)."""
     from hybridflow.model_merger import merge
