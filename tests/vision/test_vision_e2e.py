@@ -105,18 +105,24 @@ def test_rows_with_videos_are_refused_in_one_line_before_a_model_loads(tmp_path,
     assert "row 3 has 2 video(s) in 'videos'; videos are not supported: give the sampled frames as images" in line
 
 
-def test_a_vlm_checkpoint_merges_into_a_folder_that_loads_with_its_processor(tmp_path, tiny_vl_dir, shape_rows):
+@pytest.mark.parametrize("arch, model_class", [("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration"),
+                                               ("qwen3_vl", "Qwen3VLForConditionalGeneration")])
+def test_a_vlm_checkpoint_merges_into_a_folder_that_loads_with_its_processor(tmp_path, tiny_vl_dir, shape_rows, arch,
+                                                                            model_class):
     """model_merger over the actor's DCP shards: the HF folder is a VLM again (weights, config, processor)."""
     from hybridflow.model_merger import merge
     from hybridflow.models import load_causal_lm, load_tokenizer
+    from hybridflow.models.tiny import save_tiny_vl_model
     from hybridflow.models.vision import load_processor
     from hybridflow.trainer.main_ppo import main
 
+    if arch != "qwen2_5_vl":
+        tiny_vl_dir = save_tiny_vl_model(str(tmp_path / arch), arch=arch)
     args = grpo_args(tmp_path, tiny_vl_dir, shape_rows, freeze=True)
     args = [a for a in args if "save_contents" not in a] + ["trainer.val_before_train=False"]
     assert main(args) == 0
     target = merge(str(tmp_path / "global_step_2" / "actor"), str(tmp_path / "merged"))
     model = load_causal_lm(target)
     processor = load_processor(target, tokenizer=load_tokenizer(target))
-    assert type(model).__name__ == "Qwen2_5_VLForConditionalGeneration"
+    assert type(model).__name__ == model_class
     assert processor is not None and processor.image_token_id == model.config.image_token_id
