@@ -36,8 +36,6 @@ COMPAT_ONLY: dict[str, str] = {
     "data.dataloader_num_workers": "prompts are tokenised up front; batches are collated in the main process",
     "data.filter_overlong_prompts_workers": "overlong-prompt filtering is a single pass over the tokenised rows",
     "data.use_shm": _NO_SHM,
-    "data.video_key": "videos are not supported yet: rows are read for text and images (data.image_key); a <video> "
-                      "placeholder is refused",
     "data.return_multi_modal_inputs": "rows with images always carry their vision inputs (multi_modal_inputs)",
     "data.balance_dp_token": "SFT micro-batches are fixed-size per rank; losses use global token counts",
     "data.multiturn.enable_thinking_key": "per-row enable_thinking is not passed to the SFT chat template",

@@ -112,7 +112,8 @@ class DataConfig:
     image_key: str = "images"
     """Column of a row's images (a vision-language policy: each ``<image>`` of the prompt is the next one)."""
     video_key: str = "videos"
-    """Compatibility-only (compat.py); in verl: column of a row's videos."""
+    """Column of a row's videos: a row that carries any is refused (videos are not supported; give the frames as
+    images in ``image_key``)."""
     return_multi_modal_inputs: bool = True
     """Compatibility-only (compat.py); in verl: keep the processor's vision inputs in the batch."""
 

@@ -27,7 +27,7 @@ from hybridflow.data.chat import encode, render, validate_messages
 from hybridflow.data.files import no_rows_message, read_rows, require_columns
 from hybridflow.data.padding import pad_sequences, pad_token_id_of, position_ids_from_mask
 from hybridflow.data.truncation import check_truncation, truncate
-from hybridflow.data.vision import process_image_prompt, require_processor_for_images
+from hybridflow.data.vision import process_image_prompt, refuse_videos, require_processor_for_images
 from hybridflow.errors import DataError
 
 logger = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ class RLDataset(torch.utils.data.Dataset):
     is in ``num_filtered``), ``truncation`` ('error' | 'left' | 'right' | 'middle', for
     prompts still too long), ``max_samples`` (-1 = all; with ``shuffle`` a seeded random
     subset), ``return_raw_chat``, ``apply_chat_template_kwargs``, and for a VLM its ``processor`` and
-    ``image_key`` (the column of each row's images).
+    ``image_key`` (the column of each row's images); a row with videos in ``video_key`` is refused.
     """
 
     def __init__(
@@ -71,6 +71,7 @@ class RLDataset(torch.utils.data.Dataset):
         apply_chat_template_kwargs: dict | None = None,
         processor=None,
         image_key: str = "images",
+        video_key: str = "videos",
     ):
         check_truncation(truncation, allowed=RL_TRUNCATIONS, config_key="data.truncation")
         self.tokenizer = tokenizer
@@ -83,6 +84,7 @@ class RLDataset(torch.utils.data.Dataset):
         self.processor, self.image_key = processor, image_key
         rows = read_rows(files)
         require_columns(rows, {prompt_key: "data.prompt_key"}, source=f"data file(s) {files!r}")
+        refuse_videos(rows, video_key=video_key, image_key=image_key)
         require_processor_for_images(rows, processor=processor, image_key=image_key)
         row_ids = subsample(len(rows), max_samples=max_samples, shuffle=shuffle, seed=seed)
         prompts = [self._tokenize_prompt(rows[i], row_index=i) for i in row_ids]

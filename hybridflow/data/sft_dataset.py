@@ -33,7 +33,7 @@ from hybridflow.data.files import get_path, read_nonempty_rows, require_columns,
 from hybridflow.data.padding import pad_sequences, pad_token_id_of, position_ids_from_mask
 from hybridflow.data.rl_dataset import subsample
 from hybridflow.data.truncation import check_truncation, truncate
-from hybridflow.data.vision import require_processor_for_images, tokenize_image_conversation
+from hybridflow.data.vision import refuse_videos, require_processor_for_images, tokenize_image_conversation
 from hybridflow.errors import DataError
 
 SFT_TRUNCATIONS = ("error", "left", "right")
@@ -42,7 +42,8 @@ PADDINGS = ("max_length", "longest")
 
 class SFTDataset(torch.utils.data.Dataset):
     """``dataset[i]`` = ``{"input_ids": [L], "loss_mask": [L]}`` (unpadded long tensors); with a VLM's
-    ``processor``, a row's images (``image_key``) add ``multi_modal_inputs`` (see :mod:`hybridflow.data.vision`).
+    ``processor``, a row's images (``image_key``) add ``multi_modal_inputs`` (see :mod:`hybridflow.data.vision`); a row
+    with videos (``video_key``) is refused.
 
     ``padding`` is 'max_length' (every batch ``[B, max_length]``) or 'longest' (dynamic:
     the longest sample of the batch); ``truncation`` is 'error' | 'left' (keep the end)
@@ -67,6 +68,7 @@ class SFTDataset(torch.utils.data.Dataset):
         apply_chat_template_kwargs: dict | None = None,
         processor=None,
         image_key: str = "images",
+        video_key: str = "videos",
     ):
         check_truncation(truncation, allowed=SFT_TRUNCATIONS, config_key="data.truncation")
         if padding not in PADDINGS:
@@ -79,6 +81,7 @@ class SFTDataset(torch.utils.data.Dataset):
         self.pad_token_id = pad_token_id_of(tokenizer)
         self.processor, self.image_key = processor, image_key
         rows = read_nonempty_rows(files)
+        refuse_videos(rows, video_key=video_key, image_key=image_key)
         require_processor_for_images(rows, processor=processor, image_key=image_key)
         if messages_key is not None:
             require_columns(rows, {messages_key: "data.multiturn.messages_key"}, source=f"data file(s) {files!r}")

@@ -92,6 +92,18 @@ def require_processor_for_images(rows: Sequence[dict], *, processor, image_key: 
                             "Qwen2.5-VL), or drop the image column")
 
 
+def refuse_videos(rows: Sequence[dict], *, video_key: str, image_key: str) -> None:
+    """Rows that carry videos (a non-empty ``video_key`` column) are refused in one line, before any model loads:
+    read as text and images alone they would train without what the prompt asks about. verl's VL examples
+    (geo3k and its Qwen2.5-VL / Qwen3-VL scripts) train on images; a video's sampled frames go in as images."""
+    for index, row in enumerate(rows):
+        videos = row.get(video_key)
+        if videos is not None and len(videos):
+            raise DataError(f"row {index} has {len(videos)} video(s) in {video_key!r}; videos are not supported: "
+                            f"give the sampled frames as images ({image_key!r}, one '<image>' each in the prompt) "
+                            f"or drop the {video_key!r} column")
+
+
 def image_messages(messages: Sequence[dict], num_images: int, *, row_index: int, image_key: str) -> list[dict]:
     """``messages`` with every ``<image>`` of a text content split out as an ``{"type": "image"}`` part.
 

@@ -13,6 +13,7 @@ exactly like a real checkpoint (config, safetensors, tokenizer files).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import string
 import sys
 
@@ -148,7 +149,7 @@ def build_tiny_model(arch: str = "llama", seed: int = 0, tokenizer=None, **overr
 
 def save_tiny_model(path: str, arch: str = "llama", seed: int = 0, **overrides) -> str:
     """Build a tiny model and save it like a real checkpoint; returns ``path`` (``arch="qwen2_5_vl"`` or
-    ``"qwen2_vl"``: the vision-language model of :func:`save_tiny_vl_model`)."""
+    another of :data:`VL_ARCHS`: the vision-language model of :func:`save_tiny_vl_model`)."""
     if arch in VL_ARCHS:
         return save_tiny_vl_model(path, seed=seed, arch=arch, **overrides)
     model, tokenizer = build_tiny_model(arch=arch, seed=seed, **overrides)
@@ -157,7 +158,7 @@ def save_tiny_model(path: str, arch: str = "llama", seed: int = 0, **overrides) 
     return path
 
 
-# ---------------------------------------------------------------- a tiny vision-language model (Qwen2.5-VL)
+# ---------------------------------------------------------------- tiny vision-language models (Qwen2-VL, Qwen2.5-VL, Qwen3-VL)
 VISION_TOKENS = ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"]
 """Qwen2-VL's special tokens: an image is ``<|vision_start|>`` + one ``<|image_pad|>`` per merged patch
 (the processor expands the single pad of the template) + ``<|vision_end|>``."""
@@ -172,51 +173,77 @@ VL_CHATML_TEMPLATE = CHATML_TEMPLATE.replace(
 placeholder, a ``{"type": "text"}`` part its text (user turns; assistant turns stay plain text)."""
 
 
-VL_ARCHS = {  # arch -> (processor class, config class, model class), all in transformers
-    "qwen2_5_vl": ("Qwen2_5_VLProcessor", "Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration"),
-    "qwen2_vl": ("Qwen2VLProcessor", "Qwen2VLConfig", "Qwen2VLForConditionalGeneration"),
+@dataclasses.dataclass(frozen=True)
+class TinyVL:
+    """What differs between the tiny vision-language models: their transformers classes and the pixels of a
+    patch (Qwen2-VL / Qwen2.5-VL: 14, Qwen3-VL: 16; 2x2 patches make one token either way)."""
+
+    processor: str
+    config: str
+    model: str
+    patch_size: int = 14
+
+
+VL_ARCHS = {
+    "qwen2_5_vl": TinyVL("Qwen2_5_VLProcessor", "Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration"),
+    "qwen2_vl": TinyVL("Qwen2VLProcessor", "Qwen2VLConfig", "Qwen2VLForConditionalGeneration"),
+    "qwen3_vl": TinyVL("Qwen3VLProcessor", "Qwen3VLConfig", "Qwen3VLForConditionalGeneration", patch_size=16),
 }
 
 
-def build_tiny_vl_processor(tokenizer=None, *, arch: str = "qwen2_5_vl", max_pixels: int = 112 * 112):
-    """A Qwen2-VL / Qwen2.5-VL processor for images: the tiny tokenizer plus the vision tokens, and Qwen2-VL's
-    image processor (14-pixel patches, 2 frames per temporal patch, 2x2 patches merged into one token), images
-    resized to at most ``max_pixels`` (112 x 112: 64 patches, 16 tokens)."""
+def build_tiny_vl_processor(tokenizer=None, *, arch: str = "qwen2_5_vl", max_pixels: int | None = None):
+    """A Qwen-VL processor for images: the tiny tokenizer plus the vision tokens, and Qwen2-VL's image processor
+    (the arch's patch size, 2 frames per temporal patch, 2x2 patches merged into one token), images resized to at
+    most ``max_pixels`` (default 8 x 8 patches: 112 x 112 pixels for Qwen2.5-VL, 128 x 128 for Qwen3-VL, 16
+    tokens)."""
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     from hybridflow.models.vision import image_only_processor
 
+    patch = VL_ARCHS[arch].patch_size
     tokenizer = tokenizer or build_tiny_tokenizer()
     tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", *VISION_TOKENS]})
     tokenizer.chat_template = VL_CHATML_TEMPLATE
-    image_processor = Qwen2VLImageProcessorPil(min_pixels=28 * 28, max_pixels=max_pixels, patch_size=14,
-                                               temporal_patch_size=2, merge_size=2)
-    return image_only_processor(VL_ARCHS[arch][0], image_processor=image_processor, tokenizer=tokenizer,
+    image_processor = Qwen2VLImageProcessorPil(min_pixels=(2 * patch) ** 2, max_pixels=max_pixels or (8 * patch) ** 2,
+                                               patch_size=patch, temporal_patch_size=2, merge_size=2)
+    return image_only_processor(VL_ARCHS[arch].processor, image_processor=image_processor, tokenizer=tokenizer,
                                 chat_template=VL_CHATML_TEMPLATE)
 
 
 def _tiny_vision_config(arch: str, out_hidden_size: int) -> dict:
-    """A 2-block vision tower (hidden 32, 2 heads) over 14-pixel patches that merges 2x2 patches into one token
-    of the language model's width (Qwen2.5-VL: windowed attention in block 0, full in block 1)."""
-    shared = dict(depth=2, num_heads=2, patch_size=14, spatial_merge_size=2, temporal_patch_size=2)
+    """A 2-block vision tower (hidden 32, 2 heads) over the arch's patches that merges 2x2 patches into one token
+    of the language model's width (Qwen2.5-VL: windowed attention in block 0, full in block 1; Qwen3-VL: a learned
+    8 x 8 position grid, and both blocks' features stacked onto the first two decoder layers: deepstack)."""
+    shared = dict(depth=2, num_heads=2, patch_size=VL_ARCHS[arch].patch_size, spatial_merge_size=2,
+                  temporal_patch_size=2)
     if arch == "qwen2_vl":
         return dict(shared, embed_dim=32, mlp_ratio=2, hidden_size=out_hidden_size)
+    if arch == "qwen3_vl":
+        return dict(shared, hidden_size=32, intermediate_size=64, out_hidden_size=out_hidden_size,
+                    num_position_embeddings=64, deepstack_visual_indexes=[0, 1])
     return dict(shared, hidden_size=32, intermediate_size=64, out_hidden_size=out_hidden_size, window_size=56,
                 fullatt_block_indexes=[1])
 
 
+def _tiny_rope(arch: str) -> dict:
+    """M-RoPE over head_dim 16: sections 2+3+3 of the 8 frequencies for time, height, width (Qwen3-VL interleaves
+    them t h w t h w ... instead of three blocks)."""
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}
+    return dict(rope, mrope_interleaved=True) if arch == "qwen3_vl" else rope
+
+
 def tiny_vl_config(tokenizer, *, arch: str = "qwen2_5_vl", **text_overrides):
-    """Config of a small random Qwen2.5-VL (or Qwen2-VL): the tiny text model (2 layers, hidden 64, GQA 4/2
-    heads, M-RoPE sections 2+3+3 = head_dim / 2) under :func:`_tiny_vision_config`'s tower."""
+    """Config of a small random Qwen2.5-VL (or Qwen2-VL, Qwen3-VL): the tiny text model (2 layers, hidden 64, GQA
+    4/2 heads of 16, :func:`_tiny_rope`'s M-RoPE) under :func:`_tiny_vision_config`'s tower."""
     import transformers
 
     ids = dict(zip(VISION_TOKENS, tokenizer.convert_tokens_to_ids(VISION_TOKENS)))
     text = dict(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024, tie_word_embeddings=True,
-                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
+                num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=1024,
+                tie_word_embeddings=True, rope_parameters=_tiny_rope(arch),
                 eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
     text.update(text_overrides)
-    config_class = getattr(transformers, VL_ARCHS[arch][1])
+    config_class = getattr(transformers, VL_ARCHS[arch].config)
     return config_class(text_config=text, vision_config=_tiny_vision_config(arch, text["hidden_size"]),
                         image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
                         vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
@@ -224,8 +251,8 @@ def tiny_vl_config(tokenizer, *, arch: str = "qwen2_5_vl", **text_overrides):
 
 
 def build_tiny_vl_model(seed: int = 0, *, arch: str = "qwen2_5_vl", **text_overrides):
-    """Return ``(model, processor)``: a random fp32 ``Qwen2_5_VLForConditionalGeneration`` (``arch="qwen2_vl"``:
-    ``Qwen2VLForConditionalGeneration``) and its processor (``processor.tokenizer`` is the tokenizer)."""
+    """Return ``(model, processor)``: a random fp32 ``Qwen2_5_VLForConditionalGeneration`` (or the ``arch``'s
+    class of :data:`VL_ARCHS`) and its processor (``processor.tokenizer`` is the tokenizer)."""
     import torch
     import transformers
 
@@ -235,7 +262,7 @@ def build_tiny_vl_model(seed: int = 0, *, arch: str = "qwen2_5_vl", **text_overr
     tokenizer = processor.tokenizer
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model_class = getattr(transformers, VL_ARCHS[arch][2])
+        model_class = getattr(transformers, VL_ARCHS[arch].model)
         model = model_class(tiny_vl_config(tokenizer, arch=arch, **text_overrides)).float()
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
@@ -243,7 +270,7 @@ def build_tiny_vl_model(seed: int = 0, *, arch: str = "qwen2_5_vl", **text_overr
 
 
 def save_tiny_vl_model(path: str, seed: int = 0, *, arch: str = "qwen2_5_vl", **text_overrides) -> str:
-    """Build a tiny Qwen2.5-VL (or Qwen2-VL) and save it like a real checkpoint (config, weights, tokenizer,
+    """Build a tiny Qwen2.5-VL (or Qwen2-VL, Qwen3-VL) and save it like a real checkpoint (config, weights, tokenizer,
     processor)."""
     model, processor = build_tiny_vl_model(seed=seed, arch=arch, **text_overrides)
     model.save_pretrained(path, safe_serialization=True)

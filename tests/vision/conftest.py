@@ -22,9 +22,9 @@ def tiny_vl(tiny_vl_dir):
     return load_causal_lm(tiny_vl_dir), processor
 
 
-@pytest.fixture(scope="session", params=["qwen2_5_vl", "qwen2_vl"])
+@pytest.fixture(scope="session", params=["qwen2_5_vl", "qwen2_vl", "qwen3_vl"])
 def vl_arch_dir(request, tmp_path_factory):
-    """A tiny random Qwen2.5-VL, then a tiny random Qwen2-VL."""
+    """A tiny random Qwen2.5-VL, then a tiny random Qwen2-VL, then a tiny random Qwen3-VL."""
     from hybridflow.models.tiny import save_tiny_vl_model
 
     return save_tiny_vl_model(str(tmp_path_factory.mktemp(request.param) / "model"), arch=request.param)

@@ -96,3 +96,29 @@ def test_sft_rows_with_images_mask_only_the_answer(tmp_path, tiny_vl):
     assert (ids == processor.image_token_id).sum() == 4 and not mask[ids == processor.image_token_id].any()
     assert processor.tokenizer.decode(ids[mask.bool()]) == "\\boxed{2}<|im_end|>"
     assert sample["multi_modal_inputs"]["image_grid_thw"].tolist() == [[1, 4, 4]]
+
+
+def video_rows(tmp_path, column: str = "videos"):
+    """An image row without videos (an empty list, as verl's files hold), then a row whose ``column`` carries a
+    video (its frames as image bytes)."""
+    import pandas as pd
+
+    frame = image_to_bytes(solid_image(56, 56))
+    rows = [{"prompt": [{"role": "user", "content": "<image>How many?"}], "images": [frame], column: []},
+            {"prompt": [{"role": "user", "content": "What happens?"}], "images": [], column: [[frame, frame]]}]
+    path = tmp_path / f"{column}.parquet"
+    pd.DataFrame(rows).to_parquet(path)
+    return str(path)
+
+
+def test_a_row_that_carries_videos_is_refused_naming_the_column(tmp_path, tiny_vl):
+    _, processor = tiny_vl
+    message = ("row 1 has 1 video\\(s\\) in 'clips'; videos are not supported: give the sampled frames as images "
+               "\\('images', one '<image>' each in the prompt\\) or drop the 'clips' column")
+    with pytest.raises(DataError, match=message):
+        RLDataset(video_rows(tmp_path, "clips"), processor.tokenizer, processor=processor, video_key="clips")
+    with pytest.raises(DataError, match="row 1 has 1 video\\(s\\) in 'videos'"):
+        SFTDataset(video_rows(tmp_path), processor.tokenizer, prompt_key="prompt", response_key="prompt",
+                   processor=processor)
+    dataset = RLDataset(video_rows(tmp_path, "clips"), processor.tokenizer, processor=processor)  # not the video_key
+    assert len(dataset) == 2 and dataset.vision[1] is None

@@ -1,5 +1,5 @@
 """A tiny random Qwen2.5-VL on the synthetic shape-count task, end to end through the trainers' entry points:
-SFT, and 2 GRPO steps with images (the vision tower frozen, or trained)."""
+SFT, and 2 GRPO steps with images (the vision tower frozen, or trained; also a tiny Qwen2-VL and Qwen3-VL)."""
 
 from __future__ import annotations
 
@@ -53,7 +53,8 @@ def grpo_args(tmp_path, model_dir, rows, *, freeze: bool) -> list[str]:
     ]
 
 
-@pytest.mark.parametrize("arch, freeze", [("qwen2_5_vl", True), ("qwen2_5_vl", False), ("qwen2_vl", True)])
+@pytest.mark.parametrize("arch, freeze", [("qwen2_5_vl", True), ("qwen2_5_vl", False), ("qwen2_vl", True),
+                                          ("qwen3_vl", False)])
 def test_grpo_two_steps_with_images(tmp_path, tiny_vl_dir, shape_rows, arch, freeze):
     from hybridflow.models.tiny import save_tiny_vl_model
     from hybridflow.trainer.main_ppo import main
@@ -84,18 +85,44 @@ def test_what_a_vlm_run_cannot_do_yet_is_one_line(tmp_path, tiny_vl_dir, shape_r
     assert "the agent loops do not carry images yet" in capsys.readouterr().err
 
 
-def test_a_vlm_checkpoint_merges_into_a_folder_that_loads_with_its_processor(tmp_path, tiny_vl_dir, shape_rows):
+def test_rows_with_videos_are_refused_in_one_line_before_a_model_loads(tmp_path, tiny_vl_dir, shape_rows, capsys,
+                                                                     monkeypatch):
+    import pandas as pd
+
+    import hybridflow.trainer.roles.builders as builders
+    from hybridflow.trainer.main_ppo import main
+
+    rows = pd.read_parquet(shape_rows["train"])
+    rows["videos"] = [[] for _ in range(len(rows))]
+    rows.at[3, "videos"] = [rows.at[3, "images"][0]] * 2  # a clip of the row's own picture, as frames
+    rows.to_parquet(tmp_path / "videos.parquet")
+    load, loaded = builders.load_causal_lm, []
+    monkeypatch.setattr(builders, "load_causal_lm", lambda *args, **kwargs: loaded.append(args) or load(*args, **kwargs))
+    args = grpo_args(tmp_path, tiny_vl_dir, {**shape_rows, "train": str(tmp_path / "videos.parquet")}, freeze=True)
+    assert main(args) == 2
+    assert loaded == []
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert "row 3 has 2 video(s) in 'videos'; videos are not supported: give the sampled frames as images" in line
+
+
+@pytest.mark.parametrize("arch, model_class", [("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration"),
+                                               ("qwen3_vl", "Qwen3VLForConditionalGeneration")])
+def test_a_vlm_checkpoint_merges_into_a_folder_that_loads_with_its_processor(tmp_path, tiny_vl_dir, shape_rows, arch,
+                                                                            model_class):
     """model_merger over the actor's DCP shards: the HF folder is a VLM again (weights, config, processor)."""
     from hybridflow.model_merger import merge
     from hybridflow.models import load_causal_lm, load_tokenizer
+    from hybridflow.models.tiny import save_tiny_vl_model
     from hybridflow.models.vision import load_processor
     from hybridflow.trainer.main_ppo import main
 
+    if arch != "qwen2_5_vl":
+        tiny_vl_dir = save_tiny_vl_model(str(tmp_path / arch), arch=arch)
     args = grpo_args(tmp_path, tiny_vl_dir, shape_rows, freeze=True)
     args = [a for a in args if "save_contents" not in a] + ["trainer.val_before_train=False"]
     assert main(args) == 0
     target = merge(str(tmp_path / "global_step_2" / "actor"), str(tmp_path / "merged"))
     model = load_causal_lm(target)
     processor = load_processor(target, tokenizer=load_tokenizer(target))
-    assert type(model).__name__ == "Qwen2_5_VLForConditionalGeneration"
+    assert type(model).__name__ == model_class
     assert processor is not None and processor.image_token_id == model.config.image_token_id

@@ -1,4 +1,5 @@
-"""A tiny Qwen2.5-VL through hybridflow's forward, rollout and freeze: equal to HF's own forward and generate."""
+"""Tiny Qwen2.5-VL, Qwen2-VL and Qwen3-VL models through hybridflow's forward, rollout and freeze: equal to HF's own
+forward and generate."""
 
 from __future__ import annotations
 
@@ -25,15 +26,18 @@ PROMPTS = [  # (text, image size): the rows have 4, 12 and 9 image tokens
     ("<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>?<|im_end|>\n<|im_start|>assistant\n", (84, 84)),
 ]
 RESPONSES = [[65, 66, 67, 68, 69], [70, 71], [72, 73, 74]]
+MIXED = [PROMPTS[0], ("<|im_start|>user\nHow many shapes?<|im_end|>\n<|im_start|>assistant\n", None), PROMPTS[2]]
+"""Rows with 4, 0 and 9 image tokens: a text prompt between two with images."""
 
 
 def processed(processor, text, size, colour="red"):
-    return processor(text=[text], images=[solid_image(*size, colour)], return_tensors="pt")
+    images = None if size is None else [solid_image(*size, colour)]
+    return processor(text=[text], images=images, return_tensors="pt")
 
 
-def rollout_batch(processor, colours=("red", "blue", "green")) -> tuple[Batch, list]:
+def rollout_batch(processor, colours=("red", "blue", "green"), prompts=PROMPTS) -> tuple[Batch, list]:
     """Left-padded prompts ++ right-padded responses, with each row's images, as the rollout worker builds it."""
-    outs = [processed(processor, text, size, colour) for (text, size), colour in zip(PROMPTS, colours)]
+    outs = [processed(processor, text, size, colour) for (text, size), colour in zip(prompts, colours)]
     pad = processor.tokenizer.pad_token_id
     prompts = pad_sequences([o["input_ids"][0].tolist() for o in outs], pad_value=pad, side="left")
     responses = pad_sequences(RESPONSES, pad_value=pad, side="right")
@@ -44,24 +48,26 @@ def rollout_batch(processor, colours=("red", "blue", "green")) -> tuple[Batch, l
                    "position_ids": (attention_mask.cumsum(1) - 1).clamp(min=0), "responses": responses,
                    "response_mask": response_mask},
                   {"multi_modal_inputs": [{"pixel_values": o["pixel_values"], "image_grid_thw": o["image_grid_thw"]}
-                                          for o in outs]})
+                                          if "pixel_values" in o else None for o in outs]})
     return batch, outs
 
 
 def hf_log_probs(model, out, response: list[int]) -> torch.Tensor:
-    """HF's own forward on one unpadded row: the processor's outputs with the response appended."""
+    """HF's own forward on one unpadded row: the processor's outputs (with or without images) with the response
+    appended."""
     ids = torch.cat([out["input_ids"], torch.tensor([response])], 1)
     types = torch.cat([out["mm_token_type_ids"], torch.zeros(1, len(response), dtype=torch.long)], 1)
-    logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), mm_token_type_ids=types,
-                   pixel_values=out["pixel_values"], image_grid_thw=out["image_grid_thw"]).logits
+    images = {key: out[key] for key in ("pixel_values", "image_grid_thw") if key in out}
+    logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), mm_token_type_ids=types, **images).logits
     log_probs = torch.log_softmax(logits[0, -len(response) - 1:-1].float(), -1)
     return log_probs.gather(-1, torch.tensor(response)[:, None])[:, 0]
 
 
 @torch.no_grad()
-def test_log_probs_with_images_equal_hf_forward_row_by_row(vl_arch):
+@pytest.mark.parametrize("prompts", [PROMPTS, MIXED], ids=["images", "mixed"])
+def test_log_probs_with_images_equal_hf_forward_row_by_row(vl_arch, prompts):
     model, processor = vl_arch
-    batch, outs = rollout_batch(processor)
+    batch, outs = rollout_batch(processor, prompts=prompts)
     log_probs, entropy = batch_log_probs(model, batch, temperature=1.0, micro_batch_size=2, calculate_entropy=True)
     assert log_probs.shape == entropy.shape == (3, 5)
     for row, (out, response) in enumerate(zip(outs, RESPONSES)):
@@ -69,7 +75,6 @@ def test_log_probs_with_images_equal_hf_forward_row_by_row(vl_arch):
         torch.testing.assert_close(log_probs[row, :len(response)], expected, rtol=1e-5, atol=1e-5)
 
 
-@torch.no_grad()
 def test_the_images_change_the_log_probs(vl_arch):
     """Guards the parity test: the images (their pixels) reach the language model."""
     model, processor = vl_arch
@@ -157,7 +162,7 @@ def test_image_tokens_without_their_images_are_refused(vl_arch):
 
 
 @torch.no_grad()
-def test_rollout_worker_sends_each_prompt_s_images(tmp_path, tiny_vl):
+def test_rollout_worker_sends_each_prompt_s_images(tmp_path, vl_arch):
     """The dataset's collated prompts through the rollout worker: greedy tokens equal HF generate row by row."""
     import pandas as pd
 
@@ -166,7 +171,7 @@ def test_rollout_worker_sends_each_prompt_s_images(tmp_path, tiny_vl):
     from hybridflow.trainer.loop.generation import prompts_to_batch
     from hybridflow.workers.rollout import RolloutWorker
 
-    model, processor = tiny_vl
+    model, processor = vl_arch
     rows = [{"prompt": [{"role": "user", "content": "<image>How many?"}], "images": [image_to_bytes(solid_image(*s))]}
             for s in ((56, 56), (112, 84))]
     pd.DataFrame(rows).to_parquet(tmp_path / "rows.parquet")

@@ -71,12 +71,17 @@ def shape_rows(tmp_path_factory):
                              str(tmp_path_factory.mktemp("shapes"))])
 
 
+@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen3_vl"])
 def test_every_forward_of_a_grpo_step_sees_the_images_its_rows_were_sampled_from(tmp_path, tiny_vl_dir, shape_rows,
-                                                                                  monkeypatch):
+                                                                                  monkeypatch, arch):
     import hybridflow.workers.actor as actor_module
     import hybridflow.workers.logprob as logprob_module
+    from hybridflow.models.tiny import save_tiny_vl_model
     from hybridflow.rollout.hf import HFEngine
     from hybridflow.trainer.main_ppo import main
+
+    if arch != "qwen2_5_vl":
+        tiny_vl_dir = save_tiny_vl_model(str(tmp_path / arch), arch=arch)
 
     spy = ImageSpy()
     monkeypatch.setattr(HFEngine, "generate", spy.wrap_generate(HFEngine.generate))

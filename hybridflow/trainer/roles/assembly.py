@@ -33,7 +33,7 @@ def build_datasets(cfg: PPOConfig, tokenizer):
 
     def dataset(files, max_samples):
         return RLDataset(files, tokenizer=tokenizer, prompt_key=data.prompt_key, max_prompt_length=data.max_prompt_length,
-                         processor=processor, image_key=data.image_key,
+                         processor=processor, image_key=data.image_key, video_key=data.video_key,
                          filter_overlong_prompts=data.filter_overlong_prompts, truncation=data.truncation,
                          max_samples=max_samples, apply_chat_template_kwargs=dict(data.apply_chat_template_kwargs),
                          return_raw_chat=data.return_raw_chat or cfg.reward_model.enable
