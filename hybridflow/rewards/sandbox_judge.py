@@ -39,13 +39,13 @@ from hybridflow.rewards.sandbox_harness import NotPlainData, decode, encode
 from hybridflow.rewards.sandbox_limits import WATCH_INTERVAL_S
 
 REPLY_LIMIT_BYTES = 16 << 20
-# standard modules without side effects on import: a name the program imports from one of these
-# is imported here instead of asked from the program (whose copy it may have changed)
+# standard modules whose functions compute on their arguments and touch nothing of the process (no
+# exit, sleep, files, environment, global RNG or settings): a name the program imports from one of
+# these, unaliased, is imported here instead of asked from the program (whose copy it may have changed)
 PURE_MODULES = frozenset({
     "math", "cmath", "collections", "itertools", "functools", "heapq", "bisect", "operator", "fractions",
-    "decimal", "statistics", "string", "re", "random", "copy", "datetime", "json", "typing", "numbers",
-    "array", "enum", "dataclasses", "textwrap", "unicodedata", "struct", "sys", "calendar", "os", "time",
-    "string", "queue", "types", "abc", "contextlib",
+    "decimal", "statistics", "string", "re", "copy", "datetime", "json", "typing", "numbers",
+    "array", "enum", "dataclasses", "textwrap", "unicodedata", "struct", "types", "abc",
 })  # fmt: skip
 
 
@@ -101,7 +101,12 @@ def _parse_entry(entry: str) -> AssertEntry:
 
 def stdlib_imports(program: str) -> dict[str, tuple[str, str | None]]:
     """``{bound name: (module, attribute or None)}`` for the top-level imports of ``program``
-    from :data:`PURE_MODULES`, where the program binds that name no other way."""
+    from :data:`PURE_MODULES`, where the program binds that name no other way.
+
+    Only imports under their own public name count (``from collections import Counter``, ``import
+    math``): ``from sys import exit as add`` or ``from math import hypot as add`` would let the
+    program choose which function of the judge's process a test's ``add(...)`` calls. Those stay
+    the program's, asked from the sandbox like any function it defines."""
     try:
         body = ast.parse(program).body
     except (SyntaxError, ValueError, RecursionError, MemoryError):
@@ -111,9 +116,11 @@ def stdlib_imports(program: str) -> dict[str, tuple[str, str | None]]:
         if isinstance(node, ast.Import):
             for alias in node.names:
                 top = alias.name.split(".")[0]
-                imports[alias.asname or top] = (alias.name if alias.asname else top, None)
+                if alias.asname is None:
+                    imports[top] = (top, None)
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            imports.update({alias.asname or alias.name: (node.module, alias.name) for alias in node.names})
+            imports.update({alias.name: (node.module, alias.name) for alias in node.names
+                            if alias.asname is None and not alias.name.startswith("_")})
     bound_otherwise = _bound_without_import(body)
     return {
         name: origin for name, origin in imports.items()

@@ -331,3 +331,40 @@ def test_a_null_time_limit_gets_the_documented_default(monkeypatch):
     run = run_python("import time\ntime.sleep(10**6)\n", timeout_s=None)
     assert run.timed_out
     assert run_asserts("import time\ntime.sleep(10**6)\n", ["assert True"], timeout_s=None) == [False]
+
+
+# ------------------------------------------------- the program's standard imports that would run in the judge
+# A name the program imports from a pure standard module is imported in the judge too (so a test may use the
+# program's ``Counter``). Bound under another name (``as``) or to a module with effects on the process, that rule
+# would hand the judge a function the program chose: ``from sys import exit as add`` raised SystemExit in the
+# reward process, ``from os import _exit as add`` would end it, ``from time import sleep as add`` stall it.
+STDLIB_UNDER_THE_TESTED_NAME = [
+    "from sys import exit as add\n",
+    "import sys\nadd = sys.exit\n",
+    "from os import _exit as add\n",
+    "from time import sleep as add\n",
+    "from math import hypot as add\n",  # harmless, but still the program's own name: asked from the program
+]
+
+
+@pytest.mark.parametrize("program", STDLIB_UNDER_THE_TESTED_NAME)
+def test_a_standard_function_bound_to_the_tested_name_is_called_in_the_sandbox(program):
+    from hybridflow.rewards.sandbox_judge import stdlib_imports
+
+    assert "add" not in stdlib_imports(program)
+
+
+def test_an_aliased_exit_ends_only_the_program_and_scores_zero():
+    assert score("from sys import exit as add\n", ["assert add(1, 2) == 3"]) == 0.0
+
+
+def test_a_right_program_that_aliases_a_standard_function_keeps_its_reward():
+    assert score("from math import gcd as common\n", ["assert common(12, 18) == 6"]) == 1.0
+
+
+def test_the_judge_trusts_only_unaliased_imports_of_effect_free_modules():
+    from hybridflow.rewards.sandbox_judge import stdlib_imports
+
+    trusted = stdlib_imports("from collections import Counter\nimport math\nfrom os import getcwd\nimport time\n"
+                             "from itertools import _private\n")
+    assert trusted == {"Counter": ("collections", "Counter"), "math": ("math", None)}
