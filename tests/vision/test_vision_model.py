@@ -138,7 +138,7 @@ def test_native_engine_built_directly_refuses_a_vlm_in_one_line(vl_arch):
     from hybridflow.rollout.native import NativeEngine
 
     model, processor = vl_arch
-    with pytest.raises(RolloutError, match=r"^the native engine decodes text-only models, and Qwen2(_5_)?VLFor"
+    with pytest.raises(RolloutError, match=r"^the native engine decodes text-only models, and Qwen(2|2_5|3)_?VLFor"
                                            r"ConditionalGeneration is a vision-language model: build it with "
                                            r"build_engine\('native', model, tokenizer\) .* or set rollout.name=hf$"):
         NativeEngine(model, processor.tokenizer)
