@@ -97,7 +97,7 @@ class Variant:
     """Activation checkpointing per decoder layer (enable_gradient_checkpointing)."""
     branched_attention: bool = False
     """On CUDA, shared-prompt units branch by branch with fused causal kernels; False: one masked SDPA call
-    per unit (hybridflow.models.segment_attention.BRANCHED_SHARED_PROMPTS_ON_CUDA)."""
+    per unit (hybridflow.models.segment_attention.BRANCHED_SHARED_PROMPTS_DEVICES)."""
     micro_tokens: int | None = None
     """Token budget of a micro-batch; None: ``--micro-tokens``."""
     compiled: bool = False
@@ -338,7 +338,7 @@ def _head_fn(head, micro: Batch, variant: Variant, device: torch.device) -> Call
 def run_variant(shape: str, variant: Variant, args, device: torch.device, peak_flops: float) -> dict:
     """Build, warm up, measure ``args.steps - 1`` updates, then the parts; the numbers of the report."""
     baseline_memory = peak_memory(device)
-    segment_attention.BRANCHED_SHARED_PROMPTS_ON_CUDA = variant.branched_attention
+    segment_attention.BRANCHED_SHARED_PROMPTS_DEVICES = ("cuda",) if variant.branched_attention else ()
     model = build_model(shape, device)
     batch = grpo_rows(prompts=args.prompts, n=args.n, vocab=model.config.vocab_size, seed=1).to(device)
     micro_tokens = variant.micro_tokens or args.micro_tokens
