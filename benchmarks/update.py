@@ -74,9 +74,7 @@ from hybridflow.workers.ppo_update import UpdateSchedule  # noqa: E402
 from model_shapes import SHAPES as MODEL_SHAPES  # noqa: E402
 
 SHAPES = {  # Qwen2.5's shapes from benchmarks/model_shapes.py (config.json values; tied embeddings)
-    "tiny": dict(model_type="qwen2", hidden_size=64, intermediate_size=176, num_hidden_layers=2,
-                 num_attention_heads=4, num_key_value_heads=2, vocab_size=1024, tie_word_embeddings=True,
-                 max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1e6),
+    "tiny": MODEL_SHAPES["tiny"],
     "0.5b": MODEL_SHAPES["qwen2.5-0.5b"],
     "1.5b": MODEL_SHAPES["qwen2.5-1.5b"],
 }
