@@ -20,8 +20,8 @@ Reported per phase of the measured steps (the loop's own ``timing_s/*``; the fir
                reset through /proc/self/clear_refs)
 and the step: its wall time (``timing_s/step``) against the sum of its phases (they must add up within 5 %; the
 rest is printed as ``unaccounted``), the step's tokens/s and MFU. ``--isolated`` runs, in the same process after the
-loop, benchmarks/update.py's ``fast`` variant (the loop's default layout) on the same shape, prompts x n and
-micro-batch budget, and prints its tokens/s beside the loop's update phase.
+loop, benchmarks/update.py's ``fast`` variant with the loop's default head (full logits) on the same shape,
+prompts x n and micro-batch budget (update.py's own rows), and prints its tokens/s beside the loop's update phase.
 
     python benchmarks/loop_step.py --device cuda --shape qwen2.5-1.5b              # 32 x 8, <= 512 + 1024 tokens
     python benchmarks/loop_step.py --device cpu --shape tiny --prompts 2 --n 2 --prompt-len 48 --response-len 8
@@ -231,19 +231,21 @@ def run_loop(args, out: str) -> tuple[list[dict], PhaseMemory]:
 
 
 def isolated_update(args, peak_flops: float) -> dict | None:
-    """benchmarks/update.py's ``fast`` variant at the loop's shape, prompts x n and micro-batch budget."""
+    """benchmarks/update.py's ``fast`` variant with the full logits at the loop's shape, prompts x n and micro-batch budget (its rows:
+    prompts of 64-256 tokens, responses log-normal around 256); None for a shape that is not Qwen2 (update.py
+    builds Qwen2 models)."""
     import update
 
-    shape = {"qwen2.5-0.5b": "0.5b", "qwen2.5-1.5b": "1.5b", "tiny": "tiny"}.get(args.shape)
-    if shape is None:
+    if SHAPES[args.shape]["model_type"] != "qwen2":
         return None
-    update_args = update.parse_args(["--shape", shape, "--prompts", str(args.prompts), "--n", str(args.n),
+    update.SHAPES.setdefault(args.shape, SHAPES[args.shape])
+    update_args = update.parse_args(["--shape", args.shape, "--prompts", str(args.prompts), "--n", str(args.n),
                                      "--micro-tokens", str(args.micro_tokens), "--steps", "2", "--no-breakdown",
                                      "--device", args.device])
-    variant = update.VARIANTS["fast"]
-    if args.device == "cpu":
-        variant = update.dataclasses.replace(variant, precision="fp32")
-    return update.run_variant(shape, variant, update_args, torch.device(args.device), peak_flops)
+    # the loop's defaults: shared prompts, the full logits (use_fused_kernels off), bf16 autocast on a GPU only
+    variant = update.dataclasses.replace(update.VARIANTS["fast"], chunked_head=False,
+                                         precision="bf16" if args.device == "cuda" else "fp32")
+    return update.run_variant(args.shape, variant, update_args, torch.device(args.device), peak_flops)
 
 
 def table(report: dict, isolated: dict | None) -> list[str]:
@@ -258,9 +260,11 @@ def table(report: dict, isolated: dict | None) -> list[str]:
     lines.append(f"{'step':14} {step:8.3f} {100.0:5.1f}% {report['step_tokens_per_s']:10.0f} "
                  f"{'':>8} {100 * report['step_mfu']:5.1f}% {report['step_peak_bytes'] / 1e9:8.2f}   phases "
                  f"{'add up' if report['adds_up'] else 'DO NOT add up'} within {100 * TOLERANCE:.0f} %")
-    if isolated is not None:
+    if isolated is None:
+        lines.append("isolated update: none run (--isolated, on a Qwen2 shape)")
+    else:
         loop_update = report["phases"].get(UPDATE_PHASE, {}).get("tokens_per_s")
-        lines.append(f"isolated update (benchmarks/update.py fast, {isolated['tokens']} tokens): "
+        lines.append(f"isolated update (benchmarks/update.py fast, full logits, {isolated['tokens']} tokens): "
                      f"{isolated['tokens_per_s']:.0f} tok/s, {100 * isolated['mfu']:.1f}% MFU, "
                      f"{isolated['peak_bytes'] / 1e9:.2f} GB; in the loop {loop_update or 0:.0f} tok/s")
     return lines

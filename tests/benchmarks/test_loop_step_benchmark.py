@@ -46,7 +46,7 @@ def test_cuda_device_reaches_the_trainer_and_the_counts_by_hand():
 def test_tiny_cpu_step_reports_every_phase_and_adds_up():
     with loaded_benchmark("loop_step") as bench:
         report = bench.main(["--device", "cpu", "--shape", "tiny", "--prompts", "2", "--n", "2",
-                             "--prompt-len", "64", "--response-len", "8", "--steps", "2"])
+                             "--prompt-len", "64", "--response-len", "8", "--steps", "2", "--isolated"])
     phases = report["phases"]
     assert set(PHASES) <= set(phases)
     for name in PHASES:
@@ -57,4 +57,5 @@ def test_tiny_cpu_step_reports_every_phase_and_adds_up():
     assert report["unaccounted_s"] >= 0
     assert abs(report["accounted_s"] + report["unaccounted_s"] - report["step_s"]) < 1e-12
     assert report["adds_up"] == (report["unaccounted_s"] <= 0.05 * report["step_s"])
-    assert report["lines"][1].split()[0] == "phase" and report["lines"][-1].startswith("step")
+    assert report["lines"][1].split()[0] == "phase" and report["lines"][-2].startswith("step")
+    assert report["lines"][-1].startswith("isolated update (benchmarks/update.py fast, full logits")
