@@ -30,6 +30,7 @@ prompts x n and micro-batch budget (update.py's own rows), and prints its tokens
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import random
@@ -248,7 +249,7 @@ def isolated_update(args, peak_flops: float) -> dict | None:
     return update.run_variant(args.shape, variant, update_args, torch.device(args.device), peak_flops)
 
 
-def table(report: dict, isolated: dict | None) -> list[str]:
+def table(report: dict) -> list[str]:
     lines = [f"{'phase':14} {'seconds':>8} {'share':>6} {'tok/s':>10} {'TFLOP':>8} {'MFU':>6} {'peak_GB':>8}"]
     step = report["step_s"]
     for name, phase in report["phases"].items():
@@ -260,36 +261,44 @@ def table(report: dict, isolated: dict | None) -> list[str]:
     lines.append(f"{'step':14} {step:8.3f} {100.0:5.1f}% {report['step_tokens_per_s']:10.0f} "
                  f"{'':>8} {100 * report['step_mfu']:5.1f}% {report['step_peak_bytes'] / 1e9:8.2f}   phases "
                  f"{'add up' if report['adds_up'] else 'DO NOT add up'} within {100 * TOLERANCE:.0f} %")
-    if isolated is None:
-        lines.append("isolated update: none run (--isolated, on a Qwen2 shape)")
-    else:
-        loop_update = report["phases"].get(UPDATE_PHASE, {}).get("tokens_per_s")
-        lines.append(f"isolated update (benchmarks/update.py fast, full logits, {isolated['tokens']} tokens): "
-                     f"{isolated['tokens_per_s']:.0f} tok/s, {100 * isolated['mfu']:.1f}% MFU, "
-                     f"{isolated['peak_bytes'] / 1e9:.2f} GB; in the loop {loop_update or 0:.0f} tok/s")
     return lines
 
 
+def isolated_line(report: dict, isolated: dict | None) -> str:
+    if isolated is None:
+        return "isolated update: none run (--isolated, on a Qwen2 shape)"
+    loop_update = report["phases"].get(UPDATE_PHASE, {}).get("tokens_per_s")
+    return (f"isolated update (benchmarks/update.py fast, full logits, {isolated['tokens']} tokens): "
+            f"{isolated['tokens_per_s']:.0f} tok/s, {100 * isolated['mfu']:.1f}% MFU, "
+            f"{isolated['peak_bytes'] / 1e9:.2f} GB; in the loop {loop_update or 0:.0f} tok/s")
+
+
 def main(argv=None) -> dict:
+    """Runs the loop, prints its table (before the isolated update, so a run cut short still reports it), then
+    the isolated update's line; returns the report with its ``lines``."""
     args = parse_args(argv)
     import update
 
     device = torch.device(args.device)
     peak_flops, peak_dtype = update.matmul_peak(device)
     with tempfile.TemporaryDirectory() as tmp:
-        out = args.out or tmp
         start = time.perf_counter()
-        rows, memory = run_loop(args, out)
+        rows, memory = run_loop(args, args.out or tmp)
         report = step_report(rows, memory, model_counts(args.shape), responses=args.prompts * args.n,
                              peak_flops=peak_flops)
-        report["run_s"] = time.perf_counter() - start
-    isolated = isolated_update(args, peak_flops) if args.isolated else None
     report["lines"] = [f"GRPO step of main_ppo on {update.describe_device(device)}; {peak_dtype} matmul peak "
                        f"measured {peak_flops / 1e12:.1f} TFLOP/s; shape {args.shape}, {args.prompts} prompts x "
                        f"{args.n} (<= {args.prompt_len} prompt + {args.response_len} response tokens, EOS ignored), "
                        f"micro-batches of <= {args.micro_tokens} tokens; mean of {max(1, args.steps - 1)} measured "
-                       f"step(s) of {args.steps}", *table(report, isolated)]
+                       f"step(s) of {args.steps}; {time.perf_counter() - start:.0f} s for the whole run",
+                       *table(report)]
     print("\n".join(report["lines"]), flush=True)
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    isolated = isolated_update(args, peak_flops) if args.isolated else None
+    report["lines"].append(isolated_line(report, isolated))
+    print(report["lines"][-1], flush=True)
     return report
 
 
