@@ -128,6 +128,8 @@ class PhaseMemory:
 
     def __init__(self, device: str):
         self.device, self.open, self.peaks, self.parents = device, {}, {}, {}
+        self.resettable = True
+        """False once the CPU's peak could not be reset (each phase's peak is then the process's so far)."""
 
     def enter(self, name: str) -> None:
         self._fold()
@@ -154,9 +156,12 @@ class PhaseMemory:
     def _reset(self) -> None:
         if self.device == "cuda":
             torch.cuda.reset_peak_memory_stats()
-        else:
-            with open("/proc/self/clear_refs", "w") as fh:
-                fh.write("5")  # resets VmHWM to the current resident set
+        elif self.resettable:
+            try:
+                with open("/proc/self/clear_refs", "w") as fh:
+                    fh.write("5")  # resets VmHWM to the current resident set
+            except OSError:  # a container that forbids it: the peaks become the process's peak so far
+                self.resettable = False
 
 
 # ------------------------------------------------------------------------------ counts
@@ -290,7 +295,8 @@ def main(argv=None) -> dict:
                        f"measured {peak_flops / 1e12:.1f} TFLOP/s; shape {args.shape}, {args.prompts} prompts x "
                        f"{args.n} (<= {args.prompt_len} prompt + {args.response_len} response tokens, EOS ignored), "
                        f"micro-batches of <= {args.micro_tokens} tokens; mean of {max(1, args.steps - 1)} measured "
-                       f"step(s) of {args.steps}; {time.perf_counter() - start:.0f} s for the whole run",
+                       f"step(s) of {args.steps}; {time.perf_counter() - start:.0f} s for the whole run"
+                       + ("" if memory.resettable else "; the CPU peaks could not be reset: each is the peak so far"),
                        *table(report)]
     print("\n".join(report["lines"]), flush=True)
     gc.collect()
