@@ -6,7 +6,7 @@
 # The device machine has no registry: it runs its own python3 (torch + CUDA, transformers, triton)
 # with this checkout on PYTHONPATH, plus the few pure-Python packages it lacks, carried as wheels in
 # .whl/ (docs/benchmarks.md, "GPU runs", says how to fetch them). Run from the repository root:
-#     bash benchmarks/gpu_check.sh            # everything (~6 min, at most 8)
+#     bash benchmarks/gpu_check.sh            # everything, at most 8 min (BUDGET_S=470)
 #     STAGES="tests rollout-nano" bash benchmarks/gpu_check.sh
 # A lent machine's device time is 15 minutes a session, starts included (~35 s each): one full run, a
 # fix, and one more run of the stages that failed.
@@ -18,7 +18,8 @@ if ls .whl/*.whl >/dev/null 2>&1; then  # by name, so pip picks the wheel built 
     --find-links .whl $(ls .whl | sed 's/-[0-9].*//' | sort -u)
 fi
 export PYTHONPATH="$PWD:/tmp/site" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-ALL="env tests rollout-fixed rollout-nano rollout-chunked rollout-preempt update"
+ALL="env tests loop update rollout-fixed rollout-nano rollout-chunked rollout-preempt"
+BUDGET=${BUDGET_S:-470}  # the whole script's seconds: a stage gets at most what is left of it (8 min in all)
 STAGES=${STAGES:-$ALL}
 ROLLOUT="python3 benchmarks/rollout.py --device cuda --dtype bfloat16"
 
@@ -26,6 +27,9 @@ stage() {  # name, seconds, command...
   local name=$1 limit=$2
   shift 2
   [[ " $STAGES " == *" $name "* ]] || return 0
+  local left=$((BUDGET - SECONDS))
+  if ((left < 20)); then echo "=== $name: skipped, ${left}s left of the ${BUDGET}s budget"; return 0; fi
+  ((limit > left)) && limit=$left
   echo "=== $name (limit ${limit}s) $(date +%T)"
   local start=$SECONDS
   timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
@@ -33,12 +37,17 @@ stage() {  # name, seconds, command...
   tail -n 25 "$OUT/$name.log"
 }
 
-# Worst case 30 + 130 + 90 + 60 + 40 + 40 + 90 s = 8 min; a run that finds nothing wrong takes about 6.
+# Limits 30 + 130 + 200 + 90 + 90 + 60 + 40 + 40 s, cut to the ${BUDGET}s budget (8 min) in this order: the stages
+# at the end (the engine's, measured in earlier runs) give way first.
 stage env 30 bash -c 'nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv;
   python3 -c "import sys, torch, transformers, triton; print(sys.version.split()[0], torch.__version__, transformers.__version__, triton.__version__)"
   python3 -c "import importlib.util as u; print(\"missing for TRL:\", [m for m in (\"pandas\", \"pyarrow\", \"accelerate\", \"trl\", \"datasets\") if u.find_spec(m) is None])"'
 # make test-gpu's selection: the engine's CUDA tests and Triton kernels first (they fail fastest), then the trainers.
 stage tests 130 python3 -m pytest -q -p no:cacheprovider -m "gpu or triton" -rs tests/rollout tests
+# The whole loop: main_ppo's GRPO step on the 1.5B shape (32 prompts x 8, <= 512 + 1,024 tokens, EOS ignored),
+# each phase's seconds, tokens/s, MFU and memory peak, and update.py's fast variant on the same shape beside it.
+stage loop 200 python3 benchmarks/loop_step.py --device cuda --shape qwen2.5-1.5b --steps 2 --isolated
+stage update 90 python3 benchmarks/update.py --device cuda --quick
 stage rollout-fixed 90 $ROLLOUT --shape smollm2-135m --workload fixed --batches ${FIXED_BATCHES:-64,256} \
   --prompt-len 128 --max-tokens 256 --engines ${FIXED_ENGINES:-native,hf-static} --breakdown
 stage rollout-nano 60 $ROLLOUT --shape qwen3-0.6b --workload nano-vllm --engines native --step-times --breakdown \
@@ -50,5 +59,4 @@ stage rollout-chunked 40 $ROLLOUT --shape qwen3-0.6b --workload nano-vllm --engi
 # (the 256 requests hold ~18,000 by their ends), so sequences are preempted and recomputed with graphs replaying.
 stage rollout-preempt 40 $ROLLOUT --shape smollm2-135m --workload nano-vllm --engines native --num-kv-blocks 3000 \
   --step-times
-stage update 90 python3 benchmarks/update.py --device cuda --quick
 echo "=== done $(date +%T)"

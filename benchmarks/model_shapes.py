@@ -25,6 +25,10 @@ SHAPES = {
                          num_attention_heads=12, num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True,
                          max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1000000.0),
 }
+SHAPES["tiny"] = dict(  # the smallest Qwen2.5-like shape: the CPU smoke runs of benchmarks/update.py and loop_step.py
+    model_type="qwen2", hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, vocab_size=1024, tie_word_embeddings=True, max_position_embeddings=32768,
+    rms_norm_eps=1e-6, rope_theta=1e6)
 _TINY = dict(hidden_size=256, intermediate_size=704, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
              vocab_size=8192, max_position_embeddings=2048, rms_norm_eps=1e-6)
 SHAPES.update({  # one small config of each architecture of hybridflow/rollout/architectures.py, for CPU runs

@@ -33,9 +33,12 @@ Reported per variant:
               16 N bytes (fp32 weights, grads, Adam m and v) + the kept activations of the largest
               micro-batch, ``layers x tokens x (6 h + 2 kv + 4 i) x bytes`` (the inputs of the matmuls,
               norms and SwiGLU; flash / efficient SDPA keeps no ``L^2`` scores)
-    breakdown  one layer's attention (projections, rotary, SDPA) and MLP forward+backward timed apart on
-              the micro-batches' shapes x layers, the head (vocab projection + log-softmax, forward +
-              backward) on the response tokens, the optimizer step (clip + AdamW); ``other`` = the rest
+    breakdown  one more real update step, its wall time cut into disjoint intervals by hooks (StepClock): every
+              layer's attention module (projections, rotary, SDPA) and MLP, forward and backward; the head
+              (final norm's output to its gradient: vocab projection, log-softmax, loss); the optimizer step
+              (clip + AdamW); ``other`` = the rest (embedding, norms, residuals, packing); shares of that
+              instrumented step (each boundary synchronizes, so on a GPU it is slower than step_s); none
+              under checkpointing or compile (recomputed / fused layers have no clean boundaries)
 
     python benchmarks/update.py --quick                      # the 1.5B shape, 5 variants, ~75 s on one H200
     python benchmarks/update.py --shape tiny --variants bf16-padded,trl --precision fp32   # TRL's ratio, CPU
@@ -45,7 +48,6 @@ Reported per variant:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import gc
 import math
@@ -60,13 +62,10 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from hybridflow.algos.linear_logprob import linear_log_probs  # noqa: E402
-from hybridflow.algos.logprob import logprobs_from_logits  # noqa: E402
 from hybridflow.data.batch import Batch  # noqa: E402
 from hybridflow.models import segment_attention  # noqa: E402
 from hybridflow.models.fsdp import autocast_forward  # noqa: E402
 from hybridflow.models.loader import enable_gradient_checkpointing  # noqa: E402
-from hybridflow.models.logprob import packed_forward_inputs  # noqa: E402
 from hybridflow.workers.actor import ActorWorker, PolicyObjective  # noqa: E402
 from hybridflow.workers.logprob import pack_micro_batch  # noqa: E402
 from hybridflow.workers.micro_batches import LogProbBatching, balanced_token_groups  # noqa: E402
@@ -75,9 +74,7 @@ from hybridflow.workers.ppo_update import UpdateSchedule  # noqa: E402
 from model_shapes import SHAPES as MODEL_SHAPES  # noqa: E402
 
 SHAPES = {  # Qwen2.5's shapes from benchmarks/model_shapes.py (config.json values; tied embeddings)
-    "tiny": dict(model_type="qwen2", hidden_size=64, intermediate_size=176, num_hidden_layers=2,
-                 num_attention_heads=4, num_key_value_heads=2, vocab_size=1024, tie_word_embeddings=True,
-                 max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1e6),
+    "tiny": MODEL_SHAPES["tiny"],
     "0.5b": MODEL_SHAPES["qwen2.5-0.5b"],
     "1.5b": MODEL_SHAPES["qwen2.5-1.5b"],
 }
@@ -97,7 +94,7 @@ class Variant:
     """Activation checkpointing per decoder layer (enable_gradient_checkpointing)."""
     branched_attention: bool = False
     """On CUDA, shared-prompt units branch by branch with fused causal kernels; False: one masked SDPA call
-    per unit (hybridflow.models.segment_attention.BRANCHED_SHARED_PROMPTS_ON_CUDA)."""
+    per unit (hybridflow.models.segment_attention.BRANCHED_SHARED_PROMPTS_DEVICES)."""
     micro_tokens: int | None = None
     """Token budget of a micro-batch; None: ``--micro-tokens``."""
     compiled: bool = False
@@ -286,59 +283,107 @@ def peak_memory(device: torch.device) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-# ------------------------------------------------------------------------------ the parts, timed apart
-def _backward_of(fn: Callable[[], torch.Tensor]) -> Callable[[], None]:
-    return lambda: fn().float().sum().backward()
+# ------------------------------------------------------------------------------ the parts, inside one step
+class StepClock:
+    """Splits one real update step's wall time into disjoint intervals per part: ``attention`` and ``mlp`` (each
+    decoder layer's module, forward and backward), ``head`` (from the final norm's output to its gradient: the
+    vocabulary projection, log-softmax, loss and their backward), ``optimizer`` (clip + AdamW). One interval is
+    open at a time (a part that starts closes the open one), so the parts never overlap and ``other`` = step -
+    their sum (embedding, norms, residuals, packing, Python) is >= 0 by construction. Every boundary
+    synchronizes the device, which a real step does not: the instrumented step is slower on a GPU, and the
+    shares are of its own time."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.seconds, self.open = device, {}, None
+
+    def start(self, part: str) -> None:
+        now = self._now()
+        self._close(now)
+        self.open = (part, now)
+
+    def stop(self, part: str) -> None:
+        if self.open is not None and self.open[0] == part:
+            self._close(self._now())
+
+    def _close(self, now: float) -> None:
+        if self.open is not None:
+            part, began = self.open
+            self.seconds[part] = self.seconds.get(part, 0.0) + now - began
+            self.open = None
+
+    def _now(self) -> float:
+        synchronize(self.device)
+        return time.perf_counter()
+
+    def watch(self, module: torch.nn.Module, part: str) -> list:
+        """Hooks timing ``module``'s forward (pre-hook to hook) and backward (its output's gradient to its
+        input's); returns the handles."""
+        def before(_module, args, kwargs):
+            self.start(part)
+            hidden = args[0] if args else kwargs.get("hidden_states")
+            if hidden is not None and hidden.requires_grad:
+                hidden.register_hook(lambda grad: self.stop(part))
+
+        def after(_module, _args, output):
+            self.stop(part)
+            output = output[0] if isinstance(output, tuple) else output
+            if output.requires_grad:
+                output.register_hook(lambda grad: self.start(part))
+
+        return [module.register_forward_pre_hook(before, with_kwargs=True), module.register_forward_hook(after)]
+
+    def watch_head(self, norm: torch.nn.Module) -> list:
+        """The head's interval: from the final norm's output (forward) until that output's gradient."""
+        def after(_module, _args, output):
+            self.start("head")
+            if output.requires_grad:
+                output.register_hook(lambda grad: self.stop("head"))
+            else:  # no backward (a no-grad pass): the head is the rest of the forward, left to ``other``
+                self.stop("head")
+
+        return [norm.register_forward_hook(after)]
 
 
-def _attention_inputs(model, micro: Batch, layout: str, device: torch.device) -> tuple[torch.Tensor, dict]:
-    """(hidden ``[b, L, H]`` requiring grad, the attention's kwargs) on one micro-batch's forward shape."""
-    if layout == "padded":
-        columns = int(micro["attention_mask"].any(0).sum())
-        position_ids = torch.arange(columns, device=device)[None].expand(len(micro), -1)
-        extra = {}
-    else:
-        forward = packed_forward_inputs(model, pack_micro_batch(micro, layout=layout))
-        position_ids, extra = forward["position_ids"], {"segment_layout": forward["segment_layout"]}
-    hidden = torch.randn(*position_ids.shape, model.config.hidden_size, device=device, requires_grad=True)
-    extra["position_embeddings"] = model.model.rotary_emb(hidden, position_ids)
-    return hidden, extra
+def part_seconds(actor: ActorWorker, model, batch: Batch, *, step: int, device: torch.device) -> dict:
+    """``{"step": instrumented step seconds, "attention", "mlp", "head", "optimizer": seconds}`` of one
+    real update step (:class:`StepClock`); the parts sum to at most the step."""
+    clock, state = StepClock(device), actor.state
+    handles = clock.watch_head(model.model.norm)
+    for layer in model.model.layers:
+        handles += clock.watch(layer.self_attn, "attention") + clock.watch(layer.mlp, "mlp")
+    optimizer_step = state.step
+
+    def timed_step(**kwargs):
+        clock.start("optimizer")
+        try:
+            return optimizer_step(**kwargs)
+        finally:
+            clock.stop("optimizer")
+
+    state.step = timed_step
+    try:
+        begin = clock._now()
+        actor.update_policy(batch, temperature=1.0, step=step)
+        seconds = clock._now() - begin
+    finally:
+        del state.step
+        for handle in handles:
+            handle.remove()
+    clock._close(clock._now())
+    return {"step": seconds, **{part: clock.seconds.get(part, 0.0) for part in ("attention", "mlp", "head", "optimizer")}}
 
 
-def part_seconds(actor: ActorWorker, micros: list[Batch], *, variant: Variant, device: torch.device) -> dict:
-    """Seconds per optimizer step of the attention, MLP, head and optimizer (module docstring)."""
-    model = actor.model
-    parts = {"optimizer": timed(lambda: actor.state.step(loss_value=0.0), device)}
-    layer, head = model.model.layers[0], model.get_output_embeddings()
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if variant.precision == "bf16" else \
-        contextlib.nullcontext()
-    attention = mlp = vocab = 0.0
-    with autocast:
-        for micro in micros:
-            hidden, extra = _attention_inputs(model, micro, variant.layout, device)
-            attention += timed(_backward_of(lambda: layer.self_attn(hidden_states=hidden, attention_mask=None,
-                                                                      **extra)[0]), device)
-            mlp += timed(_backward_of(lambda: layer.mlp(hidden)), device)
-            vocab += timed(_backward_of(_head_fn(head, micro, variant, device)), device)
-    model.zero_grad(set_to_none=True)
-    layers = model.config.num_hidden_layers
-    return {"attention": attention * layers, "mlp": mlp * layers, "head": vocab, **parts}
-
-
-def _head_fn(head, micro: Batch, variant: Variant, device: torch.device) -> Callable[[], torch.Tensor]:
-    """The vocabulary projection + log-softmax of a micro-batch's response tokens, as the variant runs it."""
-    labels = micro["responses"][micro["response_mask"].bool()]
-    hidden = torch.randn(labels.numel(), head.in_features, device=device, requires_grad=True)
-    if variant.chunked_head:
-        return lambda: linear_log_probs(hidden=hidden, weight=head.weight, labels=labels)[0]
-    return lambda: logprobs_from_logits(logits=head(hidden), labels=labels)
+def breakdown_shares(parts: dict) -> list[float]:
+    """Percent of the instrumented step: attention, mlp, head, optimizer, other (the rest); sums to 100."""
+    named = [parts[key] for key in ("attention", "mlp", "head", "optimizer")]
+    return [100 * value / parts["step"] for value in (*named, parts["step"] - sum(named))]
 
 
 # ------------------------------------------------------------------------------ one variant
 def run_variant(shape: str, variant: Variant, args, device: torch.device, peak_flops: float) -> dict:
     """Build, warm up, measure ``args.steps - 1`` updates, then the parts; the numbers of the report."""
     baseline_memory = peak_memory(device)
-    segment_attention.BRANCHED_SHARED_PROMPTS_ON_CUDA = variant.branched_attention
+    segment_attention.BRANCHED_SHARED_PROMPTS_DEVICES = ("cuda",) if variant.branched_attention else ()
     model = build_model(shape, device)
     batch = grpo_rows(prompts=args.prompts, n=args.n, vocab=model.config.vocab_size, seed=1).to(device)
     micro_tokens = variant.micro_tokens or args.micro_tokens
@@ -357,8 +402,8 @@ def run_variant(shape: str, variant: Variant, args, device: torch.device, peak_f
     result = _counts(model, batch, micros, variant, step_seconds=step_seconds, peak_flops=peak_flops)
     result.update(peak_bytes=peak_memory(device) - (0 if device.type == "cuda" else baseline_memory),
                   grad_norm=grad_norm, micro_batches=len(micros))
-    if actor is not None and not args.no_breakdown:
-        result["parts"] = part_seconds(actor, micros, variant=variant, device=device)
+    if actor is not None and not args.no_breakdown and not variant.checkpointing and not variant.compiled:
+        result["parts"] = part_seconds(actor, model, batch, step=args.steps, device=device)
     del actor, model, update
     gc.collect()
     if device.type == "cuda":
@@ -420,7 +465,7 @@ def describe_device(device: torch.device) -> str:
 def table(results: list[tuple[str, str, Variant, dict]]) -> list[str]:
     """The final lines: one per (shape, variant), the parts as shares of the step."""
     lines = [f"{'shape':6} {'variant':13} {'prec':4} {'layout':13} {'head':7} {'ckpt':4} {'mb':>3} "
-             f"{'step_s':>7} {'tok/s':>8} {'MFU':>6} {'peak_GB':>7} {'floor_GB':>8} {'TRL/this':>8}  attn/mlp/head/opt/other %"]
+             f"{'step_s':>7} {'tok/s':>8} {'MFU':>6} {'peak_GB':>7} {'floor_GB':>8} {'TRL/this':>8}  attn/mlp/head/opt/other % of the instrumented step"]
     trl_seconds = {shape: r["step_s"] for shape, name, v, r in results if v.framework == "trl" and "step_s" in r}
     for shape, name, v, r in results:
         if "error" in r:
@@ -428,9 +473,7 @@ def table(results: list[tuple[str, str, Variant, dict]]) -> list[str]:
             continue
         shares = ""
         if "parts" in r:
-            parts = r["parts"]
-            other = r["step_s"] - sum(parts.values())
-            shares = "/".join(f"{100 * s / r['step_s']:.0f}" for s in (*parts.values(), other))
+            shares = "/".join(f"{share:.0f}" for share in breakdown_shares(r["parts"])) + f" of {r['parts']['step']:.3f}s"
         head = "trl" if v.framework == "trl" else "chunked" if v.chunked_head else "logits"
         versus_trl = f"{trl_seconds[shape] / r['step_s']:.2f}x" if shape in trl_seconds else "-"
         lines.append(f"{shape:6} {name:13} {v.precision:4} {v.layout:13} {head:7} {'on' if v.checkpointing else 'off':4} "

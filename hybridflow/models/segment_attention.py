@@ -35,9 +35,9 @@ import torch
 import torch.nn.functional as F
 
 IMPLEMENTATION = "hybridflow_segments"
-BRANCHED_SHARED_PROMPTS_ON_CUDA = False
-"""On CUDA, run a shared-prompt unit branch by branch with fused causal kernels (a masked call has no flash
-kernel) instead of one masked call per unit, as on a CPU. Off until measured: on one H200 the 0.5B and
+BRANCHED_SHARED_PROMPTS_DEVICES: tuple[str, ...] = ()
+"""Device types (``"cuda"``) on which a shared-prompt unit runs branch by branch with fused causal kernels (a
+masked call has no flash kernel) instead of one masked call per unit. None until measured: on one H200 the 0.5B and
 1.5B updates took about the same time (kernel launches, not FLOPs, bound them), and branching launches
 n + 1 attention calls per unit (benchmarks/update.py's fast-branched variant measures it)."""
 
@@ -86,6 +86,7 @@ def _segment_attention(module, query, key, value, attention_mask, dropout: float
                                       **kwargs)
     outputs = []
     on_cuda = query.device.type == "cuda"
+    branched = query.device.type in BRANCHED_SHARED_PROMPTS_DEVICES and window is None
     dropout = dropout if module.training else 0.0
     positions = _row_positions(layout, kwargs.get("position_ids"), query.shape[2])
     for index, ((start, end), mask) in enumerate(zip(layout.bounds, layout.masks)):
@@ -96,8 +97,7 @@ def _segment_attention(module, query, key, value, attention_mask, dropout: float
         if softcap is not None:
             outputs.append(capped_attention(*unit, mask=mask, scale=scaling, softcap=softcap, grouped=True))
             continue
-        if mask is not None and branches is not None and on_cuda and BRANCHED_SHARED_PROMPTS_ON_CUDA \
-                and window is None:
+        if mask is not None and branches is not None and branched:
             # A masked SDPA call has no flash kernel; the unit's branches run the fused causal ones.
             outputs.append(shared_prompt_attention(*unit, lengths=branches, scale=scaling, dropout=dropout,
                                                    repeat_kv=True))
@@ -175,6 +175,7 @@ def shared_prompt_attention(query: torch.Tensor, key: torch.Tensor, value: torch
     from torch.nn.attention.bias import causal_lower_right
 
     prompt = lengths[0]
+    query, key, value = same_dtype(query, key, value)
     key, value, gqa = kv_heads(query, key, value, repeat=repeat_kv)
     outputs = [F.scaled_dot_product_attention(query[:, :, :prompt], key[:, :, :prompt], value[:, :, :prompt],
                                               is_causal=True, scale=scale, dropout_p=dropout, enable_gqa=gqa)]
@@ -189,6 +190,21 @@ def shared_prompt_attention(query: torch.Tensor, key: torch.Tensor, value: torch
                 scale=scale, dropout_p=dropout, enable_gqa=gqa))
         offset += length
     return torch.cat(outputs, dim=2)
+
+
+def same_dtype(*tensors: torch.Tensor) -> list[torch.Tensor]:
+    """The tensors in the dtype SDPA would run them in: autocast's where it is on for their device, else their
+    promoted dtype. Under autocast the rotary embedding leaves q and k in fp32 (fp32 cos/sin) and v in bf16;
+    a plain SDPA call is cast by autocast, but one with a ``causal_lower_right`` bias dispatches to the fused
+    kernels directly, past autocast, and rejects mixed dtypes."""
+    device = tensors[0].device.type
+    if torch.is_autocast_enabled(device):
+        dtype = torch.get_autocast_dtype(device)
+    else:
+        dtype = tensors[0].dtype
+        for tensor in tensors[1:]:
+            dtype = torch.promote_types(dtype, tensor.dtype)
+    return [tensor.to(dtype) for tensor in tensors]
 
 
 def kv_heads(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,

@@ -39,7 +39,7 @@ def test_tiny_cpu_run_reports_a_table_and_fast_equals_plain_in_fp32():
     fast, plain = (line.split() for line in lines[2:])
     assert fast[:5] == ["tiny", "fast", "fp32", "shared_prompt", "chunked"]
     assert plain[:5] == ["tiny", "plain", "fp32", "padded", "logits"]
-    assert len(fast[-1].split("/")) == 5  # attention / MLP / head / optimizer / other shares
+    assert len(fast[-3].split("/")) == 5 and fast[-2] == "of"  # attention / MLP / head / optimizer / other shares
 
 
 def test_every_variant_gives_the_plain_update_gradient_in_fp32():
@@ -64,3 +64,40 @@ def test_compiled_decoder_layers_give_the_eager_gradient():
         runs = {name: bench.run_variant("tiny", bench.dataclasses.replace(bench.VARIANTS[name], precision="fp32"),
                                         args, torch.device("cpu"), 1e9) for name in ("fast", "fast-compiled")}
     assert abs(runs["fast-compiled"]["grad_norm"] - runs["fast"]["grad_norm"]) < 1e-5 * runs["fast"]["grad_norm"]
+
+
+class ScriptedClock:
+    """StepClock's arithmetic on given clock readings (no timing)."""
+
+    def __init__(self, bench, readings):
+        self.clock, readings = bench.StepClock(torch.device("cpu")), iter(readings)
+        self.clock._now = lambda: next(readings)
+
+
+def test_step_clock_keeps_one_part_open_so_parts_never_overlap():
+    with loaded_benchmark("update") as bench:
+        clock = ScriptedClock(bench, [0.0, 1.0, 4.0, 6.0, 7.0]).clock
+        clock.start("attention")  # 0
+        clock.start("mlp")        # 1: closes attention (1 s)
+        clock.stop("attention")   # not the open part: ignored, no reading
+        clock.stop("mlp")         # 4: mlp 1 -> 4 (3 s)
+        clock.start("head")       # 6
+        clock.stop("head")        # 7: head 1 s
+        clock.stop("head")        # nothing open: ignored
+        assert clock.seconds == {"attention": 1.0, "mlp": 3.0, "head": 1.0}
+        assert bench.breakdown_shares({"step": 10.0, **clock.seconds, "optimizer": 2.0}) == [10.0, 30.0, 10.0, 20.0, 30.0]
+
+
+def test_breakdown_of_a_real_step_adds_up_to_it():
+    # The parts are disjoint intervals of one real update step: each > 0 (every hook fired), their sum <= the
+    # step, and the shares with 'other' add to 100 (the H200 run's attention share summed past 100 with
+    # separately timed parts: 66 + 26 + 15 + 1 - 8).
+    with loaded_benchmark("update") as bench:
+        args = bench.parse_args(["--shape", "tiny", "--steps", "1", "--prompts", "2", "--n", "3",
+                                 "--micro-tokens", "1600", "--device", "cpu"])
+        for name in ("fast", "bf16-padded"):
+            parts = bench.run_variant("tiny", bench.VARIANTS[name], args, torch.device("cpu"), 1e9)["parts"]
+            named = [parts[key] for key in ("attention", "mlp", "head", "optimizer")]
+            assert all(value > 0 for value in named) and sum(named) <= parts["step"], (name, parts)
+            shares = bench.breakdown_shares(parts)
+            assert min(shares) >= 0 and abs(sum(shares) - 100) < 1e-9, (name, shares)

@@ -157,3 +157,37 @@ def test_padded_forward_under_segment_attention_equals_the_models_own(tiny_token
         segments = model(**inputs).logits
     valid = attention_mask.bool()
     torch.testing.assert_close(segments[valid], own[valid], rtol=0, atol=2e-5)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_branched_shared_prompt_forward_equals_padded_under_autocast(tiny_tokenizer, monkeypatch, precision):
+    """The branch-by-branch shared-prompt attention (what a GPU runs with ``fast-branched``), switched on for the
+    CPU, inside a whole model: under bf16 autocast the rotary embedding leaves q/k in fp32 and v in bf16, which
+    the bottom-right causal bias's fused dispatch rejected ("Expected query, key, and value to have the same
+    dtype"); the log-probs and gradients equal the padded forward's (fp32 to float rounding, bf16 to bf16's)."""
+    from hybridflow.models import segment_attention
+
+    model, _ = build_tiny_model("qwen2", seed=1, tokenizer=tiny_tokenizer)
+    model.train()
+    input_ids, attention_mask, position_ids = grpo_like_rows(model.config.vocab_size)
+    valid = attention_mask[:, PROMPT_COLS:].bool()
+    weights = torch.randn(valid.shape, generator=torch.Generator().manual_seed(3))
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16")
+    tolerance = dict(rtol=0, atol=2e-5) if precision == "fp32" else dict(rtol=0.05, atol=0.05)
+    with autocast:
+        padded, _ = compute_log_probs(model, input_ids=input_ids, attention_mask=attention_mask,
+                                      position_ids=position_ids, response_length=RESPONSE_COLS, temperature=0.7)
+        (padded.float() * weights * valid).sum().backward()
+    expected = grads(model)
+    monkeypatch.setattr(segment_attention, "BRANCHED_SHARED_PROMPTS_DEVICES", ("cpu",))
+    packed = PackedResponses(input_ids, attention_mask, response_length=RESPONSE_COLS, share_prompt=True)
+    with autocast:
+        log_probs, _ = packed_log_probs(model, packed, temperature=0.7)
+        (log_probs.float() * weights * valid).sum().backward()
+    torch.testing.assert_close(log_probs[valid].float(), padded[valid].float(), **tolerance)
+    got = grads(model)
+    assert got.keys() == expected.keys()
+    for name in expected:
+        scale = expected[name].abs().max().item() if precision == "bf16" else 1.0
+        torch.testing.assert_close(got[name] / scale, expected[name] / scale,
+                                   **(dict(rtol=1e-4, atol=2e-5) if precision == "fp32" else tolerance), msg=name)

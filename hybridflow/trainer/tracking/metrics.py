@@ -141,6 +141,11 @@ def peak_rss_since_last_call_gb() -> float | None:
     return peak_kib / 2**20
 
 
+PHASE_OBSERVERS: list = []
+"""Objects with ``enter(name)`` / ``exit(name)``, called inside every timed phase's interval (a benchmark's
+device synchronization and per-phase memory peaks: benchmarks/loop_step.py); empty in a training run."""
+
+
 class Timer:
     """Collects ``timing_s/{name}`` durations of one step: ``with timer("gen"): ...``."""
 
@@ -150,9 +155,13 @@ class Timer:
     @contextmanager
     def __call__(self, name: str):
         start = time.perf_counter()
+        for observer in PHASE_OBSERVERS:
+            observer.enter(name)
         try:
             yield
         finally:
+            for observer in reversed(PHASE_OBSERVERS):
+                observer.exit(name)
             self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - start
 
     def metrics(self) -> dict[str, float]:
