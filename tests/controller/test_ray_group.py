@@ -26,6 +26,7 @@ from hybridflow.trainer.roles.groups import HybridEngineWorker  # noqa: E402
 from hybridflow.controller.worker_group import build_worker_group  # noqa: E402
 from hybridflow.data.batch import Batch  # noqa: E402
 from hybridflow.errors import ConfigError  # noqa: E402
+from tests.adamw_weights import assert_adamw_weights_close  # noqa: E402
 
 ATOL = 1e-5
 ROWS, PROMPT, RESPONSE = 8, 5, 6
@@ -103,8 +104,8 @@ def test_two_ray_workers_train_like_one_local_process(ray_cluster, tiny_model_di
     # Not vacuous: step 1 moved the policy away from the reference (KL > 0, new old-log-probs).
     assert local_losses[0][1] == pytest.approx(0.0, abs=1e-7) and local_losses[1][1] > 1e-4
     assert (local_old[1] - local_old[0]).abs().max() > 100 * ATOL
-    for name, tensor in local_weights.items():
-        torch.testing.assert_close(remote_weights[name], tensor, atol=ATOL, rtol=0, msg=name)
+    # AdamW carries the reduction order's rounding of near-zero gradients up to lr/eps further (tests/adamw_weights.py)
+    assert_adamw_weights_close(remote_weights, local_weights, atol=ATOL, lr=1e-2, steps=2)
 
     # Resume across world sizes: 2 ranks -> 1 process, and 1 process -> 2 ranks.
     remote.save_checkpoint(str(tmp_path / "from2"))

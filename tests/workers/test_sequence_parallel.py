@@ -189,7 +189,7 @@ def test_actor_with_sp2_equals_one_process(two_rank_results, one_process_results
         for a, b in zip(got[name], expected[name]):
             torch.testing.assert_close(a, b, atol=ATOL, rtol=0)
     for a, b in zip(got["metrics"], expected["metrics"]):
-        assert_close_dicts(a, b, keys=("actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "actor/entropy"))
+        assert_close_dicts(a, b, keys=("actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "actor/entropy_loss"))  # entropy_coeff=0.01: verl's name
     assert_adamw_weights_close(got["weights"], expected["weights"], atol=WEIGHT_ATOL, lr=LR, steps=STEPS)
     assert (expected["old"][1] - expected["old"][0]).abs().max() > 100 * ATOL  # step 1 moved the policy
     assert expected["metrics"][1]["actor/kl_loss"] > 1e-4
