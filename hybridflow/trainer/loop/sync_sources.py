@@ -105,7 +105,7 @@ class AccuracyFilter:
         passing = prime_passing_groups(batch, self.data, n=self.n)
         order = torch.argsort((~passing).to(torch.int8), stable=True)[: self.wanted]
         metrics.update({"train/prime_passing_groups": int(passing.sum()), "train/prime_groups_seen": len(passing)})
-        return batch.index_select([g * self.n + i for g in order.tolist() for i in range(self.n)])
+        return batch.index_select(group_rows(order.tolist(), n=self.n))
 
 
 def prime_passing_groups(batch: Batch, data: Any, *, n: int) -> torch.Tensor:
@@ -129,7 +129,12 @@ def informative_rows(batch: Batch, *, metric: str, n: int) -> list[int]:
         values = batch[f"reward_extra/{metric}"]  # a scorer's extra metric, e.g. DAPO's acc
     groups = values.float().reshape(-1, n)
     varied = (groups.max(dim=1).values - groups.min(dim=1).values) > 0
-    return [g * n + i for g in varied.nonzero().flatten().tolist() for i in range(n)]
+    return group_rows(varied.nonzero().flatten().tolist(), n=n)
+
+
+def group_rows(groups: list[int], *, n: int) -> list[int]:
+    """The rows of ``groups`` (indices of n-row groups), in that order."""
+    return [g * n + i for g in groups for i in range(n)]
 
 
 COSTLY_GEN_BATCHES = 4
