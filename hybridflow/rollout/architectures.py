@@ -11,6 +11,8 @@ query attention, a gated MLP) and says how its HF modules map onto the decoder's
   q / k norms and a rotary base of its own for the sliding layers.
 - Mixtral / Qwen3-MoE: a top-k routed mixture of SwiGLU experts in place of the MLP (:mod:`moe`).
 - Mistral / Phi-3 / Mixtral / Qwen2 with ``use_sliding_window``: a sliding attention window.
+- Qwen2-VL / Qwen2.5-VL / Qwen3-VL: the language model of a vision-language model (Qwen2's / Qwen3's layer) with
+  M-RoPE positions and the vision tower's output in the prefill (:mod:`hybridflow.rollout.vision_prefill`).
 
 A model whose type is here but whose config asks for something the decoder does not compute is refused
 by :func:`unsupported_reason`, and ``build_engine("native", ...)`` then runs it through HF ``generate``
@@ -65,6 +67,10 @@ ARCHITECTURES: dict[str, Architecture] = {
     "gemma3_text": Architecture(qk_norm=True, gemma_norms=True, rope_per_layer_type=True),
     "mixtral": Architecture(moe_renormalize="always"),
     "qwen3_moe": Architecture(qk_norm=True, moe_renormalize="norm_topk_prob"),
+    # Vision-language: the language model under the vision tower (:mod:`hybridflow.rollout.vision_prefill`).
+    "qwen2_vl": Architecture(),  # Qwen2's layer, M-RoPE
+    "qwen2_5_vl": Architecture(),
+    "qwen3_vl": Architecture(qk_norm=True),  # Qwen3's layer, interleaved M-RoPE, deepstack features
 }
 
 
@@ -97,10 +103,12 @@ def hidden_activation(config) -> str:
 
 def unsupported_reason(config, *, max_model_len: int | None = None) -> str | None:
     """None where the native decoder reproduces this model exactly, else why not, in one phrase.
-    (``max_model_len`` is accepted for callers that size the context; every window is computed.)"""
+    (``max_model_len`` is accepted for callers that size the context; every window is computed.) A
+    vision-language config is judged by its language model's config."""
     if config.model_type not in ARCHITECTURES:
         return (f"model_type {config.model_type!r} is not in hybridflow.rollout.architectures.ARCHITECTURES "
                 f"{sorted(ARCHITECTURES)}")
+    config = config.get_text_config()
     activation = hidden_activation(config)
     checks = (
         (activation not in ACTIVATIONS,

@@ -59,17 +59,20 @@ def add_rms_norm(*, x: torch.Tensor, residual: torch.Tensor | None, weight: torc
 
 def qkv_rope_write(*, qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                    qk_norm: torch.Tensor | None, keys: torch.Tensor, values: torch.Tensor, heads: int,
-                   eps: float, block_tables: torch.Tensor) -> torch.Tensor:
+                   eps: float, block_tables: torch.Tensor, rope_positions: torch.Tensor | None = None
+                   ) -> torch.Tensor:
     """Rotate (and, given ``qk_norm`` ``[H + KV, D]``, first normalise) the heads of ``qkv``
     ``[N, (H + 2 KV) * D]``; write k and v into the paged ``keys`` / ``values`` ``[KV, blocks, B, D]`` at
     ``positions`` ``[N]`` (block ``block_tables[n, p // B]`` ``[N, W]`` int32, offset ``p % B``); return q
-    ``[N, H, D]``. ``cos`` / ``sin``: ``[T, D]`` tables indexed by position. A position past the table or the
-    rotary table, or a block id outside the pool, is refused before anything is written."""
+    ``[N, H, D]``. ``cos`` / ``sin``: ``[T, D]`` tables indexed by ``rope_positions`` ``[N]`` (each at most its
+    row's position; ``None``: ``positions``). A position past the table or the rotary table, a rotation past its
+    row's position, or a block id outside the pool, is refused before anything is written."""
     qkv, cos, sin = (_contiguous_f32(t, name) for t, name in ((qkv, "qkv"), (cos, "cos"), (sin, "sin")))
     qk_norm = None if qk_norm is None else _contiguous_f32(qk_norm, "qk_norm")
     if not (keys.is_contiguous() and values.is_contiguous()):
         raise ValueError("keys and values must be contiguous layers of the pool")
     positions = positions.to(torch.int64).contiguous()
+    rope_positions = None if rope_positions is None else rope_positions.to(torch.int64).contiguous()
     if block_tables.stride(1) != 1 or block_tables.dtype != torch.int32:
         block_tables = block_tables.to(torch.int32).contiguous()
     rows = qkv.shape[0]
@@ -79,11 +82,12 @@ def qkv_rope_write(*, qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Ten
                   cos=(cos.shape, (-1, head_dim)), sin=(sin.shape, cos.shape),
                   qk_norm=((heads + kv_heads, head_dim) if qk_norm is None else qk_norm.shape,
                            (heads + kv_heads, head_dim)),
-                  block_tables=(block_tables.shape[:1], (rows,)))
+                  block_tables=(block_tables.shape[:1], (rows,)),
+                  rope_positions=((rows,) if rope_positions is None else rope_positions.shape, (rows,)))
     q = torch.empty(rows, heads, head_dim, dtype=qkv.dtype)
     max_length = min(cos.shape[0], block_tables.shape[1] * block_size)
     failed = library().qkv_rope_write_f32(
-        qkv.data_ptr(), positions.data_ptr(), cos.data_ptr(), sin.data_ptr(), _pointer(qk_norm), q.data_ptr(),
+        qkv.data_ptr(), positions.data_ptr(), _pointer(rope_positions), cos.data_ptr(), sin.data_ptr(), _pointer(qk_norm), q.data_ptr(),
         keys.data_ptr(), values.data_ptr(), rows, heads, block_tables.data_ptr(), block_tables.stride(0), kv_heads,
         head_dim, blocks, block_size, max_length, eps)
     if failed:

@@ -49,6 +49,8 @@ class DecodeGraphs:
         device = decoder.embed.device
         self.tokens = torch.zeros(rows, dtype=torch.long, device=device)
         self.positions = torch.zeros(rows, dtype=torch.long, device=device)
+        # A vision-language model's rows rotate at position + delta: one more static input (text models: none).
+        self.rope_positions = torch.zeros(rows, dtype=torch.long, device=device) if decoder.vision_language else None
         self.block_tables = torch.zeros(rows, cache.table_width, dtype=torch.int32, device=device)
         self.rope = decoder._rope  # the rotary table the graphs read
         self.weights_epoch = decoder.weights_epoch  # the weight tensors they read
@@ -63,14 +65,18 @@ class DecodeGraphs:
                 and self.decoder._rope is self.rope
                 and self.decoder.weights_epoch == self.weights_epoch)
 
-    def __call__(self, *, token_ids: torch.Tensor, positions: torch.Tensor, block_tables: torch.Tensor
-                 ) -> torch.Tensor:
-        """``[N, V]`` logits of one decode step over ``N`` sequences (``block_tables`` ``[N, <= W]``)."""
+    def __call__(self, *, token_ids: torch.Tensor, positions: torch.Tensor, block_tables: torch.Tensor,
+                 rope_positions: torch.Tensor | None = None) -> torch.Tensor:
+        """``[N, V]`` logits of one decode step over ``N`` sequences (``block_tables`` ``[N, <= W]``;
+        ``rope_positions`` ``[N]``: a vision-language model's rotations, ``None`` = ``positions``)."""
         count, width = block_tables.shape
         bucket = next(b for b in self.buckets if b >= count)
         self.tokens[:count].copy_(token_ids)
         self.positions[:count].copy_(positions)
         self.positions[count:bucket].zero_()  # padding rows: position 0 of the null block
+        if self.rope_positions is not None:
+            self.rope_positions[:count].copy_(positions if rope_positions is None else rope_positions)
+            self.rope_positions[count:bucket].zero_()
         self.block_tables[:count, :width].copy_(block_tables)
         self.block_tables[:count, width:].zero_()
         self.block_tables[count:bucket].zero_()
@@ -79,8 +85,10 @@ class DecodeGraphs:
         return self.logits[bucket][:count]
 
     def _step(self, bucket: int) -> torch.Tensor:
+        rope = None if self.rope_positions is None else self.rope_positions[:bucket]
         return self.decoder.decode(token_ids=self.tokens[:bucket], positions=self.positions[:bucket],
-                                   cache=self.cache, block_tables=self.block_tables[:bucket], context=None)
+                                   cache=self.cache, block_tables=self.block_tables[:bucket], context=None,
+                                   rope_positions=rope)
 
     def _capture(self, bucket: int) -> torch.cuda.CUDAGraph:
         # One eager run on a side stream first (Triton compiles, cuBLAS picks kernels); it writes where the
@@ -101,6 +109,8 @@ class DecodeGraphs:
         """Capture every bucket now, largest first (smaller graphs then reuse its pool's memory); the capture
         runs write into the null block only."""
         self.positions.zero_()
+        if self.rope_positions is not None:
+            self.rope_positions.zero_()
         self.block_tables.zero_()
         for bucket in sorted(self.buckets, reverse=True):
             if bucket not in self.graphs:

@@ -40,10 +40,12 @@ from hybridflow.rollout import cpu_attention
 from hybridflow.rollout.architectures import ARCHITECTURES, hidden_activation, layer_windows, unsupported_reason
 from hybridflow.rollout.attention_variants import attention, decode_mask, prefill_mask
 from hybridflow.models.segment_attention import kv_heads
+from hybridflow.models.vision import is_vision_language, vision_token_ids
 from hybridflow.rollout.kv_cache import CachedPrefix, PagedKVCache
 from hybridflow.rollout.moe import ExpertWeights, expert_weights, moe_mlp
 from hybridflow.rollout.optional import package_installed
 from hybridflow.rollout.packed_linear import PackedLinear, same_layout
+from hybridflow.rollout.vision_prefill import PrefillImages
 from hybridflow.rollout.weights import copy_named_tensors
 
 logger = logging.getLogger(__name__)
@@ -89,16 +91,17 @@ class LlamaFamilyDecoder:
     Gemma 2 / 3, Mixtral, Qwen3-MoE)."""
 
     def __init__(self, model):
-        config = model.config
+        config = model.config.get_text_config()  # a vision-language model's language model
         self.model = model
-        self.architecture = ARCHITECTURES[config.model_type]
+        self.text_model, self.layer_prefix = language_model(model)
+        self.architecture = ARCHITECTURES[model.config.model_type]
         self.projections = self.architecture.projections
         self.num_heads = config.num_attention_heads
         self.kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
         self.eps = config.rms_norm_eps
         self.intermediate = config.intermediate_size
-        self.scale = getattr(model.model.layers[0].self_attn, "scaling", self.head_dim**-0.5)  # Gemma's differs
+        self.scale = getattr(self.text_model.layers[0].self_attn, "scaling", self.head_dim**-0.5)  # Gemma's differs
         self.activation = F.silu if hidden_activation(config) == "silu" else _gelu_tanh
         self.windows = layer_windows(config)
         self.attn_softcap = getattr(config, "attn_logit_softcapping", None)
@@ -124,6 +127,12 @@ class LlamaFamilyDecoder:
         """Whether a CPU decode step runs fused (:meth:`_decode_fused` with the C kernels of
         :mod:`hybridflow.rollout.cpu_fused`) rather than as torch ops; needs :attr:`paged_cpu_attention` too."""
         self.released = False  # whether the module's projection weights were dropped (release_module_projections)
+        self.vision_language = is_vision_language(model.config)
+        """Prompts may carry images (:mod:`hybridflow.rollout.vision_prefill`); its rows rotate at their own positions."""
+        suppressed = vision_token_ids(model.config)
+        self.suppressed = torch.tensor(suppressed, device=weight.device) if suppressed else None
+        """A vision-language model's vision tokens (``<|image_pad|>``, ...): never sampled (a response holding one
+        would be an image without pixels in the training forward), as the HF engine's ``suppress_tokens``."""
         self.refresh()
 
     def plain_attention(self) -> bool:
@@ -148,7 +157,7 @@ class LlamaFamilyDecoder:
         """(Re)build the fused weight copies: from ``incoming`` (HF name -> new weight) where given,
         else from the HF module's current parameters (which must still be held)."""
         incoming = incoming or {}
-        inner = self.model.model
+        inner = self.text_model
         self.embed = inner.embed_tokens.weight
         scale = getattr(inner.embed_tokens, "embed_scale", None)  # Gemma: sqrt(hidden), in the weights' dtype
         self.embed_scale = None if scale is None else scale.to(self.embed.dtype)
@@ -164,7 +173,7 @@ class LlamaFamilyDecoder:
         logger.debug("native decoder projections: %s", self.lm_head.path)
 
     def _lm_head_tied(self) -> bool:
-        return self.model.lm_head.weight is self.model.model.embed_tokens.weight
+        return self.model.lm_head.weight is self.text_model.embed_tokens.weight
 
     def _projection_weight(self, name: str, module, incoming: dict) -> torch.Tensor | None:
         if name in incoming:
@@ -173,7 +182,7 @@ class LlamaFamilyDecoder:
 
     def _fused(self, index: int, layer, part: str, incoming: dict) -> torch.Tensor | None:
         """One fused projection's weight for layer ``index``, or ``None`` to keep the current copy."""
-        names = [f"model.layers.{index}.{path}.weight" for path in self.projections[part]]
+        names = [f"{self.layer_prefix}.{index}.{path}.weight" for path in self.projections[part]]
         modules = [layer.get_submodule(path) for path in self.projections[part]]
         weights = [self._projection_weight(n, m, incoming) for n, m in zip(names, modules)]
         if all(w is None for w in weights):
@@ -238,7 +247,7 @@ class LlamaFamilyDecoder:
 
     def projection_names(self) -> set[str]:
         """The HF names whose weights live only in the fused copies once released."""
-        names = {f"model.layers.{i}.{path}.weight" for i, layer in enumerate(self.model.model.layers)
+        names = {f"{self.layer_prefix}.{i}.{path}.weight" for i, layer in enumerate(self.text_model.layers)
                  for paths in self._parts(layer).values() for path in paths}
         return names if self._lm_head_tied() else names | {"lm_head.weight"}
 
@@ -283,8 +292,15 @@ class LlamaFamilyDecoder:
         positions = torch.arange(max_len, device=self.embed.device)[None]
         probe = torch.zeros(1, dtype=self.embed.dtype, device=self.embed.device)
         extra = {} if kind is None else {"layer_type": kind}
-        cos, sin = self.model.model.rotary_emb(probe, positions, **extra)
+        cos, sin = self.text_model.rotary_emb(probe, positions, **extra)
         return cos[0], sin[0]
+
+    def _mrope_rows(self, positions: torch.Tensor) -> dict[None, tuple[torch.Tensor, torch.Tensor]]:
+        """``cos, sin`` rows ``[N, 1, D]`` at 3-D M-RoPE ``positions`` ``[3, N]`` (a vision-language prompt's), from
+        the model's rotary module: its own sections (Qwen2-VL) or interleaving (Qwen3-VL)."""
+        probe = torch.zeros(1, dtype=self.embed.dtype, device=self.embed.device)
+        cos, sin = self.text_model.rotary_emb(probe, positions[:, None, :])
+        return {None: (cos[0][:, None], sin[0][:, None])}
 
     def _rope_rows(self, positions: torch.Tensor, max_len: int) -> dict[str | None, tuple[torch.Tensor, torch.Tensor]]:
         """Each rotary table's ``cos, sin`` rows ``[N, 1, D]`` at ``positions`` ``[N]``, by layer kind."""
@@ -310,9 +326,13 @@ class LlamaFamilyDecoder:
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The head over the final norm; Gemma 2 soft-caps them: ``c * tanh(z / c)``."""
         logits = self.lm_head(self._rms_norm(hidden, self.final_norm))
-        if self.final_softcap is None:
-            return logits
-        return torch.tanh(logits / self.final_softcap) * self.final_softcap
+        if self.final_softcap is not None:
+            logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
+        return self._suppress(logits)
+
+    def _suppress(self, logits: torch.Tensor) -> torch.Tensor:
+        """``logits [N, V]`` with the vision tokens at ``-inf`` (in place; graph-safe: a fixed index)."""
+        return logits if self.suppressed is None else logits.index_fill_(-1, self.suppressed, float("-inf"))
 
     def _residual(self, hidden: torch.Tensor, out: torch.Tensor, norm: torch.Tensor | None) -> torch.Tensor:
         """``hidden + out``, with Gemma's norm of the sub-block's output where the layer has one."""
@@ -347,8 +367,8 @@ class LlamaFamilyDecoder:
         return self.prefill_many([token_ids])[0]
 
     @torch.no_grad()
-    def prefill_many(self, prompts: list[torch.Tensor], computed: list[torch.Tensor | CachedPrefix | None] | None = None
-                     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def prefill_many(self, prompts: list[torch.Tensor], computed: list[torch.Tensor | CachedPrefix | None] | None = None,
+                     images: list[PrefillImages | None] | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Run several prompts ``[L_i]`` in one pass; per prompt, last-position logits ``[V]`` and KV.
 
         The prompts are packed end to end (``[sum L_i]`` rows), so every projection is one
@@ -362,32 +382,38 @@ class LlamaFamilyDecoder:
         computed, at positions ``C_i ..``, and new row j attends to positions ``0 .. C_i + j``. The KV returned
         covers all ``C_i + L_i`` tokens.
 
+        ``images[i]``, when given, carries a vision-language prompt's images for these tokens
+        (:class:`~hybridflow.rollout.vision_prefill.PrefillImages`): the vision tower's output replaces the image
+        tokens' embeddings, the tokens rotate at their 3-D M-RoPE positions, and Qwen3-VL's deepstack features join
+        the residual stream after the first layers.
+
         On CUDA in half precision with nothing computed, attention over all prompts is one varlen
         FlashAttention call a layer (:meth:`_prefill_varlen`) instead of one SDPA call per prompt.
         """
         computed = computed or [None] * len(prompts)
+        images = images or [None] * len(prompts)
         if self.varlen_prefill and all(c is None for c in computed):
             try:
-                packed = self._prefill_varlen(prompts)
+                packed = self._prefill_varlen(prompts, images)
             except (RuntimeError, NotImplementedError) as error:  # an older build without the varlen kernel
                 logger.warning("varlen FlashAttention prefill failed (%s); prefilling one prompt at a time",
                                str(error).splitlines()[0])
                 self.varlen_prefill = False
             else:
-                if self.varlen_prefill_checked or self._varlen_prefill_agrees(prompts, packed):
+                if self.varlen_prefill_checked or self._varlen_prefill_agrees(prompts, packed, images):
                     return packed
-        return self._prefill_per_prompt(prompts, computed)
+        return self._prefill_per_prompt(prompts, computed, images)
 
-    def _prefill_per_prompt(self, prompts: list[torch.Tensor], computed: list[torch.Tensor | CachedPrefix | None]
-                            ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def _prefill_per_prompt(self, prompts: list[torch.Tensor], computed: list[torch.Tensor | CachedPrefix | None],
+                            images: list[PrefillImages | None]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """:meth:`prefill_many` with one SDPA call per prompt a layer (any device, dtype and prefix)."""
         lengths = [int(p.shape[0]) for p in prompts]
         offsets = [0 if c is None else c.length if isinstance(c, CachedPrefix) else int(c.shape[3]) for c in computed]
         starts = [sum(lengths[:i]) for i in range(len(lengths))]
         device = prompts[0].device
-        positions = torch.cat([torch.arange(o, o + n, device=device) for o, n in zip(offsets, lengths)])
-        rope = self._rope_rows(positions, max(o + n for o, n in zip(offsets, lengths)))
+        rope = self._prefill_rope(offsets, lengths, images, device)
         hidden = self._embed(torch.cat(prompts))
+        visual = self._splice_images(hidden, images, starts)
         prefixes = [torch.empty(self.num_layers, 2, self.kv_heads, o + n, self.head_dim, dtype=hidden.dtype,
                                 device=device) for o, n in zip(offsets, lengths)]
         for prefix, done, offset in zip(prefixes, computed, offsets):
@@ -412,15 +438,51 @@ class LlamaFamilyDecoder:
                                 grouped=grouped)
                 attn.append(out[0].transpose(0, 1).reshape(length, -1))
             hidden = self._residual(hidden, layer.o_proj(torch.cat(attn)), layer.attn_out_norm)
-            hidden = self._mlp_block(hidden, layer)
+            hidden = self._add_deepstack(self._mlp_block(hidden, layer), index, visual)
         last_rows = torch.tensor([start + length - 1 for start, length in zip(starts, lengths)], device=device)
         return list(zip(self._logits(hidden[last_rows]).unbind(0), prefixes))
 
-    def _varlen_prefill_agrees(self, prompts: list[torch.Tensor], packed) -> bool:
+    def _prefill_rope(self, offsets: list[int], lengths: list[int], images: list[PrefillImages | None], device
+                      ) -> dict[str | None, tuple[torch.Tensor, torch.Tensor]]:
+        """The rotary rows ``[sum L_i, 1, D]`` of a packed prefill whose prompt ``i`` covers positions ``o_i ..
+        o_i + L_i - 1``: from the 1-D tables, or, when a prompt has images, from each token's M-RoPE position
+        (the others' three coordinates equal: the same values as the 1-D table's)."""
+        if all(image is None for image in images):
+            positions = torch.cat([torch.arange(o, o + n, device=device) for o, n in zip(offsets, lengths)])
+            return self._rope_rows(positions, max(o + n for o, n in zip(offsets, lengths)))
+        positions = [torch.arange(o, o + n, device=device).expand(3, -1) if image is None else image.positions
+                     for o, n, image in zip(offsets, lengths, images)]
+        return self._mrope_rows(torch.cat(positions, dim=1))
+
+    @staticmethod
+    def _splice_images(hidden: torch.Tensor, images: list[PrefillImages | None], starts: list[int]
+                       ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]] | None:
+        """Write each prompt's image embeddings over its image tokens' rows of the packed ``hidden`` ``[T, C]`` (HF's
+        ``masked_scatter``; in place); returns ``(rows [K], deepstack features [K, C] per layer)`` of all the pass's
+        image tokens, or None when it has none."""
+        present = [(image, start) for image, start in zip(images, starts) if image is not None and image.rows.numel()]
+        if not present:
+            return None
+        rows = torch.cat([image.rows + start for image, start in present])
+        hidden[rows] = torch.cat([image.embeds for image, _ in present]).to(hidden.dtype)
+        deepstack = tuple(torch.cat(layer) for layer in zip(*(image.deepstack for image, _ in present)))
+        return rows, deepstack
+
+    @staticmethod
+    def _add_deepstack(hidden: torch.Tensor, layer: int,
+                       visual: tuple[torch.Tensor, tuple[torch.Tensor, ...]] | None) -> torch.Tensor:
+        """Qwen3-VL: after decoder layer ``layer``, its deepstack features join the residual at the image tokens."""
+        if visual is None or layer >= len(visual[1]):
+            return hidden
+        rows, deepstack = visual
+        hidden[rows] = hidden[rows] + deepstack[layer].to(hidden.dtype)
+        return hidden
+
+    def _varlen_prefill_agrees(self, prompts: list[torch.Tensor], packed, images) -> bool:
         """Once per decoder: the varlen kernel is a private aten op, so its first result is checked against
         the per-prompt path (last-position logits within bf16 rounding); a mismatch switches it off, saying so."""
         self.varlen_prefill_checked = True
-        reference = self._prefill_per_prompt(prompts, [None] * len(prompts))
+        reference = self._prefill_per_prompt(prompts, [None] * len(prompts), images)
         agrees = all(torch.allclose(a.float(), b.float(), rtol=0.05, atol=0.05 * b.float().abs().max().item())
                      for (a, _), (b, _) in zip(packed, reference))
         if not agrees:
@@ -429,16 +491,17 @@ class LlamaFamilyDecoder:
         self.varlen_prefill = agrees
         return agrees
 
-    def _prefill_varlen(self, prompts: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def _prefill_varlen(self, prompts: list[torch.Tensor], images: list[PrefillImages | None]
+                        ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """:meth:`prefill_many` with causal attention over the packed rows in one FlashAttention call a layer
         (``cu_seqlens`` keep prompts apart); the keys and values of a layer are written once, packed
         ``[layers, 2, sum L_i, KV, D]``, and each prompt's KV is returned as a ``[layers, 2, KV, L_i, D]`` view."""
         lengths = [int(p.shape[0]) for p in prompts]
         device = prompts[0].device
         bounds = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=device)
-        positions = torch.cat([torch.arange(n, device=device) for n in lengths])
-        rope = self._rope_rows(positions, max(lengths))
+        rope = self._prefill_rope([0] * len(lengths), lengths, images, device)
         hidden = self._embed(torch.cat(prompts))
+        visual = self._splice_images(hidden, images, bounds[:-1].tolist())
         total = hidden.shape[0]
         packed = torch.empty(self.num_layers, 2, total, self.kv_heads, self.head_dim, dtype=hidden.dtype, device=device)
         for index, layer in enumerate(self.layers):
@@ -446,7 +509,7 @@ class LlamaFamilyDecoder:
             packed[index, 0], packed[index, 1] = k, v
             attn = self._varlen_attention(q.contiguous(), packed[index, 0], packed[index, 1], bounds, max(lengths))
             hidden = self._residual(hidden, layer.o_proj(attn.reshape(total, -1)), layer.attn_out_norm)
-            hidden = self._mlp_block(hidden, layer)
+            hidden = self._add_deepstack(self._mlp_block(hidden, layer), index, visual)
         last_rows = bounds[1:].long() - 1
         logits = self._logits(hidden[last_rows])
         kv = [packed[:, :, start : start + n].permute(0, 1, 3, 2, 4) for start, n in zip(bounds.tolist(), lengths)]
@@ -461,7 +524,8 @@ class LlamaFamilyDecoder:
 
     @torch.no_grad()
     def decode(self, *, token_ids: torch.Tensor, positions: torch.Tensor, cache: PagedKVCache,
-               block_tables: torch.Tensor, context: int | None = None) -> torch.Tensor:
+               block_tables: torch.Tensor, context: int | None = None,
+               rope_positions: torch.Tensor | None = None) -> torch.Tensor:
         """One step for ``N`` sequences of the paged cache.
 
         Args:
@@ -475,19 +539,23 @@ class LlamaFamilyDecoder:
                 ``torch.compile(fullgraph=True)`` traces it): on CUDA it then runs as Triton kernels
                 (:meth:`_decode_fused`; attention reads each row's length and blocks on the device),
                 elsewhere SDPA spans all ``W`` blocks with a device-built mask.
+            rope_positions: ``[N]`` where each row's token rotates, when that is not ``positions`` (a
+                vision-language sequence: ``position + delta``, :mod:`hybridflow.rollout.vision_prefill`;
+                never past ``positions``).
 
         Returns:
             ``[N, V]`` next-token logits.
         """
         if context is None and self.triton_kernels:
             return self._decode_fused(token_ids=token_ids, positions=positions, cache=cache, block_tables=block_tables,
-                                      ops=fused_decode_ops("cuda"))
+                                      ops=fused_decode_ops("cuda"), rope_positions=rope_positions)
         reads_pool_on_cpu = context is not None and self.paged_cpu_attention and isinstance(cache, PagedKVCache)
         if reads_pool_on_cpu and self.fused_cpu_decode:
             return self._decode_fused(token_ids=token_ids, positions=positions, cache=cache,
                                       block_tables=block_tables[:, : -(-context // cache.block_size)],
-                                      ops=fused_decode_ops("cpu"))
-        rope = self._rope_rows(positions, cache.max_len if context is None else context)
+                                      ops=fused_decode_ops("cpu"), rope_positions=rope_positions)
+        rope = self._rope_rows(positions if rope_positions is None else rope_positions,
+                               cache.max_len if context is None else context)
         rows = cache.write_rows(positions, block_tables)
         if context is not None:  # only the blocks the longest row reaches
             block_tables = block_tables[:, : -(-context // cache.block_size)]
@@ -504,7 +572,8 @@ class LlamaFamilyDecoder:
         return self._logits(hidden)
 
     def _decode_fused(self, *, token_ids: torch.Tensor, positions: torch.Tensor, cache: PagedKVCache,
-                      block_tables: torch.Tensor, ops: FusedDecodeOps) -> torch.Tensor:
+                      block_tables: torch.Tensor, ops: FusedDecodeOps,
+                      rope_positions: torch.Tensor | None = None) -> torch.Tensor:
         """:meth:`decode` in a few kernels a layer (:class:`FusedDecodeOps`: Triton on CUDA, ten a layer; C on
         CPU): the same math, with each residual add fused into the RMSNorm that follows it."""
         add_rms_norm, qkv_rope_write, silu_mul = ops.add_rms_norm, ops.qkv_rope_write, ops.silu_mul
@@ -517,7 +586,7 @@ class LlamaFamilyDecoder:
             keys, values = cache.layer(index)
             q = qkv_rope_write(qkv=layer.qkv(normed), positions=positions, cos=cos, sin=sin, qk_norm=layer.qk_norm,
                                keys=keys, values=values, heads=self.num_heads, eps=self.eps,
-                               block_tables=block_tables)
+                               block_tables=block_tables, rope_positions=rope_positions)
             attn = ops.attention(q=q, keys=keys, values=values, lengths=lengths, scale=self.scale,
                                  block_tables=block_tables, window=layer.window)
             normed, hidden = add_rms_norm(x=layer.o_proj(attn.view(count, -1)), residual=hidden,
@@ -525,7 +594,7 @@ class LlamaFamilyDecoder:
             following = self.layers[index + 1].input_norm if index + 1 < self.num_layers else self.final_norm
             normed, hidden = add_rms_norm(x=layer.down(silu_mul(layer.gate_up(normed))), residual=hidden,
                                           weight=following, eps=self.eps)
-        return self.lm_head(normed)
+        return self._suppress(self.lm_head(normed))
 
     def _paged_cpu_attention(self, *, positions: torch.Tensor, cache: PagedKVCache, block_tables: torch.Tensor):
         """``attend(q [N, H, D], layer, window) -> [N, H * D]``: each row over its own ``positions[n] + 1`` keys,
@@ -582,6 +651,16 @@ def fused_decode_ops(device_type: str) -> FusedDecodeOps:
         from hybridflow.rollout.cpu_attention import paged_decode_attention
     return FusedDecodeOps(add_rms_norm=fused.add_rms_norm, qkv_rope_write=fused.qkv_rope_write,
                           silu_mul=fused.silu_mul, attention=paged_decode_attention)
+
+
+def language_model(model) -> tuple[torch.nn.Module, str]:
+    """The module holding the decoder layers (``embed_tokens``, ``layers``, ``norm``, ``rotary_emb``) and the HF name
+    prefix of its layers: ``model.model`` / ``model.layers`` for a text model, ``model.model.language_model`` /
+    ``model.language_model.layers`` for a vision-language one (Qwen2-VL, Qwen2.5-VL, Qwen3-VL)."""
+    inner = getattr(model.model, "language_model", None)
+    if inner is not None:
+        return inner, "model.language_model.layers"
+    return model.model, "model.layers"
 
 
 def triton_kernels_available(model, head_dim: int) -> bool:

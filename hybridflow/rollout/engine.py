@@ -65,10 +65,11 @@ def build_engine(name: str, model, tokenizer=None, **kwargs) -> Engine:
     problem = engine_unavailable(name)
     if problem:
         raise RolloutError(problem)
-    if name != "hf" and is_vision_language(model.config):
+    if name not in ("hf", "native") and is_vision_language(model.config):
         warnings.warn(f"rollout.name={name} runs the vision-language model {model.config.architectures} through HF "
                       "generate: its vision tower prefills the images there and the language model decodes (the "
-                      f"{name} backend here decodes text-only models)", stacklevel=2)
+                      f"{name} backend here decodes text-only models; rollout.name=native decodes it natively)",
+                      stacklevel=2)
         return _hf(model, tokenizer, max_model_len=kwargs.get("max_model_len"))
     return ENGINES[name](model, tokenizer, **kwargs)
 

@@ -31,6 +31,7 @@ agent loops' turns go through the same queue and the same ``_admit`` / ``_step``
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections import deque
@@ -40,7 +41,6 @@ import torch
 
 from hybridflow.cpu import return_freed_memory
 from hybridflow.errors import RolloutError
-from hybridflow.models.vision import is_vision_language
 from hybridflow.rollout.architectures import unsupported_reason
 from hybridflow.rollout.block_manager import BLOCK_SIZE, NULL_BLOCK, BlockAllocator, OutOfBlocks, SequenceBlocks
 from hybridflow.rollout.cuda_graphs import DecodeGraphs
@@ -50,6 +50,7 @@ from hybridflow.rollout.lanes import DecodeLanes
 from hybridflow.rollout.sampler import RowSampling, draw_uniform, keyed_uniform, sample_tokens, seen_mask
 from hybridflow.rollout.stopping import StopChecker
 from hybridflow.rollout.types import Completion, SamplingParams, validate_prompts
+from hybridflow.rollout.vision_prefill import PromptImages, encode_prompt_images
 
 
 PREFILL_TOKEN_BUDGET = 4096
@@ -73,6 +74,8 @@ class Sequence:
     finish_reason: str | None = None
     blocks: SequenceBlocks | None = None
     """Its block table while it is live."""
+    images: PromptImages | None = None
+    """A vision-language prompt's images (their embeddings for a recompute, its M-RoPE delta, its block names)."""
     admitted: int = 0
     """When it was (last) admitted: the latest admitted is preempted first."""
     row: int = -1
@@ -82,6 +85,16 @@ class Sequence:
     def position(self) -> int:
         """Where its last token (sampled, not yet fed back) goes in the cache: the tokens cached so far."""
         return self.prompt_length + len(self.token_ids) - 1
+
+    @property
+    def rope_delta(self) -> int:
+        """Its tokens rotate at ``position + rope_delta`` (M-RoPE after a vision-language prompt; 0 for text)."""
+        return 0 if self.images is None else self.images.delta
+
+    def key_ids(self) -> list[int]:
+        """Its tokens as its blocks are named (image tokens by their images: :meth:`PromptImages.key_ids`)."""
+        prompt = self.prompt_ids if self.images is None else self.images.key_ids(self.prompt_ids)
+        return prompt + self.token_ids
 
 
 @dataclass
@@ -102,11 +115,19 @@ class PendingPrompt:
     resumed: Sequence | None = None
     """A paused or preempted sequence this prompt continues (``token_ids`` is then its prompt plus its
     tokens so far, ``remaining`` is 1): the next sampled token is appended to it."""
+    images: PromptImages | None = None
+    """A vision-language prompt's images, encoded (:func:`~hybridflow.rollout.vision_prefill.encode_prompt_images`)."""
 
     def start_sequence(self, output_index: int) -> Sequence:
         if self.resumed is not None:
             return self.resumed
-        return Sequence(self.index, output_index, len(self.token_ids), self.params, prompt_ids=self.token_ids)
+        return Sequence(self.index, output_index, len(self.token_ids), self.params, prompt_ids=self.token_ids,
+                        images=self.images)
+
+    @functools.cached_property
+    def key_ids(self) -> list[int]:
+        """Its tokens as blocks are named and identical prompts found: image tokens by their images."""
+        return self.token_ids if self.images is None else self.images.key_ids(self.token_ids)
 
     @property
     def ready(self) -> bool:
@@ -119,16 +140,6 @@ class PendingPrompt:
             self.blocks.free()
         self.blocks = self.first_logits = None
         self.prefilled = 0
-
-
-def refuse_vision_language(config) -> None:
-    """The native decoder is text-only; a vision-language model goes through HF generate, which build_engine
-    chooses for it (with a warning), as the trainer does."""
-    if is_vision_language(config):
-        raise RolloutError(f"the native engine decodes text-only models, and {', '.join(config.architectures or [])} "
-                           "is a vision-language model: build it with build_engine('native', model, tokenizer) (it "
-                           "runs vision-language models through HF generate, as the trainer does) or set "
-                           "rollout.name=hf")
 
 
 class NativeEngine:
@@ -178,10 +189,9 @@ class NativeEngine:
                  enforce_eager: bool = False, cudagraph_capture_sizes: list[int] | None = None,
                  gpu_memory_utilization: float | None = None, num_kv_blocks: int | None = None,
                  max_num_batched_tokens: int | None = None, enable_chunked_prefill: bool = False):
-        refuse_vision_language(model.config)
         self.model = model.eval()
         self.tokenizer = tokenizer
-        self.max_model_len = max_model_len or model.config.max_position_embeddings
+        self.max_model_len = max_model_len or model.config.get_text_config().max_position_embeddings
         reason = unsupported_reason(model.config, max_model_len=self.max_model_len)
         if reason is not None:
             raise RolloutError(f"the native engine does not run this model: {reason}; build it with "
@@ -239,12 +249,14 @@ class NativeEngine:
         if self.allocator is not None:
             self.allocator.drop_names()
 
-    def generate(self, prompt_token_ids: list[list[int]],
-                 params: SamplingParams | list[SamplingParams]) -> list[Completion]:
+    def generate(self, prompt_token_ids: list[list[int]], params: SamplingParams | list[SamplingParams], *,
+                 multi_modal_inputs: list[dict | None] | None = None) -> list[Completion]:
         """``n`` completions per prompt, grouped by prompt in input order.
 
         ``params`` is one ``SamplingParams`` for every prompt, or one per prompt (each request
         samples with its own temperature, filters, length and stops, in the same batch).
+        ``multi_modal_inputs``: a vision-language model's images, one dict (``pixel_values``, ``image_grid_thw``)
+        or None per prompt, as the HF engine takes them (:meth:`encode_images`).
         """
         from hybridflow.rollout.request_queue import RequestQueue  # the queue is built on this module's run
 
@@ -253,9 +265,16 @@ class NativeEngine:
         capacity = min(self.max_model_len, max(len(p) + q.max_tokens for p, q in zip(prompt_token_ids, per_prompt)))
         queue = RequestQueue(self, max_len=capacity, sequences=sum(q.n for q in per_prompt),
                              seed=next((q.seed for q in per_prompt if q.seed is not None), None))
-        requests = [queue.submit(p, q) for p, q in zip(prompt_token_ids, per_prompt)]
+        images = self.encode_images(prompt_token_ids, multi_modal_inputs)
+        requests = [queue.submit(p, q, images=i) for p, q, i in zip(prompt_token_ids, per_prompt, images)]
         queue.drain()
         return [completion for request in requests for completion in request.future.result()]
+
+    def encode_images(self, prompt_token_ids: list[list[int]],
+                      multi_modal_inputs: list[dict | None] | None) -> list[PromptImages | None]:
+        """Each prompt's images through the model's vision tower (one pass for all of them), with their M-RoPE
+        positions: what :meth:`RequestQueue.submit` takes as ``images`` (None for a prompt without images)."""
+        return encode_prompt_images(self.model, prompt_token_ids, multi_modal_inputs)
 
     def new_run(self, *, sequences: int, max_len: int, seed: int | None) -> GenerationRun:
         """An empty :class:`GenerationRun` over a cache reserved for ``sequences`` sequences of ``max_len``; at most
@@ -346,15 +365,17 @@ class NativeEngine:
                                 utilization=self.gpu_memory_utilization, total=total, max_len=max_len)
 
     def _decode(self, *, token_ids: torch.Tensor, positions: torch.Tensor, block_tables: torch.Tensor,
-                context: int, cache: PagedKVCache | MirroredCache) -> torch.Tensor:
+                context: int, cache: PagedKVCache | MirroredCache,
+                rope_positions: torch.Tensor | None = None) -> torch.Tensor:
         """``[N, V]`` logits of one decode step: replayed from a CUDA graph, or run eagerly."""
         if not self.triton_kernels:
             return self.decoder.decode(token_ids=token_ids, positions=positions, cache=cache,
-                                       block_tables=block_tables, context=context)
+                                       block_tables=block_tables, context=context, rope_positions=rope_positions)
         if self.enforce_eager:
             return self.decoder.decode(token_ids=token_ids, positions=positions, cache=self.cache,
-                                       block_tables=block_tables)
-        return self._graphs_for(self.cache)(token_ids=token_ids, positions=positions, block_tables=block_tables)
+                                       block_tables=block_tables, rope_positions=rope_positions)
+        return self._graphs_for(self.cache)(token_ids=token_ids, positions=positions, block_tables=block_tables,
+                                            rope_positions=rope_positions)
 
     def _graphs_for(self, cache: PagedKVCache) -> DecodeGraphs:
         if self.graphs is None or not self.graphs.valid_for(cache) or self.graphs.rows < self.max_num_seqs:
@@ -456,13 +477,13 @@ class NativeEngine:
             free -= pending.remaining
         spent, first_of = 0, {}  # a prompt being prefilled, by its tokens: a copy of it waits for its prefill
         for pending, joining in admissible:
-            first = pending if pending.ready else first_of.setdefault(tuple(pending.token_ids), pending)
+            first = pending if pending.ready else first_of.setdefault(tuple(pending.key_ids), pending)
             spent += joining if first is not pending or pending.ready else 0
         chunks = []
         for pending, joining in admissible:
             if spent >= allowance:
                 break
-            if pending.ready or first_of[tuple(pending.token_ids)] is not pending:
+            if pending.ready or first_of[tuple(pending.key_ids)] is not pending:
                 continue
             if pending.blocks is None and not self._reserve_prompt(run, pending):
                 break
@@ -476,7 +497,7 @@ class NativeEngine:
         # copy of it prefills itself, from the prefix cache if named), so a fork dropped to free blocks for the
         # head is never made again at the next call, which would loop.
         for pending, _ in admissible:
-            first = first_of.get(tuple(pending.token_ids), pending)
+            first = first_of.get(tuple(pending.key_ids), pending)
             if first is not pending and first.ready and pending.blocks is None:
                 pending.blocks, pending.first_logits = first.blocks.fork(), first.first_logits
                 pending.prefilled = first.prefilled
@@ -486,7 +507,7 @@ class NativeEngine:
         """Blocks for all of ``pending``'s tokens (its cached prefix reused, and counted as prefilled), and a spare
         one for its first sample's first write unless nothing runs (then the prompt alone must fit); whether they
         were left."""
-        reserved = SequenceBlocks.for_prompt(run.allocator, pending.token_ids, reserve=1 if run.live else 0)
+        reserved = SequenceBlocks.for_prompt(run.allocator, pending.key_ids, reserve=1 if run.live else 0)
         if reserved is None:
             return False
         pending.blocks, pending.prefilled = reserved
@@ -520,9 +541,12 @@ class NativeEngine:
         prompts = [torch.tensor(p.token_ids[start:end], dtype=torch.long, device=self.device)
                    for p, start, end in batch]
         computed = [cache.prefix(p.blocks.blocks, start) if start else None for p, start, _ in batch]
-        for (pending, start, end), (logits, kv) in zip(batch, self.decoder.prefill_many(prompts, computed=computed)):
+        images = [None if p.images is None else p.images.chunk(start, end) for p, start, end in batch]
+        vision = {"images": images} if any(image is not None for image in images) else {}
+        for (pending, start, end), (logits, kv) in zip(batch, self.decoder.prefill_many(prompts, computed=computed,
+                                                                                        **vision)):
             cache.write_prompt(pending.blocks.blocks, kv, start=start)
-            pending.blocks.name_full_blocks(pending.token_ids, end)
+            pending.blocks.name_full_blocks(pending.key_ids, end)
             pending.prefilled = end
             if end == len(pending.token_ids):
                 pending.first_logits = logits
@@ -542,11 +566,12 @@ class NativeEngine:
         uniform = None if rows.all_greedy else run.step_uniform(device=self.device)
         positions = [s.position for s in run.live]
         inputs = run.step_inputs(positions, device=self.device)
+        rope_positions = run.rope_positions(positions, device=self.device)
         if self.lanes is None:
-            tokens, logprobs = self._decode_rows(run, inputs, positions, 0, count, rows, uniform)
+            tokens, logprobs = self._decode_rows(run, (*inputs, rope_positions), positions, 0, count, rows, uniform)
         else:
-            parts = self.lanes.run(lambda start, stop: self._decode_rows(run, inputs, positions, start, stop, rows,
-                                                                         uniform), count)
+            parts = self.lanes.run(lambda start, stop: self._decode_rows(run, (*inputs, rope_positions), positions,
+                                                                         start, stop, rows, uniform), count)
             tokens, logprobs = (torch.cat(columns) for columns in zip(*parts))
         tokens = tokens.tolist()
         for sequence, token, logprob in zip(run.live, tokens, logprobs.tolist()):
@@ -555,13 +580,14 @@ class NativeEngine:
         run.mark_seen(run.live, tokens)
         run.retire()
 
-    def _decode_rows(self, run: GenerationRun, inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    def _decode_rows(self, run: GenerationRun, inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None],
                      positions: list[int], start: int, stop: int, rows: RowSampling, uniform: torch.Tensor | None):
         """Decode and sample live rows ``start .. stop - 1``; returns ``(tokens, logprobs)``."""
-        token_ids, position_ids, block_tables = (tensor[start:stop] for tensor in inputs)
+        token_ids, position_ids, block_tables, rope_positions = (
+            None if tensor is None else tensor[start:stop] for tensor in inputs)
         cache = self.cache if run.mirror is None else MirroredCache(self.cache, run.mirror, start)
         logits = self._decode(token_ids=token_ids, positions=position_ids, block_tables=block_tables,
-                              context=max(positions[start:stop]) + 1, cache=cache)
+                              context=max(positions[start:stop]) + 1, cache=cache, rope_positions=rope_positions)
         seen = run.seen.rows([s.row for s in run.live[start:stop]]) if rows.needs_repetition_penalty else None
         return sample_tokens(logits=logits, params=rows.slice(start, stop),
                              uniform=None if uniform is None else uniform[start:stop], seen=seen)
@@ -683,7 +709,7 @@ class GenerationRun:
         """The step wrote ``sequence``'s last token at its position: name the block it filled, if it did."""
         end = sequence.position + 1
         if end % self.allocator.block_size == 0 and self.allocator.cached_blocks > 0:
-            sequence.blocks.name_full_blocks(sequence.prompt_ids + sequence.token_ids, end)
+            sequence.blocks.name_full_blocks(sequence.key_ids(), end)
 
     def retire(self) -> None:
         """Remove finished sequences and free their blocks (named ones stay cached for reuse)."""
@@ -753,7 +779,8 @@ class GenerationRun:
         self._remove(self.live.index(sequence))
         self.preemptions += 1
         self.waiting.appendleft(PendingPrompt(sequence.prompt_index, sequence.prompt_ids + sequence.token_ids,
-                                              remaining=1, params=sequence.params, resumed=sequence))
+                                              remaining=1, params=sequence.params, resumed=sequence,
+                                              images=sequence.images))
 
     def step_inputs(self, positions: list[int], *, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(tokens [N], positions [N], block tables [N, W])`` of the live rows; tables as wide as the widest
@@ -763,6 +790,14 @@ class GenerationRun:
         return (torch.tensor([s.token_ids[-1] for s in self.live], dtype=torch.long, device=device),
                 torch.tensor(positions, dtype=torch.long, device=device),
                 tables.to(device))
+
+    def rope_positions(self, positions: list[int], *, device) -> torch.Tensor | None:
+        """``[N]`` where the live rows' tokens rotate, when any row's differs from its position (after a
+        vision-language prompt); None otherwise."""
+        deltas = [s.rope_delta for s in self.live]
+        if not any(deltas):
+            return None
+        return torch.tensor([p + d for p, d in zip(positions, deltas)], dtype=torch.long, device=device)
 
     def release(self) -> list[Sequence]:
         """Take every live sequence out (their blocks freed) and drop the waiting prompts' prefills."""

@@ -31,8 +31,10 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from hybridflow.errors import RolloutError
+from hybridflow.models.vision import check_image_tokens
 from hybridflow.rollout.native import NativeEngine, PendingPrompt, Sequence
 from hybridflow.rollout.types import Completion, SamplingParams, validate_prompts
+from hybridflow.rollout.vision_prefill import PromptImages
 
 
 @dataclass
@@ -46,6 +48,8 @@ class Request:
     """Its prompt index in the run (``Sequence.prompt_index``), set when a step takes it from the inbox."""
     outputs: dict[int, Sequence] = field(default_factory=dict)
     """Output index -> its finished sequence."""
+    images: PromptImages | None = None
+    """A vision-language prompt's images (``NativeEngine.encode_images``)."""
 
 
 def settle(future: Future, *, result=None, error: BaseException | None = None) -> None:
@@ -103,16 +107,19 @@ class RequestQueue:
         """Nothing in the inbox, waiting or decoding."""
         return not self._inbox and not self.run.waiting and not self.run.live
 
-    def submit(self, prompt_ids: list[int], params: SamplingParams) -> Request:
-        """Queue ``params.n`` samples of one prompt (from any thread); they join at the next step."""
+    def submit(self, prompt_ids: list[int], params: SamplingParams, *, images: PromptImages | None = None) -> Request:
+        """Queue ``params.n`` samples of one prompt (from any thread); they join at the next step. A
+        vision-language prompt's ``images`` come from ``NativeEngine.encode_images``."""
         validate_prompts([prompt_ids], max_model_len=self.engine.max_model_len)
+        if images is None and self.engine.decoder.vision_language:  # image tokens need their images
+            check_image_tokens(self.engine.model, [], torch.tensor([list(prompt_ids)]))
         if len(prompt_ids) >= self.max_len:
             raise RolloutError(f"a prompt of {len(prompt_ids)} tokens leaves no room to generate within this queue's "
                                f"max_len={self.max_len}; open the queue with a larger max_len (prompt + response; the agent "
                                "loops' queue takes rollout.prompt_length + rollout.response_length)")
         if self.run.keyed_draws and params.seed is None:
             params = replace(params, seed=int(torch.randint(2**62, (1,)).item()))
-        request = Request(list(prompt_ids), params)
+        request = Request(list(prompt_ids), params, images=images)
         with self._lock:
             if self._closed:
                 raise RolloutError("submit() on a closed request queue; open a new one for the next rollout")
@@ -188,7 +195,8 @@ class RequestQueue:
                 request.index, self._next_index = self._next_index, self._next_index + 1
         for request in arrived:
             self.requests[request.index] = request
-            self.run.waiting.append(PendingPrompt(request.index, request.prompt_ids, request.params.n, request.params))
+            self.run.waiting.append(PendingPrompt(request.index, request.prompt_ids, request.params.n, request.params,
+                                                  images=request.images))
 
     def _record(self, sequence: Sequence) -> None:
         request = self.requests.get(sequence.prompt_index)

@@ -59,7 +59,7 @@ def add_rms_norm(*, x: torch.Tensor, residual: torch.Tensor | None, weight: torc
 
 
 @triton.jit
-def _qkv_rope_write_kernel(QKV, Positions, Cos, Sin, NormWeight, QOut, Keys, Values, Tables,
+def _qkv_rope_write_kernel(QKV, Positions, RopePositions, Cos, Sin, NormWeight, QOut, Keys, Values, Tables,
                            eps, stride_qkv, stride_qo_n, stride_qo_h, stride_cos,
                            stride_kb, stride_kh, stride_kt, stride_vb, stride_vh, stride_vt, stride_tn,
                            HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
@@ -88,8 +88,9 @@ def _qkv_rope_write_kernel(QKV, Positions, Cos, Sin, NormWeight, QOut, Keys, Val
         first = first_weight * (first * inverse_rms).to(dtype).to(tl.float32)
         second = second_weight * (second * inverse_rms).to(dtype).to(tl.float32)
         first, second = first.to(dtype).to(tl.float32), second.to(dtype).to(tl.float32)
-    cos = Cos + position * stride_cos
-    sin = Sin + position * stride_cos
+    rope_position = tl.load(RopePositions + row)  # a vision-language row rotates at position + delta
+    cos = Cos + rope_position * stride_cos
+    sin = Sin + rope_position * stride_cos
     cos_first = tl.load(cos + half).to(tl.float32)
     cos_second = tl.load(cos + HEAD_DIM // 2 + half).to(tl.float32)
     sin_first = tl.load(sin + half).to(tl.float32)
@@ -106,16 +107,18 @@ def _qkv_rope_write_kernel(QKV, Positions, Cos, Sin, NormWeight, QOut, Keys, Val
 
 def qkv_rope_write(*, qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                    qk_norm: torch.Tensor | None, keys: torch.Tensor, values: torch.Tensor, heads: int,
-                   eps: float, block_tables: torch.Tensor) -> torch.Tensor:
+                   eps: float, block_tables: torch.Tensor, rope_positions: torch.Tensor | None = None
+                   ) -> torch.Tensor:
     """Rotate (and, given ``qk_norm`` ``[H + KV, D]``, first normalise) the heads of ``qkv``
     ``[N, (H + 2 KV) * D]``; write k and v into the paged ``keys`` / ``values`` ``[KV, blocks, B, D]`` at
     ``positions`` ``[N]`` (block ``block_tables[n, p // B]`` ``[N, W]``, offset ``p % B``); return q
-    ``[N, H, D]``. ``cos`` / ``sin``: ``[T, D]`` tables indexed by position."""
+    ``[N, H, D]``. ``cos`` / ``sin``: ``[T, D]`` tables indexed by ``rope_positions`` ``[N]`` (``None``:
+    ``positions``)."""
     rows = qkv.shape[0]
     kv_heads, page, head_dim = keys.shape[0], keys.shape[2], keys.shape[3]
     q = torch.empty(rows, heads, head_dim, dtype=qkv.dtype, device=qkv.device)
     _qkv_rope_write_kernel[(rows, heads + 2 * kv_heads)](
-        qkv, positions, cos, sin, qk_norm if qk_norm is not None else cos, q, keys, values, block_tables, eps,
+        qkv, positions, positions if rope_positions is None else rope_positions, cos, sin, qk_norm if qk_norm is not None else cos, q, keys, values, block_tables, eps,
         qkv.stride(0), q.stride(0), q.stride(1), cos.stride(0),
         keys.stride(1), keys.stride(0), keys.stride(2), values.stride(1), values.stride(0), values.stride(2),
         block_tables.stride(0),

@@ -107,7 +107,7 @@ class RolloutWorker:
                 return self.run_agent_loops(prompts, params)
             if partial:
                 return self.generate_partial(prompts, params, handover=self.handover)
-            # a VLM's images go with their prompts (the HF engine's prefill encodes them)
+            # a VLM's images go with their prompts (the engine's prefill encodes them)
             images = {}
             if "multi_modal_inputs" in prompts:
                 images["multi_modal_inputs"] = list(prompts["multi_modal_inputs"])
@@ -135,6 +135,9 @@ class RolloutWorker:
         if not isinstance(self.engine, NativeEngine):
             raise RolloutError(f"partial rollouts need the native engine (rollout.name=native), not "
                                f"{type(self.engine).__name__}")
+        if "multi_modal_inputs" in prompts and any(prompts["multi_modal_inputs"]):
+            raise RolloutError("async_training.partial_rollout=True with a vision-language policy: a paused sequence "
+                               "does not keep its prompt's images; set async_training.partial_rollout=False")
         prompt_ids = [list(ids) for ids in prompts["raw_prompt_ids"]]
         session = StreamingSession(self.engine, params, max_prompt_length=max(map(len, prompt_ids)),
                                    weight_version=handover.version)

@@ -122,26 +122,24 @@ def test_hf_engine_greedy_with_images_equals_hf_generate(vl_arch):
     assert [c.prompt_index for c in sampled] == [0, 0, 1, 1, 2, 2]
 
 
-def test_native_rollout_of_a_vlm_runs_through_hf_generate_and_says_why(tiny_vl):
-    model, processor = tiny_vl
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        engine = build_engine("native", model, processor.tokenizer)
-    assert isinstance(engine, HFEngine)
-    (message,) = [str(w.message) for w in caught if "vision-language" in str(w.message)]
-    assert "rollout.name=native runs" in message and "vision tower prefills" in message
-
-
-def test_native_engine_built_directly_refuses_a_vlm_in_one_line(vl_arch):
-    """Issue 50: ``NativeEngine(vlm)`` was an AttributeError (no max_position_embeddings on a VL config)."""
-    from hybridflow.errors import RolloutError
+def test_native_rollout_of_a_vlm_decodes_natively_and_other_backends_say_why(tiny_vl):
+    """rollout.name=native decodes a vision-language model in the native engine (tests/vision/test_native_vl_engine.py);
+    a backend that does not (vLLM / SGLang here) runs it through HF generate and says so."""
+    from hybridflow.rollout import engine as engines
     from hybridflow.rollout.native import NativeEngine
 
-    model, processor = vl_arch
-    with pytest.raises(RolloutError, match=r"^the native engine decodes text-only models, and Qwen(2|2_5|3)_?VLFor"
-                                           r"ConditionalGeneration is a vision-language model: build it with "
-                                           r"build_engine\('native', model, tokenizer\) .* or set rollout.name=hf$"):
-        NativeEngine(model, processor.tokenizer)
+    model, processor = tiny_vl
+    assert isinstance(build_engine("native", model, processor.tokenizer), NativeEngine)
+    engines.ENGINES["text-only-test"] = lambda *args, **kwargs: pytest.fail("a text-only backend got a VLM")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            engine = build_engine("text-only-test", model, processor.tokenizer)
+    finally:
+        del engines.ENGINES["text-only-test"]
+    assert isinstance(engine, HFEngine)
+    (message,) = [str(w.message) for w in caught if "vision-language" in str(w.message)]
+    assert "rollout.name=text-only-test runs" in message and "rollout.name=native decodes it natively" in message
 
 
 def test_a_text_batch_gets_no_vision_inputs(tiny_vl):

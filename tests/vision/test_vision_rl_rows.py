@@ -78,13 +78,15 @@ def test_every_forward_of_a_grpo_step_sees_the_images_its_rows_were_sampled_from
     import hybridflow.workers.logprob as logprob_module
     from hybridflow.models.tiny import save_tiny_vl_model
     from hybridflow.rollout.hf import HFEngine
+    from hybridflow.rollout.native import NativeEngine
     from hybridflow.trainer.main_ppo import main
 
     if arch != "qwen2_5_vl":
         tiny_vl_dir = save_tiny_vl_model(str(tmp_path / arch), arch=arch)
 
     spy = ImageSpy()
-    monkeypatch.setattr(HFEngine, "generate", spy.wrap_generate(HFEngine.generate))
+    for engine_class in (HFEngine, NativeEngine):  # the native engine decodes VLMs; HF is the fallback
+        monkeypatch.setattr(engine_class, "generate", spy.wrap_generate(engine_class.generate))
     forward = spy.wrap_forward(logprob_module.micro_batch_log_probs)
     monkeypatch.setattr(logprob_module, "micro_batch_log_probs", forward)
     monkeypatch.setattr(actor_module, "micro_batch_log_probs", forward)

@@ -80,17 +80,20 @@ static inline void rotate_head(const float *source, const float *norm_weight, co
  * [kv_heads, blocks, block_size, d] (one layer of the pool); tables [rows, table_stride] int32, position p of row n
  * in block tables[n][p / block_size] at offset p % block_size. Returns -1 (writing nothing) for a position at or
  * past max_length, a block id outside the pool, an odd or too large head dim. */
-int qkv_rope_write_f32(const float *qkv, const int64_t *positions, const float *cos, const float *sin,
-                       const float *norm_weight, float *q_out, float *keys, float *values, int64_t rows,
-                       int64_t heads, const int32_t *tables, int64_t table_stride, int64_t kv_heads, int64_t d,
-                       int64_t blocks, int64_t block_size, int64_t max_length, float eps) {
+int qkv_rope_write_f32(const float *qkv, const int64_t *positions, const int64_t *rope_positions, const float *cos,
+                       const float *sin, const float *norm_weight, float *q_out, float *keys, float *values,
+                       int64_t rows, int64_t heads, const int32_t *tables, int64_t table_stride, int64_t kv_heads,
+                       int64_t d, int64_t blocks, int64_t block_size, int64_t max_length, float eps) {
     if (d % 2 != 0 || d > MAX_HEAD_DIM) return -1;
     if (!positions_valid(positions, tables, table_stride, rows, blocks, block_size, max_length)) return -1;
+    if (rope_positions == NULL) rope_positions = positions;
+    for (int64_t n = 0; n < rows; n++)  /* a rotation at or before the row's own position: inside the table */
+        if (rope_positions[n] < 0 || rope_positions[n] > positions[n]) return -1;
     int64_t width = (heads + 2 * kv_heads) * d;
     for (int64_t n = 0; n < rows; n++) {
-        int64_t p = positions[n];
+        int64_t p = positions[n], r = rope_positions[n];
         int64_t slot = (int64_t)tables[n * table_stride + p / block_size] * block_size + p % block_size;
-        const float *row = qkv + n * width, *cos_p = cos + p * d, *sin_p = sin + p * d;
+        const float *row = qkv + n * width, *cos_p = cos + r * d, *sin_p = sin + r * d;
         for (int64_t j = 0; j < heads + kv_heads; j++) {
             const float *norm = norm_weight == NULL ? NULL : norm_weight + j * d;
             float *target = j < heads ? q_out + (n * heads + j) * d : keys + ((j - heads) * blocks * block_size + slot) * d;
