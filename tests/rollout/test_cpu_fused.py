@@ -86,6 +86,32 @@ def test_qkv_rope_write_matches_the_eager_ops(qk_norm):
         torch.testing.assert_close(values[:, block_id, offset], v[n].view(kv_heads, dim))
 
 
+def test_qkv_rope_write_rotates_at_rope_positions_and_writes_at_positions():
+    """A vision-language row (issue 51) writes its cache slot at its position and rotates at ``position + delta``
+    (M-RoPE after images, delta <= 0); a rotation past the row's own position is refused before any write."""
+    generator = torch.Generator().manual_seed(5)
+    heads, kv_heads, dim, block = 2, 1, 8, 4
+    positions, rope_positions = torch.tensor([6, 9]), torch.tensor([4, 9])
+    tables = torch.tensor([[1, 2, 0], [3, 4, 5]], dtype=torch.int32)
+    qkv = torch.randn(2, (heads + 2 * kv_heads) * dim, generator=generator)
+    cos, sin = rope_tables(12, dim, generator)
+    keys, values = torch.zeros(kv_heads, 6, block, dim), torch.zeros(kv_heads, 6, block, dim)
+    q = cpu_fused.qkv_rope_write(qkv=qkv, positions=positions, cos=cos, sin=sin, qk_norm=None, keys=keys,
+                                 values=values, heads=heads, eps=1e-6, block_tables=tables,
+                                 rope_positions=rope_positions)
+    qk = qkv[:, : (heads + kv_heads) * dim].view(2, heads + kv_heads, dim)
+    rotated = _apply_rope(qk, cos[rope_positions][:, None], sin[rope_positions][:, None])
+    torch.testing.assert_close(q, rotated[:, :heads], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(keys[:, 2, 2], rotated[0, heads:], rtol=1e-5, atol=1e-5)  # position 6: block 2, slot 2
+    torch.testing.assert_close(keys[:, 5, 1], rotated[1, heads:], rtol=1e-5, atol=1e-5)  # position 9: block 5, slot 1
+    untouched = torch.zeros_like(keys)
+    with pytest.raises(RuntimeError, match="qkv_rope_write refused its inputs"):
+        cpu_fused.qkv_rope_write(qkv=qkv, positions=positions, cos=cos, sin=sin, qk_norm=None, keys=untouched,
+                                 values=torch.zeros_like(values), heads=heads, eps=1e-6, block_tables=tables,
+                                 rope_positions=torch.tensor([7, 9]))
+    assert untouched.count_nonzero() == 0
+
+
 def test_norm_and_silu_match_the_eager_ops():
     generator = torch.Generator().manual_seed(4)
     x, residual = torch.randn(5, 576, generator=generator), torch.randn(5, 576, generator=generator)
