@@ -83,7 +83,8 @@ class HFEngine:
             num_return_sequences=1 if params.greedy else params.n,
             do_sample=not params.greedy,
             **({} if params.greedy else sampling),
-            eos_token_id=None if params.ignore_eos else (list(params.stop_token_ids) or None),
+            # [] rather than None: HF fills a None from model.generation_config, whose EOS would then stop it
+            eos_token_id=[] if params.ignore_eos else (list(params.stop_token_ids) or None),
             pad_token_id=self.pad_token_id,
             stop_strings=None if params.ignore_eos else (list(params.stop) or None),
             return_dict_in_generate=True,

@@ -31,3 +31,19 @@ def test_hf_engine_greedy_n_copies_and_native_agree(tiny_llama):
     native = build_engine("native", model, tokenizer).generate(prompts, params)
     assert [c.token_ids for c in hf] == [c.token_ids for c in native]
     assert hf[0].token_ids == hf[1].token_ids
+
+
+def test_hf_engine_ignore_eos_runs_past_the_models_own_eos(tiny_llama):
+    """``ignore_eos`` must not fall back to ``model.generation_config.eos_token_id`` (HF fills a None from it):
+    the run stops only at ``max_tokens``, as the native engine's does."""
+    model, tokenizer = tiny_llama
+    prompt = chat_prompts(tokenizer)[:1]
+    engine = build_engine("hf", model, tokenizer)
+    first = engine.generate(prompt, SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))[0].token_ids[0]
+    saved = model.generation_config.eos_token_id
+    model.generation_config.eos_token_id = first  # the model's own EOS is its first greedy token
+    try:
+        (completion,) = engine.generate(prompt, SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))
+    finally:
+        model.generation_config.eos_token_id = saved
+    assert len(completion.token_ids) == 5 and completion.finish_reason == "length"

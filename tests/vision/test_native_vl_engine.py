@@ -195,3 +195,25 @@ def test_partial_rollouts_of_a_vlm_are_refused_in_one_line(spread_vl):
     with pytest.raises(RolloutError, match="partial_rollout=True with a vision-language policy.*set "
                                            "async_training.partial_rollout=False$"):
         worker.generate(prompts, SamplingParams(max_tokens=2), partial=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@torch.no_grad()
+def test_cuda_graph_replay_with_images_equals_hf_generate(spread_vl):
+    """On a GPU the decode step replays from CUDA graphs with each row's M-RoPE rotation as one more static input
+    (Triton kernels): tokens equal HF generate's and the eager steps', under preemption."""
+    model, processor = spread_vl
+    model = copy.deepcopy(model).to("cuda")
+    ids, images = prompt_rows(processor)
+    params = greedy(24, processor.tokenizer, n=2)
+    blocks = -(-(max(map(len, ids)) + 24) // BLOCK_SIZE) + 3
+    graphed = NativeEngine(model, processor.tokenizer, num_kv_blocks=blocks)
+    eager = NativeEngine(model, processor.tokenizer, num_kv_blocks=blocks, enforce_eager=True)
+    assert graphed.triton_kernels and not graphed.enforce_eager
+    got = graphed.generate(ids, params, multi_modal_inputs=images)
+    assert graphed.preemptions > 0 and graphed.graphs is not None
+    assert [c.token_ids for c in got] == [c.token_ids for c in eager.generate(ids, params, multi_modal_inputs=images)]
+    reference = HFEngine(model, processor.tokenizer).generate(ids, greedy(24, processor.tokenizer),
+                                                              multi_modal_inputs=images)
+    assert_same_completions(got, reference, n=2)
