@@ -105,6 +105,25 @@ def test_greedy_under_preemption_with_shared_image_prefills(spread_vl):
 
 
 @torch.no_grad()
+def test_decode_lanes_slice_each_rows_rotation(spread_vl):
+    """32 rows on 2 threads decode in two concurrent lanes of 16 (:mod:`hybridflow.rollout.lanes`): each lane takes
+    its own rows' M-RoPE rotations."""
+    model, processor = spread_vl
+    ids, images = prompt_rows(processor)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        engine = NativeEngine(model, processor.tokenizer, max_num_seqs=32)
+        completions = engine.generate(ids, greedy(10, processor.tokenizer, n=8), multi_modal_inputs=images)
+    finally:
+        torch.set_num_threads(threads)
+    assert engine.lanes is not None
+    reference = HFEngine(model, processor.tokenizer).generate(ids, greedy(10, processor.tokenizer),
+                                                              multi_modal_inputs=images)
+    assert_same_completions(completions, reference, n=8)
+
+
+@torch.no_grad()
 def test_chunked_prefill_splits_images_across_steps(spread_vl):
     """A budget of 12 tokens a step cuts the prompts (22 to 40 tokens) mid-image: each chunk takes its own image
     tokens' embeddings and positions."""
