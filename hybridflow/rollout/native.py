@@ -50,7 +50,7 @@ from hybridflow.rollout.lanes import DecodeLanes
 from hybridflow.rollout.sampler import RowSampling, draw_uniform, keyed_uniform, sample_tokens, seen_mask
 from hybridflow.rollout.stopping import StopChecker
 from hybridflow.rollout.types import Completion, SamplingParams, validate_prompts
-from hybridflow.rollout.vision_prefill import PromptImages, encode_prompt_images
+from hybridflow.rollout.vision_prefill import Encoded, PromptImages, encode_prompt_images
 
 
 PREFILL_TOKEN_BUDGET = 4096
@@ -208,6 +208,9 @@ class NativeEngine:
         self.mirror: SlotMirror | None = None
         self.prefix_cache_tokens = prefix_cache_tokens
         self.num_kv_blocks = num_kv_blocks
+        self.encoded_images: dict[int, Encoded] = {}
+        """The vision tower's output by image name, kept until the weights change or a batch starts (an agent loop's
+        turns carry its conversation's images again)."""
         self.preemptions = 0
         """Sequences preempted (their blocks freed, recomputed later) since the engine was built."""
         threads = torch.get_num_threads()
@@ -246,6 +249,7 @@ class NativeEngine:
         a rollout batch is bitwise the same whatever ran before it only when it starts with no names: the
         rollout worker calls this at the start of every batch (a resumed run never saw the validation rollout
         whose turns the uninterrupted run would otherwise reuse at the next step)."""
+        self.encoded_images.clear()  # the tower's outputs too: a batch's images are encoded as they were first
         if self.allocator is not None:
             self.allocator.drop_names()
 
@@ -274,7 +278,7 @@ class NativeEngine:
                       multi_modal_inputs: list[dict | None] | None) -> list[PromptImages | None]:
         """Each prompt's images through the model's vision tower (one pass for all of them), with their M-RoPE
         positions: what :meth:`RequestQueue.submit` takes as ``images`` (None for a prompt without images)."""
-        return encode_prompt_images(self.model, prompt_token_ids, multi_modal_inputs)
+        return encode_prompt_images(self.model, prompt_token_ids, multi_modal_inputs, encoded=self.encoded_images)
 
     def new_run(self, *, sequences: int, max_len: int, seed: int | None) -> GenerationRun:
         """An empty :class:`GenerationRun` over a cache reserved for ``sequences`` sequences of ``max_len``; at most

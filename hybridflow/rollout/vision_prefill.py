@@ -86,10 +86,19 @@ class PromptImages:
         return keys
 
 
+Encoded = tuple[torch.Tensor, tuple[torch.Tensor, ...]]
+"""One image through the tower: ``(embeds [tokens, hidden], deepstack features [tokens, hidden] per layer)``."""
+
+
 def encode_prompt_images(model: torch.nn.Module, prompts: Sequence[Sequence[int]],
-                         multi_modal_inputs: Sequence[dict | None] | None) -> list[PromptImages | None]:
-    """Each prompt's :class:`PromptImages` (``None`` for a prompt without images): every image of the call encoded
-    by the vision tower in one pass, the positions from the model's ``get_rope_index``.
+                         multi_modal_inputs: Sequence[dict | None] | None, *,
+                         encoded: dict[int, Encoded] | None = None) -> list[PromptImages | None]:
+    """Each prompt's :class:`PromptImages` (``None`` for a prompt without images): the call's images the vision
+    tower has not seen encoded in one pass, the positions from the model's ``get_rope_index``.
+
+    ``encoded`` (image name -> its tower output), when given, is read and filled: an agent loop's later turns carry
+    the conversation's earlier images again, and they are not encoded again (the engine empties it when its weights
+    change).
 
     Raises:
         RolloutError: images for a text-only model, or a prompt's image tokens that are not its images'
@@ -109,60 +118,56 @@ def encode_prompt_images(model: torch.nn.Module, prompts: Sequence[Sequence[int]
     for index, prompt in enumerate(prompts):
         rows = [multi_modal_inputs[index]] if index in present else []
         check_image_tokens(model, rows, torch.tensor([list(prompt)]))
-    if not present:
-        return [None] * len(prompts)
-    grids = [torch.as_tensor(multi_modal_inputs[i]["image_grid_thw"]).long().reshape(-1, 3) for i in present]
-    per_image = _tower_outputs(model, [multi_modal_inputs[i]["pixel_values"] for i in present], grids)
-    images: list[PromptImages | None] = [None] * len(prompts)
-    start = 0
-    for index, grid in zip(present, grids):
-        taken = range(start, start + grid.shape[0])
-        images[index] = _prompt_images(model, list(prompts[index]), grid, [per_image[k] for k in taken],
-                                       _image_names(multi_modal_inputs[index]["pixel_values"], grid))
-        start += grid.shape[0]
+    per_prompt = {i: split_images(multi_modal_inputs[i]) for i in present}
+    encoded = {} if encoded is None else encoded
+    missing = {name: (pixels, grid) for images in per_prompt.values() for name, pixels, grid in images
+               if name not in encoded}
+    if missing:
+        encoded.update(zip(missing, _tower_outputs(model, list(missing.values()))))
+    return [_prompt_images(model, list(prompts[i]), per_prompt[i], encoded) if i in per_prompt else None
+            for i in range(len(prompts))]
+
+
+def split_images(row: dict) -> list[tuple[int, torch.Tensor, torch.Tensor]]:
+    """A row's images one by one: ``(name, patches [t h w, C * t' * p * p], grid [3])``, the name a negative id
+    from a digest of the grid and the pixels (never a real token id)."""
+    pixels = torch.as_tensor(row["pixel_values"])
+    grids = torch.as_tensor(row["image_grid_thw"]).long().reshape(-1, 3)
+    images, start = [], 0
+    for grid in grids:
+        count = int(grid.prod())
+        patches = pixels[start : start + count]
+        digest = hashlib.blake2b(str(grid.tolist()).encode(), digest_size=8)
+        digest.update(patches.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        images.append((-1 - (int.from_bytes(digest.digest(), "little") >> 2), patches, grid))
+        start += count
     return images
 
 
 @torch.no_grad()
-def _tower_outputs(model: torch.nn.Module, pixel_values: list, grids: list[torch.Tensor]
-                   ) -> list[tuple[torch.Tensor, tuple[torch.Tensor, ...]]]:
-    """Per image, in order: ``(embeds [tokens, hidden], deepstack features)`` from one tower call over them all."""
-    tower = vision_tower(model)
-    weight = next(tower.parameters())
-    pixels = torch.cat([torch.as_tensor(p) for p in pixel_values]).to(device=weight.device, dtype=weight.dtype)
-    grid = torch.cat(grids).to(weight.device)
+def _tower_outputs(model: torch.nn.Module, images: list[tuple[torch.Tensor, torch.Tensor]]) -> list[Encoded]:
+    """Per image ``(patches, grid)``, in order, its tower output, from one tower call over them all."""
+    weight = next(vision_tower(model).parameters())
+    pixels = torch.cat([patches for patches, _ in images]).to(device=weight.device, dtype=weight.dtype)
+    grid = torch.stack([grid for _, grid in images]).to(weight.device)
     out = model.model.get_image_features(pixels, grid, return_dict=True)
     dtype = model.get_input_embeddings().weight.dtype
-    embeds = [e.to(dtype) for e in out.pooler_output]
     layers = getattr(out, "deepstack_features", None) or []
-    return [(e, tuple(layer[k].to(dtype) for layer in layers)) for k, e in enumerate(embeds)]
+    return [(e.to(dtype), tuple(layer[k].to(dtype) for layer in layers)) for k, e in enumerate(out.pooler_output)]
 
 
-def _prompt_images(model: torch.nn.Module, prompt: list[int], grid: torch.Tensor,
-                   encoded: list[tuple[torch.Tensor, tuple[torch.Tensor, ...]]], names: list[int]) -> PromptImages:
+def _prompt_images(model: torch.nn.Module, prompt: list[int], images: list[tuple[int, torch.Tensor, torch.Tensor]],
+                   encoded: dict[int, Encoded]) -> PromptImages:
     ids = torch.tensor([prompt])
     token_types = (ids == image_token_id(model)).int()
+    grid = torch.stack([grid for _, _, grid in images])
     positions, delta = model.model.get_rope_index(ids, mm_token_type_ids=token_types, image_grid_thw=grid)
     delta = int(delta.reshape(-1)[0])
     if delta > 0:  # images never advance positions faster than their tokens; decode relies on it (cos tables)
         raise RolloutError(f"a prompt's M-RoPE positions run ahead of its tokens (delta {delta}): only images are "
                            "supported, not video")
-    rows = token_types[0].nonzero().flatten()
-    counts = [e.shape[0] for e, _ in encoded]
-    deepstack = tuple(torch.cat(layer) for layer in zip(*(d for _, d in encoded))) if encoded[0][1] else ()
-    return PromptImages(positions=positions[:, 0].cpu(), delta=delta, rows=rows,
-                        embeds=torch.cat([e for e, _ in encoded]), deepstack=deepstack,
-                        names=tuple(name for name, count in zip(names, counts) for _ in range(count)))
-
-
-def _image_names(pixel_values, grid: torch.Tensor) -> list[int]:
-    """A negative id per image from a digest of its grid and pixels (never a real token id)."""
-    pixels = torch.as_tensor(pixel_values).detach().cpu().contiguous()
-    names, start = [], 0
-    for t, h, w in grid.tolist():
-        patches = pixels[start : start + t * h * w]
-        digest = hashlib.blake2b(f"{t},{h},{w}".encode(), digest_size=8)
-        digest.update(patches.reshape(-1).view(torch.uint8).numpy().tobytes())
-        names.append(-1 - (int.from_bytes(digest.digest(), "little") >> 2))
-        start += t * h * w
-    return names
+    outputs = [encoded[name] for name, _, _ in images]
+    deepstack = tuple(torch.cat(layer) for layer in zip(*(d for _, d in outputs)))
+    return PromptImages(positions=positions[:, 0].cpu(), delta=delta, rows=token_types[0].nonzero().flatten(),
+                        embeds=torch.cat([e for e, _ in outputs]), deepstack=deepstack,
+                        names=tuple(name for (name, _, _), (e, _) in zip(images, outputs) for _ in range(e.shape[0])))

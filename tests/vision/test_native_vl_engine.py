@@ -162,9 +162,10 @@ def test_weights_loaded_into_an_owned_copy_decode_as_hf(spread_vl):
     model, processor = spread_vl
     ids, images = prompt_rows(processor)
     engine = NativeEngine(copy.deepcopy(model), processor.tokenizer, own_model=True)
+    params = greedy(12, processor.tokenizer)
+    engine.generate(ids, params, multi_modal_inputs=images)  # the old tower's outputs must not outlive its weights
     updated = spread_weights(copy.deepcopy(model), seed=5)
     engine.load_weights(list(updated.state_dict().items()))
-    params = greedy(12, processor.tokenizer)
     completions = engine.generate(ids, params, multi_modal_inputs=images)
     reference = HFEngine(updated, processor.tokenizer).generate(ids, params, multi_modal_inputs=images)
     assert_same_completions(completions, reference)
@@ -236,3 +237,29 @@ def test_cuda_graph_replay_with_images_equals_hf_generate(spread_vl):
     reference = HFEngine(model, processor.tokenizer).generate(ids, greedy(24, processor.tokenizer),
                                                               multi_modal_inputs=images)
     assert_same_completions(got, reference, n=2)
+
+
+@torch.no_grad()
+def test_an_image_goes_through_the_tower_once_until_the_next_batch(spread_vl, monkeypatch):
+    """An agent loop's later turns carry the conversation's images again: the tower's output for an image is kept
+    (by its pixels) until a batch starts or the weights change; within one call a repeated image is encoded once."""
+    model, processor = spread_vl
+    ids, images = prompt_rows(processor)
+    engine = NativeEngine(model, processor.tokenizer)
+    encoded_counts = []
+    tower = type(model.model).get_image_features
+
+    def counting(self, pixel_values, image_grid_thw=None, **kwargs):
+        encoded_counts.append(int(image_grid_thw.shape[0]))
+        return tower(self, pixel_values, image_grid_thw, **kwargs)
+
+    monkeypatch.setattr(type(model.model), "get_image_features", counting)
+    params = greedy(4, processor.tokenizer)
+    first = engine.generate(ids + ids[:1], params, multi_modal_inputs=images + images[:1])
+    assert encoded_counts == [4]  # rows 0 and 4 share an image: 1 + 2 + 1 distinct images
+    again = engine.generate(ids[2:], params, multi_modal_inputs=images[2:])
+    assert [(c.token_ids, c.logprobs) for c in again] == [(c.token_ids, c.logprobs) for c in first[2:4]]
+    assert encoded_counts == [4]  # all seen
+    engine.reset_prefix_cache()  # a new batch (the rollout worker) or new weights (load_weights)
+    engine.generate(ids[:1], params, multi_modal_inputs=images[:1])
+    assert encoded_counts == [4, 1]
