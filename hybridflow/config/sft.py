@@ -51,7 +51,8 @@ class SFTDataConfig:
     """Multi-turn data."""
     messages_key: Optional[str] = None
     """verl 0.9's SFT trainer (``verl.trainer.sft_trainer``): the column of chat messages. Set, every row is read
-    as a conversation, as with multiturn.enable=True and multiturn.messages_key=<this>; null keeps multiturn.*."""
+    as a conversation, as with multiturn.enable=True and multiturn.messages_key=<this>; null keeps multiturn.*, and
+    rows with a ``messages`` column but no prompt column are conversations (verl 0.9's default messages_key)."""
     pad_mode: Optional[str] = None
     """verl 0.9's SFT trainer: ``no_padding`` packs each micro-batch into one row (as use_remove_padding=True),
     ``right`` pads it; null leaves use_remove_padding / use_packing to decide."""

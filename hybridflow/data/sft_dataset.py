@@ -6,7 +6,10 @@ Two row layouts, as in verl:
   ``extra_info.question``, or verl's ``prompt_dict_keys`` / ``response_dict_keys``);
   the prompt is a string (one user message) or a message list, the response a string;
 * multi turn: ``messages_key`` names a column of chat messages (verl's
-  ``data.multiturn.messages_key``, used when ``data.multiturn.enable``); an optional
+  ``data.multiturn.messages_key``, used when ``data.multiturn.enable``, or verl 0.9's
+  ``data.messages_key``); rows with a ``messages`` column and no prompt column are read so
+  without it, as verl 0.9's SFT trainer reads them (its default ``data.messages_key=messages``:
+  ``examples/sft/vlm/run_qwen3_vl_2b.sh`` sets no key for its pokemon rows); an optional
   ``tools_key`` column holds the row's tool schemas (a list, or its JSON text), described to
   the model as the multi-turn rollout describes them (:func:`hybridflow.data.chat.with_tools`).
 
@@ -37,6 +40,8 @@ from hybridflow.data.vision import refuse_videos, require_processor_for_images, 
 from hybridflow.errors import DataError
 
 SFT_TRUNCATIONS = ("error", "left", "right")
+VERL_MESSAGES_KEY = "messages"
+"""verl 0.9's default ``data.messages_key``: the column its SFT trainer reads conversations from."""
 PADDINGS = ("max_length", "longest")
 
 
@@ -83,16 +88,15 @@ class SFTDataset(torch.utils.data.Dataset):
         rows = read_nonempty_rows(files)
         refuse_videos(rows, video_key=video_key, image_key=image_key)
         require_processor_for_images(rows, processor=processor, image_key=image_key)
+        prompt_path = split_key(prompt_key, prompt_dict_keys)
+        messages_key = messages_key or _verl_messages_layout(rows, prompt_column=prompt_path[0])
         if messages_key is not None:
             require_columns(rows, {messages_key: "data.multiturn.messages_key"}, source=f"data file(s) {files!r}")
             to_messages = partial(_multiturn_messages, key=messages_key)
             tools_of = partial(_row_tools, key=tools_key)
         else:
             tools_of = partial(_row_tools, key=None)  # single turn: no tools
-            prompt_path, response_path = (
-                split_key(prompt_key, prompt_dict_keys),
-                split_key(response_key, response_dict_keys),
-            )
+            response_path = split_key(response_key, response_dict_keys)
             columns = {prompt_path[0]: "data.prompt_key", response_path[0]: "data.response_key"}
             require_columns(rows, columns, source=f"data file(s) {files!r}")
             to_messages = partial(_single_turn_messages, prompt_path=prompt_path, response_path=response_path)
@@ -146,6 +150,13 @@ class SFTDataset(torch.utils.data.Dataset):
         """:func:`collate_sft` with this dataset's pad id and padding length."""
         pad_to = self.max_length if self.padding == "max_length" else None
         return partial(collate_sft, pad_token_id=self.pad_token_id, pad_to=pad_to)
+
+
+def _verl_messages_layout(rows: Sequence[dict], *, prompt_column: str) -> str | None:
+    """:data:`VERL_MESSAGES_KEY` when the rows are verl 0.9 conversations (that column, no ``prompt_column``), else
+    None (prompt/response rows; a missing prompt column is then the error that names data.prompt_key)."""
+    columns = set(rows[0]) if rows else set()
+    return VERL_MESSAGES_KEY if VERL_MESSAGES_KEY in columns and prompt_column not in columns else None
 
 
 def _single_turn_messages(

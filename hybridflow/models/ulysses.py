@@ -198,6 +198,15 @@ def sequence_parallel_of(model) -> SequenceParallel | None:
     return getattr(model, "_hybridflow_sequence_parallel", None)
 
 
+def refuse_vision_language(config, *, sp_size: int, key: str) -> None:
+    """Sequence parallelism (``sp_size > 1``) of a vision-language model (its HF ``config``), refused in one line:
+    packed rows are what the sequence is split along, and a VLM runs padded ones. The trainers call it from the
+    model's config.json before the weights load, and :func:`split_sequences` on the model itself."""
+    if sp_size > 1 and is_vision_language(config):
+        raise ConfigError(f"{key}={sp_size}: a vision-language model runs padded rows, which are not split over "
+                          f"ranks; set {key}=1")
+
+
 def split_sequences(model, sp: SequenceParallel | None, *, key: str):
     """Make ``model``'s packed forwards sequence-parallel over ``sp`` (None or size 1: no-op).
 
@@ -206,9 +215,7 @@ def split_sequences(model, sp: SequenceParallel | None, *, key: str):
     if sp is None or sp.size == 1:
         return model
     config = model.config
-    if is_vision_language(config):  # packed rows are what the sequence is split along, and a VLM runs padded ones
-        raise ConfigError(f"{key}={sp.size}: a vision-language model runs padded rows, which are not split over "
-                          f"ranks; set {key}=1")
+    refuse_vision_language(config, sp_size=sp.size, key=key)
     heads = config.num_attention_heads
     check_heads(num_heads=heads, num_kv_heads=getattr(config, "num_key_value_heads", None) or heads,
                 sp_size=sp.size, key=key)

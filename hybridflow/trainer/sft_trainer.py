@@ -52,10 +52,10 @@ from hybridflow.models.loader import load_config as load_model_config
 from hybridflow.models.lora import apply_lora
 from hybridflow.models.segment_attention import use_segment_attention
 from hybridflow.models.sharded_checkpoint import FSDPModelComponent
-from hybridflow.models.ulysses import split_sequences
+from hybridflow.models.ulysses import refuse_vision_language, split_sequences
 from hybridflow.models.vision import load_processor, vision_forward_inputs
 from hybridflow.trainer.checkpoints.manager import find_resume_checkpoint, load_checkpoint, save_checkpoint
-from hybridflow.trainer.entry import model_context_length, resolve_device, seed_everything
+from hybridflow.trainer.entry import model_context_length, read_model_config, resolve_device, seed_everything
 from hybridflow.trainer.tracking.plots import Curve, fixed_keys, plot_curves
 from hybridflow.trainer.sft.batches import count_targets, even_shard, micro_batch_inputs, rank_slice, split_micro
 from hybridflow.trainer.sft.checkpoint import SharedDirComponent
@@ -105,9 +105,14 @@ def load_model(cfg: SFTConfig, *, device: torch.device) -> torch.nn.Module:
 
 
 def preflight(cfg: SFTConfig, *, world_size: int) -> None:
-    """Every check that needs no model weights (files, batch arithmetic, the context from config.json)."""
-    validate_sft_config(cfg, world_size=world_size, model_max_len=model_context_length(
-        sft_model_path(cfg), cfg.model.trust_remote_code))
+    """Every check that needs no model weights (files, batch arithmetic, the context and the kind of model from
+    config.json)."""
+    path, trust = sft_model_path(cfg), cfg.model.trust_remote_code
+    validate_sft_config(cfg, world_size=world_size, model_max_len=model_context_length(path, trust))
+    config = read_model_config(path, trust) if world_size > 1 else None  # one process runs whole sequences
+    if config is not None:
+        refuse_vision_language(config, sp_size=cfg.ulysses_sequence_parallel_size,
+                               key="ulysses_sequence_parallel_size")
 
 
 def build_tokenizer(cfg: SFTConfig):

@@ -27,6 +27,19 @@ def test_multiturn_mask_covers_every_assistant_turn_only(tiny_tokenizer, write_r
     assert masked_text(tiny_tokenizer, sample) == "5<|im_end|>the answer is 12<|im_end|>"
 
 
+def test_rows_of_verl_0_9_conversations_need_no_messages_key(tiny_tokenizer, write_rows):
+    """verl 0.9's SFT trainer reads the ``messages`` column by default (its data.messages_key=messages); rows with
+    that column and no prompt column are conversations without the key, rows with a prompt column stay single turn."""
+    conversations = SFTDataset(write_rows([{"messages": CONVERSATION}]), tiny_tokenizer)[0]
+    keyed = SFTDataset(write_rows([{"messages": CONVERSATION}]), tiny_tokenizer, messages_key="messages")[0]
+    assert torch.equal(conversations["input_ids"], keyed["input_ids"])
+    assert torch.equal(conversations["loss_mask"], keyed["loss_mask"])
+    both = write_rows([{"question": "1 + 1?", "answer": "2", "messages": CONVERSATION}])
+    assert masked_text(tiny_tokenizer, SFTDataset(both, tiny_tokenizer)[0]) == "2<|im_end|>"
+    with pytest.raises(DataError, match="has no column 'question'"):
+        SFTDataset(write_rows([{"dialogue": CONVERSATION}]), tiny_tokenizer)
+
+
 def test_mask_equals_generation_markers(tiny_tokenizer):
     # The tiny template has {% generation %} markers: HF's own assistant mask is the reference.
     reference = tiny_tokenizer.apply_chat_template(CONVERSATION, return_assistant_tokens_mask=True, return_dict=True)

@@ -16,7 +16,11 @@ module prefix, the model path and the data paths (see ``test_verl_commands.py``)
 
 VERL_GIT_DIR / RECIPE_GIT_DIR are git clones of github.com/volcengine/verl and
 github.com/verl-project/verl-recipe (verl's ``recipe/`` submodule); each record names the
-commit it was read from.
+commit it was read from. Only ``git`` runs, no network: a bare mirror works as well as a clone (the
+records at the top of ``commands.json`` were written from the mirrors that the ``fetch`` tool makes,
+``/work/.mirror/volcengine+verl/repo`` and ``/work/.mirror/verl-project+verl-recipe/repo``). A script that
+stamps the date into its names (``$(date ...)``) gives new names at each run: keep the committed records'
+names when only other scripts were added.
 """
 
 from __future__ import annotations
@@ -120,6 +124,10 @@ SCRIPTS = [
     ("verl", "examples/grpo_trainer/run_qwen2_5_vl-7b_lora.sh"),
     ("verl", "examples/grpo_trainer/run_qwen2_5_vl-7b-sglang.sh"),
     ("verl", "examples/grpo_trainer/run_qwen2_5_vl-7b_seq_balance.sh"),
+    # issue 51: verl's newest vision-language scripts. Qwen3-VL SFT on pokemon captions (verl 0.9's sft_trainer with
+    # engine=fsdp optim=fsdp; SP_SIZE=2 and PAD_MODE=no_padding by default) and multi-turn VL GRPO with the geo3k tool
+    ("verl", "examples/sft/vlm/run_qwen3_vl_2b.sh"),
+    ("verl", "examples/sglang_multiturn/geo3k/run_qwen2.5-3b_geo3k_multiturn.sh"),
     # Megatron: refused in one line that says so (test_verl_commands.EXPECTED_ERRORS)
     ("verl", "examples/grpo_trainer/run_qwen2-7b_math_megatron.sh"),
     ("verl", "verl/experimental/one_step_off_policy/shell/dapo_7b_math_megatron_4_12.sh"),

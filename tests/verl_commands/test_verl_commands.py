@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib.machinery
 import importlib.util
 import json
+import math
 import pathlib
 import sys
 import types
@@ -63,6 +64,15 @@ EXPECTED_ERRORS: dict[str, str] = {  # script -> the error it gets
         "data.custom_cls (path='/REPO/recipe/retool/retool.py', name='CustomRLHFDataset'): a user dataset class is "
         "not supported",
 }
+# issue 51, pending elsewhere: expected to PASS once multi-turn vision-language rollouts land (the agent loops carry
+# images); flip it then (drop this entry). Runs with a tiny Qwen2.5-VL (VISION_LANGUAGE_ARCHS).
+EXPECTED_ERRORS["examples/sglang_multiturn/geo3k/run_qwen2.5-3b_geo3k_multiturn.sh"] = (
+    "actor_rollout_ref.rollout.multi_turn.enable=True with a vision-language policy: the agent loops do not carry "
+    "images yet")
+VISION_LANGUAGE_ARCHS = {  # script -> the tiny VLM it runs with (a text model would not meet what a VLM is refused)
+    "examples/sft/vlm/run_qwen3_vl_2b.sh": "qwen3_vl",
+    "examples/sglang_multiturn/geo3k/run_qwen2.5-3b_geo3k_multiturn.sh": "qwen2_5_vl",
+}
 SEQUENCE_PARALLEL_SCRIPTS = (  # Ulysses sizes 2, 2, 4 and 8: accepted since issue 18
     "examples/ppo_trainer/run_deepseek7b_llm_sp2.sh", "examples/sft/gsm8k/run_qwen_05_sp2.sh",
     "dapo/test_dapo_7b_math.sh", "dapo/run_dapo_qwen2.5_32b.sh",
@@ -91,6 +101,24 @@ def local_files(tmp_path_factory):
     data = str(root / "data.parquet")
     pd.DataFrame([row] * 4).to_parquet(data)
     return model, data
+
+
+@pytest.fixture(scope="module")
+def vision_language_files(tmp_path_factory):
+    """arch -> (a tiny VLM of that arch with a 32k context, shape-count image rows in verl's schema), built once each."""
+    from hybridflow.data.preprocess import shape_count
+    from hybridflow.models.tiny import save_tiny_vl_model
+
+    root, built = tmp_path_factory.mktemp("verl_vl_commands"), {}
+
+    def files(arch: str) -> tuple[str, str]:
+        if arch not in built:
+            data = shape_count.main(["--size", "4", "--test_size", "1", "--local_save_dir", str(root / "data")])
+            built[arch] = (save_tiny_vl_model(str(root / arch), arch=arch, max_position_embeddings=32768),
+                           data["train"])
+        return built[arch]
+
+    return files
 
 
 @pytest.fixture(scope="module")
@@ -185,10 +213,12 @@ def test_the_sample_covers_verl_0_9_s_dialect():
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=script)
-def test_verl_command_passes_the_pre_load_checks(command, local_files, reward_file, gpu_engines_installed):
+def test_verl_command_passes_the_pre_load_checks(command, local_files, vision_language_files, reward_file,
+                                                 gpu_engines_installed):
     module, trainer = MODULES[command["module"]]
     assert importlib.util.find_spec(module) is not None, module
-    argv = localised(command, *local_files, reward=reward_file)
+    arch = VISION_LANGUAGE_ARCHS.get(script(command))
+    argv = localised(command, *(vision_language_files(arch) if arch else local_files), reward=reward_file)
     expected = EXPECTED_ERRORS.get(script(command))
     pending = PENDING_ELSEWHERE.get(script(command))
     if expected is None:
@@ -269,3 +299,75 @@ def test_verl_vision_language_command_passes_the_pre_load_checks_with_a_vlm(comm
     data = shape_count.main(["--size", "4", "--test_size", "1", "--local_save_dir", str(tmp_path / "data")])["train"]
     module, trainer = MODULES[command["module"]]
     preflight(trainer, localised(command, model, data))
+
+
+QWEN3_VL_SFT = "examples/sft/vlm/run_qwen3_vl_2b.sh"
+
+
+def test_verl_qwen3_vl_sft_sequence_parallel_default_is_refused_before_load_on_its_ranks(vision_language_files):
+    """The script's SP_SIZE=2 (engine.ulysses_sequence_parallel_size=2) splits packed rows, and a VLM runs padded ones:
+    over the script's torchrun --nproc-per-node=8 it is refused in one line from config.json, before the weights load.
+    One process (a CPU debug run) trains whole sequences and warns, as it does for a text model."""
+    from hybridflow.trainer.sft_trainer import preflight as sft_preflight
+
+    (command,) = [c for c in COMMANDS if script(c) == QWEN3_VL_SFT]
+    assert "engine.ulysses_sequence_parallel_size=2" in command["args"]
+    config_file, overrides = split_config_args(localised(command, *vision_language_files("qwen3_vl")))
+    cfg = load_config(SFTConfig, overrides, config_file)
+    with pytest.raises(ConfigError) as err:
+        sft_preflight(cfg, world_size=8)
+    assert str(err.value) == ("ulysses_sequence_parallel_size=2: a vision-language model runs padded rows, which are "
+                              "not split over ranks; set ulysses_sequence_parallel_size=1")
+    sft_preflight(load_config(SFTConfig, overrides + ["engine.ulysses_sequence_parallel_size=1"], config_file),
+                  world_size=8)
+
+
+def pokemon_rows(count: int) -> list[dict]:
+    """Rows as verl's examples/data_preprocess/pokemon.py writes them (llamafactory/pokemon-gpt4o-captions):
+    ``messages`` whose user turn starts with ``<image>``, and ``images`` as ``datasets`` stores them."""
+    from PIL import Image, ImageDraw
+
+    from hybridflow.data.vision import image_to_bytes
+
+    names = [("Pikachu", "yellow"), ("Bulbasaur", "green"), ("Charmander", "orange"), ("Squirtle", "blue")]
+    rows = []
+    for i in range(count):
+        name, colour = names[i % len(names)]
+        image = Image.new("RGB", (56, 56), "white")
+        ImageDraw.Draw(image).ellipse((8, 8, 48, 48), fill=colour)
+        rows.append({"messages": [{"role": "user", "content": "<image>Fill in the blank: this is a photo of a {}"},
+                                  {"role": "assistant", "content": f"This is a photo of {name}, a {colour} Pokemon."}],
+                     "images": [{**image_to_bytes(image), "path": None}]})
+    return rows
+
+
+def test_verl_qwen3_vl_sft_command_trains_end_to_end(tmp_path):
+    """examples/sft/vlm/run_qwen3_vl_2b.sh (verl 0.9's sft_trainer: engine=fsdp optim=fsdp, no data.messages_key,
+    pad_mode=no_padding, SP_SIZE=2) as ``python -m hybridflow.trainer.sft_trainer`` in one process, on a tiny Qwen3-VL
+    and 96 pokemon-layout rows: one step per epoch of its train_batch_size=96. Besides the model and the data, only
+    the logger (wandb is not installed here) and the epochs (3 of its 10) change. The loss goes down and the
+    checkpoint's HF export loads as a Qwen3-VL with its processor."""
+    import os
+    import subprocess
+
+    from hybridflow.models import load_causal_lm, load_tokenizer
+    from hybridflow.models.tiny import save_tiny_vl_model
+    from hybridflow.models.vision import load_processor
+
+    (command,) = [c for c in COMMANDS if script(c) == QWEN3_VL_SFT]
+    model = save_tiny_vl_model(str(tmp_path / "qwen3_vl"), arch="qwen3_vl", max_position_embeddings=32768)
+    data = str(tmp_path / "pokemon.parquet")
+    pd.DataFrame(pokemon_rows(96)).to_parquet(data)
+    args = [a.replace("/HOME", str(tmp_path)) for a in localised(command, model, data)]
+    args += ["trainer.logger=[console,file]", "trainer.total_epochs=3"]
+    env = {**os.environ, "OMP_NUM_THREADS": "2"}
+    result = subprocess.run([sys.executable, "-m", MODULES[command["module"]][0], *args], env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = tmp_path / "open_verl/sft/verl_sft_test/pokemon-qwen3-2b-fsdp-fsdp2-sp2-fsdp-1202a1"
+    losses = [row["train/loss"] for row in map(json.loads, (run / "logs/metrics.jsonl").read_text().splitlines())
+              if "train/loss" in row]
+    assert len(losses) == 3 and all(map(math.isfinite, losses)) and losses[-1] < losses[0], losses
+    exported = run / "global_step_3" / "model" / "huggingface"
+    assert type(load_causal_lm(str(exported))).__name__ == "Qwen3VLForConditionalGeneration"
+    assert load_processor(str(exported), tokenizer=load_tokenizer(str(exported))) is not None

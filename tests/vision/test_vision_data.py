@@ -122,3 +122,20 @@ def test_a_row_that_carries_videos_is_refused_naming_the_column(tmp_path, tiny_v
                    processor=processor)
     dataset = RLDataset(video_rows(tmp_path, "clips"), processor.tokenizer, processor=processor)  # not the video_key
     assert len(dataset) == 2 and dataset.vision[1] is None
+
+
+def test_sft_reads_verl_s_pokemon_rows(tmp_path, vl_arch):
+    """verl's examples/data_preprocess/pokemon.py rows (``messages`` with ``<image>`` in the user turn, ``images`` as
+    ``datasets`` writes them: ``{bytes, path}``), with no data.messages_key, as its run_qwen3_vl_2b.sh reads them."""
+    import pandas as pd
+
+    _, processor = vl_arch
+    rows = [{"messages": [{"role": "user", "content": "<image>Fill in the blank: this is a photo of a {}"},
+                          {"role": "assistant", "content": "This is a photo of Pikachu."}],
+             "images": [{**image_to_bytes(solid_image(56, 56, "yellow")), "path": None}]}]
+    pd.DataFrame(rows).to_parquet(tmp_path / "pokemon.parquet")
+    sample = SFTDataset(str(tmp_path / "pokemon.parquet"), processor.tokenizer, processor=processor)[0]
+    ids, mask = sample["input_ids"], sample["loss_mask"]
+    assert (ids == processor.image_token_id).sum() == 4 and not mask[ids == processor.image_token_id].any()
+    assert processor.tokenizer.decode(ids[mask.bool()]).startswith("This is a photo of Pikachu.")
+    assert sample["multi_modal_inputs"]["image_grid_thw"].tolist() == [[1, 4, 4]]
