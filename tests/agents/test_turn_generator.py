@@ -237,3 +237,21 @@ def test_a_batch_of_turns_is_in_conversation_order_whatever_order_they_arrive_in
     asyncio.run(everyone())
     assert engine.batch_sizes == [4]
     assert seen == [f"conversation {i}" for i in range(4)]
+
+
+def test_a_turn_with_images_on_an_engine_that_cannot_encode_them_is_one_clear_error(llama, monkeypatch):
+    """The native queue submits a turn with images as ``engine.encode_images``' encoding; an engine without it says
+    so (text turns never ask for it)."""
+    import torch
+
+    monkeypatch.delattr(NativeEngine, "encode_images", raising=False)
+    model, tokenizer = llama
+    generator = TurnGenerator(NativeEngine(model, tokenizer), PARAMS)
+    prompt = chat_prompts(tokenizer)[0]
+    images = {"pixel_values": torch.zeros(4, 8), "image_grid_thw": torch.tensor([[1, 2, 2]])}
+    try:
+        with pytest.raises(RolloutError, match="cannot decode a conversation with images .*rollout.name=hf"):
+            asyncio.run(generator.generate(prompt, max_tokens=4, multi_modal_inputs=images))
+        assert len(asyncio.run(generator.generate(prompt, max_tokens=4)).token_ids) == 4
+    finally:
+        generator.close()
