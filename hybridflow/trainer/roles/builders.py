@@ -19,7 +19,6 @@ from hybridflow.algos import policy_loss_spec
 from hybridflow.config import config_value, reference_enabled
 from hybridflow.config.verl_versions import ACTOR, grad_clip_threshold
 from hybridflow.data.parallel import DataParallel
-from hybridflow.errors import ConfigError
 from hybridflow.models import load_causal_lm, load_tokenizer, load_value_model
 from hybridflow.models.fsdp import (Precision, autocast_forward, data_parallel_mesh, decoder_layers, resolve_precision,
                                     shard_model)
