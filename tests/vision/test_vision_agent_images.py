@@ -92,15 +92,16 @@ def asyncio_run(coroutine):
 
 
 @pytest.mark.parametrize("swap", ["prompt", "tool"])
-def test_the_training_forward_reads_the_tool_s_picture(tiny_vl, swap):
+def test_the_training_forward_reads_the_tool_s_picture(vl_arch, swap):
     """The same conversation tokens with the tool's picture red or blue: the log-probs after the picture change, the
-    ones before it do not (swapping the prompt's picture changes them from the start)."""
+    ones before it do not (swapping the prompt's picture changes them from the start); Qwen2.5-VL, Qwen2-VL and
+    Qwen3-VL."""
     from hybridflow.data.rl_dataset import collate_prompts
     from hybridflow.trainer.loop.generation import prompts_to_batch
     from hybridflow.workers.logprob import batch_log_probs
     from hybridflow.workers.rollout import RolloutWorker
 
-    model, processor = tiny_vl
+    model, processor = vl_arch
 
     def batch(tool_colour: str, prompt_width: int):
         row = picture_row(processor, width=prompt_width)
