@@ -20,7 +20,7 @@ each prompt's to ``engine.generate``; a queued turn is submitted with the engine
 Sampling is reproducible in both: with ``params.seed`` set, a queued turn samples from draws
 keyed by (a seed derived from ``params.seed`` and its context tokens, its token index), so the
 same seed and the same conversations give the same turns whenever each turn arrives; a batch
-is seeded from ``params.seed`` and the number of batches before it.
+is seeded from ``params.seed`` and the number of batches before it, its rows in conversation order.
 """
 
 from __future__ import annotations
