@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from hybridflow.data.vision import append_images
 from hybridflow.errors import ConfigError
 
 
@@ -35,6 +36,9 @@ class AgentLoopOutput:
     extra_info: dict[str, Any] = field(default_factory=dict)
     """Handed to the reward function in ``extra_info``: tool_rewards {tool: calc_reward}, tool_step_rewards,
     turn_scores (interaction scores), num_turns."""
+    multi_modal_inputs: dict[str, Any] | None = None
+    """A vision-language policy's images of the whole conversation, prompt's then tools', in token order:
+    ``pixel_values [n_patches, C*t*p*p]``, ``image_grid_thw [n_images, 3]``; None without images."""
 
 
 @dataclass
@@ -52,6 +56,10 @@ class Trajectory:
     finish_reason: str = "stop"
     turn_end: str = ""
     """Text of the stop token that closed the last assistant turn ('' if it was cut off)."""
+    multi_modal_inputs: dict[str, Any] | None = None
+    """The images of ``context_ids`` so far (see :class:`AgentLoopOutput`); every turn is generated with them."""
+    row_index: int = 0
+    """The row's index in its file (errors about its images name it)."""
 
     @property
     def context_ids(self) -> list[int]:
@@ -63,11 +71,14 @@ class Trajectory:
         self.logprobs += list(logprobs) if logprobs else [0.0] * len(token_ids)
         self.counts["assistant_turns"] += 1
 
-    def add_observation(self, token_ids: list[int]) -> None:
+    def add_observation(self, token_ids: list[int], images: dict[str, Any] | None = None) -> None:
+        """A tool / user turn (mask 0); ``images``: the vision inputs of its image tokens, appended after the
+        conversation's earlier images."""
         self.response_ids += token_ids
         self.response_mask += [0] * len(token_ids)
         self.logprobs += [0.0] * len(token_ids)
         self.counts["user_turns"] += 1
+        self.multi_modal_inputs = append_images(self.multi_modal_inputs, images)
 
     def output(self, *, extra_info: dict[str, Any]) -> AgentLoopOutput:
         counts = self.counts
@@ -75,7 +86,8 @@ class Trajectory:
         return AgentLoopOutput(prompt_ids=self.prompt_ids, response_ids=self.response_ids,
                                response_mask=self.response_mask, response_logprobs=self.logprobs,
                                finish_reason=self.finish_reason, num_turns=num_turns, metrics=dict(counts),
-                               extra_info={"num_turns": num_turns, **extra_info})
+                               extra_info={"num_turns": num_turns, **extra_info},
+                               multi_modal_inputs=self.multi_modal_inputs)
 
 
 AGENT_LOOPS: dict[str, Callable[..., Any]] = {}

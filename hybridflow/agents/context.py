@@ -36,6 +36,9 @@ class AgentContext:
     interactions: dict[str, Any] = field(default_factory=dict)
     tool_health: ToolHealth = field(default_factory=ToolHealth)
     """Calls and failures per tool (and interaction) over the current batch; reported after each batch."""
+    processor: Any = None
+    """A vision-language policy's processor (its conversations carry images; tools may answer with images), or
+    None for a text model."""
 
     @property
     def tool_schemas(self) -> list[dict]:

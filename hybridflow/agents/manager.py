@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from hybridflow.agents.base import AgentLoopOutput, get_agent_loop, register_agent_loop
 from hybridflow.agents.context import AgentContext, MultiTurnSettings
-from hybridflow.agents.generator import TurnGenerator
+from hybridflow.agents.generator import CONVERSATION, TurnGenerator
 from hybridflow.agents.interactions import load_interactions
 from hybridflow.errors import ConfigError
 from hybridflow.rollout import SamplingParams
@@ -62,11 +62,17 @@ class AgentLoopManager:
         generator = TurnGenerator(self.engine, params, max_len=settings.prompt_length + settings.response_length,
                                   conversations=len(rows))
         try:
-            outputs = list(await asyncio.gather(*(self.loop(row).run(row, generator) for row in rows)))
+            outputs = list(await asyncio.gather(*(self.run_loop(index, row, generator)
+                                                  for index, row in enumerate(rows))))
         finally:
             generator.close()  # a loop that raised leaves the others' turns queued: they end here, not later
         self.context.tool_health.report()  # a tool that failed on every call: one console line
         return outputs
+
+    async def run_loop(self, index: int, row: dict, generator: TurnGenerator) -> AgentLoopOutput:
+        """Row ``index``'s loop, in a task of its own that knows its conversation's index (see ``CONVERSATION``)."""
+        CONVERSATION.set(index)
+        return await self.loop(row).run(row, generator)
 
     def loop(self, row: dict):
         name = row.get("agent_name") or self.default_agent_loop
@@ -79,9 +85,10 @@ class AgentLoopManager:
         return self.loops[name]
 
 
-def build_agent_loop_manager(*, engine, tokenizer, rollout_cfg, template_kwargs: dict | None = None
-                             ) -> AgentLoopManager:
-    """The manager for ``actor_rollout_ref.rollout`` (its ``multi_turn`` and ``agent`` sections)."""
+def build_agent_loop_manager(*, engine, tokenizer, rollout_cfg, template_kwargs: dict | None = None,
+                             processor=None) -> AgentLoopManager:
+    """The manager for ``actor_rollout_ref.rollout`` (its ``multi_turn`` and ``agent`` sections); ``processor``: a
+    vision-language policy's (its conversations carry images)."""
     mt, agent = rollout_cfg.multi_turn, rollout_cfg.agent
     get_tool_parser(mt.format)
     settings = MultiTurnSettings(
@@ -95,6 +102,7 @@ def build_agent_loop_manager(*, engine, tokenizer, rollout_cfg, template_kwargs:
     tools = {tool.name: tool for tool in load_tools(mt.tool_config_path)} if mt.tool_config_path else {}
     interactions = load_interactions(mt.interaction_config_path) if mt.interaction_config_path else {}
     loop_kwargs = load_agent_loop_config(agent.agent_loop_config_path) if agent.agent_loop_config_path else {}
-    context = AgentContext(tokenizer=tokenizer, settings=settings, tools=tools, interactions=interactions)
+    context = AgentContext(tokenizer=tokenizer, settings=settings, tools=tools, interactions=interactions,
+                           processor=processor)
     return AgentLoopManager(engine=engine, context=context, default_agent_loop=agent.default_agent_loop,
                             loop_kwargs=loop_kwargs)

@@ -13,7 +13,9 @@ class SingleTurnAgentLoop:
 
     async def run(self, row: dict, generator):
         traj = Trajectory(prompt_ids=list(row["raw_prompt_ids"]), messages=[])
-        completion = await generator.generate(traj.prompt_ids, max_tokens=self.context.settings.response_length)
+        traj.multi_modal_inputs = row.get("multi_modal_inputs")  # the prompt's images (a vision-language policy)
+        completion = await generator.generate(traj.prompt_ids, max_tokens=self.context.settings.response_length,
+                                              multi_modal_inputs=traj.multi_modal_inputs)
         traj.add_generated(completion.token_ids, completion.logprobs)
         traj.finish_reason = completion.finish_reason
         return traj.output(extra_info={})

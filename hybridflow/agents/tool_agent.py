@@ -19,6 +19,8 @@ from uuid import uuid4
 from hybridflow.agents.base import Trajectory, register_agent_loop
 from hybridflow.agents.chat import observation_ids, render_prompt, tokenization_matches
 from hybridflow.agents.context import AgentContext
+from hybridflow.agents.images import (collapse_image_tokens, observation_images, prompt_messages, row_index_of,
+                                      with_image_tokens)
 from hybridflow.agents.tool_calls import ToolSession
 from hybridflow.errors import DataError
 from hybridflow.tools.base import reward_number
@@ -44,7 +46,7 @@ class ToolAgentLoop:
     async def run(self, row: dict, generator):
         traj = self.start(row)
         session = ToolSession(self.context.tools, extra_info_of(row).get("tools_kwargs"), self.settings,
-                              health=self.context.tool_health)
+                              health=self.context.tool_health, takes_images=self.context.processor is not None)
         user = await self.start_interaction(row, traj)
         turn_scores: list[float] = []
         try:
@@ -62,24 +64,29 @@ class ToolAgentLoop:
             tool_rewards = await session.close()
             if user is not None:
                 await self.interaction_call(traj, user, "finalize_interaction", user[1])
-        traj.counts.update(session.counts)
+        for name, count in session.counts.items():  # observe() counts a tool's unreadable images too
+            traj.counts[name] += count
         traj.counts["tokenization_mismatch"] = float(not self.sanity_check(traj))
         return traj.output(extra_info={"tool_rewards": tool_rewards, "tool_step_rewards": session.step_rewards,
                                        "turn_scores": turn_scores, "final_answer": self.final_answer(traj)})
 
     def start(self, row: dict) -> Trajectory:
-        messages = list(row["raw_prompt"])
+        """The conversation of ``row``: its prompt with the tools described (and its images, if any)."""
+        messages, images = prompt_messages(row), row.get("multi_modal_inputs")
         prompt_ids = render_prompt(self.context.tokenizer, messages, tool_schemas=self.context.tool_schemas,
                                    template_kwargs=self.settings.template_kwargs)
+        prompt_ids = with_image_tokens(self.context.processor, prompt_ids, images, row_index=row_index_of(row))
         if len(prompt_ids) > self.settings.prompt_length:
             raise DataError(f"a prompt with its tool schemas is {len(prompt_ids)} tokens, longer than "
                             f"rollout.prompt_length={self.settings.prompt_length}; raise data.max_prompt_length")
-        return Trajectory(prompt_ids=prompt_ids, messages=messages)
+        return Trajectory(prompt_ids=prompt_ids, messages=messages, multi_modal_inputs=images,
+                          row_index=row_index_of(row))
 
     async def assistant_turn(self, traj: Trajectory, generator) -> bool:
         """Generate one turn into ``traj``; False when the conversation must end after it."""
         budget = self.settings.response_length - len(traj.response_ids)
-        completion = await generator.generate(traj.context_ids, max_tokens=budget)
+        completion = await generator.generate(traj.context_ids, max_tokens=budget,
+                                              multi_modal_inputs=traj.multi_modal_inputs)
         ids = completion.token_ids
         traj.add_generated(ids, completion.logprobs)
         traj.finish_reason = completion.finish_reason
@@ -100,12 +107,21 @@ class ToolAgentLoop:
                     or (s.max_user_turns and counts["user_turns"] >= s.max_user_turns))
 
     def observe(self, traj: Trajectory, messages: list[dict]) -> bool:
-        """Append tool/user messages as template tokens (mask 0); False if they do not fit."""
+        """Append tool/user messages as template tokens (mask 0), a tool's images as their image tokens (and their
+        pixels to the conversation's images); False if they do not fit, or the image processor refuses an image
+        (counted in tool_errors: the conversation ends there, the run goes on)."""
         ids = observation_ids(self.context.tokenizer, messages, turn_end=traj.turn_end,
                               template_kwargs=self.settings.template_kwargs)
+        try:
+            images = observation_images(self.context.processor, messages, row_index=traj.row_index)
+        except DataError as err:
+            traj.counts["tool_errors"] += 1
+            self.context.tool_health.record("tool images", str(err), consequence="its conversations end there")
+            return False
+        ids = with_image_tokens(self.context.processor, ids, images, row_index=traj.row_index)
         if len(traj.response_ids) + len(ids) >= self.settings.response_length:
             return False
-        traj.add_observation(ids)
+        traj.add_observation(ids, images)
         traj.messages.extend(messages)
         return True
 
@@ -160,7 +176,10 @@ class ToolAgentLoop:
 
     def sanity_check(self, traj: Trajectory) -> bool:
         """``tokenization_sanity_check_mode``: the trained context must read as the template's conversation."""
-        ok = tokenization_matches(self.context.tokenizer, context_ids=traj.context_ids, messages=traj.messages,
+        context_ids = traj.context_ids
+        if traj.multi_modal_inputs:  # the template writes one pad per image
+            context_ids = collapse_image_tokens(context_ids, self.context.processor.image_token_id)
+        ok = tokenization_matches(self.context.tokenizer, context_ids=context_ids, messages=traj.messages,
                                   tool_schemas=self.context.tool_schemas, template_kwargs=self.settings.template_kwargs,
                                   mode=self.settings.tokenization_sanity_check_mode)
         if not ok and not self.warned_mismatch:

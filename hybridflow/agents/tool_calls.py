@@ -16,6 +16,8 @@ import asyncio
 from typing import Any
 
 from hybridflow.agents.context import MultiTurnSettings
+from hybridflow.data.vision import load_image
+from hybridflow.errors import DataError
 from hybridflow.tools.base import execute_result, reward_number
 from hybridflow.tools.bounded import ToolCallError, ToolCallTimeout, ToolHealth, call_bounded
 from hybridflow.tools.parsers import ParsedTurn, ToolCall
@@ -33,12 +35,23 @@ def truncate_text(text: str, *, limit: int, side: str) -> str:
     return text[:half] + "...(truncated)..." + text[-half:]
 
 
+def tool_message(text: str, images: list[Any]) -> dict[str, Any]:
+    """A tool turn: ``text``, or with ``images`` a content list of their image parts and then the text."""
+    if not images:
+        return {"role": "tool", "content": text}
+    return {"role": "tool", "content": [*({"type": "image", "image": image} for image in images),
+                                        *([{"type": "text", "text": text}] if text else [])]}
+
+
 class ToolSession:
     """The tools of one trajectory; ``run_turn`` answers one assistant turn's calls."""
 
     def __init__(self, tools: dict[str, Any], tools_kwargs: dict[str, Any] | None, settings: MultiTurnSettings,
-                 health: ToolHealth | None = None):
+                 health: ToolHealth | None = None, *, takes_images: bool = False):
         self.tools = tools
+        self.takes_images = takes_images
+        """The policy reads images (a vision-language model): a tool may answer with images (decoded to RGB here;
+        the agent loop turns them into tokens and pixels)."""
         self.health = health or ToolHealth()
         self.tools_kwargs = tools_kwargs or {}
         self.settings = settings
@@ -46,37 +59,53 @@ class ToolSession:
         self.step_rewards: list[float] = []
         self.counts = {"tool_calls": 0, "tool_errors": 0, "tool_timeouts": 0}
 
-    async def run_turn(self, parsed: ParsedTurn, *, agent_data: Any = None) -> list[dict[str, str]]:
-        """One tool message per call and per error, calls first, in the order they were written."""
+    async def run_turn(self, parsed: ParsedTurn, *, agent_data: Any = None) -> list[dict[str, Any]]:
+        """One tool message per call and per error, calls first, in the order they were written. A call that
+        returned images has a content list: one ``{"type": "image", "image": PIL image}`` part per image, then its
+        text (verl's layout); the others a string."""
         limit = self.settings.max_parallel_calls
         run, skipped = parsed.calls[:limit], parsed.calls[limit:]
-        texts = await asyncio.gather(*(self.call(c, agent_data=agent_data) for c in run))
-        errors = [f"Error: {e}" for e in parsed.errors]
-        errors += [f"Error: call to {c.name} skipped: at most {limit} tool calls run per turn "
-                   "(multi_turn.max_parallel_calls)" for c in skipped]
+        replies = await asyncio.gather(*(self.call(c, agent_data=agent_data) for c in run))
+        errors = [(f"Error: {e}", []) for e in parsed.errors]
+        errors += [(f"Error: call to {c.name} skipped: at most {limit} tool calls run per turn "
+                    "(multi_turn.max_parallel_calls)", []) for c in skipped]
         self.counts["tool_calls"] += len(run)
         self.counts["tool_errors"] += len(errors)
         side, length = self.settings.tool_response_truncate_side, self.settings.max_tool_response_length
-        return [{"role": "tool", "content": truncate_text(t, limit=length, side=side)} for t in [*texts, *errors]]
+        return [tool_message(truncate_text(text, limit=length, side=side), images)
+                for text, images in [*replies, *errors]]
 
-    async def call(self, call: ToolCall, *, agent_data: Any = None) -> str:
+    async def call(self, call: ToolCall, *, agent_data: Any = None) -> tuple[str, list[Any]]:
+        """(text, images) of one call: the tool's reply, or an error text and no images."""
         tool = self.tools.get(call.name)
         if tool is None:
             self.counts["tool_errors"] += 1
-            return f"Error: there is no tool named {call.name!r}; the tools are {', '.join(sorted(self.tools))}"
+            return f"Error: there is no tool named {call.name!r}; the tools are {', '.join(sorted(self.tools))}", []
         try:
             instance_id = await self.instance(call.name)
             result = await call_bounded(tool.execute, instance_id, call.arguments, agent_data=agent_data,
                                         timeout_s=self.settings.tool_timeout_s, what=f"tool {call.name}")
-            text, step_reward = execute_result(call.name, result)
+            text, images, step_reward = execute_result(call.name, result)
+            images = self.decoded(call.name, images)
         except ToolCallError as err:  # a tool's failure is the model's feedback, not the run's end
             self.counts["tool_errors"] += 1
             self.counts["tool_timeouts"] += isinstance(err, ToolCallTimeout)
             self.health.record(call.name, str(err))
-            return f"Error: {err}"
+            return f"Error: {err}", []
         self.health.record(call.name, None)
         self.step_rewards.append(step_reward)
-        return text
+        return text, images
+
+    def decoded(self, name: str, images: list[Any]) -> list[Any]:
+        """``images`` as RGB PIL images; :class:`ToolCallError` for a text policy or an entry that is no image."""
+        if images and not self.takes_images:
+            raise ToolCallError(f"tool {name} returned {len(images)} image(s), but the policy is a text model (no "
+                                "image processor): use a vision-language model, or a tool that answers in text")
+        try:
+            return [load_image(image, row_index=0, position=i) for i, image in enumerate(images)]
+        except DataError as err:
+            raise ToolCallError(f"tool {name} returned an image that cannot be read ({str(err).split(': ', 1)[-1]})"
+                                ) from None
 
     async def instance(self, name: str) -> str:
         """The trajectory's instance of tool ``name``, created on first use (a failed create is retried)."""

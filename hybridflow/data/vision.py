@@ -66,9 +66,21 @@ def _decode_image(source, *, what: str, row_index: int, position: int):
 def process_images(processor, text: str, images: Sequence[Any], *, row_index: int):
     """``processor(text=[text], images=...)`` of one row; an image the processor refuses (Qwen2-VL: an aspect
     ratio of 200 or more) is a DataError naming the row, the image sizes and the fix."""
+    return _processed(processor, images, row_index=row_index, text=[text])
+
+
+def image_inputs(processor, images: Sequence[Any], *, row_index: int) -> dict[str, torch.Tensor]:
+    """``{"pixel_values" [n_patches, C*t*p*p], "image_grid_thw" [n_images, 3]}`` of ``images`` through the
+    processor's image processor alone (images that come without text: a tool's reply); errors as
+    :func:`process_images`."""
+    out = _processed(processor.image_processor, images, row_index=row_index)
+    return {"pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"]}
+
+
+def _processed(processor, images: Sequence[Any], *, row_index: int, **text):
     pil = [load_image(image, row_index=row_index, position=i) for i, image in enumerate(images)]
     try:
-        out = processor(text=[text], images=pil, return_tensors="pt")
+        out = processor(images=pil, return_tensors="pt", **text)
     except ValueError as err:
         sizes = ", ".join(f"{im.width}x{im.height}" for im in pil)
         raise DataError(f"row {row_index}: the image processor refused the row's image(s) ({sizes}): {err}; resize or "
@@ -164,8 +176,7 @@ def tokenize_image_conversation(processor, messages: Sequence[dict], images: Seq
         return ids, mask, None
     text = render(processor.tokenizer, messages, add_generation_prompt=False, template_kwargs=template_kwargs)
     out = process_images(processor, text, images, row_index=row_index)
-    merge = processor.image_processor.merge_size ** 2
-    counts = iter((out["image_grid_thw"].prod(-1) // merge).tolist())
+    counts = iter(image_token_counts(processor, out["image_grid_thw"]))
     pad_id = processor.image_token_id
     expanded = [m for token, m in zip(ids, mask) for m in ([0] * next(counts) if token == pad_id else [m])]
     expanded_ids = out["input_ids"][0].tolist()
@@ -173,6 +184,36 @@ def tokenize_image_conversation(processor, messages: Sequence[dict], images: Seq
         raise DataError(f"row {row_index}: the chat template's image placeholders do not match the processor's "
                         "image token; use the model's own chat template")
     return expanded_ids, expanded, {"pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"]}
+
+
+def image_token_counts(processor, image_grid_thw: torch.Tensor) -> list[int]:
+    """Tokens of each image (``t * h * w / merge^2``) of ``image_grid_thw [n_images, 3]``: how many ``<|image_pad|>``
+    the processor writes for it."""
+    merge = processor.image_processor.merge_size ** 2
+    return (torch.as_tensor(image_grid_thw).prod(-1) // merge).tolist()
+
+
+def expand_image_tokens(processor, ids: Sequence[int], image_grid_thw: torch.Tensor, *, row_index: int) -> list[int]:
+    """``ids`` rendered by the chat template (one ``<|image_pad|>`` per image) with each image's pad repeated to its
+    :func:`image_token_counts`, as the processor expands them: ``[L] -> [L + sum_i (n_i - 1)]``."""
+    counts, pad = image_token_counts(processor, image_grid_thw), processor.image_token_id
+    if sum(token == pad for token in ids) != len(counts):
+        raise DataError(f"row {row_index}: the text holds {sum(token == pad for token in ids)} image placeholder(s) for "
+                        f"{len(counts)} image(s); use the model's own chat template")
+    counts = iter(counts)
+    return [t for token in ids for t in ([pad] * next(counts) if token == pad else [token])]
+
+
+def append_images(inputs: dict[str, torch.Tensor] | None, new: dict[str, torch.Tensor] | None
+                  ) -> dict[str, torch.Tensor] | None:
+    """One conversation's vision inputs with ``new`` images after the ones it had (token order): ``pixel_values``
+    and ``image_grid_thw`` concatenated along dim 0; a new dict (the n samples of a prompt share the old one)."""
+    if not new:
+        return inputs
+    if not inputs:
+        return dict(new)
+    return {key: torch.cat([torch.as_tensor(inputs[key]), torch.as_tensor(new[key])]) for key in ("pixel_values",
+                                                                                                 "image_grid_thw")}
 
 
 def image_to_bytes(image, format: str = "PNG") -> dict[str, bytes]:

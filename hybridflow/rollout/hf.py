@@ -49,10 +49,10 @@ class HFEngine:
         with torch.random.fork_rng(devices=[input_ids.device] if input_ids.is_cuda else []):
             if params.seed is not None:
                 torch.manual_seed(params.seed)
-            out = self.model.generate(
-                input_ids=input_ids, attention_mask=attention_mask, generation_config=self._config(params, longest),
-                **vision,
-            )
+            config = self._config(params, longest)
+            stops = {"tokenizer": self.tokenizer} if config.stop_strings else {}  # HF matches stop strings with it
+            out = self.model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config,
+                                      **vision, **stops)
         new_tokens = out.sequences[:, longest:]
         # Step by step: stacking the [rows, V] scores of every step would copy them all at once.
         logprobs = torch.stack([torch.log_softmax(step.float(), dim=-1).gather(-1, new_tokens[:, i, None]).squeeze(-1)

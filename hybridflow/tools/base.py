@@ -26,9 +26,13 @@ from hybridflow.tools.bounded import ToolCallError
 
 @dataclass
 class ToolResponse:
-    """What a tool call returns to the conversation (text only: no images here)."""
+    """What a tool call returns to the conversation (verl's fields): text, and for a vision-language policy images
+    (PIL images, shown to the model before the text, in order). Videos are not supported (a call that returns one is
+    an error to the model)."""
 
     text: str = ""
+    image: list[Any] | None = None
+    video: list[Any] | None = None
 
 
 def validate_tool_schema(schema: Any, *, where: str) -> dict:
@@ -113,15 +117,30 @@ def reward_number(value: Any, *, what: str) -> float:
     return float(value)
 
 
-def execute_result(name: str, result: Any) -> tuple[str, float]:
-    """(text for the model, step reward) from what ``execute`` returned; :class:`ToolCallError` when it
-    is not ``(ToolResponse | str, reward, metrics)``."""
+def execute_result(name: str, result: Any) -> tuple[str, list[Any], float]:
+    """(text for the model, images for the model, step reward) from what ``execute`` returned;
+    :class:`ToolCallError` when it is not ``(ToolResponse | str, reward, metrics)``, or returns videos."""
     if not isinstance(result, tuple) or len(result) != 3:
         raise ToolCallError(f"tool {name} execute() returned {type(result).__name__} {repr(result)[:80]}; it must "
                             "return (ToolResponse(text=...), step_reward: float, metrics: dict)")
     response, step_reward, _ = result
     text = response if isinstance(response, str) else getattr(response, "text", None)
+    text = "" if text is None and getattr(response, "image", None) else text  # verl: an image alone, text None
     if not isinstance(text, str):
         raise ToolCallError(f"tool {name} execute() returned the response {response!r}; it must be a "
                             "ToolResponse(text=...) or a str")
-    return text, reward_number(step_reward, what=f"tool {name} execute()")
+    return text, response_images(name, response), reward_number(step_reward, what=f"tool {name} execute()")
+
+
+def response_images(name: str, response: Any) -> list[Any]:
+    """The images of a tool's response (``ToolResponse.image``: a list, verl's rule), None entries dropped."""
+    if getattr(response, "video", None):
+        raise ToolCallError(f"tool {name} returned a video; videos from tools are not supported: return its frames "
+                            "as images (ToolResponse(image=[frame, ...]))")
+    images = getattr(response, "image", None)
+    if images is None:
+        return []
+    if not isinstance(images, list):
+        raise ToolCallError(f"tool {name} returned image={type(images).__name__}; ToolResponse.image must be a list "
+                            "(wrap one image: image=[img])")
+    return [image for image in images if image is not None]

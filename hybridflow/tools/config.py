@@ -21,6 +21,7 @@ from hybridflow.tools.base import BaseTool
 
 VERL_CLASS_PATHS = {
     "verl.tools.gsm8k_tool.Gsm8kTool": "hybridflow.tools.answer_check.AnswerCheckTool",
+    "verl.tools.geo3k_tool.Geo3kTool": "hybridflow.tools.answer_check.Geo3kAnswerCheckTool",
     "verl.tools.sandbox_fusion_tools.SandboxFusionTool": "hybridflow.tools.code_interpreter.CodeInterpreterTool",
 }
 """verl tool classes and the built-in that has the same meaning."""

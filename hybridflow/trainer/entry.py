@@ -34,10 +34,6 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-VISION_MULTI_TURN = ("actor_rollout_ref.rollout.multi_turn.enable=True with a vision-language policy: the agent "
-                     "loops do not carry images yet; set actor_rollout_ref.rollout.multi_turn.enable=False")
-
-
 def read_model_config(path: str, trust_remote_code: bool):
     """The model's ``config.json`` as a transformers config (no weights loaded); None if unreadable (validation
     reports a bad path; the loader reports an unreadable model with its own message)."""
@@ -62,17 +58,6 @@ def model_context_length(path: str, trust_remote_code: bool, override_config: di
         return None
     check_routing(config, path)  # a MoE config that cannot route: said before the data and the weights load
     return getattr(config.get_text_config(), "max_position_embeddings", None)  # a VLM's is its language model's
-
-
-def check_vision_multi_turn(model_cfg, multi_turn_enabled: bool) -> None:
-    """Multi-turn rollouts with a vision-language policy, refused from its config.json before any weight loads."""
-    from hybridflow.models.vision import is_vision_language
-
-    if not multi_turn_enabled:
-        return
-    config = read_model_config(model_cfg.path, model_cfg.trust_remote_code)
-    if config is not None and is_vision_language(config):
-        raise ConfigError(VISION_MULTI_TURN)
 
 
 def engine_and_logger_problems(cfg) -> list[str]:

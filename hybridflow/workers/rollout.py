@@ -13,7 +13,8 @@ Output batch (B = prompts x n, rows of one prompt adjacent, i.e. ``repeat(n, int
 
 With agent loops (``multi_turn.enable``), ``prompts`` are the loops' prompts (with the tool
 schemas), ``responses`` hold generated turns and observations, ``response_mask`` is 0 on the
-observation (tool / user) tokens while ``attention_mask`` is 1 on them; non-tensors add verl's
+observation (tool / user) tokens while ``attention_mask`` is 1 on them; a vision-language policy's
+``multi_modal_inputs`` hold every image of the conversation (the prompt's, then the tools'); non-tensors add verl's
 ``__num_turns__`` and ``tool_call_counts`` and the per-row agent counts ``agent/{name}``, and
 ``extra_info`` gains what the reward function may use (tool_rewards, turn_scores, num_turns).
 """
@@ -209,4 +210,6 @@ class RolloutWorker:
         for name in sorted({k for o in outputs for k in o.metrics}):
             batch[f"agent/{name}"] = [float(o.metrics.get(name, 0.0)) for o in outputs]
         batch["extra_info"] = [{**(row.get("extra_info") or {}), **o.extra_info} for row, o in zip(rows, outputs)]
+        if "multi_modal_inputs" in batch or any(o.multi_modal_inputs for o in outputs):
+            batch["multi_modal_inputs"] = [o.multi_modal_inputs for o in outputs]  # prompt's and tools' images
         return batch

@@ -17,9 +17,12 @@ class ScriptedEngine:
         self.tokenizer = tokenizer
         self.reply = reply
         self.batch_sizes: list[int] = []
+        self.images: list[list[dict | None] | None] = []
+        """The ``multi_modal_inputs`` of each call (None: the call passed none)."""
 
-    def generate(self, prompt_token_ids, params):
+    def generate(self, prompt_token_ids, params, *, multi_modal_inputs=None):
         self.batch_sizes.append(len(prompt_token_ids))
+        self.images.append(multi_modal_inputs)
         out = []
         for index, ids in enumerate(prompt_token_ids):
             text = self.tokenizer.decode(ids, skip_special_tokens=False)

@@ -214,3 +214,44 @@ def test_a_loop_that_raises_leaves_no_turn_decoding_after_the_rollout(llama, mon
     with pytest.raises(ValueError, match="the loop broke"):
         manager.run(rows, PARAMS)
     assert [t for t in threading.enumerate() if t.name == "hybridflow-request-queue"] == []
+
+
+def test_a_batch_of_turns_is_in_conversation_order_whatever_order_they_arrive_in(tiny_tokenizer):
+    """Which row of an engine call samples which draws must not depend on which tool thread answered first: the
+    batch's rows are ordered by their conversation's index (``CONVERSATION``, set by the manager in each loop)."""
+    from hybridflow.agents.generator import CONVERSATION
+    from tests.agents.scripted import ScriptedEngine
+
+    seen = []
+    engine = ScriptedEngine(tiny_tokenizer, lambda text: seen.append(text) or "ok")
+    turns = BatchedTurns(engine, PARAMS)
+    prompts = [tiny_tokenizer(f"conversation {i}", add_special_tokens=False)["input_ids"] for i in range(4)]
+
+    async def conversation(index):
+        CONVERSATION.set(index)
+        return await turns.generate(prompts[index], max_tokens=8)
+
+    async def everyone():  # the last conversation asks first
+        return await asyncio.gather(*(conversation(i) for i in reversed(range(4))))
+
+    asyncio.run(everyone())
+    assert engine.batch_sizes == [4]
+    assert seen == [f"conversation {i}" for i in range(4)]
+
+
+def test_a_turn_with_images_on_an_engine_that_cannot_encode_them_is_one_clear_error(llama, monkeypatch):
+    """The native queue submits a turn with images as ``engine.encode_images``' encoding; an engine without it says
+    so (text turns never ask for it)."""
+    import torch
+
+    monkeypatch.delattr(NativeEngine, "encode_images", raising=False)
+    model, tokenizer = llama
+    generator = TurnGenerator(NativeEngine(model, tokenizer), PARAMS)
+    prompt = chat_prompts(tokenizer)[0]
+    images = {"pixel_values": torch.zeros(4, 8), "image_grid_thw": torch.tensor([[1, 2, 2]])}
+    try:
+        with pytest.raises(RolloutError, match="cannot decode a conversation with images .*rollout.name=hf"):
+            asyncio.run(generator.generate(prompt, max_tokens=4, multi_modal_inputs=images))
+        assert len(asyncio.run(generator.generate(prompt, max_tokens=4)).token_ids) == 4
+    finally:
+        generator.close()

@@ -120,3 +120,24 @@ def test_a_tool_without_parameters_gets_an_empty_object_schema(tmp_path):
 def test_missing_tool_config_file_names_the_key(tmp_path):
     with pytest.raises(ConfigError, match="multi_turn.tool_config_path"):
         load_tools(str(tmp_path / "nope.yaml"))
+
+
+def test_verl_s_geo3k_tool_config_loads_and_scores_answers_as_verl_s_geo3k_tool():
+    """verl's examples/sglang_multiturn/config/tool_config/geo3k_tool_config.yaml, unchanged: its Geo3kTool is the
+    built-in geo3k answer check (the submitted answer itself, no box, no format score; -0.05 for no improvement)."""
+    import asyncio
+    import pathlib
+
+    config = pathlib.Path(__file__).parents[1] / "verl_commands" / "configs" / "geo3k_tool_config.yaml"
+    (tool,) = load_tools(str(config))
+    assert type(tool).__name__ == "Geo3kAnswerCheckTool" and tool.name == "calc_geo3k_reward"
+
+    async def submit_twice():
+        instance, _ = await tool.create(None, create_kwargs={"ground_truth": "12"})
+        first = await tool.execute(instance, {"answer": "12"})
+        second = await tool.execute(instance, {"answer": "13"})
+        return first, second, await tool.calc_reward(instance)
+
+    (first_text, first_step, _), (_, second_step, _), reward = asyncio.run(submit_twice())
+    assert "reward=1.0" in first_text.text and first_step == 0.0
+    assert second_step == -0.05 and reward == 0.0  # the last answer is the conversation's (verl's rule)

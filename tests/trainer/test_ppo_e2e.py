@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -128,6 +129,25 @@ def kill_after_step_2_and_resume(tmp_path, overrides, *, module: str = "hybridfl
         assert a.keys() == b.keys()
         for key in a:
             assert torch.equal(a[key], b[key]), (component, key)
+    return straight, resumed
+
+
+def resume_from_a_step_1_copy(tmp_path, overrides) -> tuple:
+    """Run ``overrides(root)`` (2 steps, save_freq=1) straight through in this process, and again resumed from a
+    copy of its step-1 checkpoint (as if killed right after it was published); returns (straight root, resumed
+    root) after checking that the actor's step-2 weights are bitwise equal."""
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    run_ppo(load_config(PPOConfig, overrides(straight)))
+    config = load_config(PPOConfig, overrides(resumed))
+    (resumed / "ckpt" / "logs").mkdir(parents=True)
+    shutil.copytree(straight / "ckpt" / "global_step_1", resumed / "ckpt" / "global_step_1")
+    (resumed / "ckpt" / "latest_checkpointed_iteration.txt").write_text("1")
+    first_step = (straight / "ckpt" / "logs" / "metrics.jsonl").read_text().splitlines()[0]
+    (resumed / "ckpt" / "logs" / "metrics.jsonl").write_text(first_step + "\n")
+    run_ppo(config)
+    a = merged_weights(straight / "ckpt" / "global_step_2" / "actor", tmp_path / "a")
+    b = merged_weights(resumed / "ckpt" / "global_step_2" / "actor", tmp_path / "b")
+    assert all(torch.equal(a[key], b[key]) for key in a)
     return straight, resumed
 
 

@@ -100,20 +100,15 @@ def test_main_fully_async_finds_the_recipe_yaml_by_verl_s_name(local_files, gpu_
     preflight("fully_async", ["--config-name", "fully_async_ppo_trainer", *localised(verl_yaml_dropped, *local_files)])
 
 
-def test_vision_language_multi_turn_is_refused_from_config_json(tmp_path, local_files, monkeypatch):
-    """Refused by the pre-load checks (the model's config.json), not after the weights load."""
+def test_vision_language_multi_turn_passes_the_pre_load_checks(tmp_path, local_files):
+    """Multi-turn rollouts of a vision-language policy run (tests/vision/test_vision_multi_turn.py): no refusal."""
     from hybridflow.models.tiny import save_tiny_model
-    from hybridflow.trainer.entry import VISION_MULTI_TURN
 
     vl_model = save_tiny_model(str(tmp_path / "vl"), arch="qwen2_5_vl")
     _, data = local_files
-    args = [f"actor_rollout_ref.model.path={vl_model}", f"data.train_files={data}", f"data.val_files={data}",
-            "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-            "actor_rollout_ref.rollout.multi_turn.enable=True"]
-    with pytest.raises(ConfigError) as err:
-        preflight("ppo", args)
-    assert VISION_MULTI_TURN in str(err.value).splitlines()
-    preflight("ppo", args[:-1])  # the same model without multi-turn passes
+    preflight("ppo", [f"actor_rollout_ref.model.path={vl_model}", f"data.train_files={data}",
+                      f"data.val_files={data}", "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+                      "actor_rollout_ref.rollout.multi_turn.enable=True"])
 
 
 def prime_data(**overrides):

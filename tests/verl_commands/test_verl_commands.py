@@ -64,11 +64,6 @@ EXPECTED_ERRORS: dict[str, str] = {  # script -> the error it gets
         "data.custom_cls (path='/REPO/recipe/retool/retool.py', name='CustomRLHFDataset'): a user dataset class is "
         "not supported",
 }
-# issue 51, pending elsewhere: expected to PASS once multi-turn vision-language rollouts land (the agent loops carry
-# images); flip it then (drop this entry). Runs with a tiny Qwen2.5-VL (VISION_LANGUAGE_ARCHS).
-EXPECTED_ERRORS["examples/sglang_multiturn/geo3k/run_qwen2.5-3b_geo3k_multiturn.sh"] = (
-    "actor_rollout_ref.rollout.multi_turn.enable=True with a vision-language policy: the agent loops do not carry "
-    "images yet")
 VISION_LANGUAGE_ARCHS = {  # script -> the tiny VLM it runs with (a text model would not meet what a VLM is refused)
     "examples/sft/vlm/run_qwen3_vl_2b.sh": "qwen3_vl",
     "examples/sglang_multiturn/geo3k/run_qwen2.5-3b_geo3k_multiturn.sh": "qwen2_5_vl",

@@ -81,8 +81,6 @@ def test_what_a_vlm_run_cannot_do_yet_is_one_line(tmp_path, tiny_vl_dir, shape_r
     args = grpo_args(tmp_path, tiny_vl_dir, shape_rows, freeze=False)
     assert main(args + ["algorithm.adv_estimator=gae", f"critic.model.path={tiny_vl_dir}"]) == 2
     assert "a value model over images is not supported; use a critic-free estimator" in capsys.readouterr().err
-    assert main(args + ["actor_rollout_ref.rollout.multi_turn.enable=True"]) == 2
-    assert "the agent loops do not carry images yet" in capsys.readouterr().err
 
 
 def test_rows_with_videos_are_refused_in_one_line_before_a_model_loads(tmp_path, tiny_vl_dir, shape_rows, capsys,

@@ -3,9 +3,11 @@
     python -m hybridflow.data.preprocess.tool_use --local_save_dir DIR [--tool calc_gsm8k_reward|calculator]
         [--system_prompt TEXT] [--interaction gsm8k] -- gsm8k --local_dataset_path GSM8K_FILE_OR_DIR
     python -m hybridflow.data.preprocess.tool_use --local_save_dir DIR -- reasoning_gym --task basic_arithmetic --size 1000
+    python -m hybridflow.data.preprocess.tool_use --local_save_dir DIR --tool calc_geo3k_reward -- geo3k \
+        --local_dataset_path GEOMETRY3K_DIR      # verl's geo3k_multiturn_w_tool.py rows (images kept)
 
-Everything after ``--`` is the source script's command line (``hybridflow.data.preprocess.gsm8k`` or
-``.reasoning_gym``; its ``--local_save_dir`` is supplied). Each row of its output becomes a tool-agent
+Everything after ``--`` is the source script's command line (``hybridflow.data.preprocess.gsm8k``,
+``.reasoning_gym`` or ``.geo3k``; its ``--local_save_dir`` is supplied). Each row of its output becomes a tool-agent
 row: a system message that offers the tools, ``agent_name: tool_agent``, and in ``extra_info``
 ``tools_kwargs`` (the answer-check tool's ground truth, as verl's gsm8k_multiturn_w_tool.py writes it)
 and, with ``--interaction NAME``, ``interaction_kwargs {name, query, ground_truth}``. The data source is
@@ -24,8 +26,12 @@ from hybridflow.data.files import read_rows
 from hybridflow.data.preprocess.common import add_output_args, run_main, write_splits
 from hybridflow.errors import DataError
 
-SOURCES = ("gsm8k", "reasoning_gym")
+SOURCES = ("gsm8k", "reasoning_gym", "geo3k")
 SYSTEM_PROMPT = {
+    "calc_geo3k_reward": (  # verl's geo3k_multiturn_w_tool.py, word for word
+        "You are a math expert. You are given a question and you need to solve it step by step. Reasoning step by "
+        "step before any tool call. You should use the `calc_geo3k_reward` tool after step by step solving the "
+        "question, before generate final answer at least once and refine your answer if necessary. "),
     "calc_gsm8k_reward": ("You are a math expert. Solve the problem step by step, then submit your answer with the "
                           "`calc_gsm8k_reward` tool before you write it after '####'."),
     "calculator": ("You are a math expert. Solve the problem step by step; use the `calculator` tool for arithmetic, "

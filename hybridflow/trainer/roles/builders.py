@@ -19,7 +19,6 @@ from hybridflow.algos import policy_loss_spec
 from hybridflow.config import config_value, reference_enabled
 from hybridflow.config.verl_versions import ACTOR, grad_clip_threshold
 from hybridflow.data.parallel import DataParallel
-from hybridflow.errors import ConfigError
 from hybridflow.models import load_causal_lm, load_tokenizer, load_value_model
 from hybridflow.models.fsdp import (Precision, autocast_forward, data_parallel_mesh, decoder_layers, resolve_precision,
                                     shard_model)
@@ -32,7 +31,6 @@ from hybridflow.models.ulysses import split_sequences
 from hybridflow.models.vision import freeze_vision_tower, is_vision_language, load_processor
 from hybridflow.rollout.config import engine_kwargs_from_rollout_config
 from hybridflow.rollout.engine import build_engine
-from hybridflow.trainer.entry import VISION_MULTI_TURN
 from hybridflow.trainer.roles.groups import CriticGroupWorker, HybridEngineWorker, RolloutGroupWorker
 from hybridflow.workers.actor import ActorWorker, PolicyObjective
 from hybridflow.workers.critic import CriticWorker, ValueObjective
@@ -92,10 +90,7 @@ def check_policy_vocab(cfg, tokenizer) -> None:
 def policy_processor(cfg, tokenizer):
     """A vision-language policy's processor around ``tokenizer`` (None for a text model)."""
     model = cfg.actor_rollout_ref.model
-    processor = load_processor(model.path, tokenizer=tokenizer, trust_remote_code=model.trust_remote_code)
-    if processor is not None and cfg.actor_rollout_ref.rollout.multi_turn.enable:
-        raise ConfigError(VISION_MULTI_TURN)  # main_ppo's preflight says it first, from config.json
-    return processor
+    return load_processor(model.path, tokenizer=tokenizer, trust_remote_code=model.trust_remote_code)
 
 
 def model_layout(model_cfg, model: torch.nn.Module, *, key: str) -> str:
@@ -228,7 +223,8 @@ def rollout_around(model: torch.nn.Module, *, cfg, tokenizer):
     if next(model.parameters()).device.type == "cpu":
         model = model.float()
     return _rollout_worker(model, tokenizer, cfg.actor_rollout_ref.rollout,
-                           template_kwargs=dict(cfg.data.apply_chat_template_kwargs))
+                           template_kwargs=dict(cfg.data.apply_chat_template_kwargs),
+                           processor=policy_processor(cfg, tokenizer))
 
 
 def log_prob_batching(section, dp: DataParallel):
@@ -267,7 +263,7 @@ DEFAULT_PREFIX_CACHE_TOKENS = 32768
 x 2 x kv_heads x head_dim x 4: 1.5 GB for SmolLM2-135M)."""
 
 
-def _rollout_worker(engine_model, tokenizer, rollout_cfg, *, template_kwargs=None):
+def _rollout_worker(engine_model, tokenizer, rollout_cfg, *, template_kwargs=None, processor=None):
     kwargs = engine_kwargs_from_rollout_config(rollout_cfg)
     if rollout_cfg.name == "native":
         kwargs["own_model"] = True  # engine_model is the engine's private copy: it keeps only the packed weights
@@ -277,7 +273,7 @@ def _rollout_worker(engine_model, tokenizer, rollout_cfg, *, template_kwargs=Non
     agent_loops = None
     if rollout_cfg.multi_turn.enable:
         agent_loops = build_agent_loop_manager(engine=engine, tokenizer=tokenizer, rollout_cfg=rollout_cfg,
-                                               template_kwargs=template_kwargs)
+                                               template_kwargs=template_kwargs, processor=processor)
     return RolloutWorker(engine=engine, pad_token_id=tokenizer.pad_token_id, agent_loops=agent_loops)
 
 
