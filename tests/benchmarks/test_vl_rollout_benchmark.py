@@ -1,0 +1,91 @@
+"""The vision-language rollout benchmark: a tiny end-to-end run of the script (its report's fields, no timings), its
+prefill clock on a ticking clock, and the decode roofline's bytes of a VLM (the language model's, not the tower's)."""
+
+import itertools
+
+import pytest
+import torch
+
+from tests.benchmarks.loader import loaded_benchmark
+
+
+@pytest.fixture(scope="module")
+def bench():
+    with loaded_benchmark("vl_rollout") as module:
+        yield module
+
+
+@pytest.fixture(scope="module")
+def tiny(bench):
+    """``(model, processor, prompts, images)``: the tiny Qwen2.5-VL and 3 prompts with 1, 1 and 2 images."""
+    from hybridflow.models.tiny import build_tiny_vl_processor
+
+    processor = build_tiny_vl_processor(max_pixels=56 ** 2)
+    model = bench.random_vl_model("tiny", processor.tokenizer, dtype="float32", device="cpu")
+    prompts, images = bench.vl_prompts(processor, 3, image_size=56, seed=0)
+    return model, processor, prompts, images
+
+
+def test_script_runs_the_tiny_shape_end_to_end(bench, capsys):
+    bench.main(["--shape", "tiny", "--prompts", "3", "--n", "2", "--max-tokens", "4", "--image-size", "56"])
+    out = capsys.readouterr().out
+    assert "cpu:" in out and "device cpu, dtype float32" in out  # the machine
+    assert "workload: 3 prompts x 2 samples = 6 rows, 4 images (1, 1, 2 a prompt, 56 px)" in out
+    assert "decode roofline: 3 steps read" in out and "copy bandwidth" in out
+    for engine in ("native", "hf"):
+        line = next(line for line in out.splitlines() if line.lstrip().startswith(f"{engine}: 24 tokens in"))
+        assert "prefill" in line and "vision tower" in line and "roofline share" in line
+    assert "native / hf: " in out
+    table = [line for line in out.splitlines() if line.startswith("| tiny | 6 |")]
+    assert [line.split(" | ")[2] for line in table] == ["native", "hf"]
+    assert all(line.count("%") == 4 and line.endswith("x |") for line in table)
+
+
+class TickingClock:
+    """``time.perf_counter`` that advances by one at each call: a span counts the clock reads inside it."""
+
+    def __init__(self):
+        self.ticks = itertools.count()
+
+    def perf_counter(self) -> float:
+        return float(next(self.ticks))
+
+
+@pytest.mark.parametrize("engine_name", ["native", "hf"])
+def test_prefill_clock_spans_the_vision_tower(bench, tiny, engine_name, monkeypatch):
+    """HF (transformers 5) runs the tower before its first forward, the native engine at submission: either way the
+    prefill time holds the tower's (more ticks), and decode steps add nothing to it."""
+    from hybridflow.rollout import SamplingParams
+
+    model, processor, prompts, images = tiny
+    engine = bench.build_engine(engine_name, model, processor.tokenizer, rows=6, max_len=256)
+    clock = bench.PrefillClock(model, engine, "cpu")
+    monkeypatch.setattr(bench, "time", TickingClock())
+    try:
+        for max_tokens in (2, 8):  # the prefill's ticks do not grow with the decode steps
+            clock.seconds = {"tower": 0.0, "prefill": 0.0}
+            clock.hf_prefill_done = False
+            engine.generate(prompts, SamplingParams(n=2, max_tokens=max_tokens, ignore_eos=True, temperature=1.0,
+                                                    seed=0), multi_modal_inputs=images)
+            ticks = dict(clock.seconds)
+            assert ticks["tower"] > 0 and ticks["prefill"] > ticks["tower"]
+            if max_tokens == 8:
+                assert ticks == first
+            first = ticks
+    finally:
+        clock.close()
+    assert "encode_images" not in vars(engine)  # unwrapped
+
+
+def test_roofline_bytes_of_a_vlm_are_its_language_models(bench, tiny):
+    """A decode step reads the language model's matrices and the (tied) LM head, never the vision tower; a cached
+    token holds each layer's keys and values (the text config's layers and KV heads)."""
+    model = tiny[0]
+    language = model.model.language_model
+    embedding = model.get_input_embeddings().weight
+    matrices = [w for w in language.parameters() if w.dim() == 2 and w is not embedding] + [embedding]
+    assert bench.weight_bytes(model) == sum(w.numel() * 4 for w in matrices)
+    text = model.config.get_text_config()  # 2 layers x (k, v) x 2 KV heads x 16 dims x 4 bytes
+    assert bench.kv_bytes_per_token(model) == text.num_hidden_layers * 2 * text.num_key_value_heads * 16 * 4 == 512
+    assert sum(p.numel() for p in model.model.visual.parameters() if p.dim() == 2) > 0
+    assert torch.is_tensor(embedding)
