@@ -229,6 +229,19 @@ def run_engine(name: str, engine, model, prompts, images, args) -> VLRun:
     return VLRun(name, seconds, tokens, clock.prefill, clock.tower, args.max_tokens - 1)
 
 
+def tower_flops(model, images: list[dict | None]) -> float:
+    """FLOPs of the vision tower's matmuls over these images (attention's excluded: its windows are 8 x 8
+    patches): 2 x each patch through the patch embedding and the blocks' matrices, 2 x each merged token (2 x 2
+    patches) through the merger's."""
+    tower = model.model.visual
+    merger = {id(w) for w in tower.merger.parameters()}
+    block_params = sum(w.numel() for w in tower.parameters() if w.dim() >= 2 and id(w) not in merger)
+    merger_params = sum(w.numel() for w in tower.merger.parameters() if w.dim() >= 2)
+    patches = sum(int(torch.as_tensor(row["image_grid_thw"]).prod(-1).sum()) for row in images if row)
+    merged = patches // model.config.vision_config.spatial_merge_size ** 2
+    return 2.0 * (patches * block_params + merged * merger_params)
+
+
 def describe_workload(model, prompts, images, args) -> str:
     image_counts = [0 if row is None else len(row["image_grid_thw"]) for row in images]
     image_tokens = [prompt.count(model.config.image_token_id) for prompt in prompts]
@@ -244,9 +257,10 @@ def describe_workload(model, prompts, images, args) -> str:
             f"a row, temperature 1, EOS ignored")
 
 
-def report_run(run: VLRun, floor_seconds: float) -> None:
+def report_run(run: VLRun, floor_seconds: float, flops: float) -> None:
     print(f"{run.engine:>6}: {run.tokens} tokens in {run.seconds:.2f} s = {run.tokens_per_s:,.1f} tok/s; prefill "
-          f"{run.prefill_seconds:.2f} s (vision tower {run.tower_seconds:.2f} s) = "
+          f"{run.prefill_seconds:.2f} s (vision tower {run.tower_seconds:.2f} s, {flops / run.tower_seconds / 1e9:,.0f} "
+          f"GFLOP/s) = "
           f"{100 * run.prefill_seconds / run.seconds:.0f} % of the call; decode {run.decode_seconds:.2f} s = "
           f"{1e3 * run.decode_seconds / run.decode_steps:.1f} ms a step; roofline share "
           f"{100 * floor_seconds / run.seconds:.0f} % of the call, {100 * floor_seconds / run.decode_seconds:.0f} % "
@@ -283,12 +297,14 @@ def main(argv: list[str] | None = None) -> None:
           f"and {kv_bytes_per_token(model) / 1e3:.1f} kB a cached token a row; copy bandwidth "
           f"{bandwidth / 1e9:.1f} GB/s (read + write): >= {floor:.2f} s = "
           f"{len(requests) * args.max_tokens / floor:,.0f} tok/s", flush=True)
+    flops = tower_flops(model, images)
+    print(f"vision tower: {flops / 1e9:,.1f} GFLOP in its matmuls for the call's images (once each)")
     max_len = max(map(len, prompts)) + args.max_tokens
     runs = {}
     for name in args.engines.split(","):
         engine = build_engine(name, model, processor.tokenizer, rows=len(requests), max_len=max_len)
         runs[name] = run_engine(name, engine, model, prompts, images, args)
-        report_run(runs[name], floor)
+        report_run(runs[name], floor, flops)
         del engine
         if args.device.startswith("cuda"):
             torch.cuda.empty_cache()

@@ -89,3 +89,14 @@ def test_roofline_bytes_of_a_vlm_are_its_language_models(bench, tiny):
     assert bench.kv_bytes_per_token(model) == text.num_hidden_layers * 2 * text.num_key_value_heads * 16 * 4 == 512
     assert sum(p.numel() for p in model.model.visual.parameters() if p.dim() == 2) > 0
     assert torch.is_tensor(embedding)
+
+
+def test_tower_flops_count_patches_through_the_blocks_and_merged_tokens_through_the_merger(bench, tiny):
+    # The tiny tower: patch embedding 32 x (3 x 2 x 14 x 14) = 37,632; two blocks of qkv 96 x 32, proj 32 x 32 and
+    # gate, up, down 64 x 32 = 10,240 each; the merger 128 x 128 + 64 x 128 = 24,576 over 2 x 2 patches a token.
+    model, _, _, images = tiny
+    patches = sum(int(row["image_grid_thw"].prod(-1).sum()) for row in images if row)
+    assert patches % 4 == 0 and patches > 0
+    expected = 2 * (patches * (37632 + 2 * 10240) + patches // 4 * 24576)
+    assert bench.tower_flops(model, images) == expected
+    assert bench.tower_flops(model, [None]) == 0
