@@ -11,9 +11,10 @@ Reported per engine:
 
 - new tokens/s: the wall time of one ``generate`` call after a warm-up call (engine construction and CUDA graph
   capture excluded; everything else in: the vision tower, prefill, sampling);
-- the prefill's share of it: the native engine's image encoding (one tower pass for the call) and prompt prefill
-  passes; HF's first forward, which runs the tower over every row's images (HF repeats a prompt's images for each
-  of its ``n`` samples, so the tower runs ``n`` times as much); the tower's own time beside it;
+- the prefill's share of it: the native engine's image encoding (one tower pass over the call's images) and its
+  prompt prefill passes (one a prompt, shared by its ``n`` samples); HF's tower pass (transformers 5 also encodes
+  each image once, then repeats its features for the samples) and first forward (every row, left-padded); the
+  tower's own time beside it, with the GFLOP/s its matmuls reached (:func:`tower_flops`);
 - the share of the decode memory roofline (as ``benchmarks/rollout.py``'s ``--shape`` runs): the bytes the decode
   steps must read (every weight matrix of the language model once a step, each row's cached keys and values once a
   token: ``rollout.roofline_bytes``) over the copy bandwidth measured in the same run, against the whole call and
@@ -26,7 +27,7 @@ shape) and ``qwen2.5-vl-3b`` (Qwen2.5-VL-3B-Instruct's dims: the GPU shape).
     python benchmarks/vl_rollout.py --shape tiny                        # CPU, fp32, 2 threads, 4 prompts x 4
     python benchmarks/vl_rollout.py --shape qwen2.5-vl-smollm2-135m
     python benchmarks/vl_rollout.py --shape qwen2.5-vl-3b --device cuda --dtype bfloat16 --prompts 16 --n 4 \\
-        --image-size 448 --max-tokens 256
+        --image-size 448 --max-tokens 128                             # gpu_check.sh's vl-rollout stage: 64 rows
 """
 
 from __future__ import annotations
