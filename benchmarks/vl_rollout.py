@@ -95,7 +95,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--image-size", type=int, default=224, help="pixels of an image's longer side")
     parser.add_argument("--engines", default="native,hf", help="any of native, hf")
     parser.add_argument("--seed", type=int, default=0)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    unknown = set(args.engines.split(",")) - {"native", "hf"}
+    if unknown:
+        parser.error(f"unknown --engines {', '.join(sorted(unknown))}; choose from native, hf")
+    return args
 
 
 def random_image(rng: random.Random, width: int, height: int):
@@ -201,9 +205,7 @@ def build_engine(name: str, model, tokenizer, *, rows: int, max_len: int):
         engine = NativeEngine(model, tokenizer, max_num_seqs=rows, max_model_len=max_len)
         engine.capture()  # CUDA graphs at start-up, as vLLM does (outside the timing, like construction)
         return engine
-    if name == "hf":
-        return HFEngine(model, tokenizer, max_model_len=max_len)
-    raise SystemExit(f"unknown engine {name!r}; choose native or hf")
+    return HFEngine(model, tokenizer, max_model_len=max_len)
 
 
 def run_engine(name: str, engine, model, prompts, images, args) -> VLRun:
@@ -303,12 +305,18 @@ def main(argv: list[str] | None = None) -> None:
     max_len = max(map(len, prompts)) + args.max_tokens
     runs = {}
     for name in args.engines.split(","):
-        engine = build_engine(name, model, processor.tokenizer, rows=len(requests), max_len=max_len)
-        runs[name] = run_engine(name, engine, model, prompts, images, args)
+        try:
+            engine = build_engine(name, model, processor.tokenizer, rows=len(requests), max_len=max_len)
+            runs[name] = run_engine(name, engine, model, prompts, images, args)
+        except Exception as error:  # one engine failing (a one-shot GPU run) must not lose the other's numbers
+            print(f"{name}: failed: {type(error).__name__}: {str(error).splitlines()[0][:300] if str(error) else ''}",
+                  flush=True)
+            continue
+        finally:
+            engine = None  # the native engine's cache and graphs go before the next engine runs
+            if args.device.startswith("cuda"):
+                torch.cuda.empty_cache()
         report_run(runs[name], floor, flops)
-        del engine
-        if args.device.startswith("cuda"):
-            torch.cuda.empty_cache()
     if "native" in runs and "hf" in runs:
         print(f"native / hf: {runs['native'].tokens_per_s / runs['hf'].tokens_per_s:.2f}x")
     print_table(args.shape, len(requests), runs, floor)

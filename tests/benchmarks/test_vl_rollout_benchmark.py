@@ -100,3 +100,25 @@ def test_tower_flops_count_patches_through_the_blocks_and_merged_tokens_through_
     expected = 2 * (patches * (37632 + 2 * 10240) + patches // 4 * 24576)
     assert bench.tower_flops(model, images) == expected
     assert bench.tower_flops(model, [None]) == 0
+
+
+def test_an_engine_that_fails_is_reported_and_the_other_still_runs(bench, capsys, monkeypatch):
+    run_engine = bench.run_engine
+
+    def hf_out_of_memory(name, *args):
+        if name == "hf":
+            raise RuntimeError("CUDA out of memory. Tried to allocate 9.00 GiB\nmore detail")
+        return run_engine(name, *args)
+
+    monkeypatch.setattr(bench, "run_engine", hf_out_of_memory)
+    bench.main(["--shape", "tiny", "--prompts", "1", "--n", "2", "--max-tokens", "3", "--image-size", "56"])
+    out = capsys.readouterr().out
+    assert "hf: failed: RuntimeError: CUDA out of memory. Tried to allocate 9.00 GiB\n" in out
+    assert "native: 6 tokens in" in out and "native / hf" not in out
+    assert [line.split(" | ")[2] for line in out.splitlines() if line.startswith("| tiny |")] == ["native"]
+
+
+def test_unknown_engines_are_refused_naming_the_choices(bench, capsys):
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--engines", "native,vllm"])
+    assert "unknown --engines vllm; choose from native, hf" in capsys.readouterr().err
