@@ -18,7 +18,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then  # by name, so pip picks the wheel built 
     --find-links .whl $(ls .whl | sed 's/-[0-9].*//' | sort -u)
 fi
 export PYTHONPATH="$PWD:/tmp/site" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-ALL="env tests loop update rollout-fixed rollout-nano rollout-chunked rollout-preempt"
+ALL="env tests loop update vl-rollout rollout-fixed rollout-nano rollout-chunked rollout-preempt"
 BUDGET=${BUDGET_S:-470}  # the whole script's seconds: a stage gets at most what is left of it (8 min in all)
 STAGES=${STAGES:-$ALL}
 ROLLOUT="python3 benchmarks/rollout.py --device cuda --dtype bfloat16"
@@ -37,17 +37,22 @@ stage() {  # name, seconds, command...
   tail -n 25 "$OUT/$name.log"
 }
 
-# Limits 30 + 130 + 200 + 90 + 90 + 60 + 40 + 40 s, cut to the ${BUDGET}s budget (8 min) in this order: the stages
-# at the end (the engine's, measured in earlier runs) give way first.
+# Limits 30 + 130 + 200 + 90 + 45 + 90 + 60 + 40 + 40 s, cut to the ${BUDGET}s budget (8 min) in this order: the
+# stages at the end (the text engine's, measured in earlier runs) give way first.
 stage env 30 bash -c 'nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv;
   python3 -c "import sys, torch, transformers, triton; print(sys.version.split()[0], torch.__version__, transformers.__version__, triton.__version__)"
-  python3 -c "import importlib.util as u; print(\"missing for TRL:\", [m for m in (\"pandas\", \"pyarrow\", \"accelerate\", \"trl\", \"datasets\") if u.find_spec(m) is None])"'
+  python3 -c "import importlib.util as u; print(\"missing for TRL:\", [m for m in (\"pandas\", \"pyarrow\", \"accelerate\", \"trl\", \"datasets\") if u.find_spec(m) is None])"
+  python3 -c "import importlib.util as u; print(\"missing for vl-rollout (the image processor):\", [m for m in (\"PIL\",) if u.find_spec(m) is None])"'
 # make test-gpu's selection: the engine's CUDA tests and Triton kernels first (they fail fastest), then the trainers.
 stage tests 130 python3 -m pytest -q -p no:cacheprovider -m "gpu or triton" -rs tests/rollout tests
 # The whole loop: main_ppo's GRPO step on the 1.5B shape (32 prompts x 8, <= 512 + 1,024 tokens, EOS ignored),
 # each phase's seconds, tokens/s, MFU and memory peak, and update.py's fast variant on the same shape beside it.
 stage loop 200 python3 benchmarks/loop_step.py --device cuda --shape qwen2.5-1.5b --steps 2 --isolated
 stage update 90 python3 benchmarks/update.py --device cuda --quick
+# Vision-language rollout (issue 51): Qwen2.5-VL-3B's shape, 16 prompts x 4 samples = 64 rows of 1 image (a few 0 or
+# 2) of 448 px (256 tokens each), 128 new tokens a row; the native engine against HF generate in the same run.
+stage vl-rollout 45 python3 benchmarks/vl_rollout.py --device cuda --dtype bfloat16 --shape qwen2.5-vl-3b \
+  --prompts 16 --n 4 --image-size 448 --max-tokens ${VL_MAX_TOKENS:-128}
 stage rollout-fixed 90 $ROLLOUT --shape smollm2-135m --workload fixed --batches ${FIXED_BATCHES:-64,256} \
   --prompt-len 128 --max-tokens 256 --engines ${FIXED_ENGINES:-native,hf-static} --breakdown
 stage rollout-nano 60 $ROLLOUT --shape qwen3-0.6b --workload nano-vllm --engines native --step-times --breakdown \

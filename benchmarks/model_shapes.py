@@ -65,3 +65,52 @@ def random_model(shape: str, *, dtype: str = "bfloat16", device: str = "cuda", s
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
     return model.eval().requires_grad_(False)
+
+
+# Vision-language shapes (benchmarks/vl_rollout.py): Qwen2.5-VL's architecture, ``text`` the language model's fields,
+# ``vision`` the tower's (Qwen2_5_VLVisionConfig). The tokenizer is the tiny one (its vision token ids go into the
+# config); a vocabulary larger than it only widens the embedding and the LM head, as in the real model.
+_QWEN2_5_VL_VISION = dict(patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=112,
+                          hidden_act="silu")
+VL_SHAPES = {
+    # Qwen/Qwen2.5-VL-3B-Instruct's config.json: a Qwen2.5-3B language model under the 32-block, 1280-wide tower
+    # (windowed attention except blocks 7, 15, 23, 31), whose merger projects 2x2 patches to the text width.
+    "qwen2.5-vl-3b": dict(
+        text=dict(hidden_size=2048, intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16,
+                  num_key_value_heads=2, head_dim=128, vocab_size=151936, tie_word_embeddings=True,
+                  max_position_embeddings=128000, rms_norm_eps=1e-6,
+                  rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]}),
+        vision=dict(_QWEN2_5_VL_VISION, depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16,
+                    out_hidden_size=2048, fullatt_block_indexes=[7, 15, 23, 31], tokens_per_second=2)),
+    # What a 2-core CPU decodes in about a minute: SmolLM2-135M's text dims (the language model of SmolVLM-256M)
+    # under a ViT-B-sized tower (12 blocks of 768, 12 heads, MLP 3072: SmolVLM-256M's SigLIP-B/16 encoder's size),
+    # windowed except every third block as Qwen2.5-VL's tower. M-RoPE sections 8/12/12 split head_dim 64's 32
+    # frequencies in the proportions of the real 16/24/24 over 64.
+    "qwen2.5-vl-smollm2-135m": dict(
+        text=dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                  num_key_value_heads=3, head_dim=64, vocab_size=49152, tie_word_embeddings=True,
+                  max_position_embeddings=8192, rms_norm_eps=1e-5,
+                  rope_parameters={"rope_type": "default", "rope_theta": 100000.0, "mrope_section": [8, 12, 12]}),
+        vision=dict(_QWEN2_5_VL_VISION, depth=12, hidden_size=768, intermediate_size=3072, num_heads=12,
+                    out_hidden_size=576, fullatt_block_indexes=[2, 5, 8, 11], tokens_per_second=2)),
+}
+
+
+def random_vl_model(shape: str, tokenizer, *, dtype: str = "bfloat16", device: str = "cuda", seed: int = 0):
+    """A Qwen2.5-VL of ``shape`` (:data:`VL_SHAPES`, or ``"tiny"``: hybridflow's tiny VL model) with random weights,
+    built directly on ``device``, its vision token ids those of ``tokenizer`` (the tiny VL processor's)."""
+    import torch
+    import transformers
+
+    from hybridflow.models.tiny import tiny_vl_config
+
+    if shape != "tiny" and shape not in VL_SHAPES:
+        raise SystemExit(f"unknown --shape {shape!r}; choose one of tiny, {', '.join(VL_SHAPES)}")
+    fields = {} if shape == "tiny" else VL_SHAPES[shape]
+    config = tiny_vl_config(tokenizer, vision=fields.get("vision"), **fields.get("text", {}))
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = transformers.Qwen2_5_VLForConditionalGeneration._from_config(config, dtype=getattr(torch, dtype))
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model.eval().requires_grad_(False)

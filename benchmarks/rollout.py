@@ -184,9 +184,14 @@ ROW_GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 
 
 def weight_matrices(model) -> list[torch.Tensor]:
-    """Every matrix a decode step multiplies by: the projections and the (possibly tied) LM head."""
+    """Every matrix a decode step multiplies by: the projections and the (possibly tied) LM head (not a
+    vision-language model's vision tower, which runs once per image, at admission)."""
+    from hybridflow.models.vision import vision_tower
+
     embedding = model.get_input_embeddings().weight
-    weights = [w for w in model.parameters() if w.dim() == 2 and w is not embedding]
+    tower = vision_tower(model)
+    skipped = {id(w) for w in tower.parameters()} if tower is not None else set()
+    weights = [w for w in model.parameters() if w.dim() == 2 and w is not embedding and id(w) not in skipped]
     if model.get_output_embeddings().weight is embedding:
         weights.append(embedding)  # a tied LM head multiplies by the embedding
     return weights
@@ -525,7 +530,7 @@ def synthetic_requests(args, *, batch: int, vocab_size: int) -> list[Request]:
 
 
 def kv_bytes_per_token(model) -> int:
-    config = model.config
+    config = model.config.get_text_config()  # a vision-language model's language model
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     element = next(model.parameters()).element_size()
     return config.num_hidden_layers * 2 * config.num_key_value_heads * head_dim * element

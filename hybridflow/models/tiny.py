@@ -232,9 +232,11 @@ def _tiny_rope(arch: str) -> dict:
     return dict(rope, mrope_interleaved=True) if arch == "qwen3_vl" else rope
 
 
-def tiny_vl_config(tokenizer, *, arch: str = "qwen2_5_vl", **text_overrides):
+def tiny_vl_config(tokenizer, *, arch: str = "qwen2_5_vl", vision: dict | None = None, **text_overrides):
     """Config of a small random Qwen2.5-VL (or Qwen2-VL, Qwen3-VL): the tiny text model (2 layers, hidden 64, GQA
-    4/2 heads of 16, :func:`_tiny_rope`'s M-RoPE) under :func:`_tiny_vision_config`'s tower."""
+    4/2 heads of 16, :func:`_tiny_rope`'s M-RoPE) under :func:`_tiny_vision_config`'s tower, or the tower of
+    ``vision`` (the arch's vision config fields; benchmarks/model_shapes.py gives real models' shapes this way, with
+    the tokenizer's vision token ids)."""
     import transformers
 
     ids = dict(zip(VISION_TOKENS, tokenizer.convert_tokens_to_ids(VISION_TOKENS)))
@@ -244,7 +246,7 @@ def tiny_vl_config(tokenizer, *, arch: str = "qwen2_5_vl", **text_overrides):
                 eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
     text.update(text_overrides)
     config_class = getattr(transformers, VL_ARCHS[arch].config)
-    return config_class(text_config=text, vision_config=_tiny_vision_config(arch, text["hidden_size"]),
+    return config_class(text_config=text, vision_config=vision or _tiny_vision_config(arch, text["hidden_size"]),
                         image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
                         vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
                         tie_word_embeddings=True)

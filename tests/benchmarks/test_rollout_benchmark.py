@@ -80,7 +80,8 @@ def test_synthetic_shapes_run_fixed_rows_against_the_roofline(bench, monkeypatch
 
 def test_roofline_bytes_count_weights_per_step_and_each_rows_cache(bench, monkeypatch):
     class Model:  # 2 layers x 2 (k, v) x 1 KV head x 4 dims x 4 bytes = 64 bytes a cached token
-        config = type("Config", (), dict(num_hidden_layers=2, num_key_value_heads=1, head_dim=4))()
+        config = type("Config", (), dict(num_hidden_layers=2, num_key_value_heads=1, head_dim=4,
+                                         get_text_config=lambda self: self))()  # a text model's config is its own
 
         def parameters(self):
             return iter([bench.torch.zeros(1)])
