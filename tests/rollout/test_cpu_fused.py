@@ -201,6 +201,27 @@ def test_the_cpu_sampler_is_checked_on_its_first_draw_and_switched_off_if_wrong(
     assert not sampler._FUSED_SAMPLING["cpu"]["enabled"] and "disagreed" in caplog.text
 
 
+def test_the_first_draw_check_lets_a_draw_on_a_token_boundary_go_either_way():
+    """Over a flat distribution of 1,000 tokens a draw of exactly 0.5 lies on the edge of tokens 499 and 500: the
+    kernel's and torch's fp32 sums may put it on either side (at a random model's 49k+ vocabularies they do), and
+    either is a right draw; a token away from the draw, a greedy row's other token, or a wrong log-prob is not."""
+    logits = torch.zeros(2, 1000)
+    rows = RowSampling.of([SamplingParams(temperature=1.0), SamplingParams(temperature=0.0)], vocab_size=1000,
+                          device="cpu")
+    uniform = torch.tensor([[0.5], [0.0]])
+    greedy_token = int(sampler._torch_sample(logits, rows, uniform)[0][1])
+    flat = torch.full((2,), -math.log(1000.0))
+    for token in (499, 500):
+        assert sampler._draws_agree((torch.tensor([token, greedy_token]), flat), logits=logits, rows=rows,
+                                    uniform=uniform)
+    assert not sampler._draws_agree((torch.tensor([510, greedy_token]), flat), logits=logits, rows=rows,
+                                    uniform=uniform)
+    assert not sampler._draws_agree((torch.tensor([500, greedy_token + 1]), flat), logits=logits, rows=rows,
+                                    uniform=uniform)
+    assert not sampler._draws_agree((torch.tensor([500, greedy_token]), flat + 0.01), logits=logits, rows=rows,
+                                    uniform=uniform)
+
+
 def test_the_fused_decode_step_matches_the_eager_one(tiny):
     """Every llama-shaped tiny architecture (Qwen3's q/k norms, Qwen2's biases, windows): logits and the keys and
     values written, rows at different positions in scattered blocks."""
