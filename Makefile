@@ -36,7 +36,7 @@ test-slow: venv
 # CUDA tier: the native engine's parity checks and Triton kernels compiled on a GPU, the trainers on
 # cuda:0 (skipped where CUDA is absent). On a lent GPU machine: bash benchmarks/gpu_check.sh.
 test-gpu: venv
-	$(BIN)/python -m pytest -q -m "gpu or triton" -rs $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -m "gpu or triton" -rs --continue-on-collection-errors $(PYTEST_ARGS)
 
 test-all: venv
 	OMP_NUM_THREADS=2 $(BIN)/python -m pytest -q -m "" $(PYTEST_ARGS)

@@ -43,8 +43,10 @@ stage env 30 bash -c 'nvidia-smi --query-gpu=name,memory.total,driver_version,cl
   python3 -c "import sys, torch, transformers, triton; print(sys.version.split()[0], torch.__version__, transformers.__version__, triton.__version__)"
   python3 -c "import importlib.util as u; print(\"missing for TRL:\", [m for m in (\"pandas\", \"pyarrow\", \"accelerate\", \"trl\", \"datasets\") if u.find_spec(m) is None])"
   python3 -c "import importlib.util as u; print(\"missing for vl-rollout (the image processor):\", [m for m in (\"PIL\",) if u.find_spec(m) is None])"'
-# make test-gpu's selection: the engine's CUDA tests and Triton kernels first (they fail fastest), then the trainers.
-stage tests 130 python3 -m pytest -q -p no:cacheprovider -m "gpu or triton" -rs tests/rollout tests
+# make test-gpu's selection: the engine's CUDA tests and Triton kernels first (they fail fastest), then the trainers;
+# a module whose optional package the image lacks is reported and the rest still run (issue 46: one such import stopped
+# the whole collection, and 0 CUDA tests ran).
+stage tests 130 python3 -m pytest -q -p no:cacheprovider -m "gpu or triton" -rs --continue-on-collection-errors tests/rollout tests
 # The whole loop: main_ppo's GRPO step on the 1.5B shape (32 prompts x 8, <= 512 + 1,024 tokens, EOS ignored),
 # each phase's seconds, tokens/s, MFU and memory peak, and update.py's fast variant on the same shape beside it.
 stage loop 200 python3 benchmarks/loop_step.py --device cuda --shape qwen2.5-1.5b --steps 2 --isolated

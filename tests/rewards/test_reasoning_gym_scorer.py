@@ -1,7 +1,7 @@
 import json
 
 import pytest
-import reasoning_gym
+reasoning_gym = pytest.importorskip("reasoning_gym")  # the GPU image lacks it: skip, do not stop collection
 
 from hybridflow.rewards.reasoning_gym import compute_score, extract_answer, is_reasoning_gym_task
 from hybridflow.rewards.registry import default_compute_score

