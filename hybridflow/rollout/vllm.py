@@ -3,6 +3,11 @@
 Weights are synced from the trainer through the loaded model's ``load_weights``
 (vLLM's in-place reload path, as verl's sharding managers use it), without a reload
 from disk.
+
+With ``free_cache_engine`` (verl's ``rollout.free_cache_engine``) the engine is built in vLLM's sleep mode:
+``release_kv_cache`` puts it to sleep at level 1 (weights offloaded to CPU memory, the KV cache discarded; vLLM
+keeps the device addresses, so its CUDA graphs survive), and it wakes in two stages as verl's hybrid engine does:
+the weights before a weight sync writes into them, the KV cache before the next ``generate``.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ class VLLMEngine:
                  gpu_memory_utilization: float = 0.5, tensor_model_parallel_size: int = 1,
                  max_model_len: int | None = None, enable_chunked_prefill: bool = True,
                  max_num_batched_tokens: int | None = None, max_num_seqs: int | None = None,
-                 enforce_eager: bool = True, **llm_kwargs):
+                 enforce_eager: bool = True, free_cache_engine: bool = False, **llm_kwargs):
         if not vllm_available():
             raise RolloutError("rollout.name=vllm needs vLLM; `pip install hybridflow[vllm]` or use rollout.name=native")
         import vllm
@@ -39,11 +44,34 @@ class VLLMEngine:
         sizing = dict(dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
                       tensor_parallel_size=tensor_model_parallel_size, max_model_len=max_model_len,
                       enable_chunked_prefill=enable_chunked_prefill, max_num_batched_tokens=max_num_batched_tokens,
-                      max_num_seqs=max_num_seqs, enforce_eager=enforce_eager)
-        self.llm = vllm.LLM(model=model_path, **{**sizing, **llm_kwargs})
+                      max_num_seqs=max_num_seqs, enforce_eager=enforce_eager,
+                      enable_sleep_mode=free_cache_engine)
+        settings = {**sizing, **llm_kwargs}
+        self.llm = vllm.LLM(model=model_path, **settings)
         self.max_model_len = self.llm.llm_engine.model_config.max_model_len
+        self.sleep_mode = bool(settings["enable_sleep_mode"])
+        self.asleep: set[str] = set()
+        """What sleep released and no wake-up has restored yet: ``weights``, ``kv_cache``."""
+
+    def release_kv_cache(self) -> bool:
+        """Sleep (level 1): the KV cache discarded, the weights offloaded to CPU memory; ``False`` (nothing freed)
+        unless the engine was built with ``free_cache_engine`` (vLLM's ``enable_sleep_mode``)."""
+        if not self.sleep_mode:
+            return False
+        if not self.asleep:
+            self.llm.sleep(level=1)
+            self.asleep = {"weights", "kv_cache"}
+        return True
+
+    def wake_up(self, *tags: str) -> None:
+        """Restore what sleep released among ``tags`` (verl: the weights first, the KV cache after the sync)."""
+        waking = [tag for tag in tags if tag in self.asleep]
+        if waking:
+            self.llm.wake_up(tags=waking)
+            self.asleep -= set(waking)
 
     def load_weights(self, named_tensors) -> None:
+        self.wake_up("weights")
         weights = list(named_tensors)
         self.llm.collective_rpc(lambda worker: worker.model_runner.model.load_weights(weights))
         self.reset_prefix_cache()  # vLLM caches prefixes by default: blocks computed with the old weights
@@ -56,6 +84,7 @@ class VLLMEngine:
         import vllm
 
         validate_prompts(prompt_token_ids, max_model_len=self.max_model_len)
+        self.wake_up("weights", "kv_cache")
         vllm_params = vllm.SamplingParams(
             n=params.n, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k, min_p=params.min_p,
             repetition_penalty=params.repetition_penalty,
