@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from hybridflow.errors import RolloutError
 from hybridflow.rollout.optional import package_installed
+from hybridflow.rollout.sleep import PARTS, ReleasedMemory
 from hybridflow.rollout.types import Completion, SamplingParams, validate_prompts
 
 
@@ -45,41 +46,29 @@ class SGLangEngine:
         settings = {**sizing, **engine_kwargs}
         self.engine = sglang.Engine(model_path=model_path, **settings)
         self.max_model_len = max_model_len
-        self.memory_saver = bool(settings["enable_memory_saver"])
-        self.released: set[str] = set()
-        """What ``release_kv_cache`` released and nothing has resumed yet: ``weights``, ``kv_cache``."""
+        self.memory = ReleasedMemory(enabled=bool(settings["enable_memory_saver"]),
+                                     release=lambda: self.engine.release_memory_occupation(tags=list(PARTS)),
+                                     resume=lambda parts: self.engine.resume_memory_occupation(tags=parts))
 
     def release_kv_cache(self) -> bool:
         """Release the KV cache and the weights (``release_memory_occupation``); ``False`` (nothing freed) unless
         the engine was built with ``free_cache_engine`` (SGLang's ``enable_memory_saver``)."""
-        if not self.memory_saver:
-            return False
-        if not self.released:
-            self.engine.release_memory_occupation(tags=["kv_cache", "weights"])
-            self.released = {"kv_cache", "weights"}
-        return True
-
-    def resume(self, *tags: str) -> None:
-        """Take back what was released among ``tags`` (verl: the weights first, the KV cache after the sync)."""
-        resuming = [tag for tag in tags if tag in self.released]
-        if resuming:
-            self.engine.resume_memory_occupation(tags=resuming)
-            self.released -= set(resuming)
+        return self.memory.release()
 
     def load_weights(self, named_tensors) -> None:
-        self.resume("weights")
+        self.memory.resume("weights")
         self.engine.update_weights_from_tensor(named_tensors=list(named_tensors), flush_cache=True)
 
     def reset_prefix_cache(self) -> None:
         """Empty SGLang's radix (prefix) cache: the next prompts prefill with the current weights (the released
         memory is taken back first: the flush resets the KV pool's allocator)."""
-        self.resume("weights", "kv_cache")
+        self.memory.resume("weights", "kv_cache")
         self.engine.flush_cache()
 
     def generate(self, prompt_token_ids: list[list[int]], params: SamplingParams) -> list[Completion]:
         if self.max_model_len:
             validate_prompts(prompt_token_ids, max_model_len=self.max_model_len)
-        self.resume("weights", "kv_cache")
+        self.memory.resume("weights", "kv_cache")
         sampling = {"n": 1, "temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k,
                     "min_p": params.min_p, "ignore_eos": params.ignore_eos,
                     "repetition_penalty": params.repetition_penalty,

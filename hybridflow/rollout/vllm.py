@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from hybridflow.errors import RolloutError
 from hybridflow.rollout.optional import package_installed
+from hybridflow.rollout.sleep import ReleasedMemory
 from hybridflow.rollout.types import Completion, SamplingParams, validate_prompts
 
 
@@ -49,29 +50,17 @@ class VLLMEngine:
         settings = {**sizing, **llm_kwargs}
         self.llm = vllm.LLM(model=model_path, **settings)
         self.max_model_len = self.llm.llm_engine.model_config.max_model_len
-        self.sleep_mode = bool(settings["enable_sleep_mode"])
-        self.asleep: set[str] = set()
-        """What sleep released and no wake-up has restored yet: ``weights``, ``kv_cache``."""
+        self.memory = ReleasedMemory(enabled=bool(settings["enable_sleep_mode"]),
+                                     release=lambda: self.llm.sleep(level=1),
+                                     resume=lambda parts: self.llm.wake_up(tags=parts))
 
     def release_kv_cache(self) -> bool:
         """Sleep (level 1): the KV cache discarded, the weights offloaded to CPU memory; ``False`` (nothing freed)
         unless the engine was built with ``free_cache_engine`` (vLLM's ``enable_sleep_mode``)."""
-        if not self.sleep_mode:
-            return False
-        if not self.asleep:
-            self.llm.sleep(level=1)
-            self.asleep = {"weights", "kv_cache"}
-        return True
-
-    def wake_up(self, *tags: str) -> None:
-        """Restore what sleep released among ``tags`` (verl: the weights first, the KV cache after the sync)."""
-        waking = [tag for tag in tags if tag in self.asleep]
-        if waking:
-            self.llm.wake_up(tags=waking)
-            self.asleep -= set(waking)
+        return self.memory.release()
 
     def load_weights(self, named_tensors) -> None:
-        self.wake_up("weights")
+        self.memory.resume("weights")
         weights = list(named_tensors)
         self.llm.collective_rpc(lambda worker: worker.model_runner.model.load_weights(weights))
         self.reset_prefix_cache()  # vLLM caches prefixes by default: blocks computed with the old weights
@@ -84,7 +73,7 @@ class VLLMEngine:
         import vllm
 
         validate_prompts(prompt_token_ids, max_model_len=self.max_model_len)
-        self.wake_up("weights", "kv_cache")
+        self.memory.resume("weights", "kv_cache")
         vllm_params = vllm.SamplingParams(
             n=params.n, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k, min_p=params.min_p,
             repetition_penalty=params.repetition_penalty,

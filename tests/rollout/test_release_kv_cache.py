@@ -11,6 +11,7 @@ import pytest
 
 from hybridflow.rollout import SamplingParams
 from hybridflow.rollout.native import NativeEngine, live_engines
+from hybridflow.rollout.sleep import ReleasedMemory
 from hybridflow.rollout.streaming import StreamingSession
 from hybridflow.workers.rollout import RolloutWorker
 from tests.rollout.conftest import chat_prompts
@@ -144,3 +145,22 @@ def test_a_generate_that_fails_midway_still_releases(varied):
         worker.generate(_prompts(tokenizer), sampled(tokenizer, seed=1), partial=True)
     assert failed.traceback and worker.handover.checks == 3 and engine.cache is None
     assert not worker.kept_cache_reported
+
+
+def test_released_memory_releases_once_and_resumes_weights_before_the_kv_cache():
+    """The vLLM / SGLang backends' bookkeeping (neither is installed here): one release however often asked, each
+    part resumed once, the weights first, and nothing released by an engine built without sleep mode."""
+    calls = []
+    memory = ReleasedMemory(enabled=True, release=lambda: calls.append("release"),
+                            resume=lambda parts: calls.append(parts))
+    memory.resume("weights", "kv_cache")  # nothing released yet
+    assert memory.release() and memory.release()
+    memory.resume("weights")  # a weight sync
+    memory.resume("kv_cache", "weights")  # the next generate
+    memory.resume("weights", "kv_cache")
+    assert calls == ["release", ["weights"], ["kv_cache"]]
+    assert memory.release() and calls[-1] == "release"
+    memory.resume("kv_cache", "weights")
+    assert calls[-1] == ["weights", "kv_cache"]
+    unable = ReleasedMemory(enabled=False, release=lambda: calls.append("never"), resume=calls.append)
+    assert not unable.release() and "never" not in calls
