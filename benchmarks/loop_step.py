@@ -18,6 +18,10 @@ Reported per phase of the measured steps (the loop's own ``timing_s/*``; the fir
     MFU        FLOPs / seconds / peak, the peak a large matmul measured in the same run (bf16 on a GPU, fp32 on CPU)
     peak GB    torch.cuda.max_memory_allocated, reset at each phase's start (CPU: the resident-set peak, VmHWM,
                reset through /proc/self/clear_refs)
+    KV GB      the most bytes the native engine's KV cache (block pool, and on CPU its slot mirror) held during
+               the phase, as allocated (on CPU only the pages written are resident). With
+               ``rollout.free_cache_engine`` (the default; ``--keep-kv-cache`` turns it off) it is held in ``gen``
+               only: the engine releases it after each generate, so the later phases show 0
 and the step: its wall time (``timing_s/step``) against the sum of its phases (they must add up within 5 %; the
 rest is printed as ``unaccounted``), the step's tokens/s and MFU. ``--isolated`` runs, in the same process after the
 loop, benchmarks/update.py's ``fast`` variant with the loop's default head (full logits) on the same shape,
@@ -62,6 +66,9 @@ def parse_args(argv=None):
     parser.add_argument("--micro-tokens", type=int, default=4096, help="token budget of a micro-batch")
     parser.add_argument("--steps", type=int, default=2, help="training steps (the first is a warm-up)")
     parser.add_argument("--isolated", action="store_true", help="also run benchmarks/update.py's fast variant")
+    parser.add_argument("--keep-kv-cache", action="store_true",
+                        help="actor_rollout_ref.rollout.free_cache_engine=False: the engine keeps its KV cache "
+                             "through the update (default: freed after each rollout, as verl)")
     parser.add_argument("--out", default=None, help="work folder (default: a temp dir)")
     parser.add_argument("overrides", nargs="*", help="more main_ppo key=value overrides")
     args = parser.parse_args(argv)
@@ -116,35 +123,39 @@ def overrides(args, *, model: str, data: str, out: str) -> list[str]:
         f"actor_rollout_ref.ref.log_prob_max_token_len_per_gpu={budget}",
         f"trainer.device={args.device}", "trainer.n_gpus_per_node=1", f"trainer.total_training_steps={args.steps}",
         "trainer.test_freq=-1", "trainer.val_before_train=False", "trainer.save_freq=-1", "trainer.logger=[file]",
-        f"trainer.default_local_dir={out}", "reward_model.timeout_s=null", *args.overrides,
+        f"trainer.default_local_dir={out}", "reward_model.timeout_s=null",
+        f"actor_rollout_ref.rollout.free_cache_engine={not args.keep_kv_cache}", *args.overrides,
     ]
 
 
 # ------------------------------------------------------------------------------ per-phase memory
 class PhaseMemory:
     """A PHASE_OBSERVERS entry: synchronizes the device at each phase's boundaries (so a phase's seconds hold
-    its own kernels) and records each phase's memory peak and its parent phase. A nested phase folds the peak so
-    far into every open phase before resetting the counter, so each phase's peak covers its nested ones."""
+    its own kernels) and records each phase's memory peak, the most KV cache bytes the native engines held in it
+    (``kv_peaks``) and its parent phase. A nested phase folds the peaks so far into every open phase before
+    resetting the counters, so each phase's peaks cover its nested ones."""
 
     def __init__(self, device: str):
-        self.device, self.open, self.peaks, self.parents = device, {}, {}, {}
+        self.device, self.open, self.peaks, self.kv_peaks, self.parents = device, {}, {}, {}, {}
         self.resettable = True
         """False once the CPU's peak could not be reset (each phase's peak is then the process's so far)."""
 
     def enter(self, name: str) -> None:
         self._fold()
         self.parents[name] = next(reversed(self.open), None)
-        self.open[name] = 0
+        self.open[name] = (0, 0)
         self._reset()
 
     def exit(self, name: str) -> None:
         self._fold()
-        self.peaks[name] = max(self.peaks.get(name, 0), self.open.pop(name, 0))
+        peak, kv = self.open.pop(name, (0, 0))
+        self.peaks[name] = max(self.peaks.get(name, 0), peak)
+        self.kv_peaks[name] = max(self.kv_peaks.get(name, 0), kv)
 
     def _fold(self) -> None:
-        peak = self._peak()
-        for name in self.open:
-            self.open[name] = max(self.open[name], peak)
+        peak, kv = self._peak(), self._kv_peak()
+        for name, (open_peak, open_kv) in self.open.items():
+            self.open[name] = (max(open_peak, peak), max(open_kv, kv))
 
     def _peak(self) -> int:
         if self.device == "cuda":
@@ -153,7 +164,17 @@ class PhaseMemory:
         with open("/proc/self/status") as fh:
             return next(int(line.split()[1]) * 1024 for line in fh if line.startswith("VmHWM:"))
 
+    @staticmethod
+    def _kv_peak() -> int:
+        from hybridflow.rollout.native import live_engines
+
+        return sum(engine.kv_high_water for engine in live_engines())
+
     def _reset(self) -> None:
+        from hybridflow.rollout.native import live_engines
+
+        for engine in live_engines():
+            engine.reset_kv_high_water()
         if self.device == "cuda":
             torch.cuda.reset_peak_memory_stats()
         elif self.resettable:
@@ -205,6 +226,7 @@ def step_report(rows_of_metrics: list[dict], memory: PhaseMemory, counts: dict, 
     seconds = {name: sum(r[f"timing_s/{name}"] for r in measured) / len(measured) for name in names}
     flops, tokens = phase_flops(counts, measured[-1], responses), phase_tokens(counts, measured[-1], responses)
     phases = {name: {"seconds": seconds[name], "peak_bytes": memory.peaks.get(name, 0),
+                     "kv_bytes": memory.kv_peaks.get(name, 0),
                      "tokens_per_s": tokens[name] / seconds[name] if name in tokens else None,
                      "flops": flops.get(name, 0.0),
                      "mfu": flops[name] / seconds[name] / peak_flops if name in flops else None} for name in top}
@@ -213,6 +235,7 @@ def step_report(rows_of_metrics: list[dict], memory: PhaseMemory, counts: dict, 
     return {"phases": phases, "step_s": step, "accounted_s": accounted, "unaccounted_s": step - accounted,
             "adds_up": abs(step - accounted) <= TOLERANCE * step,
             "step_mfu": sum(flops.values()) / step / peak_flops, "step_peak_bytes": memory.peaks.get("step", 0),
+            "step_kv_bytes": memory.kv_peaks.get("step", 0),
             "step_tokens_per_s": tokens[UPDATE_PHASE] / step}
 
 
@@ -255,16 +278,19 @@ def isolated_update(args, peak_flops: float) -> dict | None:
 
 
 def table(report: dict) -> list[str]:
-    lines = [f"{'phase':14} {'seconds':>8} {'share':>6} {'tok/s':>10} {'TFLOP':>8} {'MFU':>6} {'peak_GB':>8}"]
+    lines = [f"{'phase':14} {'seconds':>8} {'share':>6} {'tok/s':>10} {'TFLOP':>8} {'MFU':>6} {'peak_GB':>8} "
+             f"{'KV_GB':>7}"]
     step = report["step_s"]
     for name, phase in report["phases"].items():
         rate = "-" if phase["tokens_per_s"] is None else f"{phase['tokens_per_s']:.0f}"
         mfu = "-" if phase["mfu"] is None else f"{100 * phase['mfu']:.1f}%"
         lines.append(f"{name:14} {phase['seconds']:8.3f} {100 * phase['seconds'] / step:5.1f}% {rate:>10} "
-                     f"{phase['flops'] / 1e12:8.3f} {mfu:>6} {phase['peak_bytes'] / 1e9:8.2f}")
+                     f"{phase['flops'] / 1e12:8.3f} {mfu:>6} {phase['peak_bytes'] / 1e9:8.2f} "
+                     f"{phase['kv_bytes'] / 1e9:7.3f}")
     lines.append(f"{'unaccounted':14} {report['unaccounted_s']:8.3f} {100 * report['unaccounted_s'] / step:5.1f}%")
     lines.append(f"{'step':14} {step:8.3f} {100.0:5.1f}% {report['step_tokens_per_s']:10.0f} "
-                 f"{'':>8} {100 * report['step_mfu']:5.1f}% {report['step_peak_bytes'] / 1e9:8.2f}   phases "
+                 f"{'':>8} {100 * report['step_mfu']:5.1f}% {report['step_peak_bytes'] / 1e9:8.2f} "
+                 f"{report['step_kv_bytes'] / 1e9:7.3f}   phases "
                  f"{'add up' if report['adds_up'] else 'DO NOT add up'} within {100 * TOLERANCE:.0f} %")
     return lines
 
@@ -295,7 +321,10 @@ def main(argv=None) -> dict:
                        f"measured {peak_flops / 1e12:.1f} TFLOP/s; shape {args.shape}, {args.prompts} prompts x "
                        f"{args.n} (<= {args.prompt_len} prompt + {args.response_len} response tokens, EOS ignored), "
                        f"micro-batches of <= {args.micro_tokens} tokens; mean of {max(1, args.steps - 1)} measured "
-                       f"step(s) of {args.steps}; {time.perf_counter() - start:.0f} s for the whole run"
+                       f"step(s) of {args.steps}; KV cache "
+                       f"{'kept' if args.keep_kv_cache else 'freed after each rollout'} "
+                       f"(rollout.free_cache_engine={not args.keep_kv_cache}); "
+                       f"{time.perf_counter() - start:.0f} s for the whole run"
                        + ("" if memory.resettable else "; the CPU peaks could not be reset: each is the peak so far"),
                        *table(report)]
     print("\n".join(report["lines"]), flush=True)

@@ -29,6 +29,11 @@ SHAPES["tiny"] = dict(  # the smallest Qwen2.5-like shape: the CPU smoke runs of
     model_type="qwen2", hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
     num_key_value_heads=2, vocab_size=1024, tie_word_embeddings=True, max_position_embeddings=32768,
     rms_norm_eps=1e-6, rope_theta=1e6)
+SHAPES["tiny-kv"] = dict(  # a KV cache large for its compute (32 KB a token in fp32, 3.7M parameters): the CPU run of
+    # loop_step.py that shows rollout.free_cache_engine's handoff in a minute or two (docs/benchmarks.md)
+    model_type="llama", hidden_size=128, intermediate_size=256, num_hidden_layers=16, num_attention_heads=8,
+    num_key_value_heads=8, head_dim=32, vocab_size=1024, tie_word_embeddings=True, max_position_embeddings=2048,
+    rms_norm_eps=1e-6)
 _TINY = dict(hidden_size=256, intermediate_size=704, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
              vocab_size=8192, max_position_embeddings=2048, rms_norm_eps=1e-6)
 SHAPES.update({  # one small config of each architecture of hybridflow/rollout/architectures.py, for CPU runs

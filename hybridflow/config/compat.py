@@ -57,7 +57,6 @@ COMPAT_ONLY: dict[str, str] = {
     "actor_rollout_ref.rollout.mode": "generation is synchronous within a step",
     "actor_rollout_ref.rollout.load_format": "rollout weights always come from the actor in memory",
     "actor_rollout_ref.rollout.layered_summon": "weights are gathered whole, not layer by layer",
-    "actor_rollout_ref.rollout.free_cache_engine": "the native engine keeps one KV cache and reallocates it only when a batch needs more",
     "actor_rollout_ref.rollout.calculate_log_probs": "the engines always return the sampled tokens' log-probs",
     "actor_rollout_ref.rollout.update_weights_bucket_megabytes": "weights are synced in memory as one state dict",
     "actor_rollout_ref.rollout.disable_log_stats": _VLLM,
@@ -87,10 +86,10 @@ COMPAT_ONLY: dict[str, str] = {
     "reward_model.sandbox_fusion.url": "code is run in the local sandbox (hybridflow.rewards.code_sandbox)",
     "reward_model.sandbox_fusion.max_concurrent": "the local sandbox runs one program per scorer call",
     "reward_model.overlong_buffer.log": "the dapo manager always reports its overlong penalty",
-    "actor_rollout_ref.rollout.multi_stage_wake_up": "the native engine keeps its weights and KV cache resident; "
-                                                      "there is no sleep / wake-up cycle",
-    "actor_rollout_ref.rollout.enable_sleep_mode": "the native engine keeps its weights and KV cache resident; "
-                                                   "there is no sleep / wake-up cycle",
+    "actor_rollout_ref.rollout.multi_stage_wake_up": "the vllm / sglang backends always wake in two stages (weights "
+                                                      "before a weight sync, KV cache before a generate)",
+    "actor_rollout_ref.rollout.enable_sleep_mode": "rollout.free_cache_engine decides: it builds vllm in sleep mode "
+                                                   "and frees the native engine's KV cache after each generate",
     "actor_rollout_ref.rollout.checkpoint_engine": _WEIGHT_SYNC,
     "actor_rollout_ref.checkpoint_engine": _WEIGHT_SYNC,
     "async_training.checkpoint_engine": _WEIGHT_SYNC,

@@ -423,7 +423,11 @@ class RolloutConfig:
     """Native engine on CUDA: the batch sizes whose decode step is captured as a CUDA graph; null = its ladder
     (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, ... up to max_num_seqs)."""
     free_cache_engine: bool = True
-    """Compatibility-only (compat.py); in verl: release the KV cache between rollouts (hybrid engine memory sharing)."""
+    """Give the rollout engine's KV cache back after every generate (verl's hybrid engine memory sharing), so the
+    old log-probs, reference, update and weight sync run without it; the next generate allocates it again.
+    native: the block pool, CPU slot mirror and CUDA graphs are freed (graphs are captured again, per batch size,
+    at the next rollout); vllm: sleep mode (level 1); sglang: the memory saver; hf: nothing to free. False keeps
+    the cache (and the graphs) across steps, for a card with room for both."""
     load_format: str = "dummy_dtensor"
     """Compatibility-only, no effect (see compat.py)."""
     layered_summon: bool = False

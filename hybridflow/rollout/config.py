@@ -55,9 +55,9 @@ ENGINE_SIZING_KEYS: dict[str, tuple[str, ...]] = {
                "max_num_batched_tokens", "enable_chunked_prefill"),
     "hf": ("max_model_len",),
     "vllm": ("dtype", "gpu_memory_utilization", "tensor_model_parallel_size", "max_model_len",
-             "enable_chunked_prefill", "max_num_batched_tokens", "max_num_seqs", "enforce_eager"),
+             "enable_chunked_prefill", "max_num_batched_tokens", "max_num_seqs", "enforce_eager", "free_cache_engine"),
     "sglang": ("dtype", "gpu_memory_utilization", "tensor_model_parallel_size", "max_model_len",
-               "enable_chunked_prefill", "max_num_batched_tokens", "max_num_seqs"),
+               "enable_chunked_prefill", "max_num_batched_tokens", "max_num_seqs", "free_cache_engine"),
 }
 """verl ``rollout.*`` sizing keys each backend takes (under these names; the backend maps them to its own)."""
 
@@ -74,6 +74,7 @@ def engine_kwargs_from_rollout_config(rollout_cfg) -> dict:
               "enable_chunked_prefill": rollout_cfg.enable_chunked_prefill,
               "max_num_batched_tokens": rollout_cfg.max_num_batched_tokens, "max_num_seqs": rollout_cfg.max_num_seqs,
               "enforce_eager": rollout_cfg.enforce_eager,
+              "free_cache_engine": getattr(rollout_cfg, "free_cache_engine", False),
               "cudagraph_capture_sizes": getattr(rollout_cfg, "cudagraph_capture_sizes", None)}
     kwargs = {key: sizing[key] for key in ENGINE_SIZING_KEYS.get(rollout_cfg.name, ())}
     kwargs.update(dict((rollout_cfg.engine_kwargs or {}).get(rollout_cfg.name) or {}))

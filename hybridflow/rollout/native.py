@@ -34,6 +34,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import weakref
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -222,6 +223,13 @@ class NativeEngine:
         self.capture_sizes = cudagraph_capture_sizes
         self.gpu_memory_utilization = gpu_memory_utilization
         self.graphs: DecodeGraphs | None = None
+        self.open_runs: weakref.WeakSet[GenerationRun] = weakref.WeakSet()
+        """The runs over the KV cache not closed yet (a ``generate``'s queue until it returns, an agent rollout's
+        queue, a streaming session): :meth:`release_kv_cache` leaves the cache to them."""
+        self.kv_high_water = 0
+        """The most bytes :attr:`kv_cache_bytes` reached since :meth:`reset_kv_high_water` (benchmarks read it
+        per phase)."""
+        _ENGINES.add(self)
 
     @property
     def device(self) -> torch.device:
@@ -253,6 +261,63 @@ class NativeEngine:
         if self.allocator is not None:
             self.allocator.drop_names()
 
+    def release_kv_cache(self) -> bool:
+        """Give the KV cache's memory back while nothing generates (verl's ``rollout.free_cache_engine``: the hybrid
+        engine's rollout frees it during the actor's update and has it again at the next rollout); returns whether
+        it is released (also when nothing was held), ``False`` when a run holds it.
+
+        Dropped: the block pool (the prefix cache's named blocks with it), the CPU slot mirror and the CUDA graphs
+        (they hold the pool's addresses, and their own memory pool); the memory goes back to the OS
+        (:func:`~hybridflow.cpu.return_freed_memory`; the pool and mirror are memory maps, unmapped when freed) or
+        to the device (``torch.cuda.empty_cache``). Weights, the rotary table and compiled kernels stay. The next
+        ``generate`` or request queue allocates them as the first one did: :meth:`_reserve` sizes the pool for its
+        own batch within ``gpu_memory_utilization`` of what is free then (so the pool a step gets can differ from
+        the first one's when the budget binds: the optimizer's state exists by then), and on CUDA each batch
+        bucket's graph is captured again the first time that bucket runs (:meth:`_graphs_for`).
+
+        The cost on CUDA, not measured yet (no GPU in the session that wrote this): allocating and zeroing the pool
+        (a memset, well under a decode step per GB) and, per bucket the rollout reaches, one eager warm-up step
+        plus one capture (the Triton kernels are compiled once per process, not again): a few decode steps' time
+        for each of at most ``len(cudagraph_capture_sizes)`` buckets, against a rollout of ``response_length``
+        steps. Accepted because the pool is the memory that matters (the 1.5B shape's 256 rows x 1,536 positions
+        take 11.3 GB in bf16, the update's activations and optimizer state need it), and keeping the graphs valid
+        would need the pool at the same device addresses after it was given back, which takes the CUDA driver's
+        virtual memory calls (map and unmap physical pages under a reserved address range; vLLM's sleep mode does
+        this with its own allocator); with ``free_cache_engine=False`` nothing is released and the graphs live on.
+
+        Refused, nothing freed, while a run is open (:attr:`open_runs`: a streaming session or a request queue not
+        closed yet; their runs hold the pool and go on using it): close it first.
+        """
+        if len(self.open_runs):
+            return False
+        self.cache = self.allocator = self.mirror = self.graphs = None
+        self.encoded_images.clear()  # the vision tower's outputs of the rollout just ended
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        else:
+            return_freed_memory()
+        return True
+
+    def close_run(self, run: GenerationRun) -> None:
+        """``run`` no longer uses the KV cache (its queue or session closed): :meth:`release_kv_cache` may free it."""
+        self.open_runs.discard(run)
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        """Bytes allocated for the KV cache now: the block pool and, on CPU, the slot mirror (on CPU only the pages
+        written are resident: :func:`~hybridflow.rollout.kv_cache.zeros_on_first_touch`)."""
+        held = [self.cache.data] if self.cache is not None else []
+        if self.mirror is not None:
+            held.append(self.mirror.data)
+        return sum(tensor.numel() * tensor.element_size() for tensor in held)
+
+    def reset_kv_high_water(self) -> None:
+        """Start a new window of :attr:`kv_high_water` at what is held now."""
+        self.kv_high_water = self.kv_cache_bytes
+
+    def _note_kv_bytes(self) -> None:
+        self.kv_high_water = max(self.kv_high_water, self.kv_cache_bytes)
+
     def generate(self, prompt_token_ids: list[list[int]], params: SamplingParams | list[SamplingParams], *,
                  multi_modal_inputs: list[dict | None] | None = None) -> list[Completion]:
         """``n`` completions per prompt, grouped by prompt in input order.
@@ -270,8 +335,11 @@ class NativeEngine:
         queue = RequestQueue(self, max_len=capacity, sequences=sum(q.n for q in per_prompt),
                              seed=next((q.seed for q in per_prompt if q.seed is not None), None))
         images = self.encode_images(prompt_token_ids, multi_modal_inputs)
-        requests = [queue.submit(p, q, images=i) for p, q, i in zip(prompt_token_ids, per_prompt, images)]
-        queue.drain()
+        try:
+            requests = [queue.submit(p, q, images=i) for p, q, i in zip(prompt_token_ids, per_prompt, images)]
+            queue.drain()
+        finally:
+            queue.close()  # the cache is free to release once this returns
         return [completion for request in requests for completion in request.future.result()]
 
     def encode_images(self, prompt_token_ids: list[list[int]],
@@ -286,11 +354,14 @@ class NativeEngine:
         rows = min(self.max_num_seqs, sequences)
         cache = self._reserve(sequences=rows, max_len=max_len)
         self.decoder.rope_table(cache.max_len)  # once, rather than growing it step by step
-        return GenerationRun(cache=cache, allocator=self.allocator, generator=self._generator(seed),
-                             tokenizer=self.tokenizer, waiting=deque(), max_num_seqs=rows,
-                             vocab_size=self.decoder.vocab_size,
-                             tables=HostBlockTables(rows=rows, width=cache.table_width),
-                             mirror=self._mirror_for(cache, rows))
+        run = GenerationRun(cache=cache, allocator=self.allocator, generator=self._generator(seed),
+                            tokenizer=self.tokenizer, waiting=deque(), max_num_seqs=rows,
+                            vocab_size=self.decoder.vocab_size,
+                            tables=HostBlockTables(rows=rows, width=cache.table_width),
+                            mirror=self._mirror_for(cache, rows))
+        self._note_kv_bytes()
+        self.open_runs.add(run)  # until its queue closes (close_run)
+        return run
 
     def _mirror_for(self, cache: PagedKVCache, rows: int) -> SlotMirror | None:
         """On CPU without the paged kernel (:mod:`hybridflow.rollout.cpu_attention`), the :class:`SlotMirror` SDPA
@@ -393,6 +464,7 @@ class NativeEngine:
         if self.enforce_eager:
             return
         cache = self._reserve(sequences=self.max_num_seqs, max_len=self.max_model_len)
+        self._note_kv_bytes()
         self.decoder.rope_table(cache.max_len)
         self._graphs_for(cache).capture_all()
 
@@ -597,7 +669,7 @@ class NativeEngine:
                              uniform=None if uniform is None else uniform[start:stop], seen=seen)
 
 
-@dataclass
+@dataclass(eq=False)  # compared and hashed by identity: the engine keeps its open runs in a weak set
 class GenerationRun:
     """The state of one generation: waiting prompts, live sequences, finished ones, and the blocks they hold."""
 
@@ -860,6 +932,14 @@ class HostBlockTables:
     def gather(self, rows: list[int], width: int) -> torch.Tensor:
         """``[len(rows), width]``: the first ``width`` entries of each row."""
         return self.data.index_select(0, torch.tensor(rows))[:, :width]
+
+
+_ENGINES: weakref.WeakSet[NativeEngine] = weakref.WeakSet()
+
+
+def live_engines() -> list[NativeEngine]:
+    """This process's native engines (a benchmark reads their KV cache bytes phase by phase)."""
+    return list(_ENGINES)
 
 
 def chunk_end(pending: PendingPrompt, left: float, joining: int) -> int:

@@ -167,7 +167,8 @@ class RequestQueue:
                 self._driver.start()
 
     def close(self) -> None:
-        """Stop: wait for the driver thread's step to end, then give every request still queued an error."""
+        """Stop: wait for the driver thread's step to end, then give every request still queued an error; the
+        engine's KV cache is then no longer held by this queue (``NativeEngine.release_kv_cache`` may free it)."""
         with self._lock:
             self._closed, driver = True, self._driver
         if driver is not None:
@@ -175,6 +176,7 @@ class RequestQueue:
         if not self.idle or self.requests:
             self._fail(RolloutError("the request queue was closed before this request ended (another agent loop "
                                     "or the rollout failed)"))
+        self.engine.close_run(self.run)
 
     def _drive(self) -> None:
         while True:

@@ -18,7 +18,8 @@ the version of the weights that sampled it, so an off-policy trainer can correct
 
 The session is a :class:`~hybridflow.rollout.request_queue.RequestQueue` that its caller steps,
 as ``generate`` is one that it drains: one code path admits and decodes for both. They share the
-engine's KV cache: use one at a time.
+engine's KV cache: use one at a time, and ``close`` a session when done with it (the engine keeps its KV cache
+for an open session, even through a trainer's ``free_cache_engine`` release).
 """
 
 from __future__ import annotations
@@ -124,6 +125,12 @@ class StreamingSession:
         """Take every in-flight sequence out of the engine (its blocks freed); waiting prompts stay queued
         (their prefill is dropped, it was computed with the current weights)."""
         return [self._paused(sequence) for sequence in self.run.release()]
+
+    def close(self) -> None:
+        """End the session: sequences still decoding or waiting are dropped (``pause`` first to keep them), and the
+        engine's KV cache is no longer held by it (until then ``NativeEngine.release_kv_cache`` refuses to free
+        it: this session's run would go on writing into it)."""
+        self.queue.close()
 
     def update_weights(self, named_tensors, *, version: int) -> None:
         """Load new weights; only between ``pause`` (or a drained session) and ``resume``."""

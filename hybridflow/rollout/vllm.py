@@ -3,12 +3,18 @@
 Weights are synced from the trainer through the loaded model's ``load_weights``
 (vLLM's in-place reload path, as verl's sharding managers use it), without a reload
 from disk.
+
+With ``free_cache_engine`` (verl's ``rollout.free_cache_engine``) the engine is built in vLLM's sleep mode:
+``release_kv_cache`` puts it to sleep at level 1 (weights offloaded to CPU memory, the KV cache discarded; vLLM
+keeps the device addresses, so its CUDA graphs survive), and it wakes in two stages as verl's hybrid engine does:
+the weights before a weight sync writes into them, the KV cache before the next ``generate``.
 """
 
 from __future__ import annotations
 
 from hybridflow.errors import RolloutError
 from hybridflow.rollout.optional import package_installed
+from hybridflow.rollout.sleep import ReleasedMemory
 from hybridflow.rollout.types import Completion, SamplingParams, validate_prompts
 
 
@@ -28,7 +34,7 @@ class VLLMEngine:
                  gpu_memory_utilization: float = 0.5, tensor_model_parallel_size: int = 1,
                  max_model_len: int | None = None, enable_chunked_prefill: bool = True,
                  max_num_batched_tokens: int | None = None, max_num_seqs: int | None = None,
-                 enforce_eager: bool = True, **llm_kwargs):
+                 enforce_eager: bool = True, free_cache_engine: bool = False, **llm_kwargs):
         if not vllm_available():
             raise RolloutError("rollout.name=vllm needs vLLM; `pip install hybridflow[vllm]` or use rollout.name=native")
         import vllm
@@ -39,11 +45,22 @@ class VLLMEngine:
         sizing = dict(dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
                       tensor_parallel_size=tensor_model_parallel_size, max_model_len=max_model_len,
                       enable_chunked_prefill=enable_chunked_prefill, max_num_batched_tokens=max_num_batched_tokens,
-                      max_num_seqs=max_num_seqs, enforce_eager=enforce_eager)
-        self.llm = vllm.LLM(model=model_path, **{**sizing, **llm_kwargs})
+                      max_num_seqs=max_num_seqs, enforce_eager=enforce_eager,
+                      enable_sleep_mode=free_cache_engine)
+        settings = {**sizing, **llm_kwargs}
+        self.llm = vllm.LLM(model=model_path, **settings)
         self.max_model_len = self.llm.llm_engine.model_config.max_model_len
+        self.memory = ReleasedMemory(enabled=bool(settings["enable_sleep_mode"]),
+                                     release=lambda: self.llm.sleep(level=1),
+                                     resume=lambda parts: self.llm.wake_up(tags=parts))
+
+    def release_kv_cache(self) -> bool:
+        """Sleep (level 1): the KV cache discarded, the weights offloaded to CPU memory; ``False`` (nothing freed)
+        unless the engine was built with ``free_cache_engine`` (vLLM's ``enable_sleep_mode``)."""
+        return self.memory.release()
 
     def load_weights(self, named_tensors) -> None:
+        self.memory.resume("weights")
         weights = list(named_tensors)
         self.llm.collective_rpc(lambda worker: worker.model_runner.model.load_weights(weights))
         self.reset_prefix_cache()  # vLLM caches prefixes by default: blocks computed with the old weights
@@ -56,6 +73,7 @@ class VLLMEngine:
         import vllm
 
         validate_prompts(prompt_token_ids, max_model_len=self.max_model_len)
+        self.memory.resume("weights", "kv_cache")
         vllm_params = vllm.SamplingParams(
             n=params.n, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k, min_p=params.min_p,
             repetition_penalty=params.repetition_penalty,

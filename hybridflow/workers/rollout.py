@@ -22,6 +22,7 @@ observation (tool / user) tokens while ``attention_mask`` is 1 on them; a vision
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 from typing import Iterable
 
@@ -33,6 +34,8 @@ from hybridflow.errors import RolloutError
 from hybridflow.rollout import Completion, SamplingParams
 from hybridflow.rollout.native import NativeEngine
 from hybridflow.rollout.streaming import StreamingSession
+
+logger = logging.getLogger(__name__)
 
 
 class EngineHandover:
@@ -82,12 +85,20 @@ class EngineHandover:
 
 
 class RolloutWorker:
-    """Wraps a generation engine; weights are pushed in by the trainer after every update."""
+    """Wraps a generation engine; weights are pushed in by the trainer after every update.
 
-    def __init__(self, *, engine, pad_token_id: int, agent_loops=None):
+    ``free_cache_engine`` (verl's ``rollout.free_cache_engine``): after every ``generate`` the engine gives its KV
+    cache's memory back (the native engine's ``release_kv_cache``; vLLM / SGLang sleep), so the old log-probs, the
+    reference, the update and the weight sync that follow run without it, as verl's hybrid engine frees it after
+    ``generate_sequences``; the next ``generate`` allocates it again. Engines with nothing to free (HF) are left
+    as they are."""
+
+    def __init__(self, *, engine, pad_token_id: int, agent_loops=None, free_cache_engine: bool = False):
         self.engine = engine
         self.pad_token_id = pad_token_id
         self.agent_loops = agent_loops
+        self.free_cache_engine = free_cache_engine
+        self.kept_cache_reported = False
         self.handover = EngineHandover()
         """One call uses the engine at a time; a partial generate lends it to a weight sync."""
 
@@ -103,17 +114,35 @@ class RolloutWorker:
         """Sample ``params.n`` responses for each prompt of ``prompts`` (needs ``raw_prompt_ids``); ``partial``:
         a weight sync may land between two decode steps (:meth:`generate_partial`)."""
         with self.handover.lock:
-            self.start_from_a_clean_engine()
-            if self.agent_loops is not None:
-                return self.run_agent_loops(prompts, params)
-            if partial:
-                return self.generate_partial(prompts, params, handover=self.handover)
-            # a VLM's images go with their prompts (the engine's prefill encodes them)
-            images = {}
-            if "multi_modal_inputs" in prompts:
-                images["multi_modal_inputs"] = list(prompts["multi_modal_inputs"])
-            completions = self.engine.generate([list(ids) for ids in prompts["raw_prompt_ids"]], params, **images)
-            return self.assemble(prompts, completions, n=params.n)
+            try:
+                return self._generate(prompts, params, partial=partial)
+            finally:
+                if self.free_cache_engine:
+                    self.release_kv_cache()
+
+    def _generate(self, prompts: Batch, params: SamplingParams, *, partial: bool) -> Batch:
+        self.start_from_a_clean_engine()
+        if self.agent_loops is not None:
+            return self.run_agent_loops(prompts, params)
+        if partial:
+            return self.generate_partial(prompts, params, handover=self.handover)
+        # a VLM's images go with their prompts (the engine's prefill encodes them)
+        images = {}
+        if "multi_modal_inputs" in prompts:
+            images["multi_modal_inputs"] = list(prompts["multi_modal_inputs"])
+        completions = self.engine.generate([list(ids) for ids in prompts["raw_prompt_ids"]], params, **images)
+        return self.assemble(prompts, completions, n=params.n)
+
+    def release_kv_cache(self) -> None:
+        """The engine's KV cache memory back to the device (``free_cache_engine``); engines without one to free
+        (HF) have no ``release_kv_cache``. A native engine refuses while a streaming session over it is open (warned
+        once)."""
+        release = getattr(self.engine, "release_kv_cache", None)
+        if release is not None and not release() and not self.kept_cache_reported:
+            self.kept_cache_reported = True
+            logger.warning("rollout.free_cache_engine=True, but the %s engine kept its KV cache: a streaming session "
+                           "or request queue over the native engine is still open, or rollout.engine_kwargs built "
+                           "vLLM / SGLang without sleep mode", type(self.engine).__name__)
 
     def start_from_a_clean_engine(self) -> None:
         """Drop what an earlier batch left in the engine's prefix cache (e.g. the validation rollout before the
@@ -142,15 +171,18 @@ class RolloutWorker:
         prompt_ids = [list(ids) for ids in prompts["raw_prompt_ids"]]
         session = StreamingSession(self.engine, params, max_prompt_length=max(map(len, prompt_ids)),
                                    weight_version=handover.version)
-        for index, ids in enumerate(prompt_ids):
-            session.submit(index, ids)
         done = []
-        while not session.idle:
-            done += session.step()
-            if handover.requested():
-                paused = session.pause()
-                session.weights_reloaded(version=handover.wait())
-                session.resume(paused)
+        try:
+            for index, ids in enumerate(prompt_ids):
+                session.submit(index, ids)
+            while not session.idle:
+                done += session.step()
+                if handover.requested():
+                    paused = session.pause()
+                    session.weights_reloaded(version=handover.wait())
+                    session.resume(paused)
+        finally:
+            session.close()
         done.sort(key=lambda c: (c.request_id, c.output_index))
         batch = self.assemble(prompts, done, n=params.n)
         versions = [c.weight_versions or [session.weight_version] for c in done]

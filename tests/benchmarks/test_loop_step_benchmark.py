@@ -12,6 +12,7 @@ class ScriptedMemory:
     def __init__(self, bench, readings):
         self.memory, readings = bench.PhaseMemory("cpu"), iter(readings)
         self.memory._peak, self.memory._reset = lambda: next(readings), lambda: None
+        self.memory._kv_peak = lambda: 0
 
 
 def test_phase_memory_folds_nested_peaks_into_the_open_phases():
@@ -51,6 +52,9 @@ def test_tiny_cpu_step_reports_every_phase_and_adds_up():
     assert set(PHASES) <= set(phases)
     for name in PHASES:
         assert phases[name]["seconds"] > 0 and phases[name]["peak_bytes"] > 0, name
+    # rollout.free_cache_engine (the default): the KV cache is held while generating, and released before the rest
+    assert phases["gen"]["kv_bytes"] > 0
+    assert all(phases[name]["kv_bytes"] == 0 for name in PHASES if name != "gen")
     # EOS ignored: every one of the 2 x 2 responses is 8 tokens long
     assert round(phases["gen"]["tokens_per_s"] * phases["gen"]["seconds"]) == 2 * 2 * 8
     # the phases are disjoint children of the step: what they leave is >= 0 and adds back to the step

@@ -274,7 +274,8 @@ def _rollout_worker(engine_model, tokenizer, rollout_cfg, *, template_kwargs=Non
     if rollout_cfg.multi_turn.enable:
         agent_loops = build_agent_loop_manager(engine=engine, tokenizer=tokenizer, rollout_cfg=rollout_cfg,
                                                template_kwargs=template_kwargs, processor=processor)
-    return RolloutWorker(engine=engine, pad_token_id=tokenizer.pad_token_id, agent_loops=agent_loops)
+    return RolloutWorker(engine=engine, pad_token_id=tokenizer.pad_token_id, agent_loops=agent_loops,
+                         free_cache_engine=rollout_cfg.free_cache_engine)
 
 
 def build_critic_worker(dp: DataParallel, *, cfg, total_steps: int):
