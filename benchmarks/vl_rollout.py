@@ -216,6 +216,9 @@ def run_engine(name: str, engine, model, prompts, images, args) -> VLRun:
                             logprobs=True)
     warm = SamplingParams(n=2, temperature=1.0, max_tokens=4, ignore_eos=True, seed=args.seed + 1)
     engine.generate(prompts[:2], warm, multi_modal_inputs=images[:2])
+    reset = getattr(engine, "reset_prefix_cache", None)
+    if reset is not None:  # a new rollout batch, as the rollout worker starts one: no tower outputs or blocks kept
+        reset()
     clock = PrefillClock(model, engine, args.device)
     try:
         synchronize(args.device)

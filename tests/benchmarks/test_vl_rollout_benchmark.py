@@ -65,6 +65,7 @@ def test_prefill_clock_spans_the_vision_tower(bench, tiny, engine_name, monkeypa
         for max_tokens in (2, 8):  # the prefill's ticks do not grow with the decode steps
             clock.seconds = {"tower": 0.0, "prefill": 0.0}
             clock.hf_prefill_done = False
+            getattr(engine, "reset_prefix_cache", lambda: None)()  # a new batch: the native engine encodes again
             engine.generate(prompts, SamplingParams(n=2, max_tokens=max_tokens, ignore_eos=True, temperature=1.0,
                                                     seed=0), multi_modal_inputs=images)
             ticks = dict(clock.seconds)
