@@ -86,3 +86,60 @@ def test_config_may_read_the_algorithm_registry_and_nothing_else_of_algos():
     allowed = ALLOWED["config"] | BASE | {"config"}
     assert outside({"algos.registry", "config.loader", "errors"}, allowed) == set()
     assert outside({"algos", "algos.errors"}, allowed) == {"algos", "algos.errors"}
+
+
+def module_imports(path: pathlib.Path, modules: set[str]) -> set[str]:
+    """The ``hybridflow`` modules (of ``modules``) that one file imports when it runs, lazy imports inside functions
+    included; ``from package import module`` names the module, and imports under ``if TYPE_CHECKING:`` (annotations
+    only) are left out."""
+    tree = ast.parse(path.read_text())
+    typing_only = {id(node) for block in ast.walk(tree) if isinstance(block, ast.If)
+                   and getattr(block.test, "id", None) == "TYPE_CHECKING" for node in ast.walk(block)}
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            named = {f"{node.module}.{alias.name}" for alias in node.names}
+            found |= named if named <= modules else {node.module}
+    return found & modules
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm): each holds an import circle."""
+    index, low, stack, on_stack, cycles = {}, {}, [], set(), []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in graph[node]:
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while not component or component[-1] != node:
+                component.append(stack.pop())
+                on_stack.discard(component[-1])
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for node in graph:
+        if node not in index:
+            visit(node)
+    return cycles
+
+
+def test_no_module_imports_itself_through_others():
+    """No import circle between hybridflow's modules (issue 46: rollout/native.py and rollout/request_queue.py
+    imported each other): a circle makes the import order matter and hides which module is built on which."""
+    files = {".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__"): path
+             for path in PACKAGE.rglob("*.py")}
+    graph = {name: module_imports(path, set(files)) - {name} for name, path in files.items()}
+    assert import_cycles(graph) == []
+    assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]  # the finder works

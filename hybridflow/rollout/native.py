@@ -31,116 +31,34 @@ agent loops' turns go through the same queue and the same ``_admit`` / ``_step``
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 import weakref
 from collections import deque
-from dataclasses import dataclass, field
 
 import torch
 
 from hybridflow.cpu import return_freed_memory
 from hybridflow.errors import RolloutError
 from hybridflow.rollout.architectures import unsupported_reason
-from hybridflow.rollout.block_manager import BLOCK_SIZE, NULL_BLOCK, BlockAllocator, OutOfBlocks, SequenceBlocks
+from hybridflow.rollout.block_manager import BLOCK_SIZE, BlockAllocator, SequenceBlocks
 from hybridflow.rollout.cuda_graphs import DecodeGraphs
 from hybridflow.rollout.decoder import LlamaFamilyDecoder
+from hybridflow.rollout.generation_run import GenerationRun, HostBlockTables, PendingPrompt, Sequence
 from hybridflow.rollout.kv_cache import MirroredCache, PagedKVCache, SlotMirror
 from hybridflow.rollout.lanes import DecodeLanes
-from hybridflow.rollout.sampler import RowSampling, draw_uniform, keyed_uniform, sample_tokens, seen_mask
-from hybridflow.rollout.stopping import StopChecker
+from hybridflow.rollout.request_queue import RequestQueue
+from hybridflow.rollout.sampler import RowSampling, sample_tokens, seen_mask
 from hybridflow.rollout.types import Completion, SamplingParams, validate_prompts
 from hybridflow.rollout.vision_prefill import Encoded, PromptImages, encode_prompt_images
 
+__all__ = ["GenerationRun", "NativeEngine", "PendingPrompt", "Sequence"]  # the run's records, re-exported
 
 PREFILL_TOKEN_BUDGET = 4096
 """Most tokens of one engine step (chunked prefill) or one packed prefill pass (whole prompts) on CPU when
 ``max_num_batched_tokens`` is not given (bounds a pass's activation memory)."""
 PREFILL_TOKEN_BUDGET_CUDA = 16384
 """The same on a GPU, where a pass is bound by its launches and weight reads until it is this wide."""
-
-
-@dataclass
-class Sequence:
-    """One completion being generated."""
-
-    prompt_index: int
-    output_index: int
-    prompt_length: int
-    params: SamplingParams
-    prompt_ids: list[int]
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    finish_reason: str | None = None
-    blocks: SequenceBlocks | None = None
-    """Its block table while it is live."""
-    images: PromptImages | None = None
-    """A vision-language prompt's images (their embeddings for a recompute, its M-RoPE delta, its block names)."""
-    admitted: int = 0
-    """When it was (last) admitted: the latest admitted is preempted first."""
-    row: int = -1
-    """Its row of the run's :class:`HostBlockTables` while it is live."""
-
-    @property
-    def position(self) -> int:
-        """Where its last token (sampled, not yet fed back) goes in the cache: the tokens cached so far."""
-        return self.prompt_length + len(self.token_ids) - 1
-
-    @property
-    def rope_delta(self) -> int:
-        """Its tokens rotate at ``position + rope_delta`` (M-RoPE after a vision-language prompt; 0 for text)."""
-        return 0 if self.images is None else self.images.delta
-
-    def key_ids(self) -> list[int]:
-        """Its tokens as its blocks are named (image tokens by their images: :meth:`PromptImages.key_ids`)."""
-        prompt = self.prompt_ids if self.images is None else self.images.key_ids(self.prompt_ids)
-        return prompt + self.token_ids
-
-
-@dataclass
-class PendingPrompt:
-    """A prompt whose samples are not all admitted yet; its prefilled blocks are kept for them."""
-
-    index: int
-    token_ids: list[int]
-    remaining: int
-    params: SamplingParams
-    blocks: SequenceBlocks | None = None
-    """The prompt's blocks, reserved for all its tokens when its prefill starts; each admitted sample takes a
-    fork of them."""
-    prefilled: int = 0
-    """Its first tokens whose keys and values are in ``blocks`` (a chunked prefill's progress; cached ones too)."""
-    first_logits: torch.Tensor | None = None
-    """``[V]`` logits after its last token: set when its prefill is complete."""
-    resumed: Sequence | None = None
-    """A paused or preempted sequence this prompt continues (``token_ids`` is then its prompt plus its
-    tokens so far, ``remaining`` is 1): the next sampled token is appended to it."""
-    images: PromptImages | None = None
-    """A vision-language prompt's images, encoded (:func:`~hybridflow.rollout.vision_prefill.encode_prompt_images`)."""
-
-    def start_sequence(self, output_index: int) -> Sequence:
-        if self.resumed is not None:
-            return self.resumed
-        return Sequence(self.index, output_index, len(self.token_ids), self.params, prompt_ids=self.token_ids,
-                        images=self.images)
-
-    @functools.cached_property
-    def key_ids(self) -> list[int]:
-        """Its tokens as blocks are named and identical prompts found: image tokens by their images."""
-        return self.token_ids if self.images is None else self.images.key_ids(self.token_ids)
-
-    @property
-    def ready(self) -> bool:
-        """Its prefill is complete: its samples can join the batch."""
-        return self.first_logits is not None
-
-    def drop_prefill(self) -> None:
-        """Forget the prefill, whole or partial (new weights, or its blocks are needed): it is computed again."""
-        if self.blocks is not None:
-            self.blocks.free()
-        self.blocks = self.first_logits = None
-        self.prefilled = 0
 
 
 class NativeEngine:
@@ -327,8 +245,6 @@ class NativeEngine:
         ``multi_modal_inputs``: a vision-language model's images, one dict (``pixel_values``, ``image_grid_thw``)
         or None per prompt, as the HF engine takes them (:meth:`encode_images`).
         """
-        from hybridflow.rollout.request_queue import RequestQueue  # the queue is built on this module's run
-
         validate_prompts(prompt_token_ids, max_model_len=self.max_model_len)
         per_prompt = params_per_prompt(params, len(prompt_token_ids))
         capacity = min(self.max_model_len, max(len(p) + q.max_tokens for p, q in zip(prompt_token_ids, per_prompt)))
@@ -667,271 +583,6 @@ class NativeEngine:
         seen = run.seen.rows([s.row for s in run.live[start:stop]]) if rows.needs_repetition_penalty else None
         return sample_tokens(logits=logits, params=rows.slice(start, stop),
                              uniform=None if uniform is None else uniform[start:stop], seen=seen)
-
-
-@dataclass(eq=False)  # compared and hashed by identity: the engine keeps its open runs in a weak set
-class GenerationRun:
-    """The state of one generation: waiting prompts, live sequences, finished ones, and the blocks they hold."""
-
-    cache: PagedKVCache
-    allocator: BlockAllocator
-    generator: torch.Generator
-    tokenizer: object
-    waiting: deque
-    max_num_seqs: int
-    tables: HostBlockTables
-    mirror: SlotMirror | None = None
-    """On CPU: row ``i`` holds ``live[i]``'s keys and values for attention."""
-    live: list[Sequence] = field(default_factory=list)
-    """The batch's rows; a finished sequence's place is taken by the last one (so the mirror moves one row)."""
-    done: list[Sequence] = field(default_factory=list)
-    preemptions: int = 0
-    stop_checkers: dict[int, StopChecker] = field(default_factory=dict)
-    """One per distinct ``SamplingParams`` (by identity)."""
-    admissions: int = 0
-    step_prefill: int = 0
-    """Prompt tokens the current step's admission prefilled."""
-    step_decode: int = 0
-    """Rows the current step decoded (0 until it decodes)."""
-    peak_step_tokens: int = 0
-    """The most tokens (prefill + decode) one step of this run computed: at most the engine's budget with
-    chunked prefill."""
-    _rows: RowSampling | None = None
-    _rows_of: list[SamplingParams] = field(default_factory=list)
-    vocab_size: int = 0
-    seen: SeenTokens | None = None
-    """The tokens each row slot's sequence has seen, kept where a live sequence has a repetition penalty."""
-    keyed_draws: bool = False
-    """Sample with :func:`~hybridflow.rollout.sampler.keyed_uniform` draws keyed by (request seed, sample, token
-    index) instead of the run's generator in row order: a request's tokens then do not depend on which requests
-    shared its steps (a request queue whose requests arrive at times the engine does not choose)."""
-
-    def stop_checker(self, params: SamplingParams) -> StopChecker:
-        checker = self.stop_checkers.get(id(params))
-        if checker is None:
-            checker = self.stop_checkers[id(params)] = StopChecker(params=params, tokenizer=self.tokenizer)
-        return checker
-
-    def forget(self, params: SamplingParams) -> None:
-        """Drop ``params``' stop checker (its request ended; a later ``SamplingParams`` may reuse its id)."""
-        self.stop_checkers.pop(id(params), None)
-
-    def step_uniform(self, *, device) -> torch.Tensor:
-        """``[N, 1]`` draws for the live rows' next tokens."""
-        if not self.keyed_draws:
-            return draw_uniform(rows=len(self.live), generator=self.generator, device=device)
-        return self._keyed([(s.params.seed, s.output_index, len(s.token_ids)) for s in self.live], device)
-
-    def wave_uniform(self, wave: list[tuple[PendingPrompt, int]], *, device) -> torch.Tensor:
-        """``[N, 1]`` draws for the first tokens of an admission wave's samples, in wave order."""
-        if not self.keyed_draws:
-            return draw_uniform(rows=sum(count for _, count in wave), generator=self.generator, device=device)
-        keys = []
-        for pending, count in wave:
-            if pending.resumed is not None:  # a preempted sample: its own output index, its next token's index
-                keys.append((pending.params.seed, pending.resumed.output_index, len(pending.resumed.token_ids)))
-                continue
-            first = pending.params.n - pending.remaining
-            keys += [(pending.params.seed, first + offset, 0) for offset in range(count)]
-        return self._keyed(keys, device)
-
-    @staticmethod
-    def _keyed(keys: list[tuple[int, int, int]], device) -> torch.Tensor:
-        return keyed_uniform(torch.tensor(keys, dtype=torch.long)).to(device)
-
-    def row_sampling(self, *, vocab_size: int, device) -> RowSampling:
-        """The live rows' sampling parameters on the device; rebuilt only when the rows' params change."""
-        params = [s.params for s in self.live]
-        if self._rows is None or len(params) != len(self._rows_of) or any(
-                a is not b for a, b in zip(params, self._rows_of)):
-            self._rows = RowSampling.of(params, vocab_size=vocab_size, device=device)
-            self._rows_of = params  # held, so no other SamplingParams can take these ids meanwhile
-        return self._rows
-
-    def join(self, sequence: Sequence) -> None:
-        """Admit ``sequence`` (holding its blocks) into the batch."""
-        self.admissions += 1
-        sequence.admitted = self.admissions
-        sequence.row = self.tables.take(sequence.blocks.blocks)
-        if sequence.params.repetition_penalty != 1.0:
-            if self.seen is None:
-                self.seen = SeenTokens(rows=self.max_num_seqs, vocab_size=self.vocab_size, device=self.cache.data.device)
-            self.seen.reset(sequence.row, sequence.prompt_ids + sequence.token_ids)
-        if self.mirror is not None:  # its cached positions: the prompt and every token but the one to sample
-            cached = sequence.prompt_length + len(sequence.token_ids)
-            self.mirror.load(len(self.live), self.cache.prefix(sequence.blocks.blocks, cached))
-        self.live.append(sequence)
-
-    def append(self, sequence: Sequence, token: int, logprob: float) -> None:
-        """Record a sampled token and decide whether the sequence has finished."""
-        sequence.token_ids.append(token)
-        sequence.logprobs.append(logprob)
-        params = sequence.params
-        if self.stop_checker(params).is_stop(sequence.token_ids):
-            sequence.finish_reason = "stop"
-        elif (len(sequence.token_ids) >= params.max_tokens
-              or sequence.prompt_length + len(sequence.token_ids) >= self.cache.max_len):
-            sequence.finish_reason = "length"
-
-    def mark_seen(self, sequences: list[Sequence], tokens: list[int]) -> None:
-        """Each sequence has seen its new token (kept only for those with a repetition penalty)."""
-        if self.seen is None:
-            return
-        marked = [(s.row, token) for s, token in zip(sequences, tokens) if s.params.repetition_penalty != 1.0]
-        if marked:
-            self.seen.add(*zip(*marked))
-
-    def cached(self, sequence: Sequence) -> None:
-        """The step wrote ``sequence``'s last token at its position: name the block it filled, if it did."""
-        end = sequence.position + 1
-        if end % self.allocator.block_size == 0 and self.allocator.cached_blocks > 0:
-            sequence.blocks.name_full_blocks(sequence.key_ids(), end)
-
-    def retire(self) -> None:
-        """Remove finished sequences and free their blocks (named ones stay cached for reuse)."""
-        for index in reversed(range(len(self.live))):  # the last row is always live or the finished one itself
-            sequence = self.live[index]
-            if sequence.finish_reason is not None:
-                sequence.blocks.free()
-                self.tables.give_back(sequence.row)
-                self.done.append(sequence)
-                self._remove(index)
-
-    def _remove(self, index: int) -> None:
-        """Take row ``index`` out of the batch: the last row moves into it (one mirror row copied)."""
-        last = len(self.live) - 1
-        if index != last:
-            moved = self.live[index] = self.live[last]
-            if self.mirror is not None:
-                self.mirror.move(source=last, target=index, length=moved.position)
-        self.live.pop()
-
-    def make_writable(self) -> None:
-        """Give every live sequence a block of its own at its next position (copy-on-write of a shared
-        block, a new block at a boundary); when blocks run out, preempt the latest admitted (LIFO)."""
-        copies = []
-        for sequence in sorted(self.live, key=lambda s: s.admitted):  # oldest first: preemption takes the newest
-            if sequence.blocks is None:
-                continue  # preempted in this loop
-            copy = self._writable(sequence)
-            if copy is not None:
-                copies.append(copy)
-        self.cache.copy_blocks(copies)
-
-    def _writable(self, sequence: Sequence) -> tuple[int, int] | None:
-        """:meth:`SequenceBlocks.prepare_write` at ``sequence``'s position, freeing blocks until it succeeds: the
-        latest admitted other sequence is preempted first, then the prefills waiting prompts hold are dropped,
-        and last ``sequence`` itself (``None`` then: it no longer writes this step)."""
-        while True:
-            try:
-                copy = sequence.blocks.prepare_write(sequence.position)
-            except OutOfBlocks:
-                newest = max(self.live, key=lambda s: s.admitted)
-                if newest is not sequence:
-                    self.preempt(newest)
-                elif not self.drop_waiting_prefill():
-                    self.preempt(sequence)
-                    return None
-                continue
-            index = sequence.position // self.allocator.block_size
-            if copy is not None or sequence.position % self.allocator.block_size == 0:  # a new block at index
-                self.tables.set(sequence.row, index, sequence.blocks.blocks[index])
-            return copy
-
-    def drop_waiting_prefill(self) -> bool:
-        """Drop the last waiting prompt's prefill that holds blocks; whether there was one."""
-        for pending in reversed(self.waiting):
-            if pending.blocks is not None:
-                pending.drop_prefill()
-                return True
-        return False
-
-    def preempt(self, sequence: Sequence) -> None:
-        """Free ``sequence``'s blocks and queue it first: it is prefilled again from its prompt and tokens so far
-        and continues from its next token (recompute)."""
-        sequence.blocks.free()
-        sequence.blocks = None
-        self.tables.give_back(sequence.row)
-        self._remove(self.live.index(sequence))
-        self.preemptions += 1
-        self.waiting.appendleft(PendingPrompt(sequence.prompt_index, sequence.prompt_ids + sequence.token_ids,
-                                              remaining=1, params=sequence.params, resumed=sequence,
-                                              images=sequence.images))
-
-    def step_inputs(self, positions: list[int], *, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(tokens [N], positions [N], block tables [N, W])`` of the live rows; tables as wide as the widest
-        row's (null blocks past a row's end)."""
-        width = max(len(s.blocks.blocks) for s in self.live)
-        tables = self.tables.gather([s.row for s in self.live], width)
-        return (torch.tensor([s.token_ids[-1] for s in self.live], dtype=torch.long, device=device),
-                torch.tensor(positions, dtype=torch.long, device=device),
-                tables.to(device))
-
-    def rope_positions(self, positions: list[int], *, device) -> torch.Tensor | None:
-        """``[N]`` where the live rows' tokens rotate, when any row's differs from its position (after a
-        vision-language prompt); None otherwise."""
-        deltas = [s.rope_delta for s in self.live]
-        if not any(deltas):
-            return None
-        return torch.tensor([p + d for p, d in zip(positions, deltas)], dtype=torch.long, device=device)
-
-    def release(self) -> list[Sequence]:
-        """Take every live sequence out (their blocks freed) and drop the waiting prompts' prefills."""
-        live, self.live = self.live, []
-        for sequence in live:
-            sequence.blocks.free()
-            sequence.blocks = None
-            self.tables.give_back(sequence.row)
-        for pending in self.waiting:
-            pending.drop_prefill()
-        return live
-
-
-class SeenTokens:
-    """Per row slot, the tokens its sequence has seen (prompt and response), as a ``[rows, V]`` bool mask on the
-    device, for the repetition penalty: set when a sequence joins, one entry a row each step, gathered by the
-    rows that sample; so a step's cost does not grow with the sequences' lengths."""
-
-    def __init__(self, *, rows: int, vocab_size: int, device):
-        self.mask = torch.zeros(rows, vocab_size, dtype=torch.bool, device=device)
-
-    def reset(self, slot: int, token_ids: list[int]) -> None:
-        self.mask[slot] = seen_mask([token_ids], vocab_size=self.mask.shape[1], device=self.mask.device)[0]
-
-    def add(self, slots: tuple[int, ...], token_ids: tuple[int, ...]) -> None:
-        device = self.mask.device
-        self.mask[torch.tensor(slots, device=device), torch.tensor(token_ids, device=device)] = True
-
-    def rows(self, slots: list[int]) -> torch.Tensor:
-        """``[len(slots), V]``: the masks of these slots, in this order."""
-        return self.mask[torch.tensor(slots, device=self.mask.device)]
-
-
-class HostBlockTables:
-    """The live sequences' block tables as rows of one host tensor ``[rows, W]`` int32, changed entry by entry as
-    blocks are added or copied, so a decode step takes its ``[N, W]`` tables with one ``index_select`` rather than
-    building them from Python lists (256 rows x 128 entries each step would cost about a GPU step's tenth)."""
-
-    def __init__(self, *, rows: int, width: int):
-        self.data = torch.full((rows, width), NULL_BLOCK, dtype=torch.int32)
-        self.free = list(range(rows - 1, -1, -1))
-
-    def take(self, blocks: list[int]) -> int:
-        """A row for a sequence joining the batch with ``blocks``; null blocks after them."""
-        row = self.free.pop()
-        self.data[row].fill_(NULL_BLOCK)
-        self.data[row, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
-        return row
-
-    def set(self, row: int, index: int, block: int) -> None:
-        self.data[row, index] = block
-
-    def give_back(self, row: int) -> None:
-        self.free.append(row)
-
-    def gather(self, rows: list[int], width: int) -> torch.Tensor:
-        """``[len(rows), width]``: the first ``width`` entries of each row."""
-        return self.data.index_select(0, torch.tensor(rows))[:, :width]
 
 
 _ENGINES: weakref.WeakSet[NativeEngine] = weakref.WeakSet()

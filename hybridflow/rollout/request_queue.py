@@ -27,14 +27,18 @@ from __future__ import annotations
 import threading
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import torch
 
 from hybridflow.errors import RolloutError
 from hybridflow.models.vision import check_image_tokens
-from hybridflow.rollout.native import NativeEngine, PendingPrompt, Sequence
+from hybridflow.rollout.generation_run import PendingPrompt, Sequence
 from hybridflow.rollout.types import Completion, SamplingParams, validate_prompts
 from hybridflow.rollout.vision_prefill import PromptImages
+
+if TYPE_CHECKING:  # the engine builds its generate on this queue: no import at run time
+    from hybridflow.rollout.native import NativeEngine
 
 
 @dataclass

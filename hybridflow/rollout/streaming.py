@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 
 
 from hybridflow.errors import RolloutError
-from hybridflow.rollout.native import GenerationRun, NativeEngine, PendingPrompt, Sequence
+from hybridflow.rollout.generation_run import GenerationRun, PendingPrompt, Sequence
+from hybridflow.rollout.native import NativeEngine
 from hybridflow.rollout.request_queue import RequestQueue
 from hybridflow.rollout.types import SamplingParams, validate_prompts
 
