@@ -114,8 +114,10 @@ def test_silu_mul_is_swiglus_gate_times_up():
     torch.testing.assert_close(silu_mul(gate_up.to(DEVICE)).cpu(), expected)
 
 
-@pytest.mark.parametrize("with_norm", [False, True])
-def test_qkv_rope_write_rotates_q_and_k_and_fills_the_cache_through_the_table(with_norm):
+@pytest.mark.parametrize("with_norm,rope_shift", [(False, None), (True, None), (False, [0, 2, 4])])
+def test_qkv_rope_write_rotates_q_and_k_and_fills_the_cache_through_the_table(with_norm, rope_shift):
+    """``rope_shift``: a vision-language row rotates at ``position - shift`` (M-RoPE's delta) and still writes at its
+    position (issue 51)."""
     from hybridflow.rollout.decoder import _apply_rope
 
     torch.manual_seed(1)
@@ -127,15 +129,17 @@ def test_qkv_rope_write_rotates_q_and_k_and_fills_the_cache_through_the_table(wi
     cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
     norm = torch.rand(heads + kv_heads, head_dim) + 0.5 if with_norm else None
     keys, values = torch.zeros(kv_heads, 7, block_size, head_dim), torch.zeros(kv_heads, 7, block_size, head_dim)
+    rotated_at = positions if rope_shift is None else positions - torch.tensor(rope_shift)
     moved = [t.to(DEVICE) for t in (qkv, positions, cos, sin, keys, values, tables)]
     q = qkv_rope_write(qkv=moved[0], positions=moved[1], cos=moved[2], sin=moved[3],
                        qk_norm=None if norm is None else norm.to(DEVICE), keys=moved[4], values=moved[5],
-                       heads=heads, eps=1e-6, block_tables=moved[6])
+                       heads=heads, eps=1e-6, block_tables=moved[6],
+                       rope_positions=None if rope_shift is None else rotated_at.to(DEVICE))
     qk, v = qkv.split([(heads + kv_heads) * head_dim, kv_heads * head_dim], dim=-1)
     qk = qk.view(rows, heads + kv_heads, head_dim)
     if with_norm:
         qk = hf_rms_norm(qk, norm, 1e-6)
-    rotated = _apply_rope(qk, cos[positions][:, None], sin[positions][:, None])
+    rotated = _apply_rope(qk, cos[rotated_at][:, None], sin[rotated_at][:, None])
     torch.testing.assert_close(q.cpu(), rotated[:, :heads])
     expected_keys, expected_values = torch.zeros_like(keys), torch.zeros_like(values)
     for n, (block, offset) in enumerate([(3, 0), (4, 1), (6, 1)]):
@@ -164,6 +168,30 @@ def test_fused_decode_step_equals_the_torch_step(tiny_tokenizer, arch):
     fused = decoder.decode(token_ids=tokens, positions=positions, cache=fused_cache, block_tables=tables, context=None)
     torch.testing.assert_close(fused, expected, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(fused_cache.data, torch_cache.data, rtol=1e-5, atol=1e-5)  # same keys and values
+
+
+@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen3_vl"])
+def test_fused_decode_step_of_a_vision_language_model_equals_the_torch_step(arch):
+    """The language model of a VLM (its layers under ``model.language_model``) in the fused step, each row rotating at
+    ``position + delta`` (M-RoPE after images, issue 51), its vision tokens suppressed: as the torch step."""
+    from hybridflow.models.tiny import build_tiny_vl_model
+
+    model, processor = build_tiny_vl_model(arch=arch, seed=1)
+    model = model.to(DEVICE)
+    decoder = LlamaFamilyDecoder(model)
+    prompts = [torch.tensor(p, device=DEVICE) for p in chat_prompts(processor.tokenizer)[:3]]
+    (torch_cache, tables, positions), (fused_cache, _, _) = (prefilled_paged_cache(decoder, prompts, device=DEVICE)
+                                                             for _ in range(2))
+    tokens, rope_positions = torch.tensor([5, 6, 7], device=DEVICE), positions - torch.tensor([0, 3, 5], device=DEVICE)
+    decoder.triton_kernels = decoder.fused_cpu_decode = False  # the reference: torch ops (not the C kernels either)
+    expected = decoder.decode(token_ids=tokens, positions=positions, cache=torch_cache, block_tables=tables,
+                              context=int(positions.max()) + 1, rope_positions=rope_positions)
+    decoder.triton_kernels = True
+    fused = decoder.decode(token_ids=tokens, positions=positions, cache=fused_cache, block_tables=tables, context=None,
+                           rope_positions=rope_positions)
+    torch.testing.assert_close(fused, expected, rtol=1e-4, atol=1e-4)
+    assert fused[:, model.config.image_token_id].isneginf().all()
+    torch.testing.assert_close(fused_cache.data, torch_cache.data, rtol=1e-5, atol=1e-5)
 
 
 def test_one_kernel_sampling_draws_what_the_torch_sampler_draws():
