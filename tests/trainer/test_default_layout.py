@@ -36,3 +36,27 @@ def test_a_model_with_its_own_attention_code_falls_back_to_padded_with_one_warni
         assert layout_of([], model) == "padded"
     assert len(caplog.records) == 1 and "the padded layout runs" in caplog.records[0].getMessage()
     assert f"{KEY}.use_shared_prompt=False" in caplog.records[0].getMessage()
+
+
+def test_param_offload_on_one_process_says_it_has_no_effect(caplog):
+    """verl wraps FSDP even on one GPU, so its ``param_offload`` offloads there; hybridflow trains the plain model on
+    one process, so the key would do nothing in silence: it says so once (honest surface), and the model still runs."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from hybridflow.data.parallel import DataParallel
+    from hybridflow.models.tiny import build_tiny_model
+    from hybridflow.trainer.roles import builders
+
+    model, _ = build_tiny_model("llama", seed=0)
+    wrap = SimpleNamespace(transformer_layer_cls_to_wrap=None)
+    offload = SimpleNamespace(param_offload=True, offload_policy=False, wrap_policy=wrap)
+    plain = SimpleNamespace(param_offload=False, offload_policy=False, wrap_policy=wrap)
+    builders.warn_param_offload_unsharded.cache_clear()
+    with caplog.at_level("WARNING"):
+        builders.shard_for_group(model, dp=DataParallel(), fsdp_cfg=plain, device=torch.device("cpu"))
+        assert "param_offload" not in caplog.text
+        for _ in range(2):
+            builders.shard_for_group(model, dp=DataParallel(), fsdp_cfg=offload, device=torch.device("cpu"))
+    assert caplog.text.count("fsdp_config.param_offload=True has no effect with one training process") == 1

@@ -56,12 +56,23 @@ def shard_for_group(model: torch.nn.Module, *, dp: DataParallel, fsdp_cfg, devic
     # A wrap class the model lacks is an error at any world size, not only once it is sharded.
     decoder_layers(model, fsdp_cfg.wrap_policy.transformer_layer_cls_to_wrap)
     if dp.world_size == 1:
+        if fsdp_cfg.param_offload or fsdp_cfg.offload_policy:
+            warn_param_offload_unsharded()
         return autocast_forward(model, device_type=device.type, dtype=precision.param_dtype)
     mesh = data_parallel_mesh(device.type, dp.world_size, fsdp_cfg.fsdp_size)
     return shard_model(model, mesh=mesh, precision=precision,
                        param_offload=fsdp_cfg.param_offload or fsdp_cfg.offload_policy,
                        reshard_after_forward=fsdp_cfg.reshard_after_forward,
                        layer_classes_to_wrap=fsdp_cfg.wrap_policy.transformer_layer_cls_to_wrap)
+
+
+@functools.cache
+def warn_param_offload_unsharded() -> None:
+    """Once a process: ``fsdp_config.param_offload`` (or ``offload_policy``) takes effect through FSDP2's CPU-offload
+    policy, which applies to a sharded model; one process trains the plain model (verl wraps FSDP even there)."""
+    logger.warning("fsdp_config.param_offload=True has no effect with one training process: the model is not "
+                   "sharded, so its parameters stay on the device (optimizer_offload does take effect); launch 2+ "
+                   "ranks (torchrun / trainer.n_gpus_per_node) to offload parameters")
 
 
 def training_precision(fsdp_cfg, model_dtype: str | None = None, *, device: torch.device) -> Precision:
