@@ -155,14 +155,20 @@ class TrainState:
 
 def move_optimizer_state(optimizer, *, to_params: bool, offload_device: str = "cpu") -> None:
     """Move every tensor of the optimizer state to its parameter's device (``to_params``) or to
-    ``offload_device``; a no-op where they already are (a CPU run)."""
+    ``offload_device``; a no-op where they already are (a CPU run). Copies to the host end before this returns: a
+    non-blocking device-to-host copy lands in pinned memory while the host may already read it (a checkpoint save
+    right after the step would write half-copied moments)."""
+    from_device = False
     for group in optimizer.param_groups:
         for param in group["params"]:
             state = optimizer.state.get(param, {})
             device = param.device if to_params else torch.device(offload_device)
             for key, value in state.items():
                 if isinstance(value, torch.Tensor) and value.device != device:
+                    from_device |= value.is_cuda and device.type == "cpu"
                     state[key] = value.to(device, non_blocking=True)
+    if from_device:
+        torch.cuda.synchronize()
 
 
 def train_state_from_config(model: torch.nn.Module, optim_cfg, *, grad_clip: float, total_steps: int,
