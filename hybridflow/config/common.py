@@ -68,7 +68,8 @@ class FSDPConfig:
     param_offload: bool = False
     """Keep sharded parameters, gradients and optimizer state on the CPU between uses (FSDP2's
     CPUOffloadPolicy; pinned memory only with CUDA). Applies when the model is sharded (world size > 1); with one
-    training process it has no effect and says so once (verl shards even there)."""
+    training process the model is not sharded, its parameters stay on the device, and a warning says so once (verl
+    shards even there)."""
     optimizer_offload: bool = False
     """Keep the optimizer state in CPU memory between steps; it visits the parameters' device for the update."""
     offload_policy: bool = False
