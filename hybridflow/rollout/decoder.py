@@ -498,10 +498,11 @@ class LlamaFamilyDecoder:
         ``[layers, 2, sum L_i, KV, D]``, and each prompt's KV is returned as a ``[layers, 2, KV, L_i, D]`` view."""
         lengths = [int(p.shape[0]) for p in prompts]
         device = prompts[0].device
-        bounds = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=device)
+        offsets = [0, *itertools.accumulate(lengths)]  # on the host: no device read-back for the splice and views
+        bounds = torch.tensor(offsets, dtype=torch.int32, device=device)
         rope = self._prefill_rope([0] * len(lengths), lengths, images, device)
         hidden = self._embed(torch.cat(prompts))
-        visual = self._splice_images(hidden, images, bounds[:-1].tolist())
+        visual = self._splice_images(hidden, images, offsets[:-1])
         total = hidden.shape[0]
         packed = torch.empty(self.num_layers, 2, total, self.kv_heads, self.head_dim, dtype=hidden.dtype, device=device)
         for index, layer in enumerate(self.layers):
@@ -512,7 +513,7 @@ class LlamaFamilyDecoder:
             hidden = self._add_deepstack(self._mlp_block(hidden, layer), index, visual)
         last_rows = bounds[1:].long() - 1
         logits = self._logits(hidden[last_rows])
-        kv = [packed[:, :, start : start + n].permute(0, 1, 3, 2, 4) for start, n in zip(bounds.tolist(), lengths)]
+        kv = [packed[:, :, start : start + n].permute(0, 1, 3, 2, 4) for start, n in zip(offsets, lengths)]
         return list(zip(logits.unbind(0), kv))
 
     def _varlen_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: torch.Tensor,

@@ -558,7 +558,8 @@ class NativeEngine:
         uniform = None if rows.all_greedy else run.step_uniform(device=self.device)
         positions = [s.position for s in run.live]
         inputs = run.step_inputs(positions, device=self.device)
-        rope_positions = run.rope_positions(positions, device=self.device)
+        # Only a vision-language model's rows can rotate elsewhere: a text model's step never looks.
+        rope_positions = run.rope_positions(positions, device=self.device) if self.decoder.vision_language else None
         if self.lanes is None:
             tokens, logprobs = self._decode_rows(run, (*inputs, rope_positions), positions, 0, count, rows, uniform)
         else:

@@ -101,8 +101,10 @@ def encode_prompt_images(model: torch.nn.Module, prompts: Sequence[Sequence[int]
     change).
 
     Raises:
-        RolloutError: images for a text-only model, or a prompt's image tokens that are not its images'
-            ``sum t h w / merge^2`` (:func:`~hybridflow.models.vision.check_image_tokens`).
+        RolloutError: images for a text-only model.
+        DataError: a prompt's image tokens that are not its images' ``sum t h w / merge^2``
+            (:func:`~hybridflow.models.vision.check_image_tokens`); a prompt without images is checked where it is
+            submitted (``RequestQueue.submit``), which every prompt goes through.
     """
     if multi_modal_inputs is None:
         multi_modal_inputs = [None] * len(prompts)
@@ -115,9 +117,8 @@ def encode_prompt_images(model: torch.nn.Module, prompts: Sequence[Sequence[int]
             raise RolloutError(f"{type(model).__name__} is a text-only model but prompts came with images; drop "
                                "data.image_key from the config or use a vision-language model")
         return [None] * len(prompts)
-    for index, prompt in enumerate(prompts):
-        rows = [multi_modal_inputs[index]] if index in present else []
-        check_image_tokens(model, rows, torch.tensor([list(prompt)]))
+    for index in present:
+        check_image_tokens(model, [multi_modal_inputs[index]], torch.tensor([list(prompts[index])]))
     per_prompt = {i: split_images(multi_modal_inputs[i]) for i in present}
     encoded = {} if encoded is None else encoded
     missing = {name: (pixels, grid) for images in per_prompt.values() for name, pixels, grid in images
