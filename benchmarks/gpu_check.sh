@@ -18,7 +18,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then  # by name, so pip picks the wheel built 
     --find-links .whl $(ls .whl | sed 's/-[0-9].*//' | sort -u)
 fi
 export PYTHONPATH="$PWD:/tmp/site" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-ALL="env tests loop update vl-rollout rollout-fixed rollout-nano rollout-chunked rollout-preempt"
+ALL="env tests learn loop update vl-rollout rollout-fixed rollout-nano rollout-chunked rollout-preempt"
 BUDGET=${BUDGET_S:-470}  # the whole script's seconds: a stage gets at most what is left of it (8 min in all)
 STAGES=${STAGES:-$ALL}
 ROLLOUT="python3 benchmarks/rollout.py --device cuda --dtype bfloat16"
@@ -37,7 +37,7 @@ stage() {  # name, seconds, command...
   tail -n 25 "$OUT/$name.log"
 }
 
-# Limits 30 + 130 + 200 + 90 + 45 + 90 + 60 + 40 + 40 s, cut to the ${BUDGET}s budget (8 min) in this order: the
+# Limits 30 + 130 + 60 + 200 + 90 + 45 + 90 + 60 + 40 + 40 s, cut to the ${BUDGET}s budget (8 min) in this order: the
 # stages at the end (the text engine's, measured in earlier runs) give way first.
 stage env 30 bash -c 'nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv;
   python3 -c "import sys, torch, transformers, triton; print(sys.version.split()[0], torch.__version__, transformers.__version__, triton.__version__)"
@@ -46,7 +46,12 @@ stage env 30 bash -c 'nvidia-smi --query-gpu=name,memory.total,driver_version,cl
 # make test-gpu's selection: the engine's CUDA tests and Triton kernels first (they fail fastest), then the trainers;
 # a module whose optional package the image lacks is reported and the rest still run (issue 46: one such import stopped
 # the whole collection, and 0 CUDA tests ran).
-stage tests 130 python3 -m pytest -q -p no:cacheprovider -m "gpu or triton" -rs --continue-on-collection-errors tests/rollout tests
+stage tests 130 python3 -m pytest -q -p no:cacheprovider -m "gpu or triton" -rs --continue-on-collection-errors \
+  --deselect tests/trainer/test_ppo_learning.py::test_grpo_learns_to_emit_digits_on_cuda tests/rollout tests
+# Learning on the card (issue 47): the fast tier's 60-step GRPO digits task with trainer.device=cuda (native engine,
+# actor and reference colocated), its score curve printed; chance is ~0.2, the test wants > 0.9 at the end.
+stage learn 60 python3 -m pytest -q -s -p no:cacheprovider -m gpu \
+  tests/trainer/test_ppo_learning.py::test_grpo_learns_to_emit_digits_on_cuda
 # The whole loop: main_ppo's GRPO step on the 1.5B shape (32 prompts x 8, <= 512 + 1,024 tokens, EOS ignored),
 # each phase's seconds, tokens/s, MFU and memory peak, and update.py's fast variant on the same shape beside it.
 stage loop 200 python3 benchmarks/loop_step.py --device cuda --shape qwen2.5-1.5b --steps 2 --isolated
