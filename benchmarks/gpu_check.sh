@@ -37,7 +37,7 @@ stage() {  # name, seconds, command...
   tail -n 25 "$OUT/$name.log"
 }
 
-# Limits 30 + 130 + 60 + 200 + 90 + 45 + 90 + 60 + 40 + 40 s, cut to the ${BUDGET}s budget (8 min) in this order: the
+# Limits 30 + 130 + 60 + 200 + 120 + 45 + 90 + 60 + 40 + 40 s, cut to the ${BUDGET}s budget (8 min) in this order: the
 # stages at the end (the text engine's, measured in earlier runs) give way first.
 stage env 30 bash -c 'nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv;
   python3 -c "import sys, torch, transformers, triton; print(sys.version.split()[0], torch.__version__, transformers.__version__, triton.__version__)"
@@ -55,7 +55,7 @@ stage learn 60 python3 -m pytest -q -s -p no:cacheprovider -m gpu \
 # The whole loop: main_ppo's GRPO step on the 1.5B shape (32 prompts x 8, <= 512 + 1,024 tokens, EOS ignored),
 # each phase's seconds, tokens/s, MFU and memory peak, and update.py's fast variant on the same shape beside it.
 stage loop 200 python3 benchmarks/loop_step.py --device cuda --shape qwen2.5-1.5b --steps 2 --isolated
-stage update 90 python3 benchmarks/update.py --device cuda --quick
+stage update 120 python3 benchmarks/update.py --device cuda --quick
 # Vision-language rollout (issue 51): Qwen2.5-VL-3B's shape, 16 prompts x 4 samples = 64 rows of 1 image (a few 0 or
 # 2) of 448 px (256 tokens each), 128 new tokens a row; the native engine against HF generate in the same run.
 stage vl-rollout 45 python3 benchmarks/vl_rollout.py --device cuda --dtype bfloat16 --shape qwen2.5-vl-3b \

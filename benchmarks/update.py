@@ -13,6 +13,8 @@ Variants (``--variants``; each a fresh model, same rows, same seed):
     fast-ckpt: fast with activation checkpointing of every decoder layer
     fast-branched: fast with each shared-prompt unit's attention branch by branch on CUDA (fused causal
            kernels, n + 1 calls) instead of one masked SDPA call
+    fast-flex: fast with a packed row's units (shared prompts included) as one compiled FlexAttention call a layer
+           (hybridflow.models.flex_segments: a block mask skips the masked tiles) instead of one SDPA call per unit
     fast-12k: fast with micro-batches of 12,288 tokens (fewer, larger kernels per token)
     fast-compiled: fast with every decoder layer through torch.compile (norms, projections, rotary, SwiGLU
            fused; the attention call stays eager); not in --quick: compiling takes its own minute
@@ -95,6 +97,9 @@ class Variant:
     branched_attention: bool = False
     """On CUDA, shared-prompt units branch by branch with fused causal kernels; False: one masked SDPA call
     per unit (hybridflow.models.segment_attention.BRANCHED_SHARED_PROMPTS_DEVICES)."""
+    flex_attention: bool = False
+    """On CUDA, every unit of a packed row in one compiled FlexAttention call a layer
+    (hybridflow.models.segment_attention.FLEX_SEGMENT_DEVICES); takes precedence over branched_attention."""
     micro_tokens: int | None = None
     """Token budget of a micro-batch; None: ``--micro-tokens``."""
     compiled: bool = False
@@ -105,6 +110,7 @@ class Variant:
 
 VARIANTS = {"fast": Variant(), "bf16-padded": Variant(layout="padded", chunked_head=False),
             "fast-ckpt": Variant(checkpointing=True), "fast-branched": Variant(branched_attention=True),
+            "fast-flex": Variant(flex_attention=True),
             "fast-12k": Variant(micro_tokens=12288), "fast-compiled": Variant(compiled=True),
             "plain": Variant(precision="fp32", layout="padded", chunked_head=False),
             "trl": Variant(layout="padded", chunked_head=False, framework="trl")}
@@ -123,13 +129,14 @@ def parse_args(argv=None):
     parser.add_argument("--micro-tokens", type=int, default=4096, help="token budget of a micro-batch")
     parser.add_argument("--steps", type=int, default=3, help="optimizer steps (the first is a warm-up)")
     parser.add_argument("--quick", action="store_true",
-                        help="--shape 1.5b --variants fast,fast-branched,fast-12k,bf16-padded,trl --steps 2 (the goal's shape; "
-                             "about 75 s on one H200, the GPU script's update stage)")
+                        help="--shape 1.5b --variants fast,fast-flex,fast-branched,fast-12k,bf16-padded,trl --steps 2 (the "
+                             "goal's shape; about 75 s on one H200 before fast-flex, whose warm-up step compiles; "
+                             "the GPU script's update stage)")
     parser.add_argument("--no-breakdown", action="store_true")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
     if args.quick:
-        args.shape, args.variants, args.steps = "1.5b", "fast,fast-branched,fast-12k,bf16-padded,trl", 2
+        args.shape, args.variants, args.steps = "1.5b", "fast,fast-flex,fast-branched,fast-12k,bf16-padded,trl", 2
     for flag, given, known in (("--shape", args.shape, SHAPES), ("--variants", args.variants, VARIANTS)):
         unknown = [name for name in given.split(",") if name not in known]
         if unknown:
@@ -384,6 +391,7 @@ def run_variant(shape: str, variant: Variant, args, device: torch.device, peak_f
     """Build, warm up, measure ``args.steps - 1`` updates, then the parts; the numbers of the report."""
     baseline_memory = peak_memory(device)
     segment_attention.BRANCHED_SHARED_PROMPTS_DEVICES = ("cuda",) if variant.branched_attention else ()
+    segment_attention.FLEX_SEGMENT_DEVICES = ("cuda",) if variant.flex_attention else ()
     model = build_model(shape, device)
     batch = grpo_rows(prompts=args.prompts, n=args.n, vocab=model.config.vocab_size, seed=1).to(device)
     micro_tokens = variant.micro_tokens or args.micro_tokens

@@ -29,10 +29,12 @@ row's own position ids, so a shared prompt's responses count from the prompt's e
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+
+from hybridflow.models import flex_segments
 
 IMPLEMENTATION = "hybridflow_segments"
 BRANCHED_SHARED_PROMPTS_DEVICES: tuple[str, ...] = ()
@@ -40,6 +42,11 @@ BRANCHED_SHARED_PROMPTS_DEVICES: tuple[str, ...] = ()
 masked call has no flash kernel) instead of one masked call per unit. None until measured: on one H200 the 0.5B and
 1.5B updates took about the same time (kernel launches, not FLOPs, bound them), and branching launches
 n + 1 attention calls per unit (benchmarks/update.py's fast-branched variant measures it)."""
+FLEX_SEGMENT_DEVICES: tuple[str, ...] = ()
+"""Device types (``"cuda"``) on which a packed row's units, shared prompts included, run as one compiled
+FlexAttention call a layer (:mod:`hybridflow.models.flex_segments`) instead of one SDPA call per unit. Takes
+precedence over :data:`BRANCHED_SHARED_PROMPTS_DEVICES`. None until measured on a card (benchmarks/update.py's
+fast-flex variant): the CPU has no FlexAttention backward."""
 
 
 @dataclass
@@ -59,6 +66,9 @@ class SegmentLayout:
     positions: torch.Tensor | None = None
     """``[N]`` the whole row's position ids (under sequence parallelism the model's ``position_ids`` hold only
     this rank's slice, while attention sees the whole row): what sliding windows measure distance in."""
+    flex_masks: dict = field(default_factory=dict, repr=False, compare=False)
+    """FlexAttention block masks of this layout by (window, length, device), built by the first layer that needs
+    one (:func:`hybridflow.models.flex_segments.block_mask`) and shared by the others."""
 
     def to(self, device: torch.device | str) -> "SegmentLayout":
         return SegmentLayout(self.bounds, [m if m is None else m.to(device) for m in self.masks], self.branches,
@@ -84,11 +94,16 @@ def _segment_attention(module, query, key, value, attention_mask, dropout: float
 
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
+    dropout = dropout if module.training else 0.0
+    positions = _row_positions(layout, kwargs.get("position_ids"), query.shape[2])
+    if query.device.type in FLEX_SEGMENT_DEVICES and flex_segments.expressible(layout, dropout):
+        query, key, value = same_dtype(query, key, value)
+        out = flex_segments.flex_segment_attention(query, key, value, layout=layout, scale=scaling, softcap=softcap,
+                                                   window=window, positions=None if positions is None else positions[0])
+        return out.transpose(1, 2).contiguous(), None
     outputs = []
     on_cuda = query.device.type == "cuda"
     branched = query.device.type in BRANCHED_SHARED_PROMPTS_DEVICES and window is None
-    dropout = dropout if module.training else 0.0
-    positions = _row_positions(layout, kwargs.get("position_ids"), query.shape[2])
     for index, ((start, end), mask) in enumerate(zip(layout.bounds, layout.masks)):
         unit = (query[:, :, start:end], key[:, :, start:end], value[:, :, start:end])
         branches = layout.branches[index] if layout.branches is not None else None
