@@ -8,12 +8,14 @@
 # .whl/ (docs/benchmarks.md, "GPU runs", says how to fetch them). Run from the repository root:
 #     bash benchmarks/gpu_check.sh            # everything, at most 8 min (BUDGET_S=470)
 #     STAGES="tests rollout-nano" bash benchmarks/gpu_check.sh
+#     DRY_RUN=1 bash benchmarks/gpu_check.sh  # each stage's name, limit and command, run nothing (tests/benchmarks/
+#                                             # test_gpu_check_script.py checks them against the scripts' flags)
 # A lent machine's device time is 15 minutes a session, starts included (~35 s each): one full run, a
 # fix, and one more run of the stages that failed.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu_check}
 mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then  # by name, so pip picks the wheel built for this python (xxhash...)
+if [[ -z ${DRY_RUN:-} ]] && ls .whl/*.whl >/dev/null 2>&1; then  # by name, so pip picks the wheel built for this python (xxhash...)
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
     --find-links .whl $(ls .whl | sed 's/-[0-9].*//' | sort -u)
 fi
@@ -27,6 +29,7 @@ stage() {  # name, seconds, command...
   local name=$1 limit=$2
   shift 2
   [[ " $STAGES " == *" $name "* ]] || return 0
+  if [[ -n ${DRY_RUN:-} ]]; then printf '%s\t%s\t%s\n' "$name" "$limit" "$*"; return 0; fi  # the fast tier's check
   local left=$((BUDGET - SECONDS))
   if ((left < 20)); then echo "=== $name: skipped, ${left}s left of the ${BUDGET}s budget"; return 0; fi
   ((limit > left)) && limit=$left

@@ -101,7 +101,7 @@ class Floors:
     step_seconds: float
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-path", default=None, help="HF folder; default: the fetched SmolLM2-135M-Instruct")
     parser.add_argument("--device", default="cpu")
@@ -138,7 +138,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--breakdown", action="store_true",
                         help="with --shape on CUDA: time one decode step's graph, its attention and the sampling")
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.quick:
         args.batches, args.max_tokens = "16,64", 64
     return args
