@@ -34,11 +34,11 @@ BLOCK_N = 64
 
 
 @triton.jit
-def _split_kernel(Q, K, V, Lengths, Tables, PartOut, PartLse, scale, window,
+def _split_kernel(Q, K, V, Lengths, Tables, PartOut, PartLse, scale, window, softcap,
                   stride_qn, stride_qh, stride_kb, stride_kh, stride_kt, stride_vb, stride_vh, stride_vt,
                   stride_tn, stride_pn, stride_ph, stride_ps, stride_ln, stride_lh,
                   GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-                  SPLIT_LEN: tl.constexpr, PAGE: tl.constexpr, PRECISION: tl.constexpr):
+                  SPLIT_LEN: tl.constexpr, PAGE: tl.constexpr, PRECISION: tl.constexpr, SOFTCAP: tl.constexpr):
     row, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     length = tl.load(Lengths + row).to(tl.int32)
     first = _window_start(length, window)
@@ -65,6 +65,8 @@ def _split_kernel(Q, K, V, Lengths, Tables, PartOut, PartLse, scale, window,
         k = tl.load(k_base + blocks[:, None] * stride_kb + offsets[:, None] * stride_kt + dims[None, :],
                     mask=live[:, None], other=0.0)
         scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+        if SOFTCAP:  # Gemma 2: c tanh(s / c), tanh(x) = 2 sigmoid(2x) - 1 (saturates to +-1, no inf / inf)
+            scores = softcap * (2.0 * tl.sigmoid(scores * (2.0 / softcap)) - 1.0)
         scores = tl.where(live[None, :], scores, float("-inf"))
         new_max = tl.maximum(running_max, tl.max(scores, 1))
         # A block wholly before the window start leaves the max at -inf: subtract 0 there, not -inf (NaN).
@@ -111,11 +113,15 @@ def supported(*, head_dim: int, device: torch.device) -> bool:
 
 
 def paged_decode_attention(*, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor,
-                           scale: float, block_tables: torch.Tensor, window: int | None = None) -> torch.Tensor:
-    """Attention of ``q`` ``[N, H, D]`` over the first ``lengths[n]`` positions of row ``n``'s blocks
-    (``block_tables`` ``[N, W]``, ``keys`` / ``values`` ``[KV, blocks, B, D]``; with a sliding ``window``, only the
-    last ``window`` of them: splits wholly before the window are skipped); returns ``[N, H, D]``.
+                           scale: float, block_tables: torch.Tensor, window: int | None = None,
+                           softcap: float | None = None) -> torch.Tensor:
+    """``softmax(cap(scale q k^T)) v``: attention of ``q`` ``[N, H, D]`` over the first ``lengths[n]`` positions of
+    row ``n``'s blocks (``block_tables`` ``[N, W]``, ``keys`` / ``values`` ``[KV, blocks, B, D]``; with a sliding
+    ``window``, only the last ``window`` of them: splits wholly before the window are skipped), ``cap(s) = c tanh(s /
+    c)`` with a ``softcap`` ``c`` (Gemma 2), else ``s``; returns ``[N, H, D]``.
     Launches a fixed grid (graph-safe)."""
+    if softcap is not None and softcap <= 0:
+        raise ValueError(f"softcap must be > 0 (or None for no cap), got {softcap}")
     rows, heads, head_dim = q.shape
     kv_heads, page = keys.shape[0], keys.shape[2]
     group = heads // kv_heads
@@ -125,12 +131,12 @@ def paged_decode_attention(*, q: torch.Tensor, keys: torch.Tensor, values: torch
     out = torch.empty_like(q)
     precision = "ieee" if q.dtype == torch.float32 else "tf32"  # tf32 applies to fp32 operands only
     _split_kernel[(rows, kv_heads, splits)](
-        q, keys, values, lengths, block_tables, part_out, part_lse, scale, window or 0,
+        q, keys, values, lengths, block_tables, part_out, part_lse, scale, window or 0, softcap or 1.0,
         q.stride(0), q.stride(1), keys.stride(1), keys.stride(0), keys.stride(2),
         values.stride(1), values.stride(0), values.stride(2), block_tables.stride(0),
         part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1),
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, BLOCK_N=BLOCK_N,
-        SPLIT_LEN=SPLIT_LEN, PAGE=page, PRECISION=precision,
+        SPLIT_LEN=SPLIT_LEN, PAGE=page, PRECISION=precision, SOFTCAP=softcap is not None,
     )
     _combine_kernel[(rows, heads)](
         part_out, part_lse, out, lengths, window or 0, part_out.stride(0), part_out.stride(1), part_out.stride(2),

@@ -16,9 +16,10 @@ from tests.rollout.conftest import chat_prompts, prefilled_paged_cache  # noqa: 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def reference_attention(q, keys, values, lengths, scale, tables, window=None):
+def reference_attention(q, keys, values, lengths, scale, tables, window=None, softcap=None):
     """fp64 softmax attention of each row over its first ``lengths[n]`` positions (the last ``window`` of them
-    with a window), read through its block table row (``keys`` ``[KV, blocks, B, D]``); ``[N, H, D]``."""
+    with a window), read through its block table row (``keys`` ``[KV, blocks, B, D]``), scores capped to
+    ``c tanh(s / c)`` with a ``softcap`` ``c``; ``[N, H, D]``."""
     group = q.shape[1] // keys.shape[0]
     out = []
     for n, length in enumerate(lengths):
@@ -27,7 +28,10 @@ def reference_attention(q, keys, values, lengths, scale, tables, window=None):
         def row(pool):  # [H, L, D]
             return pool[:, tables[n]].flatten(1, 2)[:, first:length].double().repeat_interleave(group, 0)
 
-        weights = torch.softmax(torch.einsum("hd,hld->hl", q[n].double(), row(keys)) * scale, dim=-1)
+        scores = torch.einsum("hd,hld->hl", q[n].double(), row(keys)) * scale
+        if softcap is not None:
+            scores = softcap * torch.tanh(scores / softcap)
+        weights = torch.softmax(scores, dim=-1)
         out.append(torch.einsum("hl,hld->hd", weights, row(values)))
     return torch.stack(out)
 
@@ -89,6 +93,28 @@ def test_split_k_attention_reads_only_the_sliding_window(window):
     expected = reference_attention(q, keys.to(DEVICE), values.to(DEVICE), lengths, 32**-0.5, tables.long(),
                                    window=window)
     assert ((got.double() - expected).norm() / expected.norm()) < 1e-5
+
+
+def test_split_k_attention_caps_the_scores_with_a_softcap():
+    """Gemma 2's ``c tanh(s / c)`` on each scaled score before the softmax: scores of +-20 capped at 5 (a softmax far
+    from the uncapped one), a window beside it, and the same contract as the CPU kernel."""
+    torch.manual_seed(3)
+    block_size, lengths = 16, [1, 40, 300]
+    tables, blocks = scattered_tables(lengths, block_size=block_size, width=20, seed=3)
+    q = torch.randn(len(lengths), 6, 32, device=DEVICE) * 4
+    keys, values = torch.randn(2, blocks, block_size, 32), torch.randn(2, blocks, block_size, 32)
+    inputs = dict(q=q, keys=keys.to(DEVICE), values=values.to(DEVICE), lengths=torch.tensor(lengths, device=DEVICE),
+                  scale=32**-0.5, block_tables=tables.to(DEVICE))
+    for window in (None, 50):
+        got = paged_decode_attention(**inputs, window=window, softcap=5.0)
+        expected = reference_attention(q, keys.to(DEVICE), values.to(DEVICE), lengths, 32**-0.5, tables.long(),
+                                       window=window, softcap=5.0)
+        uncapped = reference_attention(q, keys.to(DEVICE), values.to(DEVICE), lengths, 32**-0.5, tables.long(),
+                                       window=window)
+        assert ((uncapped - expected).norm() / expected.norm()) > 0.1  # the cap matters here
+        assert ((got.double() - expected).norm() / expected.norm()) < 1e-5
+    with pytest.raises(ValueError, match="softcap"):
+        paged_decode_attention(**inputs, softcap=0.0)
 
 
 def hf_rms_norm(x, weight, eps):
