@@ -49,7 +49,7 @@ def scattered_tables(lengths, *, block_size, width, seed=0):
 
 @pytest.mark.parametrize("dtype, tolerance", [
     (torch.float32, 1e-5),
-    pytest.param(torch.bfloat16, 1e-2, marks=pytest.mark.skipif(DEVICE == "cpu", reason="the interpreter has no bf16")),
+    (torch.bfloat16, 1e-2),
 ])
 @pytest.mark.parametrize("heads, kv_heads, head_dim", [(4, 4, 16), (6, 2, 32), (9, 3, 64), (16, 8, 128)])
 def test_split_k_attention_reads_each_rows_own_length_through_its_blocks(heads, kv_heads, head_dim, dtype, tolerance):
