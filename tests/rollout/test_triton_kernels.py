@@ -9,7 +9,8 @@ pytest.importorskip("triton")
 pytestmark = pytest.mark.triton
 
 from hybridflow.rollout.decoder import LlamaFamilyDecoder  # noqa: E402
-from hybridflow.rollout.triton_attention import paged_decode_attention  # noqa: E402
+from hybridflow.rollout.triton_attention import (MAIN_CONFIG, PROGRAMS_PER_SM, DecodeConfig,  # noqa: E402
+                                                 choose_config, paged_decode_attention)
 from hybridflow.rollout.triton_fused import add_rms_norm, qkv_rope_write, silu_mul  # noqa: E402
 from tests.rollout.conftest import chat_prompts, prefilled_paged_cache  # noqa: E402
 
@@ -115,6 +116,70 @@ def test_split_k_attention_caps_the_scores_with_a_softcap():
         assert ((got.double() - expected).norm() / expected.norm()) < 1e-5
     with pytest.raises(ValueError, match="softcap"):
         paged_decode_attention(**inputs, softcap=0.0)
+
+
+def test_choose_config_at_the_issues_shapes():
+    """Issue 46's shapes on 132 SMs: whole rows in one program once rows x KV heads fill the card, splits that give
+    every SM its programs when they do not; tiles of ~16 KB of keys, whole pages, a split a multiple of a tile."""
+    def choose(rows, kv_heads, head_dim, width, dtype=torch.bfloat16, sms=132):
+        return choose_config(rows=rows, heads=2 * kv_heads, kv_heads=kv_heads, head_dim=head_dim, page=16, width=width,
+                             dtype=dtype, sms=sms)
+
+    qwen3 = choose(256, 8, 128, 128)  # 2,048 positions: one split
+    assert (qwen3.split_len, qwen3.block_n, qwen3.kv_together, qwen3.unrolled) == (2048, 64, True, False)
+    assert qwen3.splits(2048) == 1
+    smollm = choose(64, 3, 64, 32)  # 192 pairs of 512 positions: 128-key tiles, 4 splits (768 programs)
+    assert (smollm.block_n, smollm.split_len, smollm.splits(512)) == (128, 128, 4)
+    qwen25 = choose(256, 2, 128, 128)  # 512 pairs: 3 splits wanted, a power-of-two tile count gives 4 of 512
+    assert (qwen25.block_n, qwen25.split_len) == (64, 512)
+    assert choose(256, 8, 128, 128, dtype=torch.float32).block_n == 32  # 16 KB of fp32 keys
+    for rows in (1, 8, 64, 256):
+        for kv_heads, head_dim, width in ((8, 128, 128), (3, 64, 32), (2, 128, 13)):
+            config = choose(rows, kv_heads, head_dim, width)
+            assert config.split_len % config.block_n == 0 and config.block_n % 16 == 0
+            programs = rows * kv_heads * config.splits(width * 16)
+            assert programs >= PROGRAMS_PER_SM * 132 or config.split_len == config.block_n or config.splits(
+                width * 16) * 2 > width * 16 // config.block_n  # enough programs, or as many splits as tiles allow
+
+
+@pytest.mark.parametrize("heads, kv_heads, head_dim, dtype", [
+    (2, 2, 64, torch.float32), (4, 2, 128, torch.bfloat16), (3, 1, 64, torch.bfloat16), (6, 1, 128, torch.float32),
+    (8, 1, 64, torch.float32)])  # groups 1 / 2 / 3 / 6 / 8; tiles of 64 / 64 / 128 / 32 / 64 keys
+def test_every_config_the_chooser_returns_matches_the_reference(heads, kv_heads, head_dim, dtype):
+    """Every config the chooser returns for this table width, head dim and dtype (over batch buckets and SM counts:
+    one split a row, with no combine, down to one tile a split), and the first kernel's, over scattered tables, a
+    row of 1 key and lengths off the page and the splits, with and without a window, poisoned past each row's end
+    and in the null block."""
+    torch.manual_seed(heads * head_dim)
+    block_size, width, lengths = 16, 20, [1, 15, 63, 300]
+    tables, blocks = scattered_tables(lengths, block_size=block_size, width=width, seed=heads)
+    q = torch.randn(len(lengths), heads, head_dim, dtype=dtype)
+    keys, values = (torch.randn(kv_heads, blocks, block_size, head_dim, dtype=dtype) for _ in range(2))
+    keys[:, 0] = values[:, 0] = float("nan")
+    for row, length in enumerate(lengths):
+        last, used = tables[row, (length - 1) // block_size], (length - 1) % block_size + 1
+        keys[:, last, used:] = values[:, last, used:] = float("nan")
+    configs = {choose_config(rows=rows, heads=heads, kv_heads=kv_heads, head_dim=head_dim, page=block_size,
+                             width=width, dtype=dtype, sms=sms) for rows in (1, 4, 64, 256) for sms in (1, 8, 132)}
+    (block_n,) = {config.block_n for config in configs}  # the tile follows the head dim and dtype alone
+    span = width * block_size
+    assert {config.splits(span) for config in configs} >= {1, -(-span // block_n)}  # one split; one tile a split
+    inputs = dict(q=q.to(DEVICE), keys=keys.to(DEVICE), values=values.to(DEVICE),
+                  lengths=torch.tensor(lengths, device=DEVICE), scale=head_dim**-0.5, block_tables=tables.to(DEVICE))
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-2
+    for window in (None, 70):
+        expected = reference_attention(q, keys, values, lengths, head_dim**-0.5, tables.long(), window=window)
+        for config in configs | {MAIN_CONFIG}:
+            got = paged_decode_attention(**inputs, window=window, config=config).cpu()
+            assert ((got.double() - expected).norm() / expected.norm()) < tolerance, (config, window)
+
+
+def test_a_config_whose_split_is_not_whole_tiles_is_refused():
+    q, cache = torch.zeros(1, 2, 16, device=DEVICE), torch.zeros(1, 2, 16, 16, device=DEVICE)
+    with pytest.raises(ValueError, match="multiple of block_n"):
+        paged_decode_attention(q=q, keys=cache, values=cache, lengths=torch.tensor([1], device=DEVICE), scale=1.0,
+                               block_tables=torch.ones(1, 1, dtype=torch.int32, device=DEVICE),
+                               config=DecodeConfig(split_len=96, block_n=64))
 
 
 def hf_rms_norm(x, weight, eps):
