@@ -39,8 +39,14 @@ if "--smoke" in sys.argv and not torch.cuda.is_available():
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from hybridflow.rollout.triton_attention import (MAIN_CONFIG, DecodeConfig, choose_config,  # noqa: E402
-                                                 paged_decode_attention)
+try:
+    from hybridflow.rollout.triton_attention import (MAIN_CONFIG, DecodeConfig, choose_config,  # noqa: E402
+                                                     paged_decode_attention)
+except ImportError as missing:  # gpu_check's `attn` stage: an image without Triton skips it in one line
+    if __name__ != "__main__":
+        raise
+    print(f"decode_attention: skipped, Triton does not import ({missing})")
+    sys.exit(0)
 
 PAGE = 16
 TOLERANCE = 1e-2

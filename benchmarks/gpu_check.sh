@@ -18,7 +18,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then  # by name, so pip picks the wheel built 
     --find-links .whl $(ls .whl | sed 's/-[0-9].*//' | sort -u)
 fi
 export PYTHONPATH="$PWD:/tmp/site" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-ALL="env tests loop update vl-rollout rollout-fixed rollout-nano rollout-chunked rollout-preempt"
+ALL="env tests loop update vl-rollout attn rollout-fixed rollout-nano rollout-chunked rollout-preempt"
 BUDGET=${BUDGET_S:-470}  # the whole script's seconds: a stage gets at most what is left of it (8 min in all)
 STAGES=${STAGES:-$ALL}
 ROLLOUT="python3 benchmarks/rollout.py --device cuda --dtype bfloat16"
@@ -37,7 +37,7 @@ stage() {  # name, seconds, command...
   tail -n 25 "$OUT/$name.log"
 }
 
-# Limits 30 + 130 + 200 + 90 + 45 + 90 + 60 + 40 + 40 s, cut to the ${BUDGET}s budget (8 min) in this order: the
+# Limits 30 + 130 + 200 + 90 + 45 + 60 + 90 + 60 + 40 + 40 s, cut to the ${BUDGET}s budget (8 min) in this order: the
 # stages at the end (the text engine's, measured in earlier runs) give way first.
 stage env 30 bash -c 'nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv;
   python3 -c "import sys, torch, transformers, triton; print(sys.version.split()[0], torch.__version__, transformers.__version__, triton.__version__)"
@@ -55,6 +55,10 @@ stage update 90 python3 benchmarks/update.py --device cuda --quick
 # 2) of 448 px (256 tokens each), 128 new tokens a row; the native engine against HF generate in the same run.
 stage vl-rollout 45 python3 benchmarks/vl_rollout.py --device cuda --dtype bfloat16 --shape qwen2.5-vl-3b \
   --prompts 16 --n 4 --image-size 448 --max-tokens ${VL_MAX_TOKENS:-128}
+# Decode attention (issue 46): one layer's paged split-K kernel at the engine's shapes, a sweep of ~40 tile and launch
+# configurations (each checked against torch first) against the first kernel's, SDPA and flash_attn (one line if it
+# is absent), as KV bytes/s against the copy bandwidth; its best per shape is what choose_config should return.
+stage attn 60 python3 benchmarks/decode_attention.py --budget 50
 stage rollout-fixed 90 $ROLLOUT --shape smollm2-135m --workload fixed --batches ${FIXED_BATCHES:-64,256} \
   --prompt-len 128 --max-tokens 256 --engines ${FIXED_ENGINES:-native,hf-static} --breakdown
 stage rollout-nano 60 $ROLLOUT --shape qwen3-0.6b --workload nano-vllm --engines native --step-times --breakdown \

@@ -2,10 +2,13 @@
 configuration of its sweep correct, the baseline and the best; a configuration that disagrees with the reference is
 never timed; the GPU sweep stays small enough to compile and time in gpu_check's minute."""
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
-from tests.benchmarks.loader import loaded_benchmark
+from tests.benchmarks.loader import BENCHMARKS, loaded_benchmark
 
 pytest.importorskip("triton")
 pytestmark = pytest.mark.triton
@@ -71,3 +74,26 @@ def test_row_lengths_follow_the_workloads():
     assert problem.live_bytes == 2 * sum(lengths) * 2 * 32 * 2  # K and V, 2 KV heads of 32, bf16
     owned = [set(problem.tables[row, :-(-length // 16)].tolist()) for row, length in enumerate(lengths)]
     assert all(0 not in blocks for blocks in owned) and sum(map(len, owned)) == len(set().union(*owned))
+
+
+def test_without_triton_the_script_skips_in_one_line():
+    """gpu_check's ``attn`` stage on an image without Triton: one line, exit 0 (the other stages still run)."""
+    script = ("import runpy, sys; sys.modules['triton'] = None; sys.argv = ['decode_attention.py']; "
+              "runpy.run_path('benchmarks/decode_attention.py', run_name='__main__')")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          cwd=BENCHMARKS.parent)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [done.stdout.strip()] and "skipped, Triton does not import" in done.stdout
+
+
+def test_gpu_check_runs_the_attn_stage_before_the_rollout_stages_and_its_limits_comment_is_true():
+    import re
+
+    script = (BENCHMARKS / "gpu_check.sh").read_text()
+    order = re.search(r'^ALL="([^"]+)"', script, re.M).group(1).split()
+    stages = re.findall(r"^stage (\S+) (\d+) ", script, re.M)
+    assert [name for name, _ in stages] == order  # ALL lists the stages in the order they run
+    assert "attn" in order and order.index("attn") < min(order.index(n) for n in order if n.startswith("rollout-"))
+    assert dict(stages)["attn"] == "60" and "decode_attention.py" in script
+    comment = re.search(r"^# Limits ([\d + ]+) s", script, re.M).group(1)
+    assert [int(limit) for limit in comment.split(" + ")] == [int(limit) for _, limit in stages]
