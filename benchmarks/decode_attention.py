@@ -63,7 +63,7 @@ class Shape:
     kv_heads: int
     head_dim: int
     lengths: str
-    """``"nano"``: uniform in 100-``span`` (seeded); a number: every row that long."""
+    """``"nano"``: uniform in 100-``span`` (seeded); numbers (``"1000"``, ``"1,150"``): the rows' lengths, in turn."""
     span: int = 2048
     """Positions the block table spans (its width x the page)."""
     full_sweep: bool = False
@@ -76,20 +76,18 @@ SHAPES = [
     Shape("smollm2-256", 256, 9, 3, 64, "nano"),
     Shape("qwen2.5-1.5b", 256, 12, 2, 128, "nano"),
 ]
-SMOKE_SHAPES = [  # the interpreter: a few rows, a short table; groups of 2 and 3, a row of one key
-    Shape("smoke-gqa2", 3, 4, 2, 32, "smoke", span=128, full_sweep=True),
-    Shape("smoke-gqa3", 2, 6, 2, 16, "smoke", span=64),
+SMOKE_SHAPES = [  # the interpreter: two rows; groups of 2 and 3, a row of one key, splits and one split a row
+    Shape("smoke-gqa2", 2, 4, 2, 64, "1,150", span=512, full_sweep=True),
+    Shape("smoke-gqa3", 2, 6, 2, 32, "1,37", span=256),
 ]
-SMOKE_LENGTHS = [1, 37, 100]
 
 
 def row_lengths(shape: Shape) -> list[int]:
-    if shape.lengths == "smoke":
-        return [SMOKE_LENGTHS[n % len(SMOKE_LENGTHS)] % shape.span or 1 for n in range(shape.rows)]
     if shape.lengths == "nano":
         rng = random.Random(0)
         return [rng.randint(100, shape.span) for _ in range(shape.rows)]
-    return [int(shape.lengths)] * shape.rows
+    cycle = [int(length) for length in shape.lengths.split(",")]
+    return [cycle[row % len(cycle)] for row in range(shape.rows)]
 
 
 @dataclass
@@ -198,22 +196,29 @@ def copy_bandwidth(device: str, megabytes: int) -> float:
     return 2 * source.numel() * 4 / (ms / 1e3)
 
 
-def sweep(chosen: DecodeConfig, *, full: bool) -> list[DecodeConfig]:
-    """The baseline, the chooser's config, and variations of the chooser's one knob at a time: shorter splits,
-    other tiles, pipeline depths and warps, V after the softmax, and the first kernel's split and tile with the
-    new loop (the short sweep: shorter splits, 2 stages, V after the softmax)."""
+def sweep(chosen: DecodeConfig, *, span: int, full: bool) -> list[DecodeConfig]:
+    """The baseline, the chooser's config, and variations of the chooser's one knob at a time: the other split
+    lengths (256 / 512 / 1,024 / one split a row), pipeline stages (1: none; 2; 5: two tiles ahead, the table
+    load taking a stage), V after the softmax without pipelining (with it the compiled kernels are the same),
+    2 and 8 warps, half and double tiles, half tiles 5 stages deep. The short sweep: the next shorter and longer
+    split, and 5 stages."""
     replace = dataclasses.replace
-    configs = [MAIN_CONFIG, chosen]
-    configs += [replace(chosen, split_len=split) for split in (256, 512, 1024)
-                if split < chosen.split_len and split % chosen.block_n == 0][: None if full else 1]
-    configs += [replace(chosen, num_stages=stages) for stages in ((1, 2, 4) if full else (2,))]
-    configs.append(replace(chosen, kv_together=False))
+    whole = -(-span // chosen.block_n) * chosen.block_n
+    splits = sorted({length for length in (256, 512, 1024, whole)
+                     if length <= whole and length % chosen.block_n == 0} - {chosen.split_len})
+    if not full:
+        shorter = [length for length in splits if length < chosen.split_len][-1:]
+        splits = shorter + [length for length in splits if length > chosen.split_len][:1]
+    configs = [MAIN_CONFIG, chosen] + [replace(chosen, split_len=length) for length in splits]
+    configs += [replace(chosen, num_stages=stages) for stages in ((1, 2, 5) if full else (5,))]
     if full:
+        configs.append(replace(chosen, num_stages=1, kv_together=False))
         configs += [replace(chosen, num_warps=warps) for warps in (2, 8)]
         for block_n in (chosen.block_n // 2, chosen.block_n * 2):
             if 16 <= block_n <= 128:
                 configs.append(replace(chosen, block_n=block_n, split_len=-(-chosen.split_len // block_n) * block_n))
-        configs += [replace(MAIN_CONFIG, unrolled=False), replace(MAIN_CONFIG, unrolled=False, kv_together=True)]
+        if chosen.block_n >= 32:
+            configs.append(replace(chosen, block_n=chosen.block_n // 2, num_stages=5))
     return list(dict.fromkeys(configs))  # in order, once each
 
 
@@ -261,7 +266,7 @@ def run_shape(shape: Shape, args, bandwidth: float, deadline: float) -> list[str
              f"{problem.lengths.float().mean():.0f}), {live / 1e9:.3f} GB of live keys and values, {len(problem.pools)} "
              f"pool copies; floor {live / bandwidth * 1e3:.3f} ms at the copy bandwidth"]
     timings: dict[DecodeConfig, float] = {}
-    for config in sweep(chosen, full=shape.full_sweep):
+    for config in sweep(chosen, span=shape.span, full=shape.full_sweep):
         name = ("main " if config == MAIN_CONFIG else "chosen " if config == chosen else "") + config.label()
         if time.monotonic() > deadline:  # before the check: it compiles the kernel
             lines.append(f"  {name:44s} skipped: the run's --budget is spent")

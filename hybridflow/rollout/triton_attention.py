@@ -25,26 +25,33 @@ How the tiles and the launch are chosen (:class:`DecodeConfig`, :func:`choose_co
   again: at 4 splits 17 MB, under 2 % of the keys and values.
 - **Bytes in flight.** By Little's law the card reaches its bandwidth only with bandwidth x latency bytes
   requested and not yet arrived: 4.1 TB/s x ~0.8 us (loaded HBM latency) ~ 3.3 MB, ~25 KB per SM of 132.
-  The first kernel had one tile of keys (64 x 128 bf16 = 16 KB) in flight per program at a time, none
-  while it ran the softmax (the values were loaded after it) and none in its prologue and epilogue:
-  on average well under what an SM needs unless many programs overlap. So: load the values beside the
-  keys at the top of each tile (``kv_together``: 32 KB in flight per tile, as FlashAttention's and
-  FlashInfer's decode kernels do), and run the tile loop as a software pipeline (``tl.range(...,
-  num_stages=S)``: the loads of the next ``S - 1`` tiles are issued before this tile's math; shared
-  memory ``S x 32 KB`` a program, so 3 stages keep 2 programs an SM, 64-128 KB in flight, 2.5-5x the need).
+  The first kernel's loop of 4 unrolled tiles needs 244 registers a thread (compiled for sm_90 with the
+  ptxas in Triton's wheel, ``cuobjdump -res-usage``): 2 programs an SM, each with one tile of keys (64 x
+  128 bf16 = 16 KB) in flight at a time, the values requested only after the softmax, nothing in flight
+  in its prologue and epilogue. So: load the values beside the keys (``kv_together``, as FlashAttention's
+  and FlashInfer's decode kernels do) and run the tile loop as a software pipeline (``tl.range(...,
+  num_stages=S)``): the keys loaded as ``K^T [D, BLOCK_N]`` (a dot operand as loaded; a ``tl.trans`` of a
+  ``[BLOCK_N, D]`` load the pipeliner leaves in registers), both tiles go to shared memory by ``cp.async``.
+  The block-table load that addresses them takes one stage, so 3 stages keep one tile of keys and values
+  (32 KB) ahead of the math and 5 keep two. At 3 stages the kernel takes 128 registers and 39 KB of shared
+  memory: 4 programs an SM, up to 128 KB in flight, ~5x the need; 5 stages: 137 registers, 72 KB, 3
+  programs with 64 KB each. With pipelining the order of the two loads in the source no longer matters
+  (the compiled kernels are the same); ``kv_together`` matters for 1 stage.
 - **Tiles of ~16 KB** (:data:`TILE_BYTES`): 64 keys at head dim 128 in bf16, 128 at 64 (SmolLM2),
   32 at 128 in fp32; a multiple of the page (16), and tiles start at multiples of it, so a tile reads
   whole pages (runs of ``page x D`` contiguous elements, 4 KB at 16 x 128 bf16) and no page is read by
   two tiles. The loop runs over the row's live tiles only (a dynamic trip count, which a pipelined loop
   needs), not over every tile of the split with the ones past the row's end masked.
-- **Splits from the grid, not the context.** More splits mean more programs (the card filled at small
-  batches, long rows balanced) but more partials, a second kernel and shorter loops (a pipeline's
-  prologue is paid per program). FlashAttention's heuristic stops splitting once ``rows x heads`` fills
-  most SMs; here: one split while ``rows x KV`` >= :data:`PROGRAMS_PER_SM` x SMs (256 x 8 = 2,048 pairs
-  against 8 x 132: one split, whole rows of 100-2,048 positions, 4-8 waves the scheduler balances), else
-  the longest power-of-two multiple of a tile that gives every SM that many programs. The choice
-  depends only on static shapes (rows = a graph's batch bucket, the table width fixed per cache), so each
-  graph keeps a fixed grid and a fixed kernel.
+- **Splits from the grid and the tail.** More splits mean more programs: the card filled at small batches,
+  and a shorter tail (the last programs of a step run alone; at nano-vllm's lengths, 100-2,048, one
+  program a row would leave a whole 2,048-position row, ~1 MB, to finish on an otherwise idle card). Fewer
+  mean fewer partials, no combine kernel, and longer loops (a pipeline fills once a program). The chooser
+  aims for :data:`PROGRAMS_PER_SM` programs an SM over ``rows x KV`` (row, head) pairs, each split a
+  power-of-two number of tiles and at least :data:`MIN_SPLIT_TILES`: Qwen3-0.6B at 256 rows x 8 KV heads
+  (2,048 pairs against 16 x 132) gets 2 splits of 1,024 positions; one split a row (no partials, no
+  combine) once the pairs alone give every SM its programs. The choice depends only on static shapes
+  (rows = a graph's batch bucket, the table width fixed per cache), so each graph keeps a fixed grid and a
+  fixed kernel.
 
 These defaults are reasoned, not yet measured: ``benchmarks/decode_attention.py`` (gpu_check's ``attn``
 stage) times a sweep of configurations against :data:`MAIN_CONFIG` at the issue's shapes; its best per
@@ -70,11 +77,14 @@ SPAN_ROUNDING = 256
 """Positions a cache's block table spans are rounded up to (fewer distinct widths: fewer graphs and compiles)."""
 TILE_BYTES = 16384
 """Bytes of keys per tile (as many again of values): 64 keys of 128 bf16 dims."""
-PROGRAMS_PER_SM = 8
-"""Programs per SM the split count aims for: 2-3 resident at a time, the rest for balance across rows of
+PROGRAMS_PER_SM = 16
+"""Programs per SM the split count aims for: 3-4 resident at a time, the rest a short tail across rows of
 different lengths."""
+MIN_SPLIT_TILES = 4
+"""Fewest tiles a split has (unless the whole row is shorter): the pipeline's fill paid over several tiles."""
 STAGES = 3
-"""Tiles of keys and values a program has in flight (the tile loop's software pipeline)."""
+"""Software-pipeline stages of the tile loop: one for the block-table load, so 3 keep one tile of keys and values
+in flight ahead of the math."""
 NO_WINDOW = 2**30
 """The window the kernels get for none: longer than any row."""
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -94,7 +104,7 @@ class DecodeConfig:
     """Keys a tile (a power of two)."""
     num_warps: int = 4
     num_stages: int = STAGES
-    """Tiles in flight (``tl.range`` software pipelining); the unrolled loop has none."""
+    """Stages of the tile loop's software pipeline (``tl.range``; 1 = none); the unrolled loop has none."""
     kv_together: bool = True
     """Load a tile's values beside its keys (both in flight), not after its softmax."""
     unrolled: bool = False
@@ -121,13 +131,12 @@ def choose_config(*, rows: int, heads: int, kv_heads: int, head_dim: int, page: 
     del heads  # the group rides in one program: the grid is rows x KV heads x splits
     element = torch.finfo(dtype).bits // 8
     block_n = max(16, page, min(128, triton.next_power_of_2(TILE_BYTES // (head_dim * element))))
-    span = width * page
-    whole = triton.cdiv(span, block_n) * block_n
-    wanted = triton.cdiv(PROGRAMS_PER_SM * sms, rows * kv_heads)
-    if wanted <= 1:
-        return DecodeConfig(split_len=whole, block_n=block_n)
-    tiles = max(1, span // (wanted * block_n))
-    return DecodeConfig(split_len=min(whole, block_n * 2 ** (tiles.bit_length() - 1)), block_n=block_n)
+    tiles = triton.cdiv(width * page, block_n)
+    wanted = triton.cdiv(PROGRAMS_PER_SM * sms, rows * kv_heads)  # splits a row
+    per_split = max(MIN_SPLIT_TILES, tiles // wanted)
+    if per_split < tiles:
+        per_split = 2 ** (per_split.bit_length() - 1)  # a power of two: few distinct kernels
+    return DecodeConfig(split_len=block_n * min(tiles, per_split), block_n=block_n)
 
 
 @functools.cache
@@ -155,19 +164,25 @@ def _dot(a, b, PRECISION: tl.constexpr, INTERPRETED: tl.constexpr):
 @triton.jit
 def _attend_tile(q, k_base, v_base, table, tile, end, first, scale, softcap, running_max, running_sum, acc, dims,
                  stride_kb, stride_kt, stride_vb, stride_vt, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
-                 PRECISION: tl.constexpr, SOFTCAP: tl.constexpr, KV_TOGETHER: tl.constexpr, INTERPRETED: tl.constexpr):
+                 PRECISION: tl.constexpr, SOFTCAP: tl.constexpr, KV_TOGETHER: tl.constexpr, UNROLLED: tl.constexpr,
+                 INTERPRETED: tl.constexpr):
     """One tile of ``BLOCK_N`` positions from ``tile`` folded into the running softmax (max, sum, ``acc``
     ``[BLOCK_G, D]``); positions outside ``[first, end)`` load nothing and weigh nothing."""
     positions = tile + tl.arange(0, BLOCK_N)
     live = (positions < end) & (positions >= first)
     blocks = tl.load(table + positions // PAGE, mask=live, other=0).to(tl.int64)
     offsets = positions % PAGE
-    k = tl.load(k_base + blocks[:, None] * stride_kb + offsets[:, None] * stride_kt + dims[None, :],
-                mask=live[:, None], other=0.0)
+    if UNROLLED:  # the first kernel's load, as it was (the baseline)
+        k_t = tl.trans(tl.load(k_base + blocks[:, None] * stride_kb + offsets[:, None] * stride_kt + dims[None, :],
+                               mask=live[:, None], other=0.0))
+    else:  # K^T ``[D, BLOCK_N]`` (the same bytes, D contiguous): a dot operand as loaded, which the pipeliner
+        # multi-buffers in shared memory like the values (a tl.trans of a [BLOCK_N, D] load it leaves in registers)
+        k_t = tl.load(k_base + blocks[None, :] * stride_kb + offsets[None, :] * stride_kt + dims[:, None],
+                      mask=live[None, :], other=0.0)
     if KV_TOGETHER:  # both reads in flight while the scores are computed
         v = tl.load(v_base + blocks[:, None] * stride_vb + offsets[:, None] * stride_vt + dims[None, :],
                     mask=live[:, None], other=0.0)
-    scores = _dot(q, tl.trans(k), PRECISION, INTERPRETED) * scale
+    scores = _dot(q, k_t, PRECISION, INTERPRETED) * scale
     if SOFTCAP:  # Gemma 2: c tanh(s / c), tanh(x) = 2 sigmoid(2x) - 1 (saturates to +-1, no inf / inf)
         scores = softcap * (2.0 * tl.sigmoid(scores * (2.0 / softcap)) - 1.0)
     scores = tl.where(live[None, :], scores, float("-inf"))
@@ -215,7 +230,7 @@ def _split_kernel(Q, K, V, Lengths, Tables, PartOut, PartLse, Out, scale, window
             running_max, running_sum, acc = _attend_tile(
                 q, k_base, v_base, table, start + block * BLOCK_N, end, first, scale, softcap, running_max,
                 running_sum, acc, dims, stride_kb, stride_kt, stride_vb, stride_vt, BLOCK_N, PAGE, PRECISION,
-                SOFTCAP, KV_TOGETHER, INTERPRETED)
+                SOFTCAP, KV_TOGETHER, UNROLLED, INTERPRETED)
     else:
         lowest = tl.maximum(start, first // BLOCK_N * BLOCK_N)  # the live tiles only, still BLOCK_N-aligned
         if INTERPRETED:  # see _INTERPRETED
@@ -224,14 +239,14 @@ def _split_kernel(Q, K, V, Lengths, Tables, PartOut, PartLse, Out, scale, window
                 running_max, running_sum, acc = _attend_tile(
                     q, k_base, v_base, table, tile, end, first, scale, softcap, running_max, running_sum, acc, dims,
                     stride_kb, stride_kt, stride_vb, stride_vt, BLOCK_N, PAGE, PRECISION, SOFTCAP, KV_TOGETHER,
-                    INTERPRETED)
+                    UNROLLED, INTERPRETED)
                 tile += BLOCK_N
         else:
             for tile in tl.range(lowest, end, BLOCK_N, num_stages=NUM_STAGES):
                 running_max, running_sum, acc = _attend_tile(
                     q, k_base, v_base, table, tile, end, first, scale, softcap, running_max, running_sum, acc, dims,
                     stride_kb, stride_kt, stride_vb, stride_vt, BLOCK_N, PAGE, PRECISION, SOFTCAP, KV_TOGETHER,
-                    INTERPRETED)
+                    UNROLLED, INTERPRETED)
     if DIRECT:  # the whole row in this program: its output, no partials
         out_ptr = Out + row * stride_on + heads[:, None] * stride_oh + dims[None, :]
         tl.store(out_ptr, (acc / running_sum[:, None]).to(Out.dtype.element_ty), mask=in_group[:, None])

@@ -19,7 +19,7 @@ def test_smoke_run_checks_and_times_every_config_against_the_baseline():
         lines = bench.main(["--smoke"])
         sweeps = {shape.name: len(bench.sweep(bench.choose_config(
             rows=shape.rows, heads=shape.heads, kv_heads=shape.kv_heads, head_dim=shape.head_dim, page=bench.PAGE,
-            width=shape.span // bench.PAGE, dtype=torch.bfloat16, sms=132), full=shape.full_sweep))
+            width=shape.span // bench.PAGE, dtype=torch.bfloat16, sms=132), span=shape.span, full=shape.full_sweep))
             for shape in bench.SMOKE_SHAPES}
     assert "copy bandwidth" in lines[0]
     assert not [line for line in lines if "WRONG" in line or "skipped" in line]
@@ -43,14 +43,16 @@ def test_a_config_that_disagrees_with_the_reference_is_never_timed(monkeypatch):
 
 def test_the_gpu_sweep_is_small_and_starts_from_the_baseline_and_the_chooser():
     """~40 configurations over the five shapes, the two Qwen3 shapes sharing theirs (the same kernels: ~30
-    compiles in all); each a whole number of tiles a split, listed once, the baseline first."""
+    compiles in all); each a whole number of tiles a split, listed once, the baseline first; the Qwen3 sweep
+    tries one split a row, each split length, no pipeline, two tiles ahead, V after the softmax, 8 warps, other
+    tiles."""
     with loaded_benchmark("decode_attention") as bench:
         sweeps = {}
         for shape in bench.SHAPES:
             chosen = bench.choose_config(rows=shape.rows, heads=shape.heads, kv_heads=shape.kv_heads,
                                          head_dim=shape.head_dim, page=bench.PAGE, width=shape.span // bench.PAGE,
                                          dtype=torch.bfloat16, sms=132)
-            sweeps[shape.name] = bench.sweep(chosen, full=shape.full_sweep)
+            sweeps[shape.name] = bench.sweep(chosen, span=shape.span, full=shape.full_sweep)
             assert sweeps[shape.name][:2] == [bench.MAIN_CONFIG, chosen] or chosen == bench.MAIN_CONFIG
         main = bench.MAIN_CONFIG
     assert sweeps["qwen3-nano"] == sweeps["qwen3-1000"] and 12 <= len(sweeps["qwen3-nano"]) <= 16
@@ -58,8 +60,10 @@ def test_the_gpu_sweep_is_small_and_starts_from_the_baseline_and_the_chooser():
     for configs in sweeps.values():
         assert len(set(configs)) == len(configs)
         assert all(config.split_len % config.block_n == 0 for config in configs)
-    assert {(c.num_stages, c.kv_together, c.num_warps, c.block_n) for c in sweeps["qwen3-nano"]} >= {
-        (1, True, 4, 64), (4, True, 4, 64), (3, False, 4, 64), (3, True, 8, 64), (3, True, 4, 128)}
+    qwen3 = sweeps["qwen3-nano"]
+    assert {c.split_len for c in qwen3 if not c.unrolled} == {256, 512, 1024, 2048}
+    assert {(c.num_stages, c.kv_together, c.num_warps, c.block_n) for c in qwen3} >= {
+        (1, True, 4, 64), (5, True, 4, 64), (1, False, 4, 64), (3, True, 8, 64), (3, True, 4, 128), (5, True, 4, 32)}
     assert main.unrolled and not main.kv_together and (main.split_len, main.block_n) == (256, 64)
 
 
@@ -71,7 +75,7 @@ def test_row_lengths_follow_the_workloads():
     assert len(nano) == 256 and min(nano) >= 100 and max(nano) <= 2048 and len(set(nano)) > 200
     assert fixed == [1000] * 256
     lengths = problem.lengths.tolist()
-    assert problem.live_bytes == 2 * sum(lengths) * 2 * 32 * 2  # K and V, 2 KV heads of 32, bf16
+    assert lengths == [1, 150] and problem.live_bytes == 2 * 151 * 2 * 64 * 2  # K and V, 2 KV heads of 64, bf16
     owned = [set(problem.tables[row, :-(-length // 16)].tolist()) for row, length in enumerate(lengths)]
     assert all(0 not in blocks for blocks in owned) and sum(map(len, owned)) == len(set().union(*owned))
 

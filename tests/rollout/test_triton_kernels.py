@@ -9,8 +9,8 @@ pytest.importorskip("triton")
 pytestmark = pytest.mark.triton
 
 from hybridflow.rollout.decoder import LlamaFamilyDecoder  # noqa: E402
-from hybridflow.rollout.triton_attention import (MAIN_CONFIG, PROGRAMS_PER_SM, DecodeConfig,  # noqa: E402
-                                                 choose_config, paged_decode_attention)
+from hybridflow.rollout.triton_attention import (MAIN_CONFIG, MIN_SPLIT_TILES, PROGRAMS_PER_SM,  # noqa: E402
+                                                 DecodeConfig, choose_config, paged_decode_attention)
 from hybridflow.rollout.triton_fused import add_rms_norm, qkv_rope_write, silu_mul  # noqa: E402
 from tests.rollout.conftest import chat_prompts, prefilled_paged_cache  # noqa: E402
 
@@ -125,21 +125,24 @@ def test_choose_config_at_the_issues_shapes():
         return choose_config(rows=rows, heads=2 * kv_heads, kv_heads=kv_heads, head_dim=head_dim, page=16, width=width,
                              dtype=dtype, sms=sms)
 
-    qwen3 = choose(256, 8, 128, 128)  # 2,048 positions: one split
-    assert (qwen3.split_len, qwen3.block_n, qwen3.kv_together, qwen3.unrolled) == (2048, 64, True, False)
-    assert qwen3.splits(2048) == 1
-    smollm = choose(64, 3, 64, 32)  # 192 pairs of 512 positions: 128-key tiles, 4 splits (768 programs)
-    assert (smollm.block_n, smollm.split_len, smollm.splits(512)) == (128, 128, 4)
-    qwen25 = choose(256, 2, 128, 128)  # 512 pairs: 3 splits wanted, a power-of-two tile count gives 4 of 512
-    assert (qwen25.block_n, qwen25.split_len) == (64, 512)
+    qwen3 = choose(256, 8, 128, 128)  # 2,048 pairs of 2,048 positions against 16 x 132 programs: 2 splits
+    assert (qwen3.split_len, qwen3.block_n, qwen3.kv_together, qwen3.unrolled) == (1024, 64, True, False)
+    smollm = choose(64, 3, 64, 128)  # 192 pairs: as many splits as splits of 4 tiles allow (128-key tiles)
+    assert (smollm.block_n, smollm.split_len, smollm.splits(2048)) == (128, 512, 4)
+    qwen25 = choose(256, 2, 128, 128)  # 512 pairs: 5 splits wanted, 6 tiles each: 4 (a power of two)
+    assert (qwen25.block_n, qwen25.split_len) == (64, 256)
+    assert choose(4096, 8, 128, 128).splits(2048) == 1  # the pairs alone fill the card: one split, no combine
+    assert choose(256, 8, 128, 13).split_len == 256  # a short table (208 positions): one split of its 4 tiles
     assert choose(256, 8, 128, 128, dtype=torch.float32).block_n == 32  # 16 KB of fp32 keys
-    for rows in (1, 8, 64, 256):
+    for rows in (1, 8, 64, 256, 1024):
         for kv_heads, head_dim, width in ((8, 128, 128), (3, 64, 32), (2, 128, 13)):
-            config = choose(rows, kv_heads, head_dim, width)
+            config, span = choose(rows, kv_heads, head_dim, width), width * 16
+            tiles = config.split_len // config.block_n
             assert config.split_len % config.block_n == 0 and config.block_n % 16 == 0
-            programs = rows * kv_heads * config.splits(width * 16)
-            assert programs >= PROGRAMS_PER_SM * 132 or config.split_len == config.block_n or config.splits(
-                width * 16) * 2 > width * 16 // config.block_n  # enough programs, or as many splits as tiles allow
+            if config.splits(span) > 1:  # else one split of the whole row
+                assert tiles & (tiles - 1) == 0 and tiles >= MIN_SPLIT_TILES  # a power of two, at least the floor
+                programs = rows * kv_heads * config.splits(span)
+                assert programs >= PROGRAMS_PER_SM * 132 // 2 or tiles == MIN_SPLIT_TILES  # enough, or at the floor
 
 
 @pytest.mark.parametrize("heads, kv_heads, head_dim, dtype", [
@@ -147,9 +150,9 @@ def test_choose_config_at_the_issues_shapes():
     (8, 1, 64, torch.float32)])  # groups 1 / 2 / 3 / 6 / 8; tiles of 64 / 64 / 128 / 32 / 64 keys
 def test_every_config_the_chooser_returns_matches_the_reference(heads, kv_heads, head_dim, dtype):
     """Every config the chooser returns for this table width, head dim and dtype (over batch buckets and SM counts:
-    one split a row, with no combine, down to one tile a split), and the first kernel's, over scattered tables, a
-    row of 1 key and lengths off the page and the splits, with and without a window, poisoned past each row's end
-    and in the null block."""
+    one split a row, with no combine, and splits of 4 tiles where the row has more), and the first kernel's, over
+    scattered tables, a row of 1 key and lengths off the page and the splits, with and without a window, poisoned
+    past each row's end and in the null block."""
     torch.manual_seed(heads * head_dim)
     block_size, width, lengths = 16, 20, [1, 15, 63, 300]
     tables, blocks = scattered_tables(lengths, block_size=block_size, width=width, seed=heads)
@@ -163,7 +166,9 @@ def test_every_config_the_chooser_returns_matches_the_reference(heads, kv_heads,
                              width=width, dtype=dtype, sms=sms) for rows in (1, 4, 64, 256) for sms in (1, 8, 132)}
     (block_n,) = {config.block_n for config in configs}  # the tile follows the head dim and dtype alone
     span = width * block_size
-    assert {config.splits(span) for config in configs} >= {1, -(-span // block_n)}  # one split; one tile a split
+    tiles = -(-span // block_n)
+    assert {config.splits(span) for config in configs} == ({1, -(-tiles // MIN_SPLIT_TILES)}
+                                                           if tiles > MIN_SPLIT_TILES else {1})
     inputs = dict(q=q.to(DEVICE), keys=keys.to(DEVICE), values=values.to(DEVICE),
                   lengths=torch.tensor(lengths, device=DEVICE), scale=head_dim**-0.5, block_tables=tables.to(DEVICE))
     tolerance = 1e-5 if dtype == torch.float32 else 1e-2
