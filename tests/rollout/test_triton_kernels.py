@@ -179,6 +179,35 @@ def test_every_config_the_chooser_returns_matches_the_reference(heads, kv_heads,
             assert ((got.double() - expected).norm() / expected.norm()) < tolerance, (config, window)
 
 
+def test_the_chosen_kernel_compiles_for_sm90_with_keys_and_values_in_flight_together():
+    """Compiled for an H100 / H200 on this machine (Triton's own ptxas; no GPU): at Qwen3-0.6B's shape the chooser's
+    kernel has its software pipeline keep both tiles in shared memory one stage ahead (``K^T`` ``[128, 64]``, ``V``
+    ``[64, 128]``; a ``tl.trans`` of a ``[64, 128]`` key load would stay in registers) and fits 4 programs an SM
+    (<= 128 registers a thread at 4 warps; the first kernel took 244, so 2)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import triton
+
+    if not (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump").exists():
+        pytest.skip("this Triton has no NVIDIA toolchain")
+    chosen = choose_config(rows=256, heads=16, kv_heads=8, head_dim=128, page=16, width=128, dtype=torch.bfloat16,
+                           sms=132)
+    spec = ",".join(str(int(v)) for v in (chosen.split_len, chosen.block_n, chosen.num_warps, chosen.num_stages,
+                                          chosen.kv_together, chosen.unrolled))
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"PYTHONPATH": str(root)}
+    done = subprocess.run([sys.executable, str(root / "tests" / "rollout" / "sm90_compile.py"), "2", "128", spec],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    compiled = json.loads(done.stdout.splitlines()[-1])
+    assert {"1x128x64xbf16", "1x64x128xbf16"} <= set(compiled["buffers"]), compiled
+    assert compiled["registers"] <= 65536 // (4 * 32 * chosen.num_warps) and 4 * compiled["shared"] <= 228 * 1024
+
+
 def test_a_config_whose_split_is_not_whole_tiles_is_refused():
     q, cache = torch.zeros(1, 2, 16, device=DEVICE), torch.zeros(1, 2, 16, 16, device=DEVICE)
     with pytest.raises(ValueError, match="multiple of block_n"):
