@@ -222,6 +222,14 @@ def sweep(chosen: DecodeConfig, *, span: int, full: bool) -> list[DecodeConfig]:
     return list(dict.fromkeys(configs))  # in order, once each
 
 
+def sdpa_row(problem: Problem, repeats: int) -> str:
+    """torch SDPA over the keys and values gathered and padded to the span (the gather not timed)."""
+    keys, values, live = gathered(problem)
+    ms = median_ms(lambda _: sdpa(problem.q, keys, values, live, problem.scale), repeats)
+    return (f"{'torch SDPA (gathered, padded to the span)':44s} {ms:7.3f} ms "
+            f"{problem.live_bytes / ms / 1e9:5.2f} TB/s (live bytes over its time)")
+
+
 def flash_attn_row(problem: Problem, expected: torch.Tensor, repeats: int) -> str:
     """``flash_attn_with_kvcache`` over the same keys and values in pages of 256 (its smallest paged block)."""
     try:
@@ -249,7 +257,8 @@ def flash_attn_row(problem: Problem, expected: torch.Tensor, repeats: int) -> st
     if not error < TOLERANCE:
         return f"flash_attn: WRONG against the reference (relative error {error:.3g}), not timed"
     ms = median_ms(run, repeats)
-    return f"flash_attn_with_kvcache (pages of 256)      {ms:7.3f} ms"
+    return (f"{'flash_attn_with_kvcache (pages of 256)':44s} {ms:7.3f} ms "
+            f"{problem.live_bytes / ms / 1e9:5.2f} TB/s")
 
 
 def run_shape(shape: Shape, args, bandwidth: float, deadline: float) -> list[str]:
@@ -263,8 +272,8 @@ def run_shape(shape: Shape, args, bandwidth: float, deadline: float) -> list[str
     live = problem.live_bytes
     lines = [f"shape {shape.name}: {shape.rows} rows x {shape.heads}/{shape.kv_heads} heads of {shape.head_dim}, "
              f"lengths {min(problem.lengths.tolist())}-{max(problem.lengths.tolist())} (mean "
-             f"{problem.lengths.float().mean():.0f}), {live / 1e9:.3f} GB of live keys and values, {len(problem.pools)} "
-             f"pool copies; floor {live / bandwidth * 1e3:.3f} ms at the copy bandwidth"]
+             f"{problem.lengths.float().mean():.0f}), {live / 1e9:.3f} GB of live keys and values, "
+             f"{len(problem.pools)} pool copies; floor {live / bandwidth * 1e3:.3f} ms at the copy bandwidth"]
     timings: dict[DecodeConfig, float] = {}
     for config in sweep(chosen, span=shape.span, full=shape.full_sweep):
         name = ("main " if config == MAIN_CONFIG else "chosen " if config == chosen else "") + config.label()
@@ -281,18 +290,15 @@ def run_shape(shape: Shape, args, bandwidth: float, deadline: float) -> list[str
         ratio = timings[MAIN_CONFIG] / ms if MAIN_CONFIG in timings else float("nan")
         lines.append(f"  {name:44s} {ms:7.3f} ms {rate / 1e12:5.2f} TB/s {100 * rate / bandwidth:5.1f} % of copy  "
                      f"{ratio:4.2f}x main")
-    keys, values, mask = gathered(problem)
-    sdpa_ms = median_ms(lambda _: sdpa(problem.q, keys, values, mask, problem.scale), args.repeats)
-    lines.append(f"  {'torch SDPA (gathered, padded to the span)':44s} {sdpa_ms:7.3f} ms "
-                 f"{live / sdpa_ms / 1e9:5.2f} TB/s (live bytes over its time)")
-    del keys, values
+    lines.append("  " + sdpa_row(problem, args.repeats))
     lines.append("  " + flash_attn_row(problem, expected, args.repeats))
     if timings:
         best = min(timings, key=timings.get)
         rate = live / (timings[best] / 1e3)
+        speedup = timings.get(MAIN_CONFIG, float("nan")) / timings[best]
         lines.append(f"best at {shape.name}: {best.label()} {timings[best]:.3f} ms, {rate / 1e12:.2f} TB/s = "
-                     f"{100 * rate / bandwidth:.1f} % of copy, {timings.get(MAIN_CONFIG, float('nan')) / timings[best]:.2f}x"
-                     f" main{'' if best == chosen else f' (the chooser picked {chosen.label()})'}")
+                     f"{100 * rate / bandwidth:.1f} % of copy, {speedup:.2f}x main"
+                     f"{'' if best == chosen else f' (the chooser picked {chosen.label()})'}")
     return lines
 
 

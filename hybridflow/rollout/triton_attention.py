@@ -130,7 +130,9 @@ def choose_config(*, rows: int, heads: int, kv_heads: int, head_dim: int, page: 
     docstring says why)."""
     del heads  # the group rides in one program: the grid is rows x KV heads x splits
     element = torch.finfo(dtype).bits // 8
-    block_n = max(16, page, min(128, triton.next_power_of_2(TILE_BYTES // (head_dim * element))))
+    block_n = max(16, min(128, triton.next_power_of_2(TILE_BYTES // (head_dim * element))))
+    if page & (page - 1) == 0 and page <= 128:
+        block_n = max(block_n, page)  # whole pages a tile (any page works: positions are masked, not pages)
     tiles = triton.cdiv(width * page, block_n)
     wanted = triton.cdiv(PROGRAMS_PER_SM * sms, rows * kv_heads)  # splits a row
     per_split = max(MIN_SPLIT_TILES, tiles // wanted)
@@ -318,8 +320,8 @@ def paged_decode_attention(*, q: torch.Tensor, keys: torch.Tensor, values: torch
     )
     if not direct:
         _combine_kernel[(rows, heads)](
-            part_out, part_lse, out, lengths, window or NO_WINDOW, part_out.stride(0), part_out.stride(1), part_out.stride(2),
-            part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1),
+            part_out, part_lse, out, lengths, window or NO_WINDOW, part_out.stride(0), part_out.stride(1),
+            part_out.stride(2), part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1),
             HEAD_DIM=head_dim, SPLITS=triton.next_power_of_2(splits), SPLIT_LEN=config.split_len,
         )
     return out
