@@ -33,10 +33,11 @@ How the tiles and the launch are chosen (:class:`DecodeConfig`, :func:`choose_co
   num_stages=S)``): the keys loaded as ``K^T [D, BLOCK_N]`` (a dot operand as loaded; a ``tl.trans`` of a
   ``[BLOCK_N, D]`` load the pipeliner leaves in registers), both tiles go to shared memory by ``cp.async``.
   The block-table load that addresses them takes one stage, so 3 stages keep one tile of keys and values
-  (32 KB) ahead of the math and 5 keep two. At 3 stages the kernel takes 128 registers and 39 KB of shared
-  memory: 4 programs an SM, up to 128 KB in flight, ~5x the need; 5 stages: 137 registers, 72 KB, 3
-  programs with 64 KB each. With pipelining the order of the two loads in the source no longer matters
-  (the compiled kernels are the same); ``kv_together`` matters for 1 stage.
+  (32 KB) ahead of the math and 5 keep two. At 3 stages the kernel takes 120-128 registers and 39 KB of
+  shared memory: 4 programs an SM, up to 128 KB in flight, ~5x the need; 5 stages: ~130 registers, 72 KB,
+  3 programs with 64 KB each. With pipelining the order of the two loads in the source no longer matters
+  (the compiled kernels are the same); ``kv_together`` matters for 1 stage. ``tests/rollout/sm90_compile.py``
+  compiles a config this way (no GPU needed).
 - **Tiles of ~16 KB** (:data:`TILE_BYTES`): 64 keys at head dim 128 in bf16, 128 at 64 (SmolLM2),
   32 at 128 in fp32; a multiple of the page (16), and tiles start at multiples of it, so a tile reads
   whole pages (runs of ``page x D`` contiguous elements, 4 KB at 16 x 128 bf16) and no page is read by
