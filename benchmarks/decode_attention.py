@@ -18,7 +18,7 @@ the rotation through the copies does not fit in L2 (a step's other layers evict 
 
     python3 benchmarks/decode_attention.py                 # CUDA, < 60 s on an H200 (gpu_check's `attn` stage)
     python3 benchmarks/decode_attention.py --shapes qwen3-nano --repeats 50
-    python3 benchmarks/decode_attention.py --smoke         # CPU, Triton's interpreter, tiny shapes: correctness only
+    python3 benchmarks/decode_attention.py --smoke         # CPU: the interpreter, tiny shapes (correctness, the report)
 """
 
 from __future__ import annotations
@@ -308,7 +308,8 @@ def parse_args(argv=None):
     parser.add_argument("--repeats", type=int, default=20, help="timed calls per configuration (the median is shown)")
     parser.add_argument("--budget", type=float, default=50.0,
                         help="seconds after which configurations are no longer timed (a line says so)")
-    parser.add_argument("--smoke", action="store_true", help="tiny shapes, correctness only (CPU: the interpreter)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny shapes: correctness and the report (on a CPU in the interpreter; times mean nothing)")
     return parser.parse_args(argv)
 
 
