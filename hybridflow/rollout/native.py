@@ -335,13 +335,13 @@ class NativeEngine:
         self.allocator = allocator
 
     def _cache_row_length(self, max_len: int) -> int:
-        """Positions a block table spans: with the Triton kernels, whole attention splits (fewer caches, so
-        fewer graph captures)."""
+        """Positions a block table spans: with the Triton kernels, a multiple of their span rounding (fewer caches,
+        so fewer graph captures and kernel compiles)."""
         if not self.triton_kernels:
             return max_len
-        from hybridflow.rollout.triton_attention import SPLIT_LEN
+        from hybridflow.rollout.triton_attention import SPAN_ROUNDING
 
-        return min(self.max_model_len, -(-max_len // SPLIT_LEN) * SPLIT_LEN)
+        return min(self.max_model_len, -(-max_len // SPAN_ROUNDING) * SPAN_ROUNDING)
 
     def _blocks_within_budget(self, max_len: int) -> int:
         """KV blocks that fit in ``gpu_memory_utilization`` of the device's memory (GPU memory on CUDA, RAM on

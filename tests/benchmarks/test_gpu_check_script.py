@@ -37,6 +37,14 @@ def test_the_dry_run_lists_every_stage_once_in_order():
     assert [name for name, _, _ in dry_run(STAGES="update tests")] == ["tests", "update"]
 
 
+def test_the_limits_comment_is_true_and_the_kernels_come_before_the_engine_stages():
+    script = SCRIPT.read_text()
+    comment = re.search(r"^# Limits ([\d + ]+) s", script, re.M).group(1)
+    assert [int(limit) for limit in comment.split(" + ")] == [limit for _, limit, _ in dry_run()]
+    order = default_stages()
+    assert order.index("attn") < min(order.index(name) for name in order if name.startswith("rollout-"))
+
+
 def test_the_budget_keeps_the_script_under_eight_minutes():
     budget = int(re.search(r"BUDGET=\$\{BUDGET_S:-(\d+)\}", SCRIPT.read_text()).group(1))
     assert budget <= 480

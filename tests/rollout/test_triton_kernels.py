@@ -9,16 +9,18 @@ pytest.importorskip("triton")
 pytestmark = pytest.mark.triton
 
 from hybridflow.rollout.decoder import LlamaFamilyDecoder  # noqa: E402
-from hybridflow.rollout.triton_attention import paged_decode_attention  # noqa: E402
+from hybridflow.rollout.triton_attention import (MAIN_CONFIG, MIN_SPLIT_TILES, PROGRAMS_PER_SM,  # noqa: E402
+                                                 DecodeConfig, choose_config, paged_decode_attention)
 from hybridflow.rollout.triton_fused import add_rms_norm, qkv_rope_write, silu_mul  # noqa: E402
 from tests.rollout.conftest import chat_prompts, prefilled_paged_cache  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def reference_attention(q, keys, values, lengths, scale, tables, window=None):
+def reference_attention(q, keys, values, lengths, scale, tables, window=None, softcap=None):
     """fp64 softmax attention of each row over its first ``lengths[n]`` positions (the last ``window`` of them
-    with a window), read through its block table row (``keys`` ``[KV, blocks, B, D]``); ``[N, H, D]``."""
+    with a window), read through its block table row (``keys`` ``[KV, blocks, B, D]``), scores capped to
+    ``c tanh(s / c)`` with a ``softcap`` ``c``; ``[N, H, D]``."""
     group = q.shape[1] // keys.shape[0]
     out = []
     for n, length in enumerate(lengths):
@@ -27,7 +29,10 @@ def reference_attention(q, keys, values, lengths, scale, tables, window=None):
         def row(pool):  # [H, L, D]
             return pool[:, tables[n]].flatten(1, 2)[:, first:length].double().repeat_interleave(group, 0)
 
-        weights = torch.softmax(torch.einsum("hd,hld->hl", q[n].double(), row(keys)) * scale, dim=-1)
+        scores = torch.einsum("hd,hld->hl", q[n].double(), row(keys)) * scale
+        if softcap is not None:
+            scores = softcap * torch.tanh(scores / softcap)
+        weights = torch.softmax(scores, dim=-1)
         out.append(torch.einsum("hl,hld->hd", weights, row(values)))
     return torch.stack(out)
 
@@ -45,7 +50,7 @@ def scattered_tables(lengths, *, block_size, width, seed=0):
 
 @pytest.mark.parametrize("dtype, tolerance", [
     (torch.float32, 1e-5),
-    pytest.param(torch.bfloat16, 1e-2, marks=pytest.mark.skipif(DEVICE == "cpu", reason="the interpreter has no bf16")),
+    (torch.bfloat16, 1e-2),
 ])
 @pytest.mark.parametrize("heads, kv_heads, head_dim", [(4, 4, 16), (6, 2, 32), (9, 3, 64), (16, 8, 128)])
 def test_split_k_attention_reads_each_rows_own_length_through_its_blocks(heads, kv_heads, head_dim, dtype, tolerance):
@@ -89,6 +94,126 @@ def test_split_k_attention_reads_only_the_sliding_window(window):
     expected = reference_attention(q, keys.to(DEVICE), values.to(DEVICE), lengths, 32**-0.5, tables.long(),
                                    window=window)
     assert ((got.double() - expected).norm() / expected.norm()) < 1e-5
+
+
+def test_split_k_attention_caps_the_scores_with_a_softcap():
+    """Gemma 2's ``c tanh(s / c)`` on each scaled score before the softmax: scores of +-20 capped at 5 (a softmax far
+    from the uncapped one), a window beside it, and the same contract as the CPU kernel."""
+    torch.manual_seed(3)
+    block_size, lengths = 16, [1, 40, 300]
+    tables, blocks = scattered_tables(lengths, block_size=block_size, width=20, seed=3)
+    q = torch.randn(len(lengths), 6, 32, device=DEVICE) * 4
+    keys, values = torch.randn(2, blocks, block_size, 32), torch.randn(2, blocks, block_size, 32)
+    inputs = dict(q=q, keys=keys.to(DEVICE), values=values.to(DEVICE), lengths=torch.tensor(lengths, device=DEVICE),
+                  scale=32**-0.5, block_tables=tables.to(DEVICE))
+    for window in (None, 50):
+        got = paged_decode_attention(**inputs, window=window, softcap=5.0)
+        expected = reference_attention(q, keys.to(DEVICE), values.to(DEVICE), lengths, 32**-0.5, tables.long(),
+                                       window=window, softcap=5.0)
+        uncapped = reference_attention(q, keys.to(DEVICE), values.to(DEVICE), lengths, 32**-0.5, tables.long(),
+                                       window=window)
+        assert ((uncapped - expected).norm() / expected.norm()) > 0.1  # the cap matters here
+        assert ((got.double() - expected).norm() / expected.norm()) < 1e-5
+    with pytest.raises(ValueError, match="softcap"):
+        paged_decode_attention(**inputs, softcap=0.0)
+
+
+def test_choose_config_at_the_issues_shapes():
+    """Issue 46's shapes on 132 SMs: whole rows in one program once rows x KV heads fill the card, splits that give
+    every SM its programs when they do not; tiles of ~16 KB of keys, whole pages, a split a multiple of a tile."""
+    def choose(rows, kv_heads, head_dim, width, dtype=torch.bfloat16, sms=132):
+        return choose_config(rows=rows, heads=2 * kv_heads, kv_heads=kv_heads, head_dim=head_dim, page=16, width=width,
+                             dtype=dtype, sms=sms)
+
+    qwen3 = choose(256, 8, 128, 128)  # 2,048 pairs of 2,048 positions against 16 x 132 programs: 2 splits
+    assert (qwen3.split_len, qwen3.block_n, qwen3.kv_together, qwen3.unrolled) == (1024, 64, True, False)
+    smollm = choose(64, 3, 64, 128)  # 192 pairs: as many splits as splits of 4 tiles allow (128-key tiles)
+    assert (smollm.block_n, smollm.split_len, smollm.splits(2048)) == (128, 512, 4)
+    qwen25 = choose(256, 2, 128, 128)  # 512 pairs: 5 splits wanted, 6 tiles each: 4 (a power of two)
+    assert (qwen25.block_n, qwen25.split_len) == (64, 256)
+    assert choose(4096, 8, 128, 128).splits(2048) == 1  # the pairs alone fill the card: one split, no combine
+    assert choose(256, 8, 128, 13).split_len == 256  # a short table (208 positions): one split of its 4 tiles
+    assert choose(256, 8, 128, 128, dtype=torch.float32).block_n == 32  # 16 KB of fp32 keys
+    for rows in (1, 8, 64, 256, 1024):
+        for kv_heads, head_dim, width in ((8, 128, 128), (3, 64, 32), (2, 128, 13)):
+            config, span = choose(rows, kv_heads, head_dim, width), width * 16
+            tiles = config.split_len // config.block_n
+            assert config.split_len % config.block_n == 0 and config.block_n % 16 == 0
+            if config.splits(span) > 1:  # else one split of the whole row
+                assert tiles & (tiles - 1) == 0 and tiles >= MIN_SPLIT_TILES  # a power of two, at least the floor
+                programs = rows * kv_heads * config.splits(span)
+                assert programs >= PROGRAMS_PER_SM * 132 // 2 or tiles == MIN_SPLIT_TILES  # enough, or at the floor
+
+
+@pytest.mark.parametrize("heads, kv_heads, head_dim, dtype", [
+    (2, 2, 64, torch.float32), (4, 2, 128, torch.bfloat16), (3, 1, 64, torch.bfloat16), (6, 1, 128, torch.float32),
+    (8, 1, 64, torch.float32)])  # groups 1 / 2 / 3 / 6 / 8; tiles of 64 / 64 / 128 / 32 / 64 keys
+def test_every_config_the_chooser_returns_matches_the_reference(heads, kv_heads, head_dim, dtype):
+    """Every config the chooser returns for this table width, head dim and dtype (over batch buckets and SM counts:
+    one split a row, with no combine, and splits of 4 tiles where the row has more), and the first kernel's, over
+    scattered tables, a row of 1 key and lengths off the page and the splits, with and without a window, poisoned
+    past each row's end and in the null block."""
+    torch.manual_seed(heads * head_dim)
+    block_size, width, lengths = 16, 20, [1, 15, 63, 300]
+    tables, blocks = scattered_tables(lengths, block_size=block_size, width=width, seed=heads)
+    q = torch.randn(len(lengths), heads, head_dim, dtype=dtype)
+    keys, values = (torch.randn(kv_heads, blocks, block_size, head_dim, dtype=dtype) for _ in range(2))
+    keys[:, 0] = values[:, 0] = float("nan")
+    for row, length in enumerate(lengths):
+        last, used = tables[row, (length - 1) // block_size], (length - 1) % block_size + 1
+        keys[:, last, used:] = values[:, last, used:] = float("nan")
+    configs = {choose_config(rows=rows, heads=heads, kv_heads=kv_heads, head_dim=head_dim, page=block_size,
+                             width=width, dtype=dtype, sms=sms) for rows in (1, 4, 64, 256) for sms in (1, 8, 132)}
+    (block_n,) = {config.block_n for config in configs}  # the tile follows the head dim and dtype alone
+    span = width * block_size
+    tiles = -(-span // block_n)
+    assert {config.splits(span) for config in configs} == ({1, -(-tiles // MIN_SPLIT_TILES)}
+                                                           if tiles > MIN_SPLIT_TILES else {1})
+    inputs = dict(q=q.to(DEVICE), keys=keys.to(DEVICE), values=values.to(DEVICE),
+                  lengths=torch.tensor(lengths, device=DEVICE), scale=head_dim**-0.5, block_tables=tables.to(DEVICE))
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-2
+    for window in (None, 70):
+        expected = reference_attention(q, keys, values, lengths, head_dim**-0.5, tables.long(), window=window)
+        for config in configs | {MAIN_CONFIG}:
+            got = paged_decode_attention(**inputs, window=window, config=config).cpu()
+            assert ((got.double() - expected).norm() / expected.norm()) < tolerance, (config, window)
+
+
+def test_the_chosen_kernel_compiles_for_sm90_with_keys_and_values_in_flight_together():
+    """Compiled for an H100 / H200 on this machine (Triton's own ptxas; no GPU): at Qwen3-0.6B's shape the chooser's
+    kernel has its software pipeline keep both tiles in shared memory one stage ahead (``K^T`` ``[128, 64]``, ``V``
+    ``[64, 128]``; a ``tl.trans`` of a ``[64, 128]`` key load would stay in registers) and fits 4 programs an SM
+    (<= 128 registers a thread at 4 warps; the first kernel took 244, so 2)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import triton
+
+    if not (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump").exists():
+        pytest.skip("this Triton has no NVIDIA toolchain")
+    chosen = choose_config(rows=256, heads=16, kv_heads=8, head_dim=128, page=16, width=128, dtype=torch.bfloat16,
+                           sms=132)
+    spec = ",".join(str(int(v)) for v in (chosen.split_len, chosen.block_n, chosen.num_warps, chosen.num_stages,
+                                          chosen.kv_together, chosen.unrolled))
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"PYTHONPATH": str(root)}
+    done = subprocess.run([sys.executable, str(root / "tests" / "rollout" / "sm90_compile.py"), "2", "128", spec],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    compiled = json.loads(done.stdout.splitlines()[-1])
+    assert {"1x128x64xbf16", "1x64x128xbf16"} <= set(compiled["buffers"]), compiled
+    assert compiled["registers"] <= 65536 // (4 * 32 * chosen.num_warps) and 4 * compiled["shared"] <= 228 * 1024
+
+
+def test_a_config_whose_split_is_not_whole_tiles_is_refused():
+    q, cache = torch.zeros(1, 2, 16, device=DEVICE), torch.zeros(1, 2, 16, 16, device=DEVICE)
+    with pytest.raises(ValueError, match="multiple of block_n"):
+        paged_decode_attention(q=q, keys=cache, values=cache, lengths=torch.tensor([1], device=DEVICE), scale=1.0,
+                               block_tables=torch.ones(1, 1, dtype=torch.int32, device=DEVICE),
+                               config=DecodeConfig(split_len=96, block_n=64))
 
 
 def hf_rms_norm(x, weight, eps):
