@@ -73,7 +73,7 @@ def align_pairs(ids: torch.Tensor, experts: int, block_m: int) -> PairBlocks:
 def _grouped_gemm_kernel(X, W, Out, SortedPairs, BlockExpert, UsedSlots, RoutingWeights, pairs,
                          stride_x, stride_we, stride_wn, stride_wk, stride_o,
                          ROWS_PER_X: tl.constexpr, COLUMNS: tl.constexpr, DEPTH: tl.constexpr,
-                         SWIGLU: tl.constexpr, WEIGHTED: tl.constexpr, WIDEN: tl.constexpr,
+                         SWIGLU: tl.constexpr, WEIGHTED: tl.constexpr, WIDEN: tl.constexpr, PRECISION: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     block, tile = tl.program_id(0), tl.program_id(1)
     if block * BLOCK_M >= tl.load(UsedSlots):
@@ -96,13 +96,13 @@ def _grouped_gemm_kernel(X, W, Out, SortedPairs, BlockExpert, UsedSlots, Routing
         if WIDEN:  # the interpreter's dot mishandles bf16 (numpy has none): widen the tiles there
             x = x.to(tl.float32)
             w = w.to(tl.float32)
-        acc = tl.dot(x, w, acc, input_precision="ieee")
+        acc = tl.dot(x, w, acc, input_precision=PRECISION)
         if SWIGLU:  # the up rows sit COLUMNS rows below the gate rows
             w_up = tl.load(w_ptrs + COLUMNS * stride_wn + start * stride_wk,
                            mask=in_depth[:, None] & inside[None, :], other=0.0)
             if WIDEN:
                 w_up = w_up.to(tl.float32)
-            acc_up = tl.dot(x, w_up, acc_up, input_precision="ieee")
+            acc_up = tl.dot(x, w_up, acc_up, input_precision=PRECISION)
     dtype = Out.dtype.element_ty
     out = acc.to(dtype).to(tl.float32)
     if SWIGLU:  # HF: silu(gate) and its product with up, each rounded to the model dtype
@@ -139,7 +139,8 @@ def grouped_gemm(x: torch.Tensor, weight: torch.Tensor, blocks: PairBlocks, *, p
         routing_weights if routing_weights is not None else out, pairs,
         x.stride(0), weight.stride(0), weight.stride(1), weight.stride(2), out.stride(0),
         ROWS_PER_X=rows_per_x, COLUMNS=columns, DEPTH=depth, SWIGLU=swiglu, WEIGHTED=routing_weights is not None,
-        WIDEN=x.device.type == "cpu", BLOCK_M=blocks.block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        WIDEN=x.device.type == "cpu", PRECISION="ieee" if x.dtype == torch.float32 else "tf32",  # fp32: no TF32
+        BLOCK_M=blocks.block_m, BLOCK_N=block_n, BLOCK_K=block_k,
     )
     return out
 
