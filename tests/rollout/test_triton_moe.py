@@ -185,3 +185,14 @@ def test_grouped_gemm_compiles_for_hopper_on_tensor_cores(swiglu):
                           text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "mma.sync" in done.stdout
+
+
+def test_alignment_traces_as_one_graph():
+    """No host values, no data-dependent shapes (``bincount``, ``nonzero``, ``.item()`` would break the graph): what a
+    CUDA graph needs, checked on CPU by ``torch.compile(fullgraph=True)``."""
+    ids = torch.tensor([[2, 0], [2, 1], [2, 0]], device=DEVICE)
+    torch._dynamo.reset()
+    traced = torch.compile(align_pairs, fullgraph=True, backend="eager")(ids, 4, 4)  # a graph break raises here
+    eager = align_pairs(ids, 4, 4)
+    for name in ("sorted_pairs", "block_expert", "used_slots"):
+        assert torch.equal(getattr(traced, name), getattr(eager, name)), name
