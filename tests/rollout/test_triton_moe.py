@@ -188,8 +188,9 @@ def test_grouped_gemm_compiles_for_hopper_on_tensor_cores(swiglu):
 
 
 def test_alignment_traces_as_one_graph():
-    """No host values, no data-dependent shapes (``bincount``, ``nonzero``, ``.item()`` would break the graph): what a
-    CUDA graph needs, checked on CPU by ``torch.compile(fullgraph=True)``."""
+    """No host values (``int(t)``, ``.item()``, ``.tolist()`` break the graph): what a CUDA graph needs, checked on CPU
+    by ``torch.compile(fullgraph=True)``. (It cannot see CUDA's ``bincount`` reading its maximum back, which
+    :func:`align_pairs` avoids by construction.)"""
     ids = torch.tensor([[2, 0], [2, 1], [2, 0]], device=DEVICE)
     torch._dynamo.reset()
     traced = torch.compile(align_pairs, fullgraph=True, backend="eager")(ids, 4, 4)  # a graph break raises here
