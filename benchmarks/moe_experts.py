@@ -10,7 +10,9 @@ For each row count (tokens of one decode step), random hidden states through a r
 - ``eager``: ``graph_safe=False``, :func:`hybridflow.rollout.moe.grouped_experts` (one host sync, a loop over the
   used experts: what the engine ran outside graphs);
 - ``floor``: the used experts' weight bytes (``3 I hidden`` elements each) over the device's copy bandwidth, measured
-  in the same run (a large ``copy_``: bytes read + written over its time). ``triton / floor`` is the printed ratio.
+  in the same run (a large ``copy_``: bytes read + written over its time). ``triton / floor`` is the printed ratio;
+- ``align``: the part of ``triton`` that groups the pairs by expert (:func:`hybridflow.rollout.triton_moe.align_pairs`,
+  about twenty small torch ops, also replayed from a graph): the fixed cost a smaller step cannot hide.
 
 The layer's weights (1.2 GB at the default shape) are far larger than L2, but the same layer is replayed, so at the
 smallest row counts part of the used experts may be served from L2 (a real step reads 48 layers in turn).
@@ -126,6 +128,7 @@ def graph_replay(step, device: str):
 
 def measure(layer, rows: int, *, device: str, iters: int, bandwidth: float) -> dict:
     from hybridflow.rollout.moe import moe_mlp, route
+    from hybridflow.rollout.triton_moe import align_pairs, block_m_for
 
     generator = torch.Generator(device=device).manual_seed(rows)
     x = torch.randn(rows, layer.router.shape[1], generator=generator, device=device).to(layer.router.dtype)
@@ -135,12 +138,16 @@ def measure(layer, rows: int, *, device: str, iters: int, bandwidth: float) -> d
         out["triton"] = moe_mlp(x, layer, F.silu, graph_safe=True)
 
     triton_s = timed(graph_replay(triton_step, device), device=device, iters=iters)
+    ids = route(x, layer)[1]
+    align_s = timed(graph_replay(lambda: align_pairs(ids, layer.gate_up.shape[0], block_m_for(ids.numel(),
+                                                                                              layer.gate_up.shape[0])),
+                                 device), device=device, iters=iters)
     eager_s = timed(lambda: out.__setitem__("eager", moe_mlp(x, layer, F.silu)), device=device, iters=iters)
-    used = int(route(x, layer)[1].unique().numel())
+    used = int(ids.unique().numel())
     expert_bytes = (layer.gate_up[0].numel() + layer.down[0].numel()) * layer.gate_up.element_size()
     floor_s = used * expert_bytes / bandwidth
     error = float((out["triton"].float() - out["eager"].float()).norm() / out["eager"].float().norm())
-    return dict(rows=rows, used=used, floor_us=floor_s * 1e6, triton_us=triton_s * 1e6, eager_us=eager_s * 1e6,
+    return dict(rows=rows, used=used, floor_us=floor_s * 1e6, triton_us=triton_s * 1e6, align_us=align_s * 1e6, eager_us=eager_s * 1e6,
                 ratio=triton_s / floor_s, error=error)
 
 
@@ -156,14 +163,15 @@ def main(argv=None) -> list[dict]:
     bandwidth = copy_bandwidth(device)
     print(f"{args.shape}: hidden {shape['hidden']}, {shape['experts']} experts of {shape['intermediate']}, "
           f"top-{shape['top_k']}, {args.dtype}, {device}; copy bandwidth {bandwidth / 1e9:.0f} GB/s")
-    print("| rows | experts used | floor us | triton us | triton / floor | eager us | eager / triton | rel. error |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| rows | experts used | floor us | triton us | triton / floor | align us | eager us | eager / triton "
+          "| rel. error |")
+    print("|---|---|---|---|---|---|---|---|---|")
     results = []
     for rows in (int(r) for r in args.rows.split(",")):
         r = measure(layer, rows, device=device, iters=args.iters, bandwidth=bandwidth)
         results.append(r)
         print(f"| {rows} | {r['used']} | {r['floor_us']:.1f} | {r['triton_us']:.1f} | {r['ratio']:.2f} | "
-              f"{r['eager_us']:.1f} | {r['eager_us'] / r['triton_us']:.2f} | {r['error']:.1e} |", flush=True)
+              f"{r['align_us']:.1f} | {r['eager_us']:.1f} | {r['eager_us'] / r['triton_us']:.2f} | {r['error']:.1e} |", flush=True)
     worst = max(r["error"] for r in results)
     if worst > 2e-2:
         raise SystemExit(f"the Triton experts differ from grouped_experts by {worst:.1e} (relative): a kernel bug")
