@@ -4,9 +4,9 @@ torch path and the bytes floor (issue 46).
 For each row count (tokens of one decode step), random hidden states through a random router of ``--shape``'s experts
 (Qwen3-30B-A3B by default: hidden 2048, 128 experts of moe_intermediate 768, top-8, bf16), timed three ways:
 
-- ``triton``: :func:`hybridflow.rollout.moe.moe_mlp` with ``graph_safe=True`` (routing, the device-side alignment and
-  the two grouped GEMMs of :mod:`hybridflow.rollout.triton_moe`), captured in a CUDA graph and replayed, as a decode
-  step runs it;
+- ``triton``: what :func:`hybridflow.rollout.moe.moe_mlp` runs with ``graph_safe=True`` on CUDA (routing, the
+  device-side alignment and the two grouped GEMMs of :mod:`hybridflow.rollout.triton_moe`, with each ``--tiles``),
+  captured in a CUDA graph and replayed, as a decode step runs it;
 - ``eager``: ``graph_safe=False``, :func:`hybridflow.rollout.moe.grouped_experts` (one host sync, a loop over the
   used experts: what the engine ran outside graphs);
 - ``floor``: the used experts' weight bytes (``3 I hidden`` elements each) over the device's copy bandwidth, measured
@@ -19,7 +19,7 @@ smallest row counts part of the used experts may be served from L2 (a real step 
 The Triton output is checked against the eager one each row count (relative error printed; over 2 % exits non-zero).
 
     python benchmarks/moe_experts.py                          # CUDA, under 30 s on an H100 / H200
-    python benchmarks/moe_experts.py --rows 1,8,64 --iters 50
+    python benchmarks/moe_experts.py --rows 1,8,64 --iters 50 --tiles 64x64,32x128,128x64
     python benchmarks/moe_experts.py --smoke                  # CPU: a tiny layer through Triton's interpreter
 """
 
@@ -45,6 +45,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--rows", default="1,2,4,8,16,32,64,128,256", help="decode rows (tokens), comma-separated")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     parser.add_argument("--iters", type=int, default=20, help="timed calls per path and row count")
+    parser.add_argument("--tiles", default="64x64",
+                        help="the grouped GEMMs' BLOCK_N x BLOCK_K, comma-separated to compare (e.g. 64x64,32x128)")
     parser.add_argument("--smoke", action="store_true",
                         help="CPU: tiny-qwen3-moe, rows 1 and 5, fp32, one call each, Triton interpreted")
     args = parser.parse_args(argv)
@@ -126,29 +128,38 @@ def graph_replay(step, device: str):
     return graph.replay
 
 
-def measure(layer, rows: int, *, device: str, iters: int, bandwidth: float) -> dict:
+def measure(layer, rows: int, *, tiles: list[tuple[int, int]], device: str, iters: int, bandwidth: float
+            ) -> list[dict]:
+    """One row count: the floor, the alignment and the eager path once, the Triton path once per tile shape."""
     from hybridflow.rollout.moe import moe_mlp, route
-    from hybridflow.rollout.triton_moe import align_pairs, block_m_for
+    from hybridflow.rollout.triton_moe import align_pairs, block_m_for, grouped_swiglu_experts
 
     generator = torch.Generator(device=device).manual_seed(rows)
     x = torch.randn(rows, layer.router.shape[1], generator=generator, device=device).to(layer.router.dtype)
-    out = {}
-
-    def triton_step():
-        out["triton"] = moe_mlp(x, layer, F.silu, graph_safe=True)
-
-    triton_s = timed(graph_replay(triton_step, device), device=device, iters=iters)
+    experts = layer.gate_up.shape[0]
+    eager = {}
+    eager_s = timed(lambda: eager.__setitem__("out", moe_mlp(x, layer, F.silu)), device=device, iters=iters)
     ids = route(x, layer)[1]
-    align_s = timed(graph_replay(lambda: align_pairs(ids, layer.gate_up.shape[0], block_m_for(ids.numel(),
-                                                                                              layer.gate_up.shape[0])),
-                                 device), device=device, iters=iters)
-    eager_s = timed(lambda: out.__setitem__("eager", moe_mlp(x, layer, F.silu)), device=device, iters=iters)
+    align_s = timed(graph_replay(lambda: align_pairs(ids, experts, block_m_for(ids.numel(), experts)), device),
+                    device=device, iters=iters)
     used = int(ids.unique().numel())
     expert_bytes = (layer.gate_up[0].numel() + layer.down[0].numel()) * layer.gate_up.element_size()
     floor_s = used * expert_bytes / bandwidth
-    error = float((out["triton"].float() - out["eager"].float()).norm() / out["eager"].float().norm())
-    return dict(rows=rows, used=used, floor_us=floor_s * 1e6, triton_us=triton_s * 1e6, align_us=align_s * 1e6, eager_us=eager_s * 1e6,
-                ratio=triton_s / floor_s, error=error)
+    results = []
+    for block_n, block_k in tiles:
+        out = {}
+
+        def triton_step():  # moe_mlp's graph-safe CUDA path, with these tiles
+            weights, ids = route(x, layer)
+            out["y"] = grouped_swiglu_experts(x, weights, ids, layer.gate_up, layer.down, block_n=block_n,
+                                              block_k=block_k)
+
+        triton_s = timed(graph_replay(triton_step, device), device=device, iters=iters)
+        error = float((out["y"].float() - eager["out"].float()).norm() / eager["out"].float().norm())
+        results.append(dict(rows=rows, tiles=f"{block_n}x{block_k}", used=used, floor_us=floor_s * 1e6,
+                            triton_us=triton_s * 1e6, align_us=align_s * 1e6, eager_us=eager_s * 1e6,
+                            ratio=triton_s / floor_s, error=error))
+    return results
 
 
 def main(argv=None) -> list[dict]:
@@ -158,20 +169,22 @@ def main(argv=None) -> list[dict]:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before Triton is imported
     elif not torch.cuda.is_available():
         raise SystemExit("no CUDA device: run with --smoke for the CPU check through Triton's interpreter")
+    tiles = [tuple(int(edge) for edge in tile.split("x")) for tile in args.tiles.split(",")]
     shape = expert_shape(args.shape)
     layer = random_layer(shape, dtype=getattr(torch, args.dtype), device=device)
     bandwidth = copy_bandwidth(device)
     print(f"{args.shape}: hidden {shape['hidden']}, {shape['experts']} experts of {shape['intermediate']}, "
           f"top-{shape['top_k']}, {args.dtype}, {device}; copy bandwidth {bandwidth / 1e9:.0f} GB/s")
-    print("| rows | experts used | floor us | triton us | triton / floor | align us | eager us | eager / triton "
-          "| rel. error |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| rows | tiles n x k | experts used | floor us | triton us | triton / floor | align us | eager us "
+          "| eager / triton | rel. error |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     results = []
     for rows in (int(r) for r in args.rows.split(",")):
-        r = measure(layer, rows, device=device, iters=args.iters, bandwidth=bandwidth)
-        results.append(r)
-        print(f"| {rows} | {r['used']} | {r['floor_us']:.1f} | {r['triton_us']:.1f} | {r['ratio']:.2f} | "
-              f"{r['align_us']:.1f} | {r['eager_us']:.1f} | {r['eager_us'] / r['triton_us']:.2f} | {r['error']:.1e} |", flush=True)
+        for r in measure(layer, rows, tiles=tiles, device=device, iters=args.iters, bandwidth=bandwidth):
+            results.append(r)
+            print(f"| {rows} | {r['tiles']} | {r['used']} | {r['floor_us']:.1f} | {r['triton_us']:.1f} | "
+                  f"{r['ratio']:.2f} | {r['align_us']:.1f} | {r['eager_us']:.1f} | {r['eager_us'] / r['triton_us']:.2f} "
+                  f"| {r['error']:.1e} |", flush=True)
     worst = max(r["error"] for r in results)
     if worst > 2e-2:
         raise SystemExit(f"the Triton experts differ from grouped_experts by {worst:.1e} (relative): a kernel bug")

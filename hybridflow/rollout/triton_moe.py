@@ -152,13 +152,16 @@ def block_m_for(pairs: int, experts: int) -> int:
 
 
 def grouped_swiglu_experts(hidden: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor,
-                           down: torch.Tensor, *, block_m: int | None = None) -> torch.Tensor:
+                           down: torch.Tensor, *, block_m: int | None = None, block_n: int = 64,
+                           block_k: int = 64) -> torch.Tensor:
     """The routed SwiGLU experts of ``hidden`` ``[N, hidden]``: routing ``weights`` and expert ``ids`` ``[N, k]``,
-    ``gate_up`` ``[E, 2 I, hidden]``, ``down`` ``[E, hidden, I]``; returns ``[N, hidden]``. Graph-safe."""
+    ``gate_up`` ``[E, 2 I, hidden]``, ``down`` ``[E, hidden, I]``; returns ``[N, hidden]``. Graph-safe. The tile
+    edges default to :func:`block_m_for` and 64 x 64 (untuned: ``benchmarks/moe_experts.py --tiles`` compares others)."""
     count, top_k = ids.shape
     experts, pairs = gate_up.shape[0], count * top_k
     blocks = align_pairs(ids, experts, block_m or block_m_for(pairs, experts))
-    activated = grouped_gemm(hidden, gate_up, blocks, pairs=pairs, rows_per_x=top_k, swiglu=True)  # [N k, I]
+    tiles = dict(block_n=block_n, block_k=block_k)
+    activated = grouped_gemm(hidden, gate_up, blocks, pairs=pairs, rows_per_x=top_k, swiglu=True, **tiles)  # [N k, I]
     out = grouped_gemm(activated, down, blocks, pairs=pairs, rows_per_x=1, swiglu=False,
-                       routing_weights=weights.reshape(-1))  # [N k, hidden], weighted
+                       routing_weights=weights.reshape(-1), **tiles)  # [N k, hidden], weighted
     return out.view(count, top_k, -1).sum(dim=1)
