@@ -24,6 +24,35 @@ SHAPES = {
     "qwen2.5-1.5b": dict(model_type="qwen2", hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
                          num_attention_heads=12, num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True,
                          max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1000000.0),
+    # google/gemma-2-2b's config.json. Sure of every value (the Gemma 2 report's 2B row agrees: 26 layers, d_model 2304,
+    # 8 heads of 256, 4 KV heads, MLP 9216, 256k vocabulary, window 4096, caps 50 / 30); layers alternate local / global
+    # (transformers' default layer_types for gemma2).
+    "gemma2-2b": dict(model_type="gemma2", hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
+                      num_attention_heads=8, num_key_value_heads=4, head_dim=256, vocab_size=256000,
+                      query_pre_attn_scalar=256, sliding_window=4096, attn_logit_softcapping=50.0,
+                      final_logit_softcapping=30.0, hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True,
+                      max_position_embeddings=8192, rms_norm_eps=1e-6, rope_theta=10000.0),
+    # google/gemma-3-1b-it's config.json (gemma3_text). Sure of the dims, heads, vocabulary (262144), window 512,
+    # the pattern of 5 local layers then 1 global (its sliding_window_pattern 6, written out as layer_types) and the two
+    # rotary bases (rope_local_base_freq 10000 local, rope_theta 1e6 global); no caps, no rope scaling at 1B. Less sure:
+    # max_position_embeddings 32768 (the 1B's 32k context; the larger Gemma 3 have 131072).
+    "gemma3-1b": dict(model_type="gemma3_text", hidden_size=1152, intermediate_size=6912, num_hidden_layers=26,
+                      num_attention_heads=4, num_key_value_heads=1, head_dim=256, vocab_size=262144,
+                      query_pre_attn_scalar=256, sliding_window=512,
+                      layer_types=["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(26)],
+                      rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                       "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}},
+                      hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True, max_position_embeddings=32768,
+                      rms_norm_eps=1e-6),
+    # Qwen/Qwen3-30B-A3B's config.json. Sure of: hidden 2048, 48 layers, 32 heads / 4 KV of 128 (so q is 4096 wide,
+    # twice hidden), 128 experts, top-8, moe_intermediate_size 768, norm_topk_prob, every layer sparse
+    # (decoder_sparse_step 1, no mlp_only_layers), vocabulary 151936, rope_theta 1e6, untied head. intermediate_size
+    # 6144 is the (unused) dense MLP width; max_position_embeddings 40960 as the other Qwen3, less sure.
+    "qwen3-30b-a3b": dict(model_type="qwen3_moe", hidden_size=2048, intermediate_size=6144, num_hidden_layers=48,
+                          num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_experts=128,
+                          num_experts_per_tok=8, moe_intermediate_size=768, norm_topk_prob=True, decoder_sparse_step=1,
+                          mlp_only_layers=[], vocab_size=151936, tie_word_embeddings=False,
+                          max_position_embeddings=40960, rms_norm_eps=1e-6, rope_theta=1000000.0),
 }
 SHAPES["tiny"] = dict(  # the smallest Qwen2.5-like shape: the CPU smoke runs of benchmarks/update.py and loop_step.py
     model_type="qwen2", hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,

@@ -14,8 +14,10 @@ The experts run grouped, never one token at a time: the ``N * k`` (token, expert
 expert and each expert multiplies one contiguous slice of rows (:func:`grouped_experts`: one host sync
 for the slice sizes), by its weights packed for oneDNN on a CPU (:class:`PackedLinear`: 1.7x faster than
 ``F.linear`` at 4 rows of Mixtral-tiny's ``[1408, 256]``, one packed copy of the experts as the cost; elsewhere
-the module's own tensors). A graph-safe decode step (static shapes, no host values) gathers each pair's
-expert weights instead and runs one batched matmul (:func:`gathered_experts`).
+the module's own tensors). A graph-safe decode step (static shapes, no host values) runs, on CUDA with Triton,
+two grouped GEMMs that read each used expert's weights about once (:mod:`hybridflow.rollout.triton_moe`);
+elsewhere it gathers each pair's expert weights and runs one batched matmul (:func:`gathered_experts`: fine for
+tiny CPU models, ``[N k, 2 I, hidden]`` bytes a layer, so never for a real MoE on a GPU).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from hybridflow.rollout.optional import package_installed
 from hybridflow.rollout.packed_linear import PackedLinear
 
 
@@ -46,10 +49,14 @@ class ExpertWeights:
     gate_up_linears: list[PackedLinear] = field(init=False)
     down_linears: list[PackedLinear] = field(init=False)
     """Each expert's projections as :class:`PackedLinear` (what :func:`grouped_experts` multiplies by)."""
+    triton_grouped: bool = field(init=False)
+    """Whether the graph-safe path runs the Triton grouped GEMMs (:mod:`hybridflow.rollout.triton_moe`): weights on
+    CUDA with Triton installed. Tests set it on CPU to run the kernels through Triton's interpreter."""
 
     def __post_init__(self):
         self.gate_up_linears = [PackedLinear(weight) for weight in self.gate_up]
         self.down_linears = [PackedLinear(weight) for weight in self.down]
+        self.triton_grouped = self.gate_up.device.type == "cuda" and package_installed("triton")
 
 
 def expert_weights(mlp, renormalize: str) -> ExpertWeights:
@@ -76,8 +83,13 @@ def route(hidden: torch.Tensor, experts: ExpertWeights) -> tuple[torch.Tensor, t
 
 def moe_mlp(hidden: torch.Tensor, experts: ExpertWeights, activation: Callable, *, graph_safe: bool = False
             ) -> torch.Tensor:
-    """The routed MLP of ``hidden`` ``[N, hidden]`` -> ``[N, hidden]``."""
+    """The routed MLP of ``hidden`` ``[N, hidden]`` -> ``[N, hidden]``; ``graph_safe``: static shapes, no host
+    values (the Triton grouped GEMMs for SwiGLU experts where :attr:`ExpertWeights.triton_grouped`)."""
     weights, ids = route(hidden, experts)
+    if graph_safe and experts.triton_grouped and activation is F.silu:
+        from hybridflow.rollout.triton_moe import grouped_swiglu_experts  # Triton only where it runs
+
+        return grouped_swiglu_experts(hidden, weights, ids, experts.gate_up, experts.down)
     run = gathered_experts if graph_safe else grouped_experts
     return run(hidden, weights, ids, experts, activation)
 

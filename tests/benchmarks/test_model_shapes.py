@@ -17,6 +17,31 @@ def test_each_tiny_shape_runs_natively(shape):
     assert unsupported_reason(AutoConfig.for_model(fields.pop("model_type"), **fields)) is None
 
 
+READ_WITHOUT_A_FIELD = {("qwen3_moe", "head_dim")}
+"""Keys a model reads with ``getattr(config, key, default)`` though its config class has no field for them."""
+
+
+@pytest.mark.parametrize("shape", [name for name in SHAPES if not name.startswith("tiny")])
+def test_each_real_shape_names_only_fields_of_its_config_and_runs_natively(shape):
+    """A real model's shape (config only: no weights) keeps every value it names, each a field of its config class
+    (transformers takes an unknown key silently, so a misspelt one would leave the default in place); ``rope_theta``
+    is read into ``rope_parameters``."""
+    import dataclasses
+
+    fields = dict(SHAPES[shape])
+    model_type = fields.pop("model_type")
+    config = AutoConfig.for_model(model_type, **fields)
+    known = {field.name for field in dataclasses.fields(type(config))} | {
+        key for kind, key in READ_WITHOUT_A_FIELD if kind == model_type}
+    for key, value in fields.items():
+        if key == "rope_theta":
+            assert config.rope_parameters["rope_theta"] == value
+        else:
+            assert key in known, f"{shape}: {key} is no field of {type(config).__name__}"
+            assert getattr(config, key) == value, key
+    assert unsupported_reason(config) is None
+
+
 with loaded_benchmark("model_shapes") as shapes_module:
     VL_SHAPES = {name: dict(fields) for name, fields in shapes_module.VL_SHAPES.items()}
     random_vl_model = shapes_module.random_vl_model
