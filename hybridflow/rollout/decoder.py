@@ -110,6 +110,9 @@ class LlamaFamilyDecoder:
             self.windows)
         """The key of each layer's rotary table (Gemma 3: its layer type; else one table for all)."""
         self._rope: dict[str | None, tuple[torch.Tensor, torch.Tensor]] = {}
+        scale = getattr(self.text_model.embed_tokens, "embed_scale", None)
+        self.embed_scale = None if scale is None else scale.to(self.text_model.embed_tokens.weight.dtype)
+        """Gemma: the embeddings' ``sqrt(hidden)`` scale in their dtype; a constant, built once (CUDA graphs read it)."""
         self.weights_epoch = 0
         """Bumped whenever a weight tensor the decode step reads is replaced rather than updated in place."""
         # The Triton attention kernel computes no soft cap yet: a model with one (Gemma 2) keeps the torch step.
@@ -156,9 +159,6 @@ class LlamaFamilyDecoder:
         incoming = incoming or {}
         inner = self.text_model
         self.embed = inner.embed_tokens.weight
-        if not hasattr(self, "embed_scale"):  # a constant: built once, as CUDA graphs read this tensor
-            scale = getattr(inner.embed_tokens, "embed_scale", None)  # Gemma: sqrt(hidden), in the weights' dtype
-            self.embed_scale = None if scale is None else scale.to(self.embed.dtype)
         self.final_norm = inner.norm.weight
         if self._lm_head_tied():  # the head is the embedding, which the module keeps
             head = self.model.lm_head.weight
@@ -541,7 +541,8 @@ class LlamaFamilyDecoder:
             context: ``max(positions) + 1``, the attention span of this step; ``None`` makes the
                 step graph-safe (static shapes, no host values: CUDA graphs capture it, and
                 ``torch.compile(fullgraph=True)`` traces it): on CUDA it then runs as Triton kernels
-                (:meth:`_decode_fused`; attention reads each row's length and blocks on the device),
+                (:meth:`_decode_fused`; attention reads each row's length and blocks on the device; not yet for a
+                model with an attention soft cap, Gemma 2),
                 elsewhere SDPA spans all ``W`` blocks with a device-built mask.
             rope_positions: ``[N]`` where each row's token rotates, when that is not ``positions`` (a
                 vision-language sequence: ``position + delta``, :mod:`hybridflow.rollout.vision_prefill`;
@@ -589,7 +590,8 @@ class LlamaFamilyDecoder:
         gemma = self.architecture.gemma_norms
         norm = functools.partial(ops.add_rms_norm, eps=self.eps, unit_offset=gemma)
         gated = ops.gelu_tanh_mul if self.activation is _gelu_tanh else ops.silu_mul
-        capped = {} if self.attn_softcap is None else {"softcap": self.attn_softcap}  # the C kernel's only (yet)
+        # Only the C attention kernel takes softcap= so far (the Triton path is off for a capped model, see __init__).
+        capped = {} if self.attn_softcap is None else {"softcap": self.attn_softcap}
         rope = {kind: self.rope_table(cache.max_len, kind) for kind in dict.fromkeys(self.rope_kinds)}
         lengths = positions + 1
         count = token_ids.shape[0]
