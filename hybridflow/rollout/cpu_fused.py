@@ -5,7 +5,8 @@ their signatures, so that one fused decode step (:meth:`LlamaFamilyDecoder._deco
 Why: at a decode step's sizes (``[N, 576]`` for SmolLM2) a torch op costs a few microseconds of dispatch for well
 under one of work, an eager layer is ~30 of them, and two decode lanes' dispatches also queue for the GIL; the
 sampler's five passes over ``[N, V]`` were ~6 ms of a 32-row lane. Here a layer is its matmuls, the attention kernel
-and three calls, and a row is sampled in two passes over its logits (docs/benchmarks.md has the measurements).
+and four calls (six with Gemma's norms of the sub-block outputs; a mixture-of-experts MLP stays torch ops), and a row
+is sampled in two passes over its logits (docs/benchmarks.md has the measurements).
 
 Every function takes fp32 CPU tensors (the engine's CPU dtype) and runs on the calling thread (the sampler on
 ``torch.get_num_threads()`` threads from 16 rows); :func:`available` says whether the library is built.
@@ -42,8 +43,9 @@ def _check_shapes(kernel: str, **shapes: tuple[tuple[int, ...], tuple[int, ...]]
 
 
 def add_rms_norm(*, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
-                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """``h = x + residual`` (or ``x`` alone) and ``weight * RMSNorm(h)``; returns ``(normed, h)``, each ``[N, C]``."""
+                 eps: float, unit_offset: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``h = x + residual`` (or ``x`` alone) and ``weight * RMSNorm(h)`` (``unit_offset``: ``(1 + weight)``,
+    Gemma's); returns ``(normed, h)``, each ``[N, C]``."""
     x = _contiguous_f32(x, "x")
     residual = None if residual is None else _contiguous_f32(residual, "residual")
     weight = _contiguous_f32(weight, "weight")
@@ -53,15 +55,16 @@ def add_rms_norm(*, x: torch.Tensor, residual: torch.Tensor | None, weight: torc
     normed = torch.empty_like(x)
     summed = torch.empty_like(x) if residual is not None else x
     library().add_rms_norm_f32(x.data_ptr(), _pointer(residual), weight.data_ptr(), normed.data_ptr(),
-                               summed.data_ptr(), rows, columns, eps)
+                               summed.data_ptr(), rows, columns, eps, unit_offset)
     return normed, summed
 
 
 def qkv_rope_write(*, qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                    qk_norm: torch.Tensor | None, keys: torch.Tensor, values: torch.Tensor, heads: int,
-                   eps: float, block_tables: torch.Tensor, rope_positions: torch.Tensor | None = None
-                   ) -> torch.Tensor:
-    """Rotate (and, given ``qk_norm`` ``[H + KV, D]``, first normalise) the heads of ``qkv``
+                   eps: float, block_tables: torch.Tensor, rope_positions: torch.Tensor | None = None,
+                   unit_offset: bool = False) -> torch.Tensor:
+    """Rotate (and, given ``qk_norm`` ``[H + KV, D]``, first normalise; ``unit_offset``: by ``1 + qk_norm``, Gemma 3)
+    the heads of ``qkv``
     ``[N, (H + 2 KV) * D]``; write k and v into the paged ``keys`` / ``values`` ``[KV, blocks, B, D]`` at
     ``positions`` ``[N]`` (block ``block_tables[n, p // B]`` ``[N, W]`` int32, offset ``p % B``); return q
     ``[N, H, D]``. ``cos`` / ``sin``: ``[T, D]`` tables indexed by ``rope_positions`` ``[N]`` (each at most its
@@ -89,7 +92,7 @@ def qkv_rope_write(*, qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Ten
     failed = library().qkv_rope_write_f32(
         qkv.data_ptr(), positions.data_ptr(), _pointer(rope_positions), cos.data_ptr(), sin.data_ptr(), _pointer(qk_norm), q.data_ptr(),
         keys.data_ptr(), values.data_ptr(), rows, heads, block_tables.data_ptr(), block_tables.stride(0), kv_heads,
-        head_dim, blocks, block_size, max_length, eps)
+        head_dim, blocks, block_size, max_length, eps, unit_offset)
     if failed:
         raise RuntimeError(f"qkv_rope_write refused its inputs (head dim {head_dim}, positions up to "
                            f"{int(positions.max())} of {max_length}, or a block id outside the pool of {blocks})")
@@ -98,11 +101,22 @@ def qkv_rope_write(*, qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Ten
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up`` for ``gate_up`` ``[N, 2 I]`` (gate first); returns ``[N, I]``."""
+    return _gated(gate_up, "silu_mul")
+
+
+def gelu_tanh_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """``gelu_tanh(gate) * up`` (GeGLU, HF's ``gelu_pytorch_tanh``) for ``gate_up`` ``[N, 2 I]`` (gate first);
+    returns ``[N, I]``."""
+    return _gated(gate_up, "gelu_tanh_mul")
+
+
+def _gated(gate_up: torch.Tensor, kernel: str) -> torch.Tensor:
+    """``act(gate) * up`` by the C kernel ``{kernel}_f32``: ``[N, 2 I]`` -> ``[N, I]``."""
     gate_up = _contiguous_f32(gate_up, "gate_up")
     rows, inner = gate_up.shape[0], gate_up.shape[1] // 2
-    _check_shapes("silu_mul", gate_up=(gate_up.shape, (rows, 2 * inner)))
+    _check_shapes(kernel, gate_up=(gate_up.shape, (rows, 2 * inner)))
     out = torch.empty(rows, inner, dtype=gate_up.dtype)
-    library().silu_mul_f32(gate_up.data_ptr(), out.data_ptr(), rows, inner)
+    getattr(library(), f"{kernel}_f32")(gate_up.data_ptr(), out.data_ptr(), rows, inner)
     return out
 
 

@@ -110,10 +110,15 @@ class LlamaFamilyDecoder:
             self.windows)
         """The key of each layer's rotary table (Gemma 3: its layer type; else one table for all)."""
         self._rope: dict[str | None, tuple[torch.Tensor, torch.Tensor]] = {}
+        scale = getattr(self.text_model.embed_tokens, "embed_scale", None)
+        self.embed_scale = None if scale is None else scale.to(self.text_model.embed_tokens.weight.dtype)
+        """Gemma: the embeddings' ``sqrt(hidden)`` scale in their dtype; a constant, built once (CUDA graphs read it)."""
         self.weights_epoch = 0
         """Bumped whenever a weight tensor the decode step reads is replaced rather than updated in place."""
-        self.triton_kernels = triton_kernels_available(model, self.head_dim) and self.llama_shaped()
-        """Whether the graph-safe decode step runs as Triton kernels (CUDA) rather than torch ops and SDPA."""
+        # The Triton attention kernel computes no soft cap yet: a model with one (Gemma 2) keeps the torch step.
+        self.triton_kernels = triton_kernels_available(model, self.head_dim) and self.attn_softcap is None
+        """Whether the graph-safe decode step runs as Triton kernels (CUDA; :meth:`_decode_fused`) rather than
+        torch ops and SDPA."""
         weight = next(model.parameters())
         self.varlen_prefill = (weight.device.type == "cuda" and weight.dtype in (torch.float16, torch.bfloat16)
                                and self.plain_attention())
@@ -123,9 +128,10 @@ class LlamaFamilyDecoder:
             dtype=weight.dtype, heads=self.num_heads, kv_heads=self.kv_heads, head_dim=self.head_dim)
         """Whether a CPU decode step's attention reads the pool through the block tables (the C kernel of
         :mod:`hybridflow.rollout.cpu_attention`); otherwise SDPA over a contiguous span (the engine's slot mirror)."""
-        self.fused_cpu_decode = self.paged_cpu_attention and self.llama_shaped()
+        self.fused_cpu_decode = self.paged_cpu_attention
         """Whether a CPU decode step runs fused (:meth:`_decode_fused` with the C kernels of
-        :mod:`hybridflow.rollout.cpu_fused`) rather than as torch ops; needs :attr:`paged_cpu_attention` too."""
+        :mod:`hybridflow.rollout.cpu_fused`) rather than as torch ops: wherever :attr:`paged_cpu_attention` does
+        (the C kernels built, fp32), every architecture of the table."""
         self.released = False  # whether the module's projection weights were dropped (release_module_projections)
         self.vision_language = is_vision_language(model.config)
         """Prompts may carry images (:mod:`hybridflow.rollout.vision_prefill`); its rows rotate at their own positions."""
@@ -138,12 +144,6 @@ class LlamaFamilyDecoder:
     def plain_attention(self) -> bool:
         """Causal attention over every earlier key, uncapped (what the varlen and Triton kernels compute)."""
         return self.attn_softcap is None and all(window is None for window in self.windows)
-
-    def llama_shaped(self) -> bool:
-        """Whether the fused Triton decode step computes this model: Llama's layer (SwiGLU, dense MLP, one
-        norm per sub-block, no embedding scale or logit cap), uncapped attention (sliding windows included)."""
-        return (self.attn_softcap is None and not self.architecture.gemma_norms and self.activation is F.silu
-                and self.architecture.moe_renormalize is None and self.final_softcap is None)
 
     @property
     def num_layers(self) -> int:
@@ -159,8 +159,6 @@ class LlamaFamilyDecoder:
         incoming = incoming or {}
         inner = self.text_model
         self.embed = inner.embed_tokens.weight
-        scale = getattr(inner.embed_tokens, "embed_scale", None)  # Gemma: sqrt(hidden), in the weights' dtype
-        self.embed_scale = None if scale is None else scale.to(self.embed.dtype)
         self.final_norm = inner.norm.weight
         if self._lm_head_tied():  # the head is the embedding, which the module keeps
             head = self.model.lm_head.weight
@@ -324,8 +322,13 @@ class LlamaFamilyDecoder:
         return hidden if self.embed_scale is None else hidden * self.embed_scale
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The head over the final norm; Gemma 2 soft-caps them: ``c * tanh(z / c)``."""
-        logits = self.lm_head(self._rms_norm(hidden, self.final_norm))
+        """The head over the final norm (:meth:`_head`)."""
+        return self._head(self._rms_norm(hidden, self.final_norm))
+
+    def _head(self, normed: torch.Tensor) -> torch.Tensor:
+        """``[N, V]`` logits of the final norm's output ``normed`` ``[N, hidden]``; Gemma 2 soft-caps them:
+        ``c * tanh(z / c)``."""
+        logits = self.lm_head(normed)
         if self.final_softcap is not None:
             logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
         return self._suppress(logits)
@@ -538,7 +541,8 @@ class LlamaFamilyDecoder:
             context: ``max(positions) + 1``, the attention span of this step; ``None`` makes the
                 step graph-safe (static shapes, no host values: CUDA graphs capture it, and
                 ``torch.compile(fullgraph=True)`` traces it): on CUDA it then runs as Triton kernels
-                (:meth:`_decode_fused`; attention reads each row's length and blocks on the device),
+                (:meth:`_decode_fused`; attention reads each row's length and blocks on the device; not yet for a
+                model with an attention soft cap, Gemma 2),
                 elsewhere SDPA spans all ``W`` blocks with a device-built mask.
             rope_positions: ``[N]`` where each row's token rotates, when that is not ``positions`` (a
                 vision-language sequence: ``position + delta``, :mod:`hybridflow.rollout.vision_prefill`;
@@ -575,27 +579,46 @@ class LlamaFamilyDecoder:
     def _decode_fused(self, *, token_ids: torch.Tensor, positions: torch.Tensor, cache: PagedKVCache,
                       block_tables: torch.Tensor, ops: FusedDecodeOps,
                       rope_positions: torch.Tensor | None = None) -> torch.Tensor:
-        """:meth:`decode` in a few kernels a layer (:class:`FusedDecodeOps`: Triton on CUDA, ten a layer; C on
-        CPU): the same math, with each residual add fused into the RMSNorm that follows it."""
-        add_rms_norm, qkv_rope_write, silu_mul = ops.add_rms_norm, ops.qkv_rope_write, ops.silu_mul
-        cos, sin = self.rope_table(cache.max_len)
+        """:meth:`decode` in a few kernels a layer (:class:`FusedDecodeOps`: Triton on CUDA, ten a layer for
+        Llama's; C on CPU): the same math, with each residual add fused into the RMSNorm that follows it.
+
+        What the table adds runs here too: Gemma's ``1 + w`` norms (the kernels' ``unit_offset``) and the norm of
+        each sub-block's output before its add (one more norm call without a residual), the scaled embedding,
+        GeGLU, soft caps (attention: the C kernel's; logits: :meth:`_head`), a rotary table per layer type
+        (Gemma 3), and routed experts in place of the MLP (:func:`moe_mlp`: gathered, graph-safe, under
+        ``ops.graph_safe``)."""
+        gemma = self.architecture.gemma_norms
+        norm = functools.partial(ops.add_rms_norm, eps=self.eps, unit_offset=gemma)
+        gated = ops.gelu_tanh_mul if self.activation is _gelu_tanh else ops.silu_mul
+        # Only the C attention kernel takes softcap= so far (the Triton path is off for a capped model, see __init__).
+        capped = {} if self.attn_softcap is None else {"softcap": self.attn_softcap}
+        rope = {kind: self.rope_table(cache.max_len, kind) for kind in dict.fromkeys(self.rope_kinds)}
         lengths = positions + 1
         count = token_ids.shape[0]
-        normed, hidden = add_rms_norm(x=F.embedding(token_ids, self.embed), residual=None,
-                                      weight=self.layers[0].input_norm, eps=self.eps)
+        normed, hidden = norm(x=self._embed(token_ids), residual=None, weight=self.layers[0].input_norm)
         for index, layer in enumerate(self.layers):
             keys, values = cache.layer(index)
-            q = qkv_rope_write(qkv=layer.qkv(normed), positions=positions, cos=cos, sin=sin, qk_norm=layer.qk_norm,
-                               keys=keys, values=values, heads=self.num_heads, eps=self.eps,
-                               block_tables=block_tables, rope_positions=rope_positions)
+            cos, sin = rope[self.rope_kinds[index]]
+            q = ops.qkv_rope_write(qkv=layer.qkv(normed), positions=positions, cos=cos, sin=sin,
+                                   qk_norm=layer.qk_norm, keys=keys, values=values, heads=self.num_heads, eps=self.eps,
+                                   block_tables=block_tables, rope_positions=rope_positions, unit_offset=gemma)
             attn = ops.attention(q=q, keys=keys, values=values, lengths=lengths, scale=self.scale,
-                                 block_tables=block_tables, window=layer.window)
-            normed, hidden = add_rms_norm(x=layer.o_proj(attn.view(count, -1)), residual=hidden,
-                                          weight=layer.post_norm, eps=self.eps)
+                                 block_tables=block_tables, window=layer.window, **capped)
+            normed, hidden = norm(x=self._sub_block_out(layer.o_proj(attn.view(count, -1)), layer.attn_out_norm, norm),
+                                  residual=hidden, weight=layer.post_norm)
+            if layer.experts is not None:
+                out = moe_mlp(normed, layer.experts, self.activation, graph_safe=ops.graph_safe)
+            else:
+                out = layer.down(gated(layer.gate_up(normed)))
             following = self.layers[index + 1].input_norm if index + 1 < self.num_layers else self.final_norm
-            normed, hidden = add_rms_norm(x=layer.down(silu_mul(layer.gate_up(normed))), residual=hidden,
-                                          weight=following, eps=self.eps)
-        return self._suppress(self.lm_head(normed))
+            normed, hidden = norm(x=self._sub_block_out(out, layer.mlp_out_norm, norm), residual=hidden,
+                                  weight=following)
+        return self._head(normed)
+
+    @staticmethod
+    def _sub_block_out(out: torch.Tensor, weight: torch.Tensor | None, norm: Callable) -> torch.Tensor:
+        """A sub-block's output ``[N, hidden]`` as it joins the residual stream: Gemma normalises it first."""
+        return out if weight is None else norm(x=out, residual=None, weight=weight)[0]
 
     def _paged_cpu_attention(self, *, positions: torch.Tensor, cache: PagedKVCache, block_tables: torch.Tensor):
         """``attend(q [N, H, D], layer, window) -> [N, H * D]``: each row over its own ``positions[n] + 1`` keys,
@@ -638,7 +661,11 @@ class FusedDecodeOps:
     add_rms_norm: Callable
     qkv_rope_write: Callable
     silu_mul: Callable
+    gelu_tanh_mul: Callable
     attention: Callable
+    graph_safe: bool
+    """Whether the step must stay graph-safe (CUDA graphs: static shapes, no host reads), so a mixture-of-experts
+    MLP gathers each row's experts rather than grouping rows by expert (:mod:`hybridflow.rollout.moe`)."""
 
 
 @functools.cache
@@ -651,7 +678,8 @@ def fused_decode_ops(device_type: str) -> FusedDecodeOps:
         from hybridflow.rollout import cpu_fused as fused
         from hybridflow.rollout.cpu_attention import paged_decode_attention
     return FusedDecodeOps(add_rms_norm=fused.add_rms_norm, qkv_rope_write=fused.qkv_rope_write,
-                          silu_mul=fused.silu_mul, attention=paged_decode_attention)
+                          silu_mul=fused.silu_mul, gelu_tanh_mul=fused.gelu_tanh_mul,
+                          attention=paged_decode_attention, graph_safe=device_type == "cuda")
 
 
 def language_model(model) -> tuple[torch.nn.Module, str]:

@@ -11,10 +11,15 @@ kernels, and
 - :func:`qkv_rope_write`: per head of the fused q|k|v projection, Qwen3's q/k RMSNorm, the rotary
   embedding (Su et al. 2021, HF's rotate-half layout) and, for k and v, the write into the paged
   cache at the row's position; q comes out ``[N, H, D]`` for attention;
-- :func:`silu_mul`: SwiGLU's ``silu(gate) * up`` (Shazeer 2020).
+- :func:`silu_mul`: SwiGLU's ``silu(gate) * up`` (Shazeer 2020); :func:`gelu_tanh_mul`: GeGLU's
+  ``gelu_tanh(gate) * up`` (Gemma).
+
+Gemma's norms (``unit_offset``) scale by ``1 + w``, and each sub-block's output is normalised before
+its residual add (one more :func:`add_rms_norm` without a residual, two a layer).
 
 Rounding follows HF's modules: norms and the activation are computed in fp32 and cast back to the
-model dtype where HF casts (``weight * normed.to(dtype)``, ``silu(gate).to(dtype) * up``); the
+model dtype where HF casts (Llama's ``weight * normed.to(dtype)``, Gemma's ``(normed * (1 + weight)).to(dtype)``,
+``silu(gate).to(dtype) * up``); the
 residual add rounds to the model dtype as HF's does. The rotation is computed in fp32 and rounded
 once (HF rounds each product in bf16), so bf16 results differ from HF's by bf16 rounding.
 """
@@ -28,7 +33,8 @@ import triton.language as tl
 
 @triton.jit
 def _add_rms_norm_kernel(X, Residual, Weight, Out, ResidualOut, eps, stride_x, stride_r, stride_o, stride_ro,
-                         COLUMNS: tl.constexpr, BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+                         COLUMNS: tl.constexpr, BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                         UNIT_OFFSET: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     inside = cols < COLUMNS
@@ -39,14 +45,18 @@ def _add_rms_norm_kernel(X, Residual, Weight, Out, ResidualOut, eps, stride_x, s
         tl.store(ResidualOut + row * stride_ro + cols, x, mask=inside)
     wide = x.to(tl.float32)
     inverse_rms = 1.0 / tl.sqrt(tl.sum(wide * wide, 0) / COLUMNS + eps)
-    normed = (wide * inverse_rms).to(x.dtype).to(tl.float32)
     weight = tl.load(Weight + cols, mask=inside, other=0.0).to(tl.float32)
-    tl.store(Out + row * stride_o + cols, (weight * normed).to(x.dtype), mask=inside)
+    if UNIT_OFFSET:  # Gemma: (1 + w) in fp32, one cast after
+        tl.store(Out + row * stride_o + cols, (wide * inverse_rms * (1.0 + weight)).to(x.dtype), mask=inside)
+    else:  # Llama: w * normed.to(dtype)
+        normed = (wide * inverse_rms).to(x.dtype).to(tl.float32)
+        tl.store(Out + row * stride_o + cols, (weight * normed).to(x.dtype), mask=inside)
 
 
 def add_rms_norm(*, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
-                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """``h = x + residual`` (or ``x`` alone) and ``weight * RMSNorm(h)``; returns ``(normed, h)``, each ``[N, C]``."""
+                 eps: float, unit_offset: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``h = x + residual`` (or ``x`` alone) and ``weight * RMSNorm(h)`` (``unit_offset``: ``(1 + weight)``,
+    Gemma's); returns ``(normed, h)``, each ``[N, C]``."""
     rows, columns = x.shape
     out = torch.empty_like(x)
     summed = torch.empty_like(x) if residual is not None else x
@@ -54,6 +64,7 @@ def add_rms_norm(*, x: torch.Tensor, residual: torch.Tensor | None, weight: torc
         x, residual if residual is not None else x, weight, out, summed, eps,
         x.stride(0), (residual if residual is not None else x).stride(0), out.stride(0), summed.stride(0),
         COLUMNS=columns, BLOCK=triton.next_power_of_2(columns), HAS_RESIDUAL=residual is not None,
+        UNIT_OFFSET=unit_offset,
     )
     return out, summed
 
@@ -63,7 +74,7 @@ def _qkv_rope_write_kernel(QKV, Positions, RopePositions, Cos, Sin, NormWeight, 
                            eps, stride_qkv, stride_qo_n, stride_qo_h, stride_cos,
                            stride_kb, stride_kh, stride_kt, stride_vb, stride_vh, stride_vt, stride_tn,
                            HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                           PAGE: tl.constexpr, HAS_NORM: tl.constexpr):
+                           PAGE: tl.constexpr, HAS_NORM: tl.constexpr, UNIT_OFFSET: tl.constexpr):
     row, head = tl.program_id(0), tl.program_id(1)
     position = tl.load(Positions + row)
     block = tl.load(Tables + row * stride_tn + position // PAGE).to(tl.int64)
@@ -80,13 +91,17 @@ def _qkv_rope_write_kernel(QKV, Positions, RopePositions, Cos, Sin, NormWeight, 
     dtype = first.dtype
     first = first.to(tl.float32)
     second = tl.load(source + HEAD_DIM // 2 + half).to(tl.float32)
-    if HAS_NORM:  # Qwen3: RMSNorm over the head, weight * normed.to(dtype)
+    if HAS_NORM:  # Qwen3: RMSNorm over the head, weight * normed.to(dtype); Gemma 3: normed * (1 + weight), cast
         inverse_rms = 1.0 / tl.sqrt((tl.sum(first * first, 0) + tl.sum(second * second, 0)) / HEAD_DIM + eps)
         weights = NormWeight + head * HEAD_DIM
         first_weight = tl.load(weights + half).to(tl.float32)
         second_weight = tl.load(weights + HEAD_DIM // 2 + half).to(tl.float32)
-        first = first_weight * (first * inverse_rms).to(dtype).to(tl.float32)
-        second = second_weight * (second * inverse_rms).to(dtype).to(tl.float32)
+        if UNIT_OFFSET:
+            first = first * inverse_rms * (1.0 + first_weight)
+            second = second * inverse_rms * (1.0 + second_weight)
+        else:
+            first = first_weight * (first * inverse_rms).to(dtype).to(tl.float32)
+            second = second_weight * (second * inverse_rms).to(dtype).to(tl.float32)
         first, second = first.to(dtype).to(tl.float32), second.to(dtype).to(tl.float32)
     rope_position = tl.load(RopePositions + row)  # a vision-language row rotates at position + delta
     cos = Cos + rope_position * stride_cos
@@ -107,9 +122,10 @@ def _qkv_rope_write_kernel(QKV, Positions, RopePositions, Cos, Sin, NormWeight, 
 
 def qkv_rope_write(*, qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                    qk_norm: torch.Tensor | None, keys: torch.Tensor, values: torch.Tensor, heads: int,
-                   eps: float, block_tables: torch.Tensor, rope_positions: torch.Tensor | None = None
-                   ) -> torch.Tensor:
-    """Rotate (and, given ``qk_norm`` ``[H + KV, D]``, first normalise) the heads of ``qkv``
+                   eps: float, block_tables: torch.Tensor, rope_positions: torch.Tensor | None = None,
+                   unit_offset: bool = False) -> torch.Tensor:
+    """Rotate (and, given ``qk_norm`` ``[H + KV, D]``, first normalise; ``unit_offset``: by ``1 + qk_norm``, Gemma 3)
+    the heads of ``qkv``
     ``[N, (H + 2 KV) * D]``; write k and v into the paged ``keys`` / ``values`` ``[KV, blocks, B, D]`` at
     ``positions`` ``[N]`` (block ``block_tables[n, p // B]`` ``[N, W]``, offset ``p % B``); return q
     ``[N, H, D]``. ``cos`` / ``sin``: ``[T, D]`` tables indexed by ``rope_positions`` ``[N]`` (``None``:
@@ -123,27 +139,42 @@ def qkv_rope_write(*, qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Ten
         keys.stride(1), keys.stride(0), keys.stride(2), values.stride(1), values.stride(0), values.stride(2),
         block_tables.stride(0),
         HEADS=heads, KV_HEADS=kv_heads, HEAD_DIM=head_dim, PAGE=page, HAS_NORM=qk_norm is not None,
+        UNIT_OFFSET=unit_offset,
     )
     return q
 
 
 @triton.jit
-def _silu_mul_kernel(GateUp, Out, stride_in, stride_out, COLUMNS: tl.constexpr, BLOCK: tl.constexpr):
+def _gated_kernel(GateUp, Out, stride_in, stride_out, COLUMNS: tl.constexpr, BLOCK: tl.constexpr,
+                  GELU_TANH: tl.constexpr):
     row, block = tl.program_id(0), tl.program_id(1)
     cols = block * BLOCK + tl.arange(0, BLOCK)
     inside = cols < COLUMNS
     gate = tl.load(GateUp + row * stride_in + cols, mask=inside, other=0.0)
     up = tl.load(GateUp + row * stride_in + COLUMNS + cols, mask=inside, other=0.0)
     wide = gate.to(tl.float32)
-    activated = (wide / (1.0 + tl.exp(-wide))).to(gate.dtype)
+    if GELU_TANH:  # x / 2 (1 + tanh(y)) = x / (1 + exp(-2 y)), y = sqrt(2 / pi) (x + 0.044715 x^3)
+        activated = (wide / (1.0 + tl.exp(-1.5957691216057308 * (wide + 0.044715 * wide * wide * wide)))).to(gate.dtype)
+    else:  # silu
+        activated = (wide / (1.0 + tl.exp(-wide))).to(gate.dtype)
     tl.store(Out + row * stride_out + cols, (activated.to(tl.float32) * up.to(tl.float32)).to(gate.dtype), mask=inside)
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up`` for ``gate_up`` ``[N, 2 I]`` (gate first); returns ``[N, I]``."""
+    return _gated(gate_up, gelu_tanh=False)
+
+
+def gelu_tanh_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """``gelu_tanh(gate) * up`` (GeGLU, HF's ``gelu_pytorch_tanh``) for ``gate_up`` ``[N, 2 I]`` (gate first);
+    returns ``[N, I]``."""
+    return _gated(gate_up, gelu_tanh=True)
+
+
+def _gated(gate_up: torch.Tensor, *, gelu_tanh: bool) -> torch.Tensor:
     rows, columns = gate_up.shape[0], gate_up.shape[1] // 2
     out = torch.empty(rows, columns, dtype=gate_up.dtype, device=gate_up.device)
     block = 1024
-    _silu_mul_kernel[(rows, triton.cdiv(columns, block))](gate_up, out, gate_up.stride(0), out.stride(0),
-                                                         COLUMNS=columns, BLOCK=block)
+    _gated_kernel[(rows, triton.cdiv(columns, block))](gate_up, out, gate_up.stride(0), out.stride(0),
+                                                      COLUMNS=columns, BLOCK=block, GELU_TANH=gelu_tanh)
     return out

@@ -112,6 +112,33 @@ def test_qkv_rope_write_rotates_at_rope_positions_and_writes_at_positions():
     assert untouched.count_nonzero() == 0
 
 
+def test_gelu_tanh_mul_and_gemmas_norms_match_the_eager_ops():
+    """GeGLU's gate (HF's ``gelu_pytorch_tanh``) out into both tails; Gemma's RMSNorm by ``1 + w`` (weights around 0,
+    as Gemma's are), with and without a residual; Gemma 3's q / k norms by ``1 + w`` before the rotation."""
+    generator = torch.Generator().manual_seed(8)
+    gate_up = 6 * torch.randn(5, 2 * 640, generator=generator)
+    torch.testing.assert_close(cpu_fused.gelu_tanh_mul(gate_up),
+                               F.gelu(gate_up[:, :640], approximate="tanh") * gate_up[:, 640:], rtol=1e-5, atol=1e-5)
+    x, residual = torch.randn(5, 640, generator=generator), torch.randn(5, 640, generator=generator)
+    weight = torch.rand(640, generator=generator) - 0.5
+    for add in (None, residual):
+        normed, _ = cpu_fused.add_rms_norm(x=x, residual=add, weight=weight, eps=1e-6, unit_offset=True)
+        h = x if add is None else x + add
+        torch.testing.assert_close(normed, eager_rms_norm(h, 1.0 + weight, 1e-6), rtol=1e-5, atol=1e-6)
+    heads, kv_heads, dim = 2, 1, 16
+    qkv = torch.randn(1, (heads + 2 * kv_heads) * dim, generator=generator)
+    norm = torch.rand(heads + kv_heads, dim, generator=generator) - 0.5
+    cos, sin = rope_tables(4, dim, generator)
+    keys, values = torch.zeros(kv_heads, 2, 4, dim), torch.zeros(kv_heads, 2, 4, dim)
+    q = cpu_fused.qkv_rope_write(qkv=qkv, positions=torch.tensor([2]), cos=cos, sin=sin, qk_norm=norm, keys=keys,
+                                 values=values, heads=heads, eps=1e-6, block_tables=torch.tensor([[1]], dtype=torch.int32),
+                                 unit_offset=True)
+    qk = eager_rms_norm(qkv[:, : (heads + kv_heads) * dim].view(1, heads + kv_heads, dim), 1.0 + norm, 1e-6)
+    rotated = _apply_rope(qk, cos[2:3][:, None], sin[2:3][:, None])
+    torch.testing.assert_close(q, rotated[:, :heads], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(keys[:, 1, 2], rotated[0, heads:], rtol=1e-5, atol=1e-5)
+
+
 def test_norm_and_silu_match_the_eager_ops():
     generator = torch.Generator().manual_seed(4)
     x, residual = torch.randn(5, 576, generator=generator), torch.randn(5, 576, generator=generator)
@@ -223,13 +250,11 @@ def test_the_first_draw_check_lets_a_draw_on_a_token_boundary_go_either_way():
 
 
 def test_the_fused_decode_step_matches_the_eager_one(tiny):
-    """Every llama-shaped tiny architecture (Qwen3's q/k norms, Qwen2's biases, windows): logits and the keys and
-    values written, rows at different positions in scattered blocks."""
+    """Every tiny architecture of the table (Qwen3's q/k norms, Qwen2's biases, windows; Gemma's 1 + w norms, four a
+    layer, scaled embeddings, GeGLU and soft caps; Gemma 3's rotary table per layer type; Mixtral's and Qwen3-MoE's
+    routed experts): logits and the keys and values written, rows at different positions in scattered blocks."""
     model, _ = tiny
     decoder = LlamaFamilyDecoder(model)
-    if not decoder.llama_shaped():
-        assert not decoder.fused_cpu_decode
-        pytest.skip("Gemma's norms, soft caps and routed experts decode as torch ops")
     assert decoder.fused_cpu_decode
     generator = torch.Generator().manual_seed(6)
     prompts = [torch.randint(0, decoder.vocab_size, (length,), generator=generator) for length in (3, 17, 9)]
@@ -241,11 +266,12 @@ def test_the_fused_decode_step_matches_the_eager_one(tiny):
         logits = decoder.decode(token_ids=torch.tensor([5, 6, 7]), positions=positions, cache=cache,
                                 block_tables=tables, context=int(positions.max()) + 1)
         results.append((logits, cache.data.clone()))
-    torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(results[0][1], results[1][1], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("bad", ["norm weight", "qkv width", "cos width", "qk norm", "positions", "odd gate|up",
+                                 "odd gelu gate|up",
                                  "temperatures", "empty vocabulary"])
 def test_a_shape_the_kernel_cannot_take_is_refused_before_it_runs(bad):
     """The C kernels trust their shapes: each mismatch is one error naming the tensor, never a read past its end."""
@@ -259,6 +285,7 @@ def test_a_shape_the_kernel_cannot_take_is_refused_before_it_runs(bad):
         "qk norm": lambda: cpu_fused.qkv_rope_write(qkv=torch.ones(1, 48), **{**rope, "qk_norm": torch.ones(1, 16)}),
         "positions": lambda: cpu_fused.qkv_rope_write(qkv=torch.ones(1, 48), **{**rope, "positions": torch.tensor([1, 2])}),
         "odd gate|up": lambda: cpu_fused.silu_mul(torch.ones(2, 7)),
+        "odd gelu gate|up": lambda: cpu_fused.gelu_tanh_mul(torch.ones(2, 7)),
         "temperatures": lambda: cpu_fused.sample_rows(logits=torch.zeros(2, 5), temperature=torch.ones(1),
                                                       greedy=torch.zeros(2, dtype=torch.bool), uniform=torch.rand(2, 1)),
         "empty vocabulary": lambda: cpu_fused.sample_rows(logits=torch.zeros(2, 0), temperature=torch.ones(2),

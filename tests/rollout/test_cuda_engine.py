@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 def _engines(arch, tiny_tokenizer, dtype=torch.float32, **kwargs):
     model, tokenizer = build_tiny_model(arch, seed=1, tokenizer=tiny_tokenizer)
-    if arch == "qwen3":
+    if arch in ("qwen3", "gemma3_text", "qwen3_moe"):  # q / k norms (Gemma's also by 1 + w, four norms a layer)
         randomise_norms(model)
     model = model.to("cuda", dtype)
     graphed = NativeEngine(model, tokenizer, **kwargs)
@@ -23,7 +23,7 @@ def _engines(arch, tiny_tokenizer, dtype=torch.float32, **kwargs):
     return graphed, eager, tokenizer
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3_text", "mixtral", "qwen3_moe"])
 def test_graph_replay_equals_eager_steps_with_continuous_batching(tiny_tokenizer, arch):
     graphed, eager, tokenizer = _engines(arch, tiny_tokenizer, max_num_seqs=5)
     prompts = chat_prompts(tokenizer)
@@ -40,9 +40,11 @@ def test_graph_replay_equals_eager_steps_with_continuous_batching(tiny_tokenizer
     assert len(graphed.graphs.graphs) > 1  # several buckets were captured as the batch drained
 
 
-def test_graph_replay_follows_weight_reloads(tiny_tokenizer):
-    graphed, eager, tokenizer = _engines("llama", tiny_tokenizer)
-    other, _ = build_tiny_model("llama", seed=5, tokenizer=tiny_tokenizer)
+@pytest.mark.parametrize("arch", ["llama", "gemma3_text", "qwen3_moe"])  # Gemma's norms; routed experts (gathered)
+def test_graph_replay_follows_weight_reloads(tiny_tokenizer, arch):
+    graphed, eager, tokenizer = _engines(arch, tiny_tokenizer)
+    other, _ = build_tiny_model(arch, seed=5, tokenizer=tiny_tokenizer)
+    randomise_norms(other, seed=3)
     prompts = chat_prompts(tokenizer)
     params = SamplingParams(n=2, temperature=1.0, max_tokens=16, seed=0)  # greedy: tied random models repeat
     before = [c.token_ids for c in graphed.generate(prompts, params)]

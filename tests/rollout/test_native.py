@@ -42,6 +42,31 @@ def test_greedy_equals_hf_generate_token_for_token(tiny, kernel_path):
         assert completion.finish_reason == ("stop" if expected[-1] == eos else "length")
 
 
+def count_fused_steps(engine) -> list[int]:
+    """Each call of the engine's fused decode step (the real one, run as it is) appends to the returned list."""
+    calls, fused = [], engine.decoder._decode_fused
+    engine.decoder._decode_fused = lambda **kwargs: calls.append(1) or fused(**kwargs)
+    return calls
+
+
+@pytest.mark.parametrize("arch", ["gemma2", "gemma3_text", "mixtral", "qwen3_moe"])
+def test_gemma_and_moe_models_decode_fused_and_greedy_like_hf_generate(tiny_tokenizer, arch, kernel_path):
+    """Gemma 2 / 3 and the mixtures of experts decode through the fused step (C kernels on CPU), every step of it,
+    and still answer as HF ``generate`` does, token for token."""
+    from tests.rollout.conftest import randomise_norms
+
+    model, tokenizer = build_tiny_model(arch, seed=1, tokenizer=tiny_tokenizer)
+    randomise_norms(model)
+    prompts = chat_prompts(tokenizer)
+    eos = tokenizer.eos_token_id
+    engine = build_engine("native", model, tokenizer)
+    assert isinstance(engine, NativeEngine) and engine.decoder.fused_cpu_decode
+    calls = count_fused_steps(engine)
+    completions = engine.generate(prompts, SamplingParams(temperature=0, max_tokens=16, stop_token_ids=[eos]))
+    assert [c.token_ids for c in completions] == [hf_greedy(model, p, max_new_tokens=16, eos=eos) for p in prompts]
+    assert len(calls) >= max(len(c.token_ids) for c in completions) - 1  # every decode step (the first: prefill)
+
+
 @pytest.mark.parametrize("temperature, top_k, top_p", [(1.0, -1, 1.0), (0.7, -1, 1.0), (1.3, 20, 0.9)])
 def test_sampled_logprobs_equal_teacher_forced_forward(tiny, temperature, top_k, top_p, kernel_path):
     """Every architecture of the table, number for number against HF's own forward (greedy parity alone
@@ -202,7 +227,9 @@ def test_an_owning_engine_takes_new_weights_of_gemma_and_moe_models(tiny_tokeniz
     prompts = chat_prompts(tokenizer)
     params = SamplingParams(temperature=0, max_tokens=16, stop_token_ids=[tokenizer.eos_token_id])
     expected = [hf_greedy(trained, p, max_new_tokens=16, eos=tokenizer.eos_token_id) for p in prompts]
+    calls = count_fused_steps(owned)  # the fused step reads the new norms and experts
     assert [c.token_ids for c in owned.generate(prompts, params)] == expected
+    assert calls
     logits, _ = owned.decoder.prefill(torch.tensor(prompts[0]))
     torch.testing.assert_close(logits, trained(torch.tensor([prompts[0]])).logits[0, -1], rtol=1e-4, atol=1e-4)
 

@@ -232,6 +232,21 @@ def test_add_rms_norm_is_the_residual_add_then_hf_rms_norm(columns):
     assert same.data_ptr() == alone.data_ptr() or torch.equal(same.cpu(), x)
 
 
+def gemma_rms_norm(x, weight, eps):
+    """Gemma's RMSNorm: ``1 + w`` in fp32, cast after."""
+    wide = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
+    return (wide * (1.0 + weight.float())).to(x.dtype)
+
+
+def test_add_rms_norm_with_a_unit_offset_is_gemmas_norm():
+    torch.manual_seed(2)
+    x, residual, weight = torch.randn(3, 96), torch.randn(3, 96), torch.rand(96) - 0.5
+    normed, summed = add_rms_norm(x=x.to(DEVICE), residual=residual.to(DEVICE), weight=weight.to(DEVICE), eps=1e-6,
+                                  unit_offset=True)
+    torch.testing.assert_close(summed.cpu(), x + residual)
+    torch.testing.assert_close(normed.cpu(), gemma_rms_norm(x + residual, weight, 1e-6))
+
+
 def test_silu_mul_is_swiglus_gate_times_up():
     torch.manual_seed(0)
     gate_up = torch.randn(3, 2 * 1500)  # two column blocks, the second partial
@@ -239,10 +254,19 @@ def test_silu_mul_is_swiglus_gate_times_up():
     torch.testing.assert_close(silu_mul(gate_up.to(DEVICE)).cpu(), expected)
 
 
-@pytest.mark.parametrize("with_norm,rope_shift", [(False, None), (True, None), (False, [0, 2, 4])])
+def test_gelu_tanh_mul_is_geglus_gate_times_up():
+    from hybridflow.rollout.triton_fused import gelu_tanh_mul
+
+    torch.manual_seed(0)
+    gate_up = 4 * torch.randn(3, 2 * 1500)  # two column blocks, the second partial; gates well into both tails
+    expected = F.gelu(gate_up[:, :1500], approximate="tanh") * gate_up[:, 1500:]
+    torch.testing.assert_close(gelu_tanh_mul(gate_up.to(DEVICE)).cpu(), expected)
+
+
+@pytest.mark.parametrize("with_norm,rope_shift", [(False, None), (True, None), (False, [0, 2, 4]), ("gemma", None)])
 def test_qkv_rope_write_rotates_q_and_k_and_fills_the_cache_through_the_table(with_norm, rope_shift):
     """``rope_shift``: a vision-language row rotates at ``position - shift`` (M-RoPE's delta) and still writes at its
-    position (issue 51)."""
+    position (issue 51); ``"gemma"``: Gemma 3's q / k norms, by ``1 + w``."""
     from hybridflow.rollout.decoder import _apply_rope
 
     torch.manual_seed(1)
@@ -259,11 +283,12 @@ def test_qkv_rope_write_rotates_q_and_k_and_fills_the_cache_through_the_table(wi
     q = qkv_rope_write(qkv=moved[0], positions=moved[1], cos=moved[2], sin=moved[3],
                        qk_norm=None if norm is None else norm.to(DEVICE), keys=moved[4], values=moved[5],
                        heads=heads, eps=1e-6, block_tables=moved[6],
-                       rope_positions=None if rope_shift is None else rotated_at.to(DEVICE))
+                       rope_positions=None if rope_shift is None else rotated_at.to(DEVICE),
+                       unit_offset=with_norm == "gemma")
     qk, v = qkv.split([(heads + kv_heads) * head_dim, kv_heads * head_dim], dim=-1)
     qk = qk.view(rows, heads + kv_heads, head_dim)
     if with_norm:
-        qk = hf_rms_norm(qk, norm, 1e-6)
+        qk = (gemma_rms_norm if with_norm == "gemma" else hf_rms_norm)(qk, norm, 1e-6)
     rotated = _apply_rope(qk, cos[rotated_at][:, None], sin[rotated_at][:, None])
     torch.testing.assert_close(q.cpu(), rotated[:, :heads])
     expected_keys, expected_values = torch.zeros_like(keys), torch.zeros_like(values)
@@ -274,7 +299,9 @@ def test_qkv_rope_write_rotates_q_and_k_and_fills_the_cache_through_the_table(wi
     torch.testing.assert_close(moved[5].cpu(), expected_values)
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3", "mistral"])  # mistral: a window of 8 shorter than the prompts
+# mistral: a window of 8 shorter than the prompts; gemma3_text: 1 + w norms, four a layer and q / k norms, a scaled
+# embedding, GeGLU, a rotary table per layer type; mixtral / qwen3_moe: routed experts (gathered: graph-safe).
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "mistral", "gemma3_text", "mixtral", "qwen3_moe"])
 def test_fused_decode_step_equals_the_torch_step(tiny_tokenizer, arch):
     from hybridflow.models.tiny import build_tiny_model
     from tests.rollout.conftest import randomise_norms
@@ -286,13 +313,25 @@ def test_fused_decode_step_equals_the_torch_step(tiny_tokenizer, arch):
     (torch_cache, tables, positions), (fused_cache, _, _) = (prefilled_paged_cache(decoder, prompts, device=DEVICE)
                                                              for _ in range(2))
     tokens = torch.tensor([5, 6, 7], device=DEVICE)
-    decoder.triton_kernels = False
+    decoder.triton_kernels = decoder.fused_cpu_decode = False  # the reference: torch ops (not the C kernels either)
     expected = decoder.decode(token_ids=tokens, positions=positions, cache=torch_cache, block_tables=tables,
                               context=int(positions.max()) + 1)
     decoder.triton_kernels = True
     fused = decoder.decode(token_ids=tokens, positions=positions, cache=fused_cache, block_tables=tables, context=None)
-    torch.testing.assert_close(fused, expected, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(fused, expected, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(fused_cache.data, torch_cache.data, rtol=1e-5, atol=1e-5)  # same keys and values
+
+
+def test_a_model_with_an_attention_soft_cap_keeps_the_torch_step_where_triton_runs(tiny_tokenizer, monkeypatch):
+    """The Triton attention kernel has no soft cap: Gemma 2 decodes as torch ops (no graphs) where Triton runs;
+    Gemma 3, uncapped, takes the kernels."""
+    from hybridflow.models.tiny import build_tiny_model
+    from hybridflow.rollout import decoder as decoder_module
+
+    monkeypatch.setattr(decoder_module, "triton_kernels_available", lambda model, head_dim: True)  # as on CUDA
+    for arch, fused in (("gemma2", False), ("gemma3_text", True)):
+        model, _ = build_tiny_model(arch, seed=1, tokenizer=tiny_tokenizer)
+        assert LlamaFamilyDecoder(model).triton_kernels is fused
 
 
 @pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen3_vl"])

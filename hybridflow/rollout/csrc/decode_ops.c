@@ -7,10 +7,13 @@
  * attention kernel and these three calls:
  *
  *   add_rms_norm:   h = x + residual (or x alone);  normed = w * (h / sqrt(mean(h^2) + eps))   (Zhang & Sennrich 2019)
- *   qkv_rope_write: per head of the fused q|k|v row: Qwen3's RMSNorm of q and k heads, the rotary embedding
- *                   (Su et al. 2021, HF's rotate-half layout: x cos + rotate_half(x) sin), q out as [N, H, D],
- *                   k and v written into the paged pool at the row's position
+ *                   (unit_offset: Gemma's (1 + w) in place of w)
+ *   qkv_rope_write: per head of the fused q|k|v row: Qwen3's / Gemma 3's RMSNorm of q and k heads, the rotary
+ *                   embedding (Su et al. 2021, HF's rotate-half layout: x cos + rotate_half(x) sin), q out as
+ *                   [N, H, D], k and v written into the paged pool at the row's position
  *   silu_mul:       silu(gate) * up = gate / (1 + exp(-gate)) * up                             (Shazeer 2020)
+ *   gelu_tanh_mul:  gelu_tanh(gate) * up, GeGLU (Gemma); gelu_tanh(x) = x / 2 (1 + tanh(y)) = x / (1 + exp(-2 y)),
+ *                   y = sqrt(2 / pi) (x + 0.044715 x^3)                       (Shazeer 2020; Hendrycks & Gimpel 2016)
  *
  * in the order of operations of the eager path (hybridflow/rollout/decoder.py), so results differ from it by fp32
  * rounding of sums (and fused multiply-adds) only.
@@ -24,9 +27,10 @@
 #define MAX_HEAD_DIM 512
 
 /* Shapes: x, residual, normed, summed [rows, columns] contiguous; weight [columns]. residual NULL: h = x (summed
- * is not written). */
+ * is not written). unit_offset 1: scale by (1 + w) (Gemma), 0: by w. */
 int add_rms_norm_f32(const float *x, const float *residual, const float *weight, float *normed, float *summed,
-                     int64_t rows, int64_t columns, float eps) {
+                     int64_t rows, int64_t columns, float eps, int unit_offset) {
+    float offset = unit_offset ? 1.0f : 0.0f;
     for (int64_t n = 0; n < rows; n++) {
         const float *h = x + n * columns;
         if (residual != NULL) {
@@ -39,7 +43,7 @@ int add_rms_norm_f32(const float *x, const float *residual, const float *weight,
         for (int64_t i = 0; i < columns; i++) squares += h[i] * h[i];
         float inverse_rms = 1.0f / sqrtf(squares / (float)columns + eps);
         float *out = normed + n * columns;
-        for (int64_t i = 0; i < columns; i++) out[i] = weight[i] * (h[i] * inverse_rms);
+        for (int64_t i = 0; i < columns; i++) out[i] = (offset + weight[i]) * (h[i] * inverse_rms);
     }
     return 0;
 }
@@ -56,17 +60,17 @@ static int positions_valid(const int64_t *positions, const int32_t *tables, int6
     return 1;
 }
 
-/* One q or k head: optional RMSNorm over its D values (weight: that head's row of the norm), then the rotation
- * by the position's cos / sin rows, into target. */
-static inline void rotate_head(const float *source, const float *norm_weight, const float *cos, const float *sin,
-                               int64_t d, float eps, float *target) {
+/* One q or k head: optional RMSNorm over its D values (weight: that head's row of the norm, plus norm_offset),
+ * then the rotation by the position's cos / sin rows, into target. */
+static inline void rotate_head(const float *source, const float *norm_weight, float norm_offset, const float *cos,
+                               const float *sin, int64_t d, float eps, float *target) {
     float x[MAX_HEAD_DIM];
     memcpy(x, source, sizeof(float) * d);
     if (norm_weight != NULL) {
         float squares = 0.0f;
         for (int64_t i = 0; i < d; i++) squares += x[i] * x[i];
         float inverse_rms = 1.0f / sqrtf(squares / (float)d + eps);
-        for (int64_t i = 0; i < d; i++) x[i] = norm_weight[i] * (x[i] * inverse_rms);
+        for (int64_t i = 0; i < d; i++) x[i] = (norm_offset + norm_weight[i]) * (x[i] * inverse_rms);
     }
     int64_t half = d / 2;
     for (int64_t i = 0; i < half; i++) {
@@ -76,14 +80,16 @@ static inline void rotate_head(const float *source, const float *norm_weight, co
 }
 
 /* Shapes: qkv [rows, (heads + 2 kv_heads) * d] contiguous (q heads, then k, then v); positions [rows] int64;
- * cos, sin [>= max_length, d]; norm_weight [heads + kv_heads, d] or NULL; q_out [rows, heads, d]; keys, values
+ * cos, sin [>= max_length, d]; norm_weight [heads + kv_heads, d] or NULL (unit_offset 1: scale by 1 + w, Gemma 3);
+ * q_out [rows, heads, d]; keys, values
  * [kv_heads, blocks, block_size, d] (one layer of the pool); tables [rows, table_stride] int32, position p of row n
  * in block tables[n][p / block_size] at offset p % block_size. Returns -1 (writing nothing) for a position at or
  * past max_length, a block id outside the pool, an odd or too large head dim. */
 int qkv_rope_write_f32(const float *qkv, const int64_t *positions, const int64_t *rope_positions, const float *cos,
                        const float *sin, const float *norm_weight, float *q_out, float *keys, float *values,
                        int64_t rows, int64_t heads, const int32_t *tables, int64_t table_stride, int64_t kv_heads,
-                       int64_t d, int64_t blocks, int64_t block_size, int64_t max_length, float eps) {
+                       int64_t d, int64_t blocks, int64_t block_size, int64_t max_length, float eps,
+                       int unit_offset) {
     if (d % 2 != 0 || d > MAX_HEAD_DIM) return -1;
     if (!positions_valid(positions, tables, table_stride, rows, blocks, block_size, max_length)) return -1;
     if (rope_positions == NULL) rope_positions = positions;
@@ -97,7 +103,7 @@ int qkv_rope_write_f32(const float *qkv, const int64_t *positions, const int64_t
         for (int64_t j = 0; j < heads + kv_heads; j++) {
             const float *norm = norm_weight == NULL ? NULL : norm_weight + j * d;
             float *target = j < heads ? q_out + (n * heads + j) * d : keys + ((j - heads) * blocks * block_size + slot) * d;
-            rotate_head(row + j * d, norm, cos_p, sin_p, d, eps, target);
+            rotate_head(row + j * d, norm, unit_offset ? 1.0f : 0.0f, cos_p, sin_p, d, eps, target);
         }
         for (int64_t h = 0; h < kv_heads; h++)
             memcpy(values + (h * blocks * block_size + slot) * d, row + (heads + kv_heads + h) * d, sizeof(float) * d);
@@ -111,6 +117,20 @@ int silu_mul_f32(const float *gate_up, float *out, int64_t rows, int64_t inner) 
         const float *gate = gate_up + n * 2 * inner, *up = gate + inner;
         float *target = out + n * inner;
         for (int64_t i = 0; i < inner; i++) target[i] = gate[i] / (1.0f + exp_clamped(-gate[i])) * up[i];
+    }
+    return 0;
+}
+
+/* Shapes: gate_up [rows, 2 * inner] contiguous (gate first); out [rows, inner]. */
+int gelu_tanh_mul_f32(const float *gate_up, float *out, int64_t rows, int64_t inner) {
+    const float root_two_over_pi = 0.7978845608028654f;
+    for (int64_t n = 0; n < rows; n++) {
+        const float *gate = gate_up + n * 2 * inner, *up = gate + inner;
+        float *target = out + n * inner;
+        for (int64_t i = 0; i < inner; i++) {
+            float x = gate[i], y = root_two_over_pi * (x + 0.044715f * x * x * x);
+            target[i] = x / (1.0f + exp_clamped(-2.0f * y)) * up[i];
+        }
     }
     return 0;
 }
