@@ -115,8 +115,7 @@ class LlamaFamilyDecoder:
         """Gemma: the embeddings' ``sqrt(hidden)`` scale in their dtype; a constant, built once (CUDA graphs read it)."""
         self.weights_epoch = 0
         """Bumped whenever a weight tensor the decode step reads is replaced rather than updated in place."""
-        # The Triton attention kernel computes no soft cap yet: a model with one (Gemma 2) keeps the torch step.
-        self.triton_kernels = triton_kernels_available(model, self.head_dim) and self.attn_softcap is None
+        self.triton_kernels = triton_kernels_available(model, self.head_dim)
         """Whether the graph-safe decode step runs as Triton kernels (CUDA; :meth:`_decode_fused`) rather than
         torch ops and SDPA."""
         weight = next(model.parameters())
@@ -541,8 +540,7 @@ class LlamaFamilyDecoder:
             context: ``max(positions) + 1``, the attention span of this step; ``None`` makes the
                 step graph-safe (static shapes, no host values: CUDA graphs capture it, and
                 ``torch.compile(fullgraph=True)`` traces it): on CUDA it then runs as Triton kernels
-                (:meth:`_decode_fused`; attention reads each row's length and blocks on the device; not yet for a
-                model with an attention soft cap, Gemma 2),
+                (:meth:`_decode_fused`; attention reads each row's length and blocks on the device),
                 elsewhere SDPA spans all ``W`` blocks with a device-built mask.
             rope_positions: ``[N]`` where each row's token rotates, when that is not ``positions`` (a
                 vision-language sequence: ``position + delta``, :mod:`hybridflow.rollout.vision_prefill`;
@@ -584,14 +582,12 @@ class LlamaFamilyDecoder:
 
         What the table adds runs here too: Gemma's ``1 + w`` norms (the kernels' ``unit_offset``) and the norm of
         each sub-block's output before its add (one more norm call without a residual), the scaled embedding,
-        GeGLU, soft caps (attention: the C kernel's; logits: :meth:`_head`), a rotary table per layer type
+        GeGLU, soft caps (attention: the kernels'; logits: :meth:`_head`), a rotary table per layer type
         (Gemma 3), and routed experts in place of the MLP (:func:`moe_mlp`: gathered, graph-safe, under
         ``ops.graph_safe``)."""
         gemma = self.architecture.gemma_norms
         norm = functools.partial(ops.add_rms_norm, eps=self.eps, unit_offset=gemma)
         gated = ops.gelu_tanh_mul if self.activation is _gelu_tanh else ops.silu_mul
-        # Only the C attention kernel takes softcap= so far (the Triton path is off for a capped model, see __init__).
-        capped = {} if self.attn_softcap is None else {"softcap": self.attn_softcap}
         rope = {kind: self.rope_table(cache.max_len, kind) for kind in dict.fromkeys(self.rope_kinds)}
         lengths = positions + 1
         count = token_ids.shape[0]
@@ -603,7 +599,7 @@ class LlamaFamilyDecoder:
                                    qk_norm=layer.qk_norm, keys=keys, values=values, heads=self.num_heads, eps=self.eps,
                                    block_tables=block_tables, rope_positions=rope_positions, unit_offset=gemma)
             attn = ops.attention(q=q, keys=keys, values=values, lengths=lengths, scale=self.scale,
-                                 block_tables=block_tables, window=layer.window, **capped)
+                                 block_tables=block_tables, window=layer.window, softcap=self.attn_softcap)
             normed, hidden = norm(x=self._sub_block_out(layer.o_proj(attn.view(count, -1)), layer.attn_out_norm, norm),
                                   residual=hidden, weight=layer.post_norm)
             if layer.experts is not None:
