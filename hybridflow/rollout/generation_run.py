@@ -43,11 +43,24 @@ class Sequence:
     """When it was (last) admitted: the latest admitted is preempted first."""
     row: int = -1
     """Its row of the run's :class:`HostBlockTables` while it is live."""
+    ahead: int = 0
+    """Its tokens sampled on the device whose values the host has not read back yet (steps in flight:
+    :class:`InFlightStep`); always 0 when the engine does not overlap its steps."""
 
     @property
     def position(self) -> int:
-        """Where its last token (sampled, not yet fed back) goes in the cache: the tokens cached so far."""
-        return self.prompt_length + len(self.token_ids) - 1
+        """Where its last token (sampled, not yet fed back) goes in the cache: the tokens cached so far, those still
+        in flight counted."""
+        return self.prompt_length + len(self.token_ids) + self.ahead - 1
+
+    @property
+    def sampled(self) -> int:
+        """Tokens sampled so far, those in flight counted: the index of its next token."""
+        return len(self.token_ids) + self.ahead
+
+    def ends_by_length(self, max_len: int) -> bool:
+        """Whether its tokens in flight reach ``max_tokens`` or ``max_len`` (known before their values are)."""
+        return self.sampled >= self.params.max_tokens or self.prompt_length + self.sampled >= max_len
 
     @property
     def rope_delta(self) -> int:
@@ -105,6 +118,38 @@ class PendingPrompt:
         self.prefilled = 0
 
 
+class InFlightStep:
+    """A decode step launched on the device whose tokens the host has not read yet: its rows (the live sequences at
+    launch, in row order), its sampled tokens ``[N]`` on the device (the next step's inputs, taken there), and one
+    copy of the tokens and log-probs packed together into host memory, started without waiting for it (pinned
+    memory and an event on CUDA; a plain tensor on CPU, where every op has finished when it returns)."""
+
+    def __init__(self, rows: list[Sequence], tokens: torch.Tensor, logprobs: torch.Tensor, *, number: int):
+        self.rows = rows
+        self.tokens = tokens
+        self.number = number
+        """The run's count of launched decode steps when this one was launched (1 for the first)."""
+        packed = torch.cat([tokens.to(torch.float64), logprobs.to(torch.float64)])  # token ids < 2**53: exact
+        self.event = None
+        if packed.device.type == "cuda":
+            self.host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
+            self.host.copy_(packed, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.host = packed
+        for sequence in rows:
+            sequence.ahead += 1
+
+    def read(self) -> tuple[list[int], list[float]]:
+        """``(tokens, logprobs)`` of its rows, waiting only for its own copy (not for steps launched after it)."""
+        if self.event is not None:
+            self.event.synchronize()
+        values = self.host.tolist()
+        count = len(self.rows)
+        return [int(token) for token in values[:count]], values[count:]
+
+
 @dataclass(eq=False)  # compared and hashed by identity: the engine keeps its open runs in a weak set
 class GenerationRun:
     """The state of one generation: waiting prompts, live sequences, finished ones, and the blocks they hold."""
@@ -137,6 +182,13 @@ class GenerationRun:
     vocab_size: int = 0
     seen: SeenTokens | None = None
     """The tokens each row slot's sequence has seen, kept where a live sequence has a repetition penalty."""
+    in_flight: InFlightStep | None = None
+    """The decode step launched and not read back yet (the engine's ``overlap_steps``: it runs on the device while
+    the host reads the step before it)."""
+    launched_steps: int = 0
+    """Decode steps launched over this run."""
+    overlapped_readbacks: int = 0
+    """Steps read back after the next step was launched (the host's bookkeeping overlapped the device's work)."""
     keyed_draws: bool = False
     """Sample with :func:`~hybridflow.rollout.sampler.keyed_uniform` draws keyed by (request seed, sample, token
     index) instead of the run's generator in row order: a request's tokens then do not depend on which requests
@@ -156,7 +208,7 @@ class GenerationRun:
         """``[N, 1]`` draws for the live rows' next tokens."""
         if not self.keyed_draws:
             return draw_uniform(rows=len(self.live), generator=self.generator, device=device)
-        return self._keyed([(s.params.seed, s.output_index, len(s.token_ids)) for s in self.live], device)
+        return self._keyed([(s.params.seed, s.output_index, s.sampled) for s in self.live], device)
 
     def wave_uniform(self, wave: list[tuple[PendingPrompt, int]], *, device) -> torch.Tensor:
         """``[N, 1]`` draws for the first tokens of an admission wave's samples, in wave order."""
@@ -209,17 +261,51 @@ class GenerationRun:
               or sequence.prompt_length + len(sequence.token_ids) >= self.cache.max_len):
             sequence.finish_reason = "length"
 
-    def mark_seen(self, sequences: list[Sequence], tokens: list[int]) -> None:
-        """Each sequence has seen its new token (kept only for those with a repetition penalty)."""
+    def mark_seen(self, sequences: list[Sequence], tokens: list[int] | torch.Tensor) -> None:
+        """Each sequence has seen its new token (kept only for those with a repetition penalty); ``tokens`` on the
+        host, or ``[len(sequences)]`` on the device (a step's, before the host reads them)."""
         if self.seen is None:
             return
-        marked = [(s.row, token) for s, token in zip(sequences, tokens) if s.params.repetition_penalty != 1.0]
-        if marked:
-            self.seen.add(*zip(*marked))
+        marked = [(index, s.row) for index, s in enumerate(sequences) if s.params.repetition_penalty != 1.0]
+        if not marked:
+            return
+        indices, slots = zip(*marked)
+        if isinstance(tokens, torch.Tensor):
+            self.seen.add_on_device(slots, tokens[torch.tensor(indices, device=tokens.device)])
+        else:
+            self.seen.add(slots, tuple(tokens[index] for index in indices))
+
+    def launched(self, tokens: torch.Tensor, logprobs: torch.Tensor) -> InFlightStep:
+        """Record the step just launched over the live rows (its tokens, ``[N]`` on the device, now seen by them)
+        and start reading it back."""
+        self.mark_seen(self.live, tokens)
+        self.launched_steps += 1
+        return InFlightStep(list(self.live), tokens, logprobs, number=self.launched_steps)
+
+    def land(self, step: InFlightStep) -> None:
+        """Read ``step``'s tokens back and do its bookkeeping: name the blocks its writes filled, append each row's
+        token (a row that ended at an earlier step drops it: it was decoded once past its end), retire the
+        finished rows. With a later step launched, the host does this while the device runs it."""
+        if self.launched_steps > step.number:
+            self.overlapped_readbacks += 1
+        tokens, logprobs = step.read()
+        for sequence, token, logprob in zip(step.rows, tokens, logprobs):
+            sequence.ahead -= 1
+            if sequence.finish_reason is None:
+                self.cached(sequence)
+                self.append(sequence, token, logprob)
+        self.retire()
+
+    def land_in_flight(self) -> None:
+        """Land the step in flight, if any: the host's records are then exact (admission and preemption need them)."""
+        step, self.in_flight = self.in_flight, None
+        if step is not None:
+            self.land(step)
 
     def cached(self, sequence: Sequence) -> None:
-        """The step wrote ``sequence``'s last token at its position: name the block it filled, if it did."""
-        end = sequence.position + 1
+        """The step wrote ``sequence``'s last token read back at its position: name the block it filled, if it
+        did."""
+        end = sequence.prompt_length + len(sequence.token_ids)
         if end % self.allocator.block_size == 0 and self.allocator.cached_blocks > 0:
             sequence.blocks.name_full_blocks(sequence.key_ids(), end)
 
@@ -299,9 +385,19 @@ class GenerationRun:
         row's (null blocks past a row's end)."""
         width = max(len(s.blocks.blocks) for s in self.live)
         tables = self.tables.gather([s.row for s in self.live], width)
-        return (torch.tensor([s.token_ids[-1] for s in self.live], dtype=torch.long, device=device),
-                torch.tensor(positions, dtype=torch.long, device=device),
+        return (self.input_tokens(device=device), torch.tensor(positions, dtype=torch.long, device=device),
                 tables.to(device))
+
+    def input_tokens(self, *, device) -> torch.Tensor:
+        """``[N]`` the live rows' last tokens: read on the host, or, with a step in flight (every live row is one of
+        its rows then: nothing joins while one is), taken on the device from its sampled tokens."""
+        step = self.in_flight
+        if step is None:
+            return torch.tensor([s.token_ids[-1] for s in self.live], dtype=torch.long, device=device)
+        if len(step.rows) == len(self.live):  # no row left since: the same rows in the same order
+            return step.tokens
+        index = {id(s): i for i, s in enumerate(step.rows)}
+        return step.tokens[torch.tensor([index[id(s)] for s in self.live], device=step.tokens.device)]
 
     def rope_positions(self, positions: list[int], *, device) -> torch.Tensor | None:
         """``[N]`` where the live rows' tokens rotate, when any row's differs from its position (after a
@@ -312,9 +408,11 @@ class GenerationRun:
         return torch.tensor([p + d for p, d in zip(positions, deltas)], dtype=torch.long, device=device)
 
     def release(self) -> list[Sequence]:
-        """Take every live sequence out (their blocks freed) and drop the waiting prompts' prefills."""
-        live, self.live = self.live, []
+        """Take every live sequence out (their blocks freed) and drop the waiting prompts' prefills. A step still in
+        flight is dropped with them (land it first to keep its tokens: :meth:`land_in_flight`)."""
+        live, self.live, self.in_flight = self.live, [], None
         for sequence in live:
+            sequence.ahead = 0
             sequence.blocks.free()
             sequence.blocks = None
             self.tables.give_back(sequence.row)
@@ -337,6 +435,10 @@ class SeenTokens:
     def add(self, slots: tuple[int, ...], token_ids: tuple[int, ...]) -> None:
         device = self.mask.device
         self.mask[torch.tensor(slots, device=device), torch.tensor(token_ids, device=device)] = True
+
+    def add_on_device(self, slots: tuple[int, ...], token_ids: torch.Tensor) -> None:
+        """The same with the tokens ``[len(slots)]`` on the device (a step's, not read back: no host sync)."""
+        self.mask[torch.tensor(slots, device=self.mask.device), token_ids] = True
 
     def rows(self, slots: list[int]) -> torch.Tensor:
         """``[len(slots), V]``: the masks of these slots, in this order."""
