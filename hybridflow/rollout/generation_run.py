@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from hybridflow.rollout.block_manager import NULL_BLOCK, BlockAllocator, OutOfBlocks, SequenceBlocks
+from hybridflow.rollout.host_copy import device_tensor, to_device
 from hybridflow.rollout.kv_cache import PagedKVCache, SlotMirror
 from hybridflow.rollout.sampler import RowSampling, draw_uniform, keyed_uniform, seen_mask
 from hybridflow.rollout.stopping import StopChecker
@@ -225,7 +226,7 @@ class GenerationRun:
 
     @staticmethod
     def _keyed(keys: list[tuple[int, int, int]], device) -> torch.Tensor:
-        return keyed_uniform(torch.tensor(keys, dtype=torch.long)).to(device)
+        return to_device(keyed_uniform(torch.tensor(keys, dtype=torch.long)), device)
 
     def row_sampling(self, *, vocab_size: int, device) -> RowSampling:
         """The live rows' sampling parameters on the device; rebuilt only when the rows' params change."""
@@ -271,7 +272,7 @@ class GenerationRun:
             return
         indices, slots = zip(*marked)
         if isinstance(tokens, torch.Tensor):
-            self.seen.add_on_device(slots, tokens[torch.tensor(indices, device=tokens.device)])
+            self.seen.add_on_device(slots, tokens[device_tensor(indices, device=tokens.device)])
         else:
             self.seen.add(slots, tuple(tokens[index] for index in indices))
 
@@ -330,11 +331,12 @@ class GenerationRun:
 
     def make_writable(self) -> None:
         """Give every live sequence a block of its own at its next position (copy-on-write of a shared
-        block, a new block at a boundary); when blocks run out, preempt the latest admitted (LIFO)."""
+        block, a new block at a boundary); when blocks run out, preempt the latest admitted (LIFO). A row that
+        its tokens in flight end writes nothing (:meth:`ended_ahead`)."""
         copies = []
         for sequence in sorted(self.live, key=lambda s: s.admitted):  # oldest first: preemption takes the newest
-            if sequence.blocks is None:
-                continue  # preempted in this loop
+            if sequence.blocks is None or self.ended_ahead(sequence):
+                continue  # preempted in this loop, or writes nowhere
             copy = self._writable(sequence)
             if copy is not None:
                 copies.append(copy)
@@ -382,30 +384,43 @@ class GenerationRun:
 
     def step_inputs(self, positions: list[int], *, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(tokens [N], positions [N], block tables [N, W])`` of the live rows; tables as wide as the widest
-        row's (null blocks past a row's end)."""
+        row's (null blocks past a row's end; only null blocks for a row :meth:`ended_ahead`)."""
         width = max(len(s.blocks.blocks) for s in self.live)
         tables = self.tables.gather([s.row for s in self.live], width)
-        return (self.input_tokens(device=device), torch.tensor(positions, dtype=torch.long, device=device),
-                tables.to(device))
+        ended = [index for index, s in enumerate(self.live) if self.ended_ahead(s)]
+        if ended:
+            tables[ended] = NULL_BLOCK
+        return (self.input_tokens(device=device), device_tensor(positions, dtype=torch.long, device=device),
+                to_device(tables, device))
 
     def input_tokens(self, *, device) -> torch.Tensor:
         """``[N]`` the live rows' last tokens: read on the host, or, with a step in flight (every live row is one of
         its rows then: nothing joins while one is), taken on the device from its sampled tokens."""
         step = self.in_flight
         if step is None:
-            return torch.tensor([s.token_ids[-1] for s in self.live], dtype=torch.long, device=device)
+            return device_tensor([s.token_ids[-1] for s in self.live], dtype=torch.long, device=device)
         if len(step.rows) == len(self.live):  # no row left since: the same rows in the same order
             return step.tokens
         index = {id(s): i for i, s in enumerate(step.rows)}
-        return step.tokens[torch.tensor([index[id(s)] for s in self.live], device=step.tokens.device)]
+        return step.tokens[device_tensor([index[id(s)] for s in self.live], device=step.tokens.device)]
+
+    def ended_ahead(self, sequence: Sequence) -> bool:
+        """Whether ``sequence``'s tokens in flight end it by length (max_tokens, the cache's length: known before
+        their values are). A step launched before they land still decodes its row, as padding does: at position 0
+        of the null block, its token dropped (the row stays in place for the rows after it)."""
+        return sequence.ahead > 0 and sequence.ends_by_length(self.cache.max_len)
+
+    def step_positions(self) -> list[int]:
+        """``[N]`` where each live row's step writes: its position, or 0 for a row :meth:`ended_ahead`."""
+        return [0 if self.ended_ahead(s) else s.position for s in self.live]
 
     def rope_positions(self, positions: list[int], *, device) -> torch.Tensor | None:
         """``[N]`` where the live rows' tokens rotate, when any row's differs from its position (after a
-        vision-language prompt); None otherwise."""
+        vision-language prompt); None otherwise. A row at position 0 (:meth:`ended_ahead`) rotates at 0."""
         deltas = [s.rope_delta for s in self.live]
         if not any(deltas):
             return None
-        return torch.tensor([p + d for p, d in zip(positions, deltas)], dtype=torch.long, device=device)
+        return device_tensor([p + d if p else 0 for p, d in zip(positions, deltas)], dtype=torch.long, device=device)
 
     def release(self) -> list[Sequence]:
         """Take every live sequence out (their blocks freed) and drop the waiting prompts' prefills. A step still in
@@ -434,15 +449,15 @@ class SeenTokens:
 
     def add(self, slots: tuple[int, ...], token_ids: tuple[int, ...]) -> None:
         device = self.mask.device
-        self.mask[torch.tensor(slots, device=device), torch.tensor(token_ids, device=device)] = True
+        self.mask[device_tensor(slots, device=device), device_tensor(token_ids, device=device)] = True
 
     def add_on_device(self, slots: tuple[int, ...], token_ids: torch.Tensor) -> None:
         """The same with the tokens ``[len(slots)]`` on the device (a step's, not read back: no host sync)."""
-        self.mask[torch.tensor(slots, device=self.mask.device), token_ids] = True
+        self.mask[device_tensor(slots, device=self.mask.device), token_ids] = True
 
     def rows(self, slots: list[int]) -> torch.Tensor:
         """``[len(slots), V]``: the masks of these slots, in this order."""
-        return self.mask[torch.tensor(slots, device=self.mask.device)]
+        return self.mask[device_tensor(slots, device=self.mask.device)]
 
 
 class HostBlockTables:

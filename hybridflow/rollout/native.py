@@ -565,22 +565,21 @@ class NativeEngine:
         With :attr:`overlap_steps`, the step is launched before the host reads the previous one's tokens (its
         inputs taken on the device from that step's samples) and is left in flight; the host then reads the previous
         step back and does its bookkeeping while this one runs. The previous step lands first instead (exact host
-        records, a synchronous step) when too few blocks are free for every row's next write (it may preempt). A
-        step that ends a row by length (max_tokens, the cache's length: known before its tokens are) lands at once:
-        the next step could not be launched without knowing that row is gone."""
+        records, a synchronous step) when too few blocks are free for every row's next write (it may preempt). A row
+        that the step in flight ends by length is decoded as padding (:meth:`GenerationRun.ended_ahead`); a step
+        whose every row ends lands at once (nothing could follow it)."""
         previous = run.in_flight
         if previous is not None and not self._blocks_for_next_writes(run):
             run.land_in_flight()
             previous = None
         run.make_writable()  # no preemption with a step in flight: checked above
-        launched = self._launch(run) if run.live else None
+        launched = self._launch(run) if not all(run.ended_ahead(s) for s in run.live) else None
         run.in_flight = None
         if previous is not None:
             run.land(previous)
         if launched is None:
             return
-        if self.overlap_steps and not any(s.finish_reason is None and s.ends_by_length(run.cache.max_len)
-                                          for s in launched.rows):
+        if self.overlap_steps and not all(s.finish_reason is not None or run.ended_ahead(s) for s in launched.rows):
             run.in_flight = launched
         else:
             run.land(launched)
@@ -589,7 +588,8 @@ class NativeEngine:
     def _blocks_for_next_writes(run: GenerationRun) -> bool:
         """Whether a free block is left for every live row whose next write needs one (a new block, or its own copy
         of a shared one), so that no row is preempted while a step is in flight."""
-        return sum(s.blocks.needs_block(s.position) for s in run.live) <= run.allocator.available
+        needed = sum(s.blocks.needs_block(s.position) for s in run.live if not run.ended_ahead(s))
+        return needed <= run.allocator.available
 
     def _launch(self, run: GenerationRun) -> InFlightStep:
         """Launch the decode step of the live rows (their next writes made room for) and start reading it back."""
@@ -599,7 +599,7 @@ class NativeEngine:
         rows = run.row_sampling(vocab_size=self.decoder.vocab_size, device=self.device)
         # Drawn here for the whole batch, so the draws do not depend on how it is split.
         uniform = None if rows.all_greedy else run.step_uniform(device=self.device)
-        positions = [s.position for s in run.live]
+        positions = run.step_positions()
         inputs = run.step_inputs(positions, device=self.device)
         # Only a vision-language model's rows can rotate elsewhere: a text model's step never looks.
         rope_positions = run.rope_positions(positions, device=self.device) if self.decoder.vision_language else None

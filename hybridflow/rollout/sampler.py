@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from hybridflow.rollout.host_copy import device_tensor
 from hybridflow.rollout.optional import package_installed
 from hybridflow.rollout.types import SamplingParams
 
@@ -64,7 +65,7 @@ class RowSampling:
         top_k = [vocab_size if p.top_k == -1 else min(p.top_k, vocab_size) for p in params]
 
         def column(values, dtype=torch.float32):
-            return torch.tensor(values, dtype=dtype, device=device)
+            return device_tensor(values, dtype=dtype, device=device)
 
         return cls(
             temperature=column([1.0 if p.greedy else p.temperature for p in params]),
