@@ -30,11 +30,12 @@ STOP_STRING = "n sum"
 
 def mixed_params() -> list[SamplingParams]:
     """Per prompt: samples sharing a prefill with stop tokens, greedy ones with a stop string, repetition
-    penalties, filters, lengths that end rows at different steps."""
+    penalties, filters, lengths that end rows at different steps (the last two prompts' at the queue's ``max_len``)."""
     return [SamplingParams(n=3, temperature=1.0, max_tokens=12, seed=1, logprobs=True, stop_token_ids=STOP_TOKENS),
             SamplingParams(n=2, temperature=0, max_tokens=16, logprobs=True, stop=[STOP_STRING]),
-            SamplingParams(n=1, temperature=0.8, top_k=20, repetition_penalty=1.3, max_tokens=9, seed=3, logprobs=True),
-            SamplingParams(n=2, temperature=1.0, repetition_penalty=1.2, max_tokens=20, seed=4, logprobs=True,
+            SamplingParams(n=1, temperature=0.8, top_k=20, repetition_penalty=1.3, max_tokens=MAX_LEN, seed=3,
+                           logprobs=True),  # ends at the queue's max_len, 8 tokens before the last prompt's samples
+            SamplingParams(n=2, temperature=1.0, repetition_penalty=1.2, max_tokens=MAX_LEN, seed=4, logprobs=True,
                            ignore_eos=True, stop_token_ids=STOP_TOKENS)]
 
 
@@ -77,6 +78,16 @@ def test_overlapped_steps_give_the_synchronous_outputs(varied, schedule):
     assert sync_run.overlapped_readbacks == 0 and run.overlapped_readbacks > 0  # the setting did overlap steps
     if schedule == "preemption":
         assert engine.preemptions > 0
+
+
+def test_a_step_in_flight_lands_before_its_rows_run_out_of_blocks(varied):
+    """Two samples admitted together into 6 usable blocks, each growing to 4: the younger one is preempted while
+    nothing waits (a step in flight then: it must land before any row is preempted, whose tokens so far are recomputed)."""
+    model, tokenizer = varied
+    params = [SamplingParams(n=2, temperature=1.0, max_tokens=36, seed=5, logprobs=True, ignore_eos=True)]
+    synchronous, _, _ = run_queue(model, tokenizer, params, overlap=False, num_kv_blocks=7)
+    overlapped, run, engine = run_queue(model, tokenizer, params, overlap=True, num_kv_blocks=7)
+    assert overlapped == synchronous and engine.preemptions == 1 and run.overlapped_readbacks > 0
 
 
 def test_a_step_is_read_back_after_the_next_one_is_launched(varied):
