@@ -11,6 +11,7 @@ builds its ``generate`` on the queue).
 from __future__ import annotations
 
 import functools
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -151,6 +152,29 @@ class InFlightStep:
         return [int(token) for token in values[:count]], values[count:]
 
 
+class StepClock:
+    """Host timestamps of decode steps, kept when a benchmark gives the engine one (``NativeEngine.step_clock``): the
+    host gap of each step, from a step's readback returning to the next launch (all of that step's kernels queued),
+    through which the device idles unless a step is in flight; and how long each readback waited for the device."""
+
+    def __init__(self):
+        self.gaps: list[float] = []
+        self.waits: list[float] = []
+        self.overlapped = 0
+        """Readbacks that came after the next step's launch."""
+        self._read_at: float | None = None
+
+    def launched(self) -> None:
+        if self._read_at is not None:
+            self.gaps.append(time.perf_counter() - self._read_at)
+            self._read_at = None
+
+    def read(self, *, waited: float, overlapped: bool) -> None:
+        self.waits.append(waited)
+        self.overlapped += overlapped
+        self._read_at = time.perf_counter()
+
+
 @dataclass(eq=False)  # compared and hashed by identity: the engine keeps its open runs in a weak set
 class GenerationRun:
     """The state of one generation: waiting prompts, live sequences, finished ones, and the blocks they hold."""
@@ -190,6 +214,8 @@ class GenerationRun:
     """Decode steps launched over this run."""
     overlapped_readbacks: int = 0
     """Steps read back after the next step was launched (the host's bookkeeping overlapped the device's work)."""
+    clock: StepClock | None = None
+    """Host timestamps of the steps (a benchmark's); ``None``: none taken."""
     keyed_draws: bool = False
     """Sample with :func:`~hybridflow.rollout.sampler.keyed_uniform` draws keyed by (request seed, sample, token
     index) instead of the run's generator in row order: a request's tokens then do not depend on which requests
@@ -281,15 +307,21 @@ class GenerationRun:
         and start reading it back."""
         self.mark_seen(self.live, tokens)
         self.launched_steps += 1
-        return InFlightStep(list(self.live), tokens, logprobs, number=self.launched_steps)
+        step = InFlightStep(list(self.live), tokens, logprobs, number=self.launched_steps)
+        if self.clock is not None:
+            self.clock.launched()
+        return step
 
     def land(self, step: InFlightStep) -> None:
         """Read ``step``'s tokens back and do its bookkeeping: name the blocks its writes filled, append each row's
         token (a row that ended at an earlier step drops it: it was decoded once past its end), retire the
         finished rows. With a later step launched, the host does this while the device runs it."""
-        if self.launched_steps > step.number:
-            self.overlapped_readbacks += 1
+        overlapped = self.launched_steps > step.number
+        self.overlapped_readbacks += overlapped
+        started = time.perf_counter()
         tokens, logprobs = step.read()
+        if self.clock is not None:
+            self.clock.read(waited=time.perf_counter() - started, overlapped=overlapped)
         for sequence, token, logprob in zip(step.rows, tokens, logprobs):
             sequence.ahead -= 1
             if sequence.finish_reason is None:

@@ -44,7 +44,8 @@ from hybridflow.rollout.architectures import unsupported_reason
 from hybridflow.rollout.block_manager import BLOCK_SIZE, BlockAllocator, SequenceBlocks
 from hybridflow.rollout.cuda_graphs import DecodeGraphs
 from hybridflow.rollout.decoder import LlamaFamilyDecoder
-from hybridflow.rollout.generation_run import GenerationRun, HostBlockTables, InFlightStep, PendingPrompt, Sequence
+from hybridflow.rollout.generation_run import (GenerationRun, HostBlockTables, InFlightStep, PendingPrompt, Sequence,
+                                               StepClock)
 from hybridflow.rollout.kv_cache import MirroredCache, PagedKVCache, SlotMirror
 from hybridflow.rollout.lanes import DecodeLanes
 from hybridflow.rollout.request_queue import RequestQueue
@@ -150,6 +151,8 @@ class NativeEngine:
         self.triton_kernels = self.decoder.triton_kernels
         self.enforce_eager = enforce_eager or not self.triton_kernels
         self.overlap_steps = self.triton_kernels if overlap_steps is None else overlap_steps
+        self.step_clock: StepClock | None = None
+        """Set by a benchmark: the runs opened afterwards time their steps' host gaps into it."""
         self.capture_sizes = cudagraph_capture_sizes
         self.gpu_memory_utilization = gpu_memory_utilization
         self.graphs: DecodeGraphs | None = None
@@ -286,7 +289,7 @@ class NativeEngine:
                             tokenizer=self.tokenizer, waiting=deque(), max_num_seqs=rows,
                             vocab_size=self.decoder.vocab_size,
                             tables=HostBlockTables(rows=rows, width=cache.table_width),
-                            mirror=self._mirror_for(cache, rows))
+                            mirror=self._mirror_for(cache, rows), clock=self.step_clock)
         self._note_kv_bytes()
         self.open_runs.add(run)  # until its queue closes (close_run)
         return run
