@@ -19,7 +19,18 @@ Where HF ``generate`` loses time in RL rollouts, and what this engine does inste
 - with ``enable_chunked_prefill``, each engine step spends at most ``max_num_batched_tokens`` tokens: one
   decode token per live row first, then chunks of waiting prompts with what is left. A prompt longer than that
   is prefilled over several steps, each chunk attending to the earlier ones through its blocks, and joins the
-  batch after its last chunk, so a long prompt never stalls the live rows' decode for more than one budget.
+  batch after its last chunk, so a long prompt never stalls the live rows' decode for more than one budget;
+- HF ``generate`` reads each step's tokens back before it launches the next, and so did this engine: the device
+  idles while the host appends tokens, checks stops, retires rows and builds the next inputs. With
+  ``overlap_steps`` (on by default where the decode step runs as the CUDA kernels) one step stays in flight: step
+  ``k + 1`` is launched with its input tokens taken on the device from step ``k``'s samples, then step ``k`` is
+  read back (one packed copy that does not wait for step ``k + 1``) and its bookkeeping done while step ``k + 1``
+  runs. A row that step ``k`` ended is decoded once more and that token dropped; steps that admit prompts or may
+  preempt wait for the step in flight first, so the outputs are the synchronous steps' (greedy, keyed draws).
+
+One engine step (``RequestQueue.step``): ``_admit`` (prefill waiting prompts, sample their first tokens, join them;
+with a prompt waiting, it lands the step in flight first), then ``_step``: give every row a block for its next write, launch the decode
+step, land the step before it (or this one, without ``overlap_steps``).
 
 Sampling runs on the device with a ``torch.Generator`` seeded from
 ``SamplingParams.seed``, so a fixed seed and the same inputs give the same outputs; a run with

@@ -18,7 +18,8 @@ for every live row (``NativeEngine._step``). A request whose samples have all en
 resolved at once: its ``concurrent.futures.Future`` gets its ``n`` completions, in output
 order, while the other rows decode on. So a turn that arrives while a batch is decoding joins
 at the next step instead of waiting for that batch's longest response, and a short turn leaves
-without waiting for a long one. If a step raises, every request in the queue (waiting, decoding
+without waiting for a long one (with the engine's ``overlap_steps``, a step's tokens are read back during the next
+step, so a request is resolved one step after its last sample ends). If a step raises, every request in the queue (waiting, decoding
 or still in the inbox) gets the error; the run is emptied and the queue serves later requests.
 """
 
