@@ -652,9 +652,9 @@ def main_synthetic(args) -> None:
                     print(f"batch {batch} {name}: {engine.cache.blocks} KV blocks, {engine.preemptions} preemptions")
                     if timer:
                         timer.report(f"batch {batch:4d} {name}")
-                    if args.profile_admission:
+                    if args.profile_admission and name == "native":
                         profile_admission(engine, requests)
-                    if args.breakdown and engine.graphs is not None:
+                    if args.breakdown and name == "native" and engine.graphs is not None:
                         decode_breakdown(engine, rows=len(requests), context=max_len // 2, temperature=temperature)
                     del engine
                 else:
