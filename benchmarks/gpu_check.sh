@@ -37,7 +37,7 @@ stage() {  # name, seconds, command...
   tail -n 25 "$OUT/$name.log"
 }
 
-# Limits 30 + 130 + 200 + 90 + 45 + 90 + 80 + 40 + 40 s, cut to the ${BUDGET}s budget (8 min) in this order: the
+# Limits 30 + 130 + 200 + 90 + 45 + 90 + 60 + 40 + 40 s, cut to the ${BUDGET}s budget (8 min) in this order: the
 # stages at the end (the text engine's, measured in earlier runs) give way first.
 stage env 30 bash -c 'nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv;
   python3 -c "import sys, torch, transformers, triton; print(sys.version.split()[0], torch.__version__, transformers.__version__, triton.__version__)"
@@ -57,10 +57,8 @@ stage vl-rollout 45 python3 benchmarks/vl_rollout.py --device cuda --dtype bfloa
   --prompts 16 --n 4 --image-size 448 --max-tokens ${VL_MAX_TOKENS:-128}
 stage rollout-fixed 90 $ROLLOUT --shape smollm2-135m --workload fixed --batches ${FIXED_BATCHES:-64,256} \
   --prompt-len 128 --max-tokens 256 --engines ${FIXED_ENGINES:-native,hf-static} --breakdown
-# native (overlap_steps on: one decode step in flight) beside native-sync (off): --step-times prints each one's host
-# gap per step (a step's readback to the next launch) and how many readbacks came after the next launch.
-stage rollout-nano 80 $ROLLOUT --shape qwen3-0.6b --workload nano-vllm --engines ${NANO_ENGINES:-native,native-sync} \
-  --step-times --breakdown --profile-admission
+stage rollout-nano 60 $ROLLOUT --shape qwen3-0.6b --workload nano-vllm --engines ${NANO_ENGINES:-native,native-sync} --step-times --breakdown \
+  --profile-admission
 # The same with verl's default chunked prefill (8,192 tokens a step): what a trainer's rollout gets.
 stage rollout-chunked 40 $ROLLOUT --shape qwen3-0.6b --workload nano-vllm --engines native --step-times \
   --max-num-batched-tokens 8192
