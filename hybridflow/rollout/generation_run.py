@@ -336,8 +336,8 @@ class GenerationRun:
             self.land(step)
 
     def cached(self, sequence: Sequence) -> None:
-        """The step wrote ``sequence``'s last token read back at its position: name the block it filled, if it
-        did."""
+        """The step being landed wrote ``sequence``'s last token read back, so every token read back is in the cache:
+        name the block they filled, if they did."""
         end = sequence.prompt_length + len(sequence.token_ids)
         if end % self.allocator.block_size == 0 and self.allocator.cached_blocks > 0:
             sequence.blocks.name_full_blocks(sequence.key_ids(), end)
