@@ -428,7 +428,8 @@ class StepTimer:
         clock = self.clock
         if clock.gaps:
             print(f"{label} host gap {1e3 * sum(clock.gaps) / len(clock.gaps):.2f} ms a step (a step's readback to the "
-                  f"next launch; the device idles through it unless a step is in flight), readback wait "
+                  f"next launch; a GPU idles through it unless a step is in flight; on CPU the launch computes the "
+                  f"step, so the gap holds it), readback wait "
                   f"{1e3 * sum(clock.waits) / len(clock.waits):.2f} ms, {clock.overlapped} of {len(clock.waits)} "
                   f"readbacks after the next launch (overlap_steps={self.engine.overlap_steps})")
         del self.engine._step  # back to the class's method
