@@ -140,8 +140,6 @@ class InFlightStep:
             self.event.record()
         else:
             self.host = packed
-        for sequence in rows:
-            sequence.ahead += 1
 
     def read(self) -> tuple[list[int], list[float]]:
         """``(tokens, logprobs)`` of its rows, waiting only for its own copy (not for steps launched after it)."""
@@ -308,6 +306,8 @@ class GenerationRun:
         self.mark_seen(self.live, tokens)
         self.launched_steps += 1
         step = InFlightStep(list(self.live), tokens, logprobs, number=self.launched_steps)
+        for sequence in self.live:
+            sequence.ahead += 1
         if self.clock is not None:
             self.clock.launched()
         return step

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from hybridflow.rollout import SamplingParams
+from hybridflow.rollout.generation_run import StepClock
 from hybridflow.rollout.native import NativeEngine
 from hybridflow.rollout.request_queue import RequestQueue
 from hybridflow.rollout.streaming import StreamingSession
@@ -98,6 +99,23 @@ def test_a_step_is_read_back_after_the_next_one_is_launched(varied):
     for overlap, overlapped in ((True, 6), (False, 0)):
         _, run, _ = run_queue(model, tokenizer, params, overlap=overlap)
         assert (run.launched_steps, run.overlapped_readbacks) == (7, overlapped)
+
+
+def test_the_step_clock_times_each_host_gap_and_readback(varied):
+    """A benchmark's :class:`StepClock`: one readback a launched step, a host gap before every launch that follows
+    a readback (all but the first without overlap), and the readbacks that came after the next launch."""
+    model, tokenizer = varied
+    params = [SamplingParams(temperature=1.0, max_tokens=8, seed=2, ignore_eos=True)]
+    for overlap in (False, True):
+        engine = NativeEngine(model, tokenizer, overlap_steps=overlap)
+        clock = engine.step_clock = StepClock()
+        queue = RequestQueue(engine, max_len=MAX_LEN, keyed_draws=True)
+        queue.submit(chat_prompts(tokenizer)[0], params[0])
+        queue.drain()
+        run = queue.run
+        assert len(clock.waits) == run.launched_steps == 7 and clock.overlapped == run.overlapped_readbacks
+        assert len(clock.gaps) == (5 if overlap else 6)  # overlapped: launches 3 .. 7 follow a readback
+        assert all(gap > 0 for gap in clock.gaps)
 
 
 def test_the_setting_defaults_to_off_on_cpu(varied):
