@@ -1,5 +1,6 @@
 """The state of one generation over the native engine's paged KV cache: the sequences being decoded, the prompts
-waiting for their prefill, and the per-row tables a decode step reads.
+waiting for their prefill, the per-row tables a decode step reads, and the decode step in flight when the engine
+overlaps its steps (:class:`InFlightStep`: launched, its tokens not read back yet).
 
 :class:`GenerationRun` is what a :class:`~hybridflow.rollout.native.NativeEngine` admits into and steps (``_admit`` /
 ``_step``), and what a :class:`~hybridflow.rollout.request_queue.RequestQueue` or a
