@@ -361,10 +361,8 @@ def build_engines(names, model, tokenizer, model_path):
 
             engines[name] = NativeEngine(model, tokenizer, decode_lanes=False)
             continue
-        if name in OVERLAP:
-            from hybridflow.rollout.native import NativeEngine
-
-            engines[name] = NativeEngine(model, tokenizer, overlap_steps=OVERLAP[name])
+        if name in ("native-sync", "native-overlap"):
+            engines[name] = build_engine("native", model, tokenizer, overlap_steps=OVERLAP[name])
             continue
         if name == "native-mirror":  # CPU: SDPA over the slot mirror, as where the paged kernel is not built
             engines[name] = build_engine("native", model, tokenizer)
