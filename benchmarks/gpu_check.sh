@@ -40,7 +40,7 @@ stage() {  # name, seconds, command...
   tail -n 25 "$OUT/$name.log"
 }
 
-# Limits 20 + 120 + 50 + 50 + 40 + 130 + 100 + 40 + 40 + 90 + 45 + 40 s, cut to the ${BUDGET}s budget (8 min) in this order:
+# Limits 20 + 120 + 50 + 60 + 40 + 120 + 100 + 40 + 40 + 90 + 45 + 40 s, cut to the ${BUDGET}s budget (8 min) in this order:
 # what the open issues are judged by first (the CUDA tests, the decode kernel, nano-vllm's workload, learning on the
 # card, the whole loop, the update's MFU); the stages measured in earlier runs give way first.
 stage env 20 bash -c 'nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv;
@@ -56,15 +56,17 @@ stage tests 120 python3 -m pytest -q -p no:cacheprovider -m "gpu or triton" -rs 
 # configurations (each checked against torch first) against the first kernel's, SDPA and flash_attn (one line if it
 # is absent), as KV bytes/s against the copy bandwidth; its best per shape is what choose_config should return.
 stage attn 50 python3 benchmarks/decode_attention.py --budget 42
-stage rollout-nano 50 $ROLLOUT --shape qwen3-0.6b --workload nano-vllm --engines native --step-times --breakdown \
-  --profile-admission
+# nano-vllm's workload (256 requests) with overlap_steps on (native: one step in flight) and off (native-sync), each
+# with its host gap per step; the breakdown and admission profile for the first.
+stage rollout-nano 60 $ROLLOUT --shape qwen3-0.6b --workload nano-vllm --engines ${NANO_ENGINES:-native,native-sync} \
+  --step-times --breakdown --profile-admission
 # Learning on the card (issue 47): the fast tier's 60-step GRPO digits task with trainer.device=cuda (native engine,
 # actor and reference colocated), its score curve printed; chance is ~0.2, the test wants > 0.9 at the end.
 stage learn 40 python3 -m pytest -q -s -p no:cacheprovider -m gpu \
   tests/trainer/test_ppo_learning.py::test_grpo_learns_to_emit_digits_on_cuda
 # The whole loop: main_ppo's GRPO step on the 1.5B shape (32 prompts x 8, <= 512 + 1,024 tokens, EOS ignored),
 # each phase's seconds, tokens/s, MFU and memory peak, and update.py's fast variant on the same shape beside it.
-stage loop 130 python3 benchmarks/loop_step.py --device cuda --shape qwen2.5-1.5b --steps 2 --isolated
+stage loop 120 python3 benchmarks/loop_step.py --device cuda --shape qwen2.5-1.5b --steps 2 --isolated
 stage update 100 python3 benchmarks/update.py --device cuda --quick
 # One mixture-of-experts layer of Qwen3-30B-A3B's shape at 1..256 rows (issue 46): the graph-safe Triton grouped experts
 # replayed from a CUDA graph against the eager grouped path and the used experts' weight bytes / copy bandwidth.

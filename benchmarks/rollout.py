@@ -112,11 +112,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--engines", default="native,hf,vllm",
                         help="any of native, hf, vllm, native-nolanes (the native engine without decode lanes), "
+                             "native-sync / native-overlap (overlap_steps off / on: the default is on with the CUDA "
+                             "kernels, off on CPU; native,native-sync measures both in one run), "
                              "native-mirror (CPU: SDPA over the slot mirror instead of the paged kernel) and "
                              "native-unfused (CPU: the layer's small ops and the sampler as torch ops, attention still "
                              "the kernel)")
     parser.add_argument("--step-times", action="store_true",
-                        help="time every native decode step and print the mean by live-row bucket")
+                        help="time every native decode step and print the mean by live-row bucket, and the host gap "
+                             "per step (a step's readback to the next launch) and the readback's wait")
     parser.add_argument("--quick", action="store_true", help="batch 16/64 and 64 new tokens")
     parser.add_argument("--requests-per-slot", type=int, default=1,
                         help="sequences per call = batch x this; the native engine keeps `batch` slots full by "
@@ -358,6 +361,9 @@ def build_engines(names, model, tokenizer, model_path):
 
             engines[name] = NativeEngine(model, tokenizer, decode_lanes=False)
             continue
+        if name in ("native-sync", "native-overlap"):
+            engines[name] = build_engine("native", model, tokenizer, overlap_steps=OVERLAP[name])
+            continue
         if name == "native-mirror":  # CPU: SDPA over the slot mirror, as where the paged kernel is not built
             engines[name] = build_engine("native", model, tokenizer)
             engines[name].decoder.paged_cpu_attention = False
@@ -370,6 +376,10 @@ def build_engines(names, model, tokenizer, model_path):
         kwargs = {"model_path": model_path} if name == "vllm" else {}
         engines[name] = build_engine(name, model, tokenizer, **kwargs)
     return engines
+
+
+OVERLAP = {"native": None, "native-sync": False, "native-overlap": True}
+"""The native engine's ``overlap_steps`` by engine name (None: its default)."""
 
 
 def with_torch_sampling(generate):
@@ -388,11 +398,15 @@ def with_torch_sampling(generate):
 
 
 class StepTimer:
-    """Wraps a native engine's decode step and records ``(live rows, seconds)`` per step; unwraps on report."""
+    """Wraps a native engine's decode step and records ``(live rows, seconds)`` per step, and gives the engine a
+    :class:`~hybridflow.rollout.generation_run.StepClock` (host gap and readback wait per step); unwraps on report."""
 
     def __init__(self, engine):
+        from hybridflow.rollout.generation_run import StepClock
+
         self.engine = engine
         self.steps: list[tuple[int, float]] = []
+        self.clock = engine.step_clock = StepClock()
         step = engine._step
 
         def timed(run):
@@ -409,7 +423,15 @@ class StepTimer:
         print(f"{label} step times: " + "; ".join(
             f"{low}-{2 * low - 1} rows: {len(times)} x {1e3 * sum(times) / len(times):.1f} ms"
             for low, times in sorted(buckets.items())) + f"; steps total {sum(s for _, s in self.steps):.2f} s")
+        clock = self.clock
+        if clock.gaps:
+            print(f"{label} host gap {1e3 * sum(clock.gaps) / len(clock.gaps):.2f} ms a step (a step's readback to the "
+                  f"next launch; a GPU idles through it unless a step is in flight; on CPU the launch computes the "
+                  f"step, so the gap holds it), readback wait "
+                  f"{1e3 * sum(clock.waits) / len(clock.waits):.2f} ms, {clock.overlapped} of {len(clock.waits)} "
+                  f"readbacks after the next launch (overlap_steps={self.engine.overlap_steps})")
         del self.engine._step  # back to the class's method
+        self.engine.step_clock = None
 
 
 def main() -> None:
@@ -618,19 +640,20 @@ def main_synthetic(args) -> None:
         tokens = sum(r.max_tokens for r in requests)
         for name in args.engines.split(","):
             try:
-                if name == "native":
+                if name in OVERLAP:
                     engine = NativeEngine(model, max_num_seqs=len(requests), max_model_len=max_len,
                                           enforce_eager=args.enforce_eager, num_kv_blocks=args.num_kv_blocks,
                                           max_num_batched_tokens=args.max_num_batched_tokens,
-                                          enable_chunked_prefill=args.max_num_batched_tokens is not None)
+                                          enable_chunked_prefill=args.max_num_batched_tokens is not None,
+                                          overlap_steps=OVERLAP[name])
                     timer = StepTimer(engine) if args.step_times else None
                     seconds = run_native(engine, requests, temperature)
-                    print(f"batch {batch} native: {engine.cache.blocks} KV blocks, {engine.preemptions} preemptions")
+                    print(f"batch {batch} {name}: {engine.cache.blocks} KV blocks, {engine.preemptions} preemptions")
                     if timer:
-                        timer.report(f"batch {batch:4d} native")
-                    if args.profile_admission:
+                        timer.report(f"batch {batch:4d} {name}")
+                    if args.profile_admission and name == "native":
                         profile_admission(engine, requests)
-                    if args.breakdown and engine.graphs is not None:
+                    if args.breakdown and name == "native" and engine.graphs is not None:
                         decode_breakdown(engine, rows=len(requests), context=max_len // 2, temperature=temperature)
                     del engine
                 else:

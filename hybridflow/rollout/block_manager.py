@@ -208,6 +208,11 @@ class SequenceBlocks:
         self.blocks[index] = private
         return shared, private
 
+    def needs_block(self, position: int) -> bool:
+        """Whether :meth:`prepare_write` at ``position`` takes a block from the pool."""
+        index = position // self.allocator.block_size
+        return index == len(self.blocks) or self.allocator.refs[self.blocks[index]] > 1
+
     def name_full_blocks(self, token_ids: list[int], length: int) -> None:
         """Name the blocks filled by the first ``length`` of ``token_ids`` (whose keys and values are now in
         the cache), so later prompts can reuse them."""

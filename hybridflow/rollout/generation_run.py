@@ -1,5 +1,6 @@
 """The state of one generation over the native engine's paged KV cache: the sequences being decoded, the prompts
-waiting for their prefill, and the per-row tables a decode step reads.
+waiting for their prefill, the per-row tables a decode step reads, and the decode step in flight when the engine
+overlaps its steps (:class:`InFlightStep`: launched, its tokens not read back yet).
 
 :class:`GenerationRun` is what a :class:`~hybridflow.rollout.native.NativeEngine` admits into and steps (``_admit`` /
 ``_step``), and what a :class:`~hybridflow.rollout.request_queue.RequestQueue` or a
@@ -11,12 +12,14 @@ builds its ``generate`` on the queue).
 from __future__ import annotations
 
 import functools
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
 import torch
 
 from hybridflow.rollout.block_manager import NULL_BLOCK, BlockAllocator, OutOfBlocks, SequenceBlocks
+from hybridflow.rollout.host_copy import device_tensor, to_device
 from hybridflow.rollout.kv_cache import PagedKVCache, SlotMirror
 from hybridflow.rollout.sampler import RowSampling, draw_uniform, keyed_uniform, seen_mask
 from hybridflow.rollout.stopping import StopChecker
@@ -43,11 +46,24 @@ class Sequence:
     """When it was (last) admitted: the latest admitted is preempted first."""
     row: int = -1
     """Its row of the run's :class:`HostBlockTables` while it is live."""
+    ahead: int = 0
+    """Its tokens sampled on the device whose values the host has not read back yet (steps in flight:
+    :class:`InFlightStep`); always 0 when the engine does not overlap its steps."""
 
     @property
     def position(self) -> int:
-        """Where its last token (sampled, not yet fed back) goes in the cache: the tokens cached so far."""
-        return self.prompt_length + len(self.token_ids) - 1
+        """Where its last token (sampled, not yet fed back) goes in the cache: the tokens cached so far, those still
+        in flight counted."""
+        return self.prompt_length + len(self.token_ids) + self.ahead - 1
+
+    @property
+    def sampled(self) -> int:
+        """Tokens sampled so far, those in flight counted: the index of its next token."""
+        return len(self.token_ids) + self.ahead
+
+    def ends_by_length(self, max_len: int) -> bool:
+        """Whether its tokens in flight reach ``max_tokens`` or ``max_len`` (known before their values are)."""
+        return self.sampled >= self.params.max_tokens or self.prompt_length + self.sampled >= max_len
 
     @property
     def rope_delta(self) -> int:
@@ -105,6 +121,59 @@ class PendingPrompt:
         self.prefilled = 0
 
 
+class InFlightStep:
+    """A decode step launched on the device whose tokens the host has not read yet: its rows (the live sequences at
+    launch, in row order), its sampled tokens ``[N]`` on the device (the next step's inputs, taken there), and one
+    copy of the tokens and log-probs packed together into host memory, started without waiting for it (pinned
+    memory and an event on CUDA; a plain tensor on CPU, where every op has finished when it returns)."""
+
+    def __init__(self, rows: list[Sequence], tokens: torch.Tensor, logprobs: torch.Tensor, *, number: int):
+        self.rows = rows
+        self.tokens = tokens
+        self.number = number
+        """The run's count of launched decode steps when this one was launched (1 for the first)."""
+        packed = torch.cat([tokens.to(torch.float64), logprobs.to(torch.float64)])  # token ids < 2**53: exact
+        self.event = None
+        if packed.device.type == "cuda":
+            self.host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
+            self.host.copy_(packed, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.host = packed
+
+    def read(self) -> tuple[list[int], list[float]]:
+        """``(tokens, logprobs)`` of its rows, waiting only for its own copy (not for steps launched after it)."""
+        if self.event is not None:
+            self.event.synchronize()
+        values = self.host.tolist()
+        count = len(self.rows)
+        return [int(token) for token in values[:count]], values[count:]
+
+
+class StepClock:
+    """Host timestamps of decode steps, kept when a benchmark gives the engine one (``NativeEngine.step_clock``): the
+    host gap of each step, from a step's readback returning to the next launch (all of that step's kernels queued),
+    through which the device idles unless a step is in flight; and how long each readback waited for the device."""
+
+    def __init__(self):
+        self.gaps: list[float] = []
+        self.waits: list[float] = []
+        self.overlapped = 0
+        """Readbacks that came after the next step's launch."""
+        self._read_at: float | None = None
+
+    def launched(self) -> None:
+        if self._read_at is not None:
+            self.gaps.append(time.perf_counter() - self._read_at)
+            self._read_at = None
+
+    def read(self, *, waited: float, overlapped: bool) -> None:
+        self.waits.append(waited)
+        self.overlapped += overlapped
+        self._read_at = time.perf_counter()
+
+
 @dataclass(eq=False)  # compared and hashed by identity: the engine keeps its open runs in a weak set
 class GenerationRun:
     """The state of one generation: waiting prompts, live sequences, finished ones, and the blocks they hold."""
@@ -137,6 +206,15 @@ class GenerationRun:
     vocab_size: int = 0
     seen: SeenTokens | None = None
     """The tokens each row slot's sequence has seen, kept where a live sequence has a repetition penalty."""
+    in_flight: InFlightStep | None = None
+    """The decode step launched and not read back yet (the engine's ``overlap_steps``: it runs on the device while
+    the host reads the step before it)."""
+    launched_steps: int = 0
+    """Decode steps launched over this run."""
+    overlapped_readbacks: int = 0
+    """Steps read back after the next step was launched (the host's bookkeeping overlapped the device's work)."""
+    clock: StepClock | None = None
+    """Host timestamps of the steps (a benchmark's); ``None``: none taken."""
     keyed_draws: bool = False
     """Sample with :func:`~hybridflow.rollout.sampler.keyed_uniform` draws keyed by (request seed, sample, token
     index) instead of the run's generator in row order: a request's tokens then do not depend on which requests
@@ -156,7 +234,7 @@ class GenerationRun:
         """``[N, 1]`` draws for the live rows' next tokens."""
         if not self.keyed_draws:
             return draw_uniform(rows=len(self.live), generator=self.generator, device=device)
-        return self._keyed([(s.params.seed, s.output_index, len(s.token_ids)) for s in self.live], device)
+        return self._keyed([(s.params.seed, s.output_index, s.sampled) for s in self.live], device)
 
     def wave_uniform(self, wave: list[tuple[PendingPrompt, int]], *, device) -> torch.Tensor:
         """``[N, 1]`` draws for the first tokens of an admission wave's samples, in wave order."""
@@ -173,7 +251,7 @@ class GenerationRun:
 
     @staticmethod
     def _keyed(keys: list[tuple[int, int, int]], device) -> torch.Tensor:
-        return keyed_uniform(torch.tensor(keys, dtype=torch.long)).to(device)
+        return to_device(keyed_uniform(torch.tensor(keys, dtype=torch.long)), device)
 
     def row_sampling(self, *, vocab_size: int, device) -> RowSampling:
         """The live rows' sampling parameters on the device; rebuilt only when the rows' params change."""
@@ -209,17 +287,59 @@ class GenerationRun:
               or sequence.prompt_length + len(sequence.token_ids) >= self.cache.max_len):
             sequence.finish_reason = "length"
 
-    def mark_seen(self, sequences: list[Sequence], tokens: list[int]) -> None:
-        """Each sequence has seen its new token (kept only for those with a repetition penalty)."""
+    def mark_seen(self, sequences: list[Sequence], tokens: list[int] | torch.Tensor) -> None:
+        """Each sequence has seen its new token (kept only for those with a repetition penalty); ``tokens`` on the
+        host, or ``[len(sequences)]`` on the device (a step's, before the host reads them)."""
         if self.seen is None:
             return
-        marked = [(s.row, token) for s, token in zip(sequences, tokens) if s.params.repetition_penalty != 1.0]
-        if marked:
-            self.seen.add(*zip(*marked))
+        marked = [(index, s.row) for index, s in enumerate(sequences) if s.params.repetition_penalty != 1.0]
+        if not marked:
+            return
+        indices, slots = zip(*marked)
+        if isinstance(tokens, torch.Tensor):
+            self.seen.add_on_device(slots, tokens[device_tensor(indices, device=tokens.device)])
+        else:
+            self.seen.add(slots, tuple(tokens[index] for index in indices))
+
+    def launched(self, tokens: torch.Tensor, logprobs: torch.Tensor) -> InFlightStep:
+        """Record the step just launched over the live rows (its tokens, ``[N]`` on the device, now seen by them)
+        and start reading it back."""
+        self.mark_seen(self.live, tokens)
+        self.launched_steps += 1
+        step = InFlightStep(list(self.live), tokens, logprobs, number=self.launched_steps)
+        for sequence in self.live:
+            sequence.ahead += 1
+        if self.clock is not None:
+            self.clock.launched()
+        return step
+
+    def land(self, step: InFlightStep) -> None:
+        """Read ``step``'s tokens back and do its bookkeeping: name the blocks its writes filled, append each row's
+        token (a row that ended at an earlier step drops it: it was decoded once past its end), retire the
+        finished rows. With a later step launched, the host does this while the device runs it."""
+        overlapped = self.launched_steps > step.number
+        self.overlapped_readbacks += overlapped
+        started = time.perf_counter()
+        tokens, logprobs = step.read()
+        if self.clock is not None:
+            self.clock.read(waited=time.perf_counter() - started, overlapped=overlapped)
+        for sequence, token, logprob in zip(step.rows, tokens, logprobs):
+            sequence.ahead -= 1
+            if sequence.finish_reason is None:
+                self.cached(sequence)
+                self.append(sequence, token, logprob)
+        self.retire()
+
+    def land_in_flight(self) -> None:
+        """Land the step in flight, if any: the host's records are then exact (admission and preemption need them)."""
+        step, self.in_flight = self.in_flight, None
+        if step is not None:
+            self.land(step)
 
     def cached(self, sequence: Sequence) -> None:
-        """The step wrote ``sequence``'s last token at its position: name the block it filled, if it did."""
-        end = sequence.position + 1
+        """The step being landed wrote ``sequence``'s last token read back, so every token read back is in the cache:
+        name the block they filled, if they did."""
+        end = sequence.prompt_length + len(sequence.token_ids)
         if end % self.allocator.block_size == 0 and self.allocator.cached_blocks > 0:
             sequence.blocks.name_full_blocks(sequence.key_ids(), end)
 
@@ -244,11 +364,12 @@ class GenerationRun:
 
     def make_writable(self) -> None:
         """Give every live sequence a block of its own at its next position (copy-on-write of a shared
-        block, a new block at a boundary); when blocks run out, preempt the latest admitted (LIFO)."""
+        block, a new block at a boundary); when blocks run out, preempt the latest admitted (LIFO). A row that
+        its tokens in flight end writes nothing (:meth:`ended_ahead`)."""
         copies = []
         for sequence in sorted(self.live, key=lambda s: s.admitted):  # oldest first: preemption takes the newest
-            if sequence.blocks is None:
-                continue  # preempted in this loop
+            if sequence.blocks is None or self.ended_ahead(sequence):
+                continue  # preempted in this loop, or writes nowhere
             copy = self._writable(sequence)
             if copy is not None:
                 copies.append(copy)
@@ -296,25 +417,50 @@ class GenerationRun:
 
     def step_inputs(self, positions: list[int], *, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(tokens [N], positions [N], block tables [N, W])`` of the live rows; tables as wide as the widest
-        row's (null blocks past a row's end)."""
+        row's (null blocks past a row's end; only null blocks for a row :meth:`ended_ahead`)."""
         width = max(len(s.blocks.blocks) for s in self.live)
         tables = self.tables.gather([s.row for s in self.live], width)
-        return (torch.tensor([s.token_ids[-1] for s in self.live], dtype=torch.long, device=device),
-                torch.tensor(positions, dtype=torch.long, device=device),
-                tables.to(device))
+        ended = [index for index, s in enumerate(self.live) if self.ended_ahead(s)]
+        if ended:
+            tables[ended] = NULL_BLOCK
+        return (self.input_tokens(device=device), device_tensor(positions, dtype=torch.long, device=device),
+                to_device(tables, device))
+
+    def input_tokens(self, *, device) -> torch.Tensor:
+        """``[N]`` the live rows' last tokens: read on the host, or, with a step in flight (every live row is one of
+        its rows then: nothing joins while one is), taken on the device from its sampled tokens."""
+        step = self.in_flight
+        if step is None:
+            return device_tensor([s.token_ids[-1] for s in self.live], dtype=torch.long, device=device)
+        if len(step.rows) == len(self.live):  # no row left since: the same rows in the same order
+            return step.tokens
+        index = {id(s): i for i, s in enumerate(step.rows)}
+        return step.tokens[device_tensor([index[id(s)] for s in self.live], device=step.tokens.device)]
+
+    def ended_ahead(self, sequence: Sequence) -> bool:
+        """Whether ``sequence``'s tokens in flight end it by length (max_tokens, the cache's length: known before
+        their values are). A step launched before they land still decodes its row, as padding does: at position 0
+        of the null block, its token dropped (the row stays in place for the rows after it)."""
+        return sequence.ahead > 0 and sequence.ends_by_length(self.cache.max_len)
+
+    def step_positions(self) -> list[int]:
+        """``[N]`` where each live row's step writes: its position, or 0 for a row :meth:`ended_ahead`."""
+        return [0 if self.ended_ahead(s) else s.position for s in self.live]
 
     def rope_positions(self, positions: list[int], *, device) -> torch.Tensor | None:
         """``[N]`` where the live rows' tokens rotate, when any row's differs from its position (after a
-        vision-language prompt); None otherwise."""
+        vision-language prompt); None otherwise. A row at position 0 (:meth:`ended_ahead`) rotates at 0."""
         deltas = [s.rope_delta for s in self.live]
         if not any(deltas):
             return None
-        return torch.tensor([p + d for p, d in zip(positions, deltas)], dtype=torch.long, device=device)
+        return device_tensor([p + d if p else 0 for p, d in zip(positions, deltas)], dtype=torch.long, device=device)
 
     def release(self) -> list[Sequence]:
-        """Take every live sequence out (their blocks freed) and drop the waiting prompts' prefills."""
-        live, self.live = self.live, []
+        """Take every live sequence out (their blocks freed) and drop the waiting prompts' prefills. A step still in
+        flight is dropped with them (land it first to keep its tokens: :meth:`land_in_flight`)."""
+        live, self.live, self.in_flight = self.live, [], None
         for sequence in live:
+            sequence.ahead = 0
             sequence.blocks.free()
             sequence.blocks = None
             self.tables.give_back(sequence.row)
@@ -336,11 +482,15 @@ class SeenTokens:
 
     def add(self, slots: tuple[int, ...], token_ids: tuple[int, ...]) -> None:
         device = self.mask.device
-        self.mask[torch.tensor(slots, device=device), torch.tensor(token_ids, device=device)] = True
+        self.mask[device_tensor(slots, device=device), device_tensor(token_ids, device=device)] = True
+
+    def add_on_device(self, slots: tuple[int, ...], token_ids: torch.Tensor) -> None:
+        """The same with the tokens ``[len(slots)]`` on the device (a step's, not read back: no host sync)."""
+        self.mask[device_tensor(slots, device=self.mask.device), token_ids] = True
 
     def rows(self, slots: list[int]) -> torch.Tensor:
         """``[len(slots), V]``: the masks of these slots, in this order."""
-        return self.mask[torch.tensor(slots, device=self.mask.device)]
+        return self.mask[device_tensor(slots, device=self.mask.device)]
 
 
 class HostBlockTables:

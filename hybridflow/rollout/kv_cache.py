@@ -19,6 +19,8 @@ import mmap
 
 import torch
 
+from hybridflow.rollout.host_copy import device_tensor
+
 
 class PagedKVCache:
     """Keys and values in ``blocks`` blocks of ``block_size`` positions; ``max_len`` is the attention span of a
@@ -104,7 +106,7 @@ class PagedKVCache:
         """Copy each ``(source, target)`` block's keys and values (copy-on-write of a shared block)."""
         if not pairs:
             return
-        source, target = (torch.tensor(side, device=self.data.device) for side in zip(*pairs))
+        source, target = (device_tensor(side, device=self.data.device) for side in zip(*pairs))
         self.data.index_copy_(3, target, self.data.index_select(3, source))
 
 

@@ -19,7 +19,18 @@ Where HF ``generate`` loses time in RL rollouts, and what this engine does inste
 - with ``enable_chunked_prefill``, each engine step spends at most ``max_num_batched_tokens`` tokens: one
   decode token per live row first, then chunks of waiting prompts with what is left. A prompt longer than that
   is prefilled over several steps, each chunk attending to the earlier ones through its blocks, and joins the
-  batch after its last chunk, so a long prompt never stalls the live rows' decode for more than one budget.
+  batch after its last chunk, so a long prompt never stalls the live rows' decode for more than one budget;
+- HF ``generate`` reads each step's tokens back before it launches the next, and so did this engine: the device
+  idles while the host appends tokens, checks stops, retires rows and builds the next inputs. With
+  ``overlap_steps`` (on by default where the decode step runs as the CUDA kernels) one step stays in flight: step
+  ``k + 1`` is launched with its input tokens taken on the device from step ``k``'s samples, then step ``k`` is
+  read back (one packed copy that does not wait for step ``k + 1``) and its bookkeeping done while step ``k + 1``
+  runs. A row that step ``k`` ended is decoded once more and that token dropped; steps that admit prompts or may
+  preempt wait for the step in flight first, so the outputs are the synchronous steps' (greedy, keyed draws).
+
+One engine step (``RequestQueue.step``): ``_admit`` (prefill waiting prompts, sample their first tokens, join them;
+with a prompt waiting, it lands the step in flight first), then ``_step``: give every row a block for its next write, launch the decode
+step, land the step before it (or this one, without ``overlap_steps``).
 
 Sampling runs on the device with a ``torch.Generator`` seeded from
 ``SamplingParams.seed``, so a fixed seed and the same inputs give the same outputs; a run with
@@ -44,7 +55,8 @@ from hybridflow.rollout.architectures import unsupported_reason
 from hybridflow.rollout.block_manager import BLOCK_SIZE, BlockAllocator, SequenceBlocks
 from hybridflow.rollout.cuda_graphs import DecodeGraphs
 from hybridflow.rollout.decoder import LlamaFamilyDecoder
-from hybridflow.rollout.generation_run import GenerationRun, HostBlockTables, PendingPrompt, Sequence
+from hybridflow.rollout.generation_run import (GenerationRun, HostBlockTables, InFlightStep, PendingPrompt, Sequence,
+                                               StepClock)
 from hybridflow.rollout.kv_cache import MirroredCache, PagedKVCache, SlotMirror
 from hybridflow.rollout.lanes import DecodeLanes
 from hybridflow.rollout.request_queue import RequestQueue
@@ -94,6 +106,16 @@ class NativeEngine:
         enable_chunked_prefill: prefill waiting prompts in chunks within each step's token budget, beside the
             live rows' decode, instead of whole before the step (verl's ``rollout.enable_chunked_prefill``; the
             trainer passes it, default on there). The budget must then exceed ``max_num_seqs``.
+        overlap_steps: keep one decode step in flight (vLLM's async scheduling, SGLang's overlap scheduler): step
+            ``k + 1`` is launched with its input tokens taken on the device from step ``k``'s samples, before the host
+            reads step ``k``'s tokens back (one packed copy that does not wait for step ``k + 1``), so the host's
+            bookkeeping of step ``k`` (stop checks, retiring rows, blocks, the next inputs) runs while the device
+            computes step ``k + 1``. A row that step ``k`` ended with a stop token or string is decoded once more and
+            that token dropped. Same tokens, log-probs and finish reasons as without (greedy, or ``keyed_draws``; the
+            run's generator in row order draws for a different batch). Steps that admit prompts, preempt, or end a
+            row by length wait for the step in flight first. ``None``: on where the decode step runs on CUDA (the
+            Triton kernels), off elsewhere (on CPU every op has finished when it returns: nothing to overlap, and
+            the extra row-step would only cost).
         own_model: the engine owns ``model`` (a private copy nobody else runs): it then drops the
             module's projection weights once they are fused and packed, so the engine holds one
             copy of them, not two (~0.42 GB less for SmolLM2-135M in fp32); ``model``'s own forward
@@ -107,7 +129,8 @@ class NativeEngine:
                  decode_lanes: bool = True, prefix_cache_tokens: int = 0, own_model: bool = False,
                  enforce_eager: bool = False, cudagraph_capture_sizes: list[int] | None = None,
                  gpu_memory_utilization: float | None = None, num_kv_blocks: int | None = None,
-                 max_num_batched_tokens: int | None = None, enable_chunked_prefill: bool = False):
+                 max_num_batched_tokens: int | None = None, enable_chunked_prefill: bool = False,
+                 overlap_steps: bool | None = None):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len or model.config.get_text_config().max_position_embeddings
@@ -138,6 +161,9 @@ class NativeEngine:
         # so its shapes are static and CUDA graphs replay it; elsewhere SDPA runs over the gathered blocks.
         self.triton_kernels = self.decoder.triton_kernels
         self.enforce_eager = enforce_eager or not self.triton_kernels
+        self.overlap_steps = self.triton_kernels if overlap_steps is None else overlap_steps
+        self.step_clock: StepClock | None = None
+        """Set by a benchmark: the runs opened afterwards time their steps' host gaps into it."""
         self.capture_sizes = cudagraph_capture_sizes
         self.gpu_memory_utilization = gpu_memory_utilization
         self.graphs: DecodeGraphs | None = None
@@ -274,7 +300,7 @@ class NativeEngine:
                             tokenizer=self.tokenizer, waiting=deque(), max_num_seqs=rows,
                             vocab_size=self.decoder.vocab_size,
                             tables=HostBlockTables(rows=rows, width=cache.table_width),
-                            mirror=self._mirror_for(cache, rows))
+                            mirror=self._mirror_for(cache, rows), clock=self.step_clock)
         self._note_kv_bytes()
         self.open_runs.add(run)  # until its queue closes (close_run)
         return run
@@ -394,6 +420,8 @@ class NativeEngine:
         block each) joins, and the first tokens of the whole wave are sampled in one call (one host sync, not one
         per prompt); samples that stop at their first token make room for the next wave."""
         run.step_prefill = run.step_decode = 0
+        if run.waiting:  # who joins depends on who ended: the step in flight lands first (as without overlap)
+            run.land_in_flight()
         while run.waiting and len(run.live) < run.max_num_seqs:
             if not run.waiting[0].ready:  # also when samples that stopped at once freed more room
                 # What the step has left: its budget less a decode token a row (those that joined so far included).
@@ -546,17 +574,46 @@ class NativeEngine:
         run.peak_step_tokens = max(run.peak_step_tokens, run.step_prefill)
 
     def _step(self, run: GenerationRun) -> None:
-        """One decode step over every live sequence (in lanes on CPU when there are enough of them)."""
-        run.make_writable()
-        if not run.live:
+        """One decode step over every live sequence (in lanes on CPU when there are enough of them).
+
+        With :attr:`overlap_steps`, the step is launched before the host reads the previous one's tokens (its
+        inputs taken on the device from that step's samples) and is left in flight; the host then reads the previous
+        step back and does its bookkeeping while this one runs. The previous step lands first instead (exact host
+        records, a synchronous step) when too few blocks are free for every row's next write (it may preempt). A row
+        that the step in flight ends by length is decoded as padding (:meth:`GenerationRun.ended_ahead`); a step
+        whose every row ends lands at once (nothing could follow it)."""
+        previous = run.in_flight
+        if previous is not None and not self._blocks_for_next_writes(run):
+            run.land_in_flight()
+            previous = None
+        run.make_writable()  # no preemption with a step in flight: checked above
+        launched = self._launch(run) if not all(run.ended_ahead(s) for s in run.live) else None
+        run.in_flight = None
+        if previous is not None:
+            run.land(previous)
+        if launched is None:
             return
+        if self.overlap_steps and not all(s.finish_reason is not None or run.ended_ahead(s) for s in launched.rows):
+            run.in_flight = launched
+        else:
+            run.land(launched)
+
+    @staticmethod
+    def _blocks_for_next_writes(run: GenerationRun) -> bool:
+        """Whether a free block is left for every live row whose next write needs one (a new block, or its own copy
+        of a shared one), so that no row is preempted while a step is in flight."""
+        needed = sum(s.blocks.needs_block(s.position) for s in run.live if not run.ended_ahead(s))
+        return needed <= run.allocator.available
+
+    def _launch(self, run: GenerationRun) -> InFlightStep:
+        """Launch the decode step of the live rows (their next writes made room for) and start reading it back."""
         count = len(run.live)
         run.step_decode = count
         run.peak_step_tokens = max(run.peak_step_tokens, run.step_prefill + count)
         rows = run.row_sampling(vocab_size=self.decoder.vocab_size, device=self.device)
         # Drawn here for the whole batch, so the draws do not depend on how it is split.
         uniform = None if rows.all_greedy else run.step_uniform(device=self.device)
-        positions = [s.position for s in run.live]
+        positions = run.step_positions()
         inputs = run.step_inputs(positions, device=self.device)
         # Only a vision-language model's rows can rotate elsewhere: a text model's step never looks.
         rope_positions = run.rope_positions(positions, device=self.device) if self.decoder.vision_language else None
@@ -566,12 +623,7 @@ class NativeEngine:
             parts = self.lanes.run(lambda start, stop: self._decode_rows(run, (*inputs, rope_positions), positions,
                                                                          start, stop, rows, uniform), count)
             tokens, logprobs = (torch.cat(columns) for columns in zip(*parts))
-        tokens = tokens.tolist()
-        for sequence, token, logprob in zip(run.live, tokens, logprobs.tolist()):
-            run.cached(sequence)
-            run.append(sequence, token, logprob)
-        run.mark_seen(run.live, tokens)
-        run.retire()
+        return run.launched(tokens, logprobs)
 
     def _decode_rows(self, run: GenerationRun, inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None],
                      positions: list[int], start: int, stop: int, rows: RowSampling, uniform: torch.Tensor | None):

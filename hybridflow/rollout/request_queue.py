@@ -18,7 +18,8 @@ for every live row (``NativeEngine._step``). A request whose samples have all en
 resolved at once: its ``concurrent.futures.Future`` gets its ``n`` completions, in output
 order, while the other rows decode on. So a turn that arrives while a batch is decoding joins
 at the next step instead of waiting for that batch's longest response, and a short turn leaves
-without waiting for a long one. If a step raises, every request in the queue (waiting, decoding
+without waiting for a long one (with the engine's ``overlap_steps``, a step's tokens are read back during the next
+step, so a request is resolved one step after its last sample ends). If a step raises, every request in the queue (waiting, decoding
 or still in the inbox) gets the error; the run is emptied and the queue serves later requests.
 """
 
@@ -108,8 +109,8 @@ class RequestQueue:
 
     @property
     def idle(self) -> bool:
-        """Nothing in the inbox, waiting or decoding."""
-        return not self._inbox and not self.run.waiting and not self.run.live
+        """Nothing in the inbox, waiting or decoding (a step in flight counts as decoding)."""
+        return not self._inbox and not self.run.waiting and not self.run.live and self.run.in_flight is None
 
     def submit(self, prompt_ids: list[int], params: SamplingParams, *, images: PromptImages | None = None) -> Request:
         """Queue ``params.n`` samples of one prompt (from any thread); they join at the next step. A
@@ -146,12 +147,28 @@ class RequestQueue:
             if self.run.live:
                 self.decoded_rows += len(self.run.live)
                 self.decode_steps += 1
+            if self.run.live or self.run.in_flight is not None:
                 self.engine._step(self.run)
         except BaseException as error:
             self._fail(error)
             raise
         finally:
             self._count_preemptions()
+        return self._collect()
+
+    def land(self) -> list[Sequence]:
+        """Read back the decode step still in flight (the engine's ``overlap_steps``), if any; returns the sequences
+        that ended in it (their requests resolved as :meth:`step` does). Before a pause: the host's records are then
+        exact."""
+        try:
+            self.run.land_in_flight()
+        except BaseException as error:
+            self._fail(error)
+            raise
+        return self._collect()
+
+    def _collect(self) -> list[Sequence]:
+        """Take the run's finished sequences and record them (each request whose samples have all ended resolved)."""
         finished, self.run.done = self.run.done, []
         for sequence in finished:
             self._record(sequence)

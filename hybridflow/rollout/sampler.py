@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from hybridflow.rollout.host_copy import device_tensor
 from hybridflow.rollout.optional import package_installed
 from hybridflow.rollout.types import SamplingParams
 
@@ -56,15 +57,34 @@ class RowSampling:
     needs_temperature: bool
     needs_repetition_penalty: bool
     """Whether any row (greedy ones too) has a repetition penalty: sampling then needs each row's seen tokens."""
+    params: tuple[SamplingParams, ...] = ()
+    vocab_size: int = 0
+    groups: tuple[tuple[torch.Tensor, RowSampling], ...] = ()
+    """Where rows differ in the filters they ask for (:func:`filter_kind`): ``(row indices [n] on the device, those
+    rows' RowSampling)`` per kind, sampled apart, so that a row's token and log-prob come from the path and filters its
+    own parameters choose whatever shares its batch (a filter a row does not ask for is not always an exact no-op on
+    it: top-p 1.0 may drop a tail token whose mass before it rounds to 1; and the one-pass kernel rounds its log-probs
+    otherwise than the torch ops do). Empty when every row asks for the same filters."""
 
     @classmethod
     def of(cls, params: Sequence[SamplingParams], *, vocab_size: int, device) -> RowSampling:
         """The parameters of ``params[i]`` in row ``i``."""
+        rows = cls._columns(params, vocab_size=vocab_size, device=device)
+        kinds = [filter_kind(p, vocab_size) for p in params]
+        if len(set(kinds)) > 1:
+            rows.groups = tuple(
+                (device_tensor([i for i, k in enumerate(kinds) if k == kind], dtype=torch.long, device=device),
+                 cls._columns([p for p, k in zip(params, kinds) if k == kind], vocab_size=vocab_size, device=device))
+                for kind in sorted(set(kinds)))
+        return rows
+
+    @classmethod
+    def _columns(cls, params: Sequence[SamplingParams], *, vocab_size: int, device) -> RowSampling:
         greedy = [p.greedy for p in params]
         top_k = [vocab_size if p.top_k == -1 else min(p.top_k, vocab_size) for p in params]
 
         def column(values, dtype=torch.float32):
-            return torch.tensor(values, dtype=dtype, device=device)
+            return device_tensor(values, dtype=dtype, device=device)
 
         return cls(
             temperature=column([1.0 if p.greedy else p.temperature for p in params]),
@@ -77,12 +97,16 @@ class RowSampling:
             needs_min_p=any(p.min_p > 0.0 for p in params if not p.greedy),
             needs_temperature=any(p.temperature != 1.0 for p in params if not p.greedy),
             needs_repetition_penalty=any(p.repetition_penalty != 1.0 for p in params),
+            params=tuple(params), vocab_size=vocab_size,
         )
 
     def slice(self, start: int, stop: int) -> RowSampling:
-        """Rows ``start .. stop - 1`` (a decode lane's share); the flags stay those of the whole batch."""
+        """Rows ``start .. stop - 1`` (a decode lane's share); the flags stay those of the whole batch (the groups
+        of rows that ask for different filters are those of the slice)."""
         if start == 0 and stop == self.temperature.shape[0]:
             return self
+        if self.groups:
+            return RowSampling.of(self.params[start:stop], vocab_size=self.vocab_size, device=self.temperature.device)
         names = ("temperature", "top_k", "top_p", "min_p", "greedy", "repetition_penalty")
         columns = {name: getattr(self, name)[start:stop] for name in names}
         return replace(self, **columns)
@@ -91,6 +115,13 @@ class RowSampling:
     def uniform(cls, params: SamplingParams, *, rows: int, vocab_size: int, device) -> RowSampling:
         """``rows`` rows that all sample with ``params``."""
         return cls.of([params] * rows, vocab_size=vocab_size, device=device)
+
+
+def filter_kind(params: SamplingParams, vocab_size: int) -> tuple[bool, bool, bool]:
+    """Which of min-p, top-k and top-p a row asks for (none for a greedy row)."""
+    if params.greedy:
+        return False, False, False
+    return params.min_p > 0.0, 0 < params.top_k < vocab_size, params.top_p < 1.0
 
 
 def seen_mask(seen: Sequence[Sequence[int]], *, vocab_size: int, device) -> torch.Tensor:
@@ -189,6 +220,10 @@ def sample_tokens(
     """
     rows = params if isinstance(params, RowSampling) else RowSampling.uniform(
         params, rows=logits.shape[0], vocab_size=logits.shape[-1], device=logits.device)
+    if rows.groups:
+        if uniform is None and not rows.all_greedy:  # drawn for the whole batch, in row order, as below
+            uniform = draw_uniform(rows=logits.shape[0], generator=generator, device=logits.device)
+        return _sample_groups(logits, rows, uniform=uniform, seen=seen)
     if rows.needs_repetition_penalty:
         if seen is None:
             raise ValueError("a row has a repetition penalty: pass the tokens each row has seen (seen=seen_mask(...))")
@@ -203,6 +238,19 @@ def sample_tokens(
     if uniform is None and not rows.all_greedy:
         uniform = draw_uniform(rows=logits.shape[0], generator=generator, device=logits.device)
     return _torch_sample(logits, rows, uniform)
+
+
+def _sample_groups(logits: torch.Tensor, rows: RowSampling, *, uniform: torch.Tensor | None,
+                   seen: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`sample_tokens` of each group of rows that ask for the same filters (:attr:`RowSampling.groups`) apart,
+    put back in row order."""
+    tokens = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
+    logprobs = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
+    for index, group in rows.groups:
+        tokens[index], logprobs[index] = sample_tokens(
+            logits=logits[index], params=group, uniform=None if uniform is None else uniform[index],
+            seen=None if seen is None else seen[index])
+    return tokens, logprobs
 
 
 def _torch_sample(logits: torch.Tensor, rows: RowSampling,

@@ -87,6 +87,9 @@ class StreamingSession:
         self.max_prompt_length = max_prompt_length
         self.queue = RequestQueue(engine, max_len=max_prompt_length + params.max_tokens, seed=params.seed)
         self.requests: dict[int, _Request] = {}
+        self.ended: list[StreamedCompletion] = []
+        """Completions that ended in the step in flight at a ``pause`` (recorded with the weights that sampled them):
+        the next ``step`` returns them first."""
 
     @property
     def run(self) -> GenerationRun:
@@ -94,8 +97,8 @@ class StreamingSession:
 
     @property
     def idle(self) -> bool:
-        """Nothing is waiting or decoding."""
-        return self.queue.idle
+        """Nothing is waiting or decoding, and every completion was returned."""
+        return self.queue.idle and not self.ended
 
     @property
     def live_request_ids(self) -> list[Hashable]:
@@ -115,7 +118,8 @@ class StreamingSession:
     def step(self) -> list[StreamedCompletion]:
         """Admit waiting samples, decode one token for every live one, and
         return the completions that ended."""
-        return [self._finish(sequence) for sequence in self.queue.step()]
+        ended, self.ended = self.ended, []
+        return ended + [self._finish(sequence) for sequence in self.queue.step()]
 
     def stream(self) -> Iterator[StreamedCompletion]:
         """Step until idle, yielding each completion as it ends."""
@@ -124,7 +128,9 @@ class StreamingSession:
 
     def pause(self) -> list[PausedSequence]:
         """Take every in-flight sequence out of the engine (its blocks freed); waiting prompts stay queued
-        (their prefill is dropped, it was computed with the current weights)."""
+        (their prefill is dropped, it was computed with the current weights). The step in flight, if any, lands
+        first: what ended in it is returned by the next ``step``."""
+        self.ended += [self._finish(sequence) for sequence in self.queue.land()]
         return [self._paused(sequence) for sequence in self.run.release()]
 
     def close(self) -> None:

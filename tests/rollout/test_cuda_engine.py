@@ -73,3 +73,34 @@ def test_graph_replay_with_preemption_and_shared_blocks_equals_hf_greedy(tiny_to
     assert graphed.preemptions > 0 and graphed.graphs is not None
     references = [hf_greedy(model, p, max_new_tokens=30, eos=eos) for p in prompts]
     assert [c.token_ids for c in completions] == [references[c.prompt_index] for c in completions]
+
+
+def test_overlapped_steps_replay_the_synchronous_outputs(tiny_tokenizer):
+    """``overlap_steps`` (the default on CUDA): each step's input tokens are copied device-to-device from the previous
+    step's samples into the graphs' static input, and read back after the next launch; the outputs are the
+    synchronous steps' (keyed draws, mixed requests, rows ending mid-run). A row decoded once past its end can move
+    the batch to a larger graph bucket, whose kernels may round otherwise: log-probs within 1e-5."""
+    from hybridflow.rollout.request_queue import RequestQueue
+
+    model, tokenizer = build_tiny_model("llama", seed=1, tokenizer=tiny_tokenizer)
+    model = model.to("cuda")
+    prompts, eos = chat_prompts(tokenizer), tokenizer.eos_token_id
+    mixed = [SamplingParams(n=3, temperature=0, max_tokens=30, stop_token_ids=[eos], logprobs=True),
+             SamplingParams(n=2, temperature=0.8, top_p=0.9, max_tokens=17, seed=4, logprobs=True),
+             SamplingParams(n=1, temperature=1.2, repetition_penalty=1.2, max_tokens=40, ignore_eos=True, seed=5,
+                            logprobs=True),
+             SamplingParams(n=2, temperature=1.0, max_tokens=8, seed=6, logprobs=True)]
+    outputs, runs = [], []
+    for overlap in (None, False):
+        engine = NativeEngine(model, tokenizer, max_num_seqs=5, overlap_steps=overlap)
+        queue = RequestQueue(engine, keyed_draws=True)
+        requests = [queue.submit(p, q) for p, q in zip(prompts, mixed)]
+        queue.drain()
+        queue.close()
+        outputs.append([c for r in requests for c in r.future.result()])
+        runs.append(queue.run)
+    assert [c.token_ids for c in outputs[0]] == [c.token_ids for c in outputs[1]]
+    for a, b in zip(*outputs):
+        assert a.finish_reason == b.finish_reason
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), rtol=0, atol=1e-5)
+    assert runs[0].overlapped_readbacks > 0 and runs[1].overlapped_readbacks == 0

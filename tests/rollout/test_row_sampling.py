@@ -46,6 +46,22 @@ def test_a_mixed_batch_samples_each_row_as_if_alone():
         assert math.isclose(logprobs[row].item(), alone[1].item(), abs_tol=1e-6)
 
 
+def test_a_rows_draw_is_bitwise_the_same_whatever_filters_its_batch_mates_ask_for():
+    """Rows without filters (plain sampling, greedy) next to a top-p row get the bits they get among their kind alone
+    (the one-pass kernel where it applies), not the torch ops' rounding, which a batch mate's filter would impose
+    on the whole batch: what keyed draws and overlapped steps (a finished row decoded once more) rely on."""
+    torch.manual_seed(0)
+    logits = torch.randn(6, 5000)
+    plain, greedy, top_p = SamplingParams(temperature=1.0), SamplingParams(temperature=0), SamplingParams(top_p=0.9)
+    uniform = torch.rand(6, 1)
+    kinds = [plain, greedy, top_p, plain, top_p, greedy]
+    mixed = sample_tokens(logits=logits, params=RowSampling.of(kinds, vocab_size=5000, device="cpu"), uniform=uniform)
+    unfiltered = [0, 1, 3, 5]
+    alone = sample_tokens(logits=logits[unfiltered], uniform=uniform[unfiltered],
+                          params=RowSampling.of([kinds[i] for i in unfiltered], vocab_size=5000, device="cpu"))
+    assert torch.equal(mixed[0][unfiltered], alone[0]) and torch.equal(mixed[1][unfiltered], alone[1])
+
+
 def test_engine_takes_one_sampling_params_per_prompt(tiny_llama):
     model, tokenizer = tiny_llama
     prompts = chat_prompts(tokenizer)[:3]

@@ -15,6 +15,7 @@ from hybridflow.rollout.block_manager import BLOCK_SIZE
 from hybridflow.rollout.engine import build_engine
 from hybridflow.rollout.hf import HFEngine
 from hybridflow.rollout.native import NativeEngine
+from hybridflow.rollout.request_queue import RequestQueue
 from tests.vision.conftest import solid_image
 
 ROWS = [  # (question, images as (width, height, colour)): 1, 0, 2 and 1 images; rows 0 and 3 differ only in pixels
@@ -121,6 +122,34 @@ def test_decode_lanes_slice_each_rows_rotation(spread_vl):
     reference = HFEngine(model, processor.tokenizer).generate(ids, greedy(10, processor.tokenizer),
                                                               multi_modal_inputs=images)
     assert_same_completions(completions, reference, n=8)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("threads", [1, 2])
+def test_overlapped_steps_keep_each_rows_rotation(spread_vl, threads):
+    """The engine's ``overlap_steps`` (a step launched before the previous one is read back, rows that ended decoded
+    once more as padding) gives the synchronous steps' tokens and log-probs with M-RoPE rows: in one batch, and in
+    concurrent decode lanes (2 threads, 32 rows)."""
+    model, processor = spread_vl
+    ids, images = prompt_rows(processor)
+    params = SamplingParams(n=8, temperature=0.0, max_tokens=12, logprobs=True,
+                            stop_token_ids=[processor.tokenizer.eos_token_id])
+    default = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        outputs = []
+        for overlap in (False, True):
+            engine = NativeEngine(model, processor.tokenizer, max_num_seqs=32, overlap_steps=overlap)
+            queue = RequestQueue(engine, keyed_draws=True)
+            encoded = engine.encode_images(ids, images)
+            requests = [queue.submit(p, params, images=i) for p, i in zip(ids, encoded)]
+            queue.drain()
+            queue.close()
+            outputs.append([(c.token_ids, c.logprobs, c.finish_reason) for r in requests for c in r.future.result()])
+    finally:
+        torch.set_num_threads(default)
+    assert outputs[0] == outputs[1] and queue.run.overlapped_readbacks > 0
+    assert (engine.lanes is not None) == (threads == 2)
 
 
 @torch.no_grad()
