@@ -55,6 +55,19 @@ TOLERANCE = 0.05
 """The phases must add up to the step within this share of it."""
 
 
+SEGMENT_ATTENTION = {"per-unit": (), "branched": ("BRANCHED_SHARED_PROMPTS_DEVICES",),
+                     "flex": ("FLEX_SEGMENT_DEVICES",)}
+"""--segment-attention: the hybridflow.models.segment_attention switches each choice sets to ("cuda",)."""
+
+
+def use_segment_attention_choice(choice: str) -> None:
+    """Set the segment-attention switches for ``choice`` (on cuda only; the others cleared)."""
+    from hybridflow.models import segment_attention
+
+    for switch in ("BRANCHED_SHARED_PROMPTS_DEVICES", "FLEX_SEGMENT_DEVICES"):
+        setattr(segment_attention, switch, ("cuda",) if switch in SEGMENT_ATTENTION[choice] else ())
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
@@ -69,6 +82,11 @@ def parse_args(argv=None):
     parser.add_argument("--keep-kv-cache", action="store_true",
                         help="actor_rollout_ref.rollout.free_cache_engine=False: the engine keeps its KV cache "
                              "through the update (default: freed after each rollout, as verl)")
+    parser.add_argument("--segment-attention", choices=tuple(SEGMENT_ATTENTION), default="per-unit",
+                        help="on cuda, how a packed row's shared-prompt units attend in the actor's, old log-prob's "
+                             "and reference's forwards: per-unit (the default: one SDPA call per unit), branched "
+                             "(fused causal kernels branch by branch) or flex (one compiled FlexAttention call a "
+                             "layer); benchmarks/update.py's fast / fast-branched / fast-flex in the whole loop")
     parser.add_argument("--out", default=None, help="work folder (default: a temp dir)")
     parser.add_argument("overrides", nargs="*", help="more main_ppo key=value overrides")
     args = parser.parse_args(argv)
@@ -310,6 +328,8 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     import update
 
+    use_segment_attention_choice(args.segment_attention)
+
     device = torch.device(args.device)
     peak_flops, peak_dtype = update.matmul_peak(device)
     with tempfile.TemporaryDirectory() as tmp:
@@ -324,6 +344,7 @@ def main(argv=None) -> dict:
                        f"step(s) of {args.steps}; KV cache "
                        f"{'kept' if args.keep_kv_cache else 'freed after each rollout'} "
                        f"(rollout.free_cache_engine={not args.keep_kv_cache}); "
+                       f"segment attention {args.segment_attention}; "
                        f"{time.perf_counter() - start:.0f} s for the whole run"
                        + ("" if memory.resettable else "; the CPU peaks could not be reset: each is the peak so far"),
                        *table(report)]

@@ -63,3 +63,16 @@ def test_tiny_cpu_step_reports_every_phase_and_adds_up():
     assert report["adds_up"] == (report["unaccounted_s"] <= 0.05 * report["step_s"])
     assert report["lines"][1].split()[0] == "phase" and report["lines"][-2].startswith("step")
     assert report["lines"][-1].startswith("isolated update (benchmarks/update.py fast, full logits")
+
+
+def test_segment_attention_choice_sets_its_switch_on_cuda_and_clears_the_other(monkeypatch):
+    from hybridflow.models import segment_attention
+
+    monkeypatch.setattr(segment_attention, "FLEX_SEGMENT_DEVICES", ())
+    monkeypatch.setattr(segment_attention, "BRANCHED_SHARED_PROMPTS_DEVICES", ())
+    with loaded_benchmark("loop_step") as bench:
+        assert bench.parse_args(["--device", "cpu"]).segment_attention == "per-unit"
+        for choice, flex, branched in (("flex", ("cuda",), ()), ("branched", (), ("cuda",)), ("per-unit", (), ())):
+            bench.use_segment_attention_choice(bench.parse_args(["--segment-attention", choice]).segment_attention)
+            assert (segment_attention.FLEX_SEGMENT_DEVICES, segment_attention.BRANCHED_SHARED_PROMPTS_DEVICES) == (
+                flex, branched), choice
