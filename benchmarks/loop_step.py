@@ -55,17 +55,15 @@ TOLERANCE = 0.05
 """The phases must add up to the step within this share of it."""
 
 
-SEGMENT_ATTENTION = {"per-unit": (), "branched": ("BRANCHED_SHARED_PROMPTS_DEVICES",),
-                     "flex": ("FLEX_SEGMENT_DEVICES",)}
-"""--segment-attention: the hybridflow.models.segment_attention switches each choice sets to ("cuda",)."""
+SEGMENT_ATTENTION = {"per-unit": "fast", "branched": "fast-branched", "flex": "fast-flex"}
+"""--segment-attention: the benchmarks/update.py variant whose shared-prompt attention the loop takes."""
 
 
 def use_segment_attention_choice(choice: str) -> None:
-    """Set the segment-attention switches for ``choice`` (on cuda only; the others cleared)."""
-    from hybridflow.models import segment_attention
+    """Set the segment-attention switches for ``choice`` (on cuda only), as update.py's variant of that layout."""
+    import update
 
-    for switch in ("BRANCHED_SHARED_PROMPTS_DEVICES", "FLEX_SEGMENT_DEVICES"):
-        setattr(segment_attention, switch, ("cuda",) if switch in SEGMENT_ATTENTION[choice] else ())
+    update.switch_segment_attention(update.VARIANTS[SEGMENT_ATTENTION[choice]])
 
 
 def parse_args(argv=None):

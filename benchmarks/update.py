@@ -387,11 +387,17 @@ def breakdown_shares(parts: dict) -> list[float]:
 
 
 # ------------------------------------------------------------------------------ one variant
+def switch_segment_attention(variant: Variant) -> None:
+    """Set hybridflow's shared-prompt attention switches (on CUDA) to ``variant``'s: branched, FlexAttention, or
+    neither (one SDPA call per unit)."""
+    segment_attention.BRANCHED_SHARED_PROMPTS_DEVICES = ("cuda",) if variant.branched_attention else ()
+    segment_attention.FLEX_SEGMENT_DEVICES = ("cuda",) if variant.flex_attention else ()
+
+
 def run_variant(shape: str, variant: Variant, args, device: torch.device, peak_flops: float) -> dict:
     """Build, warm up, measure ``args.steps - 1`` updates, then the parts; the numbers of the report."""
     baseline_memory = peak_memory(device)
-    segment_attention.BRANCHED_SHARED_PROMPTS_DEVICES = ("cuda",) if variant.branched_attention else ()
-    segment_attention.FLEX_SEGMENT_DEVICES = ("cuda",) if variant.flex_attention else ()
+    switch_segment_attention(variant)
     model = build_model(shape, device)
     batch = grpo_rows(prompts=args.prompts, n=args.n, vocab=model.config.vocab_size, seed=1).to(device)
     micro_tokens = variant.micro_tokens or args.micro_tokens

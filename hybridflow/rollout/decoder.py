@@ -583,8 +583,8 @@ class LlamaFamilyDecoder:
         What the table adds runs here too: Gemma's ``1 + w`` norms (the kernels' ``unit_offset``) and the norm of
         each sub-block's output before its add (one more norm call without a residual), the scaled embedding,
         GeGLU, soft caps (attention: the kernels'; logits: :meth:`_head`), a rotary table per layer type
-        (Gemma 3), and routed experts in place of the MLP (:func:`moe_mlp`: gathered, graph-safe, under
-        ``ops.graph_safe``)."""
+        (Gemma 3), and routed experts in place of the MLP (:func:`moe_mlp`, graph-safe under ``ops.graph_safe``:
+        Triton's grouped experts on CUDA)."""
         gemma = self.architecture.gemma_norms
         norm = functools.partial(ops.add_rms_norm, eps=self.eps, unit_offset=gemma)
         gated = ops.gelu_tanh_mul if self.activation is _gelu_tanh else ops.silu_mul
@@ -661,7 +661,8 @@ class FusedDecodeOps:
     attention: Callable
     graph_safe: bool
     """Whether the step must stay graph-safe (CUDA graphs: static shapes, no host reads), so a mixture-of-experts
-    MLP gathers each row's experts rather than grouping rows by expert (:mod:`hybridflow.rollout.moe`)."""
+    MLP takes :func:`moe_mlp`'s graph-safe path (Triton's grouped experts on CUDA) rather than grouping rows by
+    expert with a host read of the group sizes (:mod:`hybridflow.rollout.moe`)."""
 
 
 @functools.cache

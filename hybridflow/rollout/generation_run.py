@@ -297,9 +297,10 @@ class GenerationRun:
             return
         indices, slots = zip(*marked)
         if isinstance(tokens, torch.Tensor):
-            self.seen.add_on_device(slots, tokens[device_tensor(indices, device=tokens.device)])
+            chosen = tokens[device_tensor(indices, device=tokens.device)]
         else:
-            self.seen.add(slots, tuple(tokens[index] for index in indices))
+            chosen = device_tensor([tokens[index] for index in indices], device=self.seen.mask.device)
+        self.seen.add(slots, chosen)
 
     def launched(self, tokens: torch.Tensor, logprobs: torch.Tensor) -> InFlightStep:
         """Record the step just launched over the live rows (its tokens, ``[N]`` on the device, now seen by them)
@@ -480,12 +481,9 @@ class SeenTokens:
     def reset(self, slot: int, token_ids: list[int]) -> None:
         self.mask[slot] = seen_mask([token_ids], vocab_size=self.mask.shape[1], device=self.mask.device)[0]
 
-    def add(self, slots: tuple[int, ...], token_ids: tuple[int, ...]) -> None:
-        device = self.mask.device
-        self.mask[device_tensor(slots, device=device), device_tensor(token_ids, device=device)] = True
-
-    def add_on_device(self, slots: tuple[int, ...], token_ids: torch.Tensor) -> None:
-        """The same with the tokens ``[len(slots)]`` on the device (a step's, not read back: no host sync)."""
+    def add(self, slots: tuple[int, ...], token_ids: torch.Tensor) -> None:
+        """Slot ``slots[i]`` has seen ``token_ids[i]`` (``[len(slots)]`` on the device: a step's tokens need no read
+        back)."""
         self.mask[device_tensor(slots, device=self.mask.device), token_ids] = True
 
     def rows(self, slots: list[int]) -> torch.Tensor:
