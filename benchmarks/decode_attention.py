@@ -38,6 +38,7 @@ if "--smoke" in sys.argv and not torch.cuda.is_available():
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from rollout import copy_bandwidth  # noqa: E402 -- the same copy as the engine benchmark's roofline
 
 try:
     from hybridflow.rollout.triton_attention import (MAIN_CONFIG, DecodeConfig, choose_config,  # noqa: E402
@@ -186,14 +187,6 @@ def median_ms(work, repeats: int) -> float:
             work(i + 1)
             times.append((time.perf_counter() - began) * 1e3)
     return sorted(times)[len(times) // 2]
-
-
-def copy_bandwidth(device: str, megabytes: int) -> float:
-    """Bytes/s of a large copy on ``device``, read plus written (as benchmarks/rollout.py measures it)."""
-    source = torch.ones(megabytes << 18, device=device)
-    target = torch.empty_like(source)
-    ms = median_ms(lambda _: target.copy_(source), repeats=10)
-    return 2 * source.numel() * 4 / (ms / 1e3)
 
 
 def sweep(chosen: DecodeConfig, *, span: int, full: bool) -> list[DecodeConfig]:

@@ -37,6 +37,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # hybridflow, run from anywhere
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from model_shapes import SHAPES  # noqa: E402
+from rollout import copy_bandwidth  # noqa: E402 -- the same copy as the engine benchmark's roofline
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -84,14 +85,6 @@ def random_layer(shape: dict, *, dtype: torch.dtype, device: str):
                           weights_in_activation_dtype=shape["qwen"])
     layer.triton_grouped = True  # on CPU (--smoke): the kernels through Triton's interpreter
     return layer
-
-
-def copy_bandwidth(device: str) -> float:
-    """Bytes per second of a large device copy (read + written), the best of a few."""
-    size = 2**30 if device == "cuda" else 2**26
-    source = torch.empty(size, dtype=torch.uint8, device=device)
-    target = torch.empty_like(source)
-    return 2 * size / min(timed(lambda: target.copy_(source), device=device, iters=5) for _ in range(3))
 
 
 def timed(call, *, device: str, iters: int) -> float:
@@ -172,7 +165,7 @@ def main(argv=None) -> list[dict]:
     tiles = [tuple(int(edge) for edge in tile.split("x")) for tile in args.tiles.split(",")]
     shape = expert_shape(args.shape)
     layer = random_layer(shape, dtype=getattr(torch, args.dtype), device=device)
-    bandwidth = copy_bandwidth(device)
+    bandwidth = copy_bandwidth(device, megabytes=1024 if device == "cuda" else 64)
     print(f"{args.shape}: hidden {shape['hidden']}, {shape['experts']} experts of {shape['intermediate']}, "
           f"top-{shape['top_k']}, {args.dtype}, {device}; copy bandwidth {bandwidth / 1e9:.0f} GB/s")
     print("| rows | tiles n x k | experts used | floor us | triton us | triton / floor | align us | eager us "
