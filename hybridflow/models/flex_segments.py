@@ -17,7 +17,8 @@ with ``branch`` 0 for a plain unit's tokens and a shared prompt's, ``k`` for the
 shared-prompt unit. That is each unit's causal mask, and for a shared-prompt unit the mask
 :class:`~hybridflow.models.segment_attention.SegmentLayout` holds: a response sees the prompt and its own
 earlier tokens, never another response, and the prompt never sees a response. Gemma 2's soft cap is a score
-modification (``c tanh(s / c)``). Scores, masks and the softmax follow the same math as the per-unit path, so
+modification (``c tanh(s / c)``); gpt-oss's attention sinks (one logit per head in every softmax) rescale the output
+by ``exp(lse) / (exp(lse) + exp(sink))`` from the call's log-sum-exp. Scores, masks and the softmax follow the same math as the per-unit path, so
 log-probs and gradients equal the padded forward's (tests/models/test_flex_segments.py; the gradient test needs
 a GPU: FlexAttention has no CPU backward).
 
@@ -102,13 +103,22 @@ def block_mask(layout: SegmentLayout, positions: torch.Tensor | None, *, length:
 
 def flex_segment_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, layout: SegmentLayout,
                            positions: torch.Tensor | None, scale: float | None, softcap: float | None,
-                           window: int | None) -> torch.Tensor:
+                           window: int | None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """``query [1, H, N, D]``, ``key / value [1, KV, N, D]`` (same dtype; GQA when ``KV < H``) -> ``[1, H, N, D]``:
-    the attention of every unit of ``layout`` in one call."""
+    the attention of every unit of ``layout`` in one call; ``sinks`` ``[H]``: attention-sink logits."""
+    from torch.nn.attention.flex_attention import AuxRequest
+
     mask = block_mask(layout, positions, length=query.shape[2], window=window, device=query.device)
     score_mod = None if softcap is None else _soft_cap(softcap)
-    return _flex(query.device.type)(query, key, value, block_mask=mask, score_mod=score_mod, scale=scale,
-                                    enable_gqa=key.shape[1] != query.shape[1])
+    flex = _flex(query.device.type)
+    if sinks is None:
+        return flex(query, key, value, block_mask=mask, score_mod=score_mod, scale=scale,
+                    enable_gqa=key.shape[1] != query.shape[1])
+    out, aux = flex(query, key, value, block_mask=mask, score_mod=score_mod, scale=scale,
+                    enable_gqa=key.shape[1] != query.shape[1], return_aux=AuxRequest(lse=True))
+    # softmax over keys + sink = (softmax over keys) * sigmoid(lse - sink), lse in fp32
+    kept = torch.sigmoid(aux.lse - sinks.float().reshape(1, -1, 1))
+    return (out.float() * kept[..., None]).to(out.dtype)
 
 
 def _soft_cap(cap: float):

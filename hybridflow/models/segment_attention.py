@@ -22,13 +22,18 @@ checkpointing's recompute are unchanged.
 
 What some architectures add to attention is honoured on both paths: a layer's ``sliding_window`` ``W``
 (Mistral, Phi-3, Gemma's local layers: query position ``i`` sees key positions ``i - W < j``, from the
-row's own position ids, so a shared prompt's responses count from the prompt's end) and Gemma 2's
-``softcap`` (scores ``c * tanh(s / c)``; SDPA has no such hook, so a capped layer runs
-:func:`capped_attention`).
+row's own position ids, so a shared prompt's responses count from the prompt's end), Gemma 2's
+``softcap`` (scores ``c * tanh(s / c)``) and gpt-oss's attention sinks (``s_aux``: one learned logit per head that
+joins every query's softmax and is then dropped, so the weights of the real keys sum to less than 1). SDPA has no
+hook for either, so such a layer runs :func:`capped_attention` (FlexAttention renormalises by its log-sum-exp).
+Any other attention kwarg a model passes is one this implementation does not know:
+:mod:`hybridflow.models.layout_guard` names it where a model's packed forward differs from its padded one.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -47,6 +52,31 @@ FLEX_SEGMENT_DEVICES: tuple[str, ...] = ()
 FlexAttention call a layer (:mod:`hybridflow.models.flex_segments`) instead of one SDPA call per unit. Takes
 precedence over :data:`BRANCHED_SHARED_PROMPTS_DEVICES`. None until measured on a card (benchmarks/update.py's
 fast-flex variant): the CPU has no FlexAttention backward."""
+
+
+HONOURED_KWARGS = frozenset({"softcap", "sliding_window", "s_aux", "position_ids", "is_causal", "output_attentions",
+                             "use_cache", "cache_position", "output_router_logits"})
+"""Attention kwargs this implementation honours (or that carry no attention math); any other a model passes with a
+value is a feature the packed layouts may ignore (:func:`attention_kwargs_seen`)."""
+_SEEN: dict[str, set[str]] | None = None
+
+
+@contextlib.contextmanager
+def attention_kwargs_seen() -> Iterator[dict[str, set[str]]]:
+    """Inside, the attention kwargs outside :data:`HONOURED_KWARGS` that each attention class passed with a value,
+    by class name (what :mod:`hybridflow.models.layout_guard` names when a packed forward differs)."""
+    global _SEEN
+    previous, _SEEN = _SEEN, {}
+    try:
+        yield _SEEN
+    finally:
+        _SEEN = previous
+
+
+def _record_kwargs(module, kwargs: dict) -> None:
+    if _SEEN is not None:
+        unknown = {name for name, value in kwargs.items() if value is not None and name not in HONOURED_KWARGS}
+        _SEEN.setdefault(type(module).__name__, set()).update(unknown)
 
 
 @dataclass
@@ -85,11 +115,13 @@ def _segment_attention(module, query, key, value, attention_mask, dropout: float
         return sequence_parallel.attention(_segment_attention, module, query, key, value, attention_mask,
                                            dropout=dropout, scaling=scaling, **kwargs)
     layout: SegmentLayout | None = kwargs.pop("segment_layout", None)
-    softcap, window = kwargs.get("softcap"), kwargs.get("sliding_window")
+    _record_kwargs(module, kwargs)
+    softcap, window, sinks = kwargs.get("softcap"), kwargs.get("sliding_window"), kwargs.get("s_aux")
+    eager = softcap is not None or sinks is not None
     if layout is None:
-        if softcap is not None:  # the mask transformers built already holds the window
+        if eager:  # the mask transformers built already holds the window
             return capped_attention(query, key, value, mask=attention_mask, scale=scaling, softcap=softcap,
-                                    grouped=True).transpose(1, 2).contiguous(), None
+                                    sinks=sinks, grouped=True).transpose(1, 2).contiguous(), None
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
@@ -99,18 +131,20 @@ def _segment_attention(module, query, key, value, attention_mask, dropout: float
     if query.device.type in FLEX_SEGMENT_DEVICES and flex_segments.expressible(layout, dropout):
         query, key, value = same_dtype(query, key, value)
         out = flex_segments.flex_segment_attention(query, key, value, layout=layout, scale=scaling, softcap=softcap,
-                                                   window=window, positions=None if positions is None else positions[0])
+                                                   window=window, positions=None if positions is None else positions[0],
+                                                   sinks=sinks)
         return out.transpose(1, 2).contiguous(), None
     outputs = []
     on_cuda = query.device.type == "cuda"
-    branched = query.device.type in BRANCHED_SHARED_PROMPTS_DEVICES and window is None
+    branched = query.device.type in BRANCHED_SHARED_PROMPTS_DEVICES and window is None and not eager
     for index, ((start, end), mask) in enumerate(zip(layout.bounds, layout.masks)):
         unit = (query[:, :, start:end], key[:, :, start:end], value[:, :, start:end])
         branches = layout.branches[index] if layout.branches is not None else None
         if window is not None:
             mask = windowed(mask, _unit_positions(positions, start, end, branches), window)
-        if softcap is not None:
-            outputs.append(capped_attention(*unit, mask=mask, scale=scaling, softcap=softcap, grouped=True))
+        if eager:
+            outputs.append(capped_attention(*unit, mask=mask, scale=scaling, softcap=softcap, sinks=sinks,
+                                            grouped=True))
             continue
         if mask is not None and branches is not None and branched:
             # A masked SDPA call has no flash kernel; the unit's branches run the fused causal ones.
@@ -160,24 +194,30 @@ def windowed(mask: torch.Tensor | None, positions: torch.Tensor, window: int) ->
 
 
 def capped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: torch.Tensor | None, scale: float,
-                     softcap: float | None, grouped: bool = False) -> torch.Tensor:
+                     softcap: float | None, sinks: torch.Tensor | None = None, grouped: bool = False) -> torch.Tensor:
     """``softmax(cap(scale q k^T) + mask) v`` over ``[..., T, D]`` operands, ``cap(s) = c tanh(s / c)`` (Gemma 2;
-    none when ``softcap`` is None); ``mask`` bool (True = attend) or additive, None = causal. ``grouped``: ``k`` /
-    ``v`` have fewer heads (dim -3) than ``q`` (GQA). Eager (scores, cap, mask, fp32 softmax, ``@ v``), as
-    HF's ``eager_attention_forward``; uncapped it is SDPA."""
-    if softcap is None:
+    none when ``softcap`` is None); ``mask`` bool (True = attend) or additive, None = causal. ``sinks`` ``[H]``
+    (gpt-oss): one more logit per head in every query's softmax, dropped after it. ``grouped``: ``k`` / ``v`` have
+    fewer heads (dim -3) than ``q`` (GQA). Eager (scores, cap, mask, fp32 softmax, ``@ v``), as HF's
+    ``eager_attention_forward``; without a cap or sinks it is SDPA."""
+    if softcap is None and sinks is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale,
                                               enable_gqa=grouped)
     if grouped:
         repeats = q.shape[-3] // k.shape[-3]
         k, v = k.repeat_interleave(repeats, dim=-3), v.repeat_interleave(repeats, dim=-3)
-    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
-    scores = torch.tanh(scores / softcap) * softcap
+    scores = torch.matmul(q, k.transpose(-1, -2)) * (scale if scale is not None else q.shape[-1] ** -0.5)
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     if mask is None:
         mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
     # The dtype's minimum, not -inf: a fully masked row (a left-padding query) stays finite, as in HF's eager path.
     scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min) if mask.dtype == torch.bool else scores + mask
-    return torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype), v)
+    if sinks is None:
+        return torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype), v)
+    sink = sinks.to(scores.dtype).reshape(-1, 1, 1).expand(*scores.shape[:-1], 1)
+    probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1, dtype=torch.float32)[..., :-1]
+    return torch.matmul(probs.to(q.dtype), v)
 
 
 def shared_prompt_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, lengths: list[int],

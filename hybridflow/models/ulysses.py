@@ -48,6 +48,9 @@ class SequenceParallel:
         ``query [1, H, N/S, D]``, ``key/value [1, H_kv, N/S, D]`` -> ``([1, N/S, H, D], None)``."""
         key, value = repeat_kv_heads(key, self.size), repeat_kv_heads(value, self.size)
         query, key, value = (_Exchange.apply(t, self, _seq_to_heads, _heads_to_seq_layout) for t in (query, key, value))
+        if kwargs.get("s_aux") is not None:  # attention sinks: one per head, this rank's heads only
+            heads = query.shape[1]
+            kwargs["s_aux"] = kwargs["s_aux"][self.rank * heads:(self.rank + 1) * heads]
         out, _ = inner(module, query, key, value, attention_mask, **kwargs)  # [1, N, H/S, D]
         return _Exchange.apply(out, self, _heads_to_seq, _seq_to_heads_layout), None
 

@@ -59,6 +59,7 @@ from hybridflow.trainer.entry import model_context_length, read_model_config, re
 from hybridflow.trainer.tracking.plots import Curve, fixed_keys, plot_curves
 from hybridflow.trainer.sft.batches import count_targets, even_shard, micro_batch_inputs, rank_slice, split_micro
 from hybridflow.trainer.sft.checkpoint import SharedDirComponent
+from hybridflow.trainer.sft.layout_check import sft_packing_agrees
 from hybridflow.trainer.sft.loss import sft_loss
 from hybridflow.trainer.sft.sequence_parallel import sequence_parallel_sft_loss
 from hybridflow.trainer.tracking.summary import summary_table
@@ -187,6 +188,9 @@ class SFTTrainer:
         fsdp = cfg.model.fsdp_config
         decoder_layers(model, fsdp.wrap_policy.transformer_layer_cls_to_wrap)  # a wrong class fails at any size
         precision = resolve_precision(fsdp.mixed_precision, device_type=device.type)
+        # The layout guard probes the plain model, before sharding (issue 58)
+        self.packed = packed_layout(cfg, train_dataset) and sft_packing_agrees(model,
+                                                                               pad_token_id=tokenizer.pad_token_id)
         if dp.world_size > 1:
             model = shard_model(model, mesh=data_parallel_mesh(device.type, dp.world_size, fsdp.fsdp_size),
                                 precision=precision,
@@ -201,7 +205,6 @@ class SFTTrainer:
         self.autocast = (torch.autocast(device.type, dtype=self.compute_dtype) if plain_mixed
                          else contextlib.nullcontext())
         self.micro_batch_size = sft_micro_batch_size_per_gpu(cfg.data, self.data.world_size)
-        self.packed = packed_layout(cfg, train_dataset)
         self.global_step = 0
         self.tracking: Tracking | None = None
         self._bar = None

@@ -20,6 +20,7 @@ from hybridflow.config import config_value, reference_enabled
 from hybridflow.config.verl_versions import ACTOR, grad_clip_threshold
 from hybridflow.data.parallel import DataParallel
 from hybridflow.models import load_causal_lm, load_tokenizer, load_value_model
+from hybridflow.models.layout_guard import checked_layout
 from hybridflow.models.fsdp import (Precision, autocast_forward, data_parallel_mesh, decoder_layers, resolve_precision,
                                     shard_model)
 from hybridflow.models.loader import check_vocab_covers_tokenizer, import_external_lib, resolve_dtype
@@ -104,10 +105,11 @@ def policy_processor(cfg, tokenizer):
     return load_processor(model.path, tokenizer=tokenizer, trust_remote_code=model.trust_remote_code)
 
 
-def model_layout(model_cfg, model: torch.nn.Module, *, key: str) -> str:
+def model_layout(model_cfg, model: torch.nn.Module, *, key: str, chunked_head: bool = False) -> str:
     """The forward layout a model section's ``use_remove_padding`` / ``use_shared_prompt`` select (shared
     prompts by default), or ``padded`` with one warning when ``model``'s attention cannot keep the
-    sequences of a packed row apart."""
+    sequences of a packed row apart; then the guard (:func:`checked_layout`): a layout whose forward differs from
+    the model's padded one on a probe falls back to one that agrees, in one warning."""
     layout = forward_layout(use_remove_padding=model_cfg.use_remove_padding,
                             use_shared_prompt=model_cfg.use_shared_prompt)
     if layout != "padded" and is_vision_language(model.config):
@@ -120,7 +122,7 @@ def model_layout(model_cfg, model: torch.nn.Module, *, key: str) -> str:
                        "rows cannot keep their sequences apart; the padded layout runs (set %s.use_shared_prompt="
                        "False and use_remove_padding=False to choose it)", key, type(model).__name__, key)
         return "padded"
-    return layout
+    return checked_layout(model, layout, key=key, chunked_head=chunked_head)
 
 
 def build_hybrid_engine(dp: DataParallel, *, cfg, total_steps: int, with_rollout: bool = True,
@@ -132,7 +134,7 @@ def build_hybrid_engine(dp: DataParallel, *, cfg, total_steps: int, with_rollout
                                       key="actor_rollout_ref.actor.ulysses_sequence_parallel_size")
     tokenizer = policy_tokenizer(cfg)
     model = load_policy(cfg, device, gradient_checkpointing=arr.model.enable_gradient_checkpointing)
-    layout = model_layout(arr.model, model, key="actor_rollout_ref.model")
+    layout = model_layout(arr.model, model, key="actor_rollout_ref.model", chunked_head=arr.model.use_fused_kernels)
     if with_reference is None:
         with_reference = reference_enabled(cfg)
     use_lora = arr.model.lora_rank > 0
