@@ -17,6 +17,7 @@ import struct
 import torch
 
 from hybridflow.errors import ConfigError, ModelError
+from hybridflow.models.config_checks import check_model_shapes
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32, "fp32": torch.float32,
@@ -248,6 +249,7 @@ def load_config(path: str, *, trust_remote_code: bool = False, override_config: 
                               f"check the spelling against the model's config.json")
         setattr(config, key, value)
     check_routing(config, path)
+    check_model_shapes(config, path)
     return config
 
 
