@@ -127,3 +127,23 @@ def test_gpt_oss_padded_forward_under_segment_attention_keeps_its_sinks(tiny_tok
         switched = model(**inputs).logits
     valid = attention_mask.bool()
     torch.testing.assert_close(switched[valid], own[valid], rtol=0, atol=2e-5)
+
+
+def test_ulysses_gives_each_rank_the_sinks_of_its_own_heads(monkeypatch):
+    """Under sequence parallelism a rank attends with heads/S heads: its sinks are those heads' (the exchange
+    is replaced by rank 1's share of the heads; the real all-to-all is tests/workers/test_sequence_parallel.py's)."""
+    from hybridflow.models import ulysses
+
+    def exchange(tensor, _sp, forward, _inverse):
+        return tensor[:, tensor.shape[1] // 2:] if forward is ulysses._seq_to_heads else tensor
+
+    monkeypatch.setattr(ulysses._Exchange, "apply", exchange)
+    seen = {}
+
+    def inner(_module, query, _key, _value, _mask, **kwargs):
+        seen.update(kwargs)
+        return query.transpose(1, 2), None
+
+    qkv = [torch.zeros(1, 4, 3, 2) for _ in range(3)]
+    ulysses.SequenceParallel(size=2, rank=1).attention(inner, None, *qkv, None, s_aux=torch.arange(4.0))
+    assert seen["s_aux"].tolist() == [2.0, 3.0]
