@@ -18,8 +18,8 @@ shared-prompt unit. That is each unit's causal mask, and for a shared-prompt uni
 :class:`~hybridflow.models.segment_attention.SegmentLayout` holds: a response sees the prompt and its own
 earlier tokens, never another response, and the prompt never sees a response. Gemma 2's soft cap is a score
 modification (``c tanh(s / c)``); gpt-oss's attention sinks (one logit per head in every softmax) rescale the output
-by ``exp(lse) / (exp(lse) + exp(sink))`` from the call's log-sum-exp. Scores, masks and the softmax follow the same math as the per-unit path, so
-log-probs and gradients equal the padded forward's (tests/models/test_flex_segments.py; the gradient test needs
+by ``exp(lse) / (exp(lse) + exp(sink))`` from the call's log-sum-exp. Scores, masks and the softmax follow the
+same math as the per-unit path, so log-probs and gradients equal the padded forward's (tests/models/test_flex_segments.py; the gradient test needs
 a GPU: FlexAttention has no CPU backward).
 
 A layout FlexAttention cannot express (a unit with a mask but no branch lengths) or attention dropout keeps the

@@ -19,8 +19,8 @@ def model_dirs(tmp_path_factory):
 
 
 @pytest.mark.parametrize("arch, change, message", [
-    ("deepseek_v3", {"num_key_value_heads": 2}, "has num_key_value_heads=2 but num_attention_heads=4: multi-head latent "
-                                                "attention .* so set num_key_value_heads=4"),
+    ("deepseek_v3", {"num_key_value_heads": 2}, "has num_key_value_heads=2 but num_attention_heads=4: multi-head "
+                                                "latent attention .* so set num_key_value_heads=4"),
     ("deepseek_v3", {"kv_lora_rank": 0}, "has kv_lora_rank=0: multi-head latent attention needs a positive size"),
     ("deepseek_v3", {"qk_rope_head_dim": 7}, "has qk_rope_head_dim=7: the rotary part rotates pairs of dimensions"),
     ("deepseek_v3", {"n_group": 3}, "has n_group=3 for its n_routed_experts=4: .* n_group must divide 4"),

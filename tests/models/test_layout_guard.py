@@ -22,8 +22,7 @@ def _tempered_attention(module, query, key, value, attention_mask, scaling=None,
     """SDPA with each head's scores multiplied by ``head_temperature [H]``: a feature segment attention does not
     know (it receives the kwarg and drops it)."""
     q = query * head_temperature.reshape(1, -1, 1, 1)
-    mask = attention_mask if attention_mask is not None else None
-    out = capped_attention(q, key, value, mask=mask, scale=scaling, softcap=None, grouped=True)
+    out = capped_attention(q, key, value, mask=attention_mask, scale=scaling, softcap=None, grouped=True)
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -39,8 +38,8 @@ def tempered_llama(tiny_tokenizer):
         attention = layer.self_attn
         attention.head_temperature = torch.nn.Parameter(torch.linspace(0.5, 3.0, model.config.num_attention_heads))
         forward = attention.forward
-        attention.forward = lambda *args, _f=forward, _a=attention, **kw: _f(*args, head_temperature=_a.head_temperature,
-                                                                            **kw)
+        attention.forward = lambda *args, _f=forward, _a=attention, **kw: _f(
+            *args, head_temperature=_a.head_temperature, **kw)
     model.config._attn_implementation = TEMPERED
     return model
 

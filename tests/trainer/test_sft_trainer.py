@@ -129,7 +129,7 @@ def test_gradient_accumulation_gives_the_full_batch_update(tmp_path, tiny_model_
 
 @pytest.mark.parametrize("arch", ["llama", "gpt_oss"])
 def test_packing_gives_the_same_loss_and_update_as_padding(tmp_path, tiny_model_dir, sums_file, arch):
-    """gpt_oss (issue 58): attention sinks and a sliding window of 8, kept by the packed rows (the guard lets them run)."""
+    """gpt_oss (issue 58): attention sinks and a window of 8, kept by the packed rows (the guard lets them run)."""
     if arch != "llama":
         from tests.models.non_native import save_non_native
 
