@@ -6,7 +6,7 @@ import pytest
 
 from tests.docs.doc_commands import chain_script, commands, doc_files, marked_blocks, run_chain
 
-CHAINS = {"quickstart"}  # the chains the docs must keep: dropping a marker is a failure, not a skip
+CHAINS = {"quickstart", "vision"}  # the chains the docs must keep: dropping a marker is a failure, not a skip
 
 
 def chain(name: str):
@@ -46,3 +46,11 @@ def test_readme_quickstart_runs_in_order_on_the_tiny_model(tmp_path: Path):
 def test_readme_quickstart_runs_in_order_on_the_default_model(tmp_path: Path):
     proc = run_chain(chain("quickstart"), tmp_path, tiny=False, timeout=7200)
     _check_quickstart(proc, tmp_path / "work")
+
+
+@pytest.mark.slow
+def test_vision_doc_commands_run_in_order(tmp_path: Path):
+    proc = run_chain(chain("vision"), tmp_path, tiny=False, timeout=3600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "step 0 | val-core/" in proc.stdout
+    assert (tmp_path / "work/checkpoints/vl-sft").is_dir()  # its own folder: not the README's SFT run's
