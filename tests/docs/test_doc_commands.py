@@ -6,7 +6,7 @@ import pytest
 
 from tests.docs.doc_commands import chain_script, commands, doc_files, marked_blocks, run_chain
 
-CHAINS = {"quickstart", "vision"}  # the chains the docs must keep: dropping a marker is a failure, not a skip
+CHAINS = {"quickstart", "vision", "trainer"}  # the chains the docs must keep: dropping a marker is a failure, not a skip
 
 
 def chain(name: str):
@@ -54,3 +54,10 @@ def test_vision_doc_commands_run_in_order(tmp_path: Path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "step 0 | val-core/" in proc.stdout
     assert (tmp_path / "work/checkpoints/vl-sft").is_dir()  # its own folder: not the README's SFT run's
+
+
+@pytest.mark.slow
+def test_trainer_doc_commands_run_in_order(tmp_path: Path):
+    proc = run_chain(chain("trainer"), tmp_path, tiny=False, timeout=7200)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert (tmp_path / "work/my_model/config.json").exists()  # the export found global_step_30
