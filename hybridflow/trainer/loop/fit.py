@@ -191,8 +191,9 @@ def train_and_report(loop: Loop, cfg) -> PPORun:
     folder and the plots folder are said at the start and again at the end, where the user looks for them."""
     run_dir = cfg.trainer.default_local_dir
     plots_dir = os.path.join(run_dir, "plots")
-    print(f"hybridflow: run folder {run_dir} (checkpoints every trainer.save_freq={cfg.trainer.save_freq} steps); "
-          f"plots at the end in {plots_dir}", flush=True)
+    every = cfg.trainer.save_freq
+    saving = f"a checkpoint every {every} steps" if every > 0 else f"no checkpoints: trainer.save_freq={every}"
+    print(f"hybridflow: run folder {run_dir} ({saving}); plots at the end in {plots_dir}", flush=True)
     try:
         last = loop.fit()
     finally:
