@@ -6,7 +6,7 @@ import pytest
 
 from tests.docs.doc_commands import chain_script, commands, doc_files, marked_blocks, run_chain
 
-CHAINS = {"quickstart", "vision", "trainer"}  # the chains the docs must keep: dropping a marker is a failure, not a skip
+CHAINS = {"quickstart", "vision", "trainer", "sft"}  # the chains the docs must keep: dropping a marker is a failure, not a skip
 
 
 def chain(name: str):
@@ -61,3 +61,10 @@ def test_trainer_doc_commands_run_in_order(tmp_path: Path):
     proc = run_chain(chain("trainer"), tmp_path, tiny=False, timeout=7200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert (tmp_path / "work/my_model/config.json").exists()  # the export found global_step_30
+
+
+@pytest.mark.slow
+def test_sft_doc_commands_run_in_order(tmp_path: Path):
+    proc = run_chain(chain("sft"), tmp_path, tiny=False, timeout=3600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert (tmp_path / "work/checkpoints/sft-tiny/latest_checkpointed_iteration.txt").exists()
