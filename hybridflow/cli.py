@@ -72,9 +72,10 @@ def _config_dump(args: argparse.Namespace, rest: list[str]) -> int:
 
 def _tool(args: argparse.Namespace, rest: list[str]) -> int:
     # the merger's own command line has a `merge` subcommand (verl's spelling)
-    argv = ["merge", *rest] if args.tool == "merge" else rest
+    merging = args.tool == "merge"
+    argv = ["merge", *rest] if merging else rest
     module, function = TOOLS[args.tool].split(":")
-    return getattr(importlib.import_module(module), function)(argv)
+    return getattr(importlib.import_module(module), function)(argv, **({"prog": "hybridflow"} if merging else {}))
 
 
 def _ppo(args: argparse.Namespace, rest: list[str]) -> int:
@@ -113,7 +114,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     config = sub.add_parser("config", help="show or dump configs").add_subparsers(dest="action", required=True)
-    show = config.add_parser("show", help="print the resolved config after overrides")
+    show = config.add_parser(
+        "show", help="print the resolved config after overrides",
+        usage="hybridflow config show [-h] [--trainer {ppo,sft,spin,sppo}] [--doc] "
+              "[--config-path DIR --config-name NAME] [key=value ...]",
+        description="Print the config the trainer would run: the defaults, a YAML file (--config-path / "
+                    "--config-name) and the key=value overrides (verl's keys, `+key=value` too) applied in order.")
     show.add_argument("--trainer", choices=["ppo", "sft", "spin", "sppo"], default="ppo")
     show.add_argument("--doc", action="store_true", help="print every key with its documentation")
     show.set_defaults(func=_config_show)

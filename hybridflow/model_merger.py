@@ -25,9 +25,9 @@ def merge(local_dir: str, target_dir: str) -> str:
     return merge_sharded_checkpoint(local_dir, target_dir)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m hybridflow.model_merger") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m hybridflow.model_merger",
+        prog=prog,
         description="Checkpoint -> Hugging Face folder (verl's model_merger command line): an actor or SFT "
                     "checkpoint becomes a causal LM, a critic checkpoint a value model.",
         epilog="The trainers' keys and their meaning: hybridflow config show --doc")
@@ -39,8 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def run_from_args(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
+def run_from_args(argv: list[str], prog: str = "python -m hybridflow.model_merger") -> int:
+    """Merge as the command line asks; ``prog`` names the command in usage lines (``hybridflow`` for ``hybridflow
+    merge``)."""
+    args = build_parser(prog).parse_args(argv)
     out = merge(args.local_dir, args.target_dir)
     print(f"wrote a Hugging Face model to {out}")
     return 0

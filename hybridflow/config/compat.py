@@ -182,6 +182,12 @@ def _default_value(defaults: DictConfig, key: str) -> Any:
     return OmegaConf.select(defaults, key, throw_on_missing=False)
 
 
+def megatron_keys(cfg: DictConfig, schema: type) -> list[str]:
+    """The ``*.strategy`` keys set to ``megatron`` (not those following one by interpolation): refused, not warned."""
+    return [key for key, value in compat_keys_set(cfg, OmegaConf.structured(schema))
+            if COMPAT_ONLY[key] is _FSDP2_ONLY and value == "megatron"]
+
+
 def warn_compat_keys(cfg: DictConfig, schema: type) -> list[str]:
     """One warning line per compatibility-only key set to a non-default value (once per process)."""
     lines = []

@@ -307,10 +307,14 @@ def to_object(cfg: DictConfig) -> Any:
 def load_config(schema: type, overrides: Iterable[str] = (), config_file: str | None = None,
                 defaults: Iterable[str] = ()) -> Any:
     """Compose and resolve: the typed config object a trainer runs with. Compatibility-only keys
-    set to a non-default value are named once each (``hybridflow.config.compat``)."""
-    from hybridflow.config.compat import warn_compat_keys
+    set to a non-default value are named once each (``hybridflow.config.compat``); ``strategy=megatron`` is refused
+    first, in one line for every key that sets it (a key following it by interpolation is not named again)."""
+    from hybridflow.config.compat import megatron_keys, warn_compat_keys
 
     cfg = compose(schema, overrides, config_file, defaults)
+    megatron = megatron_keys(cfg, schema)
+    if megatron:
+        raise ConfigError(f"{', '.join(megatron)}=megatron: {MEGATRON}")
     resolved = to_object(cfg)
     warn_compat_keys(cfg, schema)
     return resolved

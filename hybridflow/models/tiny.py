@@ -289,7 +289,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     save_tiny_model(args.dir, arch=args.arch, seed=args.seed)
-    print(f"wrote a tiny random {args.arch} model to {args.dir}")
+    # the path alone on stdout, so `MODEL=$(hybridflow models tiny DIR)` gets it; the sentence for people on stderr
+    print(f"wrote a tiny random {args.arch} model to {args.dir}", file=sys.stderr)
+    print(args.dir)
     return 0
 
 

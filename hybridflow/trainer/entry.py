@@ -11,6 +11,7 @@ import torch
 
 from hybridflow.config.validate import as_list
 from hybridflow.errors import ConfigError
+from hybridflow.models.hub import ensure_hub_reachable
 from hybridflow.models.loader import check_routing
 from hybridflow.rollout.engine import engine_unavailable
 from hybridflow.trainer.tracking.trackers import available_backends
@@ -39,6 +40,7 @@ def read_model_config(path: str, trust_remote_code: bool):
     reports a bad path; the loader reports an unreadable model with its own message)."""
     from transformers import AutoConfig
 
+    ensure_hub_reachable(str(path))  # no hub: one line now, not transformers' retries
     try:
         return AutoConfig.from_pretrained(os.path.expanduser(str(path)), trust_remote_code=trust_remote_code)
     except (OSError, ValueError):

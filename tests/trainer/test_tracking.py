@@ -239,3 +239,12 @@ def test_summary_and_plots_take_another_trainers_metric_tables(tmp_path):
               Curve("absent.png", "Absent", "-", fixed_keys("val/loss")))
     paths = plot_curves(history, str(tmp_path / "sft"), curves=curves)
     assert [os.path.basename(p) for p in paths] == ["loss.png"]
+
+
+def test_console_line_shows_validation_scores_as_they_happen():
+    # issue 59: the step-0 line was only `step 0`, validation steps carried no val-core value
+    line = format_console_line({"val-core/chain_sum/reward/mean@1": 0.125, "val-aux/x/y": 3.0}, step=0)
+    assert line == "step 0 | val-core/chain_sum/reward/mean@1 0.125"
+    line = format_console_line({"critic/score/mean": 0.5, "val-core/b/reward/mean@1": 0.5,
+                                "val-core/a/reward/mean@4": 0.25}, step=10)
+    assert line == "step 10 | score 0.5 | val-core/a/reward/mean@4 0.25 | val-core/b/reward/mean@1 0.5"

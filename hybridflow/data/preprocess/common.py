@@ -12,6 +12,11 @@ from hybridflow.data.files import write_parquet
 from hybridflow.errors import HybridflowError
 
 
+def script_prog(module_file: str) -> str:
+    """The usage line's name of a script: ``hybridflow preprocess NAME`` (the same script as ``python -m``)."""
+    return f"hybridflow preprocess {os.path.splitext(os.path.basename(module_file))[0]}"
+
+
 def add_output_args(parser: argparse.ArgumentParser) -> None:
     """``--local_save_dir`` (verl's flag) with ``--local_dir`` as an alias."""
     parser.add_argument(

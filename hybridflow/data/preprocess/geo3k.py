@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from hybridflow.data.files import require_columns
-from hybridflow.data.preprocess.common import add_output_args, run_main, write_splits
+from hybridflow.data.preprocess.common import add_output_args, run_main, script_prog, write_splits
 from hybridflow.data.preprocess.gsm8k import load_local
 from hybridflow.errors import DataError
 
@@ -56,7 +56,7 @@ def load_hub() -> dict[str, list[dict[str, Any]]]:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=script_prog(__file__), description=__doc__.splitlines()[0])
     parser.add_argument("--local_dataset_path", default=None,
                         help="local Geometry3K directory with train*/test* files (default: the hub)")
     add_output_args(parser)

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from hybridflow.data.files import SUPPORTED_SUFFIXES, read_rows, require_columns
-from hybridflow.data.preprocess.common import add_output_args, run_main, write_splits
+from hybridflow.data.preprocess.common import add_output_args, run_main, script_prog, write_splits
 from hybridflow.errors import DataError
 
 DATA_SOURCE = "openai/gsm8k"
@@ -98,7 +98,7 @@ def load_hub() -> dict[str, list[dict[str, Any]]]:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=script_prog(__file__), description=__doc__.splitlines()[0])
     parser.add_argument("--local_dataset_path", default=None, help="local GSM8K file or directory (default: the hub)")
     parser.add_argument(
         "--test_fraction", type=float, default=0.1, help="share of a single input file that becomes test"

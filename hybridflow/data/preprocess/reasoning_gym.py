@@ -24,7 +24,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from hybridflow.data.preprocess.common import add_output_args, run_main, write_splits
+from hybridflow.data.preprocess.common import add_output_args, run_main, script_prog, write_splits
 from hybridflow.errors import DataError
 
 CHECKED_TASKS = ("basic_arithmetic", "chain_sum", "gsm_symbolic", "countdown")
@@ -87,7 +87,7 @@ def drop_seen_questions(entries: list[dict[str, Any]], seen: set[str]) -> list[d
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=script_prog(__file__), description=__doc__.splitlines()[0])
     parser.add_argument("--task", required=True, help=f"reasoning-gym dataset name, e.g. {', '.join(CHECKED_TASKS)}")
     parser.add_argument("--size", type=int, required=True, help="train entries to generate")
     parser.add_argument(

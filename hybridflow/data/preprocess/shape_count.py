@@ -18,7 +18,7 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-from hybridflow.data.preprocess.common import add_output_args, run_main, write_splits
+from hybridflow.data.preprocess.common import add_output_args, run_main, script_prog, write_splits
 from hybridflow.data.vision import image_to_bytes
 from hybridflow.errors import DataError
 
@@ -74,7 +74,7 @@ def generate(*, size: int, seed: int, split: str, max_shapes: int = 5, image_siz
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=script_prog(__file__), description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=256, help="train rows")
     parser.add_argument("--test_size", type=int, default=32, help="test rows")
     parser.add_argument("--seed", type=int, default=0, help="train seed; test uses seed + size")

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from hybridflow.data.files import read_rows
-from hybridflow.data.preprocess.common import add_output_args, run_main, write_splits
+from hybridflow.data.preprocess.common import add_output_args, run_main, script_prog, write_splits
 from hybridflow.errors import DataError
 
 SOURCES = ("gsm8k", "reasoning_gym", "geo3k")
@@ -67,7 +67,7 @@ def source_splits(source_argv: list[str]) -> dict[str, list[dict[str, Any]]]:
 def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str]]:
     argv = list(argv) if argv is not None else __import__("sys").argv[1:]
     own, source = (argv[: argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=script_prog(__file__), description=__doc__.splitlines()[0])
     parser.add_argument("--tool", default="calc_gsm8k_reward", choices=sorted(SYSTEM_PROMPT),
                         help="the tool the system message offers (its ground truth goes in tools_kwargs)")
     parser.add_argument("--system_prompt", default=None,

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from hybridflow.data.files import read_rows
-from hybridflow.data.preprocess.common import add_output_args, run_main, write_splits
+from hybridflow.data.preprocess.common import add_output_args, run_main, script_prog, write_splits
 from hybridflow.errors import DataError
 
 # The instruction these traces answer: appended to a reasoning-gym prompt (the preprocess script's
@@ -91,7 +91,7 @@ def worked_row(row: dict[str, Any], *, index: int) -> dict[str, Any]:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=script_prog(__file__), description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", required=True, help="RL rows (parquet/jsonl) from the reasoning_gym script")
     parser.add_argument("--count", type=int, default=-1, help="traces of the first COUNT rows (-1 = all)")
     parser.add_argument("--split", default="train", help="name of the written file (SPLIT.parquet)")

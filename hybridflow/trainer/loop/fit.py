@@ -187,7 +187,13 @@ class PPORun:
 
 
 def train_and_report(loop: Loop, cfg) -> PPORun:
-    """Run a built loop to the end; print the summary and write the plots (every RL trainer's ending)."""
+    """Run a built loop to the end; print the summary and write the plots (every RL trainer's ending). The run
+    folder and the plots folder are said at the start and again at the end, where the user looks for them."""
+    run_dir = cfg.trainer.default_local_dir
+    plots_dir = os.path.join(run_dir, "plots")
+    every = cfg.trainer.save_freq
+    saving = f"a checkpoint every {every} steps" if every > 0 else f"no checkpoints: trainer.save_freq={every}"
+    print(f"hybridflow: run folder {run_dir} ({saving}); plots at the end in {plots_dir}", flush=True)
     try:
         last = loop.fit()
     finally:
@@ -195,8 +201,9 @@ def train_and_report(loop: Loop, cfg) -> PPORun:
     history = loop.tracking.history
     print(summary_table(history))
     if cfg.trainer.keep_best_checkpoint or cfg.trainer.early_stop_patience > 0:
-        print(loop.best.describe() + _best_folder(cfg.trainer.default_local_dir))
-    plots = plot_curves(history, os.path.join(cfg.trainer.default_local_dir, "plots"))
+        print(loop.best.describe() + _best_folder(run_dir))
+    plots = plot_curves(history, plots_dir)
+    print(f"hybridflow: run folder {run_dir}; plots in {plots_dir}", flush=True)
     return PPORun(history=history, last=last, steps=loop.global_step, plots=plots, resumed_from=loop.resumed_from)
 
 

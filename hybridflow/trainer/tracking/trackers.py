@@ -118,9 +118,11 @@ def _flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def format_console_line(metrics: Mapping[str, float], step: int) -> str:
-    """``step 3 | score 0.25 | resp_len 41.5 | ...``: the headline metrics that are present, 4 significant digits."""
+    """``step 3 | score 0.25 | resp_len 41.5 | ...``: the headline metrics that are present, 4 significant digits,
+    then every validation score under its full name, as verl prints it at each ``test_freq`` (step 0 included)."""
     parts = [f"step {step}"]
     parts += [f"{label} {metrics[key]:.4g}" for key, label in CONSOLE_METRICS if key in metrics]
+    parts += [f"{key} {value:.4g}" for key, value in sorted(metrics.items()) if key.startswith("val-core/")]
     return " | ".join(parts)
 
 
