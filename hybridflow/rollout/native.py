@@ -51,6 +51,7 @@ import torch
 
 from hybridflow.cpu import return_freed_memory
 from hybridflow.errors import RolloutError
+from hybridflow.models.vision import check_image_tokens
 from hybridflow.rollout.architectures import unsupported_reason
 from hybridflow.rollout.block_manager import BLOCK_SIZE, BlockAllocator, SequenceBlocks
 from hybridflow.rollout.cuda_graphs import DecodeGraphs
@@ -409,6 +410,19 @@ class NativeEngine:
         self._note_kv_bytes()
         self.decoder.rope_table(cache.max_len)
         self._graphs_for(cache).capture_all()
+
+    def admit(self, run: GenerationRun) -> None:
+        """The first half of one engine step (:class:`~hybridflow.rollout.request_queue.StepEngine`): :meth:`_admit`."""
+        self._admit(run)
+
+    def step(self, run: GenerationRun) -> None:
+        """The second half of one engine step: :meth:`_step` (one decode step over every live row)."""
+        self._step(run)
+
+    def check_prompt_images(self, prompt_ids: list[int]) -> None:
+        """A vision-language model's prompt given without images must hold no image tokens."""
+        if self.decoder.vision_language:
+            check_image_tokens(self.model, [], torch.tensor([list(prompt_ids)]))
 
     def _admit(self, run: GenerationRun) -> None:
         """Prefill waiting prompts and move their samples into the batch; a prompt is prefilled once for all its

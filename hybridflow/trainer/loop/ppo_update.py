@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from hybridflow.algos import (AdaptiveKLController, FixedKLController, advantage_spec, agg_loss, apply_kl_penalty,
-                             get_advantage)
+                             get_advantage, seq_norm_length)
 from hybridflow.algos.errors import AlgorithmError
 from hybridflow.algos.pf_ppo import pf_ppo_resample
 from hybridflow.algos.prime import dense_prm_rewards, dpo_accuracy
@@ -52,7 +52,6 @@ from hybridflow.data.batch import Batch
 from hybridflow.errors import HybridflowError
 from hybridflow.trainer.tracking.generations import batch_samples, dump_generations
 from hybridflow.trainer.loop.parts import Rollout, Run
-from hybridflow.trainer.roles.builders import seq_norm_length
 from hybridflow.trainer.tracking.metrics import Timer, agent_metrics, data_metrics, rollout_mismatch_metrics
 
 
@@ -97,7 +96,7 @@ def pre_update_entropy(entropy: torch.Tensor, response_mask: torch.Tensor, cfg) 
     loss is (``loss_agg_mode``; seq-mean-token-sum-norm divides by loss_scale_factor or max_response_length)."""
     actor = cfg.actor_rollout_ref.actor
     return agg_loss(loss_mat=entropy, loss_mask=response_mask, loss_agg_mode=actor.loss_agg_mode,
-                    max_response_length=seq_norm_length(actor, cfg.data.max_response_length)).item()
+                    max_response_length=seq_norm_length(actor.loss_scale_factor, cfg.data.max_response_length)).item()
 
 
 class PPOUpdate:

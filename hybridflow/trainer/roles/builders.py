@@ -15,7 +15,7 @@ import logging
 import torch
 
 from hybridflow.agents.manager import build_agent_loop_manager
-from hybridflow.algos import policy_loss_spec
+from hybridflow.algos import policy_loss_spec, seq_norm_length
 from hybridflow.config import config_value, reference_enabled
 from hybridflow.config.verl_versions import ACTOR, grad_clip_threshold
 from hybridflow.data.parallel import DataParallel
@@ -185,11 +185,6 @@ def update_schedule(section, *, rows_per_prompt: int, dp: DataParallel):
         max_token_len=section.ppo_max_token_len_per_gpu)
 
 
-def seq_norm_length(actor_cfg, max_response_length: int) -> int:
-    """seq-mean-token-sum-norm's divisor: ``loss_scale_factor`` when set, else the response length verl pads to."""
-    return actor_cfg.loss_scale_factor if actor_cfg.loss_scale_factor is not None else max_response_length
-
-
 def policy_objective(actor_cfg, *, rollout_correction, max_response_length: int, setting):
     """The actor's loss from its section's keys; verl's bypass mode (``algorithm.rollout_correction``)
     swaps in the loss that compares pi_theta with the engine's pi_rollout. The loss's own knobs are read
@@ -202,7 +197,7 @@ def policy_objective(actor_cfg, *, rollout_correction, max_response_length: int,
         loss_mode=loss_mode, knobs=knobs, loss_agg_mode=actor_cfg.loss_agg_mode, clip_ratio=actor_cfg.clip_ratio,
         clip_ratio_low=actor_cfg.clip_ratio_low, clip_ratio_high=actor_cfg.clip_ratio_high,
         clip_ratio_c=actor_cfg.clip_ratio_c,
-        norm_length=seq_norm_length(actor_cfg, max_response_length), entropy_coeff=actor_cfg.entropy_coeff,
+        norm_length=seq_norm_length(actor_cfg.loss_scale_factor, max_response_length), entropy_coeff=actor_cfg.entropy_coeff,
         calculate_entropy=actor_cfg.calculate_entropy, use_kl_loss=actor_cfg.use_kl_loss,
         kl_loss_coef=actor_cfg.kl_loss_coef, kl_loss_type=actor_cfg.kl_loss_type,
         # without a recompute pass the entropy metric comes from the training forward
