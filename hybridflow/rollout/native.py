@@ -53,19 +53,21 @@ from hybridflow.cpu import return_freed_memory
 from hybridflow.errors import RolloutError
 from hybridflow.models.vision import check_image_tokens
 from hybridflow.rollout.architectures import unsupported_reason
-from hybridflow.rollout.block_manager import BLOCK_SIZE, BlockAllocator, SequenceBlocks
+from hybridflow.rollout.block_manager import BLOCK_SIZE, BlockAllocator
 from hybridflow.rollout.cuda_graphs import DecodeGraphs
 from hybridflow.rollout.decoder import LlamaFamilyDecoder
-from hybridflow.rollout.generation_run import (GenerationRun, HostBlockTables, InFlightStep, PendingPrompt, Sequence,
+from hybridflow.rollout.generation_run import (GenerationRun, HostBlockTables, PendingPrompt, Sequence,
                                                StepClock)
-from hybridflow.rollout.kv_cache import MirroredCache, PagedKVCache, SlotMirror
+from hybridflow.rollout.kv_cache import PagedKVCache, SlotMirror
 from hybridflow.rollout.lanes import DecodeLanes
+from hybridflow.rollout.model_runner import ModelRunner
 from hybridflow.rollout.request_queue import RequestQueue
-from hybridflow.rollout.sampler import RowSampling, sample_tokens, seen_mask
+from hybridflow.rollout.scheduler import (admission_wave, blocks_for_next_writes, check_token_budget, chunk_end,
+                                         plan_prefill, share_prefills)
 from hybridflow.rollout.types import Completion, SamplingParams, validate_prompts
 from hybridflow.rollout.vision_prefill import Encoded, PromptImages, encode_prompt_images
 
-__all__ = ["GenerationRun", "NativeEngine", "PendingPrompt", "Sequence"]  # the run's records, re-exported
+__all__ = ["GenerationRun", "NativeEngine", "PendingPrompt", "Sequence", "check_token_budget", "chunk_end"]  # re-exported
 
 PREFILL_TOKEN_BUDGET = 4096
 """Most tokens of one engine step (chunked prefill) or one packed prefill pass (whole prompts) on CPU when
@@ -167,7 +169,8 @@ class NativeEngine:
         """Set by a benchmark: the runs opened afterwards time their steps' host gaps into it."""
         self.capture_sizes = cudagraph_capture_sizes
         self.gpu_memory_utilization = gpu_memory_utilization
-        self.graphs: DecodeGraphs | None = None
+        self.runner = ModelRunner(self.decoder, lanes=self.lanes, enforce_eager=self.enforce_eager,
+                                  capture_sizes=cudagraph_capture_sizes)
         self.open_runs: weakref.WeakSet[GenerationRun] = weakref.WeakSet()
         """The runs over the KV cache not closed yet (a ``generate``'s queue until it returns, an agent rollout's
         queue, a streaming session): :meth:`release_kv_cache` leaves the cache to them."""
@@ -179,6 +182,15 @@ class NativeEngine:
     @property
     def device(self) -> torch.device:
         return self.decoder.embed.device
+
+    @property
+    def graphs(self) -> DecodeGraphs | None:
+        """The runner's CUDA graphs over the current pool (``None`` until a step captures them)."""
+        return self.runner.graphs
+
+    @graphs.setter
+    def graphs(self, graphs: DecodeGraphs | None) -> None:
+        self.runner.graphs = graphs
 
     @property
     def token_budget(self) -> int:
@@ -382,23 +394,8 @@ class NativeEngine:
         return kv_blocks_within(budget=self.gpu_memory_utilization * total - max(in_use - own, 0), per_block=per_block,
                                 utilization=self.gpu_memory_utilization, total=total, max_len=max_len)
 
-    def _decode(self, *, token_ids: torch.Tensor, positions: torch.Tensor, block_tables: torch.Tensor,
-                context: int, cache: PagedKVCache | MirroredCache,
-                rope_positions: torch.Tensor | None = None) -> torch.Tensor:
-        """``[N, V]`` logits of one decode step: replayed from a CUDA graph, or run eagerly."""
-        if not self.triton_kernels:
-            return self.decoder.decode(token_ids=token_ids, positions=positions, cache=cache,
-                                       block_tables=block_tables, context=context, rope_positions=rope_positions)
-        if self.enforce_eager:
-            return self.decoder.decode(token_ids=token_ids, positions=positions, cache=self.cache,
-                                       block_tables=block_tables, rope_positions=rope_positions)
-        return self._graphs_for(self.cache)(token_ids=token_ids, positions=positions, block_tables=block_tables,
-                                            rope_positions=rope_positions)
-
     def _graphs_for(self, cache: PagedKVCache) -> DecodeGraphs:
-        if self.graphs is None or not self.graphs.valid_for(cache) or self.graphs.rows < self.max_num_seqs:
-            self.graphs = DecodeGraphs(self.decoder, cache, rows=self.max_num_seqs, capture_sizes=self.capture_sizes)
-        return self.graphs
+        return self.runner.graphs_for(cache, rows=self.max_num_seqs)
 
     def capture(self) -> None:
         """Allocate the KV cache at full size (``max_num_seqs`` x ``max_model_len``) and capture the CUDA graph
@@ -443,7 +440,7 @@ class NativeEngine:
                 if allowance <= 0:
                     return  # the step's budget is spent: the head's next chunk comes at the next step
                 self._prefill_admissible(run, allowance)
-            wave = self._admission_wave(run)
+            wave = admission_wave(run)
             if not wave:
                 if run.live or run.waiting[0].blocks is not None:
                     return  # the head waits for blocks running sequences free, or for its next chunk
@@ -455,15 +452,8 @@ class NativeEngine:
 
     def _join(self, run: GenerationRun, wave: list[tuple[PendingPrompt, int]]) -> None:
         """Sample the first token of every sample in ``wave`` from its prompt's last logits and add it to the batch."""
-        rows = RowSampling.of([pending.params for pending, count in wave for _ in range(count)],
-                              vocab_size=self.decoder.vocab_size, device=self.device)
-        logits = torch.cat([pending.first_logits[None].expand(count, -1) for pending, count in wave])
-        uniform = None if rows.all_greedy else run.wave_uniform(wave, device=self.device)
-        seen = seen_mask([pending.token_ids for pending, count in wave for _ in range(count)],
-                         vocab_size=self.decoder.vocab_size, device=self.device) if rows.needs_repetition_penalty else None
-        tokens, logprobs = sample_tokens(logits=logits, params=rows, uniform=uniform, seen=seen)
-        tokens, joined = tokens.tolist(), []
-        drawn = zip(tokens, logprobs.tolist())
+        tokens, logprobs = self.runner.sample_first_tokens(run, wave)
+        joined, drawn = [], zip(tokens, logprobs)
         for pending, count in wave:
             output_start = pending.params.n - pending.remaining
             for offset, (token, logprob) in zip(range(count), drawn):
@@ -478,114 +468,12 @@ class NativeEngine:
         run.mark_seen(joined, tokens)
         run.retire()
 
-    @staticmethod
-    def _admission_wave(run: GenerationRun) -> list[tuple[PendingPrompt, int]]:
-        """``(prompt, samples)`` taken from the front of the queue, in order, while rows are free and a block
-        is left for each sample's first write; a prompt whose samples do not all fit leads the next wave with
-        the rest. Stops at the first prompt whose prefill is not complete."""
-        free, spare, wave = run.max_num_seqs - len(run.live), run.allocator.available, []
-        spare = max(spare, 0 if run.live else 1)  # an empty batch always takes one: preemption makes room
-        while run.waiting and free > 0 and spare > 0 and run.waiting[0].ready:
-            pending = run.waiting[0]
-            count = min(pending.remaining, free, spare)
-            wave.append((pending, count))
-            free, spare = free - count, spare - count
-            if count < pending.remaining:
-                break
-            run.waiting.popleft()
-        return wave
-
     def _prefill_admissible(self, run: GenerationRun, allowance: float) -> None:
-        """Prefill the waiting prompts that get a row now, in queue order, while blocks for them (and a spare one
-        per sample) are left, spending at most ``allowance`` tokens with the decode tokens of the samples that join.
-
-        Whole prompts when ``allowance`` is infinite. With chunked prefill, one decode token is set aside first for
-        each sample that may join in this step without a prefill of its own (a prompt already prefilled, the same
-        prompt again), then each prompt gets what is left (:func:`chunk_end`): its last chunk only when its own
-        samples' decode tokens fit too."""
-        admissible, free = [], run.max_num_seqs - len(run.live)
-        for pending in run.waiting:
-            if free <= 0:
-                break
-            admissible.append((pending, min(pending.remaining, free)))
-            free -= pending.remaining
-        spent, first_of = 0, {}  # a prompt being prefilled, by its tokens: a copy of it waits for its prefill
-        for pending, joining in admissible:
-            first = pending if pending.ready else first_of.setdefault(tuple(pending.key_ids), pending)
-            spent += joining if first is not pending or pending.ready else 0
-        chunks = []
-        for pending, joining in admissible:
-            if spent >= allowance:
-                break
-            if pending.ready or first_of[tuple(pending.key_ids)] is not pending:
-                continue
-            if pending.blocks is None and not self._reserve_prompt(run, pending):
-                break
-            end = chunk_end(pending, allowance - spent, joining)
-            if end == pending.prefilled:
-                break
-            chunks.append((pending, pending.prefilled, end))
-            spent += end - pending.prefilled + (joining if end == len(pending.token_ids) else 0)
-        self._prefill(run, chunks)
-        # A copy shares a prefill that was under way at this call; a prompt already prefilled is nobody's first (a
-        # copy of it prefills itself, from the prefix cache if named), so a fork dropped to free blocks for the
-        # head is never made again at the next call, which would loop.
-        for pending, _ in admissible:
-            first = first_of.get(tuple(pending.key_ids), pending)
-            if first is not pending and first.ready and pending.blocks is None:
-                pending.blocks, pending.first_logits = first.blocks.fork(), first.first_logits
-                pending.prefilled = first.prefilled
-
-    @staticmethod
-    def _reserve_prompt(run: GenerationRun, pending: PendingPrompt) -> bool:
-        """Blocks for all of ``pending``'s tokens (its cached prefix reused, and counted as prefilled), and a spare
-        one for its first sample's first write unless nothing runs (then the prompt alone must fit); whether they
-        were left."""
-        reserved = SequenceBlocks.for_prompt(run.allocator, pending.key_ids, reserve=1 if run.live else 0)
-        if reserved is None:
-            return False
-        pending.blocks, pending.prefilled = reserved
-        return True
-
-    def _prefill(self, run: GenerationRun, chunks: list[tuple[PendingPrompt, int, int]]) -> None:
-        """Compute each chunk ``(prompt, start, end)`` in packed passes of at most :attr:`token_budget` tokens (a
-        longer chunk alone); with chunked prefill the chunks of a step fit one pass. Where the decoder has the
-        varlen FlashAttention prefill (CUDA, half precision), chunks that start at position 0 get passes of their
-        own: a pass with any earlier prefix to attend to (a later chunk, a prefix-cache hit) runs SDPA per prompt."""
-        groups = [chunks]
-        if self.decoder.varlen_prefill:
-            groups = [[c for c in chunks if c[1] == 0], [c for c in chunks if c[1] > 0]]
-        for group in groups:
-            batch, tokens = [], 0
-            for chunk in group:
-                width = chunk[2] - chunk[1]
-                if batch and tokens + width > self.token_budget:
-                    self._prefill_pass(run, batch)
-                    batch, tokens = [], 0
-                batch.append(chunk)
-                tokens += width
-            if batch:
-                self._prefill_pass(run, batch)
-
-    def _prefill_pass(self, run: GenerationRun, batch: list[tuple[PendingPrompt, int, int]]) -> None:
-        """One packed pass over positions ``start .. end - 1`` of each prompt, each attending to its first ``start``
-        positions through its blocks (a cached prefix or earlier chunks): store the new keys and values, name the
-        full blocks for later reuse, and keep a finished prompt's last logits."""
-        cache = run.cache
-        prompts = [torch.tensor(p.token_ids[start:end], dtype=torch.long, device=self.device)
-                   for p, start, end in batch]
-        computed = [cache.prefix(p.blocks.blocks, start) if start else None for p, start, _ in batch]
-        images = [None if p.images is None else p.images.chunk(start, end) for p, start, end in batch]
-        vision = {"images": images} if any(image is not None for image in images) else {}
-        for (pending, start, end), (logits, kv) in zip(batch, self.decoder.prefill_many(prompts, computed=computed,
-                                                                                        **vision)):
-            cache.write_prompt(pending.blocks.blocks, kv, start=start)
-            pending.blocks.name_full_blocks(pending.key_ids, end)
-            pending.prefilled = end
-            if end == len(pending.token_ids):
-                pending.first_logits = logits
-        run.step_prefill += sum(end - start for _, start, end in batch)
-        run.peak_step_tokens = max(run.peak_step_tokens, run.step_prefill)
+        """Plan the prefill of the prompts that get a row now (:func:`~hybridflow.rollout.scheduler.plan_prefill`),
+        run it, and let copies of a prompt share its prefill."""
+        plan = plan_prefill(run, allowance)
+        self.runner.prefill(run, plan.chunks, token_budget=self.token_budget)
+        share_prefills(plan)
 
     def _step(self, run: GenerationRun) -> None:
         """One decode step over every live sequence (in lanes on CPU when there are enough of them).
@@ -597,11 +485,11 @@ class NativeEngine:
         that the step in flight ends by length is decoded as padding (:meth:`GenerationRun.ended_ahead`); a step
         whose every row ends lands at once (nothing could follow it)."""
         previous = run.in_flight
-        if previous is not None and not self._blocks_for_next_writes(run):
+        if previous is not None and not blocks_for_next_writes(run):
             run.land_in_flight()
             previous = None
         run.make_writable()  # no preemption with a step in flight: checked above
-        launched = self._launch(run) if not all(run.ended_ahead(s) for s in run.live) else None
+        launched = self.runner.launch(run, self.cache, rows=self.max_num_seqs) if not all(run.ended_ahead(s) for s in run.live) else None
         run.in_flight = None
         if previous is not None:
             run.land(previous)
@@ -612,45 +500,6 @@ class NativeEngine:
         else:
             run.land(launched)
 
-    @staticmethod
-    def _blocks_for_next_writes(run: GenerationRun) -> bool:
-        """Whether a free block is left for every live row whose next write needs one (a new block, or its own copy
-        of a shared one), so that no row is preempted while a step is in flight."""
-        needed = sum(s.blocks.needs_block(s.position) for s in run.live if not run.ended_ahead(s))
-        return needed <= run.allocator.available
-
-    def _launch(self, run: GenerationRun) -> InFlightStep:
-        """Launch the decode step of the live rows (their next writes made room for) and start reading it back."""
-        count = len(run.live)
-        run.step_decode = count
-        run.peak_step_tokens = max(run.peak_step_tokens, run.step_prefill + count)
-        rows = run.row_sampling(vocab_size=self.decoder.vocab_size, device=self.device)
-        # Drawn here for the whole batch, so the draws do not depend on how it is split.
-        uniform = None if rows.all_greedy else run.step_uniform(device=self.device)
-        positions = run.step_positions()
-        inputs = run.step_inputs(positions, device=self.device)
-        # Only a vision-language model's rows can rotate elsewhere: a text model's step never looks.
-        rope_positions = run.rope_positions(positions, device=self.device) if self.decoder.vision_language else None
-        if self.lanes is None:
-            tokens, logprobs = self._decode_rows(run, (*inputs, rope_positions), positions, 0, count, rows, uniform)
-        else:
-            parts = self.lanes.run(lambda start, stop: self._decode_rows(run, (*inputs, rope_positions), positions,
-                                                                         start, stop, rows, uniform), count)
-            tokens, logprobs = (torch.cat(columns) for columns in zip(*parts))
-        return run.launched(tokens, logprobs)
-
-    def _decode_rows(self, run: GenerationRun, inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None],
-                     positions: list[int], start: int, stop: int, rows: RowSampling, uniform: torch.Tensor | None):
-        """Decode and sample live rows ``start .. stop - 1``; returns ``(tokens, logprobs)``."""
-        token_ids, position_ids, block_tables, rope_positions = (
-            None if tensor is None else tensor[start:stop] for tensor in inputs)
-        cache = self.cache if run.mirror is None else MirroredCache(self.cache, run.mirror, start)
-        logits = self._decode(token_ids=token_ids, positions=position_ids, block_tables=block_tables,
-                              context=max(positions[start:stop]) + 1, cache=cache, rope_positions=rope_positions)
-        seen = run.seen.rows([s.row for s in run.live[start:stop]]) if rows.needs_repetition_penalty else None
-        return sample_tokens(logits=logits, params=rows.slice(start, stop),
-                             uniform=None if uniform is None else uniform[start:stop], seen=seen)
-
 
 _ENGINES: weakref.WeakSet[NativeEngine] = weakref.WeakSet()
 
@@ -658,28 +507,6 @@ _ENGINES: weakref.WeakSet[NativeEngine] = weakref.WeakSet()
 def live_engines() -> list[NativeEngine]:
     """This process's native engines (a benchmark reads their KV cache bytes phase by phase)."""
     return list(_ENGINES)
-
-
-def chunk_end(pending: PendingPrompt, left: float, joining: int) -> int:
-    """Where ``pending``'s next prefill chunk ends when the step has ``left`` tokens to spend: after its last token
-    when the rest of it and one decode token for each of its ``joining`` samples fit (they join in this step), else
-    as far as ``left`` reaches short of its last token (its samples join at a later step)."""
-    total, rest = len(pending.token_ids), len(pending.token_ids) - pending.prefilled
-    if rest + joining <= left:
-        return total
-    return pending.prefilled + int(min(rest - 1, left))
-
-
-def check_token_budget(budget, *, max_num_seqs: int, chunked: bool) -> None:
-    """Refuse, in one line naming the fix, a token budget the scheduler cannot work with."""
-    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
-        raise RolloutError(f"max_num_batched_tokens={budget!r} is not a positive number of tokens; set "
-                           "rollout.max_num_batched_tokens to a positive integer (verl's default is 8192)")
-    if chunked and budget <= max_num_seqs:
-        raise RolloutError(f"max_num_batched_tokens={budget} must exceed max_num_seqs={max_num_seqs} with chunked "
-                           "prefill (each live row decodes one token a step and prefill takes what is left): raise "
-                           "rollout.max_num_batched_tokens, lower rollout.max_num_seqs, or set "
-                           "rollout.enable_chunked_prefill=False")
 
 
 def params_per_prompt(params: SamplingParams | list[SamplingParams], prompts: int) -> list[SamplingParams]:
