@@ -174,9 +174,9 @@ ROLLOUT_LAYERS = [
     {"types", "optional", "host_copy", "sleep", "lanes", "weights", "architectures", "block_manager", "cuda_graphs",
      "triton_attention", "triton_fused", "triton_moe", "triton_sampling", "cpu_kernels", "cpu_attention", "cpu_fused",
      "attention_variants", "packed_linear", "moe", "vision_prefill", "stopping", "kv_cache", "sampler", "config"},
-    {"decoder"},                       # the native engine's model forward
+    {"decoder", "weight_packing", "packed_prefill", "rotary"},  # the native engine's model forward
     {"generation_run", "scheduler"},   # a run's state, and the plan of one step over it
-    {"model_runner", "request_queue"},  # executing a plan; requests over any engine that steps
+    {"model_runner", "kv_pool", "request_queue"},  # executing a plan, its KV memory; requests over an engine
     {"native", "hf", "vllm", "sglang"},  # the engines
     {"streaming", "engine"},           # sessions over an engine; the registry of engines
 ]

@@ -132,6 +132,10 @@ class ModelRunner:
         return self.graphs_for(pool, rows=rows)(token_ids=token_ids, positions=positions, block_tables=block_tables,
                                                 rope_positions=rope_positions)
 
+    def drop_graphs(self) -> None:
+        """Forget the CUDA graphs (they read the old pool's addresses: the pool is about to be replaced)."""
+        self.graphs = None
+
     def graphs_for(self, cache: PagedKVCache, *, rows: int) -> DecodeGraphs:
         """The CUDA graphs over ``cache`` for up to ``rows`` rows (captured again when the pool or weights changed)."""
         if self.graphs is None or not self.graphs.valid_for(cache) or self.graphs.rows < rows:
