@@ -174,52 +174,6 @@ def split_placement(cfg: Any) -> bool:
     return cfg.rollout.n_gpus_per_node > 0
 
 
-SERVER_ENGINES = ("vllm", "sglang")
-"""verl's fully async YAML turns partial_rollout on with these; here they cannot pause, so it is off, said once."""
-
-
-def partial_rollout_blocker(cfg: Any) -> str | None:
-    """Why ``async_training.partial_rollout`` cannot act in this run, or None where it can (the native engine,
-    single-turn, in this process or in a rollout pool of its own)."""
-    rollout = cfg.actor_rollout_ref.rollout
-    if rollout.name != "native" or rollout.multi_turn.enable:
-        return f"the {rollout.name} engine{' in multi-turn' if rollout.multi_turn.enable else ''} cannot pause"
-    if cfg.trainer.backend != "local" and not split_placement(cfg):
-        return "on Ray only a rollout pool of its own (rollout.n_gpus_per_node > 0) takes a sync mid-generate"
-    return None
-
-
-def partial_rollout_problems(cfg: Any) -> list[str]:
-    """``partial_rollout=True`` where it cannot act is refused before anything loads, except with vLLM / SGLang:
-    verl's fully async recipes turn it on with them (its YAML's default), so there it is off with a warning."""
-    blocker = partial_rollout_blocker(cfg) if cfg.async_training.partial_rollout else None
-    if blocker is None or cfg.actor_rollout_ref.rollout.name in SERVER_ENGINES:
-        return []
-    return [f"async_training.partial_rollout=True cannot act here ({blocker}): use rollout.name=native single-turn "
-            "(on Ray with rollout.n_gpus_per_node > 0), or set async_training.partial_rollout=False"]
-
-
-def partial_rollouts(cfg: Any) -> bool:
-    """``async_training.partial_rollout`` where it can act: the native engine pauses single-turn sequences at a
-    weight sync, in this process or in a rollout pool of its own. With vLLM / SGLang (verl's async recipes turn it
-    on by default) it warns once and in-flight sequences finish with the weights they started with; elsewhere
-    :func:`partial_rollout_problems` refused it before loading."""
-    if not cfg.async_training.partial_rollout:
-        return False
-    reason = partial_rollout_blocker(cfg)
-    if reason is None:
-        return True
-    if reason not in _PARTIAL_WARNED:
-        _PARTIAL_WARNED.add(reason)
-        logger.warning("hybridflow: warning: async_training.partial_rollout=True has no effect here (%s): sequences in "
-                       "flight at a weight sync finish with the weights they started with (native single-turn "
-                       "engine needed)", reason)
-    return False
-
-
-_PARTIAL_WARNED: set[str] = set()
-
-
 def _check_algorithm(problems: list[str], cfg: Any) -> None:
     algo, actor = cfg.algorithm, cfg.actor_rollout_ref.actor
     if estimator_spec(algo.adv_estimator).needs_values and cfg.critic.enable is False:

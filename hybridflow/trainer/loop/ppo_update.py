@@ -40,8 +40,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from hybridflow.algos import (AdaptiveKLController, FixedKLController, advantage_spec, agg_loss, apply_kl_penalty,
-                             get_advantage, seq_norm_length)
+from hybridflow.algos import (advantage_spec, agg_loss, apply_kl_penalty, build_kl_controller, get_advantage,
+                             seq_norm_length)
 from hybridflow.algos.errors import AlgorithmError
 from hybridflow.algos.pf_ppo import pf_ppo_resample
 from hybridflow.algos.prime import dense_prm_rewards, dpo_accuracy
@@ -55,12 +55,10 @@ from hybridflow.trainer.loop.parts import Rollout, Run
 from hybridflow.trainer.tracking.metrics import Timer, agent_metrics, data_metrics, rollout_mismatch_metrics
 
 
-def build_kl_controller(kl_ctrl_cfg):
-    """Fixed or adaptive (Ziegler et al. 2019) coefficient of the in-reward KL penalty."""
-    if kl_ctrl_cfg.type == "adaptive":
-        return AdaptiveKLController(init_kl_coef=kl_ctrl_cfg.kl_coef, target_kl=kl_ctrl_cfg.target_kl,
-                                    horizon=kl_ctrl_cfg.horizon)
-    return FixedKLController(kl_coef=kl_ctrl_cfg.kl_coef)
+def kl_controller(kl_ctrl_cfg):
+    """The in-reward KL penalty's coefficient controller that ``algorithm.kl_ctrl`` names (algos' registry)."""
+    return build_kl_controller(kl_ctrl_cfg.type, kl_coef=kl_ctrl_cfg.kl_coef, target_kl=kl_ctrl_cfg.target_kl,
+                               horizon=kl_ctrl_cfg.horizon)
 
 
 def balance_over_shards(batch: Batch, *, group) -> dict[str, float]:
@@ -106,7 +104,7 @@ class PPOUpdate:
         self.run, self.cfg, self.w = run, run.cfg, run.workers
         self.device, self.tokenizer = run.device, run.tokenizer
         self.rollout_cfg = run.cfg.actor_rollout_ref.rollout
-        self.kl_ctrl = build_kl_controller(run.cfg.algorithm.kl_ctrl)
+        self.kl_ctrl = kl_controller(run.cfg.algorithm.kl_ctrl)
         self.behaviour_as_old = behaviour_as_old
 
     def train(self, rollout: Rollout, *, step: int, timer: Timer, metrics: dict) -> tuple[Batch, bool]:
