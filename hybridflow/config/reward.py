@@ -237,3 +237,19 @@ class CustomRewardFunctionConfig:
     """Function name inside the file."""
     reward_kwargs: Dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments bound to the scoring function (verl's key), built-in scorers included."""
+
+
+SANDBOX_MIN_MEMORY_MB = 24
+"""The smallest address-space limit under which the sandbox's Python starts, with a margin (measured with the
+harness under ``python -I -S``: ``print(sum(range(10)))`` runs at 16 MB, at 12 MB the imports raise MemoryError):
+below it every code sample would score 0."""
+
+
+def sandbox_problems(sandbox: Any) -> list[str]:
+    """The checks of ``reward_model.sandbox_fusion``."""
+    problems: list[str] = []
+    if sandbox.memory_limit_mb < SANDBOX_MIN_MEMORY_MB:
+        problems.append(f"reward_model.sandbox_fusion.memory_limit_mb={sandbox.memory_limit_mb} is too small for a "
+                        f"Python program to start (at least {SANDBOX_MIN_MEMORY_MB}; the default is 1024): every code "
+                        "sample would score 0")
+    return problems

@@ -4,10 +4,13 @@ Part of the PPO trainer's schema (:class:`hybridflow.config.ppo.PPOConfig`); eac
 documentation, and ``ppo_trainer.yaml`` is generated from them.
 """
 
+import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from omegaconf import II
+
+from hybridflow.config.checks import check_choice, check_positive
 
 
 @dataclass
@@ -196,3 +199,26 @@ class RolloutConfig:
     """Multi-turn rollouts with tools and simulated users."""
     agent: AgentLoopConfig = field(default_factory=AgentLoopConfig)
     """Agent-loop selection."""
+
+
+def multi_turn_problems(multi_turn: Any) -> list[str]:
+    """The checks of ``actor_rollout_ref.rollout.multi_turn``."""
+    problems: list[str] = []
+    key = "actor_rollout_ref.rollout.multi_turn"
+    check_choice(problems, f"{key}.tool_response_truncate_side", multi_turn.tool_response_truncate_side,
+                  ("left", "right", "middle"))
+    check_choice(problems, f"{key}.tokenization_sanity_check_mode", multi_turn.tokenization_sanity_check_mode,
+                  ("strict", "ignore_strippable", "disable"))
+    check_positive(problems, f"{key}.max_parallel_calls", multi_turn.max_parallel_calls)
+    check_positive(problems, f"{key}.max_tool_response_length", multi_turn.max_tool_response_length)
+    if multi_turn.use_inference_chat_template:
+        problems.append(f"{key}.use_inference_chat_template=True is not supported: the context keeps the generated "
+                        "ids as generated; set it to False")
+    for name in ("tool_config_path", "interaction_config_path"):
+        path = getattr(multi_turn, name)
+        if path and not os.path.isfile(os.path.expanduser(str(path))):
+            problems.append(f"{key}.{name}: file '{path}' does not exist")
+    if (multi_turn.tool_config_path or multi_turn.interaction_config_path) and not multi_turn.enable:
+        problems.append(f"{key}.tool_config_path / interaction_config_path are set but {key}.enable=False: "
+                        "set enable=True to run the tool agent")
+    return problems

@@ -7,6 +7,8 @@ documentation, and ``ppo_trainer.yaml`` is generated from them.
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
+from hybridflow.config.checks import check_choice, check_output_folder, check_positive
+
 
 @dataclass
 class TrainerConfig:
@@ -157,3 +159,22 @@ class AsyncRolloutConfig:
     """Rollout processes per node in their own pool (verl's split placement of the one-step-off and fully async
     recipes; GPUs on a GPU cluster, processes on CPU); 0 = the rollout runs inside the training processes (the
     hybrid engine). Needs trainer.backend=ray; weights go actor rank 0 -> driver -> every rollout rank."""
+
+
+RESUME_MODES = ("auto", "disable", "resume_path")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def trainer_problems(trainer: Any) -> list[str]:
+    """The checks of ``trainer.*`` that need no other section."""
+    problems: list[str] = []
+    check_choice(problems, "trainer.resume_mode", trainer.resume_mode, RESUME_MODES)
+    check_choice(problems, "trainer.device", trainer.device, DEVICES)
+    check_choice(problems, "trainer.backend", trainer.backend, ("local", "ray"))
+    if trainer.resume_mode == "resume_path" and not trainer.resume_from_path:
+        problems.append("trainer.resume_mode=resume_path needs trainer.resume_from_path=.../global_step_N")
+    check_output_folder(problems, "trainer.default_local_dir", trainer.default_local_dir)
+    if trainer.total_training_steps is not None:
+        check_positive(problems, "trainer.total_training_steps", trainer.total_training_steps)
+    check_positive(problems, "trainer.total_epochs", trainer.total_epochs)
+    return problems
