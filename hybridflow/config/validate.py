@@ -13,7 +13,7 @@ import math
 import os
 from typing import Any
 
-from hybridflow.algos.registry import AdvantageSpec, UnknownAlgorithmError, advantage_spec
+from hybridflow.algos.registry import AdvantageSpec, UnknownAlgorithmError, advantage_spec, list_kl_controllers
 from hybridflow.config.checks import check_choice as _check_choice
 from hybridflow.config.checks import check_output_folder as _check_output_folder
 from hybridflow.config.checks import check_positive as _check_positive
@@ -28,7 +28,6 @@ from hybridflow.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 TRUNCATION_MODES = ("error", "left", "right", "middle")
-KL_CTRL_TYPES = ("fixed", "adaptive")
 
 
 def as_list(value: Any) -> list:
@@ -175,7 +174,7 @@ def _check_algorithm(problems: list[str], cfg: Any) -> None:
                         "enable the critic or pick a critic-free estimator such as grpo")
     if critic_enabled(cfg) and cfg.critic.model.path in (None, ""):
         problems.append(f"critic.model.path is not set (it is needed because adv_estimator={algo.adv_estimator})")
-    _check_choice(problems, "algorithm.kl_ctrl.type", algo.kl_ctrl.type, KL_CTRL_TYPES)
+    _check_choice(problems, "algorithm.kl_ctrl.type", algo.kl_ctrl.type, tuple(list_kl_controllers()))
     if algo.filter_groups.enable and not algo.filter_groups.metric:
         problems.append("algorithm.filter_groups.enable=True needs algorithm.filter_groups.metric (acc, score or seq_reward)")
     _check_gen_batch_size(problems, cfg)
