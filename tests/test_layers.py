@@ -143,3 +143,78 @@ def test_no_module_imports_itself_through_others():
     graph = {name: module_imports(path, set(files)) - {name} for name, path in files.items()}
     assert import_cycles(graph) == []
     assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]  # the finder works
+
+
+def package_graph(*, annotations: bool) -> dict[str, set[str]]:
+    """hybridflow's module import graph (``hybridflow.x.y`` -> the modules it imports), lazy imports included and,
+    with ``annotations``, the ones under ``if TYPE_CHECKING:`` too."""
+    files = {".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__"): path
+             for path in PACKAGE.rglob("*.py")}
+    graph = {}
+    for name, path in files.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                named = {f"{node.module}.{alias.name}" for alias in node.names}
+                found |= named if named <= set(files) else {node.module}
+        graph[name] = (found & set(files) if annotations else module_imports(path, set(files))) - {name}
+    return graph
+
+
+def test_no_import_circle_even_through_annotations():
+    """Issue 57: not even a type annotation closes a circle (the request queue knows its engine through the
+    ``StepEngine`` protocol, the segment layout has a module of its own)."""
+    assert import_cycles(package_graph(annotations=True)) == []
+
+
+ROLLOUT_LAYERS = [
+    # records, kernels and the pieces the engines are built of
+    {"types", "optional", "host_copy", "sleep", "lanes", "weights", "architectures", "block_manager", "cuda_graphs",
+     "triton_attention", "triton_fused", "triton_moe", "triton_sampling", "cpu_kernels", "cpu_attention", "cpu_fused",
+     "attention_variants", "packed_linear", "moe", "vision_prefill", "stopping", "kv_cache", "sampler", "config"},
+    {"decoder", "weight_packing", "packed_prefill", "rotary"},  # the native engine's model forward
+    {"generation_run", "scheduler"},   # a run's state, and the plan of one step over it
+    {"model_runner", "kv_pool", "request_queue"},  # executing a plan, its KV memory; requests over an engine
+    {"native", "hf", "vllm", "sglang"},  # the engines
+    {"streaming", "engine"},           # sessions over an engine; the registry of engines
+]
+TRAINER_LAYERS = [
+    {"tracking", "sft"},
+    {"checkpoints", "entry"},
+    {"loop"},
+    {"roles"},
+    {"main_ppo", "main_dapo", "main_prime", "main_fully_async", "main_one_step_off", "main_spin", "main_sppo", "demo",
+     "sft_trainer", "fsdp_sft_trainer"},
+]
+"""The sub-layers inside rollout/ and trainer/ (by module or sub-package), bottom first: a module imports only
+its own layer and those below it."""
+
+
+def sub_layer_violations(package: str, layers: list[set[str]]) -> dict[str, list[str]]:
+    rank = {name: index for index, layer in enumerate(layers) for name in layer}
+    prefix = f"hybridflow.{package}."
+
+    def layer_of(module: str) -> int:
+        part = module.removeprefix(prefix).split(".")[0]
+        assert part in rank, f"{module} is in no sub-layer of {package}/: add it to the test's table"
+        return rank[part]
+
+    graph = package_graph(annotations=True)
+    return {name: sorted(target for target in graph[name] if target.startswith(prefix)
+                         and layer_of(target) > layer_of(name))
+            for name in graph if name.startswith(prefix) and any(
+                target.startswith(prefix) and layer_of(target) > layer_of(name) for target in graph[name])}
+
+
+@pytest.mark.parametrize("package,layers", [("rollout", ROLLOUT_LAYERS), ("trainer", TRAINER_LAYERS)])
+def test_no_module_imports_a_sub_layer_above_its_own(package, layers):
+    assert sub_layer_violations(package, layers) == {}
+
+
+def test_the_sub_layer_check_sees_an_upward_import():
+    assert sub_layer_violations("trainer", [{"tracking", "sft", "checkpoints", "entry", "roles"}, {"loop"},
+                                            {"main_ppo", "main_dapo", "main_prime", "main_fully_async",
+                                             "main_one_step_off", "main_spin", "main_sppo", "demo", "sft_trainer",
+                                             "fsdp_sft_trainer"}])  # roles.assembly imports loop.fit

@@ -36,6 +36,7 @@ import torch
 
 from hybridflow.errors import RolloutError
 from hybridflow.rollout import Completion, SamplingParams
+from hybridflow.rollout.engine import capabilities_of, image_encoder
 from hybridflow.rollout.native import NativeEngine
 from hybridflow.rollout.request_queue import RequestQueue
 from hybridflow.tools.bounded import calls_in_flight
@@ -68,7 +69,7 @@ class TurnGenerator:
                  conversations: int | None = None):
         self.engine = engine
         self.params = params
-        if isinstance(engine, NativeEngine):
+        if capabilities_of(engine).steps:
             self.turns = QueuedTurns(engine, params, max_len=max_len, conversations=conversations)
         else:
             self.turns = BatchedTurns(engine, params)
@@ -116,7 +117,7 @@ class QueuedTurns:
 
     def encoded(self, prompt_ids: list[int], images: dict):
         """The engine's encoding of a turn's images (its vision tower's, spliced into the prefill)."""
-        encode = getattr(self.queue.engine, "encode_images", None)
+        encode = image_encoder(self.queue.engine)
         if encode is None:
             raise RolloutError(f"{type(self.queue.engine).__name__} cannot decode a conversation with images (it "
                                "has no encode_images): run the vision-language policy with rollout.name=hf")
@@ -214,7 +215,7 @@ class BatchedTurns:
         prompts = [request.prompt_ids for request in batch]
         images = [request.images for request in batch]
         kwargs = {"multi_modal_inputs": images} if any(x is not None for x in images) else {}
-        if getattr(self.engine, "takes_params_per_prompt", False):
+        if capabilities_of(self.engine).params_per_prompt:
             params = [replace(self.params, n=1, max_tokens=request.max_tokens, seed=seed) for request in batch]
         else:
             params = replace(self.params, n=1, max_tokens=max(request.max_tokens for request in batch), seed=seed)

@@ -8,10 +8,10 @@ and papers.
 
 from hybridflow.algos import advantages as _advantages  # noqa: F401  (registers estimators)
 from hybridflow.algos import policy_losses as _policy_losses  # noqa: F401  (registers losses)
-from hybridflow.algos.agg import agg_loss, list_loss_agg_modes
+from hybridflow.algos.agg import agg_loss, list_loss_agg_modes, seq_norm_length
 from hybridflow.algos.errors import AlgorithmError, UnknownAlgorithmError
 from hybridflow.algos.kl import kl_penalty, list_kl_penalties
-from hybridflow.algos.kl_controllers import AdaptiveKLController, FixedKLController
+from hybridflow.algos.kl_controllers import AdaptiveKLController, FixedKLController, build_kl_controller
 from hybridflow.algos.kl_reward import apply_kl_penalty
 from hybridflow.algos.logprob import entropy_from_logits, logprobs_from_logits
 from hybridflow.algos.overlong import overlong_penalty
@@ -33,6 +33,7 @@ __all__ = [
     "AdaptiveKLController",
     "AlgorithmError",
     "FixedKLController",
+    "build_kl_controller",
     "UnknownAlgorithmError",
     "agg_loss",
     "apply_kl_penalty",
@@ -46,6 +47,7 @@ __all__ = [
     "list_advantages",
     "list_kl_penalties",
     "list_loss_agg_modes",
+    "seq_norm_length",
     "list_policy_losses",
     "logprobs_from_logits",
     "masked_mean",

@@ -109,3 +109,8 @@ def agg_loss(
         max_response_length=max_response_length,
         loss_scale_factor=loss_scale_factor,
     )
+
+
+def seq_norm_length(loss_scale_factor: int | None, max_response_length: int) -> int:
+    """seq-mean-token-sum-norm's divisor: ``loss_scale_factor`` when set, else the response length verl pads to."""
+    return loss_scale_factor if loss_scale_factor is not None else max_response_length

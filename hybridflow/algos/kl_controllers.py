@@ -42,3 +42,19 @@ class AdaptiveKLController:
         error = current_kl / self.target_kl - 1
         error = min(max(error, -_MAX_PROPORTIONAL_ERROR), _MAX_PROPORTIONAL_ERROR)
         self.value *= 1 + error * n_steps / self.horizon
+
+
+KL_CONTROLLERS = {
+    "fixed": lambda *, kl_coef, target_kl, horizon: FixedKLController(kl_coef=kl_coef),
+    "adaptive": lambda *, kl_coef, target_kl, horizon: AdaptiveKLController(init_kl_coef=kl_coef, target_kl=target_kl,
+                                                                             horizon=horizon),
+}
+"""``algorithm.kl_ctrl.type`` -> its controller's builder."""
+
+
+def build_kl_controller(kind: str, *, kl_coef: float, target_kl: float, horizon: float):
+    """The controller ``algorithm.kl_ctrl.type`` names, fixed or adaptive (Ziegler et al. 2019)."""
+    if kind not in KL_CONTROLLERS:
+        raise AlgorithmError(f"algorithm.kl_ctrl.type={kind!r} is not one of {', '.join(KL_CONTROLLERS)}")
+    return KL_CONTROLLERS[kind](kl_coef=kl_coef, target_kl=target_kl, horizon=horizon)
+

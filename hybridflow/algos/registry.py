@@ -213,3 +213,11 @@ def get_policy_loss(name: str) -> Callable:
 
 def list_policy_losses() -> list[str]:
     return POLICY_LOSSES.names()
+
+
+def list_kl_controllers() -> list[str]:
+    """``algorithm.kl_ctrl.type`` values (:data:`hybridflow.algos.kl_controllers.KL_CONTROLLERS`)."""
+    from hybridflow.algos.kl_controllers import KL_CONTROLLERS
+
+    return list(KL_CONTROLLERS)
+

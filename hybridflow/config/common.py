@@ -4,6 +4,7 @@ Every field carries a docstring right under it: ``hybridflow config show --doc``
 generated YAML files print them, and unknown-key errors suggest the nearest field.
 """
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
@@ -101,3 +102,34 @@ class CheckpointContentsConfig:
     """What to restore on resume; null means the same as save_contents."""
     async_save: bool = False
     """Compatibility-only, no effect (see compat.py)."""
+
+
+LR_SCHEDULES = ("constant", "cosine")
+
+
+def optim_problems(key: str, optim: Any) -> list[str]:
+    """AdamW and schedule settings that torch would only reject after the model has loaded (a NaN or infinite
+    learning rate it takes silently, and every weight becomes NaN at the first step)."""
+    problems: list[str] = []
+    if not 0 <= optim.lr < math.inf:
+        problems.append(f"{key}.lr={optim.lr} must be a finite number >= 0 (a typical RL learning rate is 1e-6)")
+    if optim.eps < 0:
+        problems.append(f"{key}.eps={optim.eps} must be >= 0 (AdamW's default is 1e-8)")
+    if optim.weight_decay < 0:
+        problems.append(f"{key}.weight_decay={optim.weight_decay} must be >= 0")
+    betas = list(optim.betas)
+    if len(betas) != 2 or not all(0 <= beta < 1 for beta in betas):
+        problems.append(f"{key}.betas={betas} must be two numbers in [0, 1), e.g. [0.9, 0.999]")
+    for name in ("lr_warmup_steps_ratio", "warmup_steps_ratio", "min_lr_ratio"):
+        value = getattr(optim, name, None)
+        if value is not None and not 0 <= value <= 1:
+            problems.append(f"{key}.{name}={value} must be in [0, 1]")
+    if getattr(optim, "num_cycles", 0) < 0:
+        problems.append(f"{key}.num_cycles={optim.num_cycles} must be >= 0")
+    if getattr(optim, "clip_grad", 1.0) <= 0:
+        problems.append(f"{key}.clip_grad={optim.clip_grad} must be > 0")
+    for name in ("lr_scheduler_type", "warmup_style"):
+        value = getattr(optim, name, None)
+        if value is not None and value not in LR_SCHEDULES:
+            problems.append(f"{key}.{name}={value!r} is not one of {', '.join(LR_SCHEDULES)}")
+    return problems

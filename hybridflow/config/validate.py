@@ -13,18 +13,21 @@ import math
 import os
 from typing import Any
 
-from hybridflow.algos.registry import AdvantageSpec, UnknownAlgorithmError, advantage_spec
+from hybridflow.algos.registry import AdvantageSpec, UnknownAlgorithmError, advantage_spec, list_kl_controllers
+from hybridflow.config.checks import check_choice as _check_choice
+from hybridflow.config.checks import check_output_folder as _check_output_folder
+from hybridflow.config.checks import check_positive as _check_positive
+from hybridflow.config.common import LR_SCHEDULES, optim_problems
 from hybridflow.config.loader import MEGATRON
+from hybridflow.config.reward import SANDBOX_MIN_MEMORY_MB, sandbox_problems  # noqa: F401 - re-exported
+from hybridflow.config.rollout import multi_turn_problems
+from hybridflow.config.trainer import RESUME_MODES, trainer_problems
 from hybridflow.config.sft import sft_packed
 from hybridflow.config.verl_versions import warn_version_differences
 from hybridflow.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 TRUNCATION_MODES = ("error", "left", "right", "middle")
-RESUME_MODES = ("auto", "disable", "resume_path")
-KL_CTRL_TYPES = ("fixed", "adaptive")
-LR_SCHEDULES = ("constant", "cosine")
-DEVICES = ("auto", "cpu", "cuda")
 
 
 def as_list(value: Any) -> list:
@@ -39,11 +42,6 @@ def as_list(value: Any) -> list:
 def looks_like_local_path(path: str) -> bool:
     """Hub ids look like ``org/name``; anything absolute, relative or with ~ is a local path."""
     return path.startswith(("/", ".", "~")) or os.path.sep + os.path.sep in path or path.count("/") > 1
-
-
-def _check_choice(problems: list[str], key: str, value: Any, choices: tuple) -> None:
-    if value not in choices:
-        problems.append(f"{key}={value!r} is not one of {', '.join(choices)}")
 
 
 def _check_strategies(problems: list[str], strategies: dict[str, str]) -> None:
@@ -72,11 +70,6 @@ def _check_model_path(problems: list[str], key: str, path: Any) -> None:
     full = os.path.expanduser(str(path))
     if looks_like_local_path(str(path)) and not os.path.isdir(full):
         problems.append(f"{key}: model folder '{path}' does not exist (a hub id looks like org/name)")
-
-
-def _check_positive(problems: list[str], key: str, value: Any) -> None:
-    if value is not None and value <= 0:
-        problems.append(f"{key}={value} must be a positive integer")
 
 
 def ppo_ranks(cfg: Any) -> int:
@@ -174,52 +167,6 @@ def split_placement(cfg: Any) -> bool:
     return cfg.rollout.n_gpus_per_node > 0
 
 
-SERVER_ENGINES = ("vllm", "sglang")
-"""verl's fully async YAML turns partial_rollout on with these; here they cannot pause, so it is off, said once."""
-
-
-def partial_rollout_blocker(cfg: Any) -> str | None:
-    """Why ``async_training.partial_rollout`` cannot act in this run, or None where it can (the native engine,
-    single-turn, in this process or in a rollout pool of its own)."""
-    rollout = cfg.actor_rollout_ref.rollout
-    if rollout.name != "native" or rollout.multi_turn.enable:
-        return f"the {rollout.name} engine{' in multi-turn' if rollout.multi_turn.enable else ''} cannot pause"
-    if cfg.trainer.backend != "local" and not split_placement(cfg):
-        return "on Ray only a rollout pool of its own (rollout.n_gpus_per_node > 0) takes a sync mid-generate"
-    return None
-
-
-def partial_rollout_problems(cfg: Any) -> list[str]:
-    """``partial_rollout=True`` where it cannot act is refused before anything loads, except with vLLM / SGLang:
-    verl's fully async recipes turn it on with them (its YAML's default), so there it is off with a warning."""
-    blocker = partial_rollout_blocker(cfg) if cfg.async_training.partial_rollout else None
-    if blocker is None or cfg.actor_rollout_ref.rollout.name in SERVER_ENGINES:
-        return []
-    return [f"async_training.partial_rollout=True cannot act here ({blocker}): use rollout.name=native single-turn "
-            "(on Ray with rollout.n_gpus_per_node > 0), or set async_training.partial_rollout=False"]
-
-
-def partial_rollouts(cfg: Any) -> bool:
-    """``async_training.partial_rollout`` where it can act: the native engine pauses single-turn sequences at a
-    weight sync, in this process or in a rollout pool of its own. With vLLM / SGLang (verl's async recipes turn it
-    on by default) it warns once and in-flight sequences finish with the weights they started with; elsewhere
-    :func:`partial_rollout_problems` refused it before loading."""
-    if not cfg.async_training.partial_rollout:
-        return False
-    reason = partial_rollout_blocker(cfg)
-    if reason is None:
-        return True
-    if reason not in _PARTIAL_WARNED:
-        _PARTIAL_WARNED.add(reason)
-        logger.warning("hybridflow: warning: async_training.partial_rollout=True has no effect here (%s): sequences in "
-                       "flight at a weight sync finish with the weights they started with (native single-turn "
-                       "engine needed)", reason)
-    return False
-
-
-_PARTIAL_WARNED: set[str] = set()
-
-
 def _check_algorithm(problems: list[str], cfg: Any) -> None:
     algo, actor = cfg.algorithm, cfg.actor_rollout_ref.actor
     if estimator_spec(algo.adv_estimator).needs_values and cfg.critic.enable is False:
@@ -227,7 +174,7 @@ def _check_algorithm(problems: list[str], cfg: Any) -> None:
                         "enable the critic or pick a critic-free estimator such as grpo")
     if critic_enabled(cfg) and cfg.critic.model.path in (None, ""):
         problems.append(f"critic.model.path is not set (it is needed because adv_estimator={algo.adv_estimator})")
-    _check_choice(problems, "algorithm.kl_ctrl.type", algo.kl_ctrl.type, KL_CTRL_TYPES)
+    _check_choice(problems, "algorithm.kl_ctrl.type", algo.kl_ctrl.type, tuple(list_kl_controllers()))
     if algo.filter_groups.enable and not algo.filter_groups.metric:
         problems.append("algorithm.filter_groups.enable=True needs algorithm.filter_groups.metric (acc, score or seq_reward)")
     _check_gen_batch_size(problems, cfg)
@@ -238,19 +185,6 @@ def _check_algorithm(problems: list[str], cfg: Any) -> None:
         if value is not None and not 0 <= value < math.inf:
             problems.append(f"actor_rollout_ref.actor.{name}={value} must be a finite number >= 0 (PPO's clip epsilon, "
                             "typically 0.2; DAPO's clip_ratio_high is 0.28)")
-
-
-SANDBOX_MIN_MEMORY_MB = 24
-"""The smallest address-space limit under which the sandbox's Python starts, with a margin (measured with the
-harness under ``python -I -S``: ``print(sum(range(10)))`` runs at 16 MB, at 12 MB the imports raise MemoryError):
-below it every code sample would score 0."""
-
-
-def _check_sandbox(problems: list[str], sandbox: Any) -> None:
-    if sandbox.memory_limit_mb < SANDBOX_MIN_MEMORY_MB:
-        problems.append(f"reward_model.sandbox_fusion.memory_limit_mb={sandbox.memory_limit_mb} is too small for a "
-                        f"Python program to start (at least {SANDBOX_MIN_MEMORY_MB}; the default is 1024): every code "
-                        "sample would score 0")
 
 
 def _check_sequence_parallel(problems: list[str], cfg: Any) -> None:
@@ -364,32 +298,6 @@ def _check_token_budget(problems: list[str], rollout: Any) -> None:
                         "takes what is left): raise it, lower max_num_seqs, or set rollout.enable_chunked_prefill=False")
 
 
-def _check_optim(problems: list[str], key: str, optim: Any) -> None:
-    """AdamW and schedule settings that torch would only reject after the model has loaded (a NaN or infinite
-    learning rate it takes silently, and every weight becomes NaN at the first step)."""
-    if not 0 <= optim.lr < math.inf:
-        problems.append(f"{key}.lr={optim.lr} must be a finite number >= 0 (a typical RL learning rate is 1e-6)")
-    if optim.eps < 0:
-        problems.append(f"{key}.eps={optim.eps} must be >= 0 (AdamW's default is 1e-8)")
-    if optim.weight_decay < 0:
-        problems.append(f"{key}.weight_decay={optim.weight_decay} must be >= 0")
-    betas = list(optim.betas)
-    if len(betas) != 2 or not all(0 <= beta < 1 for beta in betas):
-        problems.append(f"{key}.betas={betas} must be two numbers in [0, 1), e.g. [0.9, 0.999]")
-    for name in ("lr_warmup_steps_ratio", "warmup_steps_ratio", "min_lr_ratio"):
-        value = getattr(optim, name, None)
-        if value is not None and not 0 <= value <= 1:
-            problems.append(f"{key}.{name}={value} must be in [0, 1]")
-    if getattr(optim, "num_cycles", 0) < 0:
-        problems.append(f"{key}.num_cycles={optim.num_cycles} must be >= 0")
-    if getattr(optim, "clip_grad", 1.0) <= 0:
-        problems.append(f"{key}.clip_grad={optim.clip_grad} must be > 0")
-    for name in ("lr_scheduler_type", "warmup_style"):
-        value = getattr(optim, name, None)
-        if value is not None and value not in LR_SCHEDULES:
-            problems.append(f"{key}.{name}={value!r} is not one of {', '.join(LR_SCHEDULES)}")
-
-
 def _check_verl_versions(problems: list[str], cfg: Any) -> None:
     """Keys whose meaning changed between verl versions (``config/verl_versions.py``): a conflict is a problem,
     the rest is said once."""
@@ -397,51 +305,6 @@ def _check_verl_versions(problems: list[str], cfg: Any) -> None:
         warn_version_differences(cfg, with_critic=critic_enabled(cfg))
     except ConfigError as err:
         problems.append(str(err))
-
-
-def _check_multi_turn(problems: list[str], multi_turn: Any) -> None:
-    key = "actor_rollout_ref.rollout.multi_turn"
-    _check_choice(problems, f"{key}.tool_response_truncate_side", multi_turn.tool_response_truncate_side,
-                  ("left", "right", "middle"))
-    _check_choice(problems, f"{key}.tokenization_sanity_check_mode", multi_turn.tokenization_sanity_check_mode,
-                  ("strict", "ignore_strippable", "disable"))
-    _check_positive(problems, f"{key}.max_parallel_calls", multi_turn.max_parallel_calls)
-    _check_positive(problems, f"{key}.max_tool_response_length", multi_turn.max_tool_response_length)
-    if multi_turn.use_inference_chat_template:
-        problems.append(f"{key}.use_inference_chat_template=True is not supported: the context keeps the generated "
-                        "ids as generated; set it to False")
-    for name in ("tool_config_path", "interaction_config_path"):
-        path = getattr(multi_turn, name)
-        if path and not os.path.isfile(os.path.expanduser(str(path))):
-            problems.append(f"{key}.{name}: file '{path}' does not exist")
-    if (multi_turn.tool_config_path or multi_turn.interaction_config_path) and not multi_turn.enable:
-        problems.append(f"{key}.tool_config_path / interaction_config_path are set but {key}.enable=False: "
-                        "set enable=True to run the tool agent")
-
-
-def _check_trainer(problems: list[str], trainer: Any) -> None:
-    _check_choice(problems, "trainer.resume_mode", trainer.resume_mode, RESUME_MODES)
-    _check_choice(problems, "trainer.device", trainer.device, DEVICES)
-    _check_choice(problems, "trainer.backend", trainer.backend, ("local", "ray"))
-    if trainer.resume_mode == "resume_path" and not trainer.resume_from_path:
-        problems.append("trainer.resume_mode=resume_path needs trainer.resume_from_path=.../global_step_N")
-    _check_output_folder(problems, "trainer.default_local_dir", trainer.default_local_dir)
-    if trainer.total_training_steps is not None:
-        _check_positive(problems, "trainer.total_training_steps", trainer.total_training_steps)
-    _check_positive(problems, "trainer.total_epochs", trainer.total_epochs)
-
-
-def _check_output_folder(problems: list[str], key: str, path: str) -> None:
-    """A folder the run writes into (checkpoints, logs) cannot be, or lie under, a regular file: said before any
-    model loads, not as a NotADirectoryError when the first log or checkpoint is written."""
-    full = os.path.abspath(os.path.expanduser(str(path)))
-    existing = full
-    while not os.path.exists(existing) and os.path.dirname(existing) != existing:
-        existing = os.path.dirname(existing)
-    if not os.path.isdir(existing):
-        where = "is a file" if existing == full else f"lies under the file '{existing}'"
-        problems.append(f"{key}='{path}' {where}, not a folder: point it at a folder (the run writes its "
-                        "global_step_N checkpoints and logs there)")
 
 
 def _check_best_checkpoint(problems: list[str], cfg: Any) -> None:
@@ -500,16 +363,16 @@ def validate_ppo_config(cfg: Any, *, model_max_len: int | None = None, check_pat
     _check_algorithm(problems, cfg)
     _check_sequence_parallel(problems, cfg)
     _check_rollout(problems, cfg, model_max_len)
-    _check_multi_turn(problems, cfg.actor_rollout_ref.rollout.multi_turn)
-    _check_trainer(problems, cfg.trainer)
+    problems += multi_turn_problems(cfg.actor_rollout_ref.rollout.multi_turn)
+    problems += trainer_problems(cfg.trainer)
     _check_split_placement(problems, cfg)
     _check_best_checkpoint(problems, cfg)
-    _check_sandbox(problems, cfg.reward_model.sandbox_fusion)
-    _check_optim(problems, "actor_rollout_ref.actor.optim", cfg.actor_rollout_ref.actor.optim)
+    problems += sandbox_problems(cfg.reward_model.sandbox_fusion)
+    problems += optim_problems("actor_rollout_ref.actor.optim", cfg.actor_rollout_ref.actor.optim)
     if critic_enabled(cfg):
-        _check_optim(problems, "critic.optim", cfg.critic.optim)
+        problems += optim_problems("critic.optim", cfg.critic.optim)
     if implicit_prm_enabled(cfg):
-        _check_optim(problems, "reward_model.model.optim", cfg.reward_model.model.optim)
+        problems += optim_problems("reward_model.model.optim", cfg.reward_model.model.optim)
     _check_verl_versions(problems, cfg)
     raise_if_problems(problems)
 
@@ -565,7 +428,7 @@ def validate_sft_config(cfg: Any, *, world_size: int = 1, model_max_len: int | N
     if data.pad_mode is not None:
         _check_choice(problems, "data.pad_mode", data.pad_mode, ("no_padding", "right"))
     _check_choice(problems, "optim.lr_scheduler", cfg.optim.lr_scheduler, LR_SCHEDULES)
-    _check_optim(problems, "optim", cfg.optim)
+    problems += optim_problems("optim", cfg.optim)
     if model_max_len is not None and data.max_length > model_max_len:
         problems.append(f"data.max_length={data.max_length} exceeds the model's context of {model_max_len} tokens")
     _check_choice(problems, "trainer.resume_mode", cfg.trainer.resume_mode, RESUME_MODES)

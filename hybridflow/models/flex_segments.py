@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from hybridflow.models.segment_attention import SegmentLayout
+    from hybridflow.models.segment_layout import SegmentLayout
 
 
 @dataclass(frozen=True)

@@ -14,20 +14,13 @@ sliding windows per layer (:mod:`hybridflow.rollout.attention_variants`), and ro
 (:mod:`hybridflow.rollout.moe`). Expert weights are read from the HF module (packed per expert on CPU),
 never released with the projections. Projections that read the same input are fused (q|k|v and
 gate|up) into one matmul each, and on CPU every projection's weight is packed once for
-oneDNN (:mod:`hybridflow.rollout.packed_linear`); :meth:`LlamaFamilyDecoder.refresh`
-rebuilds these copies after the HF weights change.
-
-Memory: the fused / packed copies are the only weights decoding reads. An engine that owns its
-HF module (the trainer's rollout copy) drops the module's projection weights after packing
-(:meth:`LlamaFamilyDecoder.release_module_projections`, ~0.42 GB on SmolLM2-135M in fp32), and
-new weights then go straight from the trainer's tensors into the packed copies
-(:meth:`LlamaFamilyDecoder.load_weights`).
+oneDNN (:mod:`hybridflow.rollout.packed_linear`): the fused / packed copies are the only weights decoding
+reads, built and updated by :mod:`hybridflow.rollout.weight_packing`.
 """
 
 from __future__ import annotations
 
 import functools
-import itertools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,18 +28,17 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from hybridflow.errors import RolloutError
 from hybridflow.rollout import cpu_attention
 from hybridflow.rollout.architectures import ARCHITECTURES, hidden_activation, layer_windows, unsupported_reason
-from hybridflow.rollout.attention_variants import attention, decode_mask, prefill_mask
-from hybridflow.models.segment_attention import kv_heads
+from hybridflow.rollout.attention_variants import attention, decode_mask
 from hybridflow.models.vision import is_vision_language, vision_token_ids
 from hybridflow.rollout.kv_cache import CachedPrefix, PagedKVCache
-from hybridflow.rollout.moe import ExpertWeights, expert_weights, moe_mlp
+from hybridflow.rollout.moe import moe_mlp
 from hybridflow.rollout.optional import package_installed
-from hybridflow.rollout.packed_linear import PackedLinear, same_layout
+from hybridflow.rollout.packed_prefill import prefill_per_prompt, prefill_varlen, varlen_attention
+from hybridflow.rollout.rotary import RotaryTables
 from hybridflow.rollout.vision_prefill import PrefillImages
-from hybridflow.rollout.weights import copy_named_tensors
+from hybridflow.rollout.weight_packing import LayerWeights, WeightPacker
 
 logger = logging.getLogger(__name__)
 
@@ -59,33 +51,6 @@ def supports(model, *, max_model_len: int | None = None) -> bool:
     return unsupported_reason(model.config, max_model_len=max_model_len) is None
 
 
-@dataclass
-class LayerWeights:
-    """One decoder layer's norms and projections; ``qkv`` maps ``hidden -> (H + 2 KV) * D``."""
-
-    input_norm: torch.Tensor
-    qkv: PackedLinear
-    o_proj: PackedLinear
-    post_norm: torch.Tensor
-    """The norm before the MLP (Llama's ``post_attention_layernorm``, Gemma's ``pre_feedforward_layernorm``)."""
-    gate_up: PackedLinear | None = None
-    down: PackedLinear | None = None
-    qk_norm: torch.Tensor | None = None
-    """Qwen3: ``[H + KV, D]`` RMSNorm weights of each query head (``q_norm``) then each key head (``k_norm``)."""
-    attn_out_norm: torch.Tensor | None = None
-    """Gemma: the norm of the attention output before the residual add (its ``post_attention_layernorm``)."""
-    mlp_out_norm: torch.Tensor | None = None
-    """Gemma: the norm of the MLP output before the residual add (``post_feedforward_layernorm``)."""
-    experts: ExpertWeights | None = None
-    """A mixture-of-experts layer's router and experts, in place of ``gate_up`` / ``down``."""
-    window: int | None = None
-    """This layer's sliding attention window (None: global attention)."""
-
-
-def _cat_or_none(tensors: list[torch.Tensor | None]) -> torch.Tensor | None:
-    return None if any(t is None for t in tensors) else torch.cat(tensors)
-
-
 class LlamaFamilyDecoder:
     """Prefill and batched decode for an HF causal LM of the architecture table (Llama, Qwen, Mistral, Phi-3,
     Gemma 2 / 3, Mixtral, Qwen3-MoE)."""
@@ -95,7 +60,6 @@ class LlamaFamilyDecoder:
         self.model = model
         self.text_model, self.layer_prefix = language_model(model)
         self.architecture = ARCHITECTURES[model.config.model_type]
-        self.projections = self.architecture.projections
         self.num_heads = config.num_attention_heads
         self.kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
@@ -109,12 +73,10 @@ class LlamaFamilyDecoder:
         self.rope_kinds = list(config.layer_types) if self.architecture.rope_per_layer_type else [None] * len(
             self.windows)
         """The key of each layer's rotary table (Gemma 3: its layer type; else one table for all)."""
-        self._rope: dict[str | None, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.rotary = RotaryTables(self.text_model.rotary_emb, self.rope_kinds, like=lambda: self.embed)
         scale = getattr(self.text_model.embed_tokens, "embed_scale", None)
         self.embed_scale = None if scale is None else scale.to(self.text_model.embed_tokens.weight.dtype)
         """Gemma: the embeddings' ``sqrt(hidden)`` scale in their dtype; a constant, built once (CUDA graphs read it)."""
-        self.weights_epoch = 0
-        """Bumped whenever a weight tensor the decode step reads is replaced rather than updated in place."""
         self.triton_kernels = triton_kernels_available(model, self.head_dim)
         """Whether the graph-safe decode step runs as Triton kernels (CUDA; :meth:`_decode_fused`) rather than
         torch ops and SDPA."""
@@ -125,19 +87,19 @@ class LlamaFamilyDecoder:
         self.varlen_prefill_checked = False
         self.paged_cpu_attention = weight.device.type == "cpu" and cpu_attention.supports(
             dtype=weight.dtype, heads=self.num_heads, kv_heads=self.kv_heads, head_dim=self.head_dim)
-        """Whether a CPU decode step's attention reads the pool through the block tables (the C kernel of
-        :mod:`hybridflow.rollout.cpu_attention`); otherwise SDPA over a contiguous span (the engine's slot mirror)."""
+        """Whether a CPU decode step's attention reads the pool through the block tables (:mod:`~.cpu_attention`)."""
         self.fused_cpu_decode = self.paged_cpu_attention
-        """Whether a CPU decode step runs fused (:meth:`_decode_fused` with the C kernels of
-        :mod:`hybridflow.rollout.cpu_fused`) rather than as torch ops: wherever :attr:`paged_cpu_attention` does
-        (the C kernels built, fp32), every architecture of the table."""
-        self.released = False  # whether the module's projection weights were dropped (release_module_projections)
+        """Whether a CPU decode step runs fused (:meth:`_decode_fused`, :mod:`hybridflow.rollout.cpu_fused`'s C kernels)
+        wherever :attr:`paged_cpu_attention` does."""
         self.vision_language = is_vision_language(model.config)
         """Prompts may carry images (:mod:`hybridflow.rollout.vision_prefill`); its rows rotate at their own positions."""
         suppressed = vision_token_ids(model.config)
         self.suppressed = torch.tensor(suppressed, device=weight.device) if suppressed else None
         """A vision-language model's vision tokens (``<|image_pad|>``, ...): never sampled (a response holding one
         would be an image without pixels in the training forward), as the HF engine's ``suppress_tokens``."""
+        self.packer = WeightPacker(model, text_model=self.text_model, layer_prefix=self.layer_prefix,
+                                   architecture=self.architecture, num_heads=self.num_heads, kv_heads=self.kv_heads,
+                                   windows=self.windows)
         self.refresh()
 
     def plain_attention(self) -> bool:
@@ -153,159 +115,37 @@ class LlamaFamilyDecoder:
         return self.embed.shape[0]
 
     def refresh(self, incoming: dict[str, torch.Tensor] | None = None) -> None:
-        """(Re)build the fused weight copies: from ``incoming`` (HF name -> new weight) where given,
-        else from the HF module's current parameters (which must still be held)."""
-        incoming = incoming or {}
-        inner = self.text_model
-        self.embed = inner.embed_tokens.weight
-        self.final_norm = inner.norm.weight
-        if self._lm_head_tied():  # the head is the embedding, which the module keeps
-            head = self.model.lm_head.weight
-        else:
-            head = incoming.get("lm_head.weight", None if self.released else self.model.lm_head.weight)
-        if head is not None:
-            self.lm_head = self._linear(getattr(self, "lm_head", None), head, None)
-        old = getattr(self, "layers", [None] * len(inner.layers))
-        self.layers = [self._layer_weights(i, layer, incoming, old[i]) for i, layer in enumerate(inner.layers)]
-        logger.debug("native decoder projections: %s", self.lm_head.path)
+        """(Re)build the fused weight copies (:meth:`WeightPacker.refresh`) and take them."""
+        self.packer.refresh(incoming)
+        self._take_packed()
 
-    def _lm_head_tied(self) -> bool:
-        return self.model.lm_head.weight is self.text_model.embed_tokens.weight
+    def _take_packed(self) -> None:
+        packer = self.packer
+        self.embed, self.final_norm, self.lm_head, self.layers = (packer.embed, packer.final_norm, packer.lm_head,
+                                                                  packer.layers)
 
-    def _projection_weight(self, name: str, module, incoming: dict) -> torch.Tensor | None:
-        if name in incoming:
-            return incoming[name]
-        return None if self.released else module.weight
-
-    def _fused(self, index: int, layer, part: str, incoming: dict) -> torch.Tensor | None:
-        """One fused projection's weight for layer ``index``, or ``None`` to keep the current copy."""
-        names = [f"{self.layer_prefix}.{index}.{path}.weight" for path in self.projections[part]]
-        modules = [layer.get_submodule(path) for path in self.projections[part]]
-        weights = [self._projection_weight(n, m, incoming) for n, m in zip(names, modules)]
-        if all(w is None for w in weights):
-            return None
-        if any(w is None for w in weights):
-            missing = [n for n, w in zip(names, weights) if w is None]
-            raise RolloutError(f"load_weights got only part of a fused projection: send {missing} with the rest "
-                               "(the engine keeps only the fused copy)")
-        with torch.no_grad():
-            return weights[0] if len(weights) == 1 else torch.cat(weights)
-
-    def _parts(self, layer) -> dict[str, tuple[str, ...]]:
-        """The fused projections of this layer: all of the table's, less the MLP's in a mixture-of-experts layer."""
-        if not _is_moe(layer):
-            return self.projections
-        return {part: paths for part, paths in self.projections.items() if part not in ("gate_up", "down")}
-
-    def _layer_weights(self, index: int, layer, incoming: dict, current: LayerWeights | None) -> LayerWeights:
-        linears = {}
-        for part, paths in self._parts(layer).items():
-            weight = self._fused(index, layer, part, incoming)  # None: the current copy is kept
-            bias = _cat_or_none([layer.get_submodule(path).bias for path in paths])
-            linears[part] = self._linear(getattr(current, part, None), weight, None if bias is None else bias.detach())
-        norms = self._norms(layer)
-        experts = expert_weights(layer.mlp, self.architecture.moe_renormalize) if _is_moe(layer) else None
-        return LayerWeights(qk_norm=self._qk_norm(layer.self_attn, None if current is None else current.qk_norm),
-                            experts=experts, window=self.windows[index], **norms, **linears)
-
-    def _norms(self, layer) -> dict[str, torch.Tensor]:
-        """The layer's RMSNorm weights by :class:`LayerWeights` field (Gemma's four, Llama's two)."""
-        if self.architecture.gemma_norms:
-            return dict(input_norm=layer.input_layernorm.weight, attn_out_norm=layer.post_attention_layernorm.weight,
-                        post_norm=layer.pre_feedforward_layernorm.weight,
-                        mlp_out_norm=layer.post_feedforward_layernorm.weight)
-        return dict(input_norm=layer.input_layernorm.weight, post_norm=layer.post_attention_layernorm.weight)
-
-    def _linear(self, current: PackedLinear | None, weight: torch.Tensor | None,
-                bias: torch.Tensor | None) -> PackedLinear:
-        """``current`` with the new weight / bias copied in place where it can take them, else a new layer
-        (which bumps :attr:`weights_epoch`: CUDA graphs captured before read the old tensors)."""
-        if current is not None and current.assign(weight, bias):
-            return current
-        if weight is None:  # keep the (packed) weight, take the bias as it is
-            current.bias = bias
-            self.weights_epoch += 1
-            return current
-        self.weights_epoch += 1
-        return PackedLinear(weight, bias)
-
-    def _qk_norm(self, attn, current: torch.Tensor | None) -> torch.Tensor | None:
-        """Qwen3's per-head q / k RMSNorm weights stacked ``[H + KV, D]`` (one norm over both), or None;
-        written into ``current`` in place when there is one."""
-        if getattr(attn, "q_norm", None) is None:
-            return None
-        with torch.no_grad():
-            stacked = torch.cat([attn.q_norm.weight.expand(self.num_heads, -1),
-                                 attn.k_norm.weight.expand(self.kv_heads, -1)])
-            if current is not None and same_layout(stacked, current):
-                return current.copy_(stacked)
-        self.weights_epoch += 1
-        return stacked
-
-    def projection_names(self) -> set[str]:
-        """The HF names whose weights live only in the fused copies once released."""
-        names = {f"{self.layer_prefix}.{i}.{path}.weight" for i, layer in enumerate(self.text_model.layers)
-                 for paths in self._parts(layer).values() for path in paths}
-        return names if self._lm_head_tied() else names | {"lm_head.weight"}
+    @property
+    def weights_epoch(self) -> int:
+        """Bumped whenever a weight tensor the decode step reads is replaced rather than updated in place."""
+        return self.packer.weights_epoch
 
     def release_module_projections(self) -> None:
-        """Drop the HF module's projection weights (the fused copies hold them): the module's own forward
-        no longer runs afterwards, and :meth:`load_weights` must send every projection it changes."""
-        for name in self.projection_names():
-            module = self.model.get_submodule(name.rsplit(".", 1)[0])
-            module.weight = torch.nn.Parameter(torch.empty(0, dtype=module.weight.dtype, device=module.weight.device),
-                                               requires_grad=False)
-        self.released = True
+        """Drop the HF module's projection weights (:meth:`WeightPacker.release_module_projections`)."""
+        self.packer.release_module_projections()
 
     def load_weights(self, named_tensors) -> None:
-        """New trainer weights (HF names): copied into the module, or, once released, the projections straight
-        into new fused copies (the rest, norms, embeddings and biases, into the module)."""
-        if not self.released:
-            copy_named_tensors(self.model, named_tensors)
-            self.refresh()
-            return
-        projections, rest = {}, []
-        routed = self.projection_names()
-        for name, tensor in named_tensors:
-            if name in routed:
-                projections[name] = tensor.to(device=self.embed.device, dtype=self.embed.dtype)
-            else:
-                rest.append((name, tensor))
-        copy_named_tensors(self.model, rest)
-        self.refresh(projections)
+        """New trainer weights (HF names) into the module or the fused copies (:meth:`WeightPacker.load_weights`)."""
+        self.packer.load_weights(named_tensors)
+        self._take_packed()
 
     def rope_table(self, max_len: int, kind: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """``cos, sin`` ``[max_len, head_dim]`` from the model's rotary module (cached); ``kind`` is the layer
-        type the module takes (Gemma 3), None for the one table of the other architectures. Every table is
-        grown to ``max_len`` at once (``kind`` None on Gemma 3: the first layer's)."""
-        kind = kind if kind in self.rope_kinds else self.rope_kinds[0]
-        current = self._rope.get(kind)
-        if current is None or current[0].shape[0] < max_len:
-            # A new dict, not an update: CUDA graphs hold the old one and see they are stale.
-            self._rope = {each: self._rotary(max_len, each) for each in dict.fromkeys(self.rope_kinds)}
-        return self._rope[kind]
+        """``cos, sin`` ``[max_len, head_dim]`` of layer type ``kind`` (:meth:`RotaryTables.table`)."""
+        return self.rotary.table(max_len, kind)
 
-    def _rotary(self, max_len: int, kind: str | None) -> tuple[torch.Tensor, torch.Tensor]:
-        positions = torch.arange(max_len, device=self.embed.device)[None]
-        probe = torch.zeros(1, dtype=self.embed.dtype, device=self.embed.device)
-        extra = {} if kind is None else {"layer_type": kind}
-        cos, sin = self.text_model.rotary_emb(probe, positions, **extra)
-        return cos[0], sin[0]
-
-    def _mrope_rows(self, positions: torch.Tensor) -> dict[None, tuple[torch.Tensor, torch.Tensor]]:
-        """``cos, sin`` rows ``[N, 1, D]`` at 3-D M-RoPE ``positions`` ``[3, N]`` (a vision-language prompt's), from
-        the model's rotary module: its own sections (Qwen2-VL) or interleaving (Qwen3-VL)."""
-        probe = torch.zeros(1, dtype=self.embed.dtype, device=self.embed.device)
-        cos, sin = self.text_model.rotary_emb(probe, positions[:, None, :])
-        return {None: (cos[0][:, None], sin[0][:, None])}
-
-    def _rope_rows(self, positions: torch.Tensor, max_len: int) -> dict[str | None, tuple[torch.Tensor, torch.Tensor]]:
-        """Each rotary table's ``cos, sin`` rows ``[N, 1, D]`` at ``positions`` ``[N]``, by layer kind."""
-        rows = {}
-        for kind in dict.fromkeys(self.rope_kinds):
-            cos_table, sin_table = self.rope_table(max_len, kind)
-            rows[kind] = (cos_table[positions][:, None], sin_table[positions][:, None])
-        return rows
+    @property
+    def _rope(self) -> dict[str | None, tuple[torch.Tensor, torch.Tensor]]:
+        """The rotary tables now (CUDA graphs hold this dict and see a new one as stale)."""
+        return self.rotary.tables
 
     def _rms_norm(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """``w * x / sqrt(mean(x^2) + eps)`` in fp32 (Llama casts before the scaling; Gemma scales by ``1 + w``
@@ -371,12 +211,8 @@ class LlamaFamilyDecoder:
     @torch.no_grad()
     def prefill_many(self, prompts: list[torch.Tensor], computed: list[torch.Tensor | CachedPrefix | None] | None = None,
                      images: list[PrefillImages | None] | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Run several prompts ``[L_i]`` in one pass; per prompt, last-position logits ``[V]`` and KV.
-
-        The prompts are packed end to end (``[sum L_i]`` rows), so every projection is one
-        matmul over all of them; a few tens of rows cost a decode step's weight reads
-        almost whatever their number, so packing P prompts saves ~P - 1 passes over the
-        weights. Attention stays per prompt (causal within it, never across prompts).
+        """Run several prompts ``[L_i]`` in one packed pass (:mod:`hybridflow.rollout.packed_prefill`); per prompt,
+        last-position logits ``[V]`` and KV.
 
         ``computed[i]``, when given, is the KV ``[layers, 2, KV, C_i, D]`` of ``C_i`` tokens that come
         before ``prompts[i]`` (a prefix-cache hit or earlier chunks of a chunked prefill; a tensor, or a
@@ -390,13 +226,13 @@ class LlamaFamilyDecoder:
         the residual stream after the first layers.
 
         On CUDA in half precision with nothing computed, attention over all prompts is one varlen
-        FlashAttention call a layer (:meth:`_prefill_varlen`) instead of one SDPA call per prompt.
+        FlashAttention call a layer (:func:`~hybridflow.rollout.packed_prefill.prefill_varlen`) instead of one SDPA call per prompt.
         """
         computed = computed or [None] * len(prompts)
         images = images or [None] * len(prompts)
         if self.varlen_prefill and all(c is None for c in computed):
             try:
-                packed = self._prefill_varlen(prompts, images)
+                packed = prefill_varlen(self, prompts, images)
             except (RuntimeError, NotImplementedError) as error:  # an older build without the varlen kernel
                 logger.warning("varlen FlashAttention prefill failed (%s); prefilling one prompt at a time",
                                str(error).splitlines()[0])
@@ -404,87 +240,13 @@ class LlamaFamilyDecoder:
             else:
                 if self.varlen_prefill_checked or self._varlen_prefill_agrees(prompts, packed, images):
                     return packed
-        return self._prefill_per_prompt(prompts, computed, images)
-
-    def _prefill_per_prompt(self, prompts: list[torch.Tensor], computed: list[torch.Tensor | CachedPrefix | None],
-                            images: list[PrefillImages | None]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """:meth:`prefill_many` with one SDPA call per prompt a layer (any device, dtype and prefix)."""
-        lengths = [int(p.shape[0]) for p in prompts]
-        offsets = [0 if c is None else c.length if isinstance(c, CachedPrefix) else int(c.shape[3]) for c in computed]
-        starts = [sum(lengths[:i]) for i in range(len(lengths))]
-        device = prompts[0].device
-        rope = self._prefill_rope(offsets, lengths, images, device)
-        hidden = self._embed(torch.cat(prompts))
-        visual = self._splice_images(hidden, images, starts)
-        prefixes = [torch.empty(self.num_layers, 2, self.kv_heads, o + n, self.head_dim, dtype=hidden.dtype,
-                                device=device) for o, n in zip(offsets, lengths)]
-        for prefix, done, offset in zip(prefixes, computed, offsets):
-            if isinstance(done, CachedPrefix):
-                done.copy_into(prefix)
-            elif done is not None:
-                prefix[:, :, :, :offset] = done
-        masks = {window: [prefill_mask(n, o, window, device) for o, n in zip(offsets, lengths)]
-                 for window in set(self.windows)}
-        for index, layer in enumerate(self.layers):
-            q, k, v = self._qkv(self._rms_norm(hidden, layer.input_norm), layer, *rope[self.rope_kinds[index]])
-            attn = []
-            for prefix, start, length, offset, mask in zip(prefixes, starts, lengths, offsets, masks[layer.window]):
-                rows = slice(start, start + length)
-                prefix[index, 0, :, offset:] = k[rows].transpose(0, 1)
-                prefix[index, 1, :, offset:] = v[rows].transpose(0, 1)
-                query = q[rows].transpose(0, 1)[None]
-                # On CUDA, SDPA runs grouped heads (enable_gqa) only in its math kernel: repeat them there.
-                key, value, grouped = kv_heads(query, prefix[index, 0][None], prefix[index, 1][None],
-                                               repeat=query.is_cuda)
-                out = attention(query, key, value, mask=mask, scale=self.scale, softcap=self.attn_softcap,
-                                grouped=grouped)
-                attn.append(out[0].transpose(0, 1).reshape(length, -1))
-            hidden = self._residual(hidden, layer.o_proj(torch.cat(attn)), layer.attn_out_norm)
-            hidden = self._add_deepstack(self._mlp_block(hidden, layer), index, visual)
-        last_rows = torch.tensor([start + length - 1 for start, length in zip(starts, lengths)], device=device)
-        return list(zip(self._logits(hidden[last_rows]).unbind(0), prefixes))
-
-    def _prefill_rope(self, offsets: list[int], lengths: list[int], images: list[PrefillImages | None], device
-                      ) -> dict[str | None, tuple[torch.Tensor, torch.Tensor]]:
-        """The rotary rows ``[sum L_i, 1, D]`` of a packed prefill whose prompt ``i`` covers positions ``o_i ..
-        o_i + L_i - 1``: from the 1-D tables, or, when a prompt has images, from each token's M-RoPE position
-        (the others' three coordinates equal: the same values as the 1-D table's)."""
-        if all(image is None for image in images):
-            positions = torch.cat([torch.arange(o, o + n, device=device) for o, n in zip(offsets, lengths)])
-            return self._rope_rows(positions, max(o + n for o, n in zip(offsets, lengths)))
-        positions = [torch.arange(o, o + n, device=device).expand(3, -1) if image is None else image.positions
-                     for o, n, image in zip(offsets, lengths, images)]
-        return self._mrope_rows(torch.cat(positions, dim=1))
-
-    @staticmethod
-    def _splice_images(hidden: torch.Tensor, images: list[PrefillImages | None], starts: list[int]
-                       ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]] | None:
-        """Write each prompt's image embeddings over its image tokens' rows of the packed ``hidden`` ``[T, C]`` (HF's
-        ``masked_scatter``; in place); returns ``(rows [K], deepstack features [K, C] per layer)`` of all the pass's
-        image tokens, or None when it has none."""
-        present = [(image, start) for image, start in zip(images, starts) if image is not None and image.rows.numel()]
-        if not present:
-            return None
-        rows = torch.cat([image.rows + start for image, start in present])
-        hidden[rows] = torch.cat([image.embeds for image, _ in present]).to(hidden.dtype)
-        deepstack = tuple(torch.cat(layer) for layer in zip(*(image.deepstack for image, _ in present)))
-        return rows, deepstack
-
-    @staticmethod
-    def _add_deepstack(hidden: torch.Tensor, layer: int,
-                       visual: tuple[torch.Tensor, tuple[torch.Tensor, ...]] | None) -> torch.Tensor:
-        """Qwen3-VL: after decoder layer ``layer``, its deepstack features join the residual at the image tokens."""
-        if visual is None or layer >= len(visual[1]):
-            return hidden
-        rows, deepstack = visual
-        hidden[rows] = hidden[rows] + deepstack[layer].to(hidden.dtype)
-        return hidden
+        return prefill_per_prompt(self, prompts, computed, images)
 
     def _varlen_prefill_agrees(self, prompts: list[torch.Tensor], packed, images) -> bool:
         """Once per decoder: the varlen kernel is a private aten op, so its first result is checked against
         the per-prompt path (last-position logits within bf16 rounding); a mismatch switches it off, saying so."""
         self.varlen_prefill_checked = True
-        reference = self._prefill_per_prompt(prompts, [None] * len(prompts), images)
+        reference = prefill_per_prompt(self, prompts, [None] * len(prompts), images)
         agrees = all(torch.allclose(a.float(), b.float(), rtol=0.05, atol=0.05 * b.float().abs().max().item())
                      for (a, _), (b, _) in zip(packed, reference))
         if not agrees:
@@ -493,37 +255,10 @@ class LlamaFamilyDecoder:
         self.varlen_prefill = agrees
         return agrees
 
-    def _prefill_varlen(self, prompts: list[torch.Tensor], images: list[PrefillImages | None]
-                        ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """:meth:`prefill_many` with causal attention over the packed rows in one FlashAttention call a layer
-        (``cu_seqlens`` keep prompts apart); the keys and values of a layer are written once, packed
-        ``[layers, 2, sum L_i, KV, D]``, and each prompt's KV is returned as a ``[layers, 2, KV, L_i, D]`` view."""
-        lengths = [int(p.shape[0]) for p in prompts]
-        device = prompts[0].device
-        offsets = [0, *itertools.accumulate(lengths)]  # on the host: no device read-back for the splice and views
-        bounds = torch.tensor(offsets, dtype=torch.int32, device=device)
-        rope = self._prefill_rope([0] * len(lengths), lengths, images, device)
-        hidden = self._embed(torch.cat(prompts))
-        visual = self._splice_images(hidden, images, offsets[:-1])
-        total = hidden.shape[0]
-        packed = torch.empty(self.num_layers, 2, total, self.kv_heads, self.head_dim, dtype=hidden.dtype, device=device)
-        for index, layer in enumerate(self.layers):
-            q, k, v = self._qkv(self._rms_norm(hidden, layer.input_norm), layer, *rope[self.rope_kinds[index]])
-            packed[index, 0], packed[index, 1] = k, v
-            attn = self._varlen_attention(q.contiguous(), packed[index, 0], packed[index, 1], bounds, max(lengths))
-            hidden = self._residual(hidden, layer.o_proj(attn.reshape(total, -1)), layer.attn_out_norm)
-            hidden = self._add_deepstack(self._mlp_block(hidden, layer), index, visual)
-        last_rows = bounds[1:].long() - 1
-        logits = self._logits(hidden[last_rows])
-        kv = [packed[:, :, start : start + n].permute(0, 1, 3, 2, 4) for start, n in zip(offsets, lengths)]
-        return list(zip(logits.unbind(0), kv))
-
     def _varlen_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: torch.Tensor,
                           longest: int) -> torch.Tensor:
-        """Causal attention within each segment ``bounds[i] .. bounds[i + 1]`` of packed ``q`` ``[T, H, D]``,
-        ``k`` / ``v`` ``[T, KV, D]`` (FlashAttention's varlen kernel: GQA without copies); ``[T, H, D]``."""
-        return torch.ops.aten._flash_attention_forward(q, k, v, bounds, bounds, longest, longest, 0.0, True, False,
-                                                       scale=self.scale)[0]
+        """Causal attention within each packed segment (:func:`~hybridflow.rollout.packed_prefill.varlen_attention`)."""
+        return varlen_attention(q, k, v, bounds, longest, scale=self.scale)
 
     @torch.no_grad()
     def decode(self, *, token_ids: torch.Tensor, positions: torch.Tensor, cache: PagedKVCache,
@@ -557,15 +292,15 @@ class LlamaFamilyDecoder:
             return self._decode_fused(token_ids=token_ids, positions=positions, cache=cache,
                                       block_tables=block_tables[:, : -(-context // cache.block_size)],
                                       ops=fused_decode_ops("cpu"), rope_positions=rope_positions)
-        rope = self._rope_rows(positions if rope_positions is None else rope_positions,
+        rope = self.rotary.rows(positions if rope_positions is None else rope_positions,
                                cache.max_len if context is None else context)
         rows = cache.write_rows(positions, block_tables)
         if context is not None:  # only the blocks the longest row reaches
             block_tables = block_tables[:, : -(-context // cache.block_size)]
         if reads_pool_on_cpu:
-            attend = self._paged_cpu_attention(positions=positions, cache=cache, block_tables=block_tables)
+            attend = paged_cpu_attend(self, positions=positions, cache=cache, block_tables=block_tables)
         else:
-            attend = self._decode_attention(positions=positions, cache=cache, block_tables=block_tables)
+            attend = gathered_attend(self, positions=positions, cache=cache, block_tables=block_tables)
         hidden = self._embed(token_ids)
         for index, layer in enumerate(self.layers):
             q, k, v = self._qkv(self._rms_norm(hidden, layer.input_norm), layer, *rope[self.rope_kinds[index]])
@@ -616,36 +351,39 @@ class LlamaFamilyDecoder:
         """A sub-block's output ``[N, hidden]`` as it joins the residual stream: Gemma normalises it first."""
         return out if weight is None else norm(x=out, residual=None, weight=weight)[0]
 
-    def _paged_cpu_attention(self, *, positions: torch.Tensor, cache: PagedKVCache, block_tables: torch.Tensor):
-        """``attend(q [N, H, D], layer, window) -> [N, H * D]``: each row over its own ``positions[n] + 1`` keys,
-        read through ``block_tables`` from the pool (:func:`cpu_attention.paged_decode_attention`)."""
-        lengths = positions + 1
 
-        def attend(q, layer, window):
-            keys, values = cache.layer(layer)
-            out = cpu_attention.paged_decode_attention(q=q, keys=keys, values=values, block_tables=block_tables,
-                                                       lengths=lengths, scale=self.scale, window=window,
-                                                       softcap=self.attn_softcap)
-            return out.reshape(q.shape[0], -1)
+def paged_cpu_attend(decoder: LlamaFamilyDecoder, *, positions: torch.Tensor, cache: PagedKVCache,
+                     block_tables: torch.Tensor):
+    """``attend(q [N, H, D], layer, window) -> [N, H * D]``: each row over its own ``positions[n] + 1`` keys,
+    read through ``block_tables`` from the pool (:func:`cpu_attention.paged_decode_attention`)."""
+    lengths = positions + 1
 
-        return attend
+    def attend(q, layer, window):
+        keys, values = cache.layer(layer)
+        out = cpu_attention.paged_decode_attention(q=q, keys=keys, values=values, block_tables=block_tables,
+                                                   lengths=lengths, scale=decoder.scale, window=window,
+                                                   softcap=decoder.attn_softcap)
+        return out.reshape(q.shape[0], -1)
 
-    def _decode_attention(self, *, positions: torch.Tensor, cache: PagedKVCache, block_tables: torch.Tensor):
-        """``attend(q [N, H, D], layer, window) -> [N, H * D]`` for this step: attention over the blocks of
-        ``block_tables`` ``[N, W]``, gathered (:meth:`PagedKVCache.span`), with a mask built on the device, one
-        per window."""
-        count = positions.shape[0]
-        context = block_tables.shape[1] * cache.block_size
-        masks = {window: decode_mask(positions, context, window, self.embed.dtype) for window in set(self.windows)}
+    return attend
 
-        def attend(q, layer, window):
-            keys, values = cache.span(layer, block_tables)
-            # Grouped-query decode: the G = H / KV query heads of one KV head act as G queries.
-            grouped_q = q.view(count, self.kv_heads, self.num_heads // self.kv_heads, self.head_dim)
-            out = attention(grouped_q, keys, values, mask=masks[window], scale=self.scale, softcap=self.attn_softcap)
-            return out.reshape(count, -1)
+def gathered_attend(decoder: LlamaFamilyDecoder, *, positions: torch.Tensor, cache: PagedKVCache,
+                    block_tables: torch.Tensor):
+    """``attend(q [N, H, D], layer, window) -> [N, H * D]`` for this step: attention over the blocks of
+    ``block_tables`` ``[N, W]``, gathered (:meth:`PagedKVCache.span`), with a mask built on the device, one
+    per window."""
+    count = positions.shape[0]
+    context = block_tables.shape[1] * cache.block_size
+    masks = {window: decode_mask(positions, context, window, decoder.embed.dtype) for window in set(decoder.windows)}
 
-        return attend
+    def attend(q, layer, window):
+        keys, values = cache.span(layer, block_tables)
+        # Grouped-query decode: the G = H / KV query heads of one KV head act as G queries.
+        grouped_q = q.view(count, decoder.kv_heads, decoder.num_heads // decoder.kv_heads, decoder.head_dim)
+        out = attention(grouped_q, keys, values, mask=masks[window], scale=decoder.scale, softcap=decoder.attn_softcap)
+        return out.reshape(count, -1)
+
+    return attend
 
 
 @dataclass(frozen=True)
@@ -698,11 +436,6 @@ def triton_kernels_available(model, head_dim: int) -> bool:
     from hybridflow.rollout.triton_attention import supported
 
     return supported(head_dim=head_dim, device=device)
-
-
-def _is_moe(layer) -> bool:
-    """Whether an HF decoder layer's MLP is a routed mixture of experts (Mixtral, Qwen3-MoE's sparse layers)."""
-    return hasattr(layer.mlp, "experts") and hasattr(layer.mlp, "gate")
 
 
 def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -26,22 +27,72 @@ class Engine(Protocol):
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None: ...
 
 
+@dataclass(frozen=True)
+class EngineCapabilities:
+    """What a backend can do beyond ``generate`` and ``load_weights``, declared where it is registered, so that no
+    caller checks an engine's name or probes it for methods."""
+
+    pauses: bool = False
+    """Pauses single-turn sequences at a weight sync and resumes them (``async_training.partial_rollout``)."""
+    server: bool = False
+    """A server engine verl's async recipes turn ``partial_rollout`` on with: it cannot pause, so that is a warning
+    (in-flight sequences finish with the weights they started with), not an error."""
+    vision: bool = False
+    """Decodes a vision-language model itself (other backends fall back to HF generate for one)."""
+    sleeps: bool = False
+    """Gives its KV cache back between rollouts (``release_kv_cache``) and forgets cached prefixes
+    (``reset_prefix_cache``)."""
+    params_per_prompt: bool = False
+    """``generate`` takes one ``SamplingParams`` per prompt."""
+    steps: bool = False
+    """Serves a :class:`~hybridflow.rollout.request_queue.RequestQueue`: requests join between decode steps (the
+    agent loops' turns go through one)."""
+    owns_model: bool = False
+    """Takes ``own_model=True``: keeps only its packed copy of the weights (the trainer's rollout copy)."""
+    sizing_keys: tuple[str, ...] = ()
+    """The ``rollout.*`` sizing keys it reads beyond the common ones: ``prefix_cache_tokens`` (multi-turn prefix
+    reuse) and ``max_num_batched_tokens`` (a step's token budget, which with chunked prefill must exceed
+    ``max_num_seqs``)."""
+
+
 ENGINES: dict[str, Callable[..., Engine]] = {}
+CAPABILITIES: dict[str, EngineCapabilities] = {}
 REQUIREMENTS: dict[str, tuple[str, str]] = {}
 """Backend name -> (Python package it needs, how to install it), for the optional backends."""
 
 
-def register_engine(name: str, *, requires: str | None = None, install: str = ""):
-    """Decorator: make a builder ``(model, tokenizer, **kwargs) -> Engine`` available as ``name``;
+def register_engine(name: str, *, requires: str | None = None, install: str = "",
+                    capabilities: EngineCapabilities = EngineCapabilities()):
+    """Decorator: make a builder ``(model, tokenizer, **kwargs) -> Engine`` available as ``name`` with what it can do;
     ``requires`` names an optional package the backend needs (checked before any model loads)."""
 
     def wrap(builder):
         ENGINES[name] = builder
+        CAPABILITIES[name] = capabilities
         if requires:
             REQUIREMENTS[name] = (requires, install)
         return builder
 
     return wrap
+
+
+def engine_capabilities(name: str) -> EngineCapabilities:
+    """What backend ``name`` declared it can do (nothing, for an unknown name: :func:`engine_unavailable` says so)."""
+    return CAPABILITIES.get(name, EngineCapabilities())
+
+
+def image_encoder(engine) -> Callable | None:
+    """A built engine's ``encode_images`` (its vision tower's encoding of a turn's images), or None without one."""
+    return getattr(engine, "encode_images", None)
+
+
+def capabilities_of(engine) -> EngineCapabilities:
+    """What a built engine can do, by the backend class it is or derives from (``build_engine('native', ...)`` may
+    return an HF engine); nothing for any other object."""
+    for klass in type(engine).__mro__:
+        if klass.__name__ in ENGINE_CLASS_CAPABILITIES:
+            return ENGINE_CLASS_CAPABILITIES[klass.__name__]
+    return EngineCapabilities()
 
 
 def engine_unavailable(name: str) -> str | None:
@@ -65,7 +116,7 @@ def build_engine(name: str, model, tokenizer=None, **kwargs) -> Engine:
     problem = engine_unavailable(name)
     if problem:
         raise RolloutError(problem)
-    if name not in ("hf", "native") and is_vision_language(model.config):
+    if not engine_capabilities(name).vision and is_vision_language(model.config):
         warnings.warn(f"rollout.name={name} runs the vision-language model {model.config.architectures} through HF "
                       "generate: its vision tower prefills the images there and the language model decodes (the "
                       f"{name} backend here decodes text-only models; rollout.name=native decodes it natively)",
@@ -74,7 +125,15 @@ def build_engine(name: str, model, tokenizer=None, **kwargs) -> Engine:
     return ENGINES[name](model, tokenizer, **kwargs)
 
 
-@register_engine("native")
+NATIVE = EngineCapabilities(pauses=True, vision=True, sleeps=True, params_per_prompt=True, steps=True, owns_model=True,
+                            sizing_keys=("prefix_cache_tokens", "max_num_batched_tokens"))
+HF = EngineCapabilities(vision=True)
+SERVER = EngineCapabilities(server=True, sleeps=True)
+ENGINE_CLASS_CAPABILITIES = {"NativeEngine": NATIVE, "HFEngine": HF, "VLLMEngine": SERVER, "SGLangEngine": SERVER}
+"""A built engine's capabilities by its class (``build_engine('native', ...)`` may return an HF engine)."""
+
+
+@register_engine("native", capabilities=NATIVE)
 def _native(model, tokenizer=None, **kwargs) -> Engine:
     from hybridflow.rollout.architectures import unsupported_reason
     from hybridflow.rollout.native import NativeEngine
@@ -88,21 +147,21 @@ def _native(model, tokenizer=None, **kwargs) -> Engine:
     return _hf(model, tokenizer, max_model_len=kwargs.get("max_model_len"))
 
 
-@register_engine("hf")
+@register_engine("hf", capabilities=HF)
 def _hf(model, tokenizer=None, **kwargs) -> Engine:
     from hybridflow.rollout.hf import HFEngine
 
     return HFEngine(model, tokenizer, **kwargs)
 
 
-@register_engine("vllm", requires="vllm", install="`pip install hybridflow[vllm]`")
+@register_engine("vllm", requires="vllm", install="`pip install hybridflow[vllm]`", capabilities=SERVER)
 def _vllm(model, tokenizer=None, **kwargs) -> Engine:
     from hybridflow.rollout.vllm import VLLMEngine
 
     return VLLMEngine(model, tokenizer, **kwargs)
 
 
-@register_engine("sglang", requires="sglang", install="`pip install hybridflow[sglang]`")
+@register_engine("sglang", requires="sglang", install="`pip install hybridflow[sglang]`", capabilities=SERVER)
 def _sglang(model, tokenizer=None, **kwargs) -> Engine:
     from hybridflow.rollout.sglang import SGLangEngine
 

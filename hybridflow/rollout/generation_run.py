@@ -470,6 +470,26 @@ class GenerationRun:
         return live
 
 
+def join_wave(run: GenerationRun, wave: list[tuple[PendingPrompt, int]], tokens: list[int],
+              logprobs: list[float]) -> None:
+    """Add every sample of an admission wave to ``run``'s batch with its first token (``tokens`` in wave order);
+    a prompt whose samples have all joined gives its prefill's blocks to them."""
+    joined, drawn = [], zip(tokens, logprobs)
+    for pending, count in wave:
+        output_start = pending.params.n - pending.remaining
+        for offset, (token, logprob) in zip(range(count), drawn):
+            sequence = pending.start_sequence(output_start + offset)
+            sequence.blocks = pending.blocks.fork()
+            run.join(sequence)
+            run.append(sequence, token, logprob)
+            joined.append(sequence)
+        pending.remaining -= count
+        if pending.remaining == 0:
+            pending.drop_prefill()  # its samples hold the blocks now
+    run.mark_seen(joined, tokens)
+    run.retire()
+
+
 class SeenTokens:
     """Per row slot, the tokens its sequence has seen (prompt and response), as a ``[rows, V]`` bool mask on the
     device, for the repetition penalty: set when a sequence joins, one entry a row each step, gathered by the

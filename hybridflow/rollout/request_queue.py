@@ -13,8 +13,8 @@ every caller of the native engine from it:
   steps the run while anything is queued or decoding.
 
 Each step takes what was submitted since the last one (a thread-safe inbox), admits waiting
-samples into free rows (``NativeEngine._admit``: prefill, first token) and decodes one token
-for every live row (``NativeEngine._step``). A request whose samples have all ended is
+samples into free rows (``StepEngine.admit``: prefill, first token) and decodes one token
+for every live row (``StepEngine.step``). A request whose samples have all ended is
 resolved at once: its ``concurrent.futures.Future`` gets its ``n`` completions, in output
 order, while the other rows decode on. So a turn that arrives while a batch is decoding joins
 at the next step instead of waiting for that batch's longest response, and a short turn leaves
@@ -28,18 +28,39 @@ from __future__ import annotations
 import threading
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
 from hybridflow.errors import RolloutError
-from hybridflow.models.vision import check_image_tokens
-from hybridflow.rollout.generation_run import PendingPrompt, Sequence
+from hybridflow.rollout.generation_run import GenerationRun, PendingPrompt, Sequence
 from hybridflow.rollout.types import Completion, SamplingParams, validate_prompts
 from hybridflow.rollout.vision_prefill import PromptImages
 
-if TYPE_CHECKING:  # the engine builds its generate on this queue: no import at run time
-    from hybridflow.rollout.native import NativeEngine
+
+class StepEngine(Protocol):
+    """What a :class:`RequestQueue` needs of its engine (the native engine is one): runs over its KV cache and the
+    two halves of one engine step. The engine builds its ``generate`` on this queue, so the queue knows it only
+    through this protocol."""
+
+    max_model_len: int
+    max_num_seqs: int
+    preemptions: int
+
+    def new_run(self, *, sequences: int, max_len: int, seed: int | None) -> GenerationRun:
+        """An empty run over a cache reserved for ``sequences`` sequences of ``max_len`` positions."""
+
+    def close_run(self, run: GenerationRun) -> None:
+        """``run`` no longer uses the KV cache."""
+
+    def check_prompt_images(self, prompt_ids: list[int]) -> None:
+        """Refuse a prompt whose image tokens have no images (vision-language models; nothing to check otherwise)."""
+
+    def admit(self, run: GenerationRun) -> None:
+        """Prefill waiting prompts and move their samples into the batch."""
+
+    def step(self, run: GenerationRun) -> None:
+        """One decode step over every live row."""
 
 
 @dataclass
@@ -78,7 +99,7 @@ class RequestQueue:
     """Requests with their own ``SamplingParams`` over one generation run of ``engine``.
 
     Args:
-        engine: the native engine (its KV cache serves this queue; one queue or ``generate`` call at a time).
+        engine: the native engine, or any :class:`StepEngine` (its KV cache serves this queue; one queue or ``generate`` call at a time).
         max_len: longest prompt + response a request may reach (sizes the cache rows); ``None`` = the engine's
             ``max_model_len``. A request is cut there (finish reason 'length').
         sequences: most samples in the queue at once that the cache is reserved for (at most ``max_num_seqs``
@@ -89,7 +110,7 @@ class RequestQueue:
             when it arrived or which requests shared its steps; a request without a seed gets a random one.
     """
 
-    def __init__(self, engine: NativeEngine, *, max_len: int | None = None, sequences: int | None = None,
+    def __init__(self, engine: StepEngine, *, max_len: int | None = None, sequences: int | None = None,
                  seed: int | None = None, keyed_draws: bool = False):
         self.engine = engine
         self.max_len = min(engine.max_model_len, max_len or engine.max_model_len)
@@ -116,8 +137,8 @@ class RequestQueue:
         """Queue ``params.n`` samples of one prompt (from any thread); they join at the next step. A
         vision-language prompt's ``images`` come from ``NativeEngine.encode_images``."""
         validate_prompts([prompt_ids], max_model_len=self.engine.max_model_len)
-        if images is None and self.engine.decoder.vision_language:  # image tokens need their images
-            check_image_tokens(self.engine.model, [], torch.tensor([list(prompt_ids)]))
+        if images is None:  # image tokens need their images
+            self.engine.check_prompt_images(prompt_ids)
         if len(prompt_ids) >= self.max_len:
             raise RolloutError(f"a prompt of {len(prompt_ids)} tokens leaves no room to generate within this queue's "
                                f"max_len={self.max_len}; open the queue with a larger max_len (prompt + response; the agent "
@@ -143,12 +164,12 @@ class RequestQueue:
         queue gets it, and it is raised."""
         try:
             self.take_inbox()
-            self.engine._admit(self.run)
+            self.engine.admit(self.run)
             if self.run.live:
                 self.decoded_rows += len(self.run.live)
                 self.decode_steps += 1
             if self.run.live or self.run.in_flight is not None:
-                self.engine._step(self.run)
+                self.engine.step(self.run)
         except BaseException as error:
             self._fail(error)
             raise

@@ -3,18 +3,22 @@ and tracker names every RL run checks before any model loads."""
 
 from __future__ import annotations
 
+import logging
 import os
 import random
+from typing import Any
 
 import numpy as np
 import torch
 
-from hybridflow.config.validate import as_list
+from hybridflow.config.validate import as_list, split_placement
 from hybridflow.errors import ConfigError
 from hybridflow.models.hub import ensure_hub_reachable
 from hybridflow.models.loader import check_routing
-from hybridflow.rollout.engine import engine_unavailable
+from hybridflow.rollout.engine import engine_capabilities, engine_unavailable
 from hybridflow.trainer.tracking.trackers import available_backends
+
+logger = logging.getLogger(__name__)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -71,6 +75,48 @@ def engine_and_logger_problems(cfg) -> list[str]:
             problems.append(f"trainer.logger: unknown backend {name!r}; choose from {', '.join(available_backends())}")
     return problems
 
+
+
+def partial_rollout_blocker(cfg: Any) -> str | None:
+    """Why ``async_training.partial_rollout`` cannot act in this run, or None where it can (an engine that pauses,
+    single-turn, in this process or in a rollout pool of its own)."""
+    rollout = cfg.actor_rollout_ref.rollout
+    if not engine_capabilities(rollout.name).pauses or rollout.multi_turn.enable:
+        return f"the {rollout.name} engine{' in multi-turn' if rollout.multi_turn.enable else ''} cannot pause"
+    if cfg.trainer.backend != "local" and not split_placement(cfg):
+        return "on Ray only a rollout pool of its own (rollout.n_gpus_per_node > 0) takes a sync mid-generate"
+    return None
+
+
+def partial_rollout_problems(cfg: Any) -> list[str]:
+    """``partial_rollout=True`` where it cannot act is refused before anything loads, except with a server engine
+    (vLLM / SGLang): verl's fully async recipes turn it on with them (its YAML's default), so there it is off with a
+    warning."""
+    blocker = partial_rollout_blocker(cfg) if cfg.async_training.partial_rollout else None
+    if blocker is None or engine_capabilities(cfg.actor_rollout_ref.rollout.name).server:
+        return []
+    return [f"async_training.partial_rollout=True cannot act here ({blocker}): use rollout.name=native single-turn "
+            "(on Ray with rollout.n_gpus_per_node > 0), or set async_training.partial_rollout=False"]
+
+
+def partial_rollouts(cfg: Any) -> bool:
+    """``async_training.partial_rollout`` where it can act: the native engine pauses single-turn sequences at a
+    weight sync. With a server engine it warns once and in-flight sequences finish with the weights they started
+    with; elsewhere :func:`partial_rollout_problems` refused it before loading."""
+    if not cfg.async_training.partial_rollout:
+        return False
+    reason = partial_rollout_blocker(cfg)
+    if reason is None:
+        return True
+    if reason not in _PARTIAL_WARNED:
+        _PARTIAL_WARNED.add(reason)
+        logger.warning("hybridflow: warning: async_training.partial_rollout=True has no effect here (%s): sequences in "
+                       "flight at a weight sync finish with the weights they started with (native single-turn "
+                       "engine needed)", reason)
+    return False
+
+
+_PARTIAL_WARNED: set[str] = set()
 
 
 def check_user_data_classes(data) -> None:

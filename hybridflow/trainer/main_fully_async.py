@@ -11,7 +11,7 @@ import sys
 
 from hybridflow.config import PPOConfig, load_config, split_config_args
 from hybridflow.config.loader import help_requested, trainer_usage
-from hybridflow.config.validate import partial_rollouts
+from hybridflow.trainer.entry import partial_rollouts
 from hybridflow.errors import run_entry_point
 from hybridflow.trainer.loop.async_source import AsyncSource, async_training_steps, check_async_config
 from hybridflow.trainer.loop.generation import Generation, PromptStream

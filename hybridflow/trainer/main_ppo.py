@@ -13,12 +13,8 @@ import sys
 
 from hybridflow.algos import (advantage_spec, get_advantage, get_policy_loss, list_kl_penalties, list_loss_agg_modes,
                              policy_loss_spec)
-from hybridflow.algos.errors import AlgorithmError, UnknownAlgorithmError
-from hybridflow.algos.pf_ppo import PF_PPO_METHODS
-from hybridflow.algos.policy_losses.bypass import BYPASS_LOSS_TYPES
-from hybridflow.algos.rollout_correction.is_weights import IS_LEVELS
-from hybridflow.algos.rollout_correction.rejection import parse_options
-from hybridflow.algos.rollout_correction.thresholds import parse_bounds, parse_rs_thresholds
+from hybridflow.algos.errors import UnknownAlgorithmError
+from hybridflow.algos.rollout_correction.checks import pf_ppo_problems, rollout_correction_problems
 from hybridflow.config import PPOConfig, config_value, implicit_prm_enabled, validate_ppo_config
 from hybridflow.config.loader import run_from_config_args
 from hybridflow.config.validate import prime_filtering
@@ -65,31 +61,12 @@ def name_problems(checks) -> list[str]:
 def check_algorithm_settings(cfg: PPOConfig) -> None:
     """Settings the chosen estimator / loss / correction needs, checked before any model is loaded."""
     algo, actor = cfg.algorithm, cfg.actor_rollout_ref.actor
-    corr, rollout = algo.rollout_correction, cfg.actor_rollout_ref.rollout
+    setting = functools.partial(config_value, cfg)
     problems = spec_problems(cfg, lambda: advantage_spec(algo.adv_estimator))
     if implicit_prm_enabled(cfg):
         problems += implicit_prm_problems(cfg)
     problems += spec_problems(cfg, lambda: policy_loss_spec(actor.policy_loss.loss_mode))
-    if algo.use_pf_ppo and algo.pf_ppo.reweight_method not in PF_PPO_METHODS:
-        problems.append(f"algorithm.pf_ppo.reweight_method={algo.pf_ppo.reweight_method!r}: use one of "
-                        f"{', '.join(PF_PPO_METHODS)}")
-    if corr.rollout_is is not None and corr.rollout_is not in IS_LEVELS:
-        problems.append(f"algorithm.rollout_correction.rollout_is={corr.rollout_is!r}: use token, sequence or null")
-    if corr.bypass_mode and corr.loss_type not in BYPASS_LOSS_TYPES:
-        problems.append(f"algorithm.rollout_correction.loss_type={corr.loss_type!r}: use ppo_clip or reinforce")
-    if corr.bypass_mode and actor.policy_loss.loss_mode != "vanilla":
-        problems.append("algorithm.rollout_correction.bypass_mode=True replaces the policy loss (loss_type=ppo_clip is "
-                        f"vanilla PPO, or reinforce); leave policy_loss.loss_mode=vanilla, not "
-                        f"{actor.policy_loss.loss_mode!r}")
-    if corr.bypass_mode and (rollout.top_p < 1 or rollout.top_k > 0):
-        problems.append("algorithm.rollout_correction.bypass_mode=True needs rollout.top_p=1 and rollout.top_k=-1: "
-                        "the engine's log-probs are of the filtered distribution, the trainer's are not")
-    try:
-        parse_bounds(corr.rollout_is_threshold, what="algorithm.rollout_correction.rollout_is_threshold")
-        if corr.rollout_rs is not None:
-            parse_rs_thresholds(options=parse_options(corr.rollout_rs), spec=corr.rollout_rs_threshold)
-    except AlgorithmError as err:
-        problems.append(str(err))
+    problems += pf_ppo_problems(setting) + rollout_correction_problems(setting)
     if problems:
         raise ConfigError("\n".join(problems))
 

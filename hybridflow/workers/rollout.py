@@ -32,7 +32,7 @@ from hybridflow.data.batch import Batch
 from hybridflow.data.padding import pad_sequences, position_ids_from_mask
 from hybridflow.errors import RolloutError
 from hybridflow.rollout import Completion, SamplingParams
-from hybridflow.rollout.native import NativeEngine
+from hybridflow.rollout.engine import capabilities_of
 from hybridflow.rollout.streaming import StreamingSession
 
 logger = logging.getLogger(__name__)
@@ -137,8 +137,7 @@ class RolloutWorker:
         """The engine's KV cache memory back to the device (``free_cache_engine``); engines without one to free
         (HF) have no ``release_kv_cache``. A native engine refuses while a streaming session over it is open (warned
         once)."""
-        release = getattr(self.engine, "release_kv_cache", None)
-        if release is not None and not release() and not self.kept_cache_reported:
+        if capabilities_of(self.engine).sleeps and not self.engine.release_kv_cache() and not self.kept_cache_reported:
             self.kept_cache_reported = True
             logger.warning("rollout.free_cache_engine=True, but the %s engine kept its KV cache: a streaming session "
                            "or request queue over the native engine is still open, or rollout.engine_kwargs built "
@@ -149,9 +148,8 @@ class RolloutWorker:
         next step's, which share weights): prefix caching then serves the turns of this batch's conversations
         only, and a batch's log-probs do not depend on what ran before it, so a killed and resumed run
         reproduces the uninterrupted one bit for bit. Engines without a prefix cache have nothing to drop."""
-        reset = getattr(self.engine, "reset_prefix_cache", None)
-        if reset is not None:
-            reset()
+        if capabilities_of(self.engine).sleeps:
+            self.engine.reset_prefix_cache()
 
     def generate_partial(self, prompts: Batch, params: SamplingParams, *, handover: EngineHandover) -> Batch:
         """A generation that a weight sync may interrupt between two decode steps (verl's partial rollout); the
@@ -162,7 +160,7 @@ class RolloutWorker:
         continue from their exact next token with the new weights. ``rollout_log_probs`` hold each token's
         behaviour log-prob, whichever weights sampled it; ``rollout_first_version`` / ``rollout_last_version``
         ``[B]`` are the weight versions of a response's first and last token."""
-        if not isinstance(self.engine, NativeEngine):
+        if not capabilities_of(self.engine).pauses:
             raise RolloutError(f"partial rollouts need the native engine (rollout.name=native), not "
                                f"{type(self.engine).__name__}")
         if "multi_modal_inputs" in prompts and any(prompts["multi_modal_inputs"]):

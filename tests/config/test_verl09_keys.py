@@ -8,7 +8,7 @@ import pytest
 from hybridflow.config import PPOConfig, SFTConfig, load_config
 from hybridflow.config.compat import COMPAT_ONLY
 from hybridflow.config.sft import sft_messages_key, sft_packed
-from hybridflow.config.validate import partial_rollouts
+from hybridflow.trainer.entry import partial_rollouts
 from hybridflow.errors import ConfigError
 from hybridflow.trainer.roles.assembly import ray_group_kwargs
 
@@ -90,7 +90,7 @@ def test_split_placement_picks_the_ray_backend_from_verl_s_keys():
 
 
 def test_partial_rollout_with_a_server_engine_warns_and_is_off(caplog, monkeypatch):
-    from hybridflow.config import validate
+    from hybridflow.trainer import entry as validate
 
     monkeypatch.setattr(validate, "_PARTIAL_WARNED", set())  # said once per process
     cfg = ppo("async_training.partial_rollout=True", "actor_rollout_ref.rollout.name=vllm")

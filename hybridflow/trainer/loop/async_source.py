@@ -54,7 +54,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from hybridflow.config.validate import partial_rollout_problems
+from hybridflow.trainer.entry import partial_rollout_problems
 from hybridflow.controller.dispatch import mean_metrics
 from hybridflow.data.batch import Batch
 from hybridflow.errors import HybridflowError

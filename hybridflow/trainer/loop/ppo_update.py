@@ -40,8 +40,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from hybridflow.algos import (AdaptiveKLController, FixedKLController, advantage_spec, agg_loss, apply_kl_penalty,
-                             get_advantage)
+from hybridflow.algos import (advantage_spec, agg_loss, apply_kl_penalty, build_kl_controller, get_advantage,
+                             seq_norm_length)
 from hybridflow.algos.errors import AlgorithmError
 from hybridflow.algos.pf_ppo import pf_ppo_resample
 from hybridflow.algos.prime import dense_prm_rewards, dpo_accuracy
@@ -52,16 +52,13 @@ from hybridflow.data.batch import Batch
 from hybridflow.errors import HybridflowError
 from hybridflow.trainer.tracking.generations import batch_samples, dump_generations
 from hybridflow.trainer.loop.parts import Rollout, Run
-from hybridflow.trainer.roles.builders import seq_norm_length
 from hybridflow.trainer.tracking.metrics import Timer, agent_metrics, data_metrics, rollout_mismatch_metrics
 
 
-def build_kl_controller(kl_ctrl_cfg):
-    """Fixed or adaptive (Ziegler et al. 2019) coefficient of the in-reward KL penalty."""
-    if kl_ctrl_cfg.type == "adaptive":
-        return AdaptiveKLController(init_kl_coef=kl_ctrl_cfg.kl_coef, target_kl=kl_ctrl_cfg.target_kl,
-                                    horizon=kl_ctrl_cfg.horizon)
-    return FixedKLController(kl_coef=kl_ctrl_cfg.kl_coef)
+def kl_controller(kl_ctrl_cfg):
+    """The in-reward KL penalty's coefficient controller that ``algorithm.kl_ctrl`` names (algos' registry)."""
+    return build_kl_controller(kl_ctrl_cfg.type, kl_coef=kl_ctrl_cfg.kl_coef, target_kl=kl_ctrl_cfg.target_kl,
+                               horizon=kl_ctrl_cfg.horizon)
 
 
 def balance_over_shards(batch: Batch, *, group) -> dict[str, float]:
@@ -97,7 +94,7 @@ def pre_update_entropy(entropy: torch.Tensor, response_mask: torch.Tensor, cfg) 
     loss is (``loss_agg_mode``; seq-mean-token-sum-norm divides by loss_scale_factor or max_response_length)."""
     actor = cfg.actor_rollout_ref.actor
     return agg_loss(loss_mat=entropy, loss_mask=response_mask, loss_agg_mode=actor.loss_agg_mode,
-                    max_response_length=seq_norm_length(actor, cfg.data.max_response_length)).item()
+                    max_response_length=seq_norm_length(actor.loss_scale_factor, cfg.data.max_response_length)).item()
 
 
 class PPOUpdate:
@@ -107,7 +104,7 @@ class PPOUpdate:
         self.run, self.cfg, self.w = run, run.cfg, run.workers
         self.device, self.tokenizer = run.device, run.tokenizer
         self.rollout_cfg = run.cfg.actor_rollout_ref.rollout
-        self.kl_ctrl = build_kl_controller(run.cfg.algorithm.kl_ctrl)
+        self.kl_ctrl = kl_controller(run.cfg.algorithm.kl_ctrl)
         self.behaviour_as_old = behaviour_as_old
 
     def train(self, rollout: Rollout, *, step: int, timer: Timer, metrics: dict) -> tuple[Batch, bool]:

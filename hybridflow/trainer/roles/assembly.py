@@ -10,7 +10,8 @@ from typing import Any, Callable
 from omegaconf import OmegaConf
 
 from hybridflow.config import PPOConfig, critic_enabled, implicit_prm_enabled, reference_enabled, split_placement
-from hybridflow.config.validate import as_list, generation_batch_size, partial_rollouts
+from hybridflow.config.validate import as_list, generation_batch_size
+from hybridflow.trainer.entry import partial_rollouts
 from hybridflow.controller.resources import ResourcePool, pool_from_trainer_config
 from hybridflow.controller.worker_group import build_worker_group
 from hybridflow.data.dataloader import StatefulDataLoader

@@ -15,7 +15,8 @@ import logging
 import torch
 
 from hybridflow.agents.manager import build_agent_loop_manager
-from hybridflow.algos import policy_loss_spec
+from hybridflow.algos import policy_loss_spec, seq_norm_length
+from hybridflow.algos.rollout_correction.checks import effective_policy_loss
 from hybridflow.config import config_value, reference_enabled
 from hybridflow.config.verl_versions import ACTOR, grad_clip_threshold
 from hybridflow.data.parallel import DataParallel
@@ -31,7 +32,7 @@ from hybridflow.models.sharded_checkpoint import FSDPModelComponent
 from hybridflow.models.ulysses import split_sequences
 from hybridflow.models.vision import freeze_vision_tower, is_vision_language, load_processor
 from hybridflow.rollout.config import engine_kwargs_from_rollout_config
-from hybridflow.rollout.engine import build_engine
+from hybridflow.rollout.engine import build_engine, engine_capabilities
 from hybridflow.trainer.roles.groups import CriticGroupWorker, HybridEngineWorker, RolloutGroupWorker
 from hybridflow.workers.actor import ActorWorker, PolicyObjective
 from hybridflow.workers.critic import CriticWorker, ValueObjective
@@ -187,24 +188,18 @@ def update_schedule(section, *, rows_per_prompt: int, dp: DataParallel):
         max_token_len=section.ppo_max_token_len_per_gpu)
 
 
-def seq_norm_length(actor_cfg, max_response_length: int) -> int:
-    """seq-mean-token-sum-norm's divisor: ``loss_scale_factor`` when set, else the response length verl pads to."""
-    return actor_cfg.loss_scale_factor if actor_cfg.loss_scale_factor is not None else max_response_length
-
-
 def policy_objective(actor_cfg, *, rollout_correction, max_response_length: int, setting):
     """The actor's loss from its section's keys; verl's bypass mode (``algorithm.rollout_correction``)
     swaps in the loss that compares pi_theta with the engine's pi_rollout. The loss's own knobs are read
     where its spec says (``policy_loss_spec(name).knobs``; ``setting`` reads a dotted key of the run config)."""
-    loss_mode = actor_cfg.policy_loss.loss_mode
-    if rollout_correction is not None and rollout_correction.bypass_mode:
-        loss_mode = "bypass_mode"
+    loss_mode = effective_policy_loss(actor_cfg.policy_loss.loss_mode,
+                                      bypass=rollout_correction is not None and rollout_correction.bypass_mode)
     knobs = policy_loss_spec(loss_mode).knob_values(setting)
     return PolicyObjective(
         loss_mode=loss_mode, knobs=knobs, loss_agg_mode=actor_cfg.loss_agg_mode, clip_ratio=actor_cfg.clip_ratio,
         clip_ratio_low=actor_cfg.clip_ratio_low, clip_ratio_high=actor_cfg.clip_ratio_high,
         clip_ratio_c=actor_cfg.clip_ratio_c,
-        norm_length=seq_norm_length(actor_cfg, max_response_length), entropy_coeff=actor_cfg.entropy_coeff,
+        norm_length=seq_norm_length(actor_cfg.loss_scale_factor, max_response_length), entropy_coeff=actor_cfg.entropy_coeff,
         calculate_entropy=actor_cfg.calculate_entropy, use_kl_loss=actor_cfg.use_kl_loss,
         kl_loss_coef=actor_cfg.kl_loss_coef, kl_loss_type=actor_cfg.kl_loss_type,
         # without a recompute pass the entropy metric comes from the training forward
@@ -278,9 +273,11 @@ x 2 x kv_heads x head_dim x 4: 1.5 GB for SmolLM2-135M)."""
 
 def _rollout_worker(engine_model, tokenizer, rollout_cfg, *, template_kwargs=None, processor=None):
     kwargs = engine_kwargs_from_rollout_config(rollout_cfg)
-    if rollout_cfg.name == "native":
+    capabilities = engine_capabilities(rollout_cfg.name)
+    if capabilities.owns_model:
         kwargs["own_model"] = True  # engine_model is the engine's private copy: it keeps only the packed weights
-    if rollout_cfg.name == "native" and rollout_cfg.multi_turn.enable and rollout_cfg.enable_prefix_caching:
+    if ("prefix_cache_tokens" in capabilities.sizing_keys and rollout_cfg.multi_turn.enable
+            and rollout_cfg.enable_prefix_caching):
         kwargs.setdefault("prefix_cache_tokens", DEFAULT_PREFIX_CACHE_TOKENS)
     engine = build_engine(rollout_cfg.name, engine_model, tokenizer, **kwargs)
     agent_loops = None

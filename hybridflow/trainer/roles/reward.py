@@ -55,6 +55,19 @@ MANAGER_SPECIFIC: dict[str, Callable[[Any], dict[str, Any]]] = {"parallel": _poo
 """Keyword arguments only some reward managers take, by ``reward_model.reward_manager``."""
 
 
+def _dapo_problems(cfg) -> list[str]:
+    dapo = _dapo(cfg)
+    if dapo["enable_overlong_buffer"] and not 0 < dapo["overlong_buffer_len"] <= dapo["max_response_length"]:
+        return [f"the dapo overlong buffer length {dapo['overlong_buffer_len']} must be in (0, "
+                f"max_resp_len={dapo['max_response_length']}]: set reward_model.overlong_buffer.len "
+                "(or reward_kwargs.overlong_buffer_cfg.len)"]
+    return []
+
+
+MANAGER_CHECKS: dict[str, Callable[[Any], list[str]]] = {"dapo": _dapo_problems}
+"""What only some reward managers check of the run config, by ``reward_model.reward_manager``."""
+
+
 def reward_manager_kwargs(cfg) -> dict[str, Any]:
     """The arguments of ``build_reward_manager(cfg.reward_model.reward_manager, ...)`` besides the scorer."""
     rm = cfg.reward_model
@@ -74,12 +87,8 @@ def reward_manager_problems(cfg) -> list[str]:
                 f" (it takes: {', '.join(accepted) or 'none'}); keyword arguments of the scoring function go in"
                 f" custom_reward_function.reward_kwargs.{key}"
                 for key in cfg.reward_model.reward_kwargs if key not in accepted]
-    if name == "dapo" and not problems:
-        dapo = _dapo(cfg)
-        if dapo["enable_overlong_buffer"] and not 0 < dapo["overlong_buffer_len"] <= dapo["max_response_length"]:
-            problems.append(f"the dapo overlong buffer length {dapo['overlong_buffer_len']} must be in (0, "
-                            f"max_resp_len={dapo['max_response_length']}]: set reward_model.overlong_buffer.len "
-                            "(or reward_kwargs.overlong_buffer_cfg.len)")
+    if not problems:
+        problems += MANAGER_CHECKS.get(name, lambda _: [])(cfg)
     return problems
 
 
