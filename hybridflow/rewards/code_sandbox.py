@@ -22,9 +22,10 @@ functions on plain arguments and answers plain data). Both use the base interpre
 - user ``nobody`` (uid 65534) with no capabilities and no nested user namespaces;
 - ``RLIMIT_AS`` (``memory_mb``), ``RLIMIT_CPU``, ``RLIMIT_FSIZE`` (16 MiB),
   ``RLIMIT_NPROC`` (32 tasks), ``RLIMIT_NOFILE`` (64) and no core dumps;
-- the whole sample's memory bounded across forks (:mod:`sandbox_limits`): the tree's
-  resident memory is watched and the tree killed past ``memory_mb``; ``memfd_create``,
-  SysV ``shmget`` and foreign-ABI syscalls are refused by a seccomp filter;
+- the whole sample's memory bounded across forks, kernel memory included, by a memory cgroup of
+  its own (:mod:`sandbox_cgroup`) where one can be made, else by watching the tree's resident
+  memory (:mod:`sandbox_limits`); ``memfd_create``, SysV ``shmget``/``semget``/``msgget``, POSIX
+  ``mq_open`` and foreign-ABI syscalls are refused by a seccomp filter;
 - output read incrementally: the first ``output_limit_bytes`` (1 MiB) of stdout and of
   stderr are kept, the rest is read and dropped (``stdout_truncated`` says so), so a program
   that prints gigabytes costs no memory here.

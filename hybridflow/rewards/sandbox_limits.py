@@ -1,4 +1,4 @@
-"""Per-sample bounds of the code sandbox that hold across forks (no cgroup needed).
+"""Per-sample bounds of the code sandbox that hold across forks without a cgroup.
 
 A sample's program may fork, so per-process ``RLIMIT_AS`` alone lets N children hold N
 times ``memory_mb`` (issue 38 measured 2.1 GB from four children against 1024 MiB). The
@@ -17,8 +17,8 @@ sandbox therefore bounds the sample as a whole:
   dentry) that neither ``size=`` nor any process's memory counts: 1.4 M empty files held
   1,747 MB of slab under ``memory_mb=1024`` before (issue 50).
 
-cgroup v2 (``memory.max``, ``pids.max``) would give a hard bound; it needs a delegated
-cgroup tree that the build hosts (cgroup v1) do not have, so it is not used.
+Where a memory cgroup can be made (:mod:`sandbox_cgroup`), the kernel bounds the sample instead of
+:func:`tree_rss_bytes`, which is then the fallback.
 """
 
 from __future__ import annotations
