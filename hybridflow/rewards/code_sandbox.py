@@ -154,11 +154,13 @@ def _host_dirs(host_dir: str, code: str) -> str:
     return _write_readable(program, "main.py", code)
 
 
-def _bwrap_command(host_dir: str, harness_args: list[str], seccomp_fd: int | None, capped: bool) -> list[str]:
-    """The sandbox's argv: :func:`sandbox_limits.tmpfs_mount_prefix` mounts the capped tmpfs and bwrap
-    binds them (``capped``), or bwrap's own tmpfs, of the same sizes but no inode cap."""
+def _bwrap_command(host_dir: str, harness_args: list[str], seccomp_fd: int | None, capped: bool,
+                   join_cgroup: str | None = None) -> list[str]:  # fmt: skip
+    """The sandbox's argv: :func:`sandbox_limits.tmpfs_mount_prefix` joins ``join_cgroup`` and mounts the capped
+    tmpfs, and bwrap binds them (``capped``), or bwrap's own tmpfs, of the same sizes but no inode cap."""
     executable, prefix = _interpreter()
-    mount_prefix = sandbox_limits.tmpfs_mount_prefix(os.path.join(host_dir, "fstab")) if capped else []
+    fstab = os.path.join(host_dir, "fstab")
+    mount_prefix = sandbox_limits.tmpfs_mount_prefix(fstab, join_cgroup) if capped else []
     command = [
         *mount_prefix, "bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
         "--uid", _NOBODY, "--gid", _NOBODY, "--cap-drop", "ALL", "--hostname", "sandbox",
@@ -391,6 +393,10 @@ class _MemoryBound:
     def prefix(self) -> list[str]:
         return [] if self.cgroup is None else self.cgroup.join_prefix()
 
+    @property
+    def procs(self) -> str | None:
+        return None if self.cgroup is None else self.cgroup.procs
+
     def exceeded(self) -> bool:
         if not self._exceeded:
             if self.cgroup is not None:
@@ -441,8 +447,10 @@ def _start(launch: _Launch, host_dir: str, stdin_file, output, memory: _MemoryBo
     seccomp_fd = None if seccomp is None else _pass_file(host_dir, "seccomp.bpf", seccomp)
     passed = [*launch.passed_fds, *([] if seccomp_fd is None else [seccomp_fd])]
     weak_command = [sys.executable, "-I", "-S", "-c", _HARNESS_SOURCE, *args]
-    command = _bwrap_command(host_dir, args, seccomp_fd, inode_caps_work()) if isolated else weak_command
-    command = memory.prefix() + command
+    if isolated and inode_caps_work():  # the mount script joins the cgroup: no shell of its own
+        command = _bwrap_command(host_dir, args, seccomp_fd, True, memory.procs)
+    else:
+        command = memory.prefix() + (_bwrap_command(host_dir, args, seccomp_fd, False) if isolated else weak_command)
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1"}
     try:
         process = subprocess.Popen(
@@ -537,8 +545,8 @@ def run_asserts(code: str, asserts: list[str], *, timeout_s: float | None = 5.0,
             return judge_process.run(code, entries, (requests_write, replies_read), bounds, memory)
         finally:
             _kill_tree(process)
-            memory.close()
             process.wait()
+            memory.close()
 
 
 def remove_leftovers(pid: int) -> None:

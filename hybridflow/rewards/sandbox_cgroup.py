@@ -15,6 +15,7 @@ tree's resident memory (``sandbox_limits.tree_rss_bytes``) with ``RLIMIT_AS`` pe
 
 from __future__ import annotations
 
+import atexit
 import functools
 import itertools
 import os
@@ -124,6 +125,7 @@ class SampleCgroup:
     def create(cls, memory_bytes: int, joiner_uid: int | None) -> "SampleCgroup | None":
         """A cgroup limited to ``memory_bytes`` whose ``cgroup.procs`` user ``joiner_uid`` may write, or None."""
         base = _base()
+        _sweep()
         group = None if base is None else cls.make(*base, memory_bytes)
         if group is not None and joiner_uid is not None:
             try:
@@ -192,19 +194,38 @@ class SampleCgroup:
                 pass
 
     def remove(self) -> None:
-        """Kill what is left and remove the cgroup (retried while its processes finish dying)."""
+        """Kill what is left and remove the cgroup; while its killed processes finish dying (a few ms) it is
+        left to the next :func:`_sweep` instead of waited for here."""
         for fd in self._fds:
             os.close(fd)
         self._fds.clear()
-        for _ in range(_REMOVE_TRIES):
-            self.kill()
-            try:
-                os.rmdir(self.path)
-                return
-            except FileNotFoundError:
-                return
-            except OSError:
-                time.sleep(0.01)
+        if not self._try_rmdir():
+            _PENDING.append(self)
+
+    def _try_rmdir(self) -> bool:
+        self.kill()
+        try:
+            os.rmdir(self.path)
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
+        return True
+
+
+_PENDING: list[SampleCgroup] = []
+
+
+def _sweep(wait: bool = False) -> None:
+    """Remove the cgroups left busy by :meth:`SampleCgroup.remove`; ``wait``: retry until they go (at exit)."""
+    for _ in range(_REMOVE_TRIES if wait else 1):
+        _PENDING[:] = [group for group in _PENDING if not group._try_rmdir()]
+        if not _PENDING or not wait:
+            return
+        time.sleep(0.01)
+
+
+atexit.register(_sweep, wait=True)
 
 
 def remove_leftovers(pid: int) -> None:
@@ -215,3 +236,4 @@ def remove_leftovers(pid: int) -> None:
     for name in os.listdir(base[0]):
         if name.startswith(f"{PREFIX}{pid}-"):
             SampleCgroup(os.path.join(base[0], name), base[1]).remove()
+    _sweep()

@@ -102,15 +102,18 @@ def tmpfs_fstab(mounts: list[tuple[str, int]]) -> str:
     return "".join(lines)
 
 
-def tmpfs_mount_prefix(fstab_path: str) -> list[str]:
+def tmpfs_mount_prefix(fstab_path: str, join_cgroup: str | None = None) -> list[str]:
     """The argv to put before bwrap's: a new user and mount namespace of its own (util-linux
     ``unshare``; the caller's uid is root in there, nobody else's) that mounts the tmpfs of
     ``fstab_path`` (:func:`tmpfs_fstab`, one ``mount`` for all), then execs bwrap, which binds them
     into the sandbox (bwrap's own ``--tmpfs`` has no inode cap). The mounts live only in that
     namespace: the host sees none, and they vanish with the sandbox. ~7 ms a sandbox.
 
+    ``join_cgroup``: the ``cgroup.procs`` the shell writes its pid into first (the sample's memory cgroup).
+
     A separate program, not a ``preexec_fn``: forked from a process with OpenMP threads (torch),
     the child is no longer single-threaded and ``unshare(CLONE_NEWUSER)`` refuses it.
     """
-    script = f'mount -n -a -T {shlex.quote(fstab_path)} && exec "$@"'
+    join = f"echo $$ > {shlex.quote(join_cgroup)} && " if join_cgroup else ""  # first, before anything forks
+    script = f'{join}mount -n -a -T {shlex.quote(fstab_path)} && exec "$@"'
     return ["unshare", "--user", "--map-root-user", "--mount", "--", "sh", "-c", script, "sh"]
