@@ -359,7 +359,8 @@ def _supervise(process: subprocess.Popen, reader: _CappedReader, timeout_s: floa
         if remaining <= 0:
             stopped = "time" if process.poll() is None or reader.open else None
             break
-        reader.pump(min(remaining, memory.poll_interval_s))
+        # with the pipes closed only the process's exit is left to wait for: no descriptor says it, so look often
+        reader.pump(min(remaining, memory.poll_interval_s if reader.open else sandbox_limits.WATCH_INTERVAL_S))
         if memory.exceeded():
             stopped = "memory"
             break
