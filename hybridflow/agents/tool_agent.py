@@ -129,7 +129,12 @@ class ToolAgentLoop:
         """(interaction, instance id) named by ``extra_info.interaction_kwargs.name``, or None."""
         if not self.context.interactions:
             return None
-        kwargs = dict(extra_info_of(row).get("interaction_kwargs") or {})
+        raw = extra_info_of(row).get("interaction_kwargs") or {}
+        if not isinstance(raw, dict):
+            raise DataError(f"row {traj.row_index}: extra_info.interaction_kwargs is a {type(raw).__name__} "
+                            f"({str(raw)[:60]!r}), expected a dict like {{'name': 'my_interaction', ...}}; store it "
+                            "as a struct/dict in the data (json.loads a JSON string first)")  # fmt: skip
+        kwargs = dict(raw)
         name = kwargs.get("name")
         if name not in self.context.interactions:
             raise DataError(f"row extra_info.interaction_kwargs.name={name!r} is not one of the configured "

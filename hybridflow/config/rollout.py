@@ -211,6 +211,11 @@ def multi_turn_problems(multi_turn: Any) -> list[str]:
                   ("strict", "ignore_strippable", "disable"))
     check_positive(problems, f"{key}.max_parallel_calls", multi_turn.max_parallel_calls)
     check_positive(problems, f"{key}.max_tool_response_length", multi_turn.max_tool_response_length)
+    for name in ("max_assistant_turns", "max_user_turns"):  # verl reads 0 as "no limit", silently
+        turns = getattr(multi_turn, name)
+        if turns is not None and turns <= 0:
+            problems.append(f"{key}.{name}={turns} would allow no turn (verl silently reads 0 as no limit); set it "
+                            "to null for no limit or to a positive number of turns")  # fmt: skip
     if multi_turn.use_inference_chat_template:
         problems.append(f"{key}.use_inference_chat_template=True is not supported: the context keeps the generated "
                         "ids as generated; set it to False")

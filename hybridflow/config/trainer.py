@@ -42,6 +42,10 @@ class TrainerConfig:
     """``auto`` (latest checkpoint if any), ``disable``, or ``resume_path``."""
     resume_from_path: Optional[str] = None
     """global_step_N folder to resume from when resume_mode=resume_path."""
+    start_over: bool = False
+    """Delete the checkpoints in default_local_dir and start a fresh run there. Without it, a folder whose
+    checkpoints were made under another configuration (other components, adv_estimator or model path), or
+    any checkpoint with resume_mode=disable, is refused with one line and left untouched."""
     val_before_train: bool = True
     """Validate once before the first step."""
     val_only: bool = False

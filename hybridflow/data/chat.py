@@ -44,6 +44,13 @@ def validate_messages(value: Any, *, row_index: int, config_key: str) -> list[di
                 f"row {row_index}: message {position} of {config_key} ({message['role']}) has content None; give it "
                 "text ('' for an empty turn) or remove the message"
             )
+    for position, message in enumerate(value):
+        content = message["content"]
+        if isinstance(content, (bytes, bytearray, memoryview)):
+            raise DataError(
+                f"row {row_index}: message {position} of {config_key} has binary content ({bytes(content)[:20]!r}...), "
+                "not text; decode it to a str (e.g. .decode('utf-8')) when writing the data"
+            )
     if not value or not any(isinstance(m["content"], str) and m["content"].strip() for m in value):
         raise DataError(
             f"row {row_index}: empty prompt in {config_key} (no message has text); remove the row or fill it in"
@@ -55,6 +62,12 @@ def render(
     tokenizer, messages: list[dict[str, Any]], *, add_generation_prompt: bool, template_kwargs: dict | None = None
 ) -> str:
     """The chat template's text for ``messages`` (``template_kwargs`` passed through)."""
+    if getattr(tokenizer, "chat_template", None) is None and "chat_template" not in (template_kwargs or {}):
+        raise DataError(
+            f"the tokenizer of {getattr(tokenizer, 'name_or_path', '?')!r} has no chat template; use an instruct/chat "
+            "model's tokenizer, add a chat_template to its tokenizer_config.json, or pass one with "
+            "data.apply_chat_template_kwargs.chat_template"
+        )
     return tokenizer.apply_chat_template(
         messages, tokenize=False, add_generation_prompt=add_generation_prompt, **(template_kwargs or {})
     )

@@ -72,6 +72,7 @@ class RLDataset(torch.utils.data.Dataset):
         processor=None,
         image_key: str = "images",
         video_key: str = "videos",
+        reward_fn_key: str = "data_source",
     ):
         check_truncation(truncation, allowed=RL_TRUNCATIONS, config_key="data.truncation")
         self.tokenizer = tokenizer
@@ -84,6 +85,8 @@ class RLDataset(torch.utils.data.Dataset):
         self.processor, self.image_key = processor, image_key
         rows = read_rows(files)
         require_columns(rows, {prompt_key: "data.prompt_key"}, source=f"data file(s) {files!r}")
+        self.reward_fn_key = reward_fn_key
+        check_row_fields(rows, reward_fn_key=reward_fn_key)
         refuse_videos(rows, video_key=video_key, image_key=image_key)
         require_processor_for_images(rows, processor=processor, image_key=image_key)
         row_ids = subsample(len(rows), max_samples=max_samples, shuffle=shuffle, seed=seed)
@@ -172,6 +175,7 @@ class RLDataset(torch.utils.data.Dataset):
             "index": extra_info.get("index", self.row_ids[index]),
             "uid": str(self.row_ids[index]),
         }
+        sample.setdefault(self.reward_fn_key, row.get(self.reward_fn_key))  # verl's data.reward_fn_key column
         if self.return_raw_chat:
             sample["raw_prompt"] = row[self.prompt_key]
         if self.processor is not None:
@@ -183,6 +187,24 @@ class RLDataset(torch.utils.data.Dataset):
     def collate_fn(self):
         """:func:`collate_prompts` bound to this tokenizer's pad id."""
         return partial(collate_prompts, pad_token_id=self.pad_token_id)
+
+
+def check_row_fields(rows: Sequence[dict[str, Any]], *, reward_fn_key: str) -> None:
+    """``reward_model`` / ``extra_info`` are dicts (not JSON text) and the ``data.reward_fn_key`` column exists:
+    one line naming the row, the value and the fix (issue 61: tracebacks and a misleading line before)."""
+    for index, row in enumerate(rows):
+        for key, example in (("reward_model", "{'style': 'rule', 'ground_truth': '42'}"), ("extra_info", "{'index': 0}")):
+            value = row.get(key)
+            if value is not None and not isinstance(value, dict):
+                raise DataError(
+                    f"row {index}: {key} is a {type(value).__name__} ({str(value)[:60]!r}), expected a dict like "
+                    f"{example}; write it to the parquet as a struct/dict column (json.loads a JSON string first)"
+                )
+        if reward_fn_key != "data_source" and reward_fn_key not in row:
+            raise DataError(
+                f"row {index} has no {reward_fn_key!r} column, which data.reward_fn_key={reward_fn_key} names (its "
+                f"columns: {sorted(row)[:12]}); add the column or set data.reward_fn_key to one of them"
+            )
 
 
 PER_SAMPLE_KEYS = ("data_source", "ability", "reward_model", "ground_truth", "extra_info", "index", "uid", "raw_prompt",
@@ -210,7 +232,7 @@ def collate_prompts(
         "position_ids": position_ids_from_mask(attention_mask),
         "raw_prompt_ids": [list(ids) for ids in prompt_ids],
     }
-    for key in PER_SAMPLE_KEYS:
+    for key in (*PER_SAMPLE_KEYS, *(k for k in samples[0] if k not in PER_SAMPLE_KEYS and k != "prompt_ids")):
         if key in samples[0]:
             batch[key] = [sample[key] for sample in samples]
     return batch

@@ -325,6 +325,7 @@ def load_tokenizer(path: str, *, trust_remote_code: bool = False, padding_side: 
     (a Jinja string) replaces the tokenizer's own."""
     from transformers import AutoTokenizer
 
+    _require_tokenizer_files(path)
     tokenizer = _from_pretrained(AutoTokenizer, path, trust_remote_code=trust_remote_code)
     if chat_template:
         tokenizer.chat_template = chat_template
@@ -332,3 +333,18 @@ def load_tokenizer(path: str, *, trust_remote_code: bool = False, padding_side: 
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = padding_side
     return tokenizer
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model",
+                   "vocab.txt", "tokenizer.tiktoken")
+
+
+def _require_tokenizer_files(path: str) -> None:
+    """A local model folder without any tokenizer file: one line (issue 61: a transformers traceback before)."""
+    folder = os.path.expanduser(str(path))
+    if os.path.isdir(folder) and not any(os.path.isfile(os.path.join(folder, name)) for name in TOKENIZER_FILES):
+        raise ModelError(
+            f"{folder} has no tokenizer files (none of {', '.join(TOKENIZER_FILES[:3])}, ...); copy the tokenizer "
+            "of the model it was trained from into it (tokenizer.save_pretrained(folder)), or point "
+            "data.tokenizer at a folder that has one"
+        )

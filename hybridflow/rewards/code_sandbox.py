@@ -22,9 +22,10 @@ functions on plain arguments and answers plain data). Both use the base interpre
 - user ``nobody`` (uid 65534) with no capabilities and no nested user namespaces;
 - ``RLIMIT_AS`` (``memory_mb``), ``RLIMIT_CPU``, ``RLIMIT_FSIZE`` (16 MiB),
   ``RLIMIT_NPROC`` (32 tasks), ``RLIMIT_NOFILE`` (64) and no core dumps;
-- the whole sample's memory bounded across forks (:mod:`sandbox_limits`): the tree's
-  resident memory is watched and the tree killed past ``memory_mb``; ``memfd_create``,
-  SysV ``shmget`` and foreign-ABI syscalls are refused by a seccomp filter;
+- the whole sample's memory bounded across forks, kernel memory included, by a memory cgroup of
+  its own (:mod:`sandbox_cgroup`) where one can be made, else by watching the tree's resident
+  memory (:mod:`sandbox_limits`); ``memfd_create``, SysV ``shmget``/``semget``/``msgget``, POSIX
+  ``mq_open`` and foreign-ABI syscalls are refused by a seccomp filter;
 - output read incrementally: the first ``output_limit_bytes`` (1 MiB) of stdout and of
   stderr are kept, the rest is read and dropped (``stdout_truncated`` says so), so a program
   that prints gigabytes costs no memory here.
@@ -54,7 +55,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hybridflow.errors import ConfigError
-from hybridflow.rewards import sandbox_harness, sandbox_judge, sandbox_limits
+from hybridflow.rewards import judge_process, sandbox_cgroup, sandbox_harness, sandbox_judge, sandbox_limits
 
 ALLOW_UNSANDBOXED_ENV = "HYBRIDFLOW_ALLOW_UNSANDBOXED_CODE"
 TIMEOUT_ENV = "HYBRIDFLOW_SANDBOX_TIMEOUT_S"
@@ -153,11 +154,13 @@ def _host_dirs(host_dir: str, code: str) -> str:
     return _write_readable(program, "main.py", code)
 
 
-def _bwrap_command(host_dir: str, harness_args: list[str], seccomp_fd: int | None, capped: bool) -> list[str]:
-    """The sandbox's argv: :func:`sandbox_limits.tmpfs_mount_prefix` mounts the capped tmpfs and bwrap
-    binds them (``capped``), or bwrap's own tmpfs, of the same sizes but no inode cap."""
+def _bwrap_command(host_dir: str, harness_args: list[str], seccomp_fd: int | None, capped: bool,
+                   join_cgroup: str | None = None) -> list[str]:  # fmt: skip
+    """The sandbox's argv: :func:`sandbox_limits.tmpfs_mount_prefix` joins ``join_cgroup`` and mounts the capped
+    tmpfs, and bwrap binds them (``capped``), or bwrap's own tmpfs, of the same sizes but no inode cap."""
     executable, prefix = _interpreter()
-    mount_prefix = sandbox_limits.tmpfs_mount_prefix(os.path.join(host_dir, "fstab")) if capped else []
+    fstab = os.path.join(host_dir, "fstab")
+    mount_prefix = sandbox_limits.tmpfs_mount_prefix(fstab, join_cgroup) if capped else []
     command = [
         *mount_prefix, "bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
         "--uid", _NOBODY, "--gid", _NOBODY, "--cap-drop", "ALL", "--hostname", "sandbox",
@@ -307,7 +310,7 @@ def _kill_tree(process: subprocess.Popen) -> None:
 
 class _CappedReader:
     """Reads the named pipes (stdout, stderr) as they come, keeping the first ``limit`` bytes of each;
-    ``truncated`` names those that had more."""
+    ``truncated`` names those that had more. A descriptor registered with ``data=None`` only wakes it."""
 
     def __init__(self, streams: dict[str, int], limit: int):
         self.limit = limit
@@ -320,11 +323,13 @@ class _CappedReader:
 
     @property
     def open(self) -> bool:
-        return bool(self.selector.get_map())
+        return any(key.data is not None for key in self.selector.get_map().values())
 
     def pump(self, timeout_s: float) -> None:
         """Read whatever is ready within ``timeout_s``; closed pipes are unregistered."""
         for key, _ in self.selector.select(timeout=max(timeout_s, 0.0)):
+            if key.data is None:
+                continue  # the memory bound's event: the supervisor looks at it
             try:
                 chunk = os.read(key.fd, 1 << 16)
             except BlockingIOError:
@@ -342,26 +347,72 @@ class _CappedReader:
         return self.kept[name].decode("utf-8", errors="replace")
 
 
-def _supervise(process: subprocess.Popen, reader: _CappedReader, timeout_s: float, memory_bytes: int) -> str | None:
-    """Pump output until the process ends; kill the tree at ``timeout_s`` or when the whole
-    tree's resident memory passes ``memory_bytes``. Returns why it was killed: "time", "memory" or None."""
+def _supervise(process: subprocess.Popen, reader: _CappedReader, timeout_s: float, memory: "_MemoryBound") -> str | None:
+    """Pump output until the process ends; kill the tree at ``timeout_s`` or past the memory bound
+    (the kernel's, or the polled tree's resident memory). Returns why it was killed: "time", "memory" or None."""
     deadline = time.monotonic() + timeout_s
     stopped = None
+    if memory.events_fd is not None:
+        reader.selector.register(memory.events_fd, selectors.EVENT_READ, data=None)
     while process.poll() is None or reader.open:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             stopped = "time" if process.poll() is None or reader.open else None
             break
-        reader.pump(min(remaining, sandbox_limits.WATCH_INTERVAL_S))
-        if sandbox_limits.tree_rss_bytes(process.pid) > memory_bytes:
+        # with the pipes closed only the process's exit is left to wait for: no descriptor says it, so look often
+        reader.pump(min(remaining, memory.poll_interval_s if reader.open else sandbox_limits.WATCH_INTERVAL_S))
+        if memory.exceeded():
             stopped = "memory"
             break
+    if memory.events_fd is not None:
+        reader.selector.unregister(memory.events_fd)
     _kill_tree(process)  # what is left: the program, or a child that kept the pipes
+    memory.kill()
     drain_until = time.monotonic() + _DRAIN_AFTER_KILL_S
     while reader.open and time.monotonic() < drain_until:
         reader.pump(0.05)
     process.wait()
-    return stopped
+    return "memory" if stopped != "time" and memory.exceeded() else stopped
+
+
+class _MemoryBound:
+    """A sample's memory bound: its cgroup's (the kernel's, kernel memory included), else the
+    polled resident memory of its process tree (:func:`sandbox_limits.tree_rss_bytes`)."""
+
+    def __init__(self, memory_mb: int, isolated: bool):
+        self.memory_bytes = memory_mb * 2**20
+        joiner = int(_NOBODY) if isolated and _drop_to_nobody() else None
+        self.cgroup = sandbox_cgroup.SampleCgroup.create(self.memory_bytes, joiner)
+        self.events_fd = None if self.cgroup is None else self.cgroup.oom_events()
+        self.root_pid: int | None = None
+        self._exceeded = False
+
+    @property
+    def poll_interval_s(self) -> float:
+        return 3600.0 if self.cgroup is not None else sandbox_limits.WATCH_INTERVAL_S
+
+    def prefix(self) -> list[str]:
+        return [] if self.cgroup is None else self.cgroup.join_prefix()
+
+    @property
+    def procs(self) -> str | None:
+        return None if self.cgroup is None else self.cgroup.procs
+
+    def exceeded(self) -> bool:
+        if not self._exceeded:
+            if self.cgroup is not None:
+                self._exceeded = self.cgroup.oom_killed()
+            elif self.root_pid is not None:
+                self._exceeded = sandbox_limits.tree_rss_bytes(self.root_pid) > self.memory_bytes
+        return self._exceeded
+
+    def kill(self) -> None:
+        if self.cgroup is not None:
+            self.cgroup.kill()
+
+    def close(self) -> None:
+        if self.cgroup is not None:
+            self.cgroup.remove()
 
 
 def _pass_file(folder: str, name: str, data: bytes) -> int:
@@ -387,8 +438,8 @@ class _Launch:
     output_limit: int = OUTPUT_LIMIT_BYTES  # bytes kept of stdout and of stderr
 
 
-def _start(launch: _Launch, host_dir: str, stdin_file, output) -> subprocess.Popen:
-    """Start the sandbox; ``output`` is where its stdout and stderr go (PIPE or DEVNULL)."""
+def _start(launch: _Launch, host_dir: str, stdin_file, output, memory: _MemoryBound) -> subprocess.Popen:
+    """Start the sandbox in ``memory``'s cgroup; ``output`` is where its stdout and stderr go (PIPE or DEVNULL)."""
     program_path = _host_dirs(host_dir, launch.code)
     isolated = sandbox_available()
     args = _harness_args(launch.memory_mb, launch.timeout_s, "bwrap" if isolated else "weak", launch.kind)
@@ -397,13 +448,18 @@ def _start(launch: _Launch, host_dir: str, stdin_file, output) -> subprocess.Pop
     seccomp_fd = None if seccomp is None else _pass_file(host_dir, "seccomp.bpf", seccomp)
     passed = [*launch.passed_fds, *([] if seccomp_fd is None else [seccomp_fd])]
     weak_command = [sys.executable, "-I", "-S", "-c", _HARNESS_SOURCE, *args]
-    command = _bwrap_command(host_dir, args, seccomp_fd, inode_caps_work()) if isolated else weak_command
+    if isolated and inode_caps_work():  # the mount script joins the cgroup: no shell of its own
+        command = _bwrap_command(host_dir, args, seccomp_fd, True, memory.procs)
+    else:
+        command = memory.prefix() + (_bwrap_command(host_dir, args, seccomp_fd, False) if isolated else weak_command)
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1"}
     try:
-        return subprocess.Popen(
+        process = subprocess.Popen(
             command, cwd=os.path.dirname(program_path), env=env, stdin=stdin_file, stdout=output, stderr=output,
             start_new_session=True, pass_fds=passed, **(_drop_to_nobody() if isolated else {}),
         )  # fmt: skip
+        memory.root_pid = process.pid
+        return process
     finally:
         for fd in passed:
             os.close(fd)  # the sandbox holds them now
@@ -416,18 +472,22 @@ def _time_limit(timeout_s: float | None) -> float:
 def _run(launch: _Launch) -> ExecutionResult:
     """Run one program with stdin; its capped output and why it stopped."""
     check_sandbox()
+    memory = _MemoryBound(launch.memory_mb, sandbox_available())
     with tempfile.TemporaryDirectory(prefix=f"{_TEMP_PREFIX}{os.getpid()}-") as host_dir:
         stdin_path = _write_readable(host_dir, "stdin.txt", launch.stdin)
-        with open(stdin_path, "rb") as stdin_file:
-            process = _start(launch, host_dir, stdin_file, subprocess.PIPE)
-            streams = {"stdout": process.stdout.fileno(), "stderr": process.stderr.fileno()}
-            reader = _CappedReader(streams, launch.output_limit)
-            try:
-                stopped = _supervise(process, reader, launch.timeout_s, launch.memory_mb * 2**20)
-            finally:
-                _kill_tree(process)
-                process.stdout.close()
-                process.stderr.close()
+        try:
+            with open(stdin_path, "rb") as stdin_file:
+                process = _start(launch, host_dir, stdin_file, subprocess.PIPE, memory)
+                streams = {"stdout": process.stdout.fileno(), "stderr": process.stderr.fileno()}
+                reader = _CappedReader(streams, launch.output_limit)
+                try:
+                    stopped = _supervise(process, reader, launch.timeout_s, memory)
+                finally:
+                    _kill_tree(process)
+                    process.stdout.close()
+                    process.stderr.close()
+        finally:
+            memory.close()
     return ExecutionResult(
         returncode=None if stopped == "time" else process.returncode,
         stdout=reader.text("stdout"),
@@ -456,21 +516,14 @@ def run_python(
     return _run(launch)
 
 
-def _memory_watch(process: subprocess.Popen, memory_mb: int):
-    def watch() -> None:
-        if sandbox_limits.tree_rss_bytes(process.pid) > memory_mb * 2**20:
-            raise sandbox_judge.ProgramStopped("memory")
-
-    return watch
-
-
 def run_asserts(code: str, asserts: list[str], *, timeout_s: float | None = 5.0, memory_mb: int = 1024) -> list[bool]:
-    """Whether ``code`` passes each entry of ``asserts``, judged here by :mod:`sandbox_judge`.
+    """Whether ``code`` passes each entry of ``asserts``, judged by :mod:`sandbox_judge` in a judge
+    process of its own (:mod:`judge_process`), killed with the sandbox at the sample's clock.
 
-    The tests run in this process; the sandbox runs only the program's own functions on the
-    arguments sent to it (:mod:`sandbox_harness`). ``timeout_s`` (None: :data:`DEFAULT_TIMEOUT_S`)
-    bounds the program's time in each entry, and the module body's; all of them together stop at
-    ``timeout_s * (len(asserts) + 1)``.
+    The sandbox runs only the program's own functions on the arguments sent to it
+    (:mod:`sandbox_harness`). ``timeout_s`` (None: :data:`DEFAULT_TIMEOUT_S`) bounds each entry,
+    the program's time and the judge's decoding and comparing together, and the module body's; all
+    of them together stop at ``timeout_s * (len(asserts) + 1)``.
     """
     entries = sandbox_judge.parse_assert_tests(asserts)  # a bad row fails here, in one line
     timeout_s = _time_limit(timeout_s)
@@ -479,27 +532,29 @@ def run_asserts(code: str, asserts: list[str], *, timeout_s: float | None = 5.0,
     replies_read, replies_write = os.pipe()
     launch = _Launch(code=code, stdin="", timeout_s=timeout_s * (len(asserts) + 1), memory_mb=memory_mb,
                      kind="serve", passed_fds=(requests_read, replies_write))  # fmt: skip
+    memory = _MemoryBound(memory_mb, sandbox_available())
     with tempfile.TemporaryDirectory(prefix=f"{_TEMP_PREFIX}{os.getpid()}-") as host_dir:
         try:
-            process = _start(launch, host_dir, subprocess.DEVNULL, subprocess.DEVNULL)
+            process = _start(launch, host_dir, subprocess.DEVNULL, subprocess.DEVNULL, memory)
         except BaseException:
-            os.close(requests_write)
-            os.close(replies_read)
+            for fd in (requests_write, replies_read):
+                os.close(fd)
+            memory.close()
             raise
         try:
-            channel = sandbox_judge.ProgramChannel(requests_write, replies_read, _memory_watch(process, memory_mb))
-            return sandbox_judge.judge(channel, code, entries, timeout_s, time.monotonic() + launch.timeout_s)
+            bounds = judge_process.Bounds(timeout_s, launch.timeout_s, memory_mb, memory.poll_interval_s)
+            return judge_process.run(code, entries, (requests_write, replies_read), bounds, memory)
         finally:
             _kill_tree(process)
-            os.close(requests_write)
-            os.close(replies_read)
             process.wait()
+            memory.close()
 
 
 def remove_leftovers(pid: int) -> None:
     """Remove the temp dirs of sandboxes that process ``pid`` started (it was killed mid-run)."""
     for folder in Path(tempfile.gettempdir()).glob(f"{_TEMP_PREFIX}{pid}-*"):
         shutil.rmtree(folder, ignore_errors=True)
+    sandbox_cgroup.remove_leftovers(pid)
 
 
 def outputs_match(actual: str, expected: str) -> bool:

@@ -36,17 +36,52 @@ import time
 from dataclasses import dataclass
 
 from hybridflow.rewards.sandbox_harness import NotPlainData, decode, encode
-from hybridflow.rewards.sandbox_limits import WATCH_INTERVAL_S
 
 REPLY_LIMIT_BYTES = 16 << 20
-# standard modules whose functions compute on their arguments and touch nothing of the process (no
-# exit, sleep, files, environment, global RNG or settings): a name the program imports from one of
-# these, unaliased, is imported here instead of asked from the program (whose copy it may have changed)
+# standard modules that a test may use under their own name (``math.fabs(x)``): the test's author
+# chose which of their functions to call, so the module is this process's own, never the program's
 PURE_MODULES = frozenset({
     "math", "cmath", "collections", "itertools", "functools", "heapq", "bisect", "operator", "fractions",
     "decimal", "statistics", "string", "re", "copy", "datetime", "json", "typing", "numbers",
     "array", "enum", "dataclasses", "textwrap", "unicodedata", "struct", "types", "abc",
 })  # fmt: skip
+# the functions and classes that compute on their arguments only (no exit, stdin, sleep, files,
+# environment, global RNG or settings): a name the program imports from these, unaliased, is taken
+# from this process (the program may have changed its own copy). Trust is by function, not module:
+# ``from json.tool import main`` is the program's, asked from the sandbox (issue 61). A module's
+# constants (``from math import pi``) are taken here too when they are plain data.
+PURE_FUNCTIONS = {
+    "math": frozenset({
+        "acos", "acosh", "asin", "asinh", "atan", "atan2", "atanh", "ceil", "comb", "copysign", "cos", "cosh",
+        "degrees", "dist", "erf", "erfc", "exp", "expm1", "fabs", "factorial", "floor", "fmod", "frexp", "fsum",
+        "gamma", "gcd", "hypot", "isclose", "isfinite", "isinf", "isnan", "isqrt", "lcm", "ldexp", "lgamma", "log",
+        "log10", "log1p", "log2", "modf", "nextafter", "perm", "pow", "prod", "radians", "remainder", "sin",
+        "sinh", "sqrt", "tan", "tanh", "trunc", "ulp",
+    }),
+    "cmath": frozenset({"exp", "isclose", "log", "phase", "polar", "rect", "sqrt"}),
+    "collections": frozenset({"Counter", "OrderedDict", "defaultdict", "deque", "namedtuple"}),
+    "itertools": frozenset({
+        "accumulate", "chain", "combinations", "combinations_with_replacement", "compress", "dropwhile",
+        "filterfalse", "groupby", "islice", "pairwise", "permutations", "product", "starmap", "takewhile",
+        "zip_longest",
+    }),
+    "functools": frozenset({"cmp_to_key", "reduce"}),
+    "heapq": frozenset({"heapify", "heappop", "heappush", "heappushpop", "heapreplace", "merge", "nlargest",
+                        "nsmallest"}),
+    "bisect": frozenset({"bisect", "bisect_left", "bisect_right", "insort", "insort_left", "insort_right"}),
+    "operator": frozenset({"add", "and_", "eq", "floordiv", "ge", "gt", "itemgetter", "le", "lt", "mod", "mul",
+                           "ne", "neg", "or_", "pow", "sub", "truediv", "xor"}),
+    "fractions": frozenset({"Fraction"}),
+    "decimal": frozenset({"Decimal"}),
+    "statistics": frozenset({"fmean", "mean", "median", "median_high", "median_low", "mode", "multimode",
+                             "pstdev", "pvariance", "stdev", "variance"}),
+    "re": frozenset({"escape", "findall", "split", "sub", "subn"}),
+    "copy": frozenset({"copy", "deepcopy"}),
+    "json": frozenset({"dumps", "loads"}),
+    "typing": frozenset({"Any", "Dict", "FrozenSet", "List", "Optional", "Set", "Tuple", "Union"}),
+    "datetime": frozenset({"date", "datetime", "timedelta"}),
+    "textwrap": frozenset({"dedent", "fill", "indent", "wrap"}),
+}  # fmt: skip
 
 
 class TestCaseError(ValueError):
@@ -100,8 +135,10 @@ def _parse_entry(entry: str) -> AssertEntry:
 
 
 def stdlib_imports(program: str) -> dict[str, tuple[str, str | None]]:
-    """``{bound name: (module, attribute or None)}`` for the top-level imports of ``program``
-    from :data:`PURE_MODULES`, where the program binds that name no other way.
+    """``{bound name: (module, attribute or None)}`` for the top-level imports of ``program`` that this
+    process takes from its own standard library, where the program binds that name no other way:
+    ``import M`` of a :data:`PURE_MODULES` module, and ``from M import name`` of a
+    :data:`PURE_FUNCTIONS` function or a plain-data constant of such a module.
 
     Only imports under their own public name count (``from collections import Counter``, ``import
     math``): ``from sys import exit as add`` or ``from math import hypot as add`` would let the
@@ -116,16 +153,26 @@ def stdlib_imports(program: str) -> dict[str, tuple[str, str | None]]:
         if isinstance(node, ast.Import):
             for alias in node.names:
                 top = alias.name.split(".")[0]
-                if alias.asname is None:
+                if alias.asname is None and top in PURE_MODULES:
                     imports[top] = (top, None)
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+        elif isinstance(node, ast.ImportFrom) and node.module in PURE_MODULES and not node.level:
             imports.update({alias.name: (node.module, alias.name) for alias in node.names
-                            if alias.asname is None and not alias.name.startswith("_")})
+                            if alias.asname is None and _trusted_member(node.module, alias.name)})
     bound_otherwise = _bound_without_import(body)
-    return {
-        name: origin for name, origin in imports.items()
-        if origin[0].split(".")[0] in PURE_MODULES and name not in bound_otherwise
-    }  # fmt: skip
+    return {name: origin for name, origin in imports.items() if name not in bound_otherwise}
+
+
+def _trusted_member(module: str, name: str) -> bool:
+    """``module.name`` is an allow-listed pure function, or a constant that is plain data."""
+    if name in PURE_FUNCTIONS.get(module, ()):
+        return True
+    if name.startswith("_"):
+        return False
+    try:
+        encode(getattr(importlib.import_module(module), name))
+    except (NotPlainData, ImportError, AttributeError):
+        return False
+    return True
 
 
 def _bound_without_import(body: list[ast.stmt]) -> set[str]:
@@ -147,24 +194,24 @@ def _import(module: str, attribute: str | None):
 class ProgramChannel:
     """The two pipes to the program server, read and written by this process's own clock.
 
-    ``watch()`` is called at least every :data:`WATCH_INTERVAL_S` while waiting and raises
-    :class:`ProgramStopped` when the sandbox is past its memory bound.
+    Waits with ``poll`` (any descriptor number, not ``select``'s 1,023). The sample's memory is
+    watched by the process that supervises this judge (:mod:`judge_process`), not here.
     """
 
-    def __init__(self, requests_fd: int, replies_fd: int, watch):
-        self.requests_fd, self.replies_fd, self.watch = requests_fd, replies_fd, watch
+    def __init__(self, requests_fd: int, replies_fd: int):
+        self.requests_fd, self.replies_fd = requests_fd, replies_fd
         self.pending = b""
         os.set_blocking(requests_fd, False)
 
     def _wait(self, fd: int, for_write: bool, deadline: float) -> None:
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT if for_write else select.POLLIN)
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise ProgramStopped("time")
-            wanted = ([], [fd]) if for_write else ([fd], [])
-            if any(select.select(*wanted, [], min(remaining, WATCH_INTERVAL_S))[:2]):
+            if poller.poll(1000 * remaining):
                 return
-            self.watch()
 
     def send(self, request: dict, deadline: float) -> None:
         data = (json.dumps(request) + "\n").encode()
@@ -279,20 +326,27 @@ class Judge:
         self.budget_s = self.timeout_s
         try:
             exec(entry.code, self.namespace(entry))
-        except Exception:  # noqa: BLE001 - a failed assert, a wrong answer of any shape
+        except ProgramStopped:
+            raise
+        except BaseException:  # noqa: BLE001 - a failed assert, a wrong answer of any shape, a SystemExit
             return False
         return True
 
 
 def judge(channel: ProgramChannel, program: str, entries: list[AssertEntry], timeout_s: float,
-          sample_deadline: float) -> list[bool]:  # fmt: skip
-    """Whether the program passes each entry; after the program stops, every later entry fails."""
+          sample_deadline: float, report=lambda mark: None) -> list[bool]:  # fmt: skip
+    """Whether the program passes each entry; after the program stops, every later entry fails.
+
+    ``report(mark)`` is told each stage as it ends: ``b"r"`` (the module body ran), then ``b"1"`` or
+    ``b"0"`` per entry."""
     referee = Judge(channel, program, timeout_s, sample_deadline)
-    passed = [False] * len(entries)
+    passed: list[bool] = []
     try:
         referee.wait_ready()
-        for index, entry in enumerate(entries):
-            passed[index] = referee.passes(entry)
+        report(b"r")
+        for entry in entries:
+            passed.append(referee.passes(entry))
+            report(b"1" if passed[-1] else b"0")
     except ProgramStopped:
-        pass
-    return passed
+        report(b"0" * (len(entries) - len(passed)))
+    return passed + [False] * (len(entries) - len(passed))

@@ -1,4 +1,4 @@
-"""Per-sample bounds of the code sandbox that hold across forks (no cgroup needed).
+"""Per-sample bounds of the code sandbox that hold across forks without a cgroup.
 
 A sample's program may fork, so per-process ``RLIMIT_AS`` alone lets N children hold N
 times ``memory_mb`` (issue 38 measured 2.1 GB from four children against 1024 MiB). The
@@ -8,16 +8,17 @@ sandbox therefore bounds the sample as a whole:
   supervisor reads every :data:`WATCH_INTERVAL_S` and kills the tree when it passes
   ``memory_mb`` -- a bound between polls too: ``RLIMIT_AS`` per process times
   ``RLIMIT_NPROC`` processes;
-- :func:`seccomp_filter`: ``memfd_create`` and SysV ``shmget`` refused (memory that no
-  process's address space holds), and every syscall of a foreign ABI (i386, x32);
+- :func:`seccomp_filter`: ``memfd_create``, SysV ``shmget``, ``semget``, ``msgget`` and POSIX
+  ``mq_open`` refused (memory that no process's address space holds: 1.5 GB of semaphore sets and
+  1.4 GB of message queues held before issue 61), and every syscall of a foreign ABI (i386, x32);
 - the writable file systems are small tmpfs (see ``code_sandbox``): ``/dev`` is read-only,
   ``/dev/shm`` is :data:`SHM_BYTES`; :func:`tmpfs_mount_prefix` caps each one's inodes too
   (:data:`TMPFS_INODES`), because an empty file holds kernel memory (~1.2 KiB of inode and
   dentry) that neither ``size=`` nor any process's memory counts: 1.4 M empty files held
   1,747 MB of slab under ``memory_mb=1024`` before (issue 50).
 
-cgroup v2 (``memory.max``, ``pids.max``) would give a hard bound; it needs a delegated
-cgroup tree that the build hosts (cgroup v1) do not have, so it is not used.
+Where a memory cgroup can be made (:mod:`sandbox_cgroup`), the kernel bounds the sample instead of
+:func:`tree_rss_bytes`, which is then the fallback.
 """
 
 from __future__ import annotations
@@ -41,8 +42,13 @@ _RETURN = 0x06  # BPF_RET | BPF_K
 _ALLOW = 0x7FFF0000
 _REFUSE = 0x00050000 | 1  # SECCOMP_RET_ERRNO | EPERM
 _X32_SYSCALL_BIT = 0x40000000
-# machine -> (AUDIT_ARCH_*, syscall numbers of memfd_create and shmget)
-_ARCHES = {"x86_64": (0xC000003E, (319, 29)), "aarch64": (0xC00000B7, (279, 194))}
+# machine -> (AUDIT_ARCH_*, {syscall: number}) of the syscalls that make memory no process holds:
+# memfd_create, SysV shared memory, semaphore sets and message queues, POSIX message queues
+_ARCHES = {
+    "x86_64": (0xC000003E, {"memfd_create": 319, "shmget": 29, "semget": 64, "msgget": 68, "mq_open": 240}),
+    "aarch64": (0xC00000B7, {"memfd_create": 279, "shmget": 194, "semget": 190, "msgget": 186, "mq_open": 180}),
+}
+_BLOCKED_NAMES = ("memfd_create", "shmget", "semget", "msgget", "mq_open")
 
 
 def _statement(code: int, k: int, true_skip: int = 0, false_skip: int = 0) -> bytes:
@@ -53,7 +59,8 @@ def seccomp_filter() -> bytes | None:
     """The compiled filter bwrap's ``--seccomp`` reads, or None on a machine not in the table."""
     if platform.machine() not in _ARCHES:
         return None
-    arch, blocked = _ARCHES[platform.machine()]
+    arch, numbers = _ARCHES[platform.machine()]
+    blocked = [numbers[name] for name in _BLOCKED_NAMES]
     program = [
         _statement(_LOAD_WORD, 4),  # seccomp_data.arch
         _statement(_JUMP_EQUAL, arch, true_skip=1),
@@ -95,15 +102,18 @@ def tmpfs_fstab(mounts: list[tuple[str, int]]) -> str:
     return "".join(lines)
 
 
-def tmpfs_mount_prefix(fstab_path: str) -> list[str]:
+def tmpfs_mount_prefix(fstab_path: str, join_cgroup: str | None = None) -> list[str]:
     """The argv to put before bwrap's: a new user and mount namespace of its own (util-linux
     ``unshare``; the caller's uid is root in there, nobody else's) that mounts the tmpfs of
     ``fstab_path`` (:func:`tmpfs_fstab`, one ``mount`` for all), then execs bwrap, which binds them
     into the sandbox (bwrap's own ``--tmpfs`` has no inode cap). The mounts live only in that
     namespace: the host sees none, and they vanish with the sandbox. ~7 ms a sandbox.
 
+    ``join_cgroup``: the ``cgroup.procs`` the shell writes its pid into first (the sample's memory cgroup).
+
     A separate program, not a ``preexec_fn``: forked from a process with OpenMP threads (torch),
     the child is no longer single-threaded and ``unshare(CLONE_NEWUSER)`` refuses it.
     """
-    script = f'mount -n -a -T {shlex.quote(fstab_path)} && exec "$@"'
+    join = f"echo $$ > {shlex.quote(join_cgroup)} && " if join_cgroup else ""  # first, before anything forks
+    script = f'{join}mount -n -a -T {shlex.quote(fstab_path)} && exec "$@"'
     return ["unshare", "--user", "--map-root-user", "--mount", "--", "sh", "-c", script, "sh"]

@@ -288,7 +288,7 @@ def test_the_program_is_asked_only_to_call_its_functions_on_plain_arguments(test
 
     peer = threading.Thread(target=program)
     peer.start()
-    channel = sandbox_judge.ProgramChannel(requests_write, replies_read, watch=lambda: None)
+    channel = sandbox_judge.ProgramChannel(requests_write, replies_read)
     entries = sandbox_judge.parse_assert_tests([test])
     try:
         assert sandbox_judge.judge(channel, "", entries, 5.0, time.monotonic() + 30) == [value]

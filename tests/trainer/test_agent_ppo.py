@@ -185,3 +185,47 @@ def test_multi_turn_tool_run_resumes_bit_for_bit_after_sigkill(tmp_path):
     straight, resumed = kill_after_step_2_and_resume(
         tmp_path, lambda root: resumable_tool_run(root, model, steps=4, every=2))
     assert_same_steps(metrics_rows(straight), metrics_rows(resumed))
+
+
+def _kill_while_writing(overrides: list[str], root, step: int, written: str = "") -> int:
+    """Start the run and SIGKILL it while ``global_step_{step}`` is being written: once its temp folder (and in
+    it ``written``, when given) exists."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "hybridflow.trainer.main_ppo", *overrides],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    deadline = time.time() + 600
+    pattern = f"global_step_{step}.tmp-*/{written}".rstrip("/")
+    while not list((root / "ckpt").glob(pattern)) and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.002)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    return proc.returncode
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("written", ["", "actor/dcp", "data.pt"], ids=["at-the-start", "in-the-actor", "in-data.pt"])
+def test_multi_turn_tool_run_killed_while_writing_a_checkpoint_resumes_bit_for_bit(tmp_path, written):
+    """Killed while step 3's checkpoint is being written (issue 61 saw 5.6e-9 there), at its start, while the
+    actor's shards are written and while data.pt is, then resumed from step 2: step 4's weights and every step's
+    metrics equal the uninterrupted run's."""
+    import signal
+
+    from tests.trainer.test_ppo_e2e import _run_cli, merged_weights
+
+    model = tool_calling_model_dir(tmp_path / "model")
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    _run_cli(resumable_tool_run(straight, model, steps=4, every=1))
+    killed = _kill_while_writing(resumable_tool_run(resumed, model, steps=4, every=1), resumed, 3, written)
+    assert killed == -signal.SIGKILL
+    assert (resumed / "ckpt" / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
+    assert not (resumed / "ckpt" / "global_step_3").exists()
+    _run_cli(resumable_tool_run(resumed, model, steps=4, every=1))
+    a = merged_weights(straight / "ckpt" / "global_step_4" / "actor", tmp_path / "a")
+    b = merged_weights(resumed / "ckpt" / "global_step_4" / "actor", tmp_path / "b")
+    assert [key for key in a if not torch.equal(a[key], b[key])] == []
+    assert_same_steps(metrics_rows(straight), metrics_rows(resumed))

@@ -72,10 +72,18 @@ def test_damaged_newest_step_falls_back_to_the_previous_one(tmp_path, caplog, da
     assert (step, extra) == (1, {"step": 1})
 
 
-def test_a_component_the_run_needs_but_never_saved_is_damage(tmp_path, caplog):
+def test_a_component_the_run_needs_but_never_saved_is_another_runs_not_damage(tmp_path, caplog):
+    # issue 61: it was called damaged, skipped, and the run started fresh over it; now the step is intact
+    # and the run that needs more is refused in one line before anything is touched (ownership.py)
+    from hybridflow.errors import ConfigError
+    from hybridflow.trainer.checkpoints.ownership import claim_run_folder
+
     save_steps(tmp_path, [1])
-    assert resume(tmp_path, caplog, components=("actor", "critic", "reward")) is None
-    assert "component 'reward' is missing" in caplog.text and "starting fresh" in caplog.text
+    assert resume(tmp_path, caplog, components=("actor", "critic", "reward")) == str(tmp_path / "global_step_1")
+    assert "damaged" not in caplog.text
+    with pytest.raises(ConfigError, match=r"another configuration \(it holds components \['actor', 'critic'\], "
+                                          r"this run needs \['actor', 'critic', 'reward'\]\)"):
+        claim_run_folder(str(tmp_path), "auto", ("actor", "critic", "reward"), {})
 
 
 def test_damaged_explicit_resume_path_is_one_clear_error(tmp_path):

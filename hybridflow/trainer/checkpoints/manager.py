@@ -186,8 +186,8 @@ def find_resume_checkpoint(
         raise ConfigError(f"trainer.resume_mode={resume_mode!r} is not one of {list(RESUME_MODES)}")
     if resume_mode == "disable":
         return None
-    if resume_mode == "auto":
-        return _find_auto(root, tuple(components))
+    if resume_mode == "auto":  # a step without a component this run needs is another run's, not damaged
+        return _find_auto(root)
     if not resume_from_path or not os.path.isdir(resume_from_path):
         raise ConfigError(
             f"trainer.resume_mode=resume_path needs trainer.resume_from_path to be an existing "
@@ -234,14 +234,15 @@ def _remove_leftovers(root: str) -> None:
             shutil.rmtree(os.path.join(root, name), ignore_errors=True)
 
 
-def _write_step(temp: str, step: int, components: Mapping[str, Checkpointable], extra: Mapping[str, Any]) -> None:
+def _write_step(temp: str, step: int, components: Mapping[str, Checkpointable], extra: Mapping[str, Any],
+                signature: Mapping[str, Any]) -> None:  # fmt: skip
     os.makedirs(temp)
     for name, component in components.items():
         os.makedirs(os.path.join(temp, name))
         component.save_to(os.path.join(temp, name))
     torch.save(dict(extra), os.path.join(temp, EXTRA_FILE))
     _fsync_tree(temp)
-    marker = {"step": step, "components": sorted(components), "saved_at": time.time(),
+    marker = {"step": step, "components": sorted(components), "signature": dict(signature), "saved_at": time.time(),
               "files": build_manifest(temp, marker_name=COMPLETE_MARKER)}
     write_text_atomic(os.path.join(temp, COMPLETE_MARKER), json.dumps(marker))
 
@@ -299,13 +300,15 @@ def save_checkpoint(
     extra: Mapping[str, Any] | None = None,
     max_to_keep: int | None | Mapping[str, int | None] = None,
     protect: Sequence[str] = (),
+    signature: Mapping[str, Any] | None = None,
 ) -> str:
     """Save ``components`` (``{"actor": ..., "critic": ...}``) and ``extra`` as step ``step``; returns its directory.
 
     ``extra`` (dataloader state, KL-controller state, ...) goes to ``data.pt``. After the
     tracker names the new step, the oldest complete steps beyond ``max_to_keep`` are
     deleted (None or <= 0 keeps all; a mapping limits each component, see ``rotate_checkpoints``),
-    except the steps in ``protect``.
+    except the steps in ``protect``. ``signature`` (config values a resume must match, see
+    ownership.py) is recorded in the completion marker.
     """
     os.makedirs(root, exist_ok=True)
     _remove_leftovers(root)
@@ -314,7 +317,8 @@ def save_checkpoint(
     needed = _previous_step_bytes(root)
     _check_free_space(root, needed)
     try:
-        _write_step(temp, step, {name: as_component(c) for name, c in components.items()}, extra or {})
+        _write_step(temp, step, {name: as_component(c) for name, c in components.items()}, extra or {},
+                    signature or {})
         _publish(temp, final)
         _write_tracker(root, step)
     except BaseException as error:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from hybridflow.errors import CheckpointError, WorkerDiedError
 from hybridflow.trainer.checkpoints.best import BestCheckpoint, BestRecord, read_best_record, write_best_record
 from hybridflow.trainer.checkpoints.manager import find_resume_checkpoint, load_checkpoint, save_checkpoint
+from hybridflow.trainer.checkpoints.ownership import claim_run_folder
 from hybridflow.trainer.loop.generation import Generation
 from hybridflow.trainer.loop.parts import Parts, Run
 from hybridflow.trainer.loop.validation import validate
@@ -47,6 +48,10 @@ class Loop:
         self.global_step = self.resumed_from = self.load_checkpoint()
         if self.global_step > 0:
             self.tracking.resume_at(self.global_step)
+        if self.global_step >= self.total_steps > 0:
+            print(f"hybridflow: the checkpoint is at step {self.global_step}, already at or past this run's "
+                  f"{self.total_steps} steps (trainer.total_training_steps / total_epochs): nothing to train; "
+                  "raise trainer.total_training_steps to train on", flush=True)  # fmt: skip
         last: dict[str, float] = {}
         if self.run.val_loader is not None and self.cfg.trainer.val_before_train and self.global_step == 0:
             last = self.validate()
@@ -136,7 +141,7 @@ class Loop:
         limits = {"actor": trainer.max_actor_ckpt_to_keep, "critic": trainer.max_critic_ckpt_to_keep}
         try:
             return save_checkpoint(trainer.default_local_dir, self.global_step, self.checkpoint_components,
-                                   extra=state, max_to_keep={name: limits.get(name, trainer.max_actor_ckpt_to_keep)
+                                   extra=state, signature=self.signature(), max_to_keep={name: limits.get(name, trainer.max_actor_ckpt_to_keep)
                                                              for name in self.checkpoint_components},
                                    protect=self.protected_checkpoints())
         except CheckpointError as error:
@@ -150,9 +155,17 @@ class Loop:
         record = read_best_record(self.cfg.trainer.default_local_dir) if self.cfg.trainer.keep_best_checkpoint else None
         return (record.path,) if record is not None else ()
 
+    def signature(self) -> dict:
+        """The config values a checkpoint of this run cannot be resumed across (checkpoints/ownership.py)."""
+        return {"algorithm.adv_estimator": self.cfg.algorithm.adv_estimator,
+                "actor_rollout_ref.model.path": self.cfg.actor_rollout_ref.model.path}  # fmt: skip
+
     def load_checkpoint(self) -> int:
-        """Resume per ``trainer.resume_mode``; returns the step to continue from (0 = fresh)."""
+        """Resume per ``trainer.resume_mode``; returns the step to continue from (0 = fresh). A folder whose
+        checkpoints this run did not make is refused first (``trainer.start_over`` deletes them instead)."""
         trainer = self.cfg.trainer
+        claim_run_folder(trainer.default_local_dir, trainer.resume_mode, tuple(self.checkpoint_components),
+                         self.signature(), start_over=trainer.start_over)  # fmt: skip
         path = find_resume_checkpoint(trainer.default_local_dir, trainer.resume_mode, trainer.resume_from_path,
                                       components=tuple(self.checkpoint_components))
         if path is None:
