@@ -210,8 +210,34 @@ def flatten(tree: dict, keys: dict[str, Any], prefix: str = "",
 
 
 # --------------------------------------------------------------------------- compose
+def _entry_schema(keys: dict[str, Any], key: str) -> tuple[str, str, type] | None:
+    """(mapping key, entry name, entry dataclass) when ``key`` lies under a ``Dict[str, <dataclass>]`` entry
+    (``distillation.teacher_models.t1.model_path``), else None."""
+    prefix = _open_ancestor(keys, key)
+    args = typing.get_args(keys[prefix]) if prefix else ()
+    if len(args) != 2 or not dataclasses.is_dataclass(args[1]):
+        return None
+    return prefix, key[len(prefix) + 1:].split(".")[0], args[1]
+
+
+def _add_typed_entry(cfg: DictConfig, keys: dict[str, Any], key: str, *, origin: str) -> None:
+    """Create a missing entry of a ``Dict[str, <dataclass>]`` with its defaults (issue 60: Hydra's
+    ``+distillation.teacher_models.t1.key=...``) and check the key below the entry against that dataclass."""
+    typed = _entry_schema(keys, key)
+    if typed is None:
+        return
+    prefix, entry, schema = typed
+    rest = key[len(prefix) + len(entry) + 2:]
+    if rest:
+        check_key(schema_keys(schema), rest, origin=origin)
+    mapping = OmegaConf.select(cfg, prefix)
+    if entry not in mapping:
+        mapping[entry] = OmegaConf.structured(schema)
+
+
 def _assign(cfg: DictConfig, keys: dict[str, Any], key: str, value: Any, *, origin: str) -> None:
     check_key(keys, key, origin=origin)
+    _add_typed_entry(cfg, keys, key, origin=origin)
     tp = keys.get(key)
     if dataclasses.is_dataclass(tp) and not isinstance(value, dict):
         raise ConfigError(f"'{key}' is a section, not a value: set one of its keys, e.g. {key}.<name>=...")

@@ -11,6 +11,7 @@ from typing import Any, Dict, List, Optional
 from omegaconf import II, MISSING
 
 from hybridflow.config.common import CheckpointContentsConfig, FSDPConfig, OptimConfig
+from hybridflow.config.distillation import DistillationConfig  # issue 60
 
 
 # --------------------------------------------------------------------------- data
@@ -1117,6 +1118,9 @@ class PPOConfig:
     """The async rollouter's budget (main_fully_async only)."""
     global_profiler: Dict[str, Any] = field(default_factory=dict)
     """Compatibility-only (compat.py); in verl: nsys / torch profiler settings."""
+    # issue 60: verl 0.9.1's on-policy distillation section (hybridflow/config/distillation.py)
+    distillation: DistillationConfig = field(default_factory=DistillationConfig)
+    """On-policy distillation from frozen teacher models (verl 0.9.1's ``distillation.*``)."""
 
     def __post_init__(self):
         if self.trainer.backend == "auto":  # verl's split placement keys alone pick the Ray backend

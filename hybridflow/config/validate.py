@@ -14,6 +14,7 @@ import os
 from typing import Any
 
 from hybridflow.algos.registry import AdvantageSpec, UnknownAlgorithmError, advantage_spec
+from hybridflow.config.distillation import distillation_problems  # issue 60
 from hybridflow.config.loader import MEGATRON
 from hybridflow.config.sft import sft_packed
 from hybridflow.config.verl_versions import warn_version_differences
@@ -511,6 +512,7 @@ def validate_ppo_config(cfg: Any, *, model_max_len: int | None = None, check_pat
     if implicit_prm_enabled(cfg):
         _check_optim(problems, "reward_model.model.optim", cfg.reward_model.model.optim)
     _check_verl_versions(problems, cfg)
+    problems.extend(distillation_problems(cfg, check_paths=check_paths))  # issue 60
     raise_if_problems(problems)
 
 

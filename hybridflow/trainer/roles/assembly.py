@@ -133,7 +133,8 @@ def build_loop(cfg: PPOConfig, *, parts: Callable[[Run], Parts], count_steps=tot
     total_steps = count_steps(cfg, len(train_loader))
     engine, rollout, critic, prm = build_worker_groups(cfg, total_steps=total_steps)
     workers = PPOWorkers(actor=engine, rollout=rollout, reward=build_reward_worker(cfg, tokenizer),
-                         reference=engine if reference_enabled(cfg) else None, critic=critic, implicit_prm=prm)
+                         reference=engine if reference_enabled(cfg) else None, critic=critic, implicit_prm=prm,
+                         teacher=engine if cfg.distillation.enabled else None)
     # the PRM under "reward", the recipe's folder name
     components = {"actor": GroupCheckpoint(engine), **({"critic": GroupCheckpoint(critic)} if critic else {}),
                   **({"reward": GroupCheckpoint(prm)} if prm else {})}

@@ -32,6 +32,7 @@ from hybridflow.models.vision import freeze_vision_tower, is_vision_language, lo
 from hybridflow.rollout.config import engine_kwargs_from_rollout_config
 from hybridflow.rollout.engine import build_engine
 from hybridflow.trainer.roles.groups import CriticGroupWorker, HybridEngineWorker, RolloutGroupWorker
+from hybridflow.trainer.roles.teacher import build_teacher, distillation_of  # issue 60
 from hybridflow.workers.actor import ActorWorker, PolicyObjective
 from hybridflow.workers.critic import CriticWorker, ValueObjective
 from hybridflow.workers.logprob import forward_layout
@@ -153,13 +154,17 @@ def build_hybrid_engine(dp: DataParallel, *, cfg, total_steps: int, with_rollout
     if with_reference:
         reference = _reference_worker(actor_model=model, ref_model=ref_model, arr=arr, dp=dp, device=device,
                                       world=world, sp=sp, layout=layout)
+    teacher = build_teacher(cfg, dp=dp, device=device, shard=functools.partial(  # issue 60: distillation
+        shard_for_group, dp=world, fsdp_cfg=arr.ref.fsdp_config, device=device,
+        precision=training_precision(arr.ref.fsdp_config, arr.model.dtype, device=device)))
     state = train_state_from_config(model, arr.actor.optim, total_steps=total_steps,
                                     grad_clip=grad_clip_threshold(ACTOR, arr.actor.grad_clip, arr.actor.optim)[0],
                                     offload_optimizer=arr.actor.fsdp_config.optimizer_offload)
     actor = ActorWorker(state=state, schedule=update_schedule(arr.actor, rows_per_prompt=arr.rollout.n, dp=dp),
                         objective=policy_objective(arr.actor, rollout_correction=cfg.algorithm.rollout_correction,
                                                    max_response_length=cfg.data.max_response_length,
-                                                   setting=functools.partial(config_value, cfg)),
+                                                   setting=functools.partial(config_value, cfg),
+                                                   distillation=distillation_of(cfg)),
                         log_prob=log_prob_batching(arr.rollout, dp), dp=dp, seed=cfg.trainer.seed,
                         layout=layout, use_torch_compile=arr.actor.use_torch_compile,
                         entropy_checkpointing=arr.actor.entropy_checkpointing,
@@ -170,7 +175,7 @@ def build_hybrid_engine(dp: DataParallel, *, cfg, total_steps: int, with_rollout
                                     load_contents=arr.actor.checkpoint.load_contents)
     ref_checkpoint = FSDPModelComponent(reference.model, tokenizer=tokenizer) if ref_model is not None else None
     return HybridEngineWorker(actor=actor, rollout=rollout, reference=reference, checkpoint=checkpoint,
-                              reference_checkpoint=ref_checkpoint)
+                              reference_checkpoint=ref_checkpoint, teacher=teacher)
 
 
 def update_schedule(section, *, rows_per_prompt: int, dp: DataParallel):
@@ -190,7 +195,7 @@ def seq_norm_length(actor_cfg, max_response_length: int) -> int:
     return actor_cfg.loss_scale_factor if actor_cfg.loss_scale_factor is not None else max_response_length
 
 
-def policy_objective(actor_cfg, *, rollout_correction, max_response_length: int, setting):
+def policy_objective(actor_cfg, *, rollout_correction, max_response_length: int, setting, distillation=None):
     """The actor's loss from its section's keys; verl's bypass mode (``algorithm.rollout_correction``)
     swaps in the loss that compares pi_theta with the engine's pi_rollout. The loss's own knobs are read
     where its spec says (``policy_loss_spec(name).knobs``; ``setting`` reads a dotted key of the run config)."""
@@ -206,7 +211,7 @@ def policy_objective(actor_cfg, *, rollout_correction, max_response_length: int,
         calculate_entropy=actor_cfg.calculate_entropy, use_kl_loss=actor_cfg.use_kl_loss,
         kl_loss_coef=actor_cfg.kl_loss_coef, kl_loss_type=actor_cfg.kl_loss_type,
         # without a recompute pass the entropy metric comes from the training forward
-        report_entropy=actor_cfg.use_rollout_log_probs)
+        report_entropy=actor_cfg.use_rollout_log_probs, distillation=distillation)
 
 
 def build_rollout_worker(dp: DataParallel, *, cfg):
