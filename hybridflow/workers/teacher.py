@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from hybridflow.data.batch import Batch
+from hybridflow.errors import HybridflowError
 from hybridflow.workers.logprob import batch_log_probs
 from hybridflow.workers.micro_batches import micro_batches, pad_right, trimmed_inputs
 
@@ -53,7 +54,7 @@ class TeacherWorker:
         rows: dict[str, list[int]] = {}
         for index, value in enumerate(batch[self.route_by]):
             if value not in self.teachers:
-                raise KeyError(f"distillation.teacher_key={self.route_by}: row {index} has {value!r}, which no "
+                raise HybridflowError(f"distillation.teacher_key={self.route_by}: row {index} has {value!r}, which no "
                                f"teacher's key names (teachers: {', '.join(self.teachers)})")
             rows.setdefault(value, []).append(index)
         return rows
@@ -75,9 +76,11 @@ class TeacherWorker:
         return tuple(outs)
 
     def _score(self, model, batch: Batch) -> tuple[torch.Tensor, ...]:
+        """This teacher's scores of ``batch``, zero off the response tokens."""
+        mask = batch["response_mask"].bool()
         if not self.topk:
             log_probs, _ = batch_log_probs(model, batch, temperature=1.0, micro_batch_size=self.micro_batch_size)
-            return (log_probs,)
+            return (log_probs.masked_fill(~mask, 0.0),)
         pieces = [topk_log_probs(model, micro, k=self.topk)
                   for micro in micro_batches(batch, micro_batch_size=self.micro_batch_size)]
-        return tuple(torch.cat(part) for part in zip(*pieces))
+        return tuple(torch.cat(part).masked_fill(~mask[..., None], 0) for part in zip(*pieces))

@@ -66,7 +66,7 @@ def list_distillation_losses() -> list[str]:
 # registers the losses (imported last: they import the decorator above)
 from hybridflow.algos.distillation import estimators as _estimators  # noqa: E402,F401
 from hybridflow.algos.distillation import forward_kl_topk as _forward_kl_topk  # noqa: E402,F401
-from hybridflow.algos.distillation.combine import DistillationObjective, distillation_objective  # noqa: E402
+from hybridflow.algos.distillation.combine import DistillationObjective  # noqa: E402
 
-__all__ = ["DistillationLossSpec", "DistillationObjective", "distillation_loss_spec", "distillation_objective",
-           "get_distillation_loss", "list_distillation_losses", "register_distillation_loss"]
+__all__ = ["DistillationLossSpec", "DistillationObjective", "distillation_loss_spec", "get_distillation_loss",
+           "list_distillation_losses", "register_distillation_loss"]

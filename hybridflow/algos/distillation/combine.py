@@ -79,8 +79,3 @@ def combined_loss(objective: DistillationObjective, *, task_loss: torch.Tensor,
         return task_loss + objective.distillation_loss_coef * distill_loss
     return distill_loss
 
-
-def distillation_objective(**section) -> DistillationObjective:
-    """A :class:`DistillationObjective` from the config section's keys (unknown keys are the config's problem)."""
-    fields = DistillationObjective.__dataclass_fields__
-    return DistillationObjective(**{k: v for k, v in section.items() if k in fields})

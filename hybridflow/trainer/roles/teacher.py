@@ -3,11 +3,9 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
-from hybridflow.algos.distillation import DistillationObjective, distillation_loss_spec, distillation_objective
+from hybridflow.algos.distillation import DistillationObjective, distillation_loss_spec
 from hybridflow.config.distillation import DEFAULT_ROUTE, resolved_teachers
 from hybridflow.data.parallel import DataParallel
 from hybridflow.errors import ConfigError
@@ -20,7 +18,13 @@ def distillation_of(cfg) -> DistillationObjective | None:
     """The actor's distillation term (None when ``distillation.enabled`` is false)."""
     if not cfg.distillation.enabled:
         return None
-    return distillation_objective(**dataclasses.asdict(cfg.distillation.distillation_loss))
+    loss = cfg.distillation.distillation_loss
+    return DistillationObjective(
+        loss_mode=loss.loss_mode, topk=loss.topk, use_task_rewards=loss.use_task_rewards,
+        distillation_loss_coef=loss.distillation_loss_coef, loss_max_clamp=loss.loss_max_clamp,
+        log_prob_min_clamp=loss.log_prob_min_clamp, use_policy_gradient=loss.use_policy_gradient,
+        policy_loss_mode=loss.policy_loss_mode, clip_ratio=loss.clip_ratio, clip_ratio_low=loss.clip_ratio_low,
+        clip_ratio_high=loss.clip_ratio_high)
 
 
 def build_teacher(cfg, *, dp: DataParallel, device: torch.device, shard) -> TeacherWorker | None:
