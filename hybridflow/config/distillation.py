@@ -89,6 +89,8 @@ class TeacherInferenceConfig:
     """Compatibility-only (compat.py)."""
     skip_tokenizer_init: bool = True
     """Compatibility-only (compat.py)."""
+    enable_sleep_mode: bool = True
+    """Compatibility-only (compat.py); verl's examples add it with ``+``."""
     prompt_length: Optional[int] = II("oc.select:actor_rollout_ref.rollout.prompt_length")
     """The student's prompt length (with response_length, checked against max_model_len)."""
     response_length: Optional[int] = II("oc.select:actor_rollout_ref.rollout.response_length")

@@ -381,13 +381,32 @@ def split_config_args(argv: list[str]) -> tuple[str | None, list[str]]:
     return file or _resolve_config_name(path, name), overrides
 
 
+ENTRY_MODULE_DIR = os.path.join(os.path.dirname(SHIPPED_CONFIG_DIR), "trainer")
+"""The folder of every ``python -m hybridflow.trainer.*`` entry module: Hydra resolves a relative ``--config-path``
+against the entry module's folder, not the working directory."""
+
+
+def config_dir(path: str, filename: str) -> str:
+    """Where ``--config-path=path`` points, by Hydra's rule (issue 60): an absolute path is itself; a relative one
+    is under the entry module's folder, where ``config`` is the shipped configs (verl's ``verl/trainer/config`` and
+    the fully-async / recipe ``config`` folders beside their entry modules) when they hold ``filename``; a relative
+    folder that is not there is read from the working directory (a user's own configs)."""
+    path = os.path.expanduser(path)
+    if os.path.isabs(path):
+        return path
+    if os.path.normpath(path) == "config" and os.path.isfile(os.path.join(SHIPPED_CONFIG_DIR, filename)):
+        return SHIPPED_CONFIG_DIR
+    beside_entry = os.path.join(ENTRY_MODULE_DIR, path)
+    return beside_entry if os.path.isdir(beside_entry) else path
+
+
 def _resolve_config_name(path: str | None, name: str | None) -> str | None:
     if name is None:
         if path is not None:
             raise ConfigError("--config-path given without --config-name: name the YAML file too")
         return None
     filename = name if name.endswith((".yaml", ".yml")) else name + ".yaml"
-    base = os.path.expanduser(path) if path else SHIPPED_CONFIG_DIR
+    base = config_dir(path, filename) if path else SHIPPED_CONFIG_DIR
     full = os.path.join(base, filename)
     if not os.path.isfile(full):
         shipped = sorted(f[:-5] for f in os.listdir(SHIPPED_CONFIG_DIR) if f.endswith(".yaml"))
