@@ -139,12 +139,18 @@ def suggest_key(keys: Iterable[str], key: str) -> str | None:
     return close[0] if close else None
 
 
-def check_key(keys: dict[str, Any], key: str, *, origin: str) -> None:
-    """Raise ConfigError if ``key`` is not in the schema (and not under a free-form dict)."""
+def check_key(keys: dict[str, Any], key: str, *, origin: str, verl_key: str | None = None) -> None:
+    """Raise ConfigError if ``key`` is not in the schema (and not under a free-form dict); ``verl_key``: the key as
+    the user spelled it, before verl 0.9's spellings were rewritten (a refused verl key is named as written)."""
     if key in keys or _open_ancestor(keys, key):
         return
     if "megatron" in key.split("."):
         raise ConfigError(f"'{key}': {MEGATRON}")
+    from hybridflow.config.verl_keys import refusal_line  # issue 60: verl 0.9.1's keys, each with its reason
+
+    refused = refusal_line(verl_key or key)
+    if refused is not None:
+        raise ConfigError(refused + (f" (from {origin})" if origin else ""))
     hint = suggest_key(keys, key)
     where = f" (from {origin})" if origin else ""
     did_you_mean = f"; did you mean '{hint}'?" if hint else "; run `hybridflow config show --doc` to list the keys"
@@ -235,8 +241,9 @@ def _add_typed_entry(cfg: DictConfig, keys: dict[str, Any], key: str, *, origin:
         mapping[entry] = OmegaConf.structured(schema)
 
 
-def _assign(cfg: DictConfig, keys: dict[str, Any], key: str, value: Any, *, origin: str) -> None:
-    check_key(keys, key, origin=origin)
+def _assign(cfg: DictConfig, keys: dict[str, Any], key: str, value: Any, *, origin: str,
+            verl_key: str | None = None) -> None:
+    check_key(keys, key, origin=origin, verl_key=verl_key)
     _add_typed_entry(cfg, keys, key, origin=origin)
     tp = keys.get(key)
     if dataclasses.is_dataclass(tp) and not isinstance(value, dict):
@@ -310,11 +317,11 @@ def compose(schema: type, overrides: Iterable[str] = (), config_file: str | None
         op, key, value = parse_override(item)
         if is_hydra_target(key) or (op != "delete" and _is_group_choice(schema, key, value)):
             continue
-        key = canonical_key(key, aliases)
+        verl_key, key = key, canonical_key(key, aliases)
         if op == "delete":
             _delete(cfg, keys, key)
         else:
-            _assign(cfg, keys, key, value, origin=f"override '{item}'")
+            _assign(cfg, keys, key, value, origin=f"override '{item}'", verl_key=verl_key)
     return cfg
 
 
