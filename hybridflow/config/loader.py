@@ -54,6 +54,15 @@ KEY_ALIASES: tuple[tuple[str, str], ...] = (
     ("critic.fsdp.strategy", "critic.strategy"),
     ("critic.fsdp.ulysses_sequence_parallel_size", "critic.ulysses_sequence_parallel_size"),
     ("critic.fsdp.", "critic.model.fsdp_config."),
+    # issue 60: verl 0.9.1's engine config repeats these role switches inside fsdp_config (the same switch)
+    *((f"actor_rollout_ref.{role}.fsdp_config.{name}", f"actor_rollout_ref.{role}.{name}")
+      for role in ("actor", "ref")
+      for name in ("entropy_checkpointing", "use_torch_compile", "entropy_from_logits_with_chunking")),
+    # verl 0.9.1's prefix grouper computes a prompt shared by rollout.n responses once: the shared-prompt layout
+    ("actor_rollout_ref.actor.use_prefix_grouper", "actor_rollout_ref.model.use_shared_prompt"),
+    ("sandbox_fusion.", "reward_model.sandbox_fusion."),  # verl 0.9.1 moved the sandbox section to the top level
+    ("actor_rollout_ref.rollout.nnodes", "rollout.nnodes"),  # verl 0.9.1's standalone rollout pool: split placement
+    ("actor_rollout_ref.rollout.n_gpus_per_node", "rollout.n_gpus_per_node"),
 )
 HYDRA_TARGET = "_target_"
 MEGATRON = ("Megatron-LM is not supported: hybridflow trains with FSDP2 only. Drop the *.megatron.* keys and set "

@@ -85,7 +85,8 @@ def check_algorithm_settings(cfg: PPOConfig) -> None:
         problems.append("algorithm.rollout_correction.bypass_mode=True needs rollout.top_p=1 and rollout.top_k=-1: "
                         "the engine's log-probs are of the filtered distribution, the trainer's are not")
     try:
-        parse_bounds(corr.rollout_is_threshold, what="algorithm.rollout_correction.rollout_is_threshold")
+        if corr.rollout_is is not None or corr.bypass_mode:  # without IS weights verl never reads the threshold
+            parse_bounds(corr.rollout_is_threshold, what="algorithm.rollout_correction.rollout_is_threshold")
         if corr.rollout_rs is not None:
             parse_rs_thresholds(options=parse_options(corr.rollout_rs), spec=corr.rollout_rs_threshold)
     except AlgorithmError as err:

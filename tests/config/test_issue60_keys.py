@@ -24,3 +24,60 @@ def test_a_folder_beside_the_entry_module_wins_and_a_user_folder_still_reads(tmp
     monkeypatch.chdir(tmp_path)
     config_file, _ = split_config_args(["--config-path", "mine", "--config-name", "run"])
     assert config_file == os.path.join("mine", "run.yaml")
+
+
+# ------------------------------------------------------------------ verl 0.9.1 spellings and nulls
+from hybridflow.config import PPOConfig, load_config  # noqa: E402
+from hybridflow.errors import ConfigError  # noqa: E402
+
+
+def ppo(*overrides):
+    return load_config(PPOConfig, ["actor_rollout_ref.model.path=/models/tiny", *overrides])
+
+
+@pytest.mark.parametrize("role", ["actor", "ref"])
+def test_fsdp_config_spellings_set_the_role_s_switches(role):
+    section = getattr(ppo(f"actor_rollout_ref.{role}.fsdp_config.use_torch_compile=True",
+                          f"actor_rollout_ref.{role}.fsdp_config.entropy_checkpointing=True").actor_rollout_ref, role)
+    assert section.use_torch_compile is True and section.entropy_checkpointing is True
+
+
+def test_prefix_grouper_is_the_shared_prompt_forward():
+    from hybridflow.workers.logprob import forward_layout
+
+    def layout(*overrides):
+        model = ppo(*overrides).actor_rollout_ref.model
+        return forward_layout(use_remove_padding=model.use_remove_padding, use_shared_prompt=model.use_shared_prompt)
+
+    assert layout("actor_rollout_ref.actor.use_prefix_grouper=True") == "shared_prompt"
+    assert layout("actor_rollout_ref.actor.use_prefix_grouper=False") == "padded"
+    assert layout("actor_rollout_ref.actor.use_prefix_grouper=False", "actor_rollout_ref.model.use_remove_padding=True") \
+        == "packed"
+
+
+def test_top_level_sandbox_fusion_and_standalone_rollout_pool():
+    cfg = ppo("sandbox_fusion.memory_limit_mb=2048", "actor_rollout_ref.rollout.nnodes=1",
+              "actor_rollout_ref.rollout.n_gpus_per_node=2")
+    assert cfg.reward_model.sandbox_fusion.memory_limit_mb == 2048
+    assert (cfg.rollout.nnodes, cfg.rollout.n_gpus_per_node, cfg.trainer.backend) == (1, 2, "ray")
+
+
+def test_no_importance_sampling_with_both_nulls_and_a_threshold_needed_with_is():
+    from hybridflow.trainer.main_ppo import check_algorithm_settings
+
+    prefix = "algorithm.rollout_correction."
+    check_algorithm_settings(ppo(f"{prefix}rollout_is=null", f"{prefix}rollout_is_threshold=null"))
+    with pytest.raises(ConfigError, match="rollout_is_threshold"):
+        check_algorithm_settings(ppo(f"{prefix}rollout_is=token", f"{prefix}rollout_is_threshold=null"))
+
+
+def test_tensorboard_dir_from_the_plus_key_then_verl_s_variable(tmp_path, monkeypatch):
+    from hybridflow.trainer.tracking.trackers import TensorboardBackend
+
+    assert ppo(f"+trainer.tensorboard_dir={tmp_path / 'tb'}").trainer.tensorboard_dir == str(tmp_path / "tb")
+    backend = TensorboardBackend(local_dir=str(tmp_path / "logs"), config={}, tensorboard_dir=str(tmp_path / "tb"))
+    backend.log({"x": 1.0}, step=1)
+    backend.finish()
+    assert any(name.startswith("events.") for name in os.listdir(tmp_path / "tb"))
+    monkeypatch.setenv("TENSORBOARD_DIR", str(tmp_path / "env"))
+    assert TensorboardBackend(local_dir=str(tmp_path / "logs"), config={}).log_dir == str(tmp_path / "env")

@@ -148,4 +148,5 @@ def build_tracking(cfg):
     """The trackers of ``trainer.logger``, recording the resolved config; file backends write under logs/."""
     return Tracking(cfg.trainer.project_name, cfg.trainer.experiment_name, as_list(cfg.trainer.logger),
                     config=OmegaConf.to_container(OmegaConf.structured(cfg)),
-                    local_dir=os.path.join(cfg.trainer.default_local_dir, "logs"))
+                    local_dir=os.path.join(cfg.trainer.default_local_dir, "logs"),
+                    tensorboard_dir=cfg.trainer.tensorboard_dir)
