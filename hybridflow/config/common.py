@@ -5,7 +5,7 @@ generated YAML files print them, and unknown-key errors suggest the nearest fiel
 """
 
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 
 @dataclass
@@ -42,6 +42,14 @@ class OptimConfig:
     """AdamW (beta1, beta2)."""
     eps: float = 1e-8
     """AdamW epsilon."""
+    # issue 60: verl 0.9.1's choice of optimizer class
+    optimizer: str = "AdamW"
+    """Optimizer class name inside ``optimizer_impl`` (verl 0.9.1: e.g. AdamW, AdamW8bit, _AdamW)."""
+    optimizer_impl: str = "torch.optim"
+    """Module the optimizer class is imported from (torch.optim, torchao.optim, bitsandbytes.optim, ...)."""
+    override_optimizer_config: Optional[Dict[str, Any]] = field(default_factory=dict)
+    """Extra keyword arguments of the optimizer class, over lr / weight_decay / betas (as verl 0.9.1; its null is
+    the empty mapping)."""
     skip_zero_grad_steps: bool = False
     """Skip the optimizer step when the gradient is exactly zero (e.g. every GRPO group scored alike, no KL or
     entropy term): AdamW would otherwise still move every weight by its momentum and weight decay, replaying the

@@ -8,6 +8,7 @@ trainer at start-up, also before any model loads.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import math
 import os
@@ -365,6 +366,18 @@ def _check_token_budget(problems: list[str], rollout: Any) -> None:
                         "takes what is left): raise it, lower max_num_seqs, or set rollout.enable_chunked_prefill=False")
 
 
+def _check_optimizer_class(problems: list[str], key: str, optim: Any) -> None:
+    """``optim.optimizer`` must name a class in an importable ``optim.optimizer_impl`` (issue 60)."""
+    impl, name = getattr(optim, "optimizer_impl", "torch.optim"), getattr(optim, "optimizer", "AdamW")
+    try:
+        module = importlib.import_module(impl)
+    except ImportError:
+        problems.append(f"{key}.optimizer_impl={impl!r} cannot be imported: install it or use torch.optim")
+        return
+    if not isinstance(getattr(module, name, None), type):
+        problems.append(f"{key}.optimizer={name!r} is not a class in {impl} (e.g. AdamW, SGD)")
+
+
 def _check_optim(problems: list[str], key: str, optim: Any) -> None:
     """AdamW and schedule settings that torch would only reject after the model has loaded (a NaN or infinite
     learning rate it takes silently, and every weight becomes NaN at the first step)."""
@@ -374,6 +387,7 @@ def _check_optim(problems: list[str], key: str, optim: Any) -> None:
         problems.append(f"{key}.eps={optim.eps} must be >= 0 (AdamW's default is 1e-8)")
     if optim.weight_decay < 0:
         problems.append(f"{key}.weight_decay={optim.weight_decay} must be >= 0")
+    _check_optimizer_class(problems, key, optim)
     betas = list(optim.betas)
     if len(betas) != 2 or not all(0 <= beta < 1 for beta in betas):
         problems.append(f"{key}.betas={betas} must be two numbers in [0, 1), e.g. [0.9, 0.999]")

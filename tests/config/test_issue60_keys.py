@@ -81,3 +81,32 @@ def test_tensorboard_dir_from_the_plus_key_then_verl_s_variable(tmp_path, monkey
     assert any(name.startswith("events.") for name in os.listdir(tmp_path / "tb"))
     monkeypatch.setenv("TENSORBOARD_DIR", str(tmp_path / "env"))
     assert TensorboardBackend(local_dir=str(tmp_path / "logs"), config={}).log_dir == str(tmp_path / "env")
+
+
+# ------------------------------------------------------------------ optim.optimizer / optimizer_impl / override
+def test_optimizer_class_module_and_overrides_build_that_optimizer():
+    import torch
+
+    from hybridflow.workers.optim import configured_optimizer
+
+    model = torch.nn.Linear(3, 2)
+    optim = ppo("actor_rollout_ref.actor.optim.optimizer=SGD", "actor_rollout_ref.actor.optim.lr=0.1",
+                "+actor_rollout_ref.actor.optim.override_optimizer_config.momentum=0.5").actor_rollout_ref.actor.optim
+    sgd = configured_optimizer(model.parameters(), optim)
+    assert type(sgd) is torch.optim.SGD and sgd.defaults["momentum"] == 0.5 and sgd.defaults["lr"] == 0.1
+    adamw = configured_optimizer(model.parameters(), ppo(
+        "+actor_rollout_ref.actor.optim.override_optimizer_config.amsgrad=True").actor_rollout_ref.actor.optim)
+    assert type(adamw) is torch.optim.AdamW and adamw.defaults["amsgrad"] is True
+    plain = configured_optimizer(model.parameters(), ppo().actor_rollout_ref.actor.optim)
+    assert type(plain) is torch.optim.AdamW and plain.defaults["amsgrad"] is False
+
+
+@pytest.mark.parametrize("override,fragment", [
+    ("critic.optim.optimizer_impl=no_such_module", "critic.optim.optimizer_impl='no_such_module' cannot be imported"),
+    ("actor_rollout_ref.actor.optim.optimizer=Adamm", "actor_rollout_ref.actor.optim.optimizer='Adamm' is not a class")])
+def test_a_bad_optimizer_is_one_line_before_loading(override, fragment):
+    from hybridflow.config import validate_ppo_config
+
+    with pytest.raises(ConfigError) as err:
+        validate_ppo_config(ppo(override, "algorithm.adv_estimator=gae", "critic.model.path=/m"), check_paths=False)
+    assert fragment in str(err.value)
