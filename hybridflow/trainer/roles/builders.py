@@ -24,7 +24,7 @@ from hybridflow.models.fsdp import (Precision, autocast_forward, data_parallel_m
                                     shard_model)
 from hybridflow.models.loader import check_vocab_covers_tokenizer, import_external_lib, resolve_dtype
 from hybridflow.models.loader import load_config as load_model_config
-from hybridflow.models.lora import apply_lora, disable_adapter
+from hybridflow.models.lora import apply_lora, disable_adapter, load_lora_adapter, merged_copy
 from hybridflow.models.segment_attention import supports_segment_attention
 from hybridflow.models.sharded_checkpoint import FSDPModelComponent
 from hybridflow.models.ulysses import split_sequences
@@ -85,14 +85,15 @@ def training_precision(fsdp_cfg, model_dtype: str | None = None, *, device: torc
 def policy_tokenizer(cfg):
     """The policy's tokenizer: ``data.tokenizer`` or the model's, with ``model.custom_chat_template``."""
     model = cfg.actor_rollout_ref.model
-    return load_tokenizer(cfg.data.tokenizer or model.path, chat_template=model.custom_chat_template,
+    return load_tokenizer(cfg.data.tokenizer or model.tokenizer_path or model.path,
+                          chat_template=model.custom_chat_template,
                           trust_remote_code=model.trust_remote_code or cfg.data.trust_remote_code)
 
 
 def check_policy_vocab(cfg, tokenizer) -> None:
     """The policy's embedding covers every id of its tokenizer (``data.tokenizer`` may be another model's)."""
     model = cfg.actor_rollout_ref.model
-    config = load_model_config(model.path, trust_remote_code=model.trust_remote_code,
+    config = load_model_config(model.hf_config_path or model.path, trust_remote_code=model.trust_remote_code,
                                override_config=dict(model.override_config))
     check_vocab_covers_tokenizer(config, tokenizer, model.path,
                                  tokenizer_key=f"data.tokenizer={cfg.data.tokenizer}" if cfg.data.tokenizer else
@@ -136,13 +137,15 @@ def build_hybrid_engine(dp: DataParallel, *, cfg, total_steps: int, with_rollout
     layout = model_layout(arr.model, model, key="actor_rollout_ref.model")
     if with_reference is None:
         with_reference = reference_enabled(cfg)
-    use_lora = arr.model.lora_rank > 0
+    use_lora = arr.model.lora_rank > 0 or bool(arr.model.lora_adapter_path)
+    if arr.model.lora_adapter_path:  # issue 60: continue a trained adapter; rollouts start from the merged weights
+        model = load_lora_adapter(model, arr.model.lora_adapter_path)
     # Copies for generation and a separate reference are taken before sharding and LoRA: full, plain weights.
-    rollout = rollout_around(copy.deepcopy(model), cfg=cfg, tokenizer=tokenizer) if with_rollout else None
+    rollout = rollout_around(merged_copy(model), cfg=cfg, tokenizer=tokenizer) if with_rollout else None
     ref_model = None
     if with_reference and not use_lora:
         ref_model = copy.deepcopy(model).to(resolve_dtype(arr.ref.fsdp_config.model_dtype)).eval()
-    if use_lora:
+    if use_lora and not arr.model.lora_adapter_path:
         model = apply_lora(model, rank=arr.model.lora_rank, alpha=arr.model.lora_alpha,
                            target_modules=arr.model.target_modules, exclude_modules=arr.model.exclude_modules)
     if arr.actor.freeze_vision_tower:
@@ -226,7 +229,8 @@ def load_policy(cfg, device: torch.device, *, gradient_checkpointing: bool = Fal
     """``actor_rollout_ref.model`` on ``device`` in the actor's parameter dtype (``model.external_lib`` first)."""
     model_cfg = cfg.actor_rollout_ref.model
     import_external_lib(model_cfg.external_lib)
-    return load_causal_lm(model_cfg.path, dtype=cfg.actor_rollout_ref.actor.fsdp_config.model_dtype,
+    return load_causal_lm(model_cfg.path, config_path=model_cfg.hf_config_path,
+                          dtype=cfg.actor_rollout_ref.actor.fsdp_config.model_dtype,
                           trust_remote_code=model_cfg.trust_remote_code, override_config=dict(model_cfg.override_config),
                           gradient_checkpointing=gradient_checkpointing,
                           attn_implementation=model_cfg.attn_implementation).to(device)

@@ -33,7 +33,8 @@ def build_teacher(cfg, *, dp: DataParallel, device: torch.device, shard) -> Teac
     section = cfg.distillation
     if not section.enabled:
         return None
-    student_vocab = load_tokenizer(cfg.actor_rollout_ref.model.path).get_vocab()
+    student = cfg.actor_rollout_ref.model
+    student_vocab = load_tokenizer(cfg.data.tokenizer or student.tokenizer_path or student.path).get_vocab()
     teachers = {}
     for key, path in resolved_teachers(section).items():
         if load_tokenizer(path).get_vocab() != student_vocab:
