@@ -113,6 +113,8 @@ COMPAT_ONLY: dict[str, str] = {
                             "data.pad_mode=no_padding)",
     "data.max_token_len_per_gpu": "SFT micro-batches hold micro_batch_size_per_gpu sequences (one packed row with "
                                   "data.pad_mode=no_padding)",
+    # issue 60: verl 0.9.1's SFT trainer
+    "data.num_workers": "conversations are tokenised up front; batches are collated in the main process",
     "data.ignore_input_ids_mismatch": "conversations are tokenised whole with the chat template, never turn by turn",
     # trainer
     "trainer.default_hdfs_dir": "checkpoints are written to default_local_dir only; there is no HDFS copy",

@@ -110,3 +110,20 @@ def test_a_bad_optimizer_is_one_line_before_loading(override, fragment):
     with pytest.raises(ConfigError) as err:
         validate_ppo_config(ppo(override, "algorithm.adv_estimator=gae", "critic.model.path=/m"), check_paths=False)
     assert fragment in str(err.value)
+
+
+def test_sft_lr_warmup_steps_wins_over_the_ratio():
+    import torch
+
+    from hybridflow.config import SFTConfig
+    from hybridflow.trainer.sft_trainer import build_train_state
+
+    def lr_after_one_step(*overrides):
+        cfg = load_config(SFTConfig, ["model.path=/m", "optim.lr=1.0", "optim.warmup_steps_ratio=0.1", *overrides])
+        state = build_train_state(cfg, torch.nn.Linear(2, 2), steps=100)
+        state.scheduler.step()
+        return state.scheduler.get_last_lr()[0]
+
+    assert lr_after_one_step() == pytest.approx(1 / 10)  # 10 warm-up steps from the ratio
+    assert lr_after_one_step("optim.lr_warmup_steps=4") == pytest.approx(1 / 4)
+    assert lr_after_one_step("data.num_workers=2") == pytest.approx(1 / 10)  # accepted, no effect
