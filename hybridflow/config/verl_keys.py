@@ -105,7 +105,7 @@ def status(key: str, trainer: str) -> tuple[str, str]:
     """(status, what) of one snapshot key: takes effect / no effect here / refused (see the module docstring)."""
     from hybridflow.config import PPOConfig, SFTConfig
     from hybridflow.config.compat import COMPAT_ONLY
-    from hybridflow.config.loader import KEY_ALIASES, _open_ancestor, canonical_key, schema_keys
+    from hybridflow.config.loader import _open_ancestor, canonical_key
 
     schema = PPOConfig if trainer == "ppo" else SFTConfig
     keys = _schema_keys(schema)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 
 import pytest
-import torch
 
 from tests.benchmarks.loader import loaded_benchmark
 

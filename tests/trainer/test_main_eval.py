@@ -1,7 +1,6 @@
 """verl's main_eval (issue 60): generated responses scored offline, the mean per data source."""
 
 import pandas as pd
-import pytest
 
 from hybridflow.trainer.main_eval import main
 
