@@ -326,7 +326,7 @@ def compose(schema: type, overrides: Iterable[str] = (), config_file: str | None
         op, key, value = parse_override(item)
         if is_hydra_target(key) or (op != "delete" and _is_group_choice(schema, key, value)):
             continue
-        verl_key, key = key, canonical_key(key, aliases)
+        verl_key, key = item.split("=", 1)[0].lstrip("+~").strip(), canonical_key(key, aliases)
         if op == "delete":
             _delete(cfg, keys, key)
         else:

@@ -44,6 +44,18 @@ PADDING = ("FSDP engine internals fixed in hybridflow", "FSDP2 with use_orig_par
                                                         "their own longest row (use_remove_padding packs them)")
 FILLED_IN = ("filled in by verl from another key", "set the key it follows (rollout.n, trainer.seed, the model's "
                                                    "use_remove_padding / use_fused_kernels)")
+CRITIC = ("no counterpart in the critic (it computes values only: no entropy, no compiled log-probs)",
+          "drop the key")
+DTYPE = ("spelled differently in hybridflow", "the parameter dtype is fsdp_config.model_dtype and the compute dtype "
+                                              "fsdp_config.mixed_precision")
+DETERMINISM = ("deterministic-kernel switch not driven by the config", "runs are seeded by trainer.seed / "
+                                                                        "rollout.seed (a resumed run samples the same)")
+USER_CLASS = ("user class loading not supported (reward manager / reward loop / checkpoint callback)",
+              "custom_reward_function.path for scoring, reward_model.reward_manager for a registered manager")
+TOOLS = ("tool schemas are read by the agent loop only", "actor_rollout_ref.rollout.multi_turn.tool_config_path")
+MULTIMODAL = ("multimodal preprocessing option not implemented", "the model's processor defaults apply "
+                                                                  "(data.image_key for images)")
+SERVER_OPTION = ("inference-server option", "the engines return the log-probs of the sampling distribution")
 NOT_YET = ("not implemented in hybridflow", "see docs/configuration.md (verl 0.9.1 key table) for the nearest key")
 
 REFUSED: list[tuple[str, tuple[str, str]]] = [
@@ -66,6 +78,16 @@ REFUSED: list[tuple[str, tuple[str, str]]] = [
     ("*.rollout_n", FILLED_IN), ("*.data_loader_seed", FILLED_IN), ("*fsdp*.seed", FILLED_IN),
     ("actor_rollout_ref.actor.use_remove_padding", FILLED_IN), ("actor_rollout_ref.actor.use_fused_kernels", FILLED_IN),
     ("engine.seed", FILLED_IN),
+    ("critic.fsdp.entropy_*", CRITIC), ("critic.fsdp.use_torch_compile", CRITIC),
+    ("*fsdp*.dtype", DTYPE), ("engine.dtype", DTYPE), ("*.full_determinism", DETERMINISM),
+    ("reward.reward_manager.*", USER_CLASS), ("reward_model.reward_loop_*", USER_CLASS),
+    ("trainer.checkpoint_callback_class", USER_CLASS),
+    ("*tool_path", TOOLS), ("data.tool_config_path", TOOLS),
+    ("data.mm_processor_kwargs", MULTIMODAL), ("data.image_patch_size", MULTIMODAL), ("data.audio_key", MULTIMODAL),
+    ("actor_rollout_ref.rollout.logprobs_mode", SERVER_OPTION),
+    ("actor_rollout_ref.rollout.data_parallel_size", SERVING), ("actor_rollout_ref.rollout.expert_parallel_size",
+                                                               SERVING),
+    ("algorithm.filter_groups.max_inflight_gen_batches", TRANSFER_QUEUE),
 ]
 """Reason classes of the verl 0.9.1 keys hybridflow refuses."""
 

@@ -39,7 +39,9 @@ def test_refused_keys_of_every_reason_class_are_one_line(trainer, schema):
         with pytest.raises(ConfigError) as err:
             load_config(schema, [*base, f"+{key}=1"])
         (line,) = str(err.value).splitlines()
-        assert line.startswith(f"'{key}' (verl 0.9.1) is refused: {what.split(':')[0]}"), line
+        reason_class, nearest = verl_keys.refusal(key)
+        assert what == f"{reason_class}: {nearest}"
+        assert line.startswith(f"'{key}' (verl 0.9.1) is refused: {reason_class}; {nearest}"), line
 
 
 @pytest.mark.parametrize("key,reason", [
