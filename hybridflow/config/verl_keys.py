@@ -136,6 +136,7 @@ def status(key: str, trainer: str) -> tuple[str, str]:
         if name in COMPAT_ONLY:
             return "no effect here", COMPAT_ONLY[name]
         compat_parent = next((COMPAT_ONLY[p] for p in _prefixes(name) if p in COMPAT_ONLY), None)
+        compat_parent = compat_parent or _teacher_server_key(name)
         if compat_parent is not None:
             return "no effect here", compat_parent
         return "takes effect", f"as `{name}`" if name != key else ""
@@ -148,6 +149,20 @@ def _schema_keys(schema: type) -> dict:
     from hybridflow.config.loader import schema_keys
 
     return schema_keys(schema)
+
+
+_TEACHER_READ = ("key", "model_path", "inference.max_model_len", "inference.prompt_length",
+                 "inference.response_length")
+
+
+def _teacher_server_key(key: str) -> str | None:
+    """The reason a key of a distillation teacher entry has no effect (its inference server's sizing; the teacher is
+    a frozen model beside the actor), or None for the keys the teacher reads."""
+    parts = key.split(".")
+    if parts[:2] != ["distillation", "teacher_models"] or len(parts) < 4 or ".".join(parts[3:]) in _TEACHER_READ:
+        return None
+    return ("sizes verl's teacher inference server; a teacher here is a frozen model on the actor's ranks "
+            "(hybridflow/workers/teacher.py), scoring at temperature 1")
 
 
 def _prefixes(key: str) -> list[str]:
