@@ -369,17 +369,27 @@ def print_table(rows: list[dict]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cases", default=",".join(CASES), help="comma-separated, from: " + ", ".join(CASES))
+    names = [*CASES, "distillation"]  # issue 60: the distillation losses (benchmarks/verl_diff_distillation.py)
+    parser.add_argument("--cases", default=",".join(names), help="comma-separated, from: " + ", ".join(names))
     parser.add_argument("--workdir", default=None, help="keep the inputs and both sides' results here")
     parser.add_argument("--side", choices=["hybridflow"], help=argparse.SUPPRESS)
     args, rest = parser.parse_known_args(argv)
     if args.side:
         run_hybridflow_side(rest[0])
         return 0
-    unknown = sorted(set(args.cases.split(",")) - set(CASES))
+    unknown = sorted(set(args.cases.split(",")) - set(names))
     if unknown:
-        parser.error(f"unknown case(s) {unknown}; choose from {', '.join(CASES)}")
+        parser.error(f"unknown case(s) {unknown}; choose from {', '.join(names)}")
     verl_python = ensure_side_venv()
+    cases = args.cases.split(",")
+    distillation_failed = 0
+    if "distillation" in cases:
+        from benchmarks.verl_diff_distillation import main as distillation_diff
+
+        cases.remove("distillation")
+        distillation_failed = distillation_diff(verl_python)
+        if not cases:
+            return distillation_failed
     workdir = args.workdir or tempfile.mkdtemp(prefix="verl_diff_")
     os.makedirs(workdir, exist_ok=True)
     import hybridflow
@@ -387,12 +397,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"hybridflow from {os.path.dirname(hybridflow.__file__)}; inputs and results in {workdir}", flush=True)
     model_dir = make_inputs(workdir)
     rows = []
-    for name in args.cases.split(","):
+    for name in cases:
         start = time.time()
         rows.append(run_case(name, CASES[name], workdir=workdir, model_dir=model_dir, verl_python=verl_python))
         print(f"  {name}: {'pass' if rows[-1]['pass'] else 'FAIL'} ({time.time() - start:.0f} s)", flush=True)
     print_table(rows)
-    return 0 if all(r["pass"] for r in rows) else 1
+    return 0 if all(r["pass"] for r in rows) and not distillation_failed else 1
 
 
 if __name__ == "__main__":

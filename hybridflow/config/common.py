@@ -4,9 +4,10 @@ Every field carries a docstring right under it: ``hybridflow config show --doc``
 generated YAML files print them, and unknown-key errors suggest the nearest field.
 """
 
+import importlib
 import math
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 
 @dataclass
@@ -43,6 +44,14 @@ class OptimConfig:
     """AdamW (beta1, beta2)."""
     eps: float = 1e-8
     """AdamW epsilon."""
+    # issue 60: verl 0.9.1's choice of optimizer class
+    optimizer: str = "AdamW"
+    """Optimizer class name inside ``optimizer_impl`` (verl 0.9.1: e.g. AdamW, AdamW8bit, _AdamW)."""
+    optimizer_impl: str = "torch.optim"
+    """Module the optimizer class is imported from (torch.optim, torchao.optim, bitsandbytes.optim, ...)."""
+    override_optimizer_config: Optional[Dict[str, Any]] = field(default_factory=dict)
+    """Extra keyword arguments of the optimizer class, over lr / weight_decay / betas (as verl 0.9.1; its null is
+    the empty mapping)."""
     skip_zero_grad_steps: bool = False
     """Skip the optimizer step when the gradient is exactly zero (e.g. every GRPO group scored alike, no KL or
     entropy term): AdamW would otherwise still move every weight by its momentum and weight decay, replaying the
@@ -107,6 +116,18 @@ class CheckpointContentsConfig:
 LR_SCHEDULES = ("constant", "cosine")
 
 
+def _optimizer_class_problems(key: str, optim: Any) -> list[str]:
+    """``optim.optimizer`` must name a class in an importable ``optim.optimizer_impl``."""
+    impl, name = getattr(optim, "optimizer_impl", "torch.optim"), getattr(optim, "optimizer", "AdamW")
+    try:
+        module = importlib.import_module(impl)
+    except ImportError:
+        return [f"{key}.optimizer_impl={impl!r} cannot be imported: install it or use torch.optim"]
+    if not isinstance(getattr(module, name, None), type):
+        return [f"{key}.optimizer={name!r} is not a class in {impl} (e.g. AdamW, SGD)"]
+    return []
+
+
 def optim_problems(key: str, optim: Any) -> list[str]:
     """AdamW and schedule settings that torch would only reject after the model has loaded (a NaN or infinite
     learning rate it takes silently, and every weight becomes NaN at the first step)."""
@@ -117,6 +138,7 @@ def optim_problems(key: str, optim: Any) -> list[str]:
         problems.append(f"{key}.eps={optim.eps} must be >= 0 (AdamW's default is 1e-8)")
     if optim.weight_decay < 0:
         problems.append(f"{key}.weight_decay={optim.weight_decay} must be >= 0")
+    problems.extend(_optimizer_class_problems(key, optim))
     betas = list(optim.betas)
     if len(betas) != 2 or not all(0 <= beta < 1 for beta in betas):
         problems.append(f"{key}.betas={betas} must be two numbers in [0, 1), e.g. [0.9, 0.999]")

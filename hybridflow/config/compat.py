@@ -27,6 +27,8 @@ _VLLM = "sizes the vLLM engine; the native engine sizes itself from the batch"
 _WEIGHT_SYNC = "weights go to the rollout engine in memory (or by Ray object reference to a rollout pool)"
 _PRIME_REF = "the implicit PRM's reference is the policy's frozen reference (actor_rollout_ref.ref)"
 _PRIME_KERNELS = "the implicit PRM's log-probs run through the same forward as the actor's"
+_TEACHER_POOL = ("distillation teachers are frozen models on the actor's ranks (sharded as the reference); they "
+                 "have no resource pool of their own")
 _RM_IN_TRAINER = "the reward model scores in the trainer process; it has no resource pool of its own"
 
 COMPAT_ONLY: dict[str, str] = {
@@ -111,6 +113,8 @@ COMPAT_ONLY: dict[str, str] = {
                             "data.pad_mode=no_padding)",
     "data.max_token_len_per_gpu": "SFT micro-batches hold micro_batch_size_per_gpu sequences (one packed row with "
                                   "data.pad_mode=no_padding)",
+    # issue 60: verl 0.9.1's SFT trainer
+    "data.num_workers": "conversations are tokenised up front; batches are collated in the main process",
     "data.ignore_input_ids_mismatch": "conversations are tokenised whole with the chat template, never turn by turn",
     # trainer
     "trainer.default_hdfs_dir": "checkpoints are written to default_local_dir only; there is no HDFS copy",
@@ -126,6 +130,9 @@ COMPAT_ONLY: dict[str, str] = {
     "trainer.use_legacy_worker_impl": (
         "selects between verl's legacy and new worker classes; hybridflow has one worker implementation"),
     "actor_rollout_ref.model.use_shm": _NO_SHM,
+    # issue 60: verl 0.9.1's distillation teachers run as frozen models beside the actor (like the reference)
+    "distillation.n_gpus_per_node": _TEACHER_POOL,
+    "distillation.nnodes": _TEACHER_POOL,
     **{f"reward_model.rollout.{name}": (
         "sizes the inference server verl's reward loop runs a judge on; hybridflow's generative judge runs "
         "on an in-process engine sized by reward_model.rollout.{name,prompt_length,response_length}")

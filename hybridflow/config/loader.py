@@ -54,6 +54,15 @@ KEY_ALIASES: tuple[tuple[str, str], ...] = (
     ("critic.fsdp.strategy", "critic.strategy"),
     ("critic.fsdp.ulysses_sequence_parallel_size", "critic.ulysses_sequence_parallel_size"),
     ("critic.fsdp.", "critic.model.fsdp_config."),
+    # issue 60: verl 0.9.1's engine config repeats these role switches inside fsdp_config (the same switch)
+    *((f"actor_rollout_ref.{role}.fsdp_config.{name}", f"actor_rollout_ref.{role}.{name}")
+      for role in ("actor", "ref")
+      for name in ("entropy_checkpointing", "use_torch_compile", "entropy_from_logits_with_chunking")),
+    # verl 0.9.1's prefix grouper computes a prompt shared by rollout.n responses once: the shared-prompt layout
+    ("actor_rollout_ref.actor.use_prefix_grouper", "actor_rollout_ref.model.use_shared_prompt"),
+    ("sandbox_fusion.", "reward_model.sandbox_fusion."),  # verl 0.9.1 moved the sandbox section to the top level
+    ("actor_rollout_ref.rollout.nnodes", "rollout.nnodes"),  # verl 0.9.1's standalone rollout pool: split placement
+    ("actor_rollout_ref.rollout.n_gpus_per_node", "rollout.n_gpus_per_node"),
 )
 HYDRA_TARGET = "_target_"
 MEGATRON = ("Megatron-LM is not supported: hybridflow trains with FSDP2 only. Drop the *.megatron.* keys and set "
@@ -139,12 +148,18 @@ def suggest_key(keys: Iterable[str], key: str) -> str | None:
     return close[0] if close else None
 
 
-def check_key(keys: dict[str, Any], key: str, *, origin: str) -> None:
-    """Raise ConfigError if ``key`` is not in the schema (and not under a free-form dict)."""
+def check_key(keys: dict[str, Any], key: str, *, origin: str, verl_key: str | None = None) -> None:
+    """Raise ConfigError if ``key`` is not in the schema (and not under a free-form dict); ``verl_key``: the key as
+    the user spelled it, before verl 0.9's spellings were rewritten (a refused verl key is named as written)."""
     if key in keys or _open_ancestor(keys, key):
         return
     if "megatron" in key.split("."):
         raise ConfigError(f"'{key}': {MEGATRON}")
+    from hybridflow.config.verl_keys import refusal_line  # issue 60: verl 0.9.1's keys, each with its reason
+
+    refused = refusal_line(verl_key or key)
+    if refused is not None:
+        raise ConfigError(refused + (f" (from {origin})" if origin else ""))
     hint = suggest_key(keys, key)
     where = f" (from {origin})" if origin else ""
     did_you_mean = f"; did you mean '{hint}'?" if hint else "; run `hybridflow config show --doc` to list the keys"
@@ -210,8 +225,35 @@ def flatten(tree: dict, keys: dict[str, Any], prefix: str = "",
 
 
 # --------------------------------------------------------------------------- compose
-def _assign(cfg: DictConfig, keys: dict[str, Any], key: str, value: Any, *, origin: str) -> None:
-    check_key(keys, key, origin=origin)
+def _entry_schema(keys: dict[str, Any], key: str) -> tuple[str, str, type] | None:
+    """(mapping key, entry name, entry dataclass) when ``key`` lies under a ``Dict[str, <dataclass>]`` entry
+    (``distillation.teacher_models.t1.model_path``), else None."""
+    prefix = _open_ancestor(keys, key)
+    args = typing.get_args(keys[prefix]) if prefix else ()
+    if len(args) != 2 or not dataclasses.is_dataclass(args[1]):
+        return None
+    return prefix, key[len(prefix) + 1:].split(".")[0], args[1]
+
+
+def _add_typed_entry(cfg: DictConfig, keys: dict[str, Any], key: str, *, origin: str) -> None:
+    """Create a missing entry of a ``Dict[str, <dataclass>]`` with its defaults (issue 60: Hydra's
+    ``+distillation.teacher_models.t1.key=...``) and check the key below the entry against that dataclass."""
+    typed = _entry_schema(keys, key)
+    if typed is None:
+        return
+    prefix, entry, schema = typed
+    rest = key[len(prefix) + len(entry) + 2:]
+    if rest:
+        check_key(schema_keys(schema), rest, origin=origin)
+    mapping = OmegaConf.select(cfg, prefix)
+    if entry not in mapping:
+        mapping[entry] = OmegaConf.structured(schema)
+
+
+def _assign(cfg: DictConfig, keys: dict[str, Any], key: str, value: Any, *, origin: str,
+            verl_key: str | None = None) -> None:
+    check_key(keys, key, origin=origin, verl_key=verl_key)
+    _add_typed_entry(cfg, keys, key, origin=origin)
     tp = keys.get(key)
     if dataclasses.is_dataclass(tp) and not isinstance(value, dict):
         raise ConfigError(f"'{key}' is a section, not a value: set one of its keys, e.g. {key}.<name>=...")
@@ -284,11 +326,11 @@ def compose(schema: type, overrides: Iterable[str] = (), config_file: str | None
         op, key, value = parse_override(item)
         if is_hydra_target(key) or (op != "delete" and _is_group_choice(schema, key, value)):
             continue
-        key = canonical_key(key, aliases)
+        verl_key, key = item.split("=", 1)[0].lstrip("+~").strip(), canonical_key(key, aliases)
         if op == "delete":
             _delete(cfg, keys, key)
         else:
-            _assign(cfg, keys, key, value, origin=f"override '{item}'")
+            _assign(cfg, keys, key, value, origin=f"override '{item}'", verl_key=verl_key)
     return cfg
 
 
@@ -359,13 +401,32 @@ def split_config_args(argv: list[str]) -> tuple[str | None, list[str]]:
     return file or _resolve_config_name(path, name), overrides
 
 
+ENTRY_MODULE_DIR = os.path.join(os.path.dirname(SHIPPED_CONFIG_DIR), "trainer")
+"""The folder of every ``python -m hybridflow.trainer.*`` entry module: Hydra resolves a relative ``--config-path``
+against the entry module's folder, not the working directory."""
+
+
+def config_dir(path: str, filename: str) -> str:
+    """Where ``--config-path=path`` points, by Hydra's rule (issue 60): an absolute path is itself; a relative one
+    is under the entry module's folder, where ``config`` is the shipped configs (verl's ``verl/trainer/config`` and
+    the fully-async / recipe ``config`` folders beside their entry modules) when they hold ``filename``; a relative
+    folder that is not there is read from the working directory (a user's own configs)."""
+    path = os.path.expanduser(path)
+    if os.path.isabs(path):
+        return path
+    if os.path.normpath(path) == "config" and os.path.isfile(os.path.join(SHIPPED_CONFIG_DIR, filename)):
+        return SHIPPED_CONFIG_DIR
+    beside_entry = os.path.join(ENTRY_MODULE_DIR, path)
+    return beside_entry if os.path.isdir(beside_entry) else path
+
+
 def _resolve_config_name(path: str | None, name: str | None) -> str | None:
     if name is None:
         if path is not None:
             raise ConfigError("--config-path given without --config-name: name the YAML file too")
         return None
     filename = name if name.endswith((".yaml", ".yml")) else name + ".yaml"
-    base = os.path.expanduser(path) if path else SHIPPED_CONFIG_DIR
+    base = config_dir(path, filename) if path else SHIPPED_CONFIG_DIR
     full = os.path.join(base, filename)
     if not os.path.isfile(full):
         shipped = sorted(f[:-5] for f in os.listdir(SHIPPED_CONFIG_DIR) if f.endswith(".yaml"))

@@ -37,6 +37,15 @@ class ModelConfig:
     as the padded layout within fp32 rounding; a model whose attention does not go through transformers'
     attention interface falls back to the padded layout with one warning. False (and use_remove_padding
     False) chooses the padded layout."""
+    # verl 0.9.1's model paths
+    tokenizer_path: Optional[str] = None
+    """The tokenizer's folder; null: the model's (``data.tokenizer`` wins when set)."""
+    hf_config_path: Optional[str] = None
+    """The HF config's folder (architecture, sizes); null: the model's. The weights still come from ``path``."""
+    lora_adapter_path: Optional[str] = None
+    """A trained LoRA adapter (a peft folder) to continue from: the actor trains it, the reference is the model with
+    the adapter off, rollouts start from the merged weights; lora_rank / lora_alpha / target_modules come from
+    the adapter."""
     lora_rank: int = 0
     """LoRA rank; 0 trains the full model."""
     lora_alpha: int = 16

@@ -11,6 +11,7 @@ keeps the two equal. Fields written ``II("...")`` are interpolations resolved af
 from dataclasses import dataclass, field
 from typing import Any, Dict
 
+from hybridflow.config.distillation import DistillationConfig
 from hybridflow.config.data import CustomClassConfig, SamplerConfig, DataConfig
 from hybridflow.config.model import ModelConfig
 from hybridflow.config.actor import PolicyLossConfig, ActorConfig, RefConfig
@@ -110,6 +111,8 @@ class PPOConfig:
     """The async rollouter's budget (main_fully_async only)."""
     global_profiler: Dict[str, Any] = field(default_factory=dict)
     """Compatibility-only (compat.py); in verl: nsys / torch profiler settings."""
+    distillation: DistillationConfig = field(default_factory=DistillationConfig)
+    """On-policy distillation from frozen teacher models (verl 0.9.1's ``distillation.*``)."""
 
     def __post_init__(self):
         if self.trainer.backend == "auto":  # verl's split placement keys alone pick the Ray backend

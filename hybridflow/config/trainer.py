@@ -28,6 +28,10 @@ class TrainerConfig:
     """Trackers: any of console, file, tensorboard, wandb, swanlab, mlflow."""
     log_val_generations: int = 0
     """Validation samples (prompt, response, score) to log as text."""
+    # verl scripts add it with Hydra's ``+`` (verl itself reads the TENSORBOARD_DIR environment variable)
+    tensorboard_dir: Optional[str] = None
+    """Where the tensorboard backend writes its event files; null: $TENSORBOARD_DIR when set (verl's variable), else
+    {default_local_dir}/logs/tensorboard."""
     rollout_data_dir: Optional[str] = None
     """Dump every rollout (prompt, response, score) as JSONL here."""
     validation_data_dir: Optional[str] = None

@@ -18,6 +18,7 @@ from hybridflow.config.checks import check_choice as _check_choice
 from hybridflow.config.checks import check_output_folder as _check_output_folder
 from hybridflow.config.checks import check_positive as _check_positive
 from hybridflow.config.common import LR_SCHEDULES, optim_problems
+from hybridflow.config.distillation import distillation_problems
 from hybridflow.config.loader import MEGATRON
 from hybridflow.config.reward import SANDBOX_MIN_MEMORY_MB, sandbox_problems  # noqa: F401 - re-exported
 from hybridflow.config.rollout import multi_turn_problems
@@ -374,6 +375,7 @@ def validate_ppo_config(cfg: Any, *, model_max_len: int | None = None, check_pat
     if implicit_prm_enabled(cfg):
         problems += optim_problems("reward_model.model.optim", cfg.reward_model.model.optim)
     _check_verl_versions(problems, cfg)
+    problems.extend(distillation_problems(cfg, check_paths=check_paths))
     raise_if_problems(problems)
 
 

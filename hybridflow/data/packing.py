@@ -125,9 +125,13 @@ class PackedResponses:
         self.labels = torch.cat(labels).to(input_ids.device)
 
     def scatter(self, values: torch.Tensor) -> torch.Tensor:
-        """``[K]`` per-response-token values -> ``[B, T]``, zero where there is no token."""
-        out = values.new_zeros(self.shape)
+        """``[K, ...]`` per-response-token values -> ``[B, T, ...]``, zero where there is no token."""
+        out = values.new_zeros((*self.shape, *values.shape[1:]))
         return out.index_put((self.rows, self.cols), values)
+
+    def gather(self, values: torch.Tensor) -> torch.Tensor:
+        """``[B, T, ...]`` per-response-token values -> ``[K, ...]`` in the packed row's order (scatter's inverse)."""
+        return values[self.rows, self.cols]
 
 
 def _units(prompts: list[torch.Tensor], *, share_prompt: bool) -> list[list[int]]:

@@ -293,10 +293,12 @@ def load_causal_lm(
     gradient_checkpointing: bool = False,
     trust_remote_code: bool = False,
     override_config: dict | None = None,
+    config_path: str | None = None,
 ):
     """An ``AutoModelForCausalLM`` (a vision-language model: ``AutoModelForImageTextToText``) in ``dtype``,
-    optionally with gradient checkpointing."""
-    config = load_config(path, trust_remote_code=trust_remote_code, override_config=override_config)
+    optionally with gradient checkpointing; ``config_path``: the HF config's folder when not ``path``'s
+    (verl's ``model.hf_config_path``)."""
+    config = load_config(config_path or path, trust_remote_code=trust_remote_code, override_config=override_config)
     check_causal_lm_config(config, path)
     model = load_checked_weights(
         auto_model_class(config), path, config=config, dtype=resolve_dtype(dtype),

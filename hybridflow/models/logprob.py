@@ -34,9 +34,12 @@ def compute_log_probs(model, *, input_ids: torch.Tensor, attention_mask: torch.T
                       position_ids: torch.Tensor | None, response_length: int, temperature: float = 1.0,
                       calculate_entropy: bool = False, calculate_sum_pi_squared: bool = False,
                       entropy_checkpointing: bool = False, use_torch_compile: bool = False,
-                      chunked_head: bool = False, vision_inputs: dict | None = None) -> tuple:
+                      chunked_head: bool = False, vision_inputs: dict | None = None,
+                      gather_ids: torch.Tensor | None = None) -> tuple:
     """log p(response token t | prefix) ``[B, T]`` and optionally the entropy ``[B, T]``; with
-    ``calculate_sum_pi_squared`` a third element, sum_v p(v | prefix)^2 ``[B, T]``.
+    ``calculate_sum_pi_squared`` a third element, sum_v p(v | prefix)^2 ``[B, T]``; with ``gather_ids``
+    ``[B, T, K]`` a last element, log p(gather_ids[b, t, k] | prefix) ``[B, T, K]`` (a distillation teacher's
+    top-k tokens; computed from the full logits, so the chunked head is not used).
 
     Args:
         input_ids / attention_mask / position_ids: ``[B, L]`` = left-padded prompt ++ response.
@@ -63,18 +66,22 @@ def compute_log_probs(model, *, input_ids: torch.Tensor, attention_mask: torch.T
                                   temperature=temperature, calculate_entropy=calculate_entropy,
                                   calculate_sum_pi_squared=calculate_sum_pi_squared,
                                   entropy_checkpointing=entropy_checkpointing, use_torch_compile=use_torch_compile,
-                                  chunked_head=chunked_head)
+                                  chunked_head=chunked_head, gather_ids=gather_ids)
 
 
 def _forward_token_outputs(model, inputs: dict, *, keep: torch.Tensor, labels: torch.Tensor, chunked_head: bool,
-                           **switches) -> tuple:
+                           gather_ids: torch.Tensor | None = None, **switches) -> tuple:
     """(log-probs, entropy or None[, sum_v pi(v)^2]) ``labels``-shaped, of the positions ``keep`` of
     ``model(**inputs)``: from the logits, or with ``chunked_head`` from the hidden states in chunks
     (:func:`hybridflow.algos.linear_logprob.linear_log_probs`, no ``[K, V]`` logits)."""
-    head = chunk_capable_head(model) if chunked_head else None
+    head = chunk_capable_head(model) if chunked_head and gather_ids is None else None
     if head is None:
         logits = model(**inputs, logits_to_keep=keep).logits
-        return _token_outputs(logits, labels, **switches)
+        outs = _token_outputs(logits, labels, **switches)
+        if gather_ids is None:
+            return outs
+        scaled = logits / switches["temperature"] if switches["temperature"] != 1.0 else logits
+        return (*outs, torch.log_softmax(scaled.float(), dim=-1).gather(-1, gather_ids.long()))
     with _head_returns_token_outputs(head, labels=labels, temperature=switches["temperature"],
                                      calculate_entropy=switches["calculate_entropy"],
                                      calculate_sum_pi_squared=switches["calculate_sum_pi_squared"]):
@@ -141,7 +148,8 @@ def _token_outputs(logits: torch.Tensor, labels: torch.Tensor, *, temperature: f
 
 def packed_log_probs(model, packed: PackedResponses, *, temperature: float = 1.0, calculate_entropy: bool = False,
                      calculate_sum_pi_squared: bool = False, entropy_checkpointing: bool = False,
-                     use_torch_compile: bool = False, chunked_head: bool = False) -> tuple:
+                     use_torch_compile: bool = False, chunked_head: bool = False,
+                     gather_ids: torch.Tensor | None = None) -> tuple:
     """:func:`compute_log_probs` over a padding-free (optionally shared-prompt) packed row.
 
     Same values as the padded forward on every valid response token (zeros elsewhere), each
@@ -155,7 +163,8 @@ def packed_log_probs(model, packed: PackedResponses, *, temperature: float = 1.0
                                   temperature=temperature, calculate_entropy=calculate_entropy,
                                   calculate_sum_pi_squared=calculate_sum_pi_squared,
                                   entropy_checkpointing=entropy_checkpointing, use_torch_compile=use_torch_compile,
-                                  chunked_head=chunked_head)
+                                  chunked_head=chunked_head,
+                                  gather_ids=None if gather_ids is None else packed.gather(gather_ids)[shard.own][None])
     return tuple(None if out is None else packed.scatter(shard.gather(out[0])) for out in outs)
 
 

@@ -19,6 +19,7 @@ only, in peft's format (``adapter_config.json`` + ``adapter_model.safetensors``)
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 from collections.abc import Iterator, Mapping, Sequence
 
@@ -49,6 +50,23 @@ def apply_lora(model: torch.nn.Module, *, rank: int, alpha: float, target_module
     except ValueError as err:  # peft's message for targets that match no module
         raise ConfigError(f"LoRA target_modules={targets!r} do not fit this model ({str(err).splitlines()[0]}); "
                           "use 'all-linear' or names such as [q_proj, v_proj]") from err
+
+
+def load_lora_adapter(model: torch.nn.Module, path: str):
+    """``model`` with the trained LoRA adapter saved at ``path`` (a peft folder), trainable (issue 60: verl's
+    ``model.lora_adapter_path``)."""
+    from peft import PeftModel
+
+    if not os.path.isfile(os.path.join(os.path.expanduser(path), "adapter_config.json")):
+        raise ConfigError(f"model.lora_adapter_path='{path}' holds no adapter_config.json: point it at a folder "
+                          "saved by peft's save_pretrained")
+    return PeftModel.from_pretrained(model, os.path.expanduser(path), is_trainable=True)
+
+
+def merged_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A plain copy of ``model`` with any LoRA adapter merged into the base weights (the rollout engine's weights)."""
+    copied = copy.deepcopy(model)
+    return merge_lora(copied) if is_lora_model(copied) else copied
 
 
 def is_lora_model(model: torch.nn.Module) -> bool:

@@ -64,7 +64,7 @@ from hybridflow.trainer.sft.loss import sft_loss
 from hybridflow.trainer.sft.sequence_parallel import sequence_parallel_sft_loss
 from hybridflow.trainer.tracking.summary import summary_table
 from hybridflow.trainer.tracking.trackers import Tracking
-from hybridflow.workers.optim import TrainState, build_optimizer, build_scheduler
+from hybridflow.workers.optim import TrainState, build_optimizer, build_scheduler, resolve_warmup_steps
 from hybridflow.workers.sequence_parallel import split_world
 
 COMPONENT = "model"
@@ -164,7 +164,9 @@ def build_train_state(cfg: SFTConfig, model: torch.nn.Module, *, steps: int) -> 
     optim = cfg.optim
     optimizer = build_optimizer(model.parameters(), lr=optim.lr, betas=optim.betas,
                                 weight_decay=optim.weight_decay, eps=optim.eps)
-    scheduler = build_scheduler(optimizer, warmup_steps=int(optim.warmup_steps_ratio * steps), total_steps=steps,
+    warmup = resolve_warmup_steps(warmup_steps=optim.lr_warmup_steps, warmup_ratio=optim.warmup_steps_ratio,
+                                  total_steps=steps)
+    scheduler = build_scheduler(optimizer, warmup_steps=warmup, total_steps=steps,
                                 style=optim.lr_scheduler, min_lr_ratio=optim.min_lr_ratio,
                                 num_cycles=optim.num_cycles)
     return TrainState(model, optimizer, scheduler, grad_clip=optim.clip_grad,

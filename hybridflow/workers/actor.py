@@ -28,6 +28,9 @@ from dataclasses import dataclass, field
 import torch
 
 from hybridflow.algos import agg_loss, get_policy_loss, kl_penalty
+from hybridflow.algos.distillation import (DistillationObjective, distillation_loss_spec,  # issue 60
+                                           get_distillation_loss)
+from hybridflow.algos.distillation.combine import combined_loss, distillation_term
 from hybridflow.data.batch import Batch
 from hybridflow.data.parallel import DataParallel, LOCAL
 from hybridflow.models.router_aux import record_router_logits
@@ -71,6 +74,10 @@ class PolicyObjective:
     report_entropy: bool = False
     """No recompute pass gives the pre-update ``actor/entropy`` (the engine's log-probs are the old ones): take it
     from the training forward instead, aggregated as the loss is."""
+    # issue 60: on-policy distillation (verl 0.9.1's distillation.distillation_loss)
+    distillation: DistillationObjective | None = None
+    """The distillation term and how it joins the loss above (``algos/distillation/combine.py``); needs the
+    teacher's ``teacher_log_probs`` (or top-k) columns in the batch."""
 
 
 class ActorWorker:
@@ -145,12 +152,13 @@ class ActorWorker:
         obj = self.objective
         use_entropy = obj.entropy_coeff != 0
         calculate_entropy = use_entropy or obj.calculate_entropy or obj.report_entropy
+        distill = obj.distillation
+        topk = distill is not None and distillation_loss_spec(distill.loss_mode).use_topk
         with record_router_logits(self.model) as router:  # None unless an MoE model gives a router loss
-            log_prob, entropy = micro_batch_log_probs(self.model, micro, temperature=temperature,
-                                                      calculate_entropy=calculate_entropy, layout=self.layout,
-                                                      entropy_checkpointing=self.entropy_checkpointing,
-                                                      use_torch_compile=self.use_torch_compile,
-                                                      chunked_head=self.chunked_head)
+            log_prob, entropy, *student_topk = micro_batch_log_probs(
+                self.model, micro, temperature=temperature, calculate_entropy=calculate_entropy, layout=self.layout,
+                entropy_checkpointing=self.entropy_checkpointing, use_torch_compile=self.use_torch_compile,
+                chunked_head=self.chunked_head, gather_ids=micro["teacher_topk_ids"] if topk else None)
         mask = micro["response_mask"]
         agg = dict(loss_mask=mask, loss_agg_mode=obj.loss_agg_mode, max_response_length=obj.norm_length,
                    global_num_tokens=counts["tokens"], global_num_seqs=counts["seqs"])
@@ -180,6 +188,9 @@ class ActorWorker:
             loss = loss + obj.kl_loss_coef * kl_term
             shares["kl_loss"] = kl_term.item()
             metrics["kl_coef"] = obj.kl_loss_coef
+        if distill is not None:
+            loss = self._with_distillation(micro, distill, task_loss=loss, log_prob=log_prob, agg=agg,
+                                           student_topk=student_topk, shares=shares, metrics=metrics)
         if router is not None:
             # This micro-batch's share of the mini-batch's sequence-weighted mean of L_aux.
             aux_term = router.loss() * micro["responses"].shape[0] / counts["seqs"]
@@ -187,3 +198,25 @@ class ActorWorker:
             shares["router_aux_loss"] = aux_term.item()
         shares["loss"] = loss.item()
         return loss, shares, metrics
+
+    def _with_distillation(self, micro: Batch, distill: DistillationObjective, *, task_loss, log_prob, agg: dict,
+                           student_topk: list, shares: dict, metrics: dict) -> torch.Tensor:
+        """The micro-batch loss with the distillation term joined (issue 60); its share and metrics recorded."""
+        per_token, extra = get_distillation_loss(distill.loss_mode)(
+            loss_mode=distill.loss_mode, student_log_probs=log_prob,
+            teacher_log_probs=micro["teacher_log_probs"] if "teacher_log_probs" in micro else None,
+            student_topk_log_probs=student_topk[-1] if student_topk else None,
+            teacher_topk_log_probs=micro["teacher_topk_log_probs"] if student_topk else None,
+            log_prob_min_clamp=distill.log_prob_min_clamp)
+        mask = agg["loss_mask"]
+        term, term_metrics = distillation_term(
+            distill, per_token, log_prob=log_prob, old_log_prob=micro["old_log_probs"], response_mask=mask,
+            loss_agg_mode=agg["loss_agg_mode"], global_num_tokens=agg["global_num_tokens"],
+            global_num_seqs=agg["global_num_seqs"], max_response_length=agg["max_response_length"],
+            rollout_is_weights=micro["rollout_is_weights"] if "rollout_is_weights" in micro else None)
+        shares["distillation/loss"] = term.item()
+        valid = mask.bool()
+        for name, value in extra.items():  # top-k masses: the micro-batch's mean over valid tokens
+            metrics[f"distillation/{name}"] = value[valid].mean().item() if valid.any() else 0.0
+        metrics.update({f"distillation/{name}": value for name, value in term_metrics.items()})
+        return combined_loss(distill, task_loss=task_loss, distill_loss=term)

@@ -37,17 +37,20 @@ def pack_micro_batch(micro: Batch, *, layout: str) -> PackedResponses:
 def micro_batch_log_probs(model, micro: Batch, *, temperature: float, calculate_entropy: bool,
                           calculate_sum_pi_squared: bool = False, layout: str = "padded",
                           entropy_checkpointing: bool = False, use_torch_compile: bool = False,
-                          chunked_head: bool = False):
+                          chunked_head: bool = False, gather_ids: torch.Tensor | None = None):
     """(log_probs [b, T], entropy [b, T] or None) of one micro-batch in the given layout; with
     ``calculate_sum_pi_squared`` a third element, sum_v pi(v)^2 [b, T] (the other switches: see
     ``hybridflow.models.compute_log_probs``). A VLM's rows carry their images in ``multi_modal_inputs``
-    (padded layout only: the trainer picks it for VLMs)."""
+    (padded layout only: the trainer picks it for VLMs). ``gather_ids [b, T, K]`` adds a last element, the log-probs
+    of those token ids ``[b, T, K]`` (on-policy distillation's top-k)."""
     switches = dict(calculate_sum_pi_squared=calculate_sum_pi_squared, entropy_checkpointing=entropy_checkpointing,
                     use_torch_compile=use_torch_compile, chunked_head=chunked_head)
     if layout != "padded":
         return packed_log_probs(model, pack_micro_batch(micro, layout=layout), temperature=temperature,
-                                calculate_entropy=calculate_entropy, **switches)
+                                calculate_entropy=calculate_entropy, gather_ids=gather_ids, **switches)
     inputs, resp_len = trimmed_inputs(micro)
+    if gather_ids is not None:
+        switches["gather_ids"] = gather_ids[:, :resp_len]
     images = micro["multi_modal_inputs"] if "multi_modal_inputs" in micro else None
     switches["vision_inputs"] = vision_forward_inputs(model, images, inputs["input_ids"])
     outs = compute_log_probs(model, **inputs, response_length=resp_len, temperature=temperature,

@@ -151,10 +151,10 @@ def trimmed_inputs(micro: Batch) -> tuple[dict[str, torch.Tensor], int]:
 
 
 def pad_right(values: torch.Tensor, length: int) -> torch.Tensor:
-    """``[b, T']`` per-response-token values back to ``[b, T]`` with zeros on the trimmed columns."""
+    """``[b, T', ...]`` per-response-token values back to ``[b, T, ...]`` with zeros on the trimmed columns."""
     if values.shape[1] == length:
         return values
-    return torch.nn.functional.pad(values, (0, length - values.shape[1]))
+    return torch.nn.functional.pad(values, (0, 0) * (values.dim() - 2) + (0, length - values.shape[1]))
 
 
 def token_count(batch: Batch) -> torch.Tensor:

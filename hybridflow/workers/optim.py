@@ -10,6 +10,7 @@ Schedules (multiplier of the peak lr at step s, W warm-up steps, S total steps),
 
 from __future__ import annotations
 
+import importlib
 import logging
 import math
 
@@ -72,10 +73,25 @@ def lr_schedule(optim_cfg) -> str:
     return optim_cfg.warmup_style or optim_cfg.lr_scheduler_type or "constant"
 
 
+def configured_optimizer(params, optim_cfg) -> torch.optim.Optimizer:
+    """``optim.optimizer`` from ``optim.optimizer_impl`` (issue 60, verl 0.9.1's rule: lr, weight_decay, betas for an
+    Adam-like class, then ``override_optimizer_config``); torch's AdamW without overrides is :func:`build_optimizer`
+    (fused where possible, ``optim.eps``)."""
+    if (optim_cfg.optimizer_impl, optim_cfg.optimizer) == ("torch.optim", "AdamW") \
+            and not optim_cfg.override_optimizer_config:
+        return build_optimizer(params, lr=optim_cfg.lr, betas=optim_cfg.betas, weight_decay=optim_cfg.weight_decay,
+                               eps=optim_cfg.eps)
+    cls = getattr(importlib.import_module(optim_cfg.optimizer_impl), optim_cfg.optimizer)
+    kwargs = {"lr": optim_cfg.lr, "weight_decay": optim_cfg.weight_decay}
+    if "adam" in optim_cfg.optimizer.lower() or "ademamix" in optim_cfg.optimizer.lower():
+        kwargs["betas"] = tuple(optim_cfg.betas)
+    kwargs.update(dict(optim_cfg.override_optimizer_config or {}))
+    return cls([p for p in params if p.requires_grad], **kwargs)
+
+
 def optimizer_from_config(model: torch.nn.Module, optim_cfg, *, total_steps: int):
     """(optimizer, scheduler) from an ``OptimConfig`` section (PPO actor/critic)."""
-    optimizer = build_optimizer(model.parameters(), lr=optim_cfg.lr, betas=optim_cfg.betas,
-                                weight_decay=optim_cfg.weight_decay, eps=optim_cfg.eps)
+    optimizer = configured_optimizer(model.parameters(), optim_cfg)
     warmup = resolve_warmup_steps(warmup_steps=optim_cfg.lr_warmup_steps,
                                   warmup_ratio=optim_cfg.lr_warmup_steps_ratio, total_steps=total_steps)
     scheduler = build_scheduler(optimizer, warmup_steps=warmup, total_steps=total_steps, style=lr_schedule(optim_cfg),

@@ -44,7 +44,9 @@ def rollout_correction_problems(setting: Setting) -> list[str]:
         problems.append("algorithm.rollout_correction.bypass_mode=True needs rollout.top_p=1 and rollout.top_k=-1: "
                         "the engine's log-probs are of the filtered distribution, the trainer's are not")
     try:
-        parse_bounds(setting(corr + "rollout_is_threshold"), what="algorithm.rollout_correction.rollout_is_threshold")
+        if setting(corr + "rollout_is") is not None or setting(corr + "bypass_mode"):  # verl reads it only then
+            parse_bounds(setting(corr + "rollout_is_threshold"),
+                         what="algorithm.rollout_correction.rollout_is_threshold")
         if setting(corr + "rollout_rs") is not None:
             parse_rs_thresholds(options=parse_options(setting(corr + "rollout_rs")),
                                 spec=setting(corr + "rollout_rs_threshold"))

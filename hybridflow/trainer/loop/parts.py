@@ -25,6 +25,7 @@ from hybridflow.trainer.tracking.metrics import Timer
 from hybridflow.workers.actor import ActorWorker
 from hybridflow.workers.critic import CriticWorker
 from hybridflow.workers.implicit_prm import ImplicitPRMWorker
+from hybridflow.workers.teacher import TeacherWorker  # noqa: F401  (annotation)
 from hybridflow.workers.reference import ReferenceWorker
 from hybridflow.workers.reward import RewardWorker
 from hybridflow.workers.rollout import RolloutWorker
@@ -43,6 +44,8 @@ class PPOWorkers:
     critic: "CriticWorker | None" = None
     implicit_prm: "ImplicitPRMWorker | None" = None
     """PRIME's implicit process reward model (``adv_estimator=prime``)."""
+    teacher: "TeacherWorker | None" = None
+    """On-policy distillation's teachers (``distillation.enabled``; issue 60)."""
 
 
 @dataclass

@@ -7,6 +7,7 @@ Dataflow of one step (the HybridFlow paper's Fig. 1, verl's ``RayPPOTrainer.fit`
             ──► reward.compute_scores (rule / custom function; score on the last response token)
             ──► actor.compute_log_prob (old log-probs, entropy)
             ──► reference.compute_ref_log_prob           (if a KL term is used)
+            ──► teacher.compute_teacher_log_prob         (distillation.enabled: the teachers score the rollout)
             ──► critic.compute_values                    (gae only)
             ──► implicit_prm.update_prm, compute_prm_log_probs -> dense rewards   (prime only)
             ──► KL penalty in the reward (use_kl_in_reward)
@@ -119,6 +120,9 @@ class PPOUpdate:
         if self.w.reference is not None:
             with timer("ref"):
                 batch["ref_log_probs"] = self.w.reference.compute_ref_log_prob(batch, temperature=temperature)
+        if self.w.teacher is not None:
+            with timer("teacher"):
+                self.teacher_scores(batch)
         if self.w.critic is not None:
             with timer("values"):
                 batch["values"] = self.w.critic.compute_values(batch)
@@ -166,6 +170,15 @@ class PPOUpdate:
         return {"actor/entropy": pre_update_entropy(entropy, batch["response_mask"], self.cfg),
                 **rollout_mismatch_metrics(rollout_log_probs=batch["rollout_log_probs"],
                                            old_log_probs=batch["old_log_probs"], mask=batch["response_mask"])}
+
+    def teacher_scores(self, batch: Batch) -> None:
+        """The teachers' log-probs of the rollout into the batch: ``teacher_log_probs [B, T]``, or with a top-k
+        loss ``teacher_topk_log_probs`` / ``teacher_topk_ids [B, T, K]`` (``hybridflow.workers.teacher``)."""
+        scores = self.w.teacher.compute_teacher_log_prob(batch)
+        if len(scores) == 1:
+            batch["teacher_log_probs"] = scores[0]
+        else:
+            batch["teacher_topk_log_probs"], batch["teacher_topk_ids"] = scores
 
     def compute_rewards_and_advantages(self, batch: Batch) -> dict[str, float]:
         """token_level_rewards (with the KL penalty if configured), then advantages and returns."""

@@ -134,7 +134,8 @@ def build_loop(cfg: PPOConfig, *, parts: Callable[[Run], Parts], count_steps=tot
     total_steps = count_steps(cfg, len(train_loader))
     engine, rollout, critic, prm = build_worker_groups(cfg, total_steps=total_steps)
     workers = PPOWorkers(actor=engine, rollout=rollout, reward=build_reward_worker(cfg, tokenizer),
-                         reference=engine if reference_enabled(cfg) else None, critic=critic, implicit_prm=prm)
+                         reference=engine if reference_enabled(cfg) else None, critic=critic, implicit_prm=prm,
+                         teacher=engine if cfg.distillation.enabled else None)
     # the PRM under "reward", the recipe's folder name
     components = {"actor": GroupCheckpoint(engine), **({"critic": GroupCheckpoint(critic)} if critic else {}),
                   **({"reward": GroupCheckpoint(prm)} if prm else {})}
@@ -148,4 +149,5 @@ def build_tracking(cfg):
     """The trackers of ``trainer.logger``, recording the resolved config; file backends write under logs/."""
     return Tracking(cfg.trainer.project_name, cfg.trainer.experiment_name, as_list(cfg.trainer.logger),
                     config=OmegaConf.to_container(OmegaConf.structured(cfg)),
-                    local_dir=os.path.join(cfg.trainer.default_local_dir, "logs"))
+                    local_dir=os.path.join(cfg.trainer.default_local_dir, "logs"),
+                    tensorboard_dir=cfg.trainer.tensorboard_dir)

@@ -26,7 +26,7 @@ from hybridflow.models.fsdp import (Precision, autocast_forward, data_parallel_m
                                     shard_model)
 from hybridflow.models.loader import check_vocab_covers_tokenizer, import_external_lib, resolve_dtype
 from hybridflow.models.loader import load_config as load_model_config
-from hybridflow.models.lora import apply_lora, disable_adapter
+from hybridflow.models.lora import apply_lora, disable_adapter, load_lora_adapter, merged_copy
 from hybridflow.models.segment_attention import supports_segment_attention
 from hybridflow.models.sharded_checkpoint import FSDPModelComponent
 from hybridflow.models.ulysses import split_sequences
@@ -34,6 +34,7 @@ from hybridflow.models.vision import freeze_vision_tower, is_vision_language, lo
 from hybridflow.rollout.config import engine_kwargs_from_rollout_config
 from hybridflow.rollout.engine import build_engine, engine_capabilities
 from hybridflow.trainer.roles.groups import CriticGroupWorker, HybridEngineWorker, RolloutGroupWorker
+from hybridflow.trainer.roles.teacher import build_teacher, distillation_of  # issue 60
 from hybridflow.workers.actor import ActorWorker, PolicyObjective
 from hybridflow.workers.critic import CriticWorker, ValueObjective
 from hybridflow.workers.logprob import forward_layout
@@ -86,14 +87,15 @@ def training_precision(fsdp_cfg, model_dtype: str | None = None, *, device: torc
 def policy_tokenizer(cfg):
     """The policy's tokenizer: ``data.tokenizer`` or the model's, with ``model.custom_chat_template``."""
     model = cfg.actor_rollout_ref.model
-    return load_tokenizer(cfg.data.tokenizer or model.path, chat_template=model.custom_chat_template,
+    return load_tokenizer(cfg.data.tokenizer or model.tokenizer_path or model.path,
+                          chat_template=model.custom_chat_template,
                           trust_remote_code=model.trust_remote_code or cfg.data.trust_remote_code)
 
 
 def check_policy_vocab(cfg, tokenizer) -> None:
     """The policy's embedding covers every id of its tokenizer (``data.tokenizer`` may be another model's)."""
     model = cfg.actor_rollout_ref.model
-    config = load_model_config(model.path, trust_remote_code=model.trust_remote_code,
+    config = load_model_config(model.hf_config_path or model.path, trust_remote_code=model.trust_remote_code,
                                override_config=dict(model.override_config))
     check_vocab_covers_tokenizer(config, tokenizer, model.path,
                                  tokenizer_key=f"data.tokenizer={cfg.data.tokenizer}" if cfg.data.tokenizer else
@@ -138,13 +140,15 @@ def build_hybrid_engine(dp: DataParallel, *, cfg, total_steps: int, with_rollout
     layout = model_layout(arr.model, model, key="actor_rollout_ref.model", chunked_head=arr.model.use_fused_kernels)
     if with_reference is None:
         with_reference = reference_enabled(cfg)
-    use_lora = arr.model.lora_rank > 0
+    use_lora = arr.model.lora_rank > 0 or bool(arr.model.lora_adapter_path)
+    if arr.model.lora_adapter_path:  # issue 60: continue a trained adapter; rollouts start from the merged weights
+        model = load_lora_adapter(model, arr.model.lora_adapter_path)
     # Copies for generation and a separate reference are taken before sharding and LoRA: full, plain weights.
-    rollout = rollout_around(copy.deepcopy(model), cfg=cfg, tokenizer=tokenizer) if with_rollout else None
+    rollout = rollout_around(merged_copy(model), cfg=cfg, tokenizer=tokenizer) if with_rollout else None
     ref_model = None
     if with_reference and not use_lora:
         ref_model = copy.deepcopy(model).to(resolve_dtype(arr.ref.fsdp_config.model_dtype)).eval()
-    if use_lora:
+    if use_lora and not arr.model.lora_adapter_path:
         model = apply_lora(model, rank=arr.model.lora_rank, alpha=arr.model.lora_alpha,
                            target_modules=arr.model.target_modules, exclude_modules=arr.model.exclude_modules)
     if arr.actor.freeze_vision_tower:
@@ -156,13 +160,17 @@ def build_hybrid_engine(dp: DataParallel, *, cfg, total_steps: int, with_rollout
     if with_reference:
         reference = _reference_worker(actor_model=model, ref_model=ref_model, arr=arr, dp=dp, device=device,
                                       world=world, sp=sp, layout=layout)
+    teacher = build_teacher(cfg, dp=dp, device=device, shard=functools.partial(  # issue 60: distillation
+        shard_for_group, dp=world, fsdp_cfg=arr.ref.fsdp_config, device=device,
+        precision=training_precision(arr.ref.fsdp_config, arr.model.dtype, device=device)))
     state = train_state_from_config(model, arr.actor.optim, total_steps=total_steps,
                                     grad_clip=grad_clip_threshold(ACTOR, arr.actor.grad_clip, arr.actor.optim)[0],
                                     offload_optimizer=arr.actor.fsdp_config.optimizer_offload)
     actor = ActorWorker(state=state, schedule=update_schedule(arr.actor, rows_per_prompt=arr.rollout.n, dp=dp),
                         objective=policy_objective(arr.actor, rollout_correction=cfg.algorithm.rollout_correction,
                                                    max_response_length=cfg.data.max_response_length,
-                                                   setting=functools.partial(config_value, cfg)),
+                                                   setting=functools.partial(config_value, cfg),
+                                                   distillation=distillation_of(cfg)),
                         log_prob=log_prob_batching(arr.rollout, dp), dp=dp, seed=cfg.trainer.seed,
                         layout=layout, use_torch_compile=arr.actor.use_torch_compile,
                         entropy_checkpointing=arr.actor.entropy_checkpointing,
@@ -173,7 +181,7 @@ def build_hybrid_engine(dp: DataParallel, *, cfg, total_steps: int, with_rollout
                                     load_contents=arr.actor.checkpoint.load_contents)
     ref_checkpoint = FSDPModelComponent(reference.model, tokenizer=tokenizer) if ref_model is not None else None
     return HybridEngineWorker(actor=actor, rollout=rollout, reference=reference, checkpoint=checkpoint,
-                              reference_checkpoint=ref_checkpoint)
+                              reference_checkpoint=ref_checkpoint, teacher=teacher)
 
 
 def update_schedule(section, *, rows_per_prompt: int, dp: DataParallel):
@@ -188,7 +196,7 @@ def update_schedule(section, *, rows_per_prompt: int, dp: DataParallel):
         max_token_len=section.ppo_max_token_len_per_gpu)
 
 
-def policy_objective(actor_cfg, *, rollout_correction, max_response_length: int, setting):
+def policy_objective(actor_cfg, *, rollout_correction, max_response_length: int, setting, distillation=None):
     """The actor's loss from its section's keys; verl's bypass mode (``algorithm.rollout_correction``)
     swaps in the loss that compares pi_theta with the engine's pi_rollout. The loss's own knobs are read
     where its spec says (``policy_loss_spec(name).knobs``; ``setting`` reads a dotted key of the run config)."""
@@ -203,7 +211,7 @@ def policy_objective(actor_cfg, *, rollout_correction, max_response_length: int,
         calculate_entropy=actor_cfg.calculate_entropy, use_kl_loss=actor_cfg.use_kl_loss,
         kl_loss_coef=actor_cfg.kl_loss_coef, kl_loss_type=actor_cfg.kl_loss_type,
         # without a recompute pass the entropy metric comes from the training forward
-        report_entropy=actor_cfg.use_rollout_log_probs)
+        report_entropy=actor_cfg.use_rollout_log_probs, distillation=distillation)
 
 
 def build_rollout_worker(dp: DataParallel, *, cfg):
@@ -218,7 +226,8 @@ def load_policy(cfg, device: torch.device, *, gradient_checkpointing: bool = Fal
     """``actor_rollout_ref.model`` on ``device`` in the actor's parameter dtype (``model.external_lib`` first)."""
     model_cfg = cfg.actor_rollout_ref.model
     import_external_lib(model_cfg.external_lib)
-    return load_causal_lm(model_cfg.path, dtype=cfg.actor_rollout_ref.actor.fsdp_config.model_dtype,
+    return load_causal_lm(model_cfg.path, config_path=model_cfg.hf_config_path,
+                          dtype=cfg.actor_rollout_ref.actor.fsdp_config.model_dtype,
                           trust_remote_code=model_cfg.trust_remote_code, override_config=dict(model_cfg.override_config),
                           gradient_checkpointing=gradient_checkpointing,
                           attn_implementation=model_cfg.attn_implementation).to(device)

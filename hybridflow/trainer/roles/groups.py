@@ -41,8 +41,9 @@ class HybridEngineWorker(CheckpointedRank):
     """
 
     def __init__(self, *, actor: ActorWorker, rollout=None, reference: ReferenceWorker | None = None,
-                 checkpoint=None, reference_checkpoint=None):
+                 checkpoint=None, reference_checkpoint=None, teacher=None):
         self.actor, self.rollout, self.reference, self.checkpoint = actor, rollout, reference, checkpoint
+        self.teacher = teacher  # issue 60: distillation teachers (hybridflow.workers.teacher), or None
         self.reference_checkpoint = reference_checkpoint  # the reference's own weights (None: shared with the actor)
 
     @dispatch(Mode.DP_COMPUTE)
@@ -60,6 +61,10 @@ class HybridEngineWorker(CheckpointedRank):
     @dispatch(Mode.DP_COMPUTE)
     def compute_ref_log_prob(self, batch: Batch, *, temperature: float):
         return self.reference.compute_ref_log_prob(batch, temperature=temperature)
+
+    @dispatch(Mode.DP_COMPUTE)
+    def compute_teacher_log_prob(self, batch: Batch):
+        return self.teacher.compute_teacher_log_prob(batch)
 
     @dispatch(Mode.ONE_TO_ALL, collect="first")
     def refresh_reference(self) -> None:

@@ -195,10 +195,11 @@ class JsonlBackend:
 
 @register_backend("tensorboard")
 class TensorboardBackend:
-    def __init__(self, *, local_dir: str, config: Mapping[str, Any], **_: Any):
+    def __init__(self, *, local_dir: str, config: Mapping[str, Any], tensorboard_dir: str | None = None, **_: Any):
         from torch.utils.tensorboard import SummaryWriter
 
-        self.log_dir = os.path.join(local_dir, "tensorboard")
+        # trainer.tensorboard_dir, else verl's TENSORBOARD_DIR, else beside the other logs (issue 60)
+        self.log_dir = tensorboard_dir or os.environ.get("TENSORBOARD_DIR") or os.path.join(local_dir, "tensorboard")
         self._writer = SummaryWriter(log_dir=self.log_dir)
         self._writer.add_text("config", json.dumps(config, indent=2, default=str))
 
@@ -231,7 +232,8 @@ def wandb_mode(environ: Mapping[str, str]) -> str:
 
 @register_backend("wandb")
 class WandbBackend:
-    def __init__(self, *, project_name: str, experiment_name: str, config: Mapping[str, Any], local_dir: str):
+    def __init__(self, *, project_name: str, experiment_name: str, config: Mapping[str, Any], local_dir: str,
+                 **_: Any):
         wandb = _import_optional("wandb")
         os.makedirs(local_dir, exist_ok=True)
         self._run = wandb.init(
@@ -259,7 +261,8 @@ def swanlab_mode(environ: Mapping[str, str]) -> str:
 
 @register_backend("swanlab")
 class SwanlabBackend:
-    def __init__(self, *, project_name: str, experiment_name: str, config: Mapping[str, Any], local_dir: str):
+    def __init__(self, *, project_name: str, experiment_name: str, config: Mapping[str, Any], local_dir: str,
+                 **_: Any):
         self._swanlab = _import_optional("swanlab")
         logdir = os.path.join(local_dir, "swanlog")
         os.makedirs(logdir, exist_ok=True)
@@ -285,7 +288,8 @@ def mlflow_metric_name(name: str) -> str:
 
 @register_backend("mlflow")
 class MlflowBackend:
-    def __init__(self, *, project_name: str, experiment_name: str, config: Mapping[str, Any], local_dir: str):
+    def __init__(self, *, project_name: str, experiment_name: str, config: Mapping[str, Any], local_dir: str,
+                 **_: Any):
         self._mlflow = _import_optional("mlflow")
         uri = os.environ.get("MLFLOW_TRACKING_URI")
         if not uri:
@@ -327,6 +331,7 @@ class Tracking:
         backends: list[str] | str,
         config: Mapping[str, Any] | None = None,
         local_dir: str = "tracking",
+        tensorboard_dir: str | None = None,
     ):
         names = [backends] if isinstance(backends, str) else list(backends)
         unknown = [name for name in names if name not in _BACKENDS]
@@ -334,7 +339,8 @@ class Tracking:
             raise ConfigError(f"unknown trainer.logger backend(s) {unknown}; choose from {available_backends()}")
         self.history: list[dict[str, float]] = []
         self._progress: tqdm | None = None
-        settings = dict(project_name=project_name, experiment_name=experiment_name, local_dir=local_dir)
+        settings = dict(project_name=project_name, experiment_name=experiment_name, local_dir=local_dir,
+                        tensorboard_dir=tensorboard_dir)
         self._backends = [
             _BACKENDS[name](config=dict(config or {}), **settings)
             for name in dict.fromkeys(names)  # ordered, de-duplicated
