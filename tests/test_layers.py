@@ -17,9 +17,9 @@ BASE = {"errors", "cpu"}
 BELOW_TRAINER = {"algos", "config", "data", "rewards", "tools", "models", "rollout", "agents", "workers", "controller"}
 ALLOWED = {
     "algos": set(),
-    # validation asks the registered estimator specs whether a critic is needed: algos/registry.py, nothing else
-    # of algos
-    "config": {"algos.registry"},
+    # validation asks the registered specs what an algorithm needs: algos/registry.py and the distillation losses'
+    # registry (algos/distillation/__init__.py), nothing else of algos
+    "config": {"algos.registry", "algos.distillation"},
     "data": {"algos", "config"},
     "rewards": {"data", "algos", "config"},
     "tools": {"rewards", "data", "config"},

@@ -155,7 +155,7 @@ def check_key(keys: dict[str, Any], key: str, *, origin: str, verl_key: str | No
         return
     if "megatron" in key.split("."):
         raise ConfigError(f"'{key}': {MEGATRON}")
-    from hybridflow.config.verl_keys import refusal_line  # issue 60: verl 0.9.1's keys, each with its reason
+    from hybridflow.config.verl_refusals import refusal_line  # issue 60: verl 0.9.1's keys, each with its reason
 
     refused = refusal_line(verl_key or key)
     if refused is not None:

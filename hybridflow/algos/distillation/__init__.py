@@ -16,57 +16,13 @@ How a per-token loss becomes the actor's objective (clamp, policy gradient or su
 task's policy loss) is ``combine.py``.
 """
 
-from __future__ import annotations
+from hybridflow.algos.distillation.registry import (DISTILLATION_LOSSES, DistillationLossSpec,
+                                                    distillation_loss_spec, get_distillation_loss,
+                                                    list_distillation_losses, register_distillation_loss)
+# registers the losses
+from hybridflow.algos.distillation import estimators as _estimators  # noqa: F401
+from hybridflow.algos.distillation import forward_kl_topk as _forward_kl_topk  # noqa: F401
+from hybridflow.algos.distillation.combine import DistillationObjective
 
-from dataclasses import dataclass
-from typing import Callable
-
-from hybridflow.algos.registry import Registry
-
-DISTILLATION_LOSSES = Registry("distillation loss")
-_SPECS: dict[str, "DistillationLossSpec"] = {}
-
-
-@dataclass(frozen=True)
-class DistillationLossSpec:
-    """What a distillation loss reads besides the student's sampled-token log-probs."""
-
-    use_topk: bool = False
-    """The teacher's top-k log-probs and token ids ``[B, T, K]`` and the student's full distribution at each
-    response position (its log-probs of the teacher's top-k ids)."""
-
-
-def register_distillation_loss(*names: str, use_topk: bool = False) -> Callable[[Callable], Callable]:
-    """Decorator: make ``fn`` available as ``distillation.distillation_loss.loss_mode=<name>`` for each name."""
-    spec = DistillationLossSpec(use_topk=use_topk)
-
-    def decorator(fn: Callable) -> Callable:
-        for name in names:
-            DISTILLATION_LOSSES.register(name)(fn)
-            _SPECS[name] = spec
-        return fn
-
-    return decorator
-
-
-def get_distillation_loss(name: str) -> Callable:
-    """The per-token loss registered as ``name`` (an unknown name raises, listing the registered ones)."""
-    return DISTILLATION_LOSSES.get(name)
-
-
-def distillation_loss_spec(name: str) -> DistillationLossSpec:
-    DISTILLATION_LOSSES.get(name)
-    return _SPECS[name]
-
-
-def list_distillation_losses() -> list[str]:
-    return DISTILLATION_LOSSES.names()
-
-
-# registers the losses (imported last: they import the decorator above)
-from hybridflow.algos.distillation import estimators as _estimators  # noqa: E402,F401
-from hybridflow.algos.distillation import forward_kl_topk as _forward_kl_topk  # noqa: E402,F401
-from hybridflow.algos.distillation.combine import DistillationObjective  # noqa: E402
-
-__all__ = ["DistillationLossSpec", "DistillationObjective", "distillation_loss_spec", "get_distillation_loss",
-           "list_distillation_losses", "register_distillation_loss"]
+__all__ = ["DISTILLATION_LOSSES", "DistillationLossSpec", "DistillationObjective", "distillation_loss_spec",
+           "get_distillation_loss", "list_distillation_losses", "register_distillation_loss"]

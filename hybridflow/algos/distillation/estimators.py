@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from hybridflow.algos.distillation import register_distillation_loss
+from hybridflow.algos.distillation.registry import register_distillation_loss
 from hybridflow.algos.kl import kl_penalty
 
 ESTIMATORS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")

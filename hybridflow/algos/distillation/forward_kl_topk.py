@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from hybridflow.algos.distillation import register_distillation_loss
+from hybridflow.algos.distillation.registry import register_distillation_loss
 
 
 @register_distillation_loss("forward_kl_topk", use_topk=True)
