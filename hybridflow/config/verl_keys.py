@@ -15,7 +15,6 @@ docs/configuration.md``); tests/config/test_verl_key_table.py keeps it complete 
 
 from __future__ import annotations
 
-import fnmatch
 import functools
 import os
 import sys
