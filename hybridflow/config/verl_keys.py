@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+
 from hybridflow.config.verl_refusals import (NOT_YET, REFUSED, SNAPSHOT_DIR, SNAPSHOTS,  # noqa: F401 - re-exported
                                             refusal, refusal_line, verl_keys)
 
