@@ -31,6 +31,7 @@ from hybridflow.models.ulysses import split_sequences
 from hybridflow.models.vision import freeze_vision_tower, is_vision_language, load_processor
 from hybridflow.rollout.config import engine_kwargs_from_rollout_config
 from hybridflow.rollout.engine import build_engine
+from hybridflow.rollout.precision import cpu_engine_dtype
 from hybridflow.trainer.roles.groups import CriticGroupWorker, HybridEngineWorker, RolloutGroupWorker
 from hybridflow.workers.actor import ActorWorker, PolicyObjective
 from hybridflow.workers.critic import CriticWorker, ValueObjective
@@ -228,11 +229,11 @@ def load_policy(cfg, device: torch.device, *, gradient_checkpointing: bool = Fal
 
 
 def rollout_around(model: torch.nn.Module, *, cfg, tokenizer):
-    """The rollout worker whose engine takes ``model`` over (its private copy: fp32 on CPU whatever the training
-    dtype, so the engine generates in fp32)."""
+    """The rollout worker whose engine takes ``model`` over (its private copy; on a CPU in ``rollout.dtype``'s
+    choice for this CPU, :func:`~hybridflow.rollout.precision.cpu_engine_dtype`, whatever the training dtype)."""
     model = model.eval()
     if next(model.parameters()).device.type == "cpu":
-        model = model.float()
+        model = model.to(cpu_engine_dtype(cfg.actor_rollout_ref.rollout.dtype))
     return _rollout_worker(model, tokenizer, cfg.actor_rollout_ref.rollout,
                            template_kwargs=dict(cfg.data.apply_chat_template_kwargs),
                            processor=policy_processor(cfg, tokenizer))
