@@ -168,7 +168,8 @@ class ModelConfig:
     """Compatibility-only (compat.py): verl copies the model to /dev/shm before loading."""
     dtype: Optional[str] = None
     """Compute dtype of actor and reference (mixed precision: ``bf16`` or ``fp16``; weights stay in
-    ``fsdp_config.model_dtype``); ``fsdp_config.mixed_precision`` wins when set; null = the weights' dtype (fp32)."""
+    ``fsdp_config.model_dtype``); ``fsdp_config.mixed_precision`` wins when set; null = its default (bf16 on a GPU
+    and on a CPU with bf16 units, else the weights' dtype)."""
     attn_implementation: Optional[str] = None
     """HF attention implementation (``eager``, ``sdpa``, ``flash_attention_2``); null = transformers' default."""
 
@@ -410,7 +411,8 @@ class RolloutConfig:
     response_length: int = II("data.max_response_length")
     """Generated tokens limit; follows data.max_response_length."""
     dtype: str = "bfloat16"
-    """Engine dtype on GPU (vllm / sglang; the native engine runs the model's own dtype, fp32 on CPU)."""
+    """Engine dtype (vllm / sglang; on a CPU the native and HF engines' weights and KV cache: bf16 where the CPU has
+    AVX-512-BF16 / AMX, fp32 elsewhere, said once; ``float32`` always fp32; the sampler computes in fp32)."""
     gpu_memory_utilization: float = 0.5
     """Fraction of GPU memory the engine may use: vllm / sglang for weights + KV cache; native, what the process
     may reach once its paged KV cache is allocated, of the GPU's memory on CUDA and of the RAM on CPU (fewer blocks
