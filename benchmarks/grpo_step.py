@@ -60,6 +60,9 @@ def parse_args(argv=None):
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--layouts", default="padded,shared", help="hybridflow forward layouts to run")
     parser.add_argument("--frameworks", default="hybridflow,trl")
+    parser.add_argument("--precisions", default="fp32",
+                        help="comma-separated fp32 / bf16 (issue 62): hybridflow's fsdp_config.mixed_precision and "
+                             "rollout.dtype, TRL's bf16 switch (autocast over fp32 weights on a CPU)")
     parser.add_argument("--out", default=None, help="work folder (default: a temp dir)")
     parser.add_argument("--trl-worker", default=None, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
@@ -88,7 +91,17 @@ def prepare(args, out: str) -> tuple[str, str]:
 
 
 # ------------------------------------------------------------------------------ hybridflow
-def run_hybridflow(*, model: str, train: str, length: int, steps: int, layout: str, out: str) -> list[dict]:
+PRECISION_OVERRIDES = {
+    "fp32": ["actor_rollout_ref.actor.fsdp_config.mixed_precision=fp32",
+             "actor_rollout_ref.ref.fsdp_config.mixed_precision=fp32", "actor_rollout_ref.rollout.dtype=float32"],
+    "bf16": ["actor_rollout_ref.actor.fsdp_config.mixed_precision=bf16",
+             "actor_rollout_ref.ref.fsdp_config.mixed_precision=bf16", "actor_rollout_ref.rollout.dtype=bfloat16"],
+}
+"""hybridflow's keys per ``--precisions`` choice: compute dtype of the update (master weights stay fp32) and engine."""
+
+
+def run_hybridflow(*, model: str, train: str, length: int, steps: int, layout: str, out: str,
+                   precision: str = "fp32") -> list[dict]:
     """Metrics rows of ``steps`` GRPO steps of ``python -m hybridflow.trainer.main_ppo``."""
     overrides = [
         f"actor_rollout_ref.model.path={model}", f"data.train_files={train}", f"data.val_files={train}",
@@ -99,7 +112,7 @@ def run_hybridflow(*, model: str, train: str, length: int, steps: int, layout: s
         f"actor_rollout_ref.actor.optim.lr={LEARNING_RATE}", "actor_rollout_ref.actor.use_rollout_log_probs=True",
         f"trainer.total_training_steps={steps}", "trainer.test_freq=-1", "trainer.val_before_train=False",
         "trainer.save_freq=-1", "trainer.logger=[file]", f"trainer.default_local_dir={out}",
-        "reward_model.timeout_s=null", *LAYOUT_OVERRIDES[layout],
+        "reward_model.timeout_s=null", *LAYOUT_OVERRIDES[layout], *PRECISION_OVERRIDES[precision],
     ]
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "run.log"), "w") as log:
@@ -159,8 +172,10 @@ def trl_worker(spec_path: str) -> None:
         output_dir=spec["out"], per_device_train_batch_size=BATCH_PROMPTS * SAMPLES, gradient_accumulation_steps=1,
         num_generations=SAMPLES, max_completion_length=spec["length"], temperature=1.0,
         learning_rate=LEARNING_RATE, lr_scheduler_type="constant", warmup_steps=0, beta=0.0, num_iterations=1,
-        use_cpu=True, bf16=False, logging_steps=1, save_strategy="no", report_to="none", max_steps=spec["steps"],
+        use_cpu=True, bf16=spec.get("precision") == "bf16", logging_steps=1, save_strategy="no", report_to="none", max_steps=spec["steps"],
         seed=0, dataloader_num_workers=0, max_grad_norm=1.0, disable_tqdm=True,
+        # TRL at its fastest here: its default recomputes every layer in backward, which a 135M model never needs
+        gradient_checkpointing=False,
     )
     times = StepTimes()
     GRPOTrainer(model=spec["model"], reward_funcs=reward, args=config, train_dataset=dataset,
@@ -172,8 +187,8 @@ def trl_worker(spec_path: str) -> None:
         json.dump([dict(row, rss_gb=peak) for row in times.rows], fh)
 
 
-def run_trl(*, model: str, train: str, length: int, steps: int, out: str) -> list[dict]:
-    spec = {"model": model, "train": train, "length": length, "steps": steps, "out": out,
+def run_trl(*, model: str, train: str, length: int, steps: int, out: str, precision: str = "fp32") -> list[dict]:
+    spec = {"model": model, "train": train, "length": length, "steps": steps, "out": out, "precision": precision,
             "result": os.path.join(out, "steps.json")}
     os.makedirs(out, exist_ok=True)
     spec_path = os.path.join(out, "spec.json")
@@ -187,20 +202,24 @@ def run_trl(*, model: str, train: str, length: int, steps: int, out: str) -> lis
 
 
 # ------------------------------------------------------------------------------ report
-def matmul_rate_and_params(model_path: str) -> tuple[float, int]:
-    """(this machine's fp32 matmul FLOP/s on 1024^3 products, the model's parameter count)."""
+def matmul_rate_and_params(model_path: str) -> tuple[dict[str, float], int]:
+    """(this machine's matmul FLOP/s per precision on a 2048x576 by 576x1536 product, SmolLM2-135M's MLP shape,
+    the model's parameter count)."""
     import torch
 
     from hybridflow.models import load_causal_lm
 
     params = sum(p.numel() for p in load_causal_lm(model_path, dtype="float32").parameters())
-    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
-    for _ in range(3):
-        a @ b
-    start, repeats = time.perf_counter(), 20
-    for _ in range(repeats):
-        a @ b
-    return 2 * 1024**3 * repeats / (time.perf_counter() - start), params
+    rates = {}
+    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        a, b = torch.randn(2048, 576, dtype=dtype), torch.randn(576, 1536, dtype=dtype)
+        for _ in range(3):
+            a @ b
+        start, repeats = time.perf_counter(), 20
+        for _ in range(repeats):
+            a @ b
+        rates[name] = 2 * 2048 * 576 * 1536 * repeats / (time.perf_counter() - start)
+    return rates, params
 
 
 def summarise(name: str, steps: list[dict]) -> dict:
@@ -223,22 +242,26 @@ def main(argv=None) -> int:
     model, train = prepare(args, out)
     frameworks = args.frameworks.split(",")
     layouts = args.layouts.split(",")
+    precisions = args.precisions.split(",")
     print(f"cpu: {describe_cpu()}, {os.cpu_count()} cores, OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}")
     print(f"model {model}; {BATCH_PROMPTS} prompts x {SAMPLES} samples; {args.steps} steps per process "
           f"(first dropped) x {args.rounds} rounds")
     for length in map(int, args.lengths.split(",")):
         results: dict[str, list[dict]] = {}
         for round_index in range(args.rounds):
-            runs = [("trl", None)] if "trl" in frameworks else []
-            runs += [(f"hybridflow/{layout}", layout) for layout in layouts] if "hybridflow" in frameworks else []
-            for name, layout in (runs if round_index % 2 == 0 else runs[::-1]):
+            runs = [(f"trl/{p}", None, p) for p in precisions] if "trl" in frameworks else []
+            runs += [(f"hybridflow/{layout}/{p}", layout, p) for layout in layouts for p in precisions
+                     ] if "hybridflow" in frameworks else []
+            for name, layout, precision in (runs if round_index % 2 == 0 else runs[::-1]):
                 folder = os.path.join(out, f"{name.replace('/', '-')}-{length}-r{round_index}")
                 started = time.perf_counter()
                 if layout is None:
-                    steps = run_trl(model=model, train=train, length=length, steps=args.steps, out=folder)
+                    steps = run_trl(model=model, train=train, length=length, steps=args.steps, out=folder,
+                                    precision=precision)
                 else:
                     steps = hybridflow_steps(run_hybridflow(model=model, train=train, length=length,
-                                                            steps=args.steps, layout=layout, out=folder))
+                                                            steps=args.steps, layout=layout, out=folder,
+                                                            precision=precision))
                 results.setdefault(name, []).extend(steps)
                 print(f"  [{length} tokens, round {round_index}] {name}: {time.perf_counter() - started:.0f} s "
                       f"for {args.steps} steps", flush=True)
@@ -251,9 +274,9 @@ def main(argv=None) -> int:
 
 def report(length: int, rows: list[dict], model: str) -> None:
     print(f"\nresponses <= {length} tokens")
-    print("| run | s/step | gen tok/s | update s | gen s | peak RSS GiB | TRL / this |")
+    print("| run | s/step | gen tok/s | update s | gen s | peak RSS GiB | best TRL / this |")
     print("|---|---|---|---|---|---|---|")
-    trl = next((r["seconds"] for r in rows if r["name"] == "trl"), None)
+    trl = min((r["seconds"] for r in rows if r["name"].startswith("trl")), default=None)  # TRL at its best
     for r in rows:
         ratio = f"{trl / r['seconds']:.2f}x" if trl else "-"
         print(f"| {r['name']} | {r['seconds']:.1f} | {r['tok_s']:.1f} | {r.get('update', float('nan')):.1f} | "
@@ -261,13 +284,16 @@ def report(length: int, rows: list[dict], model: str) -> None:
     hybrid = [r for r in rows if "update_tokens" in r]
     if not hybrid:
         return
-    rate, params = matmul_rate_and_params(model)
-    print(f"\nupdate floor = 6 x {params / 1e6:.0f}M parameters x tokens / {rate / 1e9:.1f} GFLOP/s "
-          f"(fp32 1024^3 matmul, measured now)")
+    rates, params = matmul_rate_and_params(model)
+    print(f"\nupdate floor = 6 x {params / 1e6:.0f}M parameters x tokens / the matmul rate of the run's precision "
+          f"(2048x576 @ 576x1536, measured now: fp32 {rates['fp32'] / 1e9:.1f}, bf16 {rates['bf16'] / 1e9:.1f} "
+          "GFLOP/s)")
     for r in hybrid:
+        rate = rates[r["name"].rsplit("/", 1)[-1]]
         full, shared = (6 * params * r[k] / rate for k in ("update_tokens", "shared_tokens"))
-        print(f"{r['name']}: update {r['update']:.1f} s; floor {full:.1f} s over all {r['update_tokens']:.0f} "
-              f"valid tokens ({100 * full / r['update']:.0f} %), {shared:.1f} s with each prompt once "
+        print(f"{r['name']}: update {r['update']:.1f} s = {6 * params * r['update_tokens'] / r['update'] / 1e9:.1f} "
+              f"GFLOP/s over all {r['update_tokens']:.0f} valid tokens; floor {full:.1f} s "
+              f"({100 * full / r['update']:.0f} %), {shared:.1f} s with each prompt once "
               f"({100 * shared / r['update']:.0f} %)")
 
 

@@ -109,8 +109,8 @@ CASES = {
     "mixed_precision_dict": Case(GRPO + [f"+actor_rollout_ref.actor.fsdp_config.mixed_precision={BF16}"],
                                  "fsdp_config.mixed_precision as verl's dict (bf16 compute)", verl_precision=None,
                                  judge="bf16"),
-    "mixed_precision_default": Case(GRPO, "no mixed_precision: verl computes in bf16 (hybridflow: bf16 on a GPU, "
-                                    "fp32 on a CPU, docs/configuration.md)", verl_precision=None, judge="dtype"),
+    "mixed_precision_default": Case(GRPO, "no mixed_precision: verl computes in bf16 (hybridflow: bf16 on a GPU "
+                                    "and a CPU with bf16 units, fp32 on others, docs/configuration.md)", verl_precision=None, judge="dtype"),
 }
 
 
@@ -281,8 +281,10 @@ def judge(case: Case, verl: dict, ours: dict) -> dict:
     row = {"grad": grad_diff, "weight": weight_diff, "eps_excluded": excluded, "metric": metric_diff,
            "dtypes": f"{'/'.join(verl['dtypes'])} | {'/'.join(ours['dtypes'])}"}
     if case.judge == "dtype":
-        # on a CPU hybridflow keeps fp32 (docs/configuration.md); on a GPU it follows verl's bf16
-        want = verl["dtypes"] if torch.cuda.is_available() else ["float32"]
+        # on a GPU and a CPU with bf16 units hybridflow follows verl's bf16; other CPUs keep fp32 (issue 62)
+        from hybridflow.cpu import cpu_has_bf16
+
+        want = verl["dtypes"] if torch.cuda.is_available() or cpu_has_bf16() else ["float32"]
         notes = [] if ours["dtypes"] == want else [f"hybridflow computes in {ours['dtypes']}, want {want}"]
         return {**row, "pass": not notes, "note": "; ".join(notes) or "dtype only (weights differ by design)"}
     if case.judge == "bf16":

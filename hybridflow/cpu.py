@@ -12,6 +12,8 @@ import platform
 
 import torch
 
+from hybridflow.errors import ConfigError
+
 # The instruction-set extensions that change which kernels are fast, in the order printed.
 _ISA_FLAGS = ("avx2", "avx512f", "avx512bw", "avx512_bf16", "avx_ne_convert", "amx_bf16")
 
@@ -66,3 +68,47 @@ def return_freed_memory() -> bool:
     except (OSError, AttributeError):  # musl and other C libraries have no malloc_trim
         return False
     return True
+
+
+# ----------------------------------------------------------------------------- bf16 units 
+CPU_BF16_ENV = "HYBRIDFLOW_CPU_BF16"
+"""``0`` forces the fp32 fallback (as on an AVX2-only CPU; tests that pin bits set it), ``1`` forces bf16 compute
+on any CPU (slow without bf16 units: for testing the bf16 code paths there); unset, :func:`cpu_has_bf16` detects."""
+
+_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def cpu_bf16_units() -> list[str]:
+    """The bf16 matmul extensions this CPU has (``avx512_bf16``, ``amx_bf16``), from /proc/cpuinfo, else from
+    torch's own cpuinfo probe (non-Linux); empty where it has none (AVX2-only CPUs emulate bf16 27-161x slower)."""
+    flags = cpu_flags()
+    if flags:
+        return [flag for flag in _BF16_FLAGS if flag in flags]
+    probes = {"avx512_bf16": "_is_avx512_bf16_supported", "amx_bf16": "_is_amx_tile_supported"}
+    return [flag for flag, probe in probes.items() if getattr(torch.cpu, probe, lambda: False)()]
+
+
+def cpu_has_bf16() -> bool:
+    """Whether CPU compute should default to bf16: ``HYBRIDFLOW_CPU_BF16`` when set (``0`` / ``1``), else whether
+    the CPU has bf16 units and torch's oneDNN reaches them (``mkldnn._is_mkldnn_bf16_supported``)."""
+    forced = os.environ.get(CPU_BF16_ENV, "").strip()
+    if forced:
+        if forced not in ("0", "1"):
+            raise ConfigError(f"{CPU_BF16_ENV}={forced!r}: set it to 0 (fp32 on this CPU) or 1 (bf16), or unset it "
+                              "to detect the CPU's bf16 units")
+        return forced == "1"
+    return bool(cpu_bf16_units()) and onednn_bf16()
+
+
+def onednn_bf16() -> bool:
+    """Whether torch's oneDNN runs bf16 kernels on this CPU (it needs AVX-512 or AVX-NE-CONVERT)."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def cpu_precision_reason() -> str:
+    """Why :func:`cpu_has_bf16` said what it said, for the one start-up line."""
+    forced = os.environ.get(CPU_BF16_ENV, "").strip()
+    if forced:
+        return f"{CPU_BF16_ENV}={forced}"
+    units = cpu_bf16_units()
+    return f"this CPU has {' and '.join(units)}" if units else "this CPU has no AVX-512-BF16 / AMX: bf16 is slow here"

@@ -44,7 +44,7 @@ class OptimConfig:
     """AdamW (beta1, beta2)."""
     eps: float = 1e-8
     """AdamW epsilon."""
-    # issue 60: verl 0.9.1's choice of optimizer class
+    # verl 0.9.1's choice of optimizer class
     optimizer: str = "AdamW"
     """Optimizer class name inside ``optimizer_impl`` (verl 0.9.1: e.g. AdamW, AdamW8bit, _AdamW)."""
     optimizer_impl: str = "torch.optim"
@@ -97,8 +97,9 @@ class FSDPConfig:
     """Compute precision over the ``model_dtype`` weights (FSDP2 casts per layer; autocast on a single process).
     verl's mapping ``{param_dtype, reduce_dtype, buffer_dtype}``: param_dtype (default ``bf16``) is the compute
     dtype, reduce_dtype (``fp32``) the gradient reduction's, buffer_dtype is not applied (FSDP2 casts parameters
-    only). A dtype name (``bf16``, ``fp16``, ``fp32``) sets the compute dtype. null: bf16 on a GPU, as verl; fp32
-    on a CPU, where bf16 matmuls are 27-160x slower without AMX / AVX-512 BF16 (docs/configuration.md)."""
+    only). A dtype name (``bf16``, ``fp16``, ``fp32``) sets the compute dtype. null: bf16 on a GPU, as verl, and on a
+    CPU with AVX-512-BF16 / AMX; fp32 on other CPUs, where bf16 matmuls are 27-160x slower (docs/configuration.md);
+    the choice is said in one line at start-up (``HYBRIDFLOW_CPU_BF16=0/1`` overrides the CPU detection)."""
 
 
 @dataclass

@@ -113,7 +113,7 @@ COMPAT_ONLY: dict[str, str] = {
                             "data.pad_mode=no_padding)",
     "data.max_token_len_per_gpu": "SFT micro-batches hold micro_batch_size_per_gpu sequences (one packed row with "
                                   "data.pad_mode=no_padding)",
-    # issue 60: verl 0.9.1's SFT trainer
+    # verl 0.9.1's SFT trainer
     "data.num_workers": "conversations are tokenised up front; batches are collated in the main process",
     "data.ignore_input_ids_mismatch": "conversations are tokenised whole with the chat template, never turn by turn",
     # trainer
@@ -130,7 +130,7 @@ COMPAT_ONLY: dict[str, str] = {
     "trainer.use_legacy_worker_impl": (
         "selects between verl's legacy and new worker classes; hybridflow has one worker implementation"),
     "actor_rollout_ref.model.use_shm": _NO_SHM,
-    # issue 60: verl 0.9.1's distillation teachers run as frozen models beside the actor (like the reference)
+    # verl 0.9.1's distillation teachers run as frozen models beside the actor (like the reference)
     "distillation.n_gpus_per_node": _TEACHER_POOL,
     "distillation.nnodes": _TEACHER_POOL,
     **{f"reward_model.rollout.{name}": (

@@ -1,4 +1,4 @@
-"""``python -m hybridflow.trainer.main_eval``'s config: verl 0.9.1's ``evaluation.yaml`` keys (issue 60)."""
+"""``python -m hybridflow.trainer.main_eval``'s config: verl 0.9.1's ``evaluation.yaml`` keys ."""
 
 from dataclasses import dataclass, field
 from typing import Optional

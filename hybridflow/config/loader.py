@@ -54,7 +54,7 @@ KEY_ALIASES: tuple[tuple[str, str], ...] = (
     ("critic.fsdp.strategy", "critic.strategy"),
     ("critic.fsdp.ulysses_sequence_parallel_size", "critic.ulysses_sequence_parallel_size"),
     ("critic.fsdp.", "critic.model.fsdp_config."),
-    # issue 60: verl 0.9.1's engine config repeats these role switches inside fsdp_config (the same switch)
+    # verl 0.9.1's engine config repeats these role switches inside fsdp_config (the same switch)
     *((f"actor_rollout_ref.{role}.fsdp_config.{name}", f"actor_rollout_ref.{role}.{name}")
       for role in ("actor", "ref")
       for name in ("entropy_checkpointing", "use_torch_compile", "entropy_from_logits_with_chunking")),
@@ -155,7 +155,7 @@ def check_key(keys: dict[str, Any], key: str, *, origin: str, verl_key: str | No
         return
     if "megatron" in key.split("."):
         raise ConfigError(f"'{key}': {MEGATRON}")
-    from hybridflow.config.verl_refusals import refusal_line  # issue 60: verl 0.9.1's keys, each with its reason
+    from hybridflow.config.verl_refusals import refusal_line  # verl 0.9.1's keys, each with its reason
 
     refused = refusal_line(verl_key or key)
     if refused is not None:
@@ -407,7 +407,7 @@ against the entry module's folder, not the working directory."""
 
 
 def config_dir(path: str, filename: str) -> str:
-    """Where ``--config-path=path`` points, by Hydra's rule (issue 60): an absolute path is itself; a relative one
+    """Where ``--config-path=path`` points, by Hydra's rule : an absolute path is itself; a relative one
     is under the entry module's folder, where ``config`` is the shipped configs (verl's ``verl/trainer/config`` and
     the fully-async / recipe ``config`` folders beside their entry modules) when they hold ``filename``; a relative
     folder that is not there is read from the working directory (a user's own configs)."""

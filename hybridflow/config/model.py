@@ -68,6 +68,7 @@ class ModelConfig:
     """Compatibility-only (compat.py): verl copies the model to /dev/shm before loading."""
     dtype: Optional[str] = None
     """Compute dtype of actor and reference (mixed precision: ``bf16`` or ``fp16``; weights stay in
-    ``fsdp_config.model_dtype``); ``fsdp_config.mixed_precision`` wins when set; null = the weights' dtype (fp32)."""
+    ``fsdp_config.model_dtype``); ``fsdp_config.mixed_precision`` wins when set; null = its default (bf16 on a GPU
+    and on a CPU with bf16 units, else the weights' dtype)."""
     attn_implementation: Optional[str] = None
     """HF attention implementation (``eager``, ``sdpa``, ``flash_attention_2``); null = transformers' default."""

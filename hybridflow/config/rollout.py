@@ -111,7 +111,8 @@ class RolloutConfig:
     response_length: int = II("data.max_response_length")
     """Generated tokens limit; follows data.max_response_length."""
     dtype: str = "bfloat16"
-    """Engine dtype on GPU (vllm / sglang; the native engine runs the model's own dtype, fp32 on CPU)."""
+    """Engine dtype (vllm / sglang; on a CPU the native and HF engines' weights and KV cache: bf16 where the CPU has
+    AVX-512-BF16 / AMX, fp32 elsewhere, said once; ``float32`` always fp32; the sampler computes in fp32)."""
     gpu_memory_utilization: float = 0.5
     """Fraction of GPU memory the engine may use: vllm / sglang for weights + KV cache; native, what the process
     may reach once its paged KV cache is allocated, of the GPU's memory on CUDA and of the RAM on CPU (fewer blocks

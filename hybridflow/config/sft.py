@@ -33,7 +33,7 @@ class SFTDataConfig:
     micro_batch_size: Optional[int] = None
     """Deprecated global micro-batch size (verl's older key): when set, each rank runs
     micro_batch_size / data-parallel size sequences per forward/backward, instead of micro_batch_size_per_gpu."""
-    # issue 60: verl 0.9.1's SFT data key
+    # verl 0.9.1's SFT data key
     num_workers: int = 8
     """Compatibility-only (compat.py); in verl: DataLoader worker processes."""
     micro_batch_size_per_gpu: int = 4
@@ -134,7 +134,7 @@ class SFTOptimConfig:
     """AdamW decoupled weight decay."""
     warmup_steps_ratio: float = 0.1
     """Linear warm-up length as a fraction of the total steps."""
-    # issue 60: verl 0.9.1's SFT optim key
+    # verl 0.9.1's SFT optim key
     lr_warmup_steps: Optional[int] = -1
     """Linear warm-up steps; a positive value wins over warmup_steps_ratio (null, 0 or negative: the ratio)."""
     clip_grad: float = 1.0

@@ -11,8 +11,8 @@ workers multiply their globally-normalised losses by the world size.
 Precision (:func:`resolve_precision`): verl's ``mixed_precision`` mapping (``param_dtype`` / ``reduce_dtype``) or a
 dtype name computes in that dtype with the master weights in ``model_dtype`` (fp32): FSDP2's
 ``MixedPrecisionPolicy`` when sharded, autocast around the forward on a single process. Unset, a GPU computes in
-bf16 as verl does, a CPU in the parameter dtype (fp32), where bf16 matmuls are far slower without AMX / AVX-512
-BF16 (docs/configuration.md has numbers). ``param_offload`` keeps the sharded parameters, gradients
+bf16 as verl does, a CPU with AVX-512-BF16 / AMX too (``hybridflow.cpu.cpu_has_bf16``), any other CPU in the
+parameter dtype (fp32), where bf16 matmuls are far slower (docs/configuration.md has numbers). ``param_offload`` keeps the sharded parameters, gradients
 and optimizer state in CPU memory between uses (``CPUOffloadPolicy``); ``optimizer_offload``
 keeps only the optimizer state there between steps. ``fsdp_size`` < world size shards inside
 groups of that size and replicates across them (HSDP, a 2-D mesh).
@@ -21,6 +21,7 @@ groups of that size and replicates across them (HSDP, a 2-D mesh).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 
+from hybridflow.cpu import cpu_has_bf16, cpu_precision_reason
 from hybridflow.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -66,8 +68,8 @@ _warned_buffer_dtype: set[str] = set()
 def resolve_precision(mixed_precision: Any, *, fallback: str | None = None, device_type: str = "cpu") -> Precision:
     """verl's ``fsdp_config.mixed_precision``: a mapping ``{param_dtype: bf16, reduce_dtype: fp32, buffer_dtype:
     fp32}`` (each defaulting to that, as verl's FSDP engine) or a dtype name (the compute dtype). Unset, ``fallback``
-    (``model.dtype``) decides, else the device: bf16 over the weights on a GPU, as verl; the weights' own dtype on a
-    CPU, where bf16 matmuls are 27-160x slower without AMX / AVX-512 BF16 (docs/configuration.md)."""
+    (``model.dtype``) decides, else the device: bf16 over the weights on a GPU, as verl; on a CPU bf16 where it has
+    AVX-512-BF16 / AMX, else the weights' own dtype (bf16 matmuls are 27-160x slower there; docs/configuration.md)."""
     if isinstance(mixed_precision, Mapping):
         unknown = sorted(set(mixed_precision) - set(MIXED_PRECISION_KEYS))
         if unknown:
@@ -78,7 +80,27 @@ def resolve_precision(mixed_precision: Any, *, fallback: str | None = None, devi
         return Precision(compute_dtype(mixed_precision.get("param_dtype", "bf16")), reduce)
     if mixed_precision is not None or fallback is not None:
         return Precision(compute_dtype(mixed_precision, fallback))
+    if device_type == "cpu":
+        return cpu_default_precision()
     return Precision(torch.bfloat16 if device_type == "cuda" else None)
+
+
+def cpu_default_precision() -> Precision:
+    """The CPU's automatic choice : bf16 compute over fp32 master weights where the CPU has bf16 units
+    (AVX-512-BF16 / AMX: bf16 matmuls 2-5x fp32's), fp32 where it has not; said in one line per process."""
+    bf16 = cpu_has_bf16()
+    _say_cpu_precision(bf16, cpu_precision_reason())
+    return Precision(torch.bfloat16 if bf16 else None)
+
+
+@functools.cache
+def _say_cpu_precision(bf16: bool, reason: str) -> None:
+    if bf16:
+        logger.warning("hybridflow: CPU training computes in bf16 with fp32 master weights and reductions (%s); "
+                       "fsdp_config.mixed_precision=fp32 computes in fp32", reason)
+    else:
+        logger.warning("hybridflow: CPU training computes in fp32 (%s); fsdp_config.mixed_precision=bf16 computes "
+                       "in bf16", reason)
 
 
 def _note_buffer_dtype(name: str) -> None:

@@ -1,4 +1,4 @@
-"""The judge of one sample in a process of its own, bounded and killed by the sample's clock (issue 61).
+"""The judge of one sample in a process of its own, bounded and killed by the sample's clock .
 
 :mod:`sandbox_judge` decodes the program's answers and runs the tests' comparisons. That work is
 the judge's, but its size is the program's choice: a set of ~70k integers sharing one hash decodes

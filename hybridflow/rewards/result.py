@@ -109,7 +109,7 @@ def score_sample(compute_score, args: tuple, kwargs: dict) -> SampleScore:
     """
     try:
         score, extras = normalize_score(compute_score(*args, **kwargs))
-    except SystemExit as error:  # sys.exit() in a reward function ended the trainer with rc 0 before (issue 61)
+    except SystemExit as error:  # sys.exit() in a reward function ended the trainer with rc 0 before 
         reason = (f"{args[0]}: the reward function called sys.exit({error.code!r}); it must return a score "
                   "(counted as a failed reward)")  # fmt: skip
         return SampleScore(score=None, failure=reason[:300])

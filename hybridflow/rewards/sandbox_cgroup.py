@@ -1,4 +1,4 @@
-"""A memory cgroup per sample: the kernel bounds a sample's memory, kernel memory included (issue 61).
+"""A memory cgroup per sample: the kernel bounds a sample's memory, kernel memory included .
 
 Where this process may make child cgroups (a writable cgroup v1 ``memory`` hierarchy, or a cgroup
 v2 folder delegated to us with the ``memory`` controller on), each sandbox joins a cgroup of its

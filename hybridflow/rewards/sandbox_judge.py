@@ -48,7 +48,7 @@ PURE_MODULES = frozenset({
 # the functions and classes that compute on their arguments only (no exit, stdin, sleep, files,
 # environment, global RNG or settings): a name the program imports from these, unaliased, is taken
 # from this process (the program may have changed its own copy). Trust is by function, not module:
-# ``from json.tool import main`` is the program's, asked from the sandbox (issue 61). A module's
+# ``from json.tool import main`` is the program's, asked from the sandbox . A module's
 # constants (``from math import pi``) are taken here too when they are plain data.
 PURE_FUNCTIONS = {
     "math": frozenset({

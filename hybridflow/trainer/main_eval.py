@@ -1,5 +1,5 @@
 """``python -m hybridflow.trainer.main_eval data.path=gen.parquet ...``: verl 0.9.1's ``verl.trainer.main_eval``
-(issue 60): score a parquet of generated responses offline against each row's ground truth.
+: score a parquet of generated responses offline against each row's ground truth.
 
 Each row holds a list of responses (``data.response_key``), its data source and ``reward_model.ground_truth``;
 a row's score is the mean over its responses (a scorer's dict gives its ``score``), and the result is the mean

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 from hybridflow.algos import agg_loss, get_policy_loss, kl_penalty
-from hybridflow.algos.distillation import (DistillationObjective, distillation_loss_spec,  # issue 60
+from hybridflow.algos.distillation import (DistillationObjective, distillation_loss_spec,
                                            get_distillation_loss)
 from hybridflow.algos.distillation.combine import combined_loss, distillation_term
 from hybridflow.data.batch import Batch
@@ -74,7 +74,7 @@ class PolicyObjective:
     report_entropy: bool = False
     """No recompute pass gives the pre-update ``actor/entropy`` (the engine's log-probs are the old ones): take it
     from the training forward instead, aggregated as the loss is."""
-    # issue 60: on-policy distillation (verl 0.9.1's distillation.distillation_loss)
+    # on-policy distillation (verl 0.9.1's distillation.distillation_loss)
     distillation: DistillationObjective | None = None
     """The distillation term and how it joins the loss above (``algos/distillation/combine.py``); needs the
     teacher's ``teacher_log_probs`` (or top-k) columns in the batch."""
@@ -201,7 +201,7 @@ class ActorWorker:
 
     def _with_distillation(self, micro: Batch, distill: DistillationObjective, *, task_loss, log_prob, agg: dict,
                            student_topk: list, shares: dict, metrics: dict) -> torch.Tensor:
-        """The micro-batch loss with the distillation term joined (issue 60); its share and metrics recorded."""
+        """The micro-batch loss with the distillation term joined ; its share and metrics recorded."""
         per_token, extra = get_distillation_loss(distill.loss_mode)(
             loss_mode=distill.loss_mode, student_log_probs=log_prob,
             teacher_log_probs=micro["teacher_log_probs"] if "teacher_log_probs" in micro else None,

@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from hybridflow.config import PPOConfig, SPINConfig, SPPOConfig, load_config
-from hybridflow.cpu import cpu_flags, cpu_model
+from hybridflow.cpu import CPU_BF16_ENV, cpu_flags, cpu_has_bf16, cpu_model
 from hybridflow.rollout import cpu_kernels
 from hybridflow.rollout.packed_linear import PORTABLE_KERNELS_ENV
 from tests.trainer.ppo_fixtures import base_overrides
@@ -95,6 +95,11 @@ CASES = {
     "spin": (SPINConfig, "spin", None, ["trainer.ref_update_freq=1"]),
     "sppo": (SPPOConfig, "sppo", None, ["trainer.ref_update_freq=1"]),
 }
+BF16_CASES = {"grpo_bf16": "grpo"}
+"""Cases run as a CPU with bf16 units runs them by default (``HYBRIDFLOW_CPU_BF16=1``: bf16 update over fp32 master
+weights, bf16 engine; issue 62), each as its fp32 case. Pinned bit for bit on the kernels they were recorded on only:
+elsewhere the engine's bf16 logits round differently and sample other tokens, so no tolerance carries across CPUs."""
+CASES.update({name: CASES[base] for name, base in BF16_CASES.items()})
 
 
 def build(kind: str, cfg):
@@ -147,7 +152,8 @@ def kernel_identity() -> dict:
     hashes the sources, the flags, the compiler and the CPU's flags).
     """
     library = cpu_kernels.library()
-    return {"cpu_vendor": cpuinfo_field("vendor_id"), "cpu_model": cpu_model(),
+    compute = {"cpu_compute": "bf16"} if cpu_has_bf16() else {}  # absent in fp32: the fp32 recordings' identity
+    return {**compute, "cpu_vendor": cpuinfo_field("vendor_id"), "cpu_model": cpu_model(),
             "cpu_family_model": f"{cpuinfo_field('cpu family')}/{cpuinfo_field('model')}",
             "cpu_kernel_flags": sorted(f for f in cpu_flags() if f.startswith(KERNEL_FLAG_PREFIXES)),
             "torch": torch.__version__, "torch_build": hashlib.sha256(torch.__config__.show().encode()).hexdigest()[:16],
@@ -271,7 +277,9 @@ def one_thread():
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_behaviour_is_pinned(name, tmp_path, tiny_model_dir, one_thread):
+def test_behaviour_is_pinned(name, tmp_path, tiny_model_dir, one_thread, monkeypatch):
+    if name in BF16_CASES:
+        monkeypatch.setenv(CPU_BF16_ENV, "1")
     got = fingerprint(name, tmp_path, tiny_model_dir)
     path = DATA / f"{name}.json"
     if os.environ.get("HYBRIDFLOW_PIN_DUMP"):  # measuring the spread across kernel paths
@@ -281,7 +289,10 @@ def test_behaviour_is_pinned(name, tmp_path, tiny_model_dir, one_thread):
         return
     if os.environ.get("HYBRIDFLOW_PIN_WRITE") == "1":
         path.write_text(json.dumps(got, indent=1, sort_keys=True) + "\n")
-    problems = pin_problems(got, json.loads(path.read_text()))
+    recorded = json.loads(path.read_text())
+    if name in BF16_CASES and got["kernel_identity"] != recorded["kernel_identity"]:
+        pytest.skip(f"{name} is pinned on its recording's kernels only (BF16_CASES); these are not them")
+    problems = pin_problems(got, recorded)
     assert not problems, f"{name}: {len(problems)} differences from the recording, first: " + "; ".join(problems[:8])
 
 

@@ -1,4 +1,4 @@
-"""Which checkpoints a run may resume from or write over (issue 61).
+"""Which checkpoints a run may resume from or write over .
 
 Every step's completion marker records the components it holds and the run's *signature*: the
 config values a checkpoint cannot be resumed across (``algorithm.adv_estimator``, the model path).

@@ -33,8 +33,9 @@ from hybridflow.models.ulysses import split_sequences
 from hybridflow.models.vision import freeze_vision_tower, is_vision_language, load_processor
 from hybridflow.rollout.config import engine_kwargs_from_rollout_config
 from hybridflow.rollout.engine import build_engine, engine_capabilities
+from hybridflow.rollout.precision import cpu_engine_dtype
 from hybridflow.trainer.roles.groups import CriticGroupWorker, HybridEngineWorker, RolloutGroupWorker
-from hybridflow.trainer.roles.teacher import build_teacher, distillation_of  # issue 60
+from hybridflow.trainer.roles.teacher import build_teacher, distillation_of
 from hybridflow.workers.actor import ActorWorker, PolicyObjective
 from hybridflow.workers.critic import CriticWorker, ValueObjective
 from hybridflow.workers.logprob import forward_layout
@@ -141,7 +142,7 @@ def build_hybrid_engine(dp: DataParallel, *, cfg, total_steps: int, with_rollout
     if with_reference is None:
         with_reference = reference_enabled(cfg)
     use_lora = arr.model.lora_rank > 0 or bool(arr.model.lora_adapter_path)
-    if arr.model.lora_adapter_path:  # issue 60: continue a trained adapter; rollouts start from the merged weights
+    if arr.model.lora_adapter_path:  # continue a trained adapter; rollouts start from the merged weights
         model = load_lora_adapter(model, arr.model.lora_adapter_path)
     # Copies for generation and a separate reference are taken before sharding and LoRA: full, plain weights.
     rollout = rollout_around(merged_copy(model), cfg=cfg, tokenizer=tokenizer) if with_rollout else None
@@ -160,7 +161,7 @@ def build_hybrid_engine(dp: DataParallel, *, cfg, total_steps: int, with_rollout
     if with_reference:
         reference = _reference_worker(actor_model=model, ref_model=ref_model, arr=arr, dp=dp, device=device,
                                       world=world, sp=sp, layout=layout)
-    teacher = build_teacher(cfg, dp=dp, device=device, shard=functools.partial(  # issue 60: distillation
+    teacher = build_teacher(cfg, dp=dp, device=device, shard=functools.partial(  # distillation
         shard_for_group, dp=world, fsdp_cfg=arr.ref.fsdp_config, device=device,
         precision=training_precision(arr.ref.fsdp_config, arr.model.dtype, device=device)))
     state = train_state_from_config(model, arr.actor.optim, total_steps=total_steps,
@@ -234,11 +235,11 @@ def load_policy(cfg, device: torch.device, *, gradient_checkpointing: bool = Fal
 
 
 def rollout_around(model: torch.nn.Module, *, cfg, tokenizer):
-    """The rollout worker whose engine takes ``model`` over (its private copy: fp32 on CPU whatever the training
-    dtype, so the engine generates in fp32)."""
+    """The rollout worker whose engine takes ``model`` over (its private copy; on a CPU in ``rollout.dtype``'s
+    choice for this CPU, :func:`~hybridflow.rollout.precision.cpu_engine_dtype`, whatever the training dtype)."""
     model = model.eval()
     if next(model.parameters()).device.type == "cpu":
-        model = model.float()
+        model = model.to(cpu_engine_dtype(cfg.actor_rollout_ref.rollout.dtype))
     return _rollout_worker(model, tokenizer, cfg.actor_rollout_ref.rollout,
                            template_kwargs=dict(cfg.data.apply_chat_template_kwargs),
                            processor=policy_processor(cfg, tokenizer))

@@ -43,7 +43,7 @@ class HybridEngineWorker(CheckpointedRank):
     def __init__(self, *, actor: ActorWorker, rollout=None, reference: ReferenceWorker | None = None,
                  checkpoint=None, reference_checkpoint=None, teacher=None):
         self.actor, self.rollout, self.reference, self.checkpoint = actor, rollout, reference, checkpoint
-        self.teacher = teacher  # issue 60: distillation teachers (hybridflow.workers.teacher), or None
+        self.teacher = teacher  # distillation teachers (hybridflow.workers.teacher), or None
         self.reference_checkpoint = reference_checkpoint  # the reference's own weights (None: shared with the actor)
 
     @dispatch(Mode.DP_COMPUTE)

@@ -198,7 +198,7 @@ class TensorboardBackend:
     def __init__(self, *, local_dir: str, config: Mapping[str, Any], tensorboard_dir: str | None = None, **_: Any):
         from torch.utils.tensorboard import SummaryWriter
 
-        # trainer.tensorboard_dir, else verl's TENSORBOARD_DIR, else beside the other logs (issue 60)
+        # trainer.tensorboard_dir, else verl's TENSORBOARD_DIR, else beside the other logs 
         self.log_dir = tensorboard_dir or os.environ.get("TENSORBOARD_DIR") or os.path.join(local_dir, "tensorboard")
         self._writer = SummaryWriter(log_dir=self.log_dir)
         self._writer.add_text("config", json.dumps(config, indent=2, default=str))
