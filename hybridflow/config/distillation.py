@@ -153,24 +153,15 @@ def resolved_teachers(section: DistillationConfig) -> dict[str, str]:
 
 def distillation_problems(cfg, *, check_paths: bool = True) -> list[str]:
     """One line per problem of ``cfg.distillation`` (a resolved PPOConfig), found before any model loads."""
-    from hybridflow.algos.distillation import list_distillation_losses
+    from hybridflow.algos.distillation.registry import distillation_loss_problems
 
     section = cfg.distillation
     if not section.enabled:
         return []
-    loss, problems = section.distillation_loss, []
-    if loss.loss_mode not in list_distillation_losses():
-        problems.append(f"distillation.distillation_loss.loss_mode={loss.loss_mode!r} is not one of "
-                        f"{', '.join(list_distillation_losses())}")
-    elif loss.loss_mode in ("kl", "k1") and not loss.use_policy_gradient:
-        problems.append(f"distillation.distillation_loss.loss_mode={loss.loss_mode} backpropagated directly has a "
-                        "gradient that ignores the teacher: set use_policy_gradient=True or loss_mode=k3")
-    if loss.policy_loss_mode != "vanilla":
-        problems.append(f"distillation.distillation_loss.policy_loss_mode={loss.policy_loss_mode!r}: only vanilla is "
-                        "supported (as in verl 0.9.1)")
-    if loss.loss_mode == "forward_kl_topk" and not (loss.topk or 0) > 0:
-        problems.append(f"distillation.distillation_loss.topk={loss.topk} must be a positive number of tokens for "
-                        "loss_mode=forward_kl_topk")
+    loss = section.distillation_loss
+    problems = distillation_loss_problems("distillation.distillation_loss", loss.loss_mode,
+                                          use_policy_gradient=loss.use_policy_gradient,
+                                          policy_loss_mode=loss.policy_loss_mode, topk=loss.topk)
     entries = dict(section.teacher_models)
     for name, teacher in entries.items():
         if name == SINGLE_TEACHER and len(entries) > 1:

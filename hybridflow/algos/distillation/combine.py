@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from hybridflow.algos.agg import agg_loss
+from hybridflow.algos.distillation.registry import distillation_loss_problems
 from hybridflow.algos.errors import AlgorithmError
 from hybridflow.algos.registry import get_policy_loss
 
@@ -45,13 +46,11 @@ class DistillationObjective:
     clip_ratio_high: float | None = 0.2
 
     def __post_init__(self):
-        if self.policy_loss_mode != "vanilla":
-            raise AlgorithmError(f"distillation.distillation_loss.policy_loss_mode={self.policy_loss_mode!r}: only "
-                                 "vanilla is supported (as in verl 0.9.1); set policy_loss_mode=vanilla")
-        if self.loss_mode in ("kl", "k1") and not self.use_policy_gradient:
-            raise AlgorithmError(f"distillation.distillation_loss.loss_mode={self.loss_mode} backpropagated directly "
-                                 "has a gradient that ignores the teacher; set use_policy_gradient=True or "
-                                 "loss_mode=k3")
+        problems = distillation_loss_problems("distillation.distillation_loss", self.loss_mode,
+                                              use_policy_gradient=self.use_policy_gradient,
+                                              policy_loss_mode=self.policy_loss_mode, topk=self.topk)
+        if problems:
+            raise AlgorithmError("\n".join(problems))
 
 
 def distillation_term(objective: DistillationObjective, per_token: torch.Tensor, *, log_prob: torch.Tensor,

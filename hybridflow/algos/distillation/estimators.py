@@ -23,4 +23,5 @@ def reverse_kl_estimate(*, loss_mode: str, student_log_probs: torch.Tensor, teac
     return kl_penalty(logprob=student_log_probs, ref_logprob=teacher_log_probs, kl_penalty=loss_mode), {}
 
 
-register_distillation_loss(*ESTIMATORS)(reverse_kl_estimate)
+register_distillation_loss("kl", "k1", needs_policy_gradient=True)(reverse_kl_estimate)
+register_distillation_loss(*(name for name in ESTIMATORS if name not in ("kl", "k1")))(reverse_kl_estimate)
