@@ -17,7 +17,8 @@ reserve) becomes a cap: the KV cache (``kv_cache_memory_bytes``) holds ``max_num
 at most that share of the memory available when the engine starts. ``free_cache_engine`` builds vLLM in sleep
 mode where vLLM has one (CUDA): ``release_kv_cache`` sleeps at level 1, and the engine wakes in two stages (the
 weights before a sync writes into them, the KV cache before the next ``generate``). vLLM's CPU backend has no
-sleep mode: there the cache stays allocated (bounded as above), said once.
+sleep mode: there the cache stays allocated (bounded as above), and ``release_kv_cache`` answers ``False`` (the
+rollout worker says so once).
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ import json
 import os
 import shutil
 import tempfile
-import warnings
 
 import torch
 
@@ -77,9 +77,6 @@ class VLLMEngine:
         model_path = model_path or _existing_path(model) or self._save(model, tokenizer)
         on_cpu = not torch.cuda.is_available()
         sleep = bool(free_cache_engine) and not on_cpu
-        if free_cache_engine and on_cpu:
-            warnings.warn("rollout.free_cache_engine: vLLM's CPU backend has no sleep mode; its KV cache stays "
-                          "allocated between rollouts (sized as hybridflow/rollout/vllm.py says)", stacklevel=2)
         sizing = dict(dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
                       tensor_parallel_size=tensor_model_parallel_size, max_model_len=max_model_len,
                       enable_chunked_prefill=enable_chunked_prefill, max_num_batched_tokens=max_num_batched_tokens,
@@ -130,17 +127,33 @@ class VLLMEngine:
         """Forget vLLM's cached prefix blocks, so the next prompts prefill with the current weights."""
         self._call("reset_prefix_cache")
 
-    def generate(self, prompt_token_ids: list[list[int]], params: SamplingParams) -> list[Completion]:
+    takes_params_per_prompt = True
+    """``generate`` takes one ``SamplingParams`` per prompt (the agent loops' turns, each with its own budget)."""
+
+    def generate(self, prompt_token_ids: list[list[int]],
+                 params: SamplingParams | list[SamplingParams]) -> list[Completion]:
+        """``n`` completions per prompt, grouped by prompt in input order. A seed makes a call reproducible: prompt
+        ``i`` samples with ``seed + i * n`` (vLLM seeds each request alone, and gives sample ``j`` of a request
+        ``+ j``), so equal prompts in one call (a GRPO group's conversations) still draw differently."""
         validate_prompts(prompt_token_ids, max_model_len=self.max_model_len)
+        per_prompt = params if isinstance(params, list) else [params] * len(prompt_token_ids)
+        if len(per_prompt) != len(prompt_token_ids):
+            raise RolloutError(f"generate got {len(per_prompt)} SamplingParams for {len(prompt_token_ids)} prompts; "
+                               "pass one, or one per prompt")
         self.memory.resume("weights", "kv_cache")
-        # vLLM refuses n > 1 with greedy sampling; verl repeats the prompt n times at n=1 (the samples agree)
-        copies = params.n if params.greedy else 1
-        prompts = [list(p) for p in prompt_token_ids for _ in range(copies)]
-        per_prompt = vllm_sampling_kwargs(params, n=1 if params.greedy else params.n)
-        samples = self._call("generate", prompts, [per_prompt] * len(prompts))
-        return [Completion(list(tokens), logprobs if params.logprobs else None,
-                           "stop" if finish == "stop" else "length", index // copies)
-                for index, outs in enumerate(samples) for tokens, logprobs, finish in outs]
+        prompts, requests, owners = [], [], []
+        for index, (prompt, p) in enumerate(zip(prompt_token_ids, per_prompt)):
+            # vLLM refuses n > 1 with greedy sampling; verl repeats the prompt n times at n=1 (the samples agree)
+            copies = p.n if p.greedy else 1
+            seed = None if p.seed is None else (p.seed + index * p.n) % 2**63
+            for _ in range(copies):
+                prompts.append(list(prompt))
+                requests.append(vllm_sampling_kwargs(p, n=1 if p.greedy else p.n, seed=seed))
+                owners.append((index, p.logprobs))
+        samples = self._call("generate", prompts, requests)
+        return [Completion(list(tokens), logprobs if wants_logprobs else None, "stop" if finish == "stop" else "length",
+                           index)
+                for (index, wants_logprobs), outs in zip(owners, samples) for tokens, logprobs, finish in outs]
 
     def close(self) -> None:
         """Stop vLLM (its processes end) and remove a model folder saved for it."""
@@ -156,13 +169,13 @@ class VLLMEngine:
             pass
 
 
-def vllm_sampling_kwargs(params: SamplingParams, *, n: int) -> dict:
+def vllm_sampling_kwargs(params: SamplingParams, *, n: int, seed: int | None) -> dict:
     """``vllm.SamplingParams`` keywords with this engine's meaning: only ``stop_token_ids`` end a completion
     (vLLM's own EOS handling is off, as the native and HF engines stop only where told), kept in the output."""
     return dict(n=n, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k, min_p=params.min_p,
                 repetition_penalty=params.repetition_penalty, max_tokens=params.max_tokens, ignore_eos=True,
                 stop_token_ids=[] if params.ignore_eos else list(params.stop_token_ids),
-                stop=None if params.ignore_eos else (list(params.stop) or None), seed=params.seed,
+                stop=None if params.ignore_eos else (list(params.stop) or None), seed=seed,
                 logprobs=0 if params.logprobs else None, include_stop_str_in_output=True)
 
 

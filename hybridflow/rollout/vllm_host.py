@@ -68,7 +68,10 @@ def serve(address: str, authkey: bytes) -> None:
     conn = Client(address, authkey=authkey)
     host = None
     while True:
-        method, args = conn.recv()
+        try:
+            method, args = conn.recv()
+        except (EOFError, OSError):  # the trainer is gone (killed): stop, and vLLM's engine processes with us
+            return
         if method == "close":
             conn.send(("ok", None))
             return
