@@ -27,6 +27,7 @@ import json
 import os
 import shutil
 import tempfile
+import weakref
 
 import torch
 
@@ -86,10 +87,13 @@ class VLLMEngine:
                                                                  max_num_seqs=max_num_seqs or DEFAULT_CPU_SEQS,
                                                                  share=gpu_memory_utilization)
         self.settings = {**sizing, **llm_kwargs}
-        self._call, self._close = _host(model_path, self.settings)
-        self.max_model_len = self._call("max_model_len")
-        self.memory = ReleasedMemory(enabled=sleep, release=lambda: self._call("sleep", 1),
-                                     resume=lambda parts: self._call("wake_up", list(parts)))
+        call, stop = _host(model_path, self.settings)
+        self._call = call
+        # vLLM stops when this engine is closed or collected, or at exit (no reference back to self: no cycle)
+        self._finalizer = weakref.finalize(self, _stop, stop, self._saved_dir)
+        self.max_model_len = call("max_model_len")
+        self.memory = ReleasedMemory(enabled=sleep, release=lambda: call("sleep", 1),
+                                     resume=lambda parts: call("wake_up", list(parts)))
 
     def _save(self, model, tokenizer) -> str:
         """A model built in code (no folder behind it): saved once, for vLLM to load; later syncs are in memory."""
@@ -157,16 +161,13 @@ class VLLMEngine:
 
     def close(self) -> None:
         """Stop vLLM (its processes end) and remove a model folder saved for it."""
-        self._close()
-        if self._saved_dir:
-            shutil.rmtree(self._saved_dir, ignore_errors=True)
-            self._saved_dir = None
+        self._finalizer()
 
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # interpreter shutdown: the child ends with its parent's socket anyway
-            pass
+
+def _stop(stop, saved_dir: str | None) -> None:
+    stop()
+    if saved_dir:
+        shutil.rmtree(saved_dir, ignore_errors=True)
 
 
 def vllm_sampling_kwargs(params: SamplingParams, *, n: int, seed: int | None) -> dict:
