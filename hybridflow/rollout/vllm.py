@@ -123,10 +123,6 @@ class VLLMEngine:
             os.unlink(path)
         self.reset_prefix_cache()  # vLLM caches prefixes by default: blocks computed with the old weights
 
-    def weight_checksum(self) -> float:
-        """The sum of vLLM's parameters (tests: a sync changed what vLLM samples with)."""
-        return self._call("weight_checksum")
-
     def reset_prefix_cache(self) -> None:
         """Forget vLLM's cached prefix blocks, so the next prompts prefill with the current weights."""
         self._call("reset_prefix_cache")

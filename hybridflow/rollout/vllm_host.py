@@ -40,9 +40,6 @@ class VLLMHost:
         loaded = self.llm.collective_rpc("hybridflow_load_weights", args=(path, layout))
         return int(loaded[0])
 
-    def weight_checksum(self) -> float:
-        return float(self.llm.collective_rpc("hybridflow_weight_checksum")[0])
-
     def reset_prefix_cache(self) -> bool:
         return bool(self.llm.reset_prefix_cache())
 

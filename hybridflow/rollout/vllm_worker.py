@@ -62,8 +62,3 @@ class WeightSyncExtension:
         # loading (the CPU backend repacks linears: their params lose ``weight_loader``), loads, repacks again
         self.model_runner.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
         return len(weights)
-
-    def hybridflow_weight_checksum(self) -> float:
-        """The sum of every parameter (fp64): tests compare it before and after a sync."""
-        model = self.model_runner.get_model()
-        return float(sum(p.detach().double().sum() for p in model.parameters()))
