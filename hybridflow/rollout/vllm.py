@@ -13,8 +13,8 @@ cache is reset after every sync (its blocks hold the old weights' keys and value
 
 Sizing: verl's ``rollout.*`` keys go to ``vllm.LLM`` under vLLM's names; ``engine_kwargs.vllm`` go unchanged
 and win. On a CPU, ``gpu_memory_utilization`` (vLLM CPU reads it as the share of the machine's memory to
-reserve) becomes a cap: the KV cache (``kv_cache_memory_bytes``) holds ``max_num_seqs`` full-length sequences,
-at most that share of the memory available when the engine starts. ``free_cache_engine`` builds vLLM in sleep
+reserve) becomes a cap: the KV cache (``kv_cache_memory_bytes``) holds ``min(max_num_seqs, 64)`` full-length
+sequences, at most that share of the memory available when the engine starts. ``free_cache_engine`` builds vLLM in sleep
 mode where vLLM has one (CUDA): ``release_kv_cache`` sleeps at level 1, and the engine wakes in two stages (the
 weights before a sync writes into them, the KV cache before the next ``generate``). vLLM's CPU backend has no
 sleep mode: there the cache stays allocated (bounded as above), and ``release_kv_cache`` answers ``False`` (the
@@ -37,7 +37,8 @@ from hybridflow.rollout.sleep import ReleasedMemory
 from hybridflow.rollout.types import Completion, SamplingParams, validate_prompts
 
 DEFAULT_CPU_SEQS = 64
-"""Sequences the CPU KV cache is sized for when ``max_num_seqs`` is unset."""
+"""Most full-length sequences the CPU KV cache is sized for (fewer with a smaller ``max_num_seqs``): the blocks are
+paged, so responses shorter than ``max_model_len`` let more sequences run at once."""
 
 
 def vllm_available() -> bool:
@@ -84,7 +85,8 @@ class VLLMEngine:
                       max_num_seqs=max_num_seqs, enforce_eager=enforce_eager, enable_sleep_mode=sleep)
         if on_cpu and "kv_cache_memory_bytes" not in llm_kwargs and os.path.isfile(f"{model_path}/config.json"):
             sizing["kv_cache_memory_bytes"] = cpu_kv_cache_bytes(model_path, max_model_len=max_model_len,
-                                                                 max_num_seqs=max_num_seqs or DEFAULT_CPU_SEQS,
+                                                                 max_num_seqs=min(max_num_seqs or DEFAULT_CPU_SEQS,
+                                                                                  DEFAULT_CPU_SEQS),
                                                                  share=gpu_memory_utilization)
         self.settings = {**sizing, **llm_kwargs}
         call, stop = _host(model_path, self.settings)

@@ -185,3 +185,16 @@ def test_the_trainer_passes_gpu_memory_utilization_to_the_native_engine():
     cfg = load_config(PPOConfig, ["actor_rollout_ref.model.path=m", "data.train_files=t", "data.val_files=v",
                                   "actor_rollout_ref.rollout.gpu_memory_utilization=0.7"])
     assert engine_kwargs_from_rollout_config(cfg.actor_rollout_ref.rollout)["gpu_memory_utilization"] == 0.7
+
+
+def test_vllm_cpu_kv_cache_is_sized_from_the_workload(tmp_path):
+    """On a CPU, ``gpu_memory_utilization`` caps the KV cache instead of reserving that share of the RAM: the cache
+    holds the sequences asked for (2 x layers x kv heads x head_dim x 4 bytes a token), 64 MiB at least."""
+    import json
+
+    from hybridflow.rollout.vllm import cpu_kv_cache_bytes
+
+    (tmp_path / "config.json").write_text(json.dumps({"num_hidden_layers": 30, "num_attention_heads": 9,
+                                                      "num_key_value_heads": 3, "hidden_size": 576}))
+    assert cpu_kv_cache_bytes(str(tmp_path), max_model_len=512, max_num_seqs=8, share=0.5) == 188_743_680  # 46,080 B
+    assert cpu_kv_cache_bytes(str(tmp_path), max_model_len=512, max_num_seqs=8, share=1e-9) == 64 << 20  # capped
