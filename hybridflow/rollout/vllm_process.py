@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import subprocess
 import tempfile
 import threading
@@ -74,7 +75,8 @@ class VLLMProcess:
         return f"last lines of {self.log_path}:\n" + "\n".join(tail)
 
     def close(self) -> None:
-        """Ask the host to stop (its engine processes end with it); kill it if it does not within 30 s."""
+        """Ask the host to stop (its engine processes end with it); kill it if it does not within 30 s. The folder
+        with vLLM's log stays when the host did not stop cleanly."""
         if self.proc.poll() is None:
             try:
                 self.conn.send(("close", ()))  # AttributeError before the host connected: kill it
@@ -83,3 +85,5 @@ class VLLMProcess:
                 self.proc.kill()
                 self.proc.wait()
         self.listener.close()
+        if self.proc.returncode == 0:  # a clean stop: nothing in the log to read
+            shutil.rmtree(self.workdir, ignore_errors=True)
