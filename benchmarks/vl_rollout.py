@@ -144,9 +144,9 @@ class PrefillClock:
         tower = vision_tower(model)
         self.hooks, self.wrapped = [], []
         if isinstance(engine, NativeEngine):
-            for name in ("encode_images", "_prefill"):
-                setattr(engine, name, self._timed(getattr(engine, name)))
-                self.wrapped.append(name)
+            for owner, name in ((engine, "encode_images"), (engine.runner, "prefill")):
+                setattr(owner, name, self._timed(getattr(owner, name)))
+                self.wrapped.append((owner, name))
         else:  # the prefill's start hook on the tower goes first: the tower's time lies within the prefill's
             self.hf_prefill_done = False
             self.hooks += [tower.register_forward_pre_hook(lambda *_: self._hf_prefill(start=True)),
@@ -193,8 +193,8 @@ class PrefillClock:
     def close(self) -> None:
         for hook in self.hooks:
             hook.remove()
-        for name in self.wrapped:
-            delattr(self.engine, name)  # back to the class's method
+        for owner, name in self.wrapped:
+            delattr(owner, name)  # back to the class's method
 
 
 def build_engine(name: str, model, tokenizer, *, rows: int, max_len: int):

@@ -51,10 +51,14 @@ def test_bert_config_over_llama_weights_stops_before_training(tmp_path, tiny_mod
 
 
 def test_resuming_another_model_size_stops_with_one_line(tmp_path, tiny_model_dir, capsys):
-    overrides = base_overrides(tmp_path, tiny_model_dir, steps=1) + ["trainer.save_freq=1"]
+    # the same model path, its weights replaced by a larger model's (another path is refused before: ownership)
+    model = str(tmp_path / "model")
+    shutil.copytree(tiny_model_dir, model)
+    overrides = base_overrides(tmp_path, model, steps=1) + ["trainer.save_freq=1"]
     assert main(overrides) == 0
-    larger = save_tiny_model(str(tmp_path / "larger"), hidden_size=128)
-    resumed = [o.replace(tiny_model_dir, larger) for o in overrides] + ["trainer.total_training_steps=2"]
+    shutil.rmtree(model)
+    save_tiny_model(model, hidden_size=128)
+    resumed = overrides + ["trainer.total_training_steps=2"]
     capsys.readouterr()
     assert main(resumed) == 2
     [error] = _error_lines(capsys.readouterr().err)
