@@ -289,14 +289,10 @@ def _check_rollout(problems: list[str], cfg: Any, model_max_len: int | None) -> 
 
 
 def _check_token_budget(problems: list[str], rollout: Any) -> None:
-    """The native engine's step budget: positive, and with chunked prefill above the decode rows it must hold."""
+    """The step budget is positive (an engine that chunks its prefill checks the rest:
+    :func:`hybridflow.rollout.engine.engine_config_problems`)."""
     key = "actor_rollout_ref.rollout.max_num_batched_tokens"
     _check_positive(problems, key, rollout.max_num_batched_tokens)
-    if (rollout.name == "native" and rollout.enable_chunked_prefill and isinstance(rollout.max_num_batched_tokens, int)
-            and 0 < rollout.max_num_batched_tokens <= rollout.max_num_seqs):
-        problems.append(f"{key}={rollout.max_num_batched_tokens} must exceed actor_rollout_ref.rollout.max_num_seqs="
-                        f"{rollout.max_num_seqs} with chunked prefill (a live row decodes one token a step, prefill "
-                        "takes what is left): raise it, lower max_num_seqs, or set rollout.enable_chunked_prefill=False")
 
 
 def _check_verl_versions(problems: list[str], cfg: Any) -> None:

@@ -87,6 +87,19 @@ def engine_capabilities(name: str) -> EngineCapabilities:
     return CAPABILITIES.get(name, EngineCapabilities())
 
 
+def engine_config_problems(rollout) -> list[str]:
+    """What ``rollout`` (the config section) asks of its engine that the engine cannot do: with chunked prefill, a
+    step budget (``max_num_batched_tokens``, for an engine that reads it) above the decode rows it must hold."""
+    budget, rows = rollout.max_num_batched_tokens, rollout.max_num_seqs
+    if ("max_num_batched_tokens" in engine_capabilities(rollout.name).sizing_keys and rollout.enable_chunked_prefill
+            and isinstance(budget, int) and 0 < budget <= rows):
+        return [f"actor_rollout_ref.rollout.max_num_batched_tokens={budget} must exceed "
+                f"actor_rollout_ref.rollout.max_num_seqs={rows} with chunked prefill (a live row decodes one token a "
+                "step, prefill takes what is left): raise it, lower max_num_seqs, or set "
+                "rollout.enable_chunked_prefill=False"]
+    return []
+
+
 def image_encoder(engine) -> Callable | None:
     """A built engine's ``encode_images`` (its vision tower's encoding of a turn's images), or None without one."""
     return getattr(engine, "encode_images", None)

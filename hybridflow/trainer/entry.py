@@ -15,7 +15,7 @@ from hybridflow.config.validate import as_list, split_placement
 from hybridflow.errors import ConfigError
 from hybridflow.models.hub import ensure_hub_reachable
 from hybridflow.models.loader import check_routing
-from hybridflow.rollout.engine import engine_capabilities, engine_unavailable
+from hybridflow.rollout.engine import engine_capabilities, engine_config_problems, engine_unavailable
 from hybridflow.trainer.tracking.trackers import available_backends
 
 logger = logging.getLogger(__name__)
@@ -70,6 +70,7 @@ def engine_and_logger_problems(cfg) -> list[str]:
     """Registered names every trainer that generates reads: the rollout engine and the trackers."""
     engine_problem = engine_unavailable(cfg.actor_rollout_ref.rollout.name)
     problems = [f"actor_rollout_ref.{engine_problem}"] if engine_problem else []
+    problems += engine_config_problems(cfg.actor_rollout_ref.rollout)
     for name in as_list(cfg.trainer.logger):
         if name not in available_backends():
             problems.append(f"trainer.logger: unknown backend {name!r}; choose from {', '.join(available_backends())}")
