@@ -344,9 +344,8 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
 def _require_tokenizer_files(path: str) -> None:
     """A local model folder without any tokenizer file: one line (transformers would raise a traceback)."""
     folder = os.path.expanduser(str(path))
-    if os.path.isdir(folder):
-        check_model_folder(folder)  # an empty folder says so first
-    if os.path.isdir(folder) and not any(os.path.isfile(os.path.join(folder, name)) for name in TOKENIZER_FILES):
+    # an empty folder is left to check_model_folder (in _from_pretrained), which says so
+    if os.path.isdir(folder) and os.listdir(folder) and not any(os.path.isfile(os.path.join(folder, name)) for name in TOKENIZER_FILES):
         raise ModelError(
             f"{folder} has no tokenizer files (none of {', '.join(TOKENIZER_FILES[:3])}, ...); copy the tokenizer "
             "of the model it was trained from into it (tokenizer.save_pretrained(folder)), or point "
