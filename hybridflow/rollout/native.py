@@ -54,7 +54,7 @@ PREFILL_TOKEN_BUDGET_CUDA = 16384
 class NativeEngine:
     """``generate`` over an HF model of the architecture table with a paged KV cache and continuous batching.
 
-    Unlike the other backends it takes one ``SamplingParams`` per prompt (:attr:`takes_params_per_prompt`).
+    It takes one ``SamplingParams`` per prompt (its registry entry declares ``params_per_prompt``).
 
     Args:
         model: an HF causal LM of :mod:`hybridflow.rollout.architectures` (its weights are used in place).
@@ -79,9 +79,6 @@ class NativeEngine:
         own_model: the engine owns ``model`` (nobody else runs it): the module's projection weights are dropped
             once packed (one copy, not two); the trainer's rollout copy is built this way.
     """
-
-    takes_params_per_prompt = True
-    """``generate`` accepts a list of ``SamplingParams``, one per prompt (the agent loops use it)."""
 
     def __init__(self, model, tokenizer=None, *, max_num_seqs: int = 256, max_model_len: int | None = None,
                  decode_lanes: bool = True, prefix_cache_tokens: int = 0, own_model: bool = False,

@@ -129,9 +129,6 @@ class VLLMEngine:
         """Forget vLLM's cached prefix blocks, so the next prompts prefill with the current weights."""
         self._call("reset_prefix_cache")
 
-    takes_params_per_prompt = True
-    """``generate`` takes one ``SamplingParams`` per prompt (the agent loops' turns, each with its own budget)."""
-
     def generate(self, prompt_token_ids: list[list[int]],
                  params: SamplingParams | list[SamplingParams]) -> list[Completion]:
         """``n`` completions per prompt, grouped by prompt in input order. A seed makes a call reproducible: prompt
