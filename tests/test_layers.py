@@ -173,9 +173,9 @@ ROLLOUT_LAYERS = [
     # records, kernels and the pieces the engines are built of
     {"types", "optional", "host_copy", "sleep", "lanes", "weights", "architectures", "block_manager", "cuda_graphs",
      "triton_attention", "triton_fused", "triton_moe", "triton_sampling", "cpu_kernels", "cpu_attention", "cpu_fused",
-     "attention_variants", "packed_linear", "moe", "vision_prefill", "stopping", "kv_cache", "sampler", "config",
+     "attention_variants", "packed_linear", "moe", "grouped_moe", "vision_prefill", "stopping", "kv_cache", "sampler", "config",
      "vllm_worker", "vllm_process", "vllm_venv"},  # and vLLM's worker extension, host process, side venv
-    {"decoder", "weight_packing", "packed_prefill", "rotary"},  # the native engine's model forward
+    {"decoder", "weight_packing", "packed_prefill", "rotary", "mla"},  # the native engine's model forward
     {"generation_run", "scheduler"},   # a run's state, and the plan of one step over it
     {"model_runner", "kv_pool", "request_queue", "vllm_host"},  # executing a plan, its KV memory; requests over an
     # engine; vLLM's LLM behind the VLLMEngine (in this process or in its side venv)

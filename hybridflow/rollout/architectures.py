@@ -11,6 +11,8 @@ query attention, a gated MLP) and says how its HF modules map onto the decoder's
   q / k norms and a rotary base of its own for the sliding layers.
 - Mixtral / Qwen3-MoE: a top-k routed mixture of SwiGLU experts in place of the MLP (:mod:`moe`).
 - Mistral / Phi-3 / Mixtral / Qwen2 with ``use_sliding_window``: a sliding attention window.
+- DeepSeek-V3 (Kimi-K2, DeepSeek-R1): multi-head latent attention over a cache of compressed latents and a
+  sigmoid, group-limited mixture of experts with shared experts, in a decoder of its own (:mod:`mla`).
 - Qwen2-VL / Qwen2.5-VL / Qwen3-VL: the language model of a vision-language model (Qwen2's / Qwen3's layer) with
   M-RoPE positions and the vision tower's output in the prefill (:mod:`hybridflow.rollout.vision_prefill`).
 
@@ -52,6 +54,10 @@ class Architecture:
     moe_renormalize: str | None = None
     """Mixture of experts: ``"always"`` (Mixtral: the top-k routing weights are renormalised to sum to 1) or
     ``"norm_topk_prob"`` (Qwen3-MoE: only where the config says so); None for a dense MLP."""
+    # Issue 58 (DeepSeek-V3 / GLM-4.5): the fields below.
+    attention: str = "gqa"
+    """``"gqa"``: the decoder's grouped-query attention over keys and values; ``"mla"``: DeepSeek's multi-head latent
+    attention over a cache of compressed latents (:mod:`hybridflow.rollout.mla`, its own decoder)."""
 
 
 GEMMA = Architecture(qk_norm=False, gemma_norms=True)
@@ -71,6 +77,9 @@ ARCHITECTURES: dict[str, Architecture] = {
     "qwen2_vl": Architecture(),  # Qwen2's layer, M-RoPE
     "qwen2_5_vl": Architecture(),
     "qwen3_vl": Architecture(qk_norm=True),  # Qwen3's layer, interleaved M-RoPE, deepstack features
+    # Issue 58: DeepSeek-V3 (Kimi-K2 and DeepSeek-R1 share the model_type): latent attention, sigmoid group-limited
+    # routing with shared experts, dense first layers (:mod:`hybridflow.rollout.mla`, :mod:`~.grouped_moe`).
+    "deepseek_v3": Architecture(projections={}, attention="mla"),
 }
 
 

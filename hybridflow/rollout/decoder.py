@@ -55,6 +55,9 @@ class LlamaFamilyDecoder:
     """Prefill and batched decode for an HF causal LM of the architecture table (Llama, Qwen, Mistral, Phi-3,
     Gemma 2 / 3, Mixtral, Qwen3-MoE)."""
 
+    kv_parts = 2
+    """The paged cache holds keys and values (:class:`~hybridflow.rollout.kv_cache.PagedKVCache`'s parts)."""
+
     def __init__(self, model):
         config = model.config.get_text_config()  # a vision-language model's language model
         self.model = model

@@ -1,7 +1,8 @@
 """The paged key/value cache: one preallocated pool of fixed-size blocks, read and written through block tables.
 
 One tensor ``[layers, 2, kv_heads, blocks, block_size, head_dim]`` holds every layer's keys (index 0) and
-values (index 1). A sequence's positions live in the blocks its block table names
+values (index 1); a multi-head latent attention cache (:mod:`hybridflow.rollout.mla`) has one part, not two: each
+token's compressed latent and rotated key ``[1, kv_lora_rank + rope_dim]``, no values. A sequence's positions live in the blocks its block table names
 (:mod:`hybridflow.rollout.block_manager` hands them out): position ``p`` of the sequence whose table row
 is ``t`` is at block ``t[p // B]``, offset ``p % B``. Decoding writes each new key/value in place, so no
 step allocates or concatenates, and sequences never move.
@@ -27,8 +28,8 @@ class PagedKVCache:
     decode step (a block table row has ``ceil(max_len / block_size)`` entries)."""
 
     def __init__(self, *, layers: int, blocks: int, block_size: int, kv_heads: int, max_len: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device):
-        self.data = zeros_on_first_touch((layers, 2, kv_heads, blocks, block_size, head_dim), dtype=dtype,
+                 dtype: torch.dtype, device: torch.device, parts: int = 2):
+        self.data = zeros_on_first_touch((layers, parts, kv_heads, blocks, block_size, head_dim), dtype=dtype,
                                          device=device)
         self.max_len = max_len
 
@@ -61,26 +62,28 @@ class PagedKVCache:
         heads = torch.arange(self.data.shape[2], device=positions.device)[None]  # [1, KV]
         return ((heads * self.blocks + block) * size + (positions % size)[:, None]).reshape(-1)
 
-    def write(self, *, layer: int, rows: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Store ``keys``/``values`` ``[N, kv_heads, head_dim]`` at ``rows`` (from :meth:`write_rows`).
+    def write(self, *, layer: int, rows: torch.Tensor, keys: torch.Tensor, values: torch.Tensor | None) -> None:
+        """Store ``keys``/``values`` ``[N, kv_heads, head_dim]`` at ``rows`` (from :meth:`write_rows`); ``values``
+        None for a one-part (latent) cache.
 
         One ``index_copy_`` per tensor: on CPU, advanced-index assignment measured 40x slower at 64 rows.
         """
         head_dim = self.data.shape[-1]
-        self.data[layer, 0].view(-1, head_dim).index_copy_(0, rows, keys.reshape(-1, head_dim))
-        self.data[layer, 1].view(-1, head_dim).index_copy_(0, rows, values.reshape(-1, head_dim))
+        for part, tensor in enumerate((keys, values)[: self.data.shape[1]]):
+            self.data[layer, part].view(-1, head_dim).index_copy_(0, rows, tensor.reshape(-1, head_dim))
 
     def span(self, layer: int, block_tables: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of the blocks ``block_tables`` ``[N, W]`` names, gathered: each ``[N, KV, W * B, D]``
         (a view of one copy; positions past a row's length hold stale or null-block entries: mask them)."""
+        return self.gather(layer, 0, block_tables), self.gather(layer, 1, block_tables)
+
+    def gather(self, layer: int, part: int, block_tables: torch.Tensor) -> torch.Tensor:
+        """One part (0: keys or latents, 1: values) of the blocks ``block_tables`` ``[N, W]`` names:
+        ``[N, KV, W * B, D]``."""
         rows, width = block_tables.shape
-        flat = block_tables.reshape(-1)
         kv_heads, head_dim = self.data.shape[2], self.data.shape[5]
-
-        def gather(part: torch.Tensor) -> torch.Tensor:
-            return part.index_select(1, flat).view(kv_heads, rows, width * self.block_size, head_dim).transpose(0, 1)
-
-        return gather(self.data[layer, 0]), gather(self.data[layer, 1])
+        gathered = self.data[layer, part].index_select(1, block_tables.reshape(-1))
+        return gathered.view(kv_heads, rows, width * self.block_size, head_dim).transpose(0, 1)
 
     def write_prompt(self, blocks: list[int], kv: torch.Tensor, *, start: int) -> None:
         """Store positions ``start ..`` of a prompt's ``kv`` ``[layers, 2, KV, L, D]`` into its ``blocks`` (the

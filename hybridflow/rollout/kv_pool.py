@@ -102,6 +102,7 @@ class KVPool:
         self.cache = PagedKVCache(
             layers=self.decoder.num_layers, blocks=blocks, block_size=BLOCK_SIZE, kv_heads=self.decoder.kv_heads,
             max_len=max_len, head_dim=self.decoder.head_dim, dtype=self.decoder.embed.dtype, device=self.device,
+            parts=self.decoder.kv_parts,
         )
         if kept is not None:
             self.cache.data[:, :, :, named] = kept
@@ -123,7 +124,7 @@ class KVPool:
             return 2**62
         own = 0 if self.cache is None else self.cache.data.numel() * self.cache.data.element_size()
         total, in_use = device_memory(self.device)
-        per_block = (self.decoder.num_layers * 2 * self.decoder.kv_heads * self.decoder.head_dim * BLOCK_SIZE
+        per_block = (self.decoder.num_layers * self.decoder.kv_parts * self.decoder.kv_heads * self.decoder.head_dim * BLOCK_SIZE
                      * self.decoder.embed.element_size())
         return kv_blocks_within(budget=self.gpu_memory_utilization * total - max(in_use - own, 0), per_block=per_block,
                                 utilization=self.gpu_memory_utilization, total=total, max_len=max_len)

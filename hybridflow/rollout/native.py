@@ -25,7 +25,7 @@ import torch
 from hybridflow.cpu import return_freed_memory
 from hybridflow.errors import RolloutError
 from hybridflow.models.vision import check_image_tokens
-from hybridflow.rollout.architectures import unsupported_reason
+from hybridflow.rollout.architectures import ARCHITECTURES, unsupported_reason
 from hybridflow.rollout.block_manager import BlockAllocator
 from hybridflow.rollout.cuda_graphs import DecodeGraphs
 from hybridflow.rollout.decoder import LlamaFamilyDecoder
@@ -34,6 +34,7 @@ from hybridflow.rollout.generation_run import (GenerationRun, HostBlockTables, P
 from hybridflow.rollout.kv_cache import PagedKVCache, SlotMirror
 from hybridflow.rollout.kv_pool import KVPool, device_memory, kv_blocks_within
 from hybridflow.rollout.lanes import DecodeLanes
+from hybridflow.rollout.mla import MLADecoder
 from hybridflow.rollout.model_runner import ModelRunner
 from hybridflow.rollout.request_queue import RequestQueue
 from hybridflow.rollout.scheduler import (admission_wave, blocks_for_next_writes, check_token_budget, chunk_end,
@@ -93,7 +94,7 @@ class NativeEngine:
         if reason is not None:
             raise RolloutError(f"the native engine does not run this model: {reason}; build it with "
                                "build_engine('native', ...) to fall back to HF generate, or set rollout.name=hf")
-        self.decoder = LlamaFamilyDecoder(model)
+        self.decoder = native_decoder(model)
         if own_model:
             self.decoder.release_module_projections()
         self.max_num_seqs = max_num_seqs
@@ -364,4 +365,9 @@ def params_per_prompt(params: SamplingParams | list[SamplingParams], prompts: in
     return list(params)
 
 
-
+def native_decoder(model) -> LlamaFamilyDecoder | MLADecoder:
+    """The decoder of the model's row in the architecture table: latent attention's own (DeepSeek-V3), else
+    :class:`LlamaFamilyDecoder`."""
+    if ARCHITECTURES[model.config.model_type].attention == "mla":
+        return MLADecoder(model)
+    return LlamaFamilyDecoder(model)
