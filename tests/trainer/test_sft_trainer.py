@@ -127,7 +127,7 @@ def test_gradient_accumulation_gives_the_full_batch_update(tmp_path, tiny_model_
             torch.testing.assert_close(param, expected[name], rtol=0, atol=2e-6, msg=f"micro={micro} {name}")
 
 
-@pytest.mark.parametrize("arch", ["llama", "gpt_oss"])
+@pytest.mark.parametrize("arch", ["llama", "gpt_oss", "deepseek_v3", "glm4_moe"])
 def test_packing_gives_the_same_loss_and_update_as_padding(tmp_path, tiny_model_dir, sums_file, arch):
     """gpt_oss (issue 58): attention sinks and a window of 8, kept by the packed rows (the guard lets them run)."""
     if arch != "llama":
