@@ -13,6 +13,7 @@ query attention, a gated MLP) and says how its HF modules map onto the decoder's
 - Mistral / Phi-3 / Mixtral / Qwen2 with ``use_sliding_window``: a sliding attention window.
 - DeepSeek-V3 (Kimi-K2, DeepSeek-R1): multi-head latent attention over a cache of compressed latents and a
   sigmoid, group-limited mixture of experts with shared experts, in a decoder of its own (:mod:`mla`).
+- GLM-4.5: partial rotary, optional q / k norms, and DeepSeek-V3's mixture of experts (:mod:`grouped_moe`).
 - Qwen2-VL / Qwen2.5-VL / Qwen3-VL: the language model of a vision-language model (Qwen2's / Qwen3's layer) with
   M-RoPE positions and the vision tower's output in the prefill (:mod:`hybridflow.rollout.vision_prefill`).
 
@@ -58,6 +59,8 @@ class Architecture:
     attention: str = "gqa"
     """``"gqa"``: the decoder's grouped-query attention over keys and values; ``"mla"``: DeepSeek's multi-head latent
     attention over a cache of compressed latents (:mod:`hybridflow.rollout.mla`, its own decoder)."""
+    partial_rotary: bool = False
+    """GLM-4.5: the rotary embedding turns only the first ``partial_rotary_factor`` of each head's dimensions."""
 
 
 GEMMA = Architecture(qk_norm=False, gemma_norms=True)
@@ -80,6 +83,9 @@ ARCHITECTURES: dict[str, Architecture] = {
     # Issue 58: DeepSeek-V3 (Kimi-K2 and DeepSeek-R1 share the model_type): latent attention, sigmoid group-limited
     # routing with shared experts, dense first layers (:mod:`hybridflow.rollout.mla`, :mod:`~.grouped_moe`).
     "deepseek_v3": Architecture(projections={}, attention="mla"),
+    # GLM-4.5 / 4.6 / 4.7 (glm4_moe): Llama's attention (q/k/v biases, optional q / k norms) with partial rotary, and
+    # DeepSeek-V3's routing and shared experts after dense first layers (:mod:`~.grouped_moe`).
+    "glm4_moe": Architecture(partial_rotary=True),
 }
 
 
@@ -117,13 +123,14 @@ def unsupported_reason(config, *, max_model_len: int | None = None) -> str | Non
     if config.model_type not in ARCHITECTURES:
         return (f"model_type {config.model_type!r} is not in hybridflow.rollout.architectures.ARCHITECTURES "
                 f"{sorted(ARCHITECTURES)}")
+    architecture = ARCHITECTURES[config.model_type]
     config = config.get_text_config()
     activation = hidden_activation(config)
     checks = (
         (activation not in ACTIVATIONS,
          f"hidden_act={activation!r} (the decoder runs gated MLPs with {' or '.join(ACTIVATIONS)})"),
         (getattr(config, "pretraining_tp", 1) != 1, "pretraining_tp > 1"),
-        (getattr(config, "partial_rotary_factor", 1.0) != 1.0,
+        (getattr(config, "partial_rotary_factor", 1.0) != 1.0 and not architecture.partial_rotary,
          f"a partial rotary embedding (partial_rotary_factor={getattr(config, 'partial_rotary_factor', None)})"),
         (getattr(config, "use_bidirectional_attention", False),
          "use_bidirectional_attention (the decoder attends causally)"),

@@ -33,6 +33,7 @@ from hybridflow.rollout.architectures import ARCHITECTURES, hidden_activation, l
 from hybridflow.rollout.attention_variants import attention, decode_mask
 from hybridflow.models.vision import is_vision_language, vision_token_ids
 from hybridflow.rollout.kv_cache import CachedPrefix, PagedKVCache
+from hybridflow.rollout.grouped_moe import grouped_moe_mlp
 from hybridflow.rollout.moe import moe_mlp
 from hybridflow.rollout.optional import package_installed
 from hybridflow.rollout.packed_prefill import prefill_per_prompt, prefill_varlen, varlen_attention
@@ -80,7 +81,9 @@ class LlamaFamilyDecoder:
         scale = getattr(self.text_model.embed_tokens, "embed_scale", None)
         self.embed_scale = None if scale is None else scale.to(self.text_model.embed_tokens.weight.dtype)
         """Gemma: the embeddings' ``sqrt(hidden)`` scale in their dtype; a constant, built once (CUDA graphs read it)."""
-        self.triton_kernels = triton_kernels_available(model, self.head_dim)
+        self.rotary_dim = rotary_dim(self.text_model.rotary_emb, self.head_dim, self.architecture.partial_rotary)
+        """The dimensions of a head the rotary embedding turns (GLM-4.5: a part; the rest pass as they are)."""
+        self.triton_kernels = triton_kernels_available(model, self.head_dim) and self.rotary_dim == self.head_dim
         """Whether the graph-safe decode step runs as Triton kernels (CUDA; :meth:`_decode_fused`) rather than
         torch ops and SDPA."""
         weight = next(model.parameters())
@@ -91,7 +94,7 @@ class LlamaFamilyDecoder:
         self.paged_cpu_attention = weight.device.type == "cpu" and cpu_attention.supports(
             dtype=weight.dtype, heads=self.num_heads, kv_heads=self.kv_heads, head_dim=self.head_dim)
         """Whether a CPU decode step's attention reads the pool through the block tables (:mod:`~.cpu_attention`)."""
-        self.fused_cpu_decode = self.paged_cpu_attention
+        self.fused_cpu_decode = self.paged_cpu_attention and self.rotary_dim == self.head_dim
         """Whether a CPU decode step runs fused (:meth:`_decode_fused`, :mod:`hybridflow.rollout.cpu_fused`'s C kernels)
         wherever :attr:`paged_cpu_attention` does."""
         self.vision_language = is_vision_language(model.config)
@@ -186,12 +189,19 @@ class LlamaFamilyDecoder:
     def _mlp_block(self, hidden: torch.Tensor, layer: LayerWeights, *, graph_safe: bool = False) -> torch.Tensor:
         """The residual stream after the layer's MLP (dense or routed experts)."""
         normed = self._rms_norm(hidden, layer.post_norm)
-        if layer.experts is not None:
-            out = moe_mlp(normed, layer.experts, self.activation, graph_safe=graph_safe)
+        if layer.experts is not None or layer.grouped_moe is not None:
+            out = self._routed_mlp(normed, layer, graph_safe=graph_safe)
         else:
             gate, up = layer.gate_up(normed).split(self.intermediate, dim=-1)
             out = layer.down(self.activation(gate) * up)
         return self._residual(hidden, out, layer.mlp_out_norm)
+
+    def _routed_mlp(self, normed: torch.Tensor, layer: LayerWeights, *, graph_safe: bool) -> torch.Tensor:
+        """A sparse layer's MLP: DeepSeek-style group-limited routing with shared experts (GLM-4.5), else softmax
+        top-k (:func:`moe_mlp`)."""
+        if layer.grouped_moe is not None:
+            return grouped_moe_mlp(normed, layer.grouped_moe, self.activation, graph_safe=graph_safe)
+        return moe_mlp(normed, layer.experts, self.activation, graph_safe=graph_safe)
 
     def _qkv(self, hidden: torch.Tensor, layer: LayerWeights, cos: torch.Tensor, sin: torch.Tensor):
         """``[N, hidden]`` -> rotated ``q [N, H, D]``, ``k [N, KV, D]`` and ``v [N, KV, D]``."""
@@ -340,8 +350,8 @@ class LlamaFamilyDecoder:
                                  block_tables=block_tables, window=layer.window, softcap=self.attn_softcap)
             normed, hidden = norm(x=self._sub_block_out(layer.o_proj(attn.view(count, -1)), layer.attn_out_norm, norm),
                                   residual=hidden, weight=layer.post_norm)
-            if layer.experts is not None:
-                out = moe_mlp(normed, layer.experts, self.activation, graph_safe=ops.graph_safe)
+            if layer.experts is not None or layer.grouped_moe is not None:
+                out = self._routed_mlp(normed, layer, graph_safe=ops.graph_safe)
             else:
                 out = layer.down(gated(layer.gate_up(normed)))
             following = self.layers[index + 1].input_norm if index + 1 < self.num_layers else self.final_norm
@@ -452,5 +462,15 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary position embedding (Su et al. 2021, "RoFormer"), HF's rotate-half layout."""
+    """Rotary position embedding (Su et al. 2021, "RoFormer"), HF's rotate-half layout; with tables narrower than
+    the head (partial rotary, GLM-4.5) on its first dimensions only."""
+    turned = cos.shape[-1]
+    if turned < x.shape[-1]:
+        return torch.cat([_apply_rope(x[..., :turned], cos, sin), x[..., turned:]], dim=-1)
     return x * cos + _rotate_half(x) * sin
+
+
+def rotary_dim(rotary_emb, head_dim: int, partial: bool) -> int:
+    """The dimensions of a head the rotary module turns: twice its frequencies where the architecture rotates a part
+    (GLM-4.5's ``partial_rotary_factor``), else the whole head."""
+    return 2 * rotary_emb.inv_freq.shape[-1] if partial else head_dim

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from hybridflow.rollout.moe import ExpertWeights, grouped_experts
+from hybridflow.rollout.moe import ExpertWeights, gathered_experts, grouped_experts
 
 
 @dataclass
@@ -74,7 +74,9 @@ def grouped_route(hidden: torch.Tensor, moe: GroupedMoE) -> tuple[torch.Tensor, 
     return weights * moe.scaling, ids
 
 
-def grouped_moe_mlp(hidden: torch.Tensor, moe: GroupedMoE, activation) -> torch.Tensor:
-    """The sparse MLP of ``hidden`` ``[N, hidden]``: the routed experts' weighted sum plus the shared experts."""
+def grouped_moe_mlp(hidden: torch.Tensor, moe: GroupedMoE, activation, *, graph_safe: bool = False) -> torch.Tensor:
+    """The sparse MLP of ``hidden`` ``[N, hidden]``: the routed experts' weighted sum plus the shared experts;
+    ``graph_safe``: static shapes, no host values (each pair gathers its expert's weights)."""
     weights, ids = grouped_route(hidden, moe)
-    return grouped_experts(hidden, weights, ids, moe.experts, activation) + moe.shared(hidden)
+    run = gathered_experts if graph_safe else grouped_experts
+    return run(hidden, weights, ids, moe.experts, activation) + moe.shared(hidden)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from hybridflow.errors import RolloutError
+from hybridflow.rollout.grouped_moe import GroupedMoE, grouped_moe_weights, is_grouped_moe
 from hybridflow.rollout.moe import ExpertWeights, expert_weights
 from hybridflow.rollout.packed_linear import PackedLinear, same_layout
 from hybridflow.rollout.weights import copy_named_tensors
@@ -42,6 +43,9 @@ class LayerWeights:
     """A mixture-of-experts layer's router and experts, in place of ``gate_up`` / ``down``."""
     window: int | None = None
     """This layer's sliding attention window (None: global attention)."""
+    # Issue 58 (GLM-4.5):
+    grouped_moe: GroupedMoE | None = None
+    """A DeepSeek-style sparse layer (sigmoid group-limited routing, shared experts), in place of ``experts``."""
 
 
 def _cat_or_none(tensors: list[torch.Tensor | None]) -> torch.Tensor | None:
@@ -114,9 +118,11 @@ class WeightPacker:
             bias = _cat_or_none([layer.get_submodule(path).bias for path in paths])
             linears[part] = self._linear(getattr(current, part, None), weight, None if bias is None else bias.detach())
         norms = self._norms(layer)
-        experts = expert_weights(layer.mlp, self.architecture.moe_renormalize) if _is_moe(layer) else None
+        grouped = grouped_moe_weights(layer.mlp) if is_grouped_moe(layer.mlp) else None
+        routed = _is_moe(layer) and grouped is None
+        experts = expert_weights(layer.mlp, self.architecture.moe_renormalize) if routed else None
         return LayerWeights(qk_norm=self._qk_norm(layer.self_attn, None if current is None else current.qk_norm),
-                            experts=experts, window=self.windows[index], **norms, **linears)
+                            experts=experts, grouped_moe=grouped, window=self.windows[index], **norms, **linears)
 
     def _norms(self, layer) -> dict[str, torch.Tensor]:
         """The layer's RMSNorm weights by :class:`LayerWeights` field (Gemma's four, Llama's two)."""
