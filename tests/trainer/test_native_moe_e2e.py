@@ -15,7 +15,7 @@ from tests.models.non_native import save_non_native
 from tests.trainer.ppo_fixtures import base_overrides
 
 
-@pytest.mark.parametrize("arch", ["deepseek_v3"])
+@pytest.mark.parametrize("arch", ["deepseek_v3", "glm4_moe"])
 def test_two_grpo_steps_roll_out_natively_and_train_on_what_they_sample(tmp_path, arch, caplog, recwarn):
     model_dir = save_non_native(str(tmp_path / arch), arch)
     with caplog.at_level(logging.WARNING):
