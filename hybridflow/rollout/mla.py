@@ -10,7 +10,10 @@ layer, against ``2 * H * head_dim`` for the keys and values of the same heads (d
 Decoding never expands the latent ("weight absorption", the paper's appendix): a head's score
 ``q_nope . (c W_UK_h) + q_pe . k_pe`` equals ``(q_nope W_UK_h^T) . c + q_pe . k_pe``, so the query moves into the
 latent space once, attention runs over ``[c | k_pe]`` as one key head shared by all ``H`` query heads (values: ``c``),
-and the ``H`` outputs leave through ``W_UV_h`` before ``o_proj``. The same form serves prefill.
+and the ``H`` outputs leave through ``W_UV_h`` before ``o_proj``. The same form serves prefill. On CPU in fp32 a
+decode step's attention reads each row's latents straight from the pool through its block table with the C kernel of
+:mod:`hybridflow.rollout.cpu_attention` (values: the latents themselves, of which the first ``kv_lora_rank`` outputs
+are kept), in groups of at most its 16 query heads per key head; elsewhere the rows' blocks are gathered for SDPA.
 
 The rest is HF's ``DeepseekV3`` layer op for op: queries through ``q_a_proj -> q_a_layernorm -> q_b_proj`` (or
 ``q_proj`` when ``q_lora_rank`` is None), rotary on the rope part only, in DeepSeek's interleaved pair layout when
@@ -25,6 +28,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from hybridflow.rollout import cpu_attention
 from hybridflow.rollout.attention_variants import decode_mask, prefill_mask
 from hybridflow.rollout.grouped_moe import grouped_moe_mlp, grouped_moe_weights, is_grouped_moe
 from hybridflow.rollout.kv_cache import CachedPrefix, PagedKVCache
@@ -59,6 +63,11 @@ class MLADecoder:
         self.scale = self.text_model.layers[0].self_attn.scaling
         self.interleaved = bool(getattr(config, "rope_interleave", False))
         self.rotary = RotaryTables(self.text_model.rotary_emb, [None], like=lambda: self.embed)
+        self.head_group = max(g for g in range(1, cpu_attention.MAX_GROUP + 1) if self.num_heads % g == 0)
+        """Query heads per call of the CPU kernel (the largest divisor of ``H`` it takes)."""
+        self.paged_kernel = self.embed.device.type == "cpu" and cpu_attention.supports(
+            dtype=self.embed.dtype, heads=self.head_group, kv_heads=1, head_dim=self.head_dim)
+        """Whether a decode step's attention runs as the CPU kernel over the pool (fp32, latent width in 16s)."""
         self.weights_epoch = 0
         self.refresh()
 
@@ -188,14 +197,33 @@ class MLADecoder:
         cos, sin = self.rotary.rows(positions, context)[None]
         rows = cache.write_rows(positions, block_tables)
         block_tables = block_tables[:, : -(-context // cache.block_size)]
-        span = block_tables.shape[1] * cache.block_size
-        mask = decode_mask(positions, span, None, self.embed.dtype)  # [N, 1, 1, span]
+        attend = self._paged_attend if self.paged_kernel else self._gathered_attend
+        mask = None if self.paged_kernel else decode_mask(positions, block_tables.shape[1] * cache.block_size, None,
+                                                          self.embed.dtype)  # [N, 1, 1, span]
         hidden = self.text_model.embed_tokens(token_ids)
         for index, layer in enumerate(self.text_model.layers):
             query, latent = self._latent_qkv(layer.input_layernorm(hidden), index, cos, sin)
             cache.write(layer=index, rows=rows, keys=latent, values=None)
-            keys = cache.gather(index, 0, block_tables)  # [N, 1, span, rank + rope]
-            out = F.scaled_dot_product_attention(query[:, None], keys, keys[..., : self.rank], attn_mask=mask,
-                                                 scale=self.scale)  # [N, 1, H, rank]
-            hidden = self._mlp_block(hidden + self._attention_out(out[:, 0], index), index)
+            out = attend(query, cache, index, block_tables, positions=positions, mask=mask)
+            hidden = self._mlp_block(hidden + self._attention_out(out, index), index)
         return self._logits(hidden)
+
+    def _gathered_attend(self, query: torch.Tensor, cache: PagedKVCache, index: int, block_tables: torch.Tensor, *,
+                         positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """``query`` ``[N, H, rank + rope]`` over the rows' latents, gathered: ``[N, H, rank]``."""
+        keys = cache.gather(index, 0, block_tables)  # [N, 1, span, rank + rope]
+        out = F.scaled_dot_product_attention(query[:, None], keys, keys[..., : self.rank], attn_mask=mask,
+                                             scale=self.scale)
+        return out[:, 0]
+
+    def _paged_attend(self, query: torch.Tensor, cache: PagedKVCache, index: int, block_tables: torch.Tensor, *,
+                      positions: torch.Tensor, mask=None) -> torch.Tensor:
+        """The same through the CPU kernel, reading the pool in place: each row split into ``H / head_group`` rows
+        of ``head_group`` heads over the same blocks."""
+        count, chunks = query.shape[0], self.num_heads // self.head_group
+        latents = cache.data[index, 0]  # [1, blocks, B, rank + rope]
+        out = cpu_attention.paged_decode_attention(
+            q=query.reshape(count * chunks, self.head_group, self.head_dim), keys=latents, values=latents,
+            block_tables=block_tables.repeat_interleave(chunks, dim=0),
+            lengths=(positions + 1).repeat_interleave(chunks), scale=self.scale, window=None)
+        return out.view(count, self.num_heads, self.head_dim)[..., : self.rank]

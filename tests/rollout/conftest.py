@@ -51,7 +51,7 @@ def prefilled_paged_cache(decoder, prompts, *, device="cpu", block_size: int = 4
     width = -(-max_len // block_size)
     cache = PagedKVCache(layers=decoder.num_layers, blocks=len(prompts) * width + 1, block_size=block_size,
                          kv_heads=decoder.kv_heads, max_len=max_len, head_dim=decoder.head_dim,
-                         dtype=decoder.embed.dtype, device=device)
+                         dtype=decoder.embed.dtype, device=device, parts=decoder.kv_parts)
     free = list(range(1, cache.blocks))
     tables = []
     for prompt, (_, kv) in zip(prompts, decoder.prefill_many(prompts)):

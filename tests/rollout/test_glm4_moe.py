@@ -44,8 +44,8 @@ def test_greedy_and_logprobs_equal_hf_under_chunking_preemption_and_prefix_shari
     for completion in completions:
         prompt = prompts[completion.prompt_index]
         assert completion.token_ids == hf_greedy(model, prompt, max_new_tokens=24, eos=eos)
-        torch.testing.assert_close(torch.tensor(completion.logprobs), expected_logprobs(model, prompt, completion, params),
-                                   atol=1e-5, rtol=0)
+        expected = expected_logprobs(model, prompt, completion, params)
+        torch.testing.assert_close(torch.tensor(completion.logprobs), expected, atol=1e-5, rtol=0)
 
 
 def test_full_rotary_decodes_fused_and_an_owning_engine_takes_new_weights():

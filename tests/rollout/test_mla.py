@@ -4,7 +4,7 @@ and sigmoid group-limited routing with shared experts, against HF's own model (f
 import pytest
 import torch
 
-from hybridflow.rollout import SamplingParams
+from hybridflow.rollout import SamplingParams, cpu_attention
 from hybridflow.rollout.grouped_moe import GroupedMoE, grouped_route
 from hybridflow.rollout.mla import MLADecoder
 from hybridflow.rollout.native import NativeEngine
@@ -17,12 +17,13 @@ from tests.rollout.test_paged_engine import expected_logprobs, tight_blocks
 YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 256,
         "mscale": 1.0, "mscale_all_dim": 1.0, "beta_fast": 32.0, "beta_slow": 1.0}
 VARIANTS = {
-    "q_lora+interleaved": {},
+    "q_lora+interleaved": dict(kv_lora_rank=24),  # latent width 32: the CPU attention kernel where it is built
     "q_proj+rotate_half": dict(q_lora_rank=None, rope_interleave=False),
     "yarn_mscale": dict(rope_parameters=YARN),
 }
 """DeepSeek-V3's own layout (query compression, interleaved rope); Kimi-style uncompressed queries with HF's rotate-half
-layout; and YaRN with ``mscale_all_dim`` (the softmax scale grows by mscale^2)."""
+layout; and YaRN with ``mscale_all_dim`` (the softmax scale grows by mscale^2). The last two have latents 24 wide,
+which the CPU kernel does not take: their decode steps gather the blocks for SDPA."""
 
 
 def deepseek(seed: int = 1, **overrides):
@@ -52,13 +53,15 @@ def test_greedy_and_logprobs_equal_hf_under_chunking_preemption_and_prefix_shari
                           prefix_cache_tokens=4096, num_kv_blocks=tight_blocks(prompts, 24, spare=3),
                           decode_lanes=False)
     assert isinstance(engine.decoder, MLADecoder)
+    assert engine.decoder.paged_kernel == (variant == "q_lora+interleaved" and cpu_attention.supports(
+        dtype=torch.float32, heads=4, kv_heads=1, head_dim=32))
     completions = engine.generate(prompts, params)
     assert engine.preemptions > 0 and len(completions) == 8
     for completion in completions:
         prompt = prompts[completion.prompt_index]
         assert completion.token_ids == hf_greedy(model, prompt, max_new_tokens=24, eos=eos)
-        torch.testing.assert_close(torch.tensor(completion.logprobs), expected_logprobs(model, prompt, completion, params),
-                                   atol=1e-5, rtol=0)
+        expected = expected_logprobs(model, prompt, completion, params)
+        torch.testing.assert_close(torch.tensor(completion.logprobs), expected, atol=1e-5, rtol=0)
     assert engine.allocator.available == engine.allocator.num_blocks - 1  # every block came back (or is cached)
 
 
@@ -79,6 +82,27 @@ def test_the_cache_holds_hfs_latent_and_rotated_key_only():
     engine = NativeEngine(model, tokenizer)
     engine.generate([ids.tolist()], SamplingParams(temperature=0, max_tokens=2))
     assert engine.pool.cache.data.shape[1:3] == (1, 1) and engine.pool.cache.data.shape[-1] == 24
+
+
+def test_the_kernel_and_the_gathered_step_agree():
+    """One decode step over the same latents, through the CPU kernel (query heads in groups) and through SDPA over
+    the gathered blocks; skipped where the kernel is not built."""
+    model, tokenizer = deepseek(kv_lora_rank=24)
+    decoder = MLADecoder(model)
+    if not decoder.paged_kernel:
+        pytest.skip("the CPU attention kernel is not built here")
+    from tests.rollout.conftest import prefilled_paged_cache
+
+    prompts = [torch.tensor(p) for p in chat_prompts(tokenizer)]
+    cache, tables, positions = prefilled_paged_cache(decoder, prompts)
+    decoder.head_group = 2  # two kernel rows per sequence: the head split is exercised too
+    tokens = torch.tensor([5, 6, 7, 8])
+    kernel = decoder.decode(token_ids=tokens, positions=positions, cache=cache, block_tables=tables,
+                            context=int(positions.max()) + 1)
+    decoder.paged_kernel = False
+    gathered = decoder.decode(token_ids=tokens, positions=positions, cache=cache, block_tables=tables,
+                              context=int(positions.max()) + 1)
+    torch.testing.assert_close(kernel, gathered, atol=1e-5, rtol=1e-5)
 
 
 def test_group_limited_routing_by_hand():
