@@ -3,9 +3,9 @@
 One tensor ``[layers, 2, kv_heads, blocks, block_size, head_dim]`` holds every layer's keys (index 0) and
 values (index 1); a multi-head latent attention cache (:mod:`hybridflow.rollout.mla`) has one part, not two: each
 token's compressed latent and rotated key ``[1, kv_lora_rank + rope_dim]``, no values. A sequence's positions live
-in the blocks its block table names (:mod:`hybridflow.rollout.block_manager` hands them out): position ``p`` of the sequence whose table row
-is ``t`` is at block ``t[p // B]``, offset ``p % B``. Decoding writes each new key/value in place, so no
-step allocates or concatenates, and sequences never move.
+in the blocks its block table names (:mod:`hybridflow.rollout.block_manager` hands them out): position ``p`` of the
+sequence whose table row is ``t`` is at block ``t[p // B]``, offset ``p % B``. Decoding writes each new key/value in
+place, so no step allocates or concatenates, and sequences never move.
 
 The layout puts the block index right after the KV head so that, per layer and head, a table's blocks
 gathered in order are one contiguous ``[N, W * B, D]`` run: on CPU, :meth:`PagedKVCache.span` gathers the
