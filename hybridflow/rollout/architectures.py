@@ -13,6 +13,12 @@ query attention, a gated MLP) and says how its HF modules map onto the decoder's
 - Mistral / Phi-3 / Mixtral / Qwen2 with ``use_sliding_window``: a sliding attention window.
 - Qwen2-VL / Qwen2.5-VL / Qwen3-VL: the language model of a vision-language model (Qwen2's / Qwen3's layer) with
   M-RoPE positions and the vision tower's output in the prefill (:mod:`hybridflow.rollout.vision_prefill`).
+- OLMo 2 / OLMo 3 (issue 58): no norm before a sub-block, a norm of each sub-block's output before the residual
+  add, q / k RMSNorms over the whole projections (before the split into heads); OLMo 3 adds sliding-window layers
+  (``config.layer_types``) with a rotary base per layer type.
+- gpt-oss (issue 58): attention sinks (a learned logit per head in every softmax), alternating sliding / full
+  layers, q/k/v/o biases, YaRN rotary tables of half the head size, and its mixture of experts (router with a
+  bias, softmax over the k selected logits, experts with biases and the clamped SwiGLU, :mod:`moe`).
 
 A model whose type is here but whose config asks for something the decoder does not compute is refused
 by :func:`unsupported_reason`, and ``build_engine("native", ...)`` then runs it through HF ``generate``
@@ -51,7 +57,21 @@ class Architecture:
     """Gemma 3: the rotary module takes the layer type (sliding layers rotate with their own base)."""
     moe_renormalize: str | None = None
     """Mixture of experts: ``"always"`` (Mixtral: the top-k routing weights are renormalised to sum to 1) or
-    ``"norm_topk_prob"`` (Qwen3-MoE: only where the config says so); None for a dense MLP."""
+    ``"norm_topk_prob"`` (Qwen3-MoE: only where the config says so), ``"top_k_logits"`` (gpt-oss: the softmax runs
+    over the k selected logits of a router with a bias; experts with biases and the clamped SwiGLU); None for a
+    dense MLP."""
+    # issue 58 (OLMo 2 / 3, gpt-oss):
+    pre_norms: bool = True
+    """False: OLMo 2 / 3 normalise nothing before attention or the MLP; their ``post_attention_layernorm`` /
+    ``post_feedforward_layernorm`` normalise each sub-block's output before the residual add."""
+    qk_norm_whole: bool = False
+    """OLMo 2 / 3: ``q_norm`` / ``k_norm`` are RMSNorms over the whole q (``H * D``) and k (``KV * D``) projections,
+    before the split into heads (Qwen3's normalise each head)."""
+    norm_scale_fp32: bool = False
+    """OLMo 2 / 3, gpt-oss: an RMSNorm's weight multiplies the fp32 normalised value and the product is cast (Llama
+    casts first); the same in fp32."""
+    attention_sinks: bool = False
+    """gpt-oss: one learned logit per head (``self_attn.sinks``) joins every query's softmax and is dropped after."""
 
 
 GEMMA = Architecture(qk_norm=False, gemma_norms=True)
@@ -71,6 +91,10 @@ ARCHITECTURES: dict[str, Architecture] = {
     "qwen2_vl": Architecture(),  # Qwen2's layer, M-RoPE
     "qwen2_5_vl": Architecture(),
     "qwen3_vl": Architecture(qk_norm=True),  # Qwen3's layer, interleaved M-RoPE, deepstack features
+    # issue 58: OLMo 2 / 3 (post-norm, whole-projection q / k norms; OLMo 3: sliding layers) and gpt-oss.
+    "olmo2": Architecture(pre_norms=False, qk_norm_whole=True, norm_scale_fp32=True),
+    "olmo3": Architecture(pre_norms=False, qk_norm_whole=True, norm_scale_fp32=True, rope_per_layer_type=True),
+    "gpt_oss": Architecture(norm_scale_fp32=True, attention_sinks=True, moe_renormalize="top_k_logits"),
 }
 
 

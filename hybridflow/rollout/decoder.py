@@ -73,11 +73,14 @@ class LlamaFamilyDecoder:
         self.rope_kinds = list(config.layer_types) if self.architecture.rope_per_layer_type else [None] * len(
             self.windows)
         """The key of each layer's rotary table (Gemma 3: its layer type; else one table for all)."""
-        self.rotary = RotaryTables(self.text_model.rotary_emb, self.rope_kinds, like=lambda: self.embed)
+        self.rotary = RotaryTables(self.text_model.rotary_emb, self.rope_kinds, like=lambda: self.embed,
+                                   head_dim=self.head_dim)
         scale = getattr(self.text_model.embed_tokens, "embed_scale", None)
         self.embed_scale = None if scale is None else scale.to(self.text_model.embed_tokens.weight.dtype)
         """Gemma: the embeddings' ``sqrt(hidden)`` scale in their dtype; a constant, built once (CUDA graphs read it)."""
-        self.triton_kernels = triton_kernels_available(model, self.head_dim)
+        self.sinks = self.architecture.attention_sinks
+        """gpt-oss: attention sinks, which the decode kernels (C, Triton) do not add: its decode runs torch ops."""
+        self.triton_kernels = triton_kernels_available(model, self.head_dim) and not self.sinks
         """Whether the graph-safe decode step runs as Triton kernels (CUDA; :meth:`_decode_fused`) rather than
         torch ops and SDPA."""
         weight = next(model.parameters())
@@ -85,7 +88,7 @@ class LlamaFamilyDecoder:
                                and self.plain_attention())
         """Whether prefill attention is one varlen FlashAttention call a layer (CUDA, half precision)."""
         self.varlen_prefill_checked = False
-        self.paged_cpu_attention = weight.device.type == "cpu" and cpu_attention.supports(
+        self.paged_cpu_attention = weight.device.type == "cpu" and not self.sinks and cpu_attention.supports(
             dtype=weight.dtype, heads=self.num_heads, kv_heads=self.kv_heads, head_dim=self.head_dim)
         """Whether a CPU decode step's attention reads the pool through the block tables (:mod:`~.cpu_attention`)."""
         self.fused_cpu_decode = self.paged_cpu_attention
@@ -104,7 +107,7 @@ class LlamaFamilyDecoder:
 
     def plain_attention(self) -> bool:
         """Causal attention over every earlier key, uncapped (what the varlen and Triton kernels compute)."""
-        return self.attn_softcap is None and all(window is None for window in self.windows)
+        return self.attn_softcap is None and not self.sinks and all(window is None for window in self.windows)
 
     @property
     def num_layers(self) -> int:
@@ -147,13 +150,18 @@ class LlamaFamilyDecoder:
         """The rotary tables now (CUDA graphs hold this dict and see a new one as stale)."""
         return self.rotary.tables
 
-    def _rms_norm(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    def _rms_norm(self, hidden: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
         """``w * x / sqrt(mean(x^2) + eps)`` in fp32 (Llama casts before the scaling; Gemma scales by ``1 + w``
-        in fp32 and casts after)."""
+        in fp32 and casts after; OLMo and gpt-oss scale by ``w`` in fp32 and cast after); no weight: OLMo's
+        missing pre-norm, ``hidden`` as it is."""
+        if weight is None:
+            return hidden
         x = hidden.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         if self.architecture.gemma_norms:
             return (x * (1.0 + weight.float())).to(hidden.dtype)
+        if self.architecture.norm_scale_fp32:
+            return (weight * x).to(hidden.dtype)
         return weight * x.to(hidden.dtype)
 
     def _embed(self, token_ids: torch.Tensor) -> torch.Tensor:
@@ -193,7 +201,7 @@ class LlamaFamilyDecoder:
     def _qkv(self, hidden: torch.Tensor, layer: LayerWeights, cos: torch.Tensor, sin: torch.Tensor):
         """``[N, hidden]`` -> rotated ``q [N, H, D]``, ``k [N, KV, D]`` and ``v [N, KV, D]``."""
         rotated_heads = self.num_heads + self.kv_heads
-        qk, v = layer.qkv(hidden).split([rotated_heads * self.head_dim, self.kv_heads * self.head_dim], dim=-1)
+        qk, v = self._qk_proj_norm(layer.qkv(hidden), layer).split([rotated_heads * self.head_dim, self.kv_heads * self.head_dim], dim=-1)
         qk = qk.view(-1, rotated_heads, self.head_dim)
         if layer.qk_norm is not None:  # Qwen3: RMSNorm over each head before the rotation
             qk = self._rms_norm(qk, layer.qk_norm)
@@ -202,6 +210,16 @@ class LlamaFamilyDecoder:
             [self.num_heads, self.kv_heads], dim=1
         )
         return q, k, v.view(-1, self.kv_heads, self.head_dim)
+
+    def _qk_proj_norm(self, qkv: torch.Tensor, layer: LayerWeights) -> torch.Tensor:
+        """OLMo 2 / 3: ``q|k|v`` ``[N, (H + 2 KV) D]`` with q and k each RMS-normalised over its whole projection
+        (before the split into heads); other architectures' ``qkv`` as it is."""
+        if layer.qk_proj_norm is None:
+            return qkv
+        q_size, k_size = self.num_heads * self.head_dim, self.kv_heads * self.head_dim
+        q, k, v = qkv.split([q_size, k_size, k_size], dim=-1)
+        q_weight, k_weight = layer.qk_proj_norm.split([q_size, k_size])
+        return torch.cat([self._rms_norm(q, q_weight), self._rms_norm(k, k_weight), v], dim=-1)
 
     @torch.no_grad()
     def prefill(self, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -321,7 +339,7 @@ class LlamaFamilyDecoder:
         (Gemma 3), and routed experts in place of the MLP (:func:`moe_mlp`, graph-safe under ``ops.graph_safe``:
         Triton's grouped experts on CUDA)."""
         gemma = self.architecture.gemma_norms
-        norm = functools.partial(ops.add_rms_norm, eps=self.eps, unit_offset=gemma)
+        norm = functools.partial(_add_norm, ops.add_rms_norm, eps=self.eps, unit_offset=gemma)
         gated = ops.gelu_tanh_mul if self.activation is _gelu_tanh else ops.silu_mul
         rope = {kind: self.rope_table(cache.max_len, kind) for kind in dict.fromkeys(self.rope_kinds)}
         lengths = positions + 1
@@ -330,7 +348,7 @@ class LlamaFamilyDecoder:
         for index, layer in enumerate(self.layers):
             keys, values = cache.layer(index)
             cos, sin = rope[self.rope_kinds[index]]
-            q = ops.qkv_rope_write(qkv=layer.qkv(normed), positions=positions, cos=cos, sin=sin,
+            q = ops.qkv_rope_write(qkv=self._qk_proj_norm(layer.qkv(normed), layer), positions=positions, cos=cos, sin=sin,
                                    qk_norm=layer.qk_norm, keys=keys, values=values, heads=self.num_heads, eps=self.eps,
                                    block_tables=block_tables, rope_positions=rope_positions, unit_offset=gemma)
             attn = ops.attention(q=q, keys=keys, values=values, lengths=lengths, scale=self.scale,
@@ -379,6 +397,11 @@ def gathered_attend(decoder: LlamaFamilyDecoder, *, positions: torch.Tensor, cac
     def attend(q, layer, window):
         keys, values = cache.span(layer, block_tables)
         # Grouped-query decode: the G = H / KV query heads of one KV head act as G queries.
+        sinks = decoder.layers[layer].sinks
+        if sinks is not None:  # gpt-oss: one query per head, over its KV head's keys (one sink logit a head)
+            out = attention(q[:, :, None], keys, values, mask=masks[window], scale=decoder.scale,
+                            softcap=decoder.attn_softcap, sinks=sinks, grouped=True)
+            return out.reshape(count, -1)
         grouped_q = q.view(count, decoder.kv_heads, decoder.num_heads // decoder.kv_heads, decoder.head_dim)
         out = attention(grouped_q, keys, values, mask=masks[window], scale=decoder.scale, softcap=decoder.attn_softcap)
         return out.reshape(count, -1)
@@ -415,6 +438,16 @@ def fused_decode_ops(device_type: str) -> FusedDecodeOps:
     return FusedDecodeOps(add_rms_norm=fused.add_rms_norm, qkv_rope_write=fused.qkv_rope_write,
                           silu_mul=fused.silu_mul, gelu_tanh_mul=fused.gelu_tanh_mul,
                           attention=paged_decode_attention, graph_safe=device_type == "cuda")
+
+
+def _add_norm(add_rms_norm: Callable, *, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor | None,
+              eps: float, unit_offset: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fused kernel's ``(normed, x + residual)``; without a weight (OLMo 2 / 3 have no norm before a sub-block)
+    the sum alone, twice."""
+    if weight is None:
+        summed = x if residual is None else x + residual
+        return summed, summed
+    return add_rms_norm(x=x, residual=residual, weight=weight, eps=eps, unit_offset=unit_offset)
 
 
 def language_model(model) -> tuple[torch.nn.Module, str]:

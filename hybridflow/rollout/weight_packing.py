@@ -25,11 +25,13 @@ logger = logging.getLogger(__name__)
 class LayerWeights:
     """One decoder layer's norms and projections; ``qkv`` maps ``hidden -> (H + 2 KV) * D``."""
 
-    input_norm: torch.Tensor
+    input_norm: torch.Tensor | None
+    """The norm before attention (None: OLMo 2 / 3 have none)."""
     qkv: PackedLinear
     o_proj: PackedLinear
-    post_norm: torch.Tensor
-    """The norm before the MLP (Llama's ``post_attention_layernorm``, Gemma's ``pre_feedforward_layernorm``)."""
+    post_norm: torch.Tensor | None
+    """The norm before the MLP (Llama's ``post_attention_layernorm``, Gemma's ``pre_feedforward_layernorm``; None:
+    OLMo 2 / 3 have none)."""
     gate_up: PackedLinear | None = None
     down: PackedLinear | None = None
     qk_norm: torch.Tensor | None = None
@@ -42,6 +44,11 @@ class LayerWeights:
     """A mixture-of-experts layer's router and experts, in place of ``gate_up`` / ``down``."""
     window: int | None = None
     """This layer's sliding attention window (None: global attention)."""
+    # issue 58 (OLMo 2 / 3, gpt-oss):
+    qk_proj_norm: torch.Tensor | None = None
+    """OLMo 2 / 3: ``[H * D + KV * D]`` RMSNorm weights over the whole q projection then the whole k projection."""
+    sinks: torch.Tensor | None = None
+    """gpt-oss: ``[H]`` the attention sinks' logits (the module's own parameter)."""
 
 
 def _cat_or_none(tensors: list[torch.Tensor | None]) -> torch.Tensor | None:
@@ -115,11 +122,17 @@ class WeightPacker:
             linears[part] = self._linear(getattr(current, part, None), weight, None if bias is None else bias.detach())
         norms = self._norms(layer)
         experts = expert_weights(layer.mlp, self.architecture.moe_renormalize) if _is_moe(layer) else None
-        return LayerWeights(qk_norm=self._qk_norm(layer.self_attn, None if current is None else current.qk_norm),
+        qk_norm = self._qk_norm(layer.self_attn, None if current is None else current.qk_norm)
+        whole = self.architecture.qk_norm_whole  # issue 58: OLMo's norms span the projections, Qwen3's each head
+        sinks = layer.self_attn.sinks.detach() if self.architecture.attention_sinks else None
+        return LayerWeights(qk_norm=None if whole else qk_norm, qk_proj_norm=qk_norm if whole else None, sinks=sinks,
                             experts=experts, window=self.windows[index], **norms, **linears)
 
     def _norms(self, layer) -> dict[str, torch.Tensor]:
         """The layer's RMSNorm weights by :class:`LayerWeights` field (Gemma's four, Llama's two)."""
+        if not self.architecture.pre_norms:  # OLMo 2 / 3: only the norms of the sub-blocks' outputs
+            return dict(input_norm=None, attn_out_norm=layer.post_attention_layernorm.weight, post_norm=None,
+                        mlp_out_norm=layer.post_feedforward_layernorm.weight)
         if self.architecture.gemma_norms:
             return dict(input_norm=layer.input_layernorm.weight, attn_out_norm=layer.post_attention_layernorm.weight,
                         post_norm=layer.pre_feedforward_layernorm.weight,
@@ -145,8 +158,11 @@ class WeightPacker:
         if getattr(attn, "q_norm", None) is None:
             return None
         with torch.no_grad():
-            stacked = torch.cat([attn.q_norm.weight.expand(self.num_heads, -1),
-                                 attn.k_norm.weight.expand(self.kv_heads, -1)])
+            if self.architecture.qk_norm_whole:  # OLMo 2 / 3: [H * D] and [KV * D], one after the other
+                stacked = torch.cat([attn.q_norm.weight, attn.k_norm.weight])
+            else:
+                stacked = torch.cat([attn.q_norm.weight.expand(self.num_heads, -1),
+                                     attn.k_norm.weight.expand(self.kv_heads, -1)])
             if current is not None and same_layout(stacked, current):
                 return current.copy_(stacked)
         self.weights_epoch += 1
@@ -186,5 +202,6 @@ class WeightPacker:
 
 
 def _is_moe(layer) -> bool:
-    """Whether an HF decoder layer's MLP is a routed mixture of experts (Mixtral, Qwen3-MoE's sparse layers)."""
-    return hasattr(layer.mlp, "experts") and hasattr(layer.mlp, "gate")
+    """Whether an HF decoder layer's MLP is a routed mixture of experts (Mixtral, Qwen3-MoE's sparse layers; gpt-oss
+    calls its router ``router``)."""
+    return hasattr(layer.mlp, "experts") and (hasattr(layer.mlp, "gate") or hasattr(layer.mlp, "router"))
