@@ -79,7 +79,7 @@ class LlamaFamilyDecoder:
         self.embed_scale = None if scale is None else scale.to(self.text_model.embed_tokens.weight.dtype)
         """Gemma: the embeddings' ``sqrt(hidden)`` scale in their dtype; a constant, built once (CUDA graphs read it)."""
         self.sinks = self.architecture.attention_sinks
-        """gpt-oss: attention sinks, which the decode kernels (C, Triton) do not add: its decode runs torch ops."""
+        """gpt-oss: attention sinks, which the C decode kernel adds and the Triton ones do not (CUDA: torch ops)."""
         self.triton_kernels = triton_kernels_available(model, self.head_dim) and not self.sinks
         """Whether the graph-safe decode step runs as Triton kernels (CUDA; :meth:`_decode_fused`) rather than
         torch ops and SDPA."""
@@ -88,7 +88,7 @@ class LlamaFamilyDecoder:
                                and self.plain_attention())
         """Whether prefill attention is one varlen FlashAttention call a layer (CUDA, half precision)."""
         self.varlen_prefill_checked = False
-        self.paged_cpu_attention = weight.device.type == "cpu" and not self.sinks and cpu_attention.supports(
+        self.paged_cpu_attention = weight.device.type == "cpu" and cpu_attention.supports(
             dtype=weight.dtype, heads=self.num_heads, kv_heads=self.kv_heads, head_dim=self.head_dim)
         """Whether a CPU decode step's attention reads the pool through the block tables (:mod:`~.cpu_attention`)."""
         self.fused_cpu_decode = self.paged_cpu_attention
@@ -351,8 +351,9 @@ class LlamaFamilyDecoder:
             q = ops.qkv_rope_write(qkv=self._qk_proj_norm(layer.qkv(normed), layer), positions=positions, cos=cos, sin=sin,
                                    qk_norm=layer.qk_norm, keys=keys, values=values, heads=self.num_heads, eps=self.eps,
                                    block_tables=block_tables, rope_positions=rope_positions, unit_offset=gemma)
+            sinks = {} if layer.sinks is None else {"sinks": layer.sinks}  # gpt-oss (the C kernel; never Triton)
             attn = ops.attention(q=q, keys=keys, values=values, lengths=lengths, scale=self.scale,
-                                 block_tables=block_tables, window=layer.window, softcap=self.attn_softcap)
+                                 block_tables=block_tables, window=layer.window, softcap=self.attn_softcap, **sinks)
             normed, hidden = norm(x=self._sub_block_out(layer.o_proj(attn.view(count, -1)), layer.attn_out_norm, norm),
                                   residual=hidden, weight=layer.post_norm)
             if layer.experts is not None:
@@ -380,7 +381,7 @@ def paged_cpu_attend(decoder: LlamaFamilyDecoder, *, positions: torch.Tensor, ca
         keys, values = cache.layer(layer)
         out = cpu_attention.paged_decode_attention(q=q, keys=keys, values=values, block_tables=block_tables,
                                                    lengths=lengths, scale=decoder.scale, window=window,
-                                                   softcap=decoder.attn_softcap)
+                                                   softcap=decoder.attn_softcap, sinks=decoder.layers[layer].sinks)
         return out.reshape(q.shape[0], -1)
 
     return attend
