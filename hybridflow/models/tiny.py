@@ -6,7 +6,7 @@ tokenizer is a genuine HF fast tokenizer: byte-level BPE trained here on a fixed
 marks assistant turns with ``{% generation %}`` (for assistant-token masks) and, given
 ``tools``, lists their names in a short system turn (multi-turn tests stay short). The
 models are randomly initialised architectures of the native engine's table (Llama, Qwen2/3, Mistral, Phi-3,
-Gemma 2/3, Mixtral, Qwen3-MoE) of a few layers, saved
+Gemma 2/3, Mixtral, Qwen3-MoE, OLMo 2/3, gpt-oss) of a few layers, saved
 exactly like a real checkpoint (config, safetensors, tokenizer files).
 """
 

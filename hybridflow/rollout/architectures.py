@@ -1,7 +1,7 @@
 """The architectures the native decoder runs: one declared table, and why a model falls outside it.
 
-Every entry is a pre-norm decoder (RMSNorm, rotary embeddings from the model's own module, grouped
-query attention, a gated MLP) and says how its HF modules map onto the decoder's fused projections
+Every entry is a decoder of RMSNorms, rotary embeddings from the model's own module, grouped query
+attention and a gated MLP (pre-norm but for OLMo) and says how its HF modules map onto the decoder's fused projections
 (``q|k|v``, ``o``, ``gate|up``, ``down``) and what it adds on top of Llama's layer:
 
 - Gemma 2 / Gemma 3 (text): RMSNorm scaling by ``1 + w``, embeddings scaled by ``sqrt(hidden)``, GeGLU

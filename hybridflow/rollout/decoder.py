@@ -10,8 +10,8 @@ RMSNorm in fp32, rotary embeddings from the model's own ``rotary_emb`` so every 
 scaling variant is honoured, SwiGLU MLP, grouped-query attention), so greedy outputs
 equal HF ``generate``; with what the table (:mod:`hybridflow.rollout.architectures`) adds per
 architecture: Gemma's ``1 + w`` norms, scaled embeddings, GeGLU, post-sub-block norms and soft-capping,
-sliding windows per layer (:mod:`hybridflow.rollout.attention_variants`), and routed experts
-(:mod:`hybridflow.rollout.moe`). Expert weights are read from the HF module (packed per expert on CPU),
+sliding windows per layer (:mod:`hybridflow.rollout.attention_variants`), routed experts
+(:mod:`hybridflow.rollout.moe`), OLMo's post-norms and whole-projection q / k norms, and gpt-oss's attention sinks. Expert weights are read from the HF module (packed per expert on CPU),
 never released with the projections. Projections that read the same input are fused (q|k|v and
 gate|up) into one matmul each, and on CPU every projection's weight is packed once for
 oneDNN (:mod:`hybridflow.rollout.packed_linear`): the fused / packed copies are the only weights decoding
@@ -53,7 +53,7 @@ def supports(model, *, max_model_len: int | None = None) -> bool:
 
 class LlamaFamilyDecoder:
     """Prefill and batched decode for an HF causal LM of the architecture table (Llama, Qwen, Mistral, Phi-3,
-    Gemma 2 / 3, Mixtral, Qwen3-MoE)."""
+    Gemma 2 / 3, Mixtral, Qwen3-MoE, OLMo 2 / 3, gpt-oss)."""
 
     def __init__(self, model):
         config = model.config.get_text_config()  # a vision-language model's language model
@@ -483,5 +483,6 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary position embedding (Su et al. 2021, "RoFormer"), HF's rotate-half layout."""
-    return x * cos + _rotate_half(x) * sin
+    """Rotary position embedding (Su et al. 2021, "RoFormer"), HF's rotate-half layout, in ``x``'s dtype (OLMo 3's
+    tables are fp32 whatever the model's dtype: rotated in fp32, then cast, as HF does)."""
+    return (x * cos + _rotate_half(x) * sin).to(x.dtype)
