@@ -11,11 +11,11 @@ scaling variant is honoured, SwiGLU MLP, grouped-query attention), so greedy out
 equal HF ``generate``; with what the table (:mod:`hybridflow.rollout.architectures`) adds per
 architecture: Gemma's ``1 + w`` norms, scaled embeddings, GeGLU, post-sub-block norms and soft-capping,
 sliding windows per layer (:mod:`hybridflow.rollout.attention_variants`), routed experts
-(:mod:`hybridflow.rollout.moe`), OLMo's post-norms and whole-projection q / k norms, and gpt-oss's attention sinks. Expert weights are read from the HF module (packed per expert on CPU),
-never released with the projections. Projections that read the same input are fused (q|k|v and
-gate|up) into one matmul each, and on CPU every projection's weight is packed once for
-oneDNN (:mod:`hybridflow.rollout.packed_linear`): the fused / packed copies are the only weights decoding
-reads, built and updated by :mod:`hybridflow.rollout.weight_packing`.
+(:mod:`hybridflow.rollout.moe`), OLMo's post-norms and whole-projection q / k norms, and gpt-oss's attention
+sinks. Expert weights are read from the HF module (packed per expert on CPU), never released with the
+projections. Projections that read the same input are fused (q|k|v and gate|up) into one matmul each, and on
+CPU every projection's weight is packed once for oneDNN (:mod:`hybridflow.rollout.packed_linear`): the fused /
+packed copies are the only weights decoding reads, built and updated by :mod:`hybridflow.rollout.weight_packing`.
 """
 
 from __future__ import annotations
@@ -201,7 +201,8 @@ class LlamaFamilyDecoder:
     def _qkv(self, hidden: torch.Tensor, layer: LayerWeights, cos: torch.Tensor, sin: torch.Tensor):
         """``[N, hidden]`` -> rotated ``q [N, H, D]``, ``k [N, KV, D]`` and ``v [N, KV, D]``."""
         rotated_heads = self.num_heads + self.kv_heads
-        qk, v = self._qk_proj_norm(layer.qkv(hidden), layer).split([rotated_heads * self.head_dim, self.kv_heads * self.head_dim], dim=-1)
+        qkv = self._qk_proj_norm(layer.qkv(hidden), layer)
+        qk, v = qkv.split([rotated_heads * self.head_dim, self.kv_heads * self.head_dim], dim=-1)
         qk = qk.view(-1, rotated_heads, self.head_dim)
         if layer.qk_norm is not None:  # Qwen3: RMSNorm over each head before the rotation
             qk = self._rms_norm(qk, layer.qk_norm)
@@ -348,7 +349,8 @@ class LlamaFamilyDecoder:
         for index, layer in enumerate(self.layers):
             keys, values = cache.layer(index)
             cos, sin = rope[self.rope_kinds[index]]
-            q = ops.qkv_rope_write(qkv=self._qk_proj_norm(layer.qkv(normed), layer), positions=positions, cos=cos, sin=sin,
+            qkv = self._qk_proj_norm(layer.qkv(normed), layer)
+            q = ops.qkv_rope_write(qkv=qkv, positions=positions, cos=cos, sin=sin,
                                    qk_norm=layer.qk_norm, keys=keys, values=values, heads=self.num_heads, eps=self.eps,
                                    block_tables=block_tables, rope_positions=rope_positions, unit_offset=gemma)
             sinks = {} if layer.sinks is None else {"sinks": layer.sinks}  # gpt-oss (the C kernel; never Triton)

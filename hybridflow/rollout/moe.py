@@ -69,7 +69,8 @@ class ExpertWeights:
     CUDA with Triton installed. Tests set it on CPU to run the kernels through Triton's interpreter."""
 
     def __post_init__(self):
-        self.gate_up_linears = [PackedLinear(weight, _row(self.gate_up_bias, e)) for e, weight in enumerate(self.gate_up)]
+        self.gate_up_linears = [PackedLinear(weight, _row(self.gate_up_bias, e))
+                                for e, weight in enumerate(self.gate_up)]
         self.down_linears = [PackedLinear(weight, _row(self.down_bias, e)) for e, weight in enumerate(self.down)]
         self.triton_grouped = self.gate_up.device.type == "cuda" and package_installed("triton")
 
