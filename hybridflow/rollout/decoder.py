@@ -151,18 +151,7 @@ class LlamaFamilyDecoder:
         return self.rotary.tables
 
     def _rms_norm(self, hidden: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
-        """``w * x / sqrt(mean(x^2) + eps)`` in fp32 (Llama casts before the scaling; Gemma scales by ``1 + w``
-        in fp32 and casts after; OLMo and gpt-oss scale by ``w`` in fp32 and cast after); no weight: OLMo's
-        missing pre-norm, ``hidden`` as it is."""
-        if weight is None:
-            return hidden
-        x = hidden.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        if self.architecture.gemma_norms:
-            return (x * (1.0 + weight.float())).to(hidden.dtype)
-        if self.architecture.norm_scale_fp32:
-            return (weight * x).to(hidden.dtype)
-        return weight * x.to(hidden.dtype)
+        return rms_norm(hidden, weight, eps=self.eps, architecture=self.architecture)
 
     def _embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         hidden = F.embedding(token_ids, self.embed)
@@ -201,7 +190,7 @@ class LlamaFamilyDecoder:
     def _qkv(self, hidden: torch.Tensor, layer: LayerWeights, cos: torch.Tensor, sin: torch.Tensor):
         """``[N, hidden]`` -> rotated ``q [N, H, D]``, ``k [N, KV, D]`` and ``v [N, KV, D]``."""
         rotated_heads = self.num_heads + self.kv_heads
-        qkv = self._qk_proj_norm(layer.qkv(hidden), layer)
+        qkv = qk_projection_norm(self, layer.qkv(hidden), layer)
         qk, v = qkv.split([rotated_heads * self.head_dim, self.kv_heads * self.head_dim], dim=-1)
         qk = qk.view(-1, rotated_heads, self.head_dim)
         if layer.qk_norm is not None:  # Qwen3: RMSNorm over each head before the rotation
@@ -211,16 +200,6 @@ class LlamaFamilyDecoder:
             [self.num_heads, self.kv_heads], dim=1
         )
         return q, k, v.view(-1, self.kv_heads, self.head_dim)
-
-    def _qk_proj_norm(self, qkv: torch.Tensor, layer: LayerWeights) -> torch.Tensor:
-        """OLMo 2 / 3: ``q|k|v`` ``[N, (H + 2 KV) D]`` with q and k each RMS-normalised over its whole projection
-        (before the split into heads); other architectures' ``qkv`` as it is."""
-        if layer.qk_proj_norm is None:
-            return qkv
-        q_size, k_size = self.num_heads * self.head_dim, self.kv_heads * self.head_dim
-        q, k, v = qkv.split([q_size, k_size, k_size], dim=-1)
-        q_weight, k_weight = layer.qk_proj_norm.split([q_size, k_size])
-        return torch.cat([self._rms_norm(q, q_weight), self._rms_norm(k, k_weight), v], dim=-1)
 
     @torch.no_grad()
     def prefill(self, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -349,7 +328,7 @@ class LlamaFamilyDecoder:
         for index, layer in enumerate(self.layers):
             keys, values = cache.layer(index)
             cos, sin = rope[self.rope_kinds[index]]
-            qkv = self._qk_proj_norm(layer.qkv(normed), layer)
+            qkv = qk_projection_norm(self, layer.qkv(normed), layer)
             q = ops.qkv_rope_write(qkv=qkv, positions=positions, cos=cos, sin=sin,
                                    qk_norm=layer.qk_norm, keys=keys, values=values, heads=self.num_heads, eps=self.eps,
                                    block_tables=block_tables, rope_positions=rope_positions, unit_offset=gemma)
@@ -441,6 +420,32 @@ def fused_decode_ops(device_type: str) -> FusedDecodeOps:
     return FusedDecodeOps(add_rms_norm=fused.add_rms_norm, qkv_rope_write=fused.qkv_rope_write,
                           silu_mul=fused.silu_mul, gelu_tanh_mul=fused.gelu_tanh_mul,
                           attention=paged_decode_attention, graph_safe=device_type == "cuda")
+
+
+def rms_norm(hidden: torch.Tensor, weight: torch.Tensor | None, *, eps: float, architecture) -> torch.Tensor:
+    """``w * x / sqrt(mean(x^2) + eps)`` in fp32 (Llama casts before the scaling; Gemma scales by ``1 + w``
+    in fp32 and casts after; OLMo and gpt-oss scale by ``w`` in fp32 and cast after); no weight: OLMo's
+    missing pre-norm, ``hidden`` as it is."""
+    if weight is None:
+        return hidden
+    x = hidden.float()
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    if architecture.gemma_norms:
+        return (x * (1.0 + weight.float())).to(hidden.dtype)
+    if architecture.norm_scale_fp32:
+        return (weight * x).to(hidden.dtype)
+    return weight * x.to(hidden.dtype)
+
+
+def qk_projection_norm(decoder: LlamaFamilyDecoder, qkv: torch.Tensor, layer: LayerWeights) -> torch.Tensor:
+    """OLMo 2 / 3: ``q|k|v`` ``[N, (H + 2 KV) D]`` with q and k each RMS-normalised over its whole projection
+    (before the split into heads); other architectures' ``qkv`` as it is."""
+    if layer.qk_proj_norm is None:
+        return qkv
+    q_size, k_size = decoder.num_heads * decoder.head_dim, decoder.kv_heads * decoder.head_dim
+    q, k, v = qkv.split([q_size, k_size, k_size], dim=-1)
+    q_weight, k_weight = layer.qk_proj_norm.split([q_size, k_size])
+    return torch.cat([decoder._rms_norm(q, q_weight), decoder._rms_norm(k, k_weight), v], dim=-1)
 
 
 def _add_norm(add_rms_norm: Callable, *, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor | None,
