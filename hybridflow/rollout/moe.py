@@ -131,7 +131,8 @@ def moe_mlp(hidden: torch.Tensor, experts: ExpertWeights, activation: Callable, 
     """The routed MLP of ``hidden`` ``[N, hidden]`` -> ``[N, hidden]``; ``graph_safe``: static shapes, no host
     values (the Triton grouped GEMMs for SwiGLU experts where :attr:`ExpertWeights.triton_grouped`)."""
     weights, ids = route(hidden, experts)
-    if graph_safe and experts.triton_grouped and activation is F.silu and experts.gated is None:
+    plain_swiglu = activation is F.silu and experts.gated is None and experts.gate_up_bias is None
+    if graph_safe and experts.triton_grouped and plain_swiglu:
         from hybridflow.rollout.triton_moe import grouped_swiglu_experts  # Triton only where it runs
 
         return grouped_swiglu_experts(hidden, weights, ids, experts.gate_up, experts.down)

@@ -122,8 +122,9 @@ class WeightPacker:
             linears[part] = self._linear(getattr(current, part, None), weight, None if bias is None else bias.detach())
         norms = self._norms(layer)
         experts = expert_weights(layer.mlp, self.architecture.moe_renormalize) if _is_moe(layer) else None
-        qk_norm = self._qk_norm(layer.self_attn, None if current is None else current.qk_norm)
         whole = self.architecture.qk_norm_whole  # issue 58: OLMo's norms span the projections, Qwen3's each head
+        held = None if current is None else current.qk_proj_norm if whole else current.qk_norm
+        qk_norm = self._qk_norm(layer.self_attn, held)
         sinks = layer.self_attn.sinks.detach() if self.architecture.attention_sinks else None
         return LayerWeights(qk_norm=None if whole else qk_norm, qk_proj_norm=qk_norm if whole else None, sinks=sinks,
                             experts=experts, window=self.windows[index], **norms, **linears)

@@ -141,3 +141,24 @@ def test_an_owning_engine_takes_new_weights(tiny_tokenizer, arch, kernel_path):
     assert [c.token_ids for c in owned.generate(prompts, params)] == expected
     logits, _ = owned.decoder.prefill(torch.tensor(prompts[0]))
     torch.testing.assert_close(logits, trained(torch.tensor([prompts[0]])).logits[0, -1], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["olmo2", "gpt_oss"])
+def test_a_weight_sync_writes_into_the_decoders_own_tensors(tiny_tokenizer, arch, monkeypatch):
+    """Unpacked (the CUDA path), a sync writes OLMo's whole-projection q / k norms and gpt-oss's sinks in place: no
+    tensor is replaced and the epoch stays (captured CUDA graphs keep reading the right memory)."""
+    from hybridflow.rollout.packed_linear import PORTABLE_KERNELS_ENV
+
+    monkeypatch.setenv(PORTABLE_KERNELS_ENV, "1")
+    model, tokenizer = build_tiny_model(arch, seed=1, tokenizer=tiny_tokenizer)
+    other, _ = build_tiny_model(arch, seed=4, tokenizer=tiny_tokenizer)
+    randomise_norms(other)
+    decoder = NativeEngine(model, tokenizer).decoder
+    tensors = [t for layer in decoder.layers for t in (layer.qkv.weight, layer.qk_proj_norm, layer.sinks)
+               if t is not None]
+    pointers, epoch = [t.data_ptr() for t in tensors], decoder.weights_epoch
+    decoder.load_weights(other.state_dict().items())
+    assert [t.data_ptr() for t in tensors] == pointers and decoder.weights_epoch == epoch
+    logits, _ = decoder.prefill(torch.tensor(chat_prompts(tokenizer)[0]))
+    torch.testing.assert_close(logits, other(torch.tensor([chat_prompts(tokenizer)[0]])).logits[0, -1],
+                               rtol=1e-5, atol=1e-5)
