@@ -84,6 +84,14 @@ SHAPES.update({  # the architectures issue 36 added; windows of 32 so that they 
     "tiny-qwen3-moe": dict(model_type="qwen3_moe", head_dim=32, num_experts=8, num_experts_per_tok=2,
                            moe_intermediate_size=352, norm_topk_prob=True, tie_word_embeddings=True, **_TINY),
 })
+SHAPES.update({  # issue 58: OLMo 2 / 3 and gpt-oss (windows of 32, as above; gpt-oss's YaRN over 32 x 4096 positions)
+    "tiny-olmo2": dict(model_type="olmo2", tie_word_embeddings=False, **_TINY),
+    "tiny-olmo3": dict(model_type="olmo3", sliding_window=32, tie_word_embeddings=False,
+                       layer_types=["sliding_attention"] * 3 + ["full_attention"], **_TINY),
+    "tiny-gpt-oss": dict(model_type="gpt_oss", head_dim=32, num_local_experts=8, num_experts_per_tok=2,
+                         sliding_window=32, layer_types=["sliding_attention", "full_attention"] * 2,
+                         tie_word_embeddings=False, **{**_TINY, "max_position_embeddings": 131072}),
+})
 
 
 def random_model(shape: str, *, dtype: str = "bfloat16", device: str = "cuda", seed: int = 0):

@@ -2,7 +2,7 @@
 
     hybridflow config show [--trainer ppo|sft|spin|sppo] [--doc] [--config-path D --config-name N] [key=value ...]
     hybridflow config dump ppo|sft|spin|sppo [-o FILE]
-    hybridflow models tiny DIR [--arch llama|qwen2|qwen3|mistral|phi3|gemma2|gemma3_text|mixtral|qwen3_moe|qwen2_5_vl|qwen2_vl|qwen3_vl] [--seed S]
+    hybridflow models tiny DIR [--arch llama|qwen2|qwen3|mistral|phi3|gemma2|gemma3_text|mixtral|qwen3_moe|olmo2|olmo3|gpt_oss|qwen2_5_vl|qwen2_vl|qwen3_vl] [--seed S]
     hybridflow models fetch [smollm2-135m-instruct | gemma3-270m]
     hybridflow preprocess gsm8k|reasoning_gym [script args ...]
     hybridflow ppo [--config-path D --config-name N] key=value ...     (= python -m hybridflow.trainer.main_ppo)

@@ -6,7 +6,7 @@ tokenizer is a genuine HF fast tokenizer: byte-level BPE trained here on a fixed
 marks assistant turns with ``{% generation %}`` (for assistant-token masks) and, given
 ``tools``, lists their names in a short system turn (multi-turn tests stay short). The
 models are randomly initialised architectures of the native engine's table (Llama, Qwen2/3, Mistral, Phi-3,
-Gemma 2/3, Mixtral, Qwen3-MoE) of a few layers, saved
+Gemma 2/3, Mixtral, Qwen3-MoE, OLMo 2/3, gpt-oss) of a few layers, saved
 exactly like a real checkpoint (config, safetensors, tokenizer files).
 """
 
@@ -76,7 +76,8 @@ def build_tiny_tokenizer(vocab_size: int = 512):
     return fast
 
 
-TINY_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "phi3", "gemma2", "gemma3_text", "mixtral", "qwen3_moe")
+TINY_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "phi3", "gemma2", "gemma3_text", "mixtral", "qwen3_moe",
+                      "olmo2", "olmo3", "gpt_oss")  # issue 58: olmo2, olmo3, gpt_oss
 """Every architecture :func:`tiny_config` builds (the native engine's table, one each)."""
 
 TINY_WINDOW = 8
@@ -119,6 +120,16 @@ def tiny_config(arch: str = "llama", vocab_size: int = 512, **overrides):
         "mixtral": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2)),
         "qwen3_moe": ("Qwen3MoeConfig", dict(head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
                                              mlp_only_layers=[1], norm_topk_prob=False)),
+        # issue 58: OLMo 2 / 3 (OLMo 3: a local layer then a global one, each with its rotary base), gpt-oss (a
+        # local layer then a global one, YaRN over 32 x 4096 positions, a SwiGLU clamp that bites at these sizes)
+        "olmo2": ("Olmo2Config", {}),
+        "olmo3": ("Olmo3Config", dict(layer_types=["sliding_attention", "full_attention"], sliding_window=TINY_WINDOW,
+                                      rope_parameters={
+                                          "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+                                          "full_attention": {"rope_type": "default", "rope_theta": 10000.0}})),
+        "gpt_oss": ("GptOssConfig", dict(head_dim=16, num_local_experts=4, num_experts_per_tok=2, intermediate_size=64,
+                                         max_position_embeddings=131072, sliding_window=TINY_WINDOW, swiglu_limit=0.2,
+                                         layer_types=["sliding_attention", "full_attention"])),
     }
     if arch not in extra:
         raise ValueError(f"unknown tiny architecture {arch!r}; choose one of {', '.join(TINY_ARCHITECTURES)}")
@@ -142,9 +153,24 @@ def build_tiny_model(arch: str = "llama", seed: int = 0, tokenizer=None, **overr
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        if arch == "gpt_oss":
+            _show_sinks_and_biases(model)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model, tokenizer
+
+
+def _show_sinks_and_biases(model) -> None:
+    """gpt-oss: HF starts the sinks at std 0.02 and every bias at 0, which would hide a path that drops them; draw
+    the sinks with std 1 and the biases with std 0.1 (issue 58)."""
+    import torch
+
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith("sinks"):
+                parameter.normal_(0.0, 1.0)
+            elif name.endswith("bias"):
+                parameter.normal_(0.0, 0.1)
 
 
 def save_tiny_model(path: str, arch: str = "llama", seed: int = 0, **overrides) -> str:

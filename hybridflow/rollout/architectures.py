@@ -1,7 +1,7 @@
 """The architectures the native decoder runs: one declared table, and why a model falls outside it.
 
-Every entry is a pre-norm decoder (RMSNorm, rotary embeddings from the model's own module, grouped
-query attention, a gated MLP) and says how its HF modules map onto the decoder's fused projections
+Every entry is a decoder of RMSNorms, rotary embeddings from the model's own module, grouped query
+attention and a gated MLP (pre-norm but for OLMo) and says how its HF modules map onto the decoder's fused projections
 (``q|k|v``, ``o``, ``gate|up``, ``down``) and what it adds on top of Llama's layer:
 
 - Gemma 2 / Gemma 3 (text): RMSNorm scaling by ``1 + w``, embeddings scaled by ``sqrt(hidden)``, GeGLU
@@ -16,6 +16,12 @@ query attention, a gated MLP) and says how its HF modules map onto the decoder's
 - GLM-4.5: partial rotary, optional q / k norms, and DeepSeek-V3's mixture of experts (:mod:`grouped_moe`).
 - Qwen2-VL / Qwen2.5-VL / Qwen3-VL: the language model of a vision-language model (Qwen2's / Qwen3's layer) with
   M-RoPE positions and the vision tower's output in the prefill (:mod:`hybridflow.rollout.vision_prefill`).
+- OLMo 2 / OLMo 3 (issue 58): no norm before a sub-block, a norm of each sub-block's output before the residual
+  add, q / k RMSNorms over the whole projections (before the split into heads); OLMo 3 adds sliding-window layers
+  (``config.layer_types``) with a rotary base per layer type.
+- gpt-oss (issue 58): attention sinks (a learned logit per head in every softmax), alternating sliding / full
+  layers, q/k/v/o biases, YaRN rotary tables of half the head size, and its mixture of experts (router with a
+  bias, softmax over the k selected logits, experts with biases and the clamped SwiGLU, :mod:`moe`).
 
 A model whose type is here but whose config asks for something the decoder does not compute is refused
 by :func:`unsupported_reason`, and ``build_engine("native", ...)`` then runs it through HF ``generate``
@@ -54,13 +60,27 @@ class Architecture:
     """Gemma 3: the rotary module takes the layer type (sliding layers rotate with their own base)."""
     moe_renormalize: str | None = None
     """Mixture of experts: ``"always"`` (Mixtral: the top-k routing weights are renormalised to sum to 1) or
-    ``"norm_topk_prob"`` (Qwen3-MoE: only where the config says so); None for a dense MLP."""
-    # Issue 58 (DeepSeek-V3 / GLM-4.5): the fields below.
+    ``"norm_topk_prob"`` (Qwen3-MoE: only where the config says so), ``"top_k_logits"`` (gpt-oss: the softmax runs
+    over the k selected logits of a router with a bias; experts with biases and the clamped SwiGLU); None for a
+    dense MLP."""
+    # Issue 58 (DeepSeek-V3 / GLM-4.5):
     attention: str = "gqa"
     """``"gqa"``: the decoder's grouped-query attention over keys and values; ``"mla"``: DeepSeek's multi-head latent
     attention over a cache of compressed latents (:mod:`hybridflow.rollout.mla`, its own decoder)."""
     partial_rotary: bool = False
     """GLM-4.5: the rotary embedding turns only the first ``partial_rotary_factor`` of each head's dimensions."""
+    # issue 58 (OLMo 2 / 3, gpt-oss):
+    pre_norms: bool = True
+    """False: OLMo 2 / 3 normalise nothing before attention or the MLP; their ``post_attention_layernorm`` /
+    ``post_feedforward_layernorm`` normalise each sub-block's output before the residual add."""
+    qk_norm_whole: bool = False
+    """OLMo 2 / 3: ``q_norm`` / ``k_norm`` are RMSNorms over the whole q (``H * D``) and k (``KV * D``) projections,
+    before the split into heads (Qwen3's normalise each head)."""
+    norm_scale_fp32: bool = False
+    """OLMo 2 / 3, gpt-oss: an RMSNorm's weight multiplies the fp32 normalised value and the product is cast (Llama
+    casts first); the same in fp32."""
+    attention_sinks: bool = False
+    """gpt-oss: one learned logit per head (``self_attn.sinks``) joins every query's softmax and is dropped after."""
 
 
 GEMMA = Architecture(qk_norm=False, gemma_norms=True)
@@ -86,6 +106,10 @@ ARCHITECTURES: dict[str, Architecture] = {
     # GLM-4.5 / 4.6 / 4.7 (glm4_moe): Llama's attention (q/k/v biases, optional q / k norms) with partial rotary, and
     # DeepSeek-V3's routing and shared experts after dense first layers (:mod:`~.grouped_moe`).
     "glm4_moe": Architecture(partial_rotary=True),
+    # issue 58: OLMo 2 / 3 (post-norm, whole-projection q / k norms; OLMo 3: sliding layers) and gpt-oss.
+    "olmo2": Architecture(pre_norms=False, qk_norm_whole=True, norm_scale_fp32=True),
+    "olmo3": Architecture(pre_norms=False, qk_norm_whole=True, norm_scale_fp32=True, rope_per_layer_type=True),
+    "gpt_oss": Architecture(norm_scale_fp32=True, attention_sinks=True, moe_renormalize="top_k_logits"),
 }
 
 

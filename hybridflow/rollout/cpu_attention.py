@@ -34,9 +34,10 @@ def supports(*, dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int) ->
 
 def paged_decode_attention(*, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, block_tables: torch.Tensor,
                            lengths: torch.Tensor, scale: float, window: int | None,
-                           softcap: float | None = None) -> torch.Tensor:
+                           softcap: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """``softmax(cap(scale q k^T)) v`` of each row over its first ``lengths[n]`` positions (the last ``window`` of
-    them with a window), ``cap(s) = c tanh(s / c)`` with a ``softcap`` ``c`` (Gemma 2), else ``s``.
+    them with a window), ``cap(s) = c tanh(s / c)`` with a ``softcap`` ``c`` (Gemma 2), else ``s``; ``sinks`` ``[H]``
+    (gpt-oss): one more logit per head in the softmax, dropped after it.
 
     Args:
         q: ``[N, H, D]`` fp32 queries.
@@ -53,10 +54,15 @@ def paged_decode_attention(*, q: torch.Tensor, keys: torch.Tensor, values: torch
     if block_tables.stride(1) != 1 or block_tables.dtype != torch.int32:
         block_tables = block_tables.to(torch.int32).contiguous()
     out = torch.empty_like(q)
+    if sinks is not None:
+        sinks = sinks.to(torch.float32).contiguous()
+        if sinks.shape != (heads,):
+            raise ValueError(f"paged decode attention: sinks of shape {tuple(sinks.shape)}, expected ({heads},)")
     failed = library().paged_decode_attention_f32(
         q.data_ptr(), keys.data_ptr(), values.data_ptr(), block_tables.data_ptr(), block_tables.stride(0),
         lengths.data_ptr(), out.data_ptr(), rows, heads, kv_heads, head_dim, blocks, block_size,
-        block_tables.shape[1] * block_size, scale, softcap or 0.0, window or 0, torch.get_num_threads())
+        block_tables.shape[1] * block_size, scale, softcap or 0.0, None if sinks is None else sinks.data_ptr(),
+        window or 0, torch.get_num_threads())
     if failed:
         raise RuntimeError(f"paged decode attention refused its inputs (heads {heads}, KV heads {kv_heads}, head dim "
                            f"{head_dim}, longest row {int(lengths.max())} of {block_tables.shape[1] * block_size})")

@@ -52,7 +52,7 @@ FORCE_FALLBACK = "HYBRIDFLOW_CPU_KERNELS"
 _POINTER, _SIZE = ctypes.c_void_p, ctypes.c_int64
 SIGNATURES = {
     "paged_decode_attention_f32": [_POINTER] * 4 + [_SIZE] + [_POINTER] * 2 + [_SIZE] * 7
-    + [ctypes.c_float] * 2 + [_SIZE, ctypes.c_int],
+    + [ctypes.c_float] * 2 + [_POINTER, _SIZE, ctypes.c_int],
     "add_rms_norm_f32": [_POINTER] * 5 + [_SIZE] * 2 + [ctypes.c_float, ctypes.c_int],
     "qkv_rope_write_f32": [_POINTER] * 9 + [_SIZE] * 2 + [_POINTER] + [_SIZE] * 6 + [ctypes.c_float, ctypes.c_int],
     "silu_mul_f32": [_POINTER] * 2 + [_SIZE] * 2,

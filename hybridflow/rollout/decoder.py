@@ -10,12 +10,12 @@ RMSNorm in fp32, rotary embeddings from the model's own ``rotary_emb`` so every 
 scaling variant is honoured, SwiGLU MLP, grouped-query attention), so greedy outputs
 equal HF ``generate``; with what the table (:mod:`hybridflow.rollout.architectures`) adds per
 architecture: Gemma's ``1 + w`` norms, scaled embeddings, GeGLU, post-sub-block norms and soft-capping,
-sliding windows per layer (:mod:`hybridflow.rollout.attention_variants`), and routed experts
-(:mod:`hybridflow.rollout.moe`). Expert weights are read from the HF module (packed per expert on CPU),
-never released with the projections. Projections that read the same input are fused (q|k|v and
-gate|up) into one matmul each, and on CPU every projection's weight is packed once for
-oneDNN (:mod:`hybridflow.rollout.packed_linear`): the fused / packed copies are the only weights decoding
-reads, built and updated by :mod:`hybridflow.rollout.weight_packing`.
+sliding windows per layer (:mod:`hybridflow.rollout.attention_variants`), routed experts
+(:mod:`hybridflow.rollout.moe`), OLMo's post-norms and whole-projection q / k norms, and gpt-oss's attention
+sinks. Expert weights are read from the HF module (packed per expert on CPU), never released with the
+projections. Projections that read the same input are fused (q|k|v and gate|up) into one matmul each, and on
+CPU every projection's weight is packed once for oneDNN (:mod:`hybridflow.rollout.packed_linear`): the fused /
+packed copies are the only weights decoding reads, built and updated by :mod:`hybridflow.rollout.weight_packing`.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def supports(model, *, max_model_len: int | None = None) -> bool:
 
 class LlamaFamilyDecoder:
     """Prefill and batched decode for an HF causal LM of the architecture table (Llama, Qwen, Mistral, Phi-3,
-    Gemma 2 / 3, Mixtral, Qwen3-MoE)."""
+    Gemma 2 / 3, Mixtral, Qwen3-MoE, OLMo 2 / 3, gpt-oss)."""
 
     kv_parts = 2
     """The paged cache holds keys and values (:class:`~hybridflow.rollout.kv_cache.PagedKVCache`'s parts)."""
@@ -77,13 +77,17 @@ class LlamaFamilyDecoder:
         self.rope_kinds = list(config.layer_types) if self.architecture.rope_per_layer_type else [None] * len(
             self.windows)
         """The key of each layer's rotary table (Gemma 3: its layer type; else one table for all)."""
-        self.rotary = RotaryTables(self.text_model.rotary_emb, self.rope_kinds, like=lambda: self.embed)
+        self.rotary = RotaryTables(self.text_model.rotary_emb, self.rope_kinds, like=lambda: self.embed,
+                                   head_dim=None if self.architecture.partial_rotary else self.head_dim)
         scale = getattr(self.text_model.embed_tokens, "embed_scale", None)
         self.embed_scale = None if scale is None else scale.to(self.text_model.embed_tokens.weight.dtype)
         """Gemma: the embeddings' ``sqrt(hidden)`` scale in their dtype; a constant, built once (CUDA graphs read it)."""
         self.rotary_dim = rotary_dim(self.text_model.rotary_emb, self.head_dim, self.architecture.partial_rotary)
         """The dimensions of a head the rotary embedding turns (GLM-4.5: a part; the rest pass as they are)."""
-        self.triton_kernels = triton_kernels_available(model, self.head_dim) and self.rotary_dim == self.head_dim
+        self.sinks = self.architecture.attention_sinks
+        """gpt-oss: attention sinks, which the C decode kernel adds and the Triton ones do not (CUDA: torch ops)."""
+        self.triton_kernels = (triton_kernels_available(model, self.head_dim) and self.rotary_dim == self.head_dim
+                               and not self.sinks)
         """Whether the graph-safe decode step runs as Triton kernels (CUDA; :meth:`_decode_fused`) rather than
         torch ops and SDPA."""
         weight = next(model.parameters())
@@ -110,7 +114,7 @@ class LlamaFamilyDecoder:
 
     def plain_attention(self) -> bool:
         """Causal attention over every earlier key, uncapped (what the varlen and Triton kernels compute)."""
-        return self.attn_softcap is None and all(window is None for window in self.windows)
+        return self.attn_softcap is None and not self.sinks and all(window is None for window in self.windows)
 
     @property
     def num_layers(self) -> int:
@@ -153,14 +157,8 @@ class LlamaFamilyDecoder:
         """The rotary tables now (CUDA graphs hold this dict and see a new one as stale)."""
         return self.rotary.tables
 
-    def _rms_norm(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """``w * x / sqrt(mean(x^2) + eps)`` in fp32 (Llama casts before the scaling; Gemma scales by ``1 + w``
-        in fp32 and casts after)."""
-        x = hidden.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        if self.architecture.gemma_norms:
-            return (x * (1.0 + weight.float())).to(hidden.dtype)
-        return weight * x.to(hidden.dtype)
+    def _rms_norm(self, hidden: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+        return rms_norm(hidden, weight, eps=self.eps, architecture=self.architecture)
 
     def _embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         hidden = F.embedding(token_ids, self.embed)
@@ -206,7 +204,8 @@ class LlamaFamilyDecoder:
     def _qkv(self, hidden: torch.Tensor, layer: LayerWeights, cos: torch.Tensor, sin: torch.Tensor):
         """``[N, hidden]`` -> rotated ``q [N, H, D]``, ``k [N, KV, D]`` and ``v [N, KV, D]``."""
         rotated_heads = self.num_heads + self.kv_heads
-        qk, v = layer.qkv(hidden).split([rotated_heads * self.head_dim, self.kv_heads * self.head_dim], dim=-1)
+        qkv = qk_projection_norm(self, layer.qkv(hidden), layer)
+        qk, v = qkv.split([rotated_heads * self.head_dim, self.kv_heads * self.head_dim], dim=-1)
         qk = qk.view(-1, rotated_heads, self.head_dim)
         if layer.qk_norm is not None:  # Qwen3: RMSNorm over each head before the rotation
             qk = self._rms_norm(qk, layer.qk_norm)
@@ -251,22 +250,9 @@ class LlamaFamilyDecoder:
                                str(error).splitlines()[0])
                 self.varlen_prefill = False
             else:
-                if self.varlen_prefill_checked or self._varlen_prefill_agrees(prompts, packed, images):
+                if self.varlen_prefill_checked or varlen_prefill_agrees(self, prompts, packed, images):
                     return packed
         return prefill_per_prompt(self, prompts, computed, images)
-
-    def _varlen_prefill_agrees(self, prompts: list[torch.Tensor], packed, images) -> bool:
-        """Once per decoder: the varlen kernel is a private aten op, so its first result is checked against
-        the per-prompt path (last-position logits within bf16 rounding); a mismatch switches it off, saying so."""
-        self.varlen_prefill_checked = True
-        reference = prefill_per_prompt(self, prompts, [None] * len(prompts), images)
-        agrees = all(torch.allclose(a.float(), b.float(), rtol=0.05, atol=0.05 * b.float().abs().max().item())
-                     for (a, _), (b, _) in zip(packed, reference))
-        if not agrees:
-            logger.warning("varlen FlashAttention prefill disagreed with the per-prompt path on its first call; "
-                           "prefilling one prompt at a time")
-        self.varlen_prefill = agrees
-        return agrees
 
     def _varlen_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: torch.Tensor,
                           longest: int) -> torch.Tensor:
@@ -334,7 +320,7 @@ class LlamaFamilyDecoder:
         (Gemma 3), and routed experts in place of the MLP (:func:`moe_mlp`, graph-safe under ``ops.graph_safe``:
         Triton's grouped experts on CUDA)."""
         gemma = self.architecture.gemma_norms
-        norm = functools.partial(ops.add_rms_norm, eps=self.eps, unit_offset=gemma)
+        norm = functools.partial(_add_norm, ops.add_rms_norm, eps=self.eps, unit_offset=gemma)
         gated = ops.gelu_tanh_mul if self.activation is _gelu_tanh else ops.silu_mul
         rope = {kind: self.rope_table(cache.max_len, kind) for kind in dict.fromkeys(self.rope_kinds)}
         lengths = positions + 1
@@ -343,26 +329,42 @@ class LlamaFamilyDecoder:
         for index, layer in enumerate(self.layers):
             keys, values = cache.layer(index)
             cos, sin = rope[self.rope_kinds[index]]
-            q = ops.qkv_rope_write(qkv=layer.qkv(normed), positions=positions, cos=cos, sin=sin,
+            qkv = qk_projection_norm(self, layer.qkv(normed), layer)
+            q = ops.qkv_rope_write(qkv=qkv, positions=positions, cos=cos, sin=sin,
                                    qk_norm=layer.qk_norm, keys=keys, values=values, heads=self.num_heads, eps=self.eps,
                                    block_tables=block_tables, rope_positions=rope_positions, unit_offset=gemma)
+            sinks = {} if layer.sinks is None else {"sinks": layer.sinks}  # gpt-oss (the C kernel; never Triton)
             attn = ops.attention(q=q, keys=keys, values=values, lengths=lengths, scale=self.scale,
-                                 block_tables=block_tables, window=layer.window, softcap=self.attn_softcap)
-            normed, hidden = norm(x=self._sub_block_out(layer.o_proj(attn.view(count, -1)), layer.attn_out_norm, norm),
+                                 block_tables=block_tables, window=layer.window, softcap=self.attn_softcap, **sinks)
+            normed, hidden = norm(x=_sub_block_out(layer.o_proj(attn.view(count, -1)), layer.attn_out_norm, norm),
                                   residual=hidden, weight=layer.post_norm)
             if layer.experts is not None or layer.grouped_moe is not None:
                 out = self._routed_mlp(normed, layer, graph_safe=ops.graph_safe)
             else:
                 out = layer.down(gated(layer.gate_up(normed)))
             following = self.layers[index + 1].input_norm if index + 1 < self.num_layers else self.final_norm
-            normed, hidden = norm(x=self._sub_block_out(out, layer.mlp_out_norm, norm), residual=hidden,
+            normed, hidden = norm(x=_sub_block_out(out, layer.mlp_out_norm, norm), residual=hidden,
                                   weight=following)
         return self._head(normed)
 
-    @staticmethod
-    def _sub_block_out(out: torch.Tensor, weight: torch.Tensor | None, norm: Callable) -> torch.Tensor:
-        """A sub-block's output ``[N, hidden]`` as it joins the residual stream: Gemma normalises it first."""
-        return out if weight is None else norm(x=out, residual=None, weight=weight)[0]
+
+def varlen_prefill_agrees(decoder: LlamaFamilyDecoder, prompts: list[torch.Tensor], packed, images) -> bool:
+    """Once per decoder: the varlen kernel is a private aten op, so its first result is checked against the
+    per-prompt path (last-position logits within bf16 rounding); a mismatch switches it off, saying so."""
+    decoder.varlen_prefill_checked = True
+    reference = prefill_per_prompt(decoder, prompts, [None] * len(prompts), images)
+    agrees = all(torch.allclose(a.float(), b.float(), rtol=0.05, atol=0.05 * b.float().abs().max().item())
+                 for (a, _), (b, _) in zip(packed, reference))
+    if not agrees:
+        logger.warning("varlen FlashAttention prefill disagreed with the per-prompt path on its first call; "
+                       "prefilling one prompt at a time")
+    decoder.varlen_prefill = agrees
+    return agrees
+
+
+def _sub_block_out(out: torch.Tensor, weight: torch.Tensor | None, norm: Callable) -> torch.Tensor:
+    """A sub-block's output ``[N, hidden]`` as it joins the residual stream: Gemma normalises it first."""
+    return out if weight is None else norm(x=out, residual=None, weight=weight)[0]
 
 
 def paged_cpu_attend(decoder: LlamaFamilyDecoder, *, positions: torch.Tensor, cache: PagedKVCache,
@@ -375,7 +377,7 @@ def paged_cpu_attend(decoder: LlamaFamilyDecoder, *, positions: torch.Tensor, ca
         keys, values = cache.layer(layer)
         out = cpu_attention.paged_decode_attention(q=q, keys=keys, values=values, block_tables=block_tables,
                                                    lengths=lengths, scale=decoder.scale, window=window,
-                                                   softcap=decoder.attn_softcap)
+                                                   softcap=decoder.attn_softcap, sinks=decoder.layers[layer].sinks)
         return out.reshape(q.shape[0], -1)
 
     return attend
@@ -392,6 +394,11 @@ def gathered_attend(decoder: LlamaFamilyDecoder, *, positions: torch.Tensor, cac
     def attend(q, layer, window):
         keys, values = cache.span(layer, block_tables)
         # Grouped-query decode: the G = H / KV query heads of one KV head act as G queries.
+        sinks = decoder.layers[layer].sinks
+        if sinks is not None:  # gpt-oss: one query per head, over its KV head's keys (one sink logit a head)
+            out = attention(q[:, :, None], keys, values, mask=masks[window], scale=decoder.scale,
+                            softcap=decoder.attn_softcap, sinks=sinks, grouped=True)
+            return out.reshape(count, -1)
         grouped_q = q.view(count, decoder.kv_heads, decoder.num_heads // decoder.kv_heads, decoder.head_dim)
         out = attention(grouped_q, keys, values, mask=masks[window], scale=decoder.scale, softcap=decoder.attn_softcap)
         return out.reshape(count, -1)
@@ -430,6 +437,42 @@ def fused_decode_ops(device_type: str) -> FusedDecodeOps:
                           attention=paged_decode_attention, graph_safe=device_type == "cuda")
 
 
+def rms_norm(hidden: torch.Tensor, weight: torch.Tensor | None, *, eps: float, architecture) -> torch.Tensor:
+    """``w * x / sqrt(mean(x^2) + eps)`` in fp32 (Llama casts before the scaling; Gemma scales by ``1 + w``
+    in fp32 and casts after; OLMo and gpt-oss scale by ``w`` in fp32 and cast after); no weight: OLMo's
+    missing pre-norm, ``hidden`` as it is."""
+    if weight is None:
+        return hidden
+    x = hidden.float()
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    if architecture.gemma_norms:
+        return (x * (1.0 + weight.float())).to(hidden.dtype)
+    if architecture.norm_scale_fp32:
+        return (weight * x).to(hidden.dtype)
+    return weight * x.to(hidden.dtype)
+
+
+def qk_projection_norm(decoder: LlamaFamilyDecoder, qkv: torch.Tensor, layer: LayerWeights) -> torch.Tensor:
+    """OLMo 2 / 3: ``q|k|v`` ``[N, (H + 2 KV) D]`` with q and k each RMS-normalised over its whole projection
+    (before the split into heads); other architectures' ``qkv`` as it is."""
+    if layer.qk_proj_norm is None:
+        return qkv
+    q_size, k_size = decoder.num_heads * decoder.head_dim, decoder.kv_heads * decoder.head_dim
+    q, k, v = qkv.split([q_size, k_size, k_size], dim=-1)
+    q_weight, k_weight = layer.qk_proj_norm.split([q_size, k_size])
+    return torch.cat([decoder._rms_norm(q, q_weight), decoder._rms_norm(k, k_weight), v], dim=-1)
+
+
+def _add_norm(add_rms_norm: Callable, *, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor | None,
+              eps: float, unit_offset: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fused kernel's ``(normed, x + residual)``; without a weight (OLMo 2 / 3 have no norm before a sub-block)
+    the sum alone, twice."""
+    if weight is None:
+        summed = x if residual is None else x + residual
+        return summed, summed
+    return add_rms_norm(x=x, residual=residual, weight=weight, eps=eps, unit_offset=unit_offset)
+
+
 def language_model(model) -> tuple[torch.nn.Module, str]:
     """The module holding the decoder layers (``embed_tokens``, ``layers``, ``norm``, ``rotary_emb``) and the HF name
     prefix of its layers: ``model.model`` / ``model.layers`` for a text model, ``model.model.language_model`` /
@@ -462,12 +505,13 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary position embedding (Su et al. 2021, "RoFormer"), HF's rotate-half layout; with tables narrower than
+    """Rotary position embedding (Su et al. 2021, "RoFormer"), HF's rotate-half layout, in ``x``'s dtype (OLMo 3's
+    tables are fp32 whatever the model's dtype: rotated in fp32, then cast, as HF does); with tables narrower than
     the head (partial rotary, GLM-4.5) on its first dimensions only."""
     turned = cos.shape[-1]
     if turned < x.shape[-1]:
         return torch.cat([_apply_rope(x[..., :turned], cos, sin), x[..., turned:]], dim=-1)
-    return x * cos + _rotate_half(x) * sin
+    return (x * cos + _rotate_half(x) * sin).to(x.dtype)
 
 
 def rotary_dim(rotary_emb, head_dim: int, partial: bool) -> int:

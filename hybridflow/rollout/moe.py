@@ -8,7 +8,9 @@ Routing, exactly as HF computes it (Jiang et al. 2024, "Mixtral of Experts"; Qwe
     y = sum_k w_k * down_e(act(gate_e(x)) * up_e(x))
 
 Qwen3-MoE casts ``w`` to the activations' dtype before the experts; Mixtral keeps it fp32 and casts the
-weighted expert output.
+weighted expert output. gpt-oss (OpenAI 2025, "gpt-oss-120b & gpt-oss-20b model card") routes by the k largest
+logits of a router with a bias, ``w = softmax(topk(x W_r^T + b_r))`` in the activations' dtype, and its experts
+have biases and a clamped SwiGLU over interleaved gate / up columns (:func:`clamped_swiglu`).
 
 The experts run grouped, never one token at a time: the ``N * k`` (token, expert) pairs are sorted by
 expert and each expert multiplies one contiguous slice of rows (:func:`grouped_experts`: one host sync
@@ -22,6 +24,7 @@ tiny CPU models, ``[N k, 2 I, hidden]`` bytes a layer, so never for a real MoE o
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -46,6 +49,18 @@ class ExpertWeights:
     renormalize: bool
     weights_in_activation_dtype: bool
     """Qwen3-MoE casts the routing weights to the activations' dtype before the experts."""
+    # issue 58 (gpt-oss):
+    router_bias: torch.Tensor | None = None
+    """``[E]`` added to the routing logits (gpt-oss)."""
+    gate_up_bias: torch.Tensor | None = None
+    """``[E, 2 I]`` each expert's gate / up bias (gpt-oss)."""
+    down_bias: torch.Tensor | None = None
+    """``[E, hidden]`` each expert's down bias (gpt-oss)."""
+    softmax_over_top_k: bool = False
+    """gpt-oss: the routing weights are the softmax of the k selected logits (in their dtype)."""
+    gated: Callable[[torch.Tensor], torch.Tensor] | None = None
+    """``[rows, 2 I]`` -> ``[rows, I]`` in place of ``act(gate) * up`` over the two halves (gpt-oss:
+    :func:`clamped_swiglu`)."""
     gate_up_linears: list[PackedLinear] = field(init=False)
     down_linears: list[PackedLinear] = field(init=False)
     """Each expert's projections as :class:`PackedLinear` (what :func:`grouped_experts` multiplies by)."""
@@ -54,14 +69,21 @@ class ExpertWeights:
     CUDA with Triton installed. Tests set it on CPU to run the kernels through Triton's interpreter."""
 
     def __post_init__(self):
-        self.gate_up_linears = [PackedLinear(weight) for weight in self.gate_up]
-        self.down_linears = [PackedLinear(weight) for weight in self.down]
+        self.gate_up_linears = [PackedLinear(weight, _row(self.gate_up_bias, e))
+                                for e, weight in enumerate(self.gate_up)]
+        self.down_linears = [PackedLinear(weight, _row(self.down_bias, e)) for e, weight in enumerate(self.down)]
         self.triton_grouped = self.gate_up.device.type == "cuda" and package_installed("triton")
+
+
+def _row(tensor: torch.Tensor | None, index: int) -> torch.Tensor | None:
+    return None if tensor is None else tensor[index]
 
 
 def expert_weights(mlp, renormalize: str) -> ExpertWeights:
     """The :class:`ExpertWeights` of an HF sparse-MoE block (``mlp.gate`` router, ``mlp.experts`` with 3-D
     ``gate_up_proj`` / ``down_proj``); ``renormalize`` is the table's ``moe_renormalize``."""
+    if renormalize == "top_k_logits":
+        return gpt_oss_expert_weights(mlp)
     gate = mlp.gate
     qwen = renormalize == "norm_topk_prob"
     return ExpertWeights(router=gate.weight, gate_up=mlp.experts.gate_up_proj, down=mlp.experts.down_proj,
@@ -69,9 +91,32 @@ def expert_weights(mlp, renormalize: str) -> ExpertWeights:
                          weights_in_activation_dtype=qwen)
 
 
+def gpt_oss_expert_weights(mlp) -> ExpertWeights:
+    """gpt-oss's block (``mlp.router`` with a bias, ``mlp.experts`` stored ``[E, in, out]`` with biases): views of the
+    module's own tensors in the ``[E, out, in]`` layout the experts multiply by."""
+    experts, router = mlp.experts, mlp.router
+    return ExpertWeights(router=router.weight, gate_up=experts.gate_up_proj.transpose(1, 2),
+                         down=experts.down_proj.transpose(1, 2), top_k=router.top_k, renormalize=False,
+                         weights_in_activation_dtype=True, router_bias=router.bias,
+                         gate_up_bias=experts.gate_up_proj_bias, down_bias=experts.down_proj_bias,
+                         softmax_over_top_k=True,
+                         gated=functools.partial(clamped_swiglu, alpha=experts.alpha, limit=experts.limit))
+
+
+def clamped_swiglu(gate_up: torch.Tensor, *, alpha: float, limit: float) -> torch.Tensor:
+    """gpt-oss's gate over interleaved columns ``[g0, u0, g1, u1, ...]`` ``[rows, 2 I]`` -> ``[rows, I]``:
+    ``g = min(g, limit)``, ``u = clamp(u, -limit, limit)``, ``(u + 1) * g * sigmoid(alpha g)``."""
+    gate = gate_up[..., ::2].clamp(max=limit)
+    up = gate_up[..., 1::2].clamp(min=-limit, max=limit)
+    return (up + 1) * (gate * torch.sigmoid(gate * alpha))
+
+
 def route(hidden: torch.Tensor, experts: ExpertWeights) -> tuple[torch.Tensor, torch.Tensor]:
     """``hidden`` ``[N, hidden]`` -> routing weights ``[N, k]`` and expert ids ``[N, k]`` (see module doc)."""
-    logits = F.linear(hidden, experts.router)
+    logits = F.linear(hidden, experts.router, experts.router_bias)
+    if experts.softmax_over_top_k:
+        top, ids = torch.topk(logits, experts.top_k, dim=-1)
+        return torch.softmax(top, dim=-1, dtype=top.dtype), ids
     probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
     weights, ids = torch.topk(probs, experts.top_k, dim=-1)
     if experts.renormalize:
@@ -86,7 +131,8 @@ def moe_mlp(hidden: torch.Tensor, experts: ExpertWeights, activation: Callable, 
     """The routed MLP of ``hidden`` ``[N, hidden]`` -> ``[N, hidden]``; ``graph_safe``: static shapes, no host
     values (the Triton grouped GEMMs for SwiGLU experts where :attr:`ExpertWeights.triton_grouped`)."""
     weights, ids = route(hidden, experts)
-    if graph_safe and experts.triton_grouped and activation is F.silu:
+    plain_swiglu = activation is F.silu and experts.gated is None and experts.gate_up_bias is None
+    if graph_safe and experts.triton_grouped and plain_swiglu:
         from hybridflow.rollout.triton_moe import grouped_swiglu_experts  # Triton only where it runs
 
         return grouped_swiglu_experts(hidden, weights, ids, experts.gate_up, experts.down)
@@ -94,9 +140,12 @@ def moe_mlp(hidden: torch.Tensor, experts: ExpertWeights, activation: Callable, 
     return run(hidden, weights, ids, experts, activation)
 
 
-def _expert_rows(rows: torch.Tensor, gate_up: PackedLinear, down: PackedLinear, activation: Callable) -> torch.Tensor:
-    gate, up = gate_up(rows).chunk(2, dim=-1)
-    return down(activation(gate) * up)
+def _glu(gate_up: torch.Tensor, experts: ExpertWeights, activation: Callable) -> torch.Tensor:
+    """``[rows, 2 I]`` -> ``[rows, I]``: ``act(gate) * up`` over the halves, or the experts' own gate."""
+    if experts.gated is not None:
+        return experts.gated(gate_up)
+    gate, up = gate_up.chunk(2, dim=-1)
+    return activation(gate) * up
 
 
 def grouped_experts(hidden: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, experts: ExpertWeights,
@@ -108,7 +157,7 @@ def grouped_experts(hidden: torch.Tensor, weights: torch.Tensor, ids: torch.Tens
     order = torch.argsort(flat_ids, stable=True)
     tokens = order // top_k
     counts = torch.bincount(flat_ids, minlength=experts.router.shape[0]).tolist()
-    outputs = [_expert_rows(rows, experts.gate_up_linears[e], experts.down_linears[e], activation)
+    outputs = [experts.down_linears[e](_glu(experts.gate_up_linears[e](rows), experts, activation))
                for e, rows in enumerate(hidden[tokens].split(counts)) if counts[e]]
     weighted = torch.cat(outputs) * weights.reshape(-1)[order, None]
     return torch.zeros_like(hidden).index_add_(0, tokens, weighted.to(hidden.dtype))
@@ -121,7 +170,11 @@ def gathered_experts(hidden: torch.Tensor, weights: torch.Tensor, ids: torch.Ten
     count, top_k = ids.shape
     flat_ids = ids.reshape(-1)
     rows = hidden.repeat_interleave(top_k, dim=0)[:, :, None]  # [N k, hidden, 1]
-    gate, up = torch.bmm(experts.gate_up[flat_ids], rows).squeeze(-1).chunk(2, dim=-1)
-    out = torch.bmm(experts.down[flat_ids], (activation(gate) * up)[:, :, None]).squeeze(-1)
+    gate_up = torch.bmm(experts.gate_up[flat_ids], rows).squeeze(-1)
+    if experts.gate_up_bias is not None:
+        gate_up = gate_up + experts.gate_up_bias[flat_ids]
+    out = torch.bmm(experts.down[flat_ids], _glu(gate_up, experts, activation)[:, :, None]).squeeze(-1)
+    if experts.down_bias is not None:
+        out = out + experts.down_bias[flat_ids]
     weighted = (out * weights.reshape(-1, 1)).to(hidden.dtype)
     return weighted.view(count, top_k, -1).sum(dim=1)

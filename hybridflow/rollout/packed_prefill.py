@@ -51,7 +51,7 @@ def prefill_per_prompt(decoder, prompts: list[torch.Tensor], computed: list[torc
             key, value, grouped = kv_heads(query, prefix[index, 0][None], prefix[index, 1][None],
                                            repeat=query.is_cuda)
             out = attention(query, key, value, mask=mask, scale=decoder.scale, softcap=decoder.attn_softcap,
-                            grouped=grouped)
+                            grouped=grouped, sinks=layer.sinks)
             attn.append(out[0].transpose(0, 1).reshape(length, -1))
         hidden = decoder._residual(hidden, layer.o_proj(torch.cat(attn)), layer.attn_out_norm)
         hidden = add_deepstack(decoder._mlp_block(hidden, layer), index, visual)

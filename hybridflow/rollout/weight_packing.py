@@ -26,11 +26,13 @@ logger = logging.getLogger(__name__)
 class LayerWeights:
     """One decoder layer's norms and projections; ``qkv`` maps ``hidden -> (H + 2 KV) * D``."""
 
-    input_norm: torch.Tensor
+    input_norm: torch.Tensor | None
+    """The norm before attention (None: OLMo 2 / 3 have none)."""
     qkv: PackedLinear
     o_proj: PackedLinear
-    post_norm: torch.Tensor
-    """The norm before the MLP (Llama's ``post_attention_layernorm``, Gemma's ``pre_feedforward_layernorm``)."""
+    post_norm: torch.Tensor | None
+    """The norm before the MLP (Llama's ``post_attention_layernorm``, Gemma's ``pre_feedforward_layernorm``; None:
+    OLMo 2 / 3 have none)."""
     gate_up: PackedLinear | None = None
     down: PackedLinear | None = None
     qk_norm: torch.Tensor | None = None
@@ -46,6 +48,11 @@ class LayerWeights:
     # Issue 58 (GLM-4.5):
     grouped_moe: GroupedMoE | None = None
     """A DeepSeek-style sparse layer (sigmoid group-limited routing, shared experts), in place of ``experts``."""
+    # issue 58 (OLMo 2 / 3, gpt-oss):
+    qk_proj_norm: torch.Tensor | None = None
+    """OLMo 2 / 3: ``[H * D + KV * D]`` RMSNorm weights over the whole q projection then the whole k projection."""
+    sinks: torch.Tensor | None = None
+    """gpt-oss: ``[H]`` the attention sinks' logits (the module's own parameter)."""
 
 
 def _cat_or_none(tensors: list[torch.Tensor | None]) -> torch.Tensor | None:
@@ -121,11 +128,18 @@ class WeightPacker:
         grouped = grouped_moe_weights(layer.mlp) if is_grouped_moe(layer.mlp) else None
         routed = _is_moe(layer) and grouped is None
         experts = expert_weights(layer.mlp, self.architecture.moe_renormalize) if routed else None
-        return LayerWeights(qk_norm=self._qk_norm(layer.self_attn, None if current is None else current.qk_norm),
+        whole = self.architecture.qk_norm_whole  # issue 58: OLMo's norms span the projections, Qwen3's each head
+        held = None if current is None else current.qk_proj_norm if whole else current.qk_norm
+        qk_norm = self._qk_norm(layer.self_attn, held)
+        sinks = layer.self_attn.sinks.detach() if self.architecture.attention_sinks else None
+        return LayerWeights(qk_norm=None if whole else qk_norm, qk_proj_norm=qk_norm if whole else None, sinks=sinks,
                             experts=experts, grouped_moe=grouped, window=self.windows[index], **norms, **linears)
 
     def _norms(self, layer) -> dict[str, torch.Tensor]:
         """The layer's RMSNorm weights by :class:`LayerWeights` field (Gemma's four, Llama's two)."""
+        if not self.architecture.pre_norms:  # OLMo 2 / 3: only the norms of the sub-blocks' outputs
+            return dict(input_norm=None, attn_out_norm=layer.post_attention_layernorm.weight, post_norm=None,
+                        mlp_out_norm=layer.post_feedforward_layernorm.weight)
         if self.architecture.gemma_norms:
             return dict(input_norm=layer.input_layernorm.weight, attn_out_norm=layer.post_attention_layernorm.weight,
                         post_norm=layer.pre_feedforward_layernorm.weight,
@@ -151,8 +165,11 @@ class WeightPacker:
         if getattr(attn, "q_norm", None) is None:
             return None
         with torch.no_grad():
-            stacked = torch.cat([attn.q_norm.weight.expand(self.num_heads, -1),
-                                 attn.k_norm.weight.expand(self.kv_heads, -1)])
+            if self.architecture.qk_norm_whole:  # OLMo 2 / 3: [H * D] and [KV * D], one after the other
+                stacked = torch.cat([attn.q_norm.weight, attn.k_norm.weight])
+            else:
+                stacked = torch.cat([attn.q_norm.weight.expand(self.num_heads, -1),
+                                     attn.k_norm.weight.expand(self.kv_heads, -1)])
             if current is not None and same_layout(stacked, current):
                 return current.copy_(stacked)
         self.weights_epoch += 1
@@ -192,5 +209,6 @@ class WeightPacker:
 
 
 def _is_moe(layer) -> bool:
-    """Whether an HF decoder layer's MLP is a routed mixture of experts (Mixtral, Qwen3-MoE's sparse layers)."""
-    return hasattr(layer.mlp, "experts") and hasattr(layer.mlp, "gate")
+    """Whether an HF decoder layer's MLP is a routed mixture of experts (Mixtral, Qwen3-MoE's sparse layers; gpt-oss
+    calls its router ``router``)."""
+    return hasattr(layer.mlp, "experts") and (hasattr(layer.mlp, "gate") or hasattr(layer.mlp, "router"))

@@ -1,5 +1,6 @@
-"""Tiny random models of architectures outside the native engine's table, built by the installed transformers
-(issue 58): they roll out through HF generate and train through the guarded layouts."""
+"""Tiny random models built from the installed transformers' config classes (issue 58): architectures outside the
+native engine's table (granite, smollm3: they roll out through HF generate and train through the guarded layouts),
+and ones that were outside it until issue 58 made them native (olmo2, glm4_moe, deepseek_v3, gpt_oss)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ from hybridflow.models.tiny import TINY_WINDOW, build_tiny_tokenizer
 MOE = dict(n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1, moe_intermediate_size=32,
            first_k_dense_replace=1)
 NON_NATIVE = {
+    "granite": ("GraniteConfig", dict(embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=0.2,
+                                      logits_scaling=1.5)),  # outside the native table: scales Llama does not have
+    "smollm3": ("SmolLM3Config", {}),  # outside the native table: layers without rotary (no_rope_layers)
     "olmo2": ("Olmo2Config", {}),  # norms after attention / MLP, q / k norms over all heads
     "glm4_moe": ("Glm4MoeConfig", dict(MOE, head_dim=16, partial_rotary_factor=0.5, n_group=1, topk_group=1)),
     "deepseek_v3": ("DeepseekV3Config", dict(MOE, num_key_value_heads=4, n_group=2, topk_group=1, q_lora_rank=32,

@@ -127,13 +127,18 @@ def test_gradient_accumulation_gives_the_full_batch_update(tmp_path, tiny_model_
             torch.testing.assert_close(param, expected[name], rtol=0, atol=2e-6, msg=f"micro={micro} {name}")
 
 
-@pytest.mark.parametrize("arch", ["llama", "gpt_oss", "deepseek_v3", "glm4_moe"])
+@pytest.mark.parametrize("arch", ["llama", "gpt_oss", "olmo2", "olmo3", "deepseek_v3", "glm4_moe"])
 def test_packing_gives_the_same_loss_and_update_as_padding(tmp_path, tiny_model_dir, sums_file, arch):
-    """gpt_oss (issue 58): attention sinks and a window of 8, kept by the packed rows (the guard lets them run)."""
-    if arch != "llama":
+    """gpt_oss (issue 58): attention sinks and a window of 8, kept by the packed rows (the guard lets them run);
+    OLMo 2 / 3: post-norms, whole-projection q / k norms, OLMo 3's window of 8."""
+    if arch in ("deepseek_v3", "glm4_moe"):  # latent attention, grouped routing: not in the tiny table
         from tests.models.non_native import save_non_native
 
         tiny_model_dir = save_non_native(str(tmp_path / arch), arch)
+    elif arch != "llama":
+        from hybridflow.models.tiny import save_tiny_model
+
+        tiny_model_dir = save_tiny_model(str(tmp_path / arch), arch=arch)
     padded, padded_history = _train(_cfg(tmp_path, tiny_model_dir, sums_file, f"data.val_files={sums_file}",
                                          run="pad"))
     packed, packed_history = _train(_cfg(tmp_path, tiny_model_dir, sums_file, f"data.val_files={sums_file}",

@@ -14,7 +14,9 @@
  *   s[g][t] = scale * <q_g, k_t>, or c tanh(s / c) with a soft cap c (Gemma 2); pass 1 reads each key once
  *             for the G query heads
  *   m[g] = max_t s[g][t];  p = exp(s - m);  out_g = sum_t p[g][t] v_t / sum_t p[g][t]   (pass 2: values once)
- * with first = max(0, length - window) for a sliding window (window = 0: none).
+ * with first = max(0, length - window) for a sliding window (window = 0: none). With attention sinks (gpt-oss,
+ * sinks [H], NULL: none) each head's sink logit joins the softmax and is dropped: m[g] = max(m, sink[g]) and
+ * sum_t p[g][t] + exp(sink[g] - m[g]) divides.
  */
 #include <math.h>
 #include <stdint.h>
@@ -77,10 +79,10 @@ static inline void prefetch_block(const float *pool, const int32_t *table, int64
 
 static inline __attribute__((always_inline)) void attend_one(const float *q, const float *keys, const float *values, const int32_t *table,
                        int64_t first, int64_t length, int64_t head_offset, int64_t block_size, int64_t d,
-                       int64_t group, float scale, float softcap, float *scores, float *out) {
+                       int64_t group, float scale, float softcap, const float *sinks, float *scores, float *out) {
     int64_t span = length - first, blocks = (length + block_size - 1) / block_size;
     float maximum[MAX_GROUP], total[MAX_GROUP];
-    for (int64_t g = 0; g < group; g++) maximum[g] = -INFINITY;
+    for (int64_t g = 0; g < group; g++) maximum[g] = sinks != NULL ? sinks[g] : -INFINITY;
     /* Walked block by block, so that no position pays a division. */
     for (int64_t index = first / block_size; index < blocks; index++) {
         BlockSpan at = block_span(keys, table, index, first, length, head_offset, block_size, d);
@@ -101,7 +103,7 @@ static inline __attribute__((always_inline)) void attend_one(const float *q, con
     for (int64_t g = 0; g < group; g++) {
         float *row = scores + g * span, m = maximum[g];
         for (int64_t t = 0; t < span; t++) row[t] = exp_clamped(row[t] - m);
-        total[g] = sum(row, span);
+        total[g] = sum(row, span) + (sinks != NULL ? exp_clamped(sinks[g] - m) : 0.0f);
     }
     /* Values 16 dims at a time, the group's sums held in registers: each line of a value row is read once,
      * and no partial sum goes back to memory between positions. */
@@ -148,7 +150,7 @@ int paged_decode_attention_f32(const float *q, const float *keys, const float *v
                                int64_t table_stride, const int64_t *lengths, float *out, int64_t rows,
                                int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t blocks,
                                int64_t block_size, int64_t max_length, float scale, float softcap,
-                               int64_t window, int threads) {
+                               const float *sinks, int64_t window, int threads) {
     int64_t group = heads / kv_heads;
     if (group > MAX_GROUP || group * kv_heads != heads || head_dim % LANES != 0) return -1;
     if (!tables_valid(tables, table_stride, lengths, rows, block_size, blocks, max_length)) return -1;
@@ -173,8 +175,9 @@ int paged_decode_attention_f32(const float *q, const float *keys, const float *v
             float *out_n = out + (n * heads + h * group) * head_dim;
             int64_t offset = h * blocks * block_size;
             /* A copy per common group size (H / KV of the models in use), with the group's loops unrolled. */
+            const float *sinks_h = sinks != NULL ? sinks + h * group : NULL;
 #define ATTEND(G) attend_one(q_n, keys, values, table, first, length, offset, block_size, head_dim, G, scale, \
-                             softcap, scores, out_n)
+                             softcap, sinks_h, scores, out_n)
             switch (group) {
                 case 1: ATTEND(1); break;
                 case 2: ATTEND(2); break;
