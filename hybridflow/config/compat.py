@@ -66,6 +66,13 @@ COMPAT_ONLY: dict[str, str] = {
     "critic.strategy": _FSDP2_ONLY,
     "critic.model.enable_activation_offload": "activations stay on the device; use gradient checkpointing",
     "critic.model.use_shm": _NO_SHM,
+    # verl 0.9.1's critic and SFT model keys (issue 60)
+    "critic.model.custom_chat_template": "the critic reads the actor's token ids; it never applies a chat template",
+    "critic.model.exclude_modules": "the critic always trains in full; LoRA applies to the actor "
+                                    "(actor_rollout_ref.model.exclude_modules)",
+    "critic.model.use_liger": "Liger kernels are not used; the HF model's own layers run",
+    "model.use_shm": _NO_SHM,
+    "model.enable_activation_offload": "activations stay on the device; use gradient checkpointing",
     "critic.checkpoint.async_save": _ASYNC_SAVE,
     "critic.model.lora_rank": "the critic always trains in full; LoRA applies to the actor (actor_rollout_ref.model.lora_rank)",
     "critic.model.lora_alpha": "the critic always trains in full; LoRA applies to the actor (actor_rollout_ref.model.lora_rank)",

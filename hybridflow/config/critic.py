@@ -45,6 +45,15 @@ class CriticModelConfig:
     """Compatibility-only (compat.py); in verl: LoRA target modules of the critic."""
     use_shm: bool = False
     """Compatibility-only, no effect (see compat.py)."""
+    # verl 0.9.1's critic model keys (issue 60)
+    hf_config_path: Optional[str] = None
+    """The HF config's folder (architecture, sizes); null: the critic model's. The weights still come from path."""
+    custom_chat_template: Optional[str] = None
+    """Compatibility-only (compat.py); in verl: the critic tokenizer's chat template."""
+    exclude_modules: Optional[Any] = None
+    """Compatibility-only (compat.py); in verl: modules excluded from the critic's LoRA."""
+    use_liger: bool = False
+    """Compatibility-only (compat.py); in verl: Liger kernels in the critic."""
 
 
 @dataclass

@@ -88,6 +88,14 @@ class SFTDataConfig:
     """A user dataset class (path + name)."""
     use_shm: bool = False
     """Compatibility-only, no effect (see compat.py)."""
+    # verl 0.9.1's SFT data keys (issue 60)
+    val_max_samples: int = -1
+    """Use at most this many validation rows (-1 = all)."""
+    enable_thinking_default: Optional[Any] = None
+    """``enable_thinking`` passed to the chat template of every row (true/false); null (or verl's ``none``): not
+    passed."""
+    apply_chat_template_kwargs: Dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments of the tokenizer's ``apply_chat_template`` (e.g. {enable_thinking: false})."""
 
 
 @dataclass
@@ -118,6 +126,21 @@ class SFTModelConfig:
     """Compatibility-only (compat.py); in verl: training backend."""
     override_config: Dict[str, Any] = field(default_factory=dict)
     """Entries that override the model's HF config."""
+    # verl 0.9.1's SFT model keys (issue 60)
+    tokenizer_path: Optional[str] = None
+    """The tokenizer's folder; null: the model's."""
+    hf_config_path: Optional[str] = None
+    """The HF config's folder (architecture, sizes); null: the model's. The weights still come from the model."""
+    custom_chat_template: Optional[str] = None
+    """A Jinja chat template that replaces the tokenizer's (``data.chat_template`` wins when both are set)."""
+    lora_adapter_path: Optional[str] = None
+    """A trained LoRA adapter (a peft folder) to continue training; its rank, alpha and targets come from it."""
+    exclude_modules: Optional[Any] = None
+    """Modules excluded from LoRA (with lora_rank > 0)."""
+    use_shm: bool = False
+    """Compatibility-only (compat.py); in verl: copy the model to /dev/shm before loading."""
+    enable_activation_offload: bool = False
+    """Compatibility-only (compat.py); in verl: offload activations to the CPU."""
 
 
 @dataclass
@@ -145,6 +168,15 @@ class SFTOptimConfig:
     """Floor of the cosine schedule as a fraction of lr."""
     num_cycles: float = 0.5
     """Cosine cycles over training."""
+    # verl 0.9.1's SFT optim keys (issue 60)
+    optimizer: str = "AdamW"
+    """Optimizer class name inside ``optimizer_impl`` (e.g. AdamW, SGD; AdamW8bit with bitsandbytes)."""
+    optimizer_impl: str = "torch.optim"
+    """Module the optimizer class is imported from."""
+    override_optimizer_config: Optional[Dict[str, Any]] = field(default_factory=dict)
+    """Extra keyword arguments of the optimizer class, over lr / weight_decay / betas."""
+    zero_indexed_step: bool = True
+    """The schedule counts steps from 0 (verl's default) or from 1 (the first step already past warm-up step 0)."""
 
 
 @dataclass
@@ -220,6 +252,8 @@ class SFTConfig:
         ("optim.lr_warmup_steps_ratio", "optim.warmup_steps_ratio"),
         ("optim.warmup_style", "optim.lr_scheduler"),
         ("optim.lr_scheduler_type", "optim.lr_scheduler"),
+        # issue 60: verl reads trainer.balance_batch only in sft_trainer_ray, to even out tokens per rank
+        ("trainer.balance_batch", "data.balance_dp_token"),
     )
     """verl 0.9 SFT spellings -> this schema's keys (``hybridflow.config.loader.compose``)."""
     CONFIG_GROUPS: ClassVar[dict[str, tuple[str, ...]]] = {"engine": ("fsdp",), "optim": ("fsdp",),

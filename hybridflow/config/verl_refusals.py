@@ -47,6 +47,11 @@ TOOLS = ("tool schemas are read by the agent loop only", "actor_rollout_ref.roll
 MULTIMODAL = ("multimodal preprocessing option not implemented", "the model's processor defaults apply "
                                                                   "(data.image_key for images)")
 SERVER_OPTION = ("inference-server option", "the engines return the log-probs of the sampling distribution")
+SFT_LOGITS = ("no counterpart in the SFT loss (cross-entropy from the logits: no entropy term, no chunked LM head)",
+              "drop the key; model.enable_gradient_checkpointing saves activation memory")
+CRITIC_ADAPTER = ("the critic trains in full (its LoRA keys have no effect)", "merge the adapter into a model folder "
+                                                                              "(python -m hybridflow.model_merger) "
+                                                                              "and set critic.model.path to it")
 NOT_YET = ("not implemented in hybridflow", "see docs/configuration.md (verl 0.9.1 key table) for the nearest key")
 
 REFUSED: list[tuple[str, tuple[str, str]]] = [
@@ -79,6 +84,12 @@ REFUSED: list[tuple[str, tuple[str, str]]] = [
     ("actor_rollout_ref.rollout.data_parallel_size", SERVING), ("actor_rollout_ref.rollout.expert_parallel_size",
                                                                SERVING),
     ("algorithm.filter_groups.max_inflight_gen_batches", TRANSFER_QUEUE),
+    # issue 60: the last keys that fell to NOT_YET, each with its own reason
+    ("*.checkpoint.strict", ("Megatron-only (strict HF export of a Megatron checkpoint)",
+                             "FSDP2 checkpoints here always load and export every weight")), ("critic.model.use_fused_kernels", CRITIC),
+    ("critic.model.lora_adapter_path", CRITIC_ADAPTER),
+    ("model.use_fused_kernels", SFT_LOGITS), ("engine.entropy_*", SFT_LOGITS), ("engine.use_torch_compile", SFT_LOGITS),
+    ("optim.total_training_steps", FILLED_IN),
 ]
 """Reason classes of the verl 0.9.1 keys hybridflow refuses."""
 

@@ -63,12 +63,14 @@ def load_value_model(
     gradient_checkpointing: bool = False,
     trust_remote_code: bool = False,
     override_config: dict | None = None,
+    config_path: str | None = None,
 ) -> ValueModel:
-    """A ``ValueModel`` from a causal LM folder (fresh head) or a saved value model (its head)."""
+    """A ``ValueModel`` from a causal LM folder (fresh head) or a saved value model (its head); ``config_path``:
+    the HF config's folder when not ``path`` (verl's ``critic.model.hf_config_path``)."""
     from safetensors.torch import load_file
     from transformers import AutoModel
 
-    config = load_config(path, trust_remote_code=trust_remote_code, override_config=override_config)
+    config = load_config(config_path or path, trust_remote_code=trust_remote_code, override_config=override_config)
     if is_vision_language(config):  # its values would be read from the image tokens without their pixels
         raise ModelError(f"{path} is a vision-language model ({', '.join(config.architectures or [])}): a value "
                          "model over images is not supported; use a critic-free estimator (algorithm.adv_estimator="

@@ -49,7 +49,7 @@ from hybridflow.models import load_causal_lm, load_tokenizer, resolve_dtype
 from hybridflow.models.fsdp import data_parallel_mesh, decoder_layers, micro_batch_sync, resolve_precision, shard_model
 from hybridflow.models.loader import check_vocab_covers_tokenizer
 from hybridflow.models.loader import load_config as load_model_config
-from hybridflow.models.lora import apply_lora
+from hybridflow.models.lora import apply_lora, load_lora_adapter
 from hybridflow.models.segment_attention import use_segment_attention
 from hybridflow.models.sharded_checkpoint import FSDPModelComponent
 from hybridflow.models.ulysses import refuse_vision_language, split_sequences
@@ -64,7 +64,7 @@ from hybridflow.trainer.sft.loss import sft_loss
 from hybridflow.trainer.sft.sequence_parallel import sequence_parallel_sft_loss
 from hybridflow.trainer.tracking.summary import summary_table
 from hybridflow.trainer.tracking.trackers import Tracking
-from hybridflow.workers.optim import TrainState, build_optimizer, build_scheduler, resolve_warmup_steps
+from hybridflow.workers.optim import TrainState, build_scheduler, configured_optimizer, resolve_warmup_steps
 from hybridflow.workers.sequence_parallel import split_world
 
 COMPONENT = "model"
@@ -95,13 +95,16 @@ def load_model(cfg: SFTConfig, *, device: torch.device) -> torch.nn.Module:
     model_cfg = cfg.model
     if model_cfg.external_lib:
         importlib.import_module(model_cfg.external_lib)  # registers custom architectures with transformers
-    model = load_causal_lm(sft_model_path(cfg), dtype=model_cfg.fsdp_config.model_dtype,
+    model = load_causal_lm(sft_model_path(cfg), config_path=model_cfg.hf_config_path,
+                           dtype=model_cfg.fsdp_config.model_dtype,
                            trust_remote_code=model_cfg.trust_remote_code,
                            override_config=dict(model_cfg.override_config),
                            gradient_checkpointing=model_cfg.enable_gradient_checkpointing)
-    if model_cfg.lora_rank > 0:
+    if model_cfg.lora_adapter_path:  # continue a trained adapter (its rank, alpha and targets)
+        model = load_lora_adapter(model, model_cfg.lora_adapter_path)
+    elif model_cfg.lora_rank > 0:
         model = apply_lora(model, rank=model_cfg.lora_rank, alpha=model_cfg.lora_alpha,
-                           target_modules=model_cfg.target_modules)
+                           target_modules=model_cfg.target_modules, exclude_modules=model_cfg.exclude_modules)
     return model.to(device)
 
 
@@ -117,19 +120,34 @@ def preflight(cfg: SFTConfig, *, world_size: int) -> None:
 
 
 def build_tokenizer(cfg: SFTConfig):
-    """The model's tokenizer; ``data.chat_template`` replaces its template when set."""
-    tokenizer = load_tokenizer(sft_model_path(cfg), trust_remote_code=cfg.model.trust_remote_code)
-    config = load_model_config(sft_model_path(cfg), trust_remote_code=cfg.model.trust_remote_code,
+    """The model's tokenizer (or ``model.tokenizer_path``'s); ``data.chat_template`` (else
+    ``model.custom_chat_template``) replaces its template when set."""
+    tokenizer = load_tokenizer(cfg.model.tokenizer_path or sft_model_path(cfg),
+                               trust_remote_code=cfg.model.trust_remote_code)
+    config = load_model_config(cfg.model.hf_config_path or sft_model_path(cfg),
+                               trust_remote_code=cfg.model.trust_remote_code,
                                override_config=dict(cfg.model.override_config))
-    check_vocab_covers_tokenizer(config, tokenizer, sft_model_path(cfg), tokenizer_key="the model's own")
-    if cfg.data.chat_template:
-        tokenizer.chat_template = cfg.data.chat_template
+    check_vocab_covers_tokenizer(config, tokenizer, sft_model_path(cfg),
+                                 tokenizer_key="model.tokenizer_path" if cfg.model.tokenizer_path else "the model's own")
+    template = cfg.data.chat_template or cfg.model.custom_chat_template
+    if template:
+        tokenizer.chat_template = template
     if not tokenizer.chat_template:
         raise ConfigError(f"the tokenizer of {sft_model_path(cfg)} has no chat template: set data.chat_template")
     return tokenizer
 
 
-def build_dataset(cfg: SFTConfig, files, tokenizer) -> SFTDataset:
+def chat_template_kwargs(data) -> dict:
+    """``data.apply_chat_template_kwargs`` plus ``enable_thinking`` from ``data.enable_thinking_default`` (verl's
+    YAML default is the string ``none``: not passed)."""
+    kwargs = dict(data.apply_chat_template_kwargs or {})
+    if data.enable_thinking_default is not None and str(data.enable_thinking_default).lower() != "none":
+        kwargs["enable_thinking"] = bool(data.enable_thinking_default)
+    return kwargs
+
+
+def build_dataset(cfg: SFTConfig, files, tokenizer, *, max_samples: int | None = None) -> SFTDataset:
+    """The rows of ``files``: at most ``max_samples`` (default ``data.max_samples``; -1: all)."""
     data = cfg.data
     if data.custom_cls.get("path"):
         raise ConfigError("data.custom_cls is not supported; convert the data to prompt/response or messages columns")
@@ -137,7 +155,9 @@ def build_dataset(cfg: SFTConfig, files, tokenizer) -> SFTDataset:
                       prompt_dict_keys=data.prompt_dict_keys, response_dict_keys=data.response_dict_keys,
                       messages_key=sft_messages_key(data),
                       tools_key=data.multiturn.tools_key,
-                      max_length=data.max_length, truncation=data.truncation, max_samples=data.max_samples,
+                      max_length=data.max_length, truncation=data.truncation,
+                      max_samples=data.max_samples if max_samples is None else max_samples,
+                      apply_chat_template_kwargs=chat_template_kwargs(data),
                       processor=load_processor(sft_model_path(cfg), tokenizer=tokenizer,
                                                trust_remote_code=cfg.model.trust_remote_code),
                       image_key=data.image_key)
@@ -162,13 +182,12 @@ def total_steps(cfg: SFTConfig, batches_per_epoch: int) -> int:
 
 def build_train_state(cfg: SFTConfig, model: torch.nn.Module, *, steps: int) -> TrainState:
     optim = cfg.optim
-    optimizer = build_optimizer(model.parameters(), lr=optim.lr, betas=optim.betas,
-                                weight_decay=optim.weight_decay, eps=optim.eps)
+    optimizer = configured_optimizer(model.parameters(), optim)
     warmup = resolve_warmup_steps(warmup_steps=optim.lr_warmup_steps, warmup_ratio=optim.warmup_steps_ratio,
                                   total_steps=steps)
     scheduler = build_scheduler(optimizer, warmup_steps=warmup, total_steps=steps,
                                 style=optim.lr_scheduler, min_lr_ratio=optim.min_lr_ratio,
-                                num_cycles=optim.num_cycles)
+                                num_cycles=optim.num_cycles, zero_indexed_step=optim.zero_indexed_step)
     return TrainState(model, optimizer, scheduler, grad_clip=optim.clip_grad,
                       offload_optimizer=cfg.model.fsdp_config.optimizer_offload)
 
@@ -359,7 +378,8 @@ def build_trainer(cfg: SFTConfig) -> SFTTrainer:
     seed_everything(cfg.trainer.seed)
     tokenizer = build_tokenizer(cfg)
     train = build_dataset(cfg, cfg.data.train_files, tokenizer)
-    val = build_dataset(cfg, cfg.data.val_files, tokenizer) if cfg.data.val_files else None
+    val = (build_dataset(cfg, cfg.data.val_files, tokenizer, max_samples=cfg.data.val_max_samples)
+           if cfg.data.val_files else None)
     model = load_model(cfg, device=device)
     return SFTTrainer(cfg, model=model, tokenizer=tokenizer, train_dataset=train, val_dataset=val, dp=dp,
                       device=device)

@@ -308,6 +308,7 @@ def build_critic_worker(dp: DataParallel, *, cfg, total_steps: int):
     fsdp_cfg = critic_cfg.model.fsdp_config
     model = load_value_model(critic_cfg.model.path, dtype=fsdp_cfg.model_dtype, trust_remote_code=critic_cfg.model.trust_remote_code,
                              override_config=dict(critic_cfg.model.override_config),
+                             config_path=critic_cfg.model.hf_config_path,
                              gradient_checkpointing=critic_cfg.model.enable_gradient_checkpointing).to(device)
     layout = model_layout(critic_cfg.model, model, key="critic.model")
     model = shard_for_group(model, dp=world, fsdp_cfg=fsdp_cfg, device=device,
