@@ -3,7 +3,8 @@
 One engine step (``RequestQueue.step``) is :meth:`NativeEngine.admit` then :meth:`NativeEngine.step`: the
 scheduler plans (:mod:`hybridflow.rollout.scheduler`: which prompts prefill how far, which samples join, what is
 preempted when blocks run out), the model runner executes (:mod:`hybridflow.rollout.model_runner`: prefill passes,
-sampling, the decode step), the run records the results (:mod:`hybridflow.rollout.generation_run`), and the KV memory lives in :mod:`hybridflow.rollout.kv_pool`.
+sampling, the decode step), the run records the results (:mod:`hybridflow.rollout.generation_run`), and the KV
+memory lives in :mod:`hybridflow.rollout.kv_pool`.
 
 What it does that HF ``generate`` does not: a prompt is prefilled once and its ``n`` samples share its blocks
 (:mod:`hybridflow.rollout.block_manager`); a finished row is retired at once and a waiting one takes its place;
