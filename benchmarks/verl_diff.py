@@ -67,7 +67,7 @@ class Case:
     """One comparison: verl keys given to both sides (on top of ``BASE_KEYS``), and how it is judged."""
     keys: list[str]
     what: str
-    # verl computes in bf16 unless fsdp_config.mixed_precision says otherwise; the weight cases pin fp32
+    # verl computes in bf16 unless fsdp_config.mixed_precision says otherwise; the weight cases pin fp32 (both sides)
     verl_precision: str | None = FP32
     judge: str = "exact"  # exact | bf16 (dtypes equal, gradients within bf16 rounding) | dtype
     # where hybridflow follows the verl version a key comes from: the key on our side, verl 0.9's spelling on verl's
@@ -248,8 +248,10 @@ def run_case(name: str, case: Case, *, workdir: str, model_dir: str, verl_python
     no_flash_attn = "+actor_rollout_ref.model.override_config.attn_implementation=sdpa"
     verl_keys = keys + case.verl_only + [no_flash_attn]
     keys = keys + case.ours_only
-    if case.verl_precision:
-        verl_keys.append(f"+actor_rollout_ref.actor.fsdp_config.mixed_precision={case.verl_precision}")
+    if case.verl_precision:  # pinned on both sides: hybridflow too defaults to bf16 on a CPU with bf16 units
+        pinned = f"+actor_rollout_ref.actor.fsdp_config.mixed_precision={case.verl_precision}"
+        verl_keys.append(pinned)
+        keys.append(pinned)
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
     errors = {}
     for side, python, side_keys in (("verl", verl_python, verl_keys), ("hybridflow", sys.executable, keys)):

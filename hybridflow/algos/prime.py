@@ -38,6 +38,44 @@ def implicit_process_rewards(*, prm_log_probs: torch.Tensor, ref_log_probs: torc
 
 PRIME_GRANULARITIES = ("token", "whole")
 PRIME_NORMS = ("batch_norm", "none")
+PRM_UPDATES = ("before", "none")
+"""``reward_model.model.update`` values that run: train then score (the recipe's default), or a frozen PRM."""
+
+
+def implicit_prm_problems(setting) -> list[str]:
+    """The implicit PRM's settings (the ``prime`` estimator's spec check, before any model loads): one line per
+    problem, naming the fix."""
+    problems = []
+    update, loss_type = setting("reward_model.model.update"), setting("reward_model.model.loss_type")
+    granularity, norm = setting("reward_model.prime_granularity"), setting("reward_model.prime_norm")
+    if update not in PRM_UPDATES:
+        problems.append(f"reward_model.model.update={update!r}: use before (train the PRM, then score) or "
+                        "none (a frozen PRM); the recipe's after / reverse are not implemented")
+    if loss_type != "ce":
+        problems.append(f"reward_model.model.loss_type={loss_type!r}: only ce (the cross-entropy on the "
+                        "outcome labels) is implemented, as in the recipe")
+    if granularity not in PRIME_GRANULARITIES:
+        problems.append(f"reward_model.prime_granularity={granularity!r}: use one of {', '.join(PRIME_GRANULARITIES)}")
+    if norm not in PRIME_NORMS:
+        problems.append(f"reward_model.prime_norm={norm!r}: use one of {', '.join(PRIME_NORMS)}")
+    return problems + _prm_layout_problems(setting)
+
+
+def _prm_layout_problems(setting) -> list[str]:
+    """The PRM starts as the policy, and a prompt's samples stay in consecutive rows (leave-one-out baselines)."""
+    problems, path, policy = [], setting("reward_model.model.path"), setting("actor_rollout_ref.model.path")
+    if path not in (None, policy):
+        problems.append(f"reward_model.model.path={path!r}: the implicit PRM starts as the policy and takes "
+                        "its log-ratio to the policy's reference; leave it unset or set it to "
+                        f"actor_rollout_ref.model.path ({policy!r})")
+    n = setting("actor_rollout_ref.rollout.n")
+    if n < 2:
+        problems.append(f"PRIME's leave-one-out baselines need actor_rollout_ref.rollout.n >= 2 (got {n})")
+    ranks = setting("trainer.nnodes") * setting("trainer.n_gpus_per_node")
+    if setting("trainer.balance_batch") and setting("trainer.backend") == "ray" and ranks > 1:
+        problems.append("PRIME needs each prompt's samples in consecutive rows, which balancing over ranks breaks: "
+                        "set trainer.balance_batch=False (the recipe's setting)")
+    return problems
 
 
 def dense_reward_granularity(rewards: torch.Tensor, *, response_mask: torch.Tensor, granularity: str) -> torch.Tensor:

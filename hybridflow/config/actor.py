@@ -4,12 +4,16 @@ Part of the PPO trainer's schema (:class:`hybridflow.config.ppo.PPOConfig`); eac
 documentation, and ``ppo_trainer.yaml`` is generated from them.
 """
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
 from omegaconf import II
 
+from hybridflow.config.algorithm import critic_enabled
 from hybridflow.config.common import CheckpointContentsConfig, FSDPConfig, OptimConfig
+from hybridflow.config.checks import check_positive, check_sp_size
+from hybridflow.config.trainer import ppo_world_size
 
 
 @dataclass
@@ -148,3 +152,82 @@ class RefConfig:
     """Compatibility-only (compat.py); in verl: the reference's entropy memory switch (it computes no entropy)."""
     profiler: Dict[str, Any] = field(default_factory=dict)
     """Compatibility-only (compat.py); in verl: this role's nsys / torch profiler settings."""
+
+
+# ---------------------------------------------------------------- checks of the actor's section (issue 57: beside it)
+def check_ppo_batches(problems: list[str], cfg: Any, world: int) -> None:
+    """The train batch splits into mini-batches, and those over ``world`` workers into micro-batches."""
+    data, actor, rollout = cfg.data, cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
+    for key, value in (("data.train_batch_size", data.train_batch_size),
+                       ("actor_rollout_ref.actor.ppo_mini_batch_size", actor.ppo_mini_batch_size),
+                       ("actor_rollout_ref.rollout.n", rollout.n),
+                       ("actor_rollout_ref.actor.ppo_epochs", actor.ppo_epochs)):
+        check_positive(problems, key, value)
+    if any(v is None or v <= 0 for v in (data.train_batch_size, actor.ppo_mini_batch_size, rollout.n)):
+        return
+    if data.train_batch_size % actor.ppo_mini_batch_size:
+        problems.append(
+            f"data.train_batch_size={data.train_batch_size} (x rollout.n={rollout.n}) is not divisible by "
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={actor.ppo_mini_batch_size} (x rollout.n): "
+            "make the mini-batch a divisor of the train batch"
+        )
+    _check_micro_batches(problems, "actor_rollout_ref.actor", actor.ppo_mini_batch_size * rollout.n, world,
+                         actor.ppo_micro_batch_size_per_gpu, actor.use_dynamic_bsz)
+    if critic_enabled(cfg):
+        critic = cfg.critic
+        critic_world = ppo_world_size(cfg, critic.ulysses_sequence_parallel_size)
+        _check_micro_batches(problems, "critic", critic.ppo_mini_batch_size * rollout.n, critic_world,
+                             critic.ppo_micro_batch_size_per_gpu, critic.use_dynamic_bsz)
+    if (data.train_batch_size * rollout.n) % world:
+        problems.append(
+            f"data.train_batch_size * rollout.n = {data.train_batch_size * rollout.n} sequences cannot be split "
+            f"evenly over {world} data-parallel workers: make it a multiple of {world}"
+        )
+
+
+def _check_micro_batches(problems: list[str], section: str, mini_sequences: int, world: int,
+                         micro_per_gpu: int | None, dynamic: bool) -> None:
+    if mini_sequences % world:
+        problems.append(
+            f"{section}.ppo_mini_batch_size x rollout.n = {mini_sequences} sequences is not divisible by the "
+            f"data-parallel size {world} (trainer.nnodes x trainer.n_gpus_per_node)"
+        )
+        return
+    per_rank = mini_sequences // world
+    if micro_per_gpu is not None and not dynamic:
+        if micro_per_gpu <= 0:
+            problems.append(f"{section}.ppo_micro_batch_size_per_gpu={micro_per_gpu} must be positive")
+        elif per_rank % micro_per_gpu:
+            problems.append(
+                f"{section}: mini-batch of {per_rank} sequences per worker (ppo_mini_batch_size x rollout.n / "
+                f"{world} workers) is not divisible by ppo_micro_batch_size_per_gpu={micro_per_gpu}"
+            )
+
+
+def check_sequence_parallel(problems: list[str], cfg: Any) -> None:
+    """Ulysses needs packed rows and a size that divides the group's ranks; the reference lives in
+    the actor's processes, so it splits sequences like the actor or not at all."""
+    arr, ranks = cfg.actor_rollout_ref, cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+    sections = [("actor_rollout_ref.actor", arr.actor.ulysses_sequence_parallel_size, arr.model, "actor_rollout_ref.model")]
+    if critic_enabled(cfg):
+        sections.append(("critic", cfg.critic.ulysses_sequence_parallel_size, cfg.critic.model, "critic.model"))
+    for section, size, model, model_key in sections:
+        check_sp_size(problems, f"{section}.ulysses_sequence_parallel_size", size, ranks,
+                      packed=model.use_remove_padding or model.use_shared_prompt, packing_key=f"{model_key}.use_remove_padding")
+    if arr.ref.ulysses_sequence_parallel_size not in (1, arr.actor.ulysses_sequence_parallel_size):
+        problems.append(f"actor_rollout_ref.ref.ulysses_sequence_parallel_size={arr.ref.ulysses_sequence_parallel_size} "
+                        "differs from actor_rollout_ref.actor.ulysses_sequence_parallel_size="
+                        f"{arr.actor.ulysses_sequence_parallel_size}: the reference runs in the actor's processes and "
+                        "splits sequences over the same groups (or, at 1, runs them whole); drop the ref key "
+                        "(it follows the actor)")
+
+
+def check_clip_ratios(problems: list[str], actor: Any) -> None:
+    """PPO's clip bounds: finite epsilons, a dual-clip bound above 1."""
+    if actor.clip_ratio_c <= 1.0:
+        problems.append(f"actor_rollout_ref.actor.clip_ratio_c={actor.clip_ratio_c} must be > 1 (dual-clip bound)")
+    for name in ("clip_ratio", "clip_ratio_low", "clip_ratio_high"):
+        value = getattr(actor, name)
+        if value is not None and not 0 <= value < math.inf:
+            problems.append(f"actor_rollout_ref.actor.{name}={value} must be a finite number >= 0 (PPO's clip epsilon, "
+                            "typically 0.2; DAPO's clip_ratio_high is 0.28)")

@@ -7,6 +7,9 @@ documentation, and ``ppo_trainer.yaml`` is generated from them.
 from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
+from hybridflow.algos.registry import AdvantageSpec, UnknownAlgorithmError, advantage_spec, list_kl_controllers
+from hybridflow.config.checks import check_choice
+
 
 @dataclass
 class KLControlConfig:
@@ -107,3 +110,45 @@ class AlgorithmConfig:
     """prime: weight of the implicit PRM's dense rewards (after their leave-one-out baseline) in the advantages."""
     reward_gt_coef: float = 5.0
     """prime: weight of the outcome reward (after its leave-one-out baseline) in the advantages."""
+
+
+def critic_enabled(cfg: Any) -> bool:
+    """The critic runs when forced on, or by default exactly for estimators registered with ``needs_values``."""
+    if cfg.critic.enable is not None:
+        return bool(cfg.critic.enable)
+    return estimator_spec(cfg.algorithm.adv_estimator).needs_values
+
+
+def reference_enabled(cfg: Any) -> bool:
+    """Reference log-probs are computed when a KL term uses them (in the loss or in the reward) or the estimator's
+    spec needs them (``needs_reference``: PRIME's implicit PRM takes its log-ratio to them)."""
+    return bool(cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
+                or estimator_spec(cfg.algorithm.adv_estimator).needs_reference)
+
+
+def implicit_prm_enabled(cfg: Any) -> bool:
+    """PRIME's implicit PRM is built and trained exactly for estimators registered with ``needs_implicit_prm``."""
+    return estimator_spec(cfg.algorithm.adv_estimator).needs_implicit_prm
+
+
+def estimator_spec(name: str | None) -> AdvantageSpec:
+    """The estimator's registered spec (algos/registry.py, the one module of algos that config reads: what an
+    estimator needs); an unknown name needs nothing here and is reported by the registered-name check."""
+    try:
+        return advantage_spec(name)
+    except UnknownAlgorithmError:
+        return AdvantageSpec()
+
+
+def algorithm_problems(cfg: Any) -> list[str]:
+    """The ``algorithm.*`` checks: what the estimator needs of the critic, the KL controller, DAPO's filter."""
+    algo, problems = cfg.algorithm, []
+    if estimator_spec(algo.adv_estimator).needs_values and cfg.critic.enable is False:
+        problems.append(f"algorithm.adv_estimator={algo.adv_estimator} needs a critic but critic.enable=False: "
+                        "enable the critic or pick a critic-free estimator such as grpo")
+    if critic_enabled(cfg) and cfg.critic.model.path in (None, ""):
+        problems.append(f"critic.model.path is not set (it is needed because adv_estimator={algo.adv_estimator})")
+    check_choice(problems, "algorithm.kl_ctrl.type", algo.kl_ctrl.type, tuple(list_kl_controllers()))
+    if algo.filter_groups.enable and not algo.filter_groups.metric:
+        problems.append("algorithm.filter_groups.enable=True needs algorithm.filter_groups.metric (acc, score or seq_reward)")
+    return problems

@@ -7,6 +7,8 @@ documentation, and ``ppo_trainer.yaml`` is generated from them.
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
+from hybridflow.config.checks import check_positive
+
 
 @dataclass
 class CustomClassConfig:
@@ -110,3 +112,45 @@ class DataConfig:
     images in ``image_key``)."""
     return_multi_modal_inputs: bool = True
     """Compatibility-only (compat.py); in verl: keep the processor's vision inputs in the batch."""
+
+
+TRUNCATION_MODES = ("error", "left", "right", "middle")
+
+
+def prime_filtering(data: Any) -> bool:
+    """PRIME's accuracy / truncation filter or its oversampling is asked for (``data.*``, verl-recipe's keys)."""
+    return bool(data.filter_accuracy or data.filter_truncate or data.oversample_factor != 1.0)
+
+
+def generation_batch_size(data: Any) -> int:
+    """Prompts a step generates from: ``gen_batch_size`` (DAPO), else ``train_batch_size`` x PRIME's
+    ``oversample_factor`` (1 unless set), as verl-recipe's PRIME trainer sizes its data loader."""
+    return data.gen_batch_size or int(data.train_batch_size * data.oversample_factor)
+
+
+def _check_prime_filter(problems: list[str], cfg: Any) -> None:
+    data = cfg.data
+    if not prime_filtering(data):
+        return
+    if data.oversample_factor < 1.0:
+        problems.append(f"data.oversample_factor={data.oversample_factor} must be >= 1 (PRIME generates that many "
+                        "times the train batch's prompts and keeps train_batch_size of them)")
+    if cfg.algorithm.filter_groups.enable:
+        problems.append("PRIME's filter (data.filter_accuracy / filter_truncate / oversample_factor) and DAPO's "
+                        "algorithm.filter_groups.enable=True both pick the groups to train on: keep one")
+    if data.gen_batch_size is not None and data.gen_batch_size != data.train_batch_size:
+        problems.append(f"data.gen_batch_size={data.gen_batch_size} with PRIME's filter: the generation batch is "
+                        "train_batch_size x data.oversample_factor; drop data.gen_batch_size")
+
+
+def check_generation_batch(problems: list[str], cfg: Any) -> None:
+    """data.gen_batch_size only means something with DAPO's dynamic sampling."""
+    gen, train = cfg.data.gen_batch_size, cfg.data.train_batch_size
+    _check_prime_filter(problems, cfg)
+    if gen is None or prime_filtering(cfg.data):
+        return
+    check_positive(problems, "data.gen_batch_size", gen)
+    if gen > 0 and gen != train and not cfg.algorithm.filter_groups.enable:
+        problems.append(f"data.gen_batch_size={gen} differs from data.train_batch_size={train} but "
+                        "algorithm.filter_groups.enable=False: generation batches larger or smaller than the "
+                        "train batch are for dynamic sampling; enable filter_groups or drop data.gen_batch_size")

@@ -228,3 +228,44 @@ def multi_turn_problems(multi_turn: Any) -> list[str]:
         problems.append(f"{key}.tool_config_path / interaction_config_path are set but {key}.enable=False: "
                         "set enable=True to run the tool agent")
     return problems
+
+
+def check_rollout(problems: list[str], cfg: Any, model_max_len: int | None) -> None:
+    """Sampling settings, the engine's log-probs as the trainer's, the step budget, the lengths against the model."""
+    rollout, data = cfg.actor_rollout_ref.rollout, cfg.data
+    if not 0.0 <= rollout.over_sample_rate < 1.0:
+        problems.append(f"actor_rollout_ref.rollout.over_sample_rate={rollout.over_sample_rate} must be in [0, 1): "
+                        "the share of a batch's samples aborted once the rest have finished")
+    for key, top_k in (("rollout.top_k", rollout.top_k), ("rollout.val_kwargs.top_k", rollout.val_kwargs.top_k)):
+        if top_k < -1:
+            problems.append(f"actor_rollout_ref.{key}={top_k} must be -1 or 0 (off) or a positive number of tokens")
+    if cfg.actor_rollout_ref.actor.use_rollout_log_probs and (rollout.top_p < 1 or rollout.top_k > 0):
+        problems.append("actor_rollout_ref.actor.use_rollout_log_probs=True needs rollout.top_p=1 and rollout.top_k=-1: "
+                        "the engine's log-probs are of the filtered distribution, the trainer's are not")
+    if cfg.actor_rollout_ref.actor.use_rollout_log_probs and rollout.repetition_penalty != 1:
+        problems.append("actor_rollout_ref.actor.use_rollout_log_probs=True needs rollout.repetition_penalty=1: the "
+                        "engine's log-probs are of the penalised distribution, the trainer's are not")
+    if not rollout.repetition_penalty > 0:
+        problems.append(f"actor_rollout_ref.rollout.repetition_penalty={rollout.repetition_penalty} must be > 0 "
+                        "(1.0 = off)")
+    if rollout.temperature < 0:
+        problems.append(f"actor_rollout_ref.rollout.temperature={rollout.temperature} must be >= 0")
+    if not 0 < rollout.top_p <= 1:
+        problems.append(f"actor_rollout_ref.rollout.top_p={rollout.top_p} must be in (0, 1]")
+    check_positive(problems, "actor_rollout_ref.rollout.val_kwargs.n", rollout.val_kwargs.n)
+    _check_token_budget(problems, rollout)
+    check_positive(problems, "data.max_prompt_length", data.max_prompt_length)
+    check_positive(problems, "data.max_response_length", data.max_response_length)
+    total = data.max_prompt_length + data.max_response_length
+    if model_max_len is not None and total > model_max_len:
+        problems.append(
+            f"data.max_prompt_length + data.max_response_length = {total} exceeds the model's context of "
+            f"{model_max_len} tokens: lower one of them"
+        )
+
+
+def _check_token_budget(problems: list[str], rollout: Any) -> None:
+    """The step budget is positive (an engine that chunks its prefill checks the rest:
+    :func:`hybridflow.rollout.engine.engine_config_problems`)."""
+    key = "actor_rollout_ref.rollout.max_num_batched_tokens"
+    check_positive(problems, key, rollout.max_num_batched_tokens)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Dict, List, Optional
 
 from hybridflow.config.common import CheckpointContentsConfig, FSDPConfig
+from hybridflow.config.checks import check_positive
 
 
 @dataclass
@@ -271,3 +272,40 @@ def sft_messages_key(data: SFTDataConfig) -> Optional[str]:
 def sft_packed(cfg: SFTConfig) -> bool:
     """Micro-batches as one packed row: use_remove_padding, data.use_packing or data.pad_mode=no_padding."""
     return cfg.use_remove_padding or cfg.data.use_packing or cfg.data.pad_mode == "no_padding"
+
+
+def sft_model_path(cfg: Any) -> str | None:
+    """``model.path`` wins over verl's ``model.partial_pretrain``."""
+    return cfg.model.path or cfg.model.partial_pretrain
+
+
+def sft_micro_batch_size_per_gpu(data: Any, world_size: int) -> int:
+    """Sequences per forward/backward on each rank: verl's deprecated global ``data.micro_batch_size``
+    split over the data-parallel ranks when set, else ``data.micro_batch_size_per_gpu``."""
+    if data.micro_batch_size is not None:
+        return data.micro_batch_size // world_size
+    return data.micro_batch_size_per_gpu
+
+
+def sft_data_parallel_size(cfg: Any, world_size: int) -> int:
+    """Data-parallel workers of an SFT run of ``world_size`` processes: groups of
+    ``ulysses_sequence_parallel_size`` processes share one slice of the batch."""
+    size = cfg.ulysses_sequence_parallel_size
+    return world_size // size if size > 0 and world_size % size == 0 else world_size
+
+
+def check_sft_batches(problems: list[str], data: Any, world_size: int) -> None:
+    """The SFT batch splits into micro-batches over ``world_size`` data-parallel workers."""
+    check_positive(problems, "data.train_batch_size", data.train_batch_size)
+    if data.micro_batch_size is not None:
+        check_positive(problems, "data.micro_batch_size", data.micro_batch_size)
+        if data.micro_batch_size > 0 and data.micro_batch_size % world_size:
+            problems.append(f"data.micro_batch_size={data.micro_batch_size} (global) is not divisible by the "
+                            f"{world_size} data-parallel workers: use data.micro_batch_size_per_gpu instead")
+            return
+    micro = sft_micro_batch_size_per_gpu(data, world_size)
+    check_positive(problems, "data.micro_batch_size_per_gpu", micro)
+    if data.train_batch_size > 0 and micro > 0 and data.train_batch_size % (micro * world_size):
+        problems.append(f"data.train_batch_size={data.train_batch_size} is not divisible by "
+                        f"{micro} sequences per micro-batch x {world_size} data-parallel workers "
+                        "(data.micro_batch_size_per_gpu, or data.micro_batch_size / workers)")

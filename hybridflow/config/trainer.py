@@ -186,3 +186,80 @@ def trainer_problems(trainer: Any) -> list[str]:
         check_positive(problems, "trainer.total_training_steps", trainer.total_training_steps)
     check_positive(problems, "trainer.total_epochs", trainer.total_epochs)
     return problems
+
+
+def async_training_problems(cfg: Any) -> list[str]:
+    """The async trainers' settings (``async_training.*``, the rollouter's ``rollout.*``; main_ppo ignores them):
+    one line per unsupported or contradictory one, before anything loads."""
+    a, problems = cfg.async_training, []
+    if a.staleness_threshold < 0:
+        problems.append(f"async_training.staleness_threshold must be >= 0 (got {a.staleness_threshold})")
+    if a.trigger_parameter_sync_step < 1:
+        problems.append("async_training.trigger_parameter_sync_step must be >= 1")
+    if a.require_batches < 1:
+        problems.append(f"async_training.require_batches must be >= 1 (got {a.require_batches})")
+    if not a.compute_prox_log_prob and not a.use_rollout_log_probs:
+        problems.append("async_training: with compute_prox_log_prob=False the old policy is the behaviour one; "
+                        "set use_rollout_log_probs=True (or compute_prox_log_prob=True)")
+    if cfg.algorithm.filter_groups.enable:
+        problems.append("algorithm.filter_groups (DAPO dynamic sampling) is not supported by the async trainers; "
+                        "use main_ppo or set algorithm.filter_groups.enable=False")
+    steps = cfg.rollout.total_rollout_steps
+    if steps is not None and a.require_batches >= 1 and steps < a.require_batches:
+        problems.append(f"rollout.total_rollout_steps={steps} is smaller than async_training.require_batches="
+                        f"{a.require_batches}: the trainer would run 0 steps; raise total_rollout_steps to at least "
+                        "require_batches")
+    return problems
+
+
+def ppo_ranks(cfg: Any) -> int:
+    """Ranks of a worker group: 1 on the local backend, else ``nnodes x n_gpus_per_node``."""
+    if cfg.trainer.backend == "local":
+        return 1
+    return cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+
+
+def ppo_world_size(cfg: Any, sp_size: int | None = None) -> int:
+    """Data-parallel size of a worker group: its ranks over its sequence-parallel size (default: the actor's)."""
+    sp_size = cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size if sp_size is None else sp_size
+    return max(1, ppo_ranks(cfg) // sp_size)
+
+
+def split_placement(cfg: Any) -> bool:
+    """The rollout runs in a pool of processes of its own (``rollout.n_gpus_per_node`` > 0), not in the training
+    processes (the hybrid engine)."""
+    return cfg.rollout.n_gpus_per_node > 0
+
+
+def check_split_placement(problems: list[str], cfg: Any) -> None:
+    """A rollout pool of its own (``rollout.n_gpus_per_node`` > 0) is a set of Ray processes that split each prompt
+    batch between them."""
+    pool = cfg.rollout
+    if pool.n_gpus_per_node < 0 or pool.nnodes < 1:
+        problems.append(f"rollout.nnodes={pool.nnodes}, rollout.n_gpus_per_node={pool.n_gpus_per_node}: nnodes must be "
+                        ">= 1 and n_gpus_per_node >= 0 (0 = the rollout runs in the training processes)")
+        return
+    if not split_placement(cfg):
+        return
+    if cfg.trainer.backend != "ray":
+        problems.append(f"rollout.n_gpus_per_node={pool.n_gpus_per_node} places the rollout in processes of its own, "
+                        "which needs trainer.backend=ray; or set rollout.n_gpus_per_node=0 (the hybrid engine)")
+    ranks = pool.nnodes * pool.n_gpus_per_node
+    if cfg.data.train_batch_size % ranks:
+        problems.append(f"data.train_batch_size={cfg.data.train_batch_size} prompts cannot be split over the "
+                        f"{ranks} rollout processes (rollout.nnodes x rollout.n_gpus_per_node); make it a multiple")
+
+
+def check_best_checkpoint(problems: list[str], cfg: Any) -> None:
+    """keep_best_checkpoint / early_stop_patience act on validation scores: validation must run."""
+    trainer = cfg.trainer
+    if trainer.early_stop_patience < 0:
+        problems.append(f"trainer.early_stop_patience={trainer.early_stop_patience}: use 0 (never) or a positive count")
+    wanted = [k for k, on in (("trainer.keep_best_checkpoint", trainer.keep_best_checkpoint),
+                              ("trainer.early_stop_patience", trainer.early_stop_patience > 0)) if on]
+    if wanted and (not cfg.data.val_files or trainer.test_freq <= 0):
+        problems.append(f"{' and '.join(wanted)} select on validation scores, but no validation runs: set "
+                        "data.val_files and trainer.test_freq > 0 (e.g. trainer.test_freq=10)")
+    if trainer.best_metric is not None and not str(trainer.best_metric).startswith(("val-core/", "val-aux/")):
+        problems.append(f"trainer.best_metric='{trainer.best_metric}' is not a validation metric: name one that "
+                        "starts with val-core/ or val-aux/ (e.g. val-core/<data_source>/reward/mean@1), or null")

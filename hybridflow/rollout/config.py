@@ -16,7 +16,7 @@ node, a ``SimpleNamespace``):
 | ``val_kwargs.{n,temperature,top_p,top_k,do_sample}`` | the same, when ``validate=True`` |
 
 This is the only place the mapping is written: the PPO loop calls it for training, validation and
-the ReMax baseline; ``config/validate.py`` rejects ``top_k < -1`` before any model loads.
+the ReMax baseline; ``config/rollout.py`` rejects ``top_k < -1`` before any model loads.
 """
 
 from __future__ import annotations

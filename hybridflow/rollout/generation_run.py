@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hybridflow.rollout.block_manager import NULL_BLOCK, BlockAllocator, OutOfBlocks, SequenceBlocks
+from hybridflow.rollout.block_manager import NULL_BLOCK, BlockAllocator, SequenceBlocks
 from hybridflow.rollout.host_copy import device_tensor, to_device
 from hybridflow.rollout.kv_cache import PagedKVCache, SlotMirror
 from hybridflow.rollout.sampler import RowSampling, draw_uniform, keyed_uniform, seen_mask
@@ -363,46 +363,15 @@ class GenerationRun:
                 self.mirror.move(source=last, target=index, length=moved.position)
         self.live.pop()
 
-    def make_writable(self) -> None:
-        """Give every live sequence a block of its own at its next position (copy-on-write of a shared
-        block, a new block at a boundary); when blocks run out, preempt the latest admitted (LIFO). A row that
-        its tokens in flight end writes nothing (:meth:`ended_ahead`)."""
-        copies = []
-        for sequence in sorted(self.live, key=lambda s: s.admitted):  # oldest first: preemption takes the newest
-            if sequence.blocks is None or self.ended_ahead(sequence):
-                continue  # preempted in this loop, or writes nowhere
-            copy = self._writable(sequence)
-            if copy is not None:
-                copies.append(copy)
-        self.cache.copy_blocks(copies)
-
-    def _writable(self, sequence: Sequence) -> tuple[int, int] | None:
-        """:meth:`SequenceBlocks.prepare_write` at ``sequence``'s position, freeing blocks until it succeeds: the
-        latest admitted other sequence is preempted first, then the prefills waiting prompts hold are dropped,
-        and last ``sequence`` itself (``None`` then: it no longer writes this step)."""
-        while True:
-            try:
-                copy = sequence.blocks.prepare_write(sequence.position)
-            except OutOfBlocks:
-                newest = max(self.live, key=lambda s: s.admitted)
-                if newest is not sequence:
-                    self.preempt(newest)
-                elif not self.drop_waiting_prefill():
-                    self.preempt(sequence)
-                    return None
-                continue
-            index = sequence.position // self.allocator.block_size
-            if copy is not None or sequence.position % self.allocator.block_size == 0:  # a new block at index
-                self.tables.set(sequence.row, index, sequence.blocks.blocks[index])
-            return copy
-
-    def drop_waiting_prefill(self) -> bool:
-        """Drop the last waiting prompt's prefill that holds blocks; whether there was one."""
-        for pending in reversed(self.waiting):
-            if pending.blocks is not None:
-                pending.drop_prefill()
-                return True
-        return False
+    def prepare_write(self, sequence: Sequence) -> tuple[int, int] | None:
+        """Give ``sequence`` a block of its own at its position (:meth:`SequenceBlocks.prepare_write`: a new block
+        at a boundary, a copy of a shared one) and enter it in its row's table; the ``(source, target)`` block copy
+        to run, if any. Raises :class:`OutOfBlocks` when none is free (the scheduler chooses what to preempt)."""
+        copy = sequence.blocks.prepare_write(sequence.position)
+        index = sequence.position // self.allocator.block_size
+        if copy is not None or sequence.position % self.allocator.block_size == 0:  # a new block at index
+            self.tables.set(sequence.row, index, sequence.blocks.blocks[index])
+        return copy
 
     def preempt(self, sequence: Sequence) -> None:
         """Free ``sequence``'s blocks and queue it first: it is prefilled again from its prompt and tokens so far

@@ -1,9 +1,10 @@
 """The native generation engine: a paged KV cache with continuous batching and preemption, in nano-vllm's shape.
 
 One engine step (``RequestQueue.step``) is :meth:`NativeEngine.admit` then :meth:`NativeEngine.step`: the
-scheduler plans (:mod:`hybridflow.rollout.scheduler`: which prompts prefill how far, which samples join), the model
-runner executes (:mod:`hybridflow.rollout.model_runner`: prefill passes, sampling, the decode step), the run records
-the results (:mod:`hybridflow.rollout.generation_run`), and the KV memory lives in :mod:`hybridflow.rollout.kv_pool`.
+scheduler plans (:mod:`hybridflow.rollout.scheduler`: which prompts prefill how far, which samples join, what is
+preempted when blocks run out), the model runner executes (:mod:`hybridflow.rollout.model_runner`: prefill passes,
+sampling, the decode step), the run records the results (:mod:`hybridflow.rollout.generation_run`), and the KV
+memory lives in :mod:`hybridflow.rollout.kv_pool`.
 
 What it does that HF ``generate`` does not: a prompt is prefilled once and its ``n`` samples share its blocks
 (:mod:`hybridflow.rollout.block_manager`); a finished row is retired at once and a waiting one takes its place;
@@ -38,7 +39,7 @@ from hybridflow.rollout.mla import MLADecoder
 from hybridflow.rollout.model_runner import ModelRunner
 from hybridflow.rollout.request_queue import RequestQueue
 from hybridflow.rollout.scheduler import (admission_wave, blocks_for_next_writes, check_token_budget, chunk_end,
-                                         plan_prefill, share_prefills)
+                                         held_prefill, plan_prefill, schedule_writes, share_prefills)
 from hybridflow.rollout.types import Completion, SamplingParams, validate_prompts
 from hybridflow.rollout.vision_prefill import Encoded, PromptImages, encode_prompt_images
 
@@ -307,9 +308,11 @@ class NativeEngine:
             if not wave:
                 if run.live or run.waiting[0].blocks is not None:
                     return  # the head waits for blocks running sequences free, or for its next chunk
-                if not run.drop_waiting_prefill():
+                held = held_prefill(run)
+                if held is None:
                     raise RolloutError(f"no KV block is left for a prompt of {len(run.waiting[0].token_ids)} tokens "
                                        "with nothing running: raise num_kv_blocks or gpu_memory_utilization")
+                held.drop_prefill()
                 continue
             self._join(run, wave)
 
@@ -333,7 +336,7 @@ class NativeEngine:
         if previous is not None and not blocks_for_next_writes(run):
             run.land_in_flight()
             previous = None
-        run.make_writable()  # no preemption with a step in flight: checked above
+        run.cache.copy_blocks(schedule_writes(run))  # no preemption with a step in flight: checked above
         ended = all(run.ended_ahead(s) for s in run.live)
         launched = None if ended else self.runner.launch(run, self.cache, rows=self.max_num_seqs)
         run.in_flight = None

@@ -1,11 +1,11 @@
 """The native engine's scheduler: it plans one engine step over a :class:`GenerationRun` and never calls the engine.
 
 What it decides (nano-vllm's ``scheduler`` does the same for its engine): which waiting prompts are prefilled in
-this step and how far (the chunk budget of ``enable_chunked_prefill``), how the chunks group into packed passes, and
-which samples join the batch (admission waves: a free row and a free block each). The engine runs the plan (its
-:class:`~hybridflow.rollout.model_runner.ModelRunner` computes) and records the results in the run. Blocks come from
-the run's block manager as the plan reserves them; which sequence is preempted when they run out is the run's LIFO
-rule (:meth:`GenerationRun.make_writable`).
+this step and how far (the chunk budget of ``enable_chunked_prefill``), how the chunks group into packed passes,
+which samples join the batch (admission waves: a free row and a free block each), and what gives its blocks back
+when they run out (:func:`schedule_writes`: the latest admitted sequence first, LIFO). It takes and frees blocks
+through the run (reservations, :meth:`GenerationRun.prepare_write`, :meth:`GenerationRun.preempt`); the engine's
+:class:`~hybridflow.rollout.model_runner.ModelRunner` computes what it planned and the run records the results.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hybridflow.errors import RolloutError
-from hybridflow.rollout.block_manager import SequenceBlocks
-from hybridflow.rollout.generation_run import GenerationRun, PendingPrompt
+from hybridflow.rollout.block_manager import OutOfBlocks, SequenceBlocks
+from hybridflow.rollout.generation_run import GenerationRun, PendingPrompt, Sequence
 
 Chunk = tuple[PendingPrompt, int, int]
 """``(prompt, start, end)``: positions ``start .. end - 1`` of a prompt to prefill."""
@@ -129,6 +129,46 @@ def blocks_for_next_writes(run: GenerationRun) -> bool:
     of a shared one), so that no row is preempted while a step is in flight."""
     needed = sum(s.blocks.needs_block(s.position) for s in run.live if not run.ended_ahead(s))
     return needed <= run.allocator.available
+
+
+def schedule_writes(run: GenerationRun) -> list[tuple[int, int]]:
+    """Give every live sequence a block of its own at its next position, oldest admitted first, preempting when
+    blocks run out (:func:`make_room`); the ``(source, target)`` block copies (copy-on-write) the step runs before
+    it writes. A row that its tokens in flight end writes nothing (:meth:`GenerationRun.ended_ahead`)."""
+    copies = []
+    for sequence in sorted(run.live, key=lambda s: s.admitted):  # oldest first: preemption takes the newest
+        if sequence.blocks is None or run.ended_ahead(sequence):
+            continue  # preempted in this loop, or writes nowhere
+        while sequence.blocks is not None:
+            try:
+                copy = run.prepare_write(sequence)
+            except OutOfBlocks:
+                make_room(run, sequence)
+                continue
+            if copy is not None:
+                copies.append(copy)
+            break
+    return copies
+
+
+def make_room(run: GenerationRun, writer: Sequence) -> None:
+    """Free blocks for ``writer``'s write: preempt the latest admitted other live sequence (LIFO, as vLLM and
+    nano-vllm do), else drop the prefill a waiting prompt holds (:func:`held_prefill`), else preempt ``writer``
+    itself (it no longer writes this step)."""
+    newest = max(run.live, key=lambda s: s.admitted)
+    if newest is not writer:
+        run.preempt(newest)
+        return
+    held = held_prefill(run)
+    if held is not None:
+        held.drop_prefill()
+    else:
+        run.preempt(writer)
+
+
+def held_prefill(run: GenerationRun) -> PendingPrompt | None:
+    """The waiting prompt whose prefill gives its blocks back first: the last one in the queue holding blocks."""
+    return next((pending for pending in reversed(run.waiting) if pending.blocks is not None), None)
 
 
 def chunk_end(pending: PendingPrompt, left: float, joining: int) -> int:

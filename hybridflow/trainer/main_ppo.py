@@ -15,7 +15,7 @@ from hybridflow.algos import (advantage_spec, get_advantage, get_policy_loss, li
                              policy_loss_spec)
 from hybridflow.algos.errors import UnknownAlgorithmError
 from hybridflow.algos.rollout_correction.checks import pf_ppo_problems, rollout_correction_problems
-from hybridflow.config import PPOConfig, config_value, implicit_prm_enabled, validate_ppo_config
+from hybridflow.config import PPOConfig, config_value, validate_ppo_config
 from hybridflow.config.loader import run_from_config_args
 from hybridflow.config.validate import prime_filtering
 from hybridflow.errors import ConfigError, run_entry_point
@@ -27,7 +27,6 @@ from hybridflow.trainer.loop.parts import Parts, Run
 from hybridflow.trainer.loop.sync_sources import AccuracyFilter, GroupRefill, SyncSource
 from hybridflow.trainer.loop.weight_sync import weight_sync_for
 from hybridflow.trainer.loop.ppo_update import PPOUpdate
-from hybridflow.trainer.roles.prime import implicit_prm_problems
 from hybridflow.trainer.roles.reward import reward_manager_problems
 from hybridflow.trainer.roles.assembly import build_loop
 
@@ -63,8 +62,6 @@ def check_algorithm_settings(cfg: PPOConfig) -> None:
     algo, actor = cfg.algorithm, cfg.actor_rollout_ref.actor
     setting = functools.partial(config_value, cfg)
     problems = spec_problems(cfg, lambda: advantage_spec(algo.adv_estimator))
-    if implicit_prm_enabled(cfg):
-        problems += implicit_prm_problems(cfg)
     problems += spec_problems(cfg, lambda: policy_loss_spec(actor.policy_loss.loss_mode))
     problems += pf_ppo_problems(setting) + rollout_correction_problems(setting)
     if problems:

@@ -120,3 +120,20 @@ def test_dpo_accuracy_by_hand():
     assert got["reward_model/dpo_acc"] == pytest.approx(0.625)
     # sign(sum) == sign(2y - 1): row 0 (+,+), row 4 (+,+) agree; row 1 (+,-), row 2 (+,0), row 3 (-,+), row 5 (0,+) not
     assert got["reward_model/dpo_acc_abs"] == pytest.approx(2 / 6)
+
+
+def test_the_prime_estimator_s_spec_checks_the_implicit_prm_settings():
+    from hybridflow.algos import advantage_spec
+
+    recipe = {"reward_model.model.update": "before", "reward_model.model.loss_type": "ce",
+              "reward_model.prime_granularity": "token", "reward_model.prime_norm": "batch_norm",
+              "reward_model.model.path": None, "actor_rollout_ref.model.path": "/m", "actor_rollout_ref.rollout.n": 4,
+              "trainer.nnodes": 1, "trainer.n_gpus_per_node": 2, "trainer.balance_batch": True,
+              "trainer.backend": "ray"}
+    check = advantage_spec("prime").check
+    assert check(lambda key: {**recipe, "trainer.balance_batch": False}[key]) == []
+    bad = {**recipe, "reward_model.model.update": "after", "reward_model.model.path": "/other",
+           "actor_rollout_ref.rollout.n": 1}
+    assert [line.split(":")[0].split(" ")[0] for line in check(bad.__getitem__)] == [
+        "reward_model.model.update='after'", "reward_model.model.path='/other'", "PRIME's",
+        "PRIME"]  # n >= 2 for leave-one-out; balancing over 2 Ray ranks breaks consecutive rows

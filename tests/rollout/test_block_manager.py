@@ -8,7 +8,8 @@ import torch
 from hybridflow.rollout import SamplingParams
 from hybridflow.rollout.block_manager import BlockAllocator, OutOfBlocks, SequenceBlocks
 from hybridflow.rollout.kv_cache import PagedKVCache
-from hybridflow.rollout.native import GenerationRun, HostBlockTables, Sequence
+from hybridflow.rollout.native import GenerationRun, HostBlockTables, PendingPrompt, Sequence
+from hybridflow.rollout.scheduler import schedule_writes
 
 
 def allocator(blocks: int, *, cached: int = 0) -> BlockAllocator:
@@ -122,7 +123,7 @@ def test_when_blocks_run_out_the_latest_admitted_is_preempted_and_queued_first_t
     pool = allocator(4)  # 3 usable blocks
     run = schedule(pool, [([1, 2, 3, 4], [5]), ([6, 7, 8, 9, 10, 11, 12, 13], [14])])  # both write at a boundary
     oldest, newest = run.live
-    run.make_writable()
+    assert schedule_writes(run) == []  # writes at a boundary: new blocks, nothing to copy
     assert run.live == [oldest] and oldest.blocks.blocks == [1, 3] and run.preemptions == 1
     assert run.tables.gather([oldest.row], 3).tolist() == [[1, 3, 0]]  # what the decode step reads
     queued = run.waiting[0]
@@ -134,7 +135,34 @@ def test_the_latest_admitted_preempts_itself_when_no_one_newer_holds_blocks():
     pool = allocator(5)  # 4 usable blocks, 3 held
     run = schedule(pool, [([1, 2, 3, 4], [5]), ([6, 7, 8], [9]), ([1, 1, 1, 1], [2])])
     first, second, third = run.live
-    run.make_writable()  # first takes the last free block, second writes in its own, third finds none
+    schedule_writes(run)  # first takes the last free block, second writes in its own, third finds none
     assert run.live == [first, second] and run.waiting[0].resumed is third and run.preemptions == 1
     assert first.blocks.blocks == [1, 4] and second.blocks.blocks == [2] and pool.available == 1
     assert run.tables.gather([first.row, second.row], 2).tolist() == [[1, 4], [2, 0]]
+
+
+def waiting_prompt(pool: BlockAllocator, run: GenerationRun, prompt: list[int]) -> PendingPrompt:
+    """A waiting prompt whose prefill holds blocks for its tokens (queued last)."""
+    pending = PendingPrompt(len(run.live) + len(run.waiting), prompt, remaining=1, params=SamplingParams())
+    pending.blocks, pending.prefilled = SequenceBlocks.for_prompt(pool, prompt)
+    run.waiting.append(pending)
+    return pending
+
+
+def test_a_waiting_prefill_gives_its_blocks_back_before_the_newest_sequence_preempts_itself():
+    pool = allocator(4)  # 3 usable blocks: one held by the live row, one by each waiting prefill
+    run = schedule(pool, [([1, 2, 3, 4], [5])])
+    (only,) = run.live
+    first, last = waiting_prompt(pool, run, [6, 7, 8]), waiting_prompt(pool, run, [9, 10])
+    schedule_writes(run)
+    assert run.live == [only] and run.preemptions == 0 and only.blocks.blocks == [1, 3]  # the last prefill's block
+    assert last.blocks is None and last.prefilled == 0 and first.blocks.blocks == [2]
+
+
+def test_a_shared_block_is_copied_before_its_write():
+    pool = allocator(4)
+    run = schedule(pool, [([1, 2, 3], [4])])  # writes position 3, inside its first block
+    (only,) = run.live
+    sibling = only.blocks.fork()  # another sample holds the same block
+    assert schedule_writes(run) == [(1, 2)] and only.blocks.blocks == [2] and sibling.blocks == [1]
+    assert run.tables.gather([only.row], 1).tolist() == [[2]]

@@ -12,7 +12,7 @@ import torch
 
 from hybridflow.algos.advantages.groups import group_ids
 from hybridflow.algos.errors import AlgorithmError
-from hybridflow.algos.prime import prime_advantages
+from hybridflow.algos.prime import implicit_prm_problems, prime_advantages
 from hybridflow.algos.registry import register_advantage
 
 
@@ -29,7 +29,7 @@ def consecutive_group_size(index, *, batch_size: int) -> int:
 
 @register_advantage("prime", needs_implicit_prm=True, needs_reference=True,
                     knobs={"reward_dpo_coef": "algorithm.reward_dpo_coef",
-                           "reward_gt_coef": "algorithm.reward_gt_coef"})
+                           "reward_gt_coef": "algorithm.reward_gt_coef"}, check=implicit_prm_problems)
 @torch.no_grad()
 def prime_advantage(*, token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index,
                     prm_rewards: torch.Tensor | None = None, reward_dpo_coef: float = 5.0,

@@ -57,6 +57,7 @@ from typing import Any
 from hybridflow.trainer.entry import partial_rollout_problems
 from hybridflow.controller.dispatch import mean_metrics
 from hybridflow.data.batch import Batch
+from hybridflow.config.trainer import async_training_problems
 from hybridflow.errors import HybridflowError
 from hybridflow.trainer.loop.generation import Generation, PromptStream
 from hybridflow.trainer.loop.parts import Rollout
@@ -95,22 +96,10 @@ class StalenessGate:
 
 
 def check_async_config(cfg) -> None:
-    """One clear error per unsupported or contradictory async_training setting."""
-    a = cfg.async_training
-    problems = []
-    if a.staleness_threshold < 0:
-        problems.append(f"async_training.staleness_threshold must be >= 0 (got {a.staleness_threshold})")
-    if a.trigger_parameter_sync_step < 1:
-        problems.append("async_training.trigger_parameter_sync_step must be >= 1")
-    if a.require_batches < 1:
-        problems.append(f"async_training.require_batches must be >= 1 (got {a.require_batches})")
-    if not a.compute_prox_log_prob and not a.use_rollout_log_probs:
-        problems.append("async_training: with compute_prox_log_prob=False the old policy is the behaviour one; "
-                        "set use_rollout_log_probs=True (or compute_prox_log_prob=True)")
-    if cfg.algorithm.filter_groups.enable:
-        problems.append("algorithm.filter_groups (DAPO dynamic sampling) is not supported by the async trainers; "
-                        "use main_ppo or set algorithm.filter_groups.enable=False")
-    problems += partial_rollout_problems(cfg)
+    """One clear error per unsupported or contradictory async_training setting: the section's checks
+    (:func:`~hybridflow.config.trainer.async_training_problems`) and whether a partial rollout can act here (the
+    engine registry's answer)."""
+    problems = async_training_problems(cfg) + partial_rollout_problems(cfg)
     if problems:
         raise HybridflowError("; ".join(problems))
 
@@ -121,11 +110,6 @@ def async_training_steps(cfg, steps_per_epoch: int) -> int:
     check_async_config(cfg)
     require = cfg.async_training.require_batches
     if cfg.rollout.total_rollout_steps is not None:
-        if cfg.rollout.total_rollout_steps < require:
-            raise HybridflowError(
-                f"rollout.total_rollout_steps={cfg.rollout.total_rollout_steps} is smaller than "
-                f"async_training.require_batches={require}: the trainer would run 0 steps; raise "
-                "total_rollout_steps to at least require_batches")
         return cfg.rollout.total_rollout_steps // require
     epochs = cfg.rollout.total_epochs if cfg.rollout.total_epochs is not None else cfg.trainer.total_epochs
     steps = steps_per_epoch * epochs // require

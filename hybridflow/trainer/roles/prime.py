@@ -1,6 +1,7 @@
-"""PRIME's implicit PRM as a role of the PPO trainer: its checks before any model loads, its factory inside a rank,
-its worker group (colocated like the critic). The step stage that trains it and turns its log-probs into dense
-rewards (``batch["prm_rewards"]``, read by ``adv_estimator=prime``) is the PPO update's (``loop/ppo_update.py``).
+"""PRIME's implicit PRM as a role of the PPO trainer: its factory inside a rank, its worker group (colocated like the
+critic). Its settings are checked by the ``prime`` estimator's spec (``algos/prime.py``) before any model loads. The
+step stage that trains it and turns its log-probs into dense rewards (``batch["prm_rewards"]``, read by
+``adv_estimator=prime``) is the PPO update's (``loop/ppo_update.py``).
 """
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ import functools
 
 import torch
 
-from hybridflow.algos.prime import PRIME_GRANULARITIES, PRIME_NORMS
 from hybridflow.config.verl_versions import optim_clip_grad
 from hybridflow.controller.worker_group import build_worker_group
 from hybridflow.data.parallel import DataParallel
@@ -21,38 +21,6 @@ from hybridflow.workers.implicit_prm import ImplicitPRMWorker
 from hybridflow.workers.micro_batches import LogProbBatching, per_rank_micro_batch_size
 from hybridflow.workers.optim import train_state_from_config
 from hybridflow.workers.ppo_update import UpdateSchedule
-
-PRM_UPDATES = ("before", "none")
-"""``reward_model.model.update`` values that run: train then score (the recipe's default), or a frozen PRM."""
-
-
-def implicit_prm_problems(cfg) -> list[str]:
-    """The PRM's settings, checked before any model loads: one line per problem, naming the fix."""
-    rm, arr = cfg.reward_model, cfg.actor_rollout_ref
-    problems = []
-    if rm.model.update not in PRM_UPDATES:
-        problems.append(f"reward_model.model.update={rm.model.update!r}: use before (train the PRM, then score) or "
-                        "none (a frozen PRM); the recipe's after / reverse are not implemented")
-    if rm.model.loss_type != "ce":
-        problems.append(f"reward_model.model.loss_type={rm.model.loss_type!r}: only ce (the cross-entropy on the "
-                        "outcome labels) is implemented, as in the recipe")
-    if rm.prime_granularity not in PRIME_GRANULARITIES:
-        problems.append(f"reward_model.prime_granularity={rm.prime_granularity!r}: use one of "
-                        f"{', '.join(PRIME_GRANULARITIES)}")
-    if rm.prime_norm not in PRIME_NORMS:
-        problems.append(f"reward_model.prime_norm={rm.prime_norm!r}: use one of {', '.join(PRIME_NORMS)}")
-    if rm.model.path not in (None, arr.model.path):
-        problems.append(f"reward_model.model.path={rm.model.path!r}: the implicit PRM starts as the policy and takes "
-                        "its log-ratio to the policy's reference; leave it unset or set it to "
-                        f"actor_rollout_ref.model.path ({arr.model.path!r})")
-    if arr.rollout.n < 2:
-        problems.append(f"PRIME's leave-one-out baselines need actor_rollout_ref.rollout.n >= 2 (got {arr.rollout.n})")
-    trainer = cfg.trainer
-    if trainer.balance_batch and trainer.backend == "ray" and trainer.nnodes * trainer.n_gpus_per_node > 1:
-        problems.append("PRIME needs each prompt's samples in consecutive rows, which balancing over ranks breaks: "
-                        "set trainer.balance_batch=False (the recipe's setting)")
-    return problems
-
 
 def build_prm_worker(dp: DataParallel, *, cfg, total_steps: int) -> ImplicitPRMGroupWorker:
     """The implicit PRM of one rank: the policy's initial weights (FSDP2 across the group), its AdamW, checkpoint."""
