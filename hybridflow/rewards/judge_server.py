@@ -118,8 +118,10 @@ def fork_judge(program: str, entries: list, fds: list[int], bounds, start: float
 def serve(fd: int, judge_main, warm) -> None:
     """The server's loop: per request, fork a judge running ``judge_main`` and answer its pidfd; reap the
     judges that ended. ``warm()`` first imports what every judge would (the pure standard modules)."""
-    from hybridflow.rewards import sandbox_judge
-
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except OSError:
+        os._exit(1)  # no pidfd here (Linux < 5.3): before any fork, so the reward process forks its judges
     warm()
     sock = socket.socket(fileno=fd)
     judges: set[int] = set()
@@ -133,23 +135,34 @@ def serve(fd: int, judge_main, warm) -> None:
             os._exit(0)
         judges -= _reaped()
         try:
-            program, sources, bounds, start = pickle.loads(payload)
-            entries = sandbox_judge.parse_assert_tests(sources)
-            pid = os.fork()
+            pidfd = _fork_one(sock, payload, fds, judges, judge_main)
         except BaseException as error:  # noqa: BLE001 - the request fails, the server goes on
-            for descriptor in fds:
-                os.close(descriptor)
             _send(sock, f"error: {error!r}".encode(), [])
             continue
+        _send(sock, b"ok", [pidfd])
+        os.close(pidfd)
+
+
+def _fork_one(sock: socket.socket, payload: bytes, fds: list[int], judges: set[int], judge_main) -> int:
+    """Fork the judge of one request (it never returns); a pidfd of it. The request's descriptors are the judge's."""
+    from hybridflow.rewards import sandbox_judge
+
+    try:
+        program, sources, bounds, start = pickle.loads(payload)
+        entries = sandbox_judge.parse_assert_tests(sources)
+        pid = os.fork()
         if pid == 0:
             sock.close()
             judge_main(program, entries, (fds[0], fds[1]), fds[2], bounds, start)
-        judges.add(pid)
+    finally:
         for descriptor in fds:
-            os.close(descriptor)
-        pidfd = os.pidfd_open(pid)
-        _send(sock, b"ok", [pidfd])
-        os.close(pidfd)
+            os.close(descriptor)  # in the server: the judge holds its own copies
+    judges.add(pid)
+    try:
+        return os.pidfd_open(pid)
+    except OSError:
+        os.kill(pid, signal.SIGKILL)  # a judge the reward process could not kill must not run
+        raise
 
 
 def _reaped() -> set[int]:
