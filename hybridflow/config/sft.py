@@ -218,6 +218,11 @@ class SFTTrainerConfig:
     """What checkpoints hold."""
     device: str = "auto"
     """``auto``, ``cpu`` or ``cuda``."""
+    # issue 61: resume ownership, as trainer.start_over of PPO (checkpoints/ownership.py)
+    start_over: bool = False
+    """Delete the checkpoints in default_local_dir and start a fresh run there. Without it, a folder whose
+    checkpoints were made under another configuration (model path or LoRA rank), or any checkpoint with
+    resume_mode=disable, is refused with one line and left untouched."""
 
 
 @dataclass

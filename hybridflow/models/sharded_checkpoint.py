@@ -86,7 +86,8 @@ def _saved_shapes(directory: str) -> dict[str, tuple[int, ...]]:
 
 
 _START_FRESH = ("resume with the model the checkpoint was trained from (its config.json is in the step's "
-                "huggingface/ folder), or start fresh with trainer.resume_mode=disable or another trainer.default_local_dir")
+                "huggingface/ folder), or start fresh in another trainer.default_local_dir, or with trainer.start_over=true "
+                "to delete these checkpoints and start over there")
 
 
 def check_same_model(directory: str, model_state: dict) -> None:

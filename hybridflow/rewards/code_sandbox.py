@@ -55,7 +55,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hybridflow.errors import ConfigError
-from hybridflow.rewards import judge_process, sandbox_cgroup, sandbox_harness, sandbox_judge, sandbox_limits
+from hybridflow.rewards import (judge_process, sandbox_cgroup, sandbox_harness, sandbox_judge, sandbox_leftovers,
+                                sandbox_limits)
 
 ALLOW_UNSANDBOXED_ENV = "HYBRIDFLOW_ALLOW_UNSANDBOXED_CODE"
 TIMEOUT_ENV = "HYBRIDFLOW_SANDBOX_TIMEOUT_S"
@@ -69,7 +70,6 @@ _MAX_PROCESSES = 32  # threads count too; with RLIMIT_AS the hard memory bound b
 _MAX_OPEN_FILES = 64
 _NOBODY = "65534"
 _DRAIN_AFTER_KILL_S = 2.0
-_TEMP_PREFIX = "hybridflow-sandbox-"
 
 _HARNESS_SOURCE = Path(sandbox_harness.__file__).read_text(encoding="utf-8")
 
@@ -472,8 +472,9 @@ def _time_limit(timeout_s: float | None) -> float:
 def _run(launch: _Launch) -> ExecutionResult:
     """Run one program with stdin; its capped output and why it stopped."""
     check_sandbox()
+    sandbox_leftovers.reap()
     memory = _MemoryBound(launch.memory_mb, sandbox_available())
-    with tempfile.TemporaryDirectory(prefix=f"{_TEMP_PREFIX}{os.getpid()}-") as host_dir:
+    with sandbox_leftovers.host_folder() as host_dir:
         stdin_path = _write_readable(host_dir, "stdin.txt", launch.stdin)
         try:
             with open(stdin_path, "rb") as stdin_file:
@@ -532,8 +533,9 @@ def run_asserts(code: str, asserts: list[str], *, timeout_s: float | None = 5.0,
     replies_read, replies_write = os.pipe()
     launch = _Launch(code=code, stdin="", timeout_s=timeout_s * (len(asserts) + 1), memory_mb=memory_mb,
                      kind="serve", passed_fds=(requests_read, replies_write))  # fmt: skip
+    sandbox_leftovers.reap()
     memory = _MemoryBound(memory_mb, sandbox_available())
-    with tempfile.TemporaryDirectory(prefix=f"{_TEMP_PREFIX}{os.getpid()}-") as host_dir:
+    with sandbox_leftovers.host_folder() as host_dir:
         try:
             process = _start(launch, host_dir, subprocess.DEVNULL, subprocess.DEVNULL, memory)
         except BaseException:
@@ -546,13 +548,13 @@ def run_asserts(code: str, asserts: list[str], *, timeout_s: float | None = 5.0,
             return judge_process.run(code, entries, (requests_write, replies_read), bounds, memory)
         finally:
             _kill_tree(process)
-            process.wait()
+            sandbox_leftovers.reap_later(process)  # it dies (its namespaces torn down) while the next sample runs
             memory.close()
 
 
 def remove_leftovers(pid: int) -> None:
     """Remove the temp dirs of sandboxes that process ``pid`` started (it was killed mid-run)."""
-    for folder in Path(tempfile.gettempdir()).glob(f"{_TEMP_PREFIX}{pid}-*"):
+    for folder in Path(tempfile.gettempdir()).glob(f"{sandbox_leftovers.PREFIX}{pid}-*"):
         shutil.rmtree(folder, ignore_errors=True)
     sandbox_cgroup.remove_leftovers(pid)
 

@@ -3,8 +3,9 @@
 :mod:`sandbox_judge` decodes the program's answers and runs the tests' comparisons. That work is
 the judge's, but its size is the program's choice: a set of ~70k integers sharing one hash decodes
 in quadratic time (54 s for a 2 MB answer), and a trusted call can raise ``SystemExit`` or block.
-So it never runs in the long-lived reward process: :func:`run` forks a judge process per sample,
-which
+So it never runs in the long-lived reward process: :func:`run` starts a fresh judge process per
+sample, forked by the judge server (:mod:`judge_server`, a small process, so the fork does not copy
+a torch-sized reward process: 14 ms of CPU a fork there) or, without one, by this process; the judge
 
 - reports one byte per stage on a pipe (``r`` when the module body ran, then ``1``/``0`` per entry);
 - runs with ``stdin``/``stdout``/``stderr`` on ``/dev/null`` and ``RLIMIT_AS`` at what it inherited
@@ -16,19 +17,27 @@ which
 
 Entries not reported when it stops fail; a judge that dies fails them too, and the reward process
 goes on. ``fork`` without ``exec``: the child runs only Python code of the standard library and this
-package (no torch), ~1 ms a sample.
+package. What a fresh judge would do again each sample is done once in the process that forks it: the
+pure standard modules a test may use are imported before the first fork (a child's imports die with
+it), and the child freezes the objects it inherits out of its garbage collector (a collection would
+copy their pages).
 """
 
 from __future__ import annotations
 
+import functools
+import gc
+import importlib
+import math
 import os
 import resource
 import select
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from hybridflow.rewards import sandbox_judge
+from hybridflow.rewards import judge_server, sandbox_judge, sandbox_leftovers
 
 
 @dataclass(frozen=True)
@@ -37,38 +46,71 @@ class Bounds:
 
     entry_s: float  # each entry (and the module body): the program's time and the judge's together
     sample_s: float  # the whole sample
-    memory_mb: int  # the judge's memory on top of what it inherits from this process
+    memory_mb: int  # the judge's memory on top of what it inherits from the process that forks it
     poll_s: float  # how often to look at the polled memory bound (a cgroup wakes us itself)
 
 
+@functools.cache
+def import_pure_modules() -> None:
+    """Import here, once, the standard modules a test may use (``sandbox_judge.PURE_MODULES``)."""
+    for module in sorted(sandbox_judge.PURE_MODULES):
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            pass
+
+
 def run(program: str, entries: list, channel_fds: tuple[int, int], bounds: Bounds, memory) -> list[bool]:
-    """Whether the program passes each entry, judged in a forked judge process.
+    """Whether the program passes each entry, judged in a fresh judge process (forked by the judge
+    server, :mod:`judge_server`, else here).
 
     ``channel_fds`` (the request pipe's write end, the reply pipe's read end) go to the judge and are
     closed here; ``memory`` is the sandbox's bound (``exceeded()``, ``events_fd``).
     """
+    import_pure_modules()
     results_read, results_write = os.pipe()
     start = time.monotonic()
     try:
-        pid = os.fork()
+        kill = _start_judge(program, entries, channel_fds, results_write, bounds, start)
     except BaseException:
-        for fd in (results_read, results_write, *channel_fds):
-            os.close(fd)
+        os.close(results_read)
         raise
-    if pid == 0:  # the judge: never returns
-        _judge_main(program, entries, channel_fds, results_write, bounds, start)
-    os.close(results_write)
-    for fd in channel_fds:
-        os.close(fd)  # the judge holds them: when it dies, the sandbox reads EOF and ends
+    finally:
+        for fd in (results_write, *channel_fds):
+            os.close(fd)  # the judge holds them: when it dies, the sandbox reads EOF and ends
     try:
         return _collect(results_read, len(entries), bounds, memory, start)
     finally:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        os.waitpid(pid, 0)
+        kill()
         os.close(results_read)
+
+
+def _start_judge(program: str, entries: list, channel_fds: tuple[int, int], results_fd: int, bounds: Bounds,
+                 start: float) -> Callable[[], None]:  # fmt: skip
+    """Start the sample's judge; returns what SIGKILLs it."""
+    try:
+        pidfd = judge_server.fork_judge(program, entries, [*channel_fds, results_fd], bounds, start)
+    except (OSError, EOFError):
+        pidfd = None  # no server here: fork it ourselves
+    if pidfd is not None:
+        def kill_served() -> None:
+            try:
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            except OSError:
+                pass  # it has ended and the server reaped it
+            finally:
+                os.close(pidfd)
+
+        return kill_served
+    pid = os.fork()
+    if pid == 0:  # the judge: never returns
+        judge_main(program, entries, channel_fds, results_fd, bounds, start)
+
+    def kill_forked() -> None:
+        os.kill(pid, signal.SIGKILL)  # our unreaped child: the pid is still its own
+        sandbox_leftovers.reap_later(pid)  # it dies while the next sample runs
+
+    return kill_forked
 
 
 def _collect(results_fd: int, count: int, bounds: Bounds, memory, start: float) -> list[bool]:
@@ -97,8 +139,9 @@ def _collect(results_fd: int, count: int, bounds: Bounds, memory, start: float) 
     return (passed + [False] * count)[:count]
 
 
-def _confine(memory_mb: int) -> None:
-    """In the judge: no terminal I/O and no more memory than it inherited plus ``memory_mb``."""
+def _confine(memory_mb: int, cpu_s: float) -> None:
+    """In the judge: no terminal I/O, no more memory than it inherited plus ``memory_mb``, and no more
+    than ``cpu_s`` of CPU (a judge whose reward process was killed is not SIGKILLed by it)."""
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(null, fd)
@@ -109,14 +152,17 @@ def _confine(memory_mb: int) -> None:
     limit = inherited + memory_mb * 2**20
     limit = limit if hard == resource.RLIM_INFINITY else min(limit, hard)
     resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    cpu = math.ceil(cpu_s) + 1
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
 
 
-def _judge_main(program: str, entries: list, channel_fds: tuple[int, int], results_fd: int, bounds: Bounds,
+def judge_main(program: str, entries: list, channel_fds: tuple[int, int], results_fd: int, bounds: Bounds,
                 start: float) -> None:  # fmt: skip
     """The judge process: judge, report each stage as it ends, exit without running any handler of its parent."""
     status = 1
     try:
-        _confine(bounds.memory_mb)
+        gc.freeze()  # what it inherits is not its garbage: a collection would only copy those pages
+        _confine(bounds.memory_mb, bounds.sample_s)
         channel = sandbox_judge.ProgramChannel(*channel_fds)
 
         def report(mark: bytes) -> None:

@@ -58,7 +58,7 @@ from hybridflow.trainer.checkpoints.manager import find_resume_checkpoint, load_
 from hybridflow.trainer.entry import model_context_length, read_model_config, resolve_device, seed_everything
 from hybridflow.trainer.tracking.plots import Curve, fixed_keys, plot_curves
 from hybridflow.trainer.sft.batches import count_targets, even_shard, micro_batch_inputs, rank_slice, split_micro
-from hybridflow.trainer.sft.checkpoint import SharedDirComponent
+from hybridflow.trainer.sft.checkpoint import SharedDirComponent, claim_folder
 from hybridflow.trainer.sft.layout_check import sft_packing_agrees
 from hybridflow.trainer.sft.loss import sft_loss
 from hybridflow.trainer.sft.sequence_parallel import sequence_parallel_sft_loss
@@ -310,11 +310,17 @@ class SFTTrainer:
             return
         extra = {"dataloader": self.loader.state_dict(), "global_step": self.global_step}
         save_checkpoint(self.cfg.trainer.default_local_dir, self.global_step, {COMPONENT: component}, extra=extra,
-                        max_to_keep=self.cfg.trainer.max_ckpt_to_keep)
+                        max_to_keep=self.cfg.trainer.max_ckpt_to_keep, signature=self.signature())
+
+    def signature(self) -> dict:
+        """The config values a checkpoint of this run cannot be resumed across (checkpoints/ownership.py)."""
+        return {"model.partial_pretrain": sft_model_path(self.cfg), "model.lora_rank": self.cfg.model.lora_rank}
 
     def resume(self) -> None:
-        """Restore model, optimizer, schedule, RNG and dataloader position from the checkpoint to resume from."""
+        """Restore model, optimizer, schedule, RNG and dataloader position from the checkpoint to resume from,
+        after refusing a folder whose checkpoints this run did not make (``trainer.start_over`` deletes them)."""
         trainer = self.cfg.trainer
+        claim_folder(trainer, COMPONENT, self.signature(), dp=self.dp)  # another configuration's folder: refused
         path = find_resume_checkpoint(trainer.default_local_dir, trainer.resume_mode, trainer.resume_from_path,
                                       components=(COMPONENT,))
         if path is None:

@@ -79,7 +79,7 @@ def test_resuming_a_checkpoint_of_another_size_names_the_tensor_and_the_way_out(
     save_sharded(str(tmp_path / "dcp"), model=small)
     larger, _ = build_tiny_model(tokenizer=tokenizer, hidden_size=128)
     with pytest.raises(CheckpointError, match=r"holds a model of another size: model.embed_tokens.weight is \[512, 64\] "
-                                              r"there but \[512, 128\] .*trainer.resume_mode=disable"):
+                                              r"there but \[512, 128\] .*trainer.start_over=true"):
         load_sharded(str(tmp_path / "dcp"), model=larger)
     deeper, _ = build_tiny_model(tokenizer=tokenizer, num_hidden_layers=3)
     with pytest.raises(CheckpointError, match=r"holds another model: 9 of 30 weights .* are not in it \(first: "

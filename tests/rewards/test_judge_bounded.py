@@ -118,23 +118,30 @@ def test_an_honest_program_scores_with_more_than_1023_files_open_here():
 
 # ------------------------------------------------------------------ memory: the kernel's bound
 # three children hold 500 MiB each (under the 1 GiB per process) while a thread trickles a space every
-# 2 ms onto the reply pipe: the judge that looked at memory only when nothing arrived never looked
+# 2 ms onto the reply pipe: the judge that looked at memory only when nothing arrived never looked. The
+# program answers only once its children have touched 1,200 MiB, so on a busy machine too the answers
+# come after the bound is passed (before, a 2 s sleep: children still allocating under load 10 answered first)
 TRICKLE_AND_HOLD = r"""
 import os, sys, threading, time
 replies = int(sys.argv[-1])
-for _ in range(3):
-    if os.fork() == 0:
-        block = bytearray(500 * 2**20)
-        for i in range(0, len(block), 4096):
-            block[i] = 1
-        time.sleep(30)
-        os._exit(0)
 def trickle():
     while True:
         os.write(replies, b' ')
         time.sleep(0.002)
 threading.Thread(target=trickle, daemon=True).start()
-time.sleep(2)
+touched_read, touched_write = os.pipe()
+for _ in range(3):
+    if os.fork() == 0:
+        block = bytearray(500 * 2**20)
+        for i in range(0, len(block), 4096):
+            block[i] = 1
+            if i % (50 * 2**20) == 0:
+                os.write(touched_write, b'.')  # one byte per 50 MiB touched
+        time.sleep(30)
+        os._exit(0)
+touched = 0
+while touched < 24:  # 1,200 MiB touched: past the bound however slowly the children got there
+    touched += len(os.read(touched_read, 64))
 def add(a, b):
     return a + b
 """

@@ -341,3 +341,47 @@ def test_a_tokenizer_larger_than_the_model_s_vocab_is_one_line_before_loading(tm
     with pytest.raises(ModelError, match=r"vocab_size=512 embedding rows but the tokenizer \(the model's own\) has "
                                          r"514 tokens: ids 512..513 would index past the embedding"):
         build_trainer(_cfg(tmp_path, str(folder), sums_file))
+
+
+# ---------------------------------------------------------------- resume ownership (issue 61)
+def _folder_state(root) -> dict[str, int]:
+    """Every file under ``root`` with its modification time: what "nothing touched" compares."""
+    return {os.path.join(d, n): os.stat(os.path.join(d, n)).st_mtime_ns for d, _, names in os.walk(root) for n in names}
+
+
+@pytest.fixture
+def full_model_run(tmp_path, tiny_model_dir, sums_file):
+    """A finished 1-step full-model SFT run in ``tmp_path / "run"``."""
+    _train(_cfg(tmp_path, tiny_model_dir, sums_file))
+    return tmp_path / "run"
+
+
+@pytest.mark.parametrize("override, named", [
+    ("model.lora_rank=4", "it was made with model.lora_rank=0, this run has model.lora_rank=4"),
+    ("model.partial_pretrain=OTHER", "it was made with model.partial_pretrain="),
+    ("trainer.resume_mode=disable", "trainer.resume_mode=disable, but"),
+])  # fmt: skip
+def test_another_configurations_checkpoints_are_refused_and_left_untouched(tmp_path, tiny_model_dir, sums_file,
+                                                                          full_model_run, override, named):
+    if "OTHER" in override:
+        from hybridflow.models.tiny import save_tiny_model
+
+        save_tiny_model(str(tmp_path / "other"), arch="llama", seed=1)
+        override = override.replace("OTHER", str(tmp_path / "other"))
+    before = _folder_state(full_model_run)
+    with pytest.raises(ConfigError) as refused:
+        _train(_cfg(tmp_path, tiny_model_dir, sums_file, override, "trainer.total_training_steps=2"))
+    message = str(refused.value)
+    assert named in message and "\n" not in message and "trainer.start_over=true" in message
+    assert _folder_state(full_model_run) == before
+
+
+def test_start_over_deletes_the_old_run_and_trains_fresh(tmp_path, tiny_model_dir, sums_file, full_model_run):
+    old_marker = _folder_state(full_model_run / "global_step_1")
+    _, history = _train(_cfg(tmp_path, tiny_model_dir, sums_file, "model.lora_rank=4", "trainer.start_over=true"))
+    assert [row["step"] for row in history] == [1]  # fresh, not resumed
+    assert (full_model_run / "global_step_1" / "model" / "lora_adapter" / "adapter_model.safetensors").is_file()
+    assert _folder_state(full_model_run / "global_step_1").keys() != old_marker.keys()
+    _, resumed = _train(_cfg(tmp_path, tiny_model_dir, sums_file, "model.lora_rank=4",
+                             "trainer.total_training_steps=2"))  # its own checkpoints: resumed at step 1
+    assert [row["step"] for row in resumed] == [2]

@@ -22,7 +22,7 @@ last shard is on disk.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 import torch.distributed as dist
@@ -32,6 +32,7 @@ from hybridflow.models.hf_folder import HF_FOLDER, LORA_FOLDER, plain_hf_model, 
 from hybridflow.models.lora import is_lora_model, save_adapter
 from hybridflow.models.sharded_checkpoint import FSDPModelComponent
 from hybridflow.data.parallel import DataParallel
+from hybridflow.trainer.checkpoints.ownership import claim_run_folder
 
 
 def _broadcast_from_rank0(value, dp: DataParallel):
@@ -80,3 +81,14 @@ class SharedDirComponent:
 
     def load_from(self, directory: str) -> None:
         self.inner.load_from(directory)
+
+
+def claim_folder(trainer, component: str, signature: Mapping[str, object], *, dp: DataParallel) -> None:
+    """Refuse (one line, nothing touched) a ``trainer.default_local_dir`` whose checkpoints another
+    configuration made, on every rank alike; ``trainer.start_over``: rank 0 deletes them (ownership.py)."""
+    if not trainer.start_over:
+        claim_run_folder(trainer.default_local_dir, trainer.resume_mode, (component,), signature)
+        return
+    if dp.rank == 0:
+        claim_run_folder(trainer.default_local_dir, trainer.resume_mode, (component,), signature, start_over=True)
+    _barrier(dp)
