@@ -92,3 +92,25 @@ def test_async_grpo_learns_on_vllm_and_each_batch_was_sampled_with_its_version(t
     rewards = [float(batch["token_level_scores"].sum(-1).mean()) for _, _, batch in recorder.trained]
     print("reward per step:", [round(r, 2) for r in rewards])
     assert sum(rewards[:3]) / 3 < 0.5 and sum(rewards[-3:]) / 3 > 0.8, rewards
+
+
+def test_one_step_off_killed_after_step_2_resumes_bitwise_on_vllm(tmp_path, wide_model_dir):
+    """SIGKILL once step 2's checkpoint is published (the batch generated during step 2, with step 1's weights, is
+    in it); the resumed run's vLLM starts from the checkpoint's weights and trains that batch first: step 4's
+    weights and every step's score equal the uninterrupted run's."""
+    import json
+
+    from tests.trainer.test_ppo_e2e import SLOW_REWARD, kill_after_step_2_and_resume
+
+    reward = tmp_path / "slow_reward.py"
+    reward.write_text(SLOW_REWARD)
+    straight, resumed = kill_after_step_2_and_resume(tmp_path, lambda root: base_overrides(
+        root, wide_model_dir, steps=4) + ON_VLLM + [f"custom_reward_function.path={reward}", "trainer.save_freq=2",
+                                                   "data.shuffle=True"], module="hybridflow.trainer.main_one_step_off")
+
+    def scores(root):
+        lines = (root / "ckpt" / "logs" / "metrics.jsonl").read_text().splitlines()
+        return [(row["step"], row["critic/score/mean"]) for row in map(json.loads, lines)]
+
+    assert [step for step, _ in scores(resumed)] == [1, 2, 3, 4]
+    assert scores(straight) == scores(resumed)
