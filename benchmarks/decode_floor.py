@@ -100,7 +100,8 @@ def engine_step(model, *, rows: int, prompt_len: int, max_tokens: int, profile: 
     engine.generate(prompts[:2], SamplingParams(n=1, temperature=1.0, max_tokens=4, ignore_eos=True, seed=0))
     timer = StepTimer(engine)
     engine.generate(prompts, params)
-    steps = sorted(seconds for live, seconds in timer.steps[1:] if live == rows)  # the first one admits (prefill)
+    full = max(live for live, _ in timer.steps)  # every row, unless the engine admitted them in turns
+    steps = sorted(seconds for live, seconds in timer.steps[1:] if live == full) or [timer.steps[-1][1]]
     del engine._step  # back to the class's method
     engine.step_clock = None
     per_step = steps[len(steps) // 2]  # the median: robust to another process taking the cores for a while
@@ -160,7 +161,7 @@ def main(argv=None) -> None:
                   f"{1e3 * bound:.1f} ms ({rows / bound:.0f} tok/s)")
             print(f"    the step's matmuls measured here: {1e3 * matmuls:.1f} ms (F.linear "
                   f"{1e3 * kernels['F.linear']:.1f}, packed {1e3 * kernels['packed']:.1f}) = "
-                  f"{floor['flops'] / matmuls / 1e9:.0f} GFLOP/s; engine {1e3 * per_step:.1f} ms a step "
+                  f"{floor['flops'] / matmuls / 1e9:.0f} GFLOP/s (the step's FLOPs over that time); engine {1e3 * per_step:.1f} ms a step "
                   f"({rows / per_step:.0f} tok/s) = {bound / per_step:.0%} of the floor, "
                   f"{matmuls / per_step:.0%} matmuls")
             if split:
