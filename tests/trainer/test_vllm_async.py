@@ -5,8 +5,8 @@ Each trained batch carries the weight version that generated it; the test keeps 
 version (version 0 at the start, version v right after the v-th sync) and recomputes, with an fp32 HF forward of
 that version's weights, the log-probs of the tokens vLLM sampled: they agree within 1e-4 (vLLM's CPU fp32 kernels;
 ~1e-6 seen) for every batch, the stale ones included, so vLLM sampled each batch with exactly the weights it was
-tagged with. One lr=3e-3 update moves them by ~1e-2, so a sync that did not reach vLLM, or reached it a version
-late or early, fails here.
+tagged with. An lr=3e-3 update moves them far past 1e-4 (with the sync's load skipped this test fails there), so
+a sync that did not reach vLLM, or reached it a version late or early, fails here.
 """
 
 import copy
