@@ -125,6 +125,18 @@ def engine_unavailable(name: str) -> str | None:
     return None
 
 
+def engine_model_problem(name: str, model_config) -> str | None:
+    """Why backend ``name`` cannot serve this model here (one line naming the fix), or None. A backend served from
+    its side venv (vLLM on a CPU machine) cannot load a vision-language model there (issue 56: docs/vllm.md)."""
+    package, _ = REQUIREMENTS.get(name, (None, ""))
+    if not package or package_installed(package) or not is_vision_language(model_config):
+        return None
+    return (f"rollout.name={name} cannot serve the vision-language model {model_config.architectures} on this machine: "
+            f"{package} runs from its CPU side venv here, whose {package} imports torchvision for Qwen2-VL / "
+            "Qwen2.5-VL and the registry's torchvision for torch 2.13 is a CUDA build (docs/vllm.md); set "
+            "rollout.name=native (decodes it natively) or rollout.name=hf")
+
+
 def list_engines() -> list[str]:
     """Registered backend names (``rollout.name`` values)."""
     return sorted(ENGINES)
@@ -133,6 +145,9 @@ def list_engines() -> list[str]:
 def build_engine(name: str, model, tokenizer=None, **kwargs) -> Engine:
     """Build the backend called ``name`` ('native', 'hf', 'vllm', 'sglang') around an HF model."""
     problem = engine_unavailable(name)
+    if problem:
+        raise RolloutError(problem)
+    problem = engine_model_problem(name, model.config)
     if problem:
         raise RolloutError(problem)
     if not engine_capabilities(name).vision and is_vision_language(model.config):

@@ -15,7 +15,8 @@ from hybridflow.config.validate import as_list, split_placement
 from hybridflow.errors import ConfigError
 from hybridflow.models.hub import ensure_hub_reachable
 from hybridflow.models.loader import check_routing
-from hybridflow.rollout.engine import engine_capabilities, engine_config_problems, engine_unavailable
+from hybridflow.rollout.engine import (engine_capabilities, engine_config_problems, engine_model_problem,
+                                       engine_unavailable)
 from hybridflow.trainer.tracking.trackers import available_backends
 
 logger = logging.getLogger(__name__)
@@ -64,6 +65,15 @@ def model_context_length(path: str, trust_remote_code: bool, override_config: di
         return None
     check_routing(config, path)  # a MoE config that cannot route: said before the data and the weights load
     return getattr(config.get_text_config(), "max_position_embeddings", None)  # a VLM's is its language model's
+
+
+def check_rollout_model(cfg) -> None:
+    """The rollout backend can serve the policy's model here (read from its config.json, no weights loaded)."""
+    model = cfg.actor_rollout_ref.model
+    config = read_model_config(model.path, model.trust_remote_code)
+    problem = config is not None and engine_model_problem(cfg.actor_rollout_ref.rollout.name, config)
+    if problem:
+        raise ConfigError(f"actor_rollout_ref.{problem}")
 
 
 def engine_and_logger_problems(cfg) -> list[str]:

@@ -19,7 +19,7 @@ from hybridflow.config import PPOConfig, config_value, validate_ppo_config
 from hybridflow.config.loader import run_from_config_args
 from hybridflow.config.validate import prime_filtering
 from hybridflow.errors import ConfigError, run_entry_point
-from hybridflow.trainer.entry import (check_user_data_classes, engine_and_logger_problems,
+from hybridflow.trainer.entry import (check_rollout_model, check_user_data_classes, engine_and_logger_problems,
                                      model_context_length)
 from hybridflow.trainer.loop.fit import PPORun, train_and_report
 from hybridflow.trainer.loop.generation import Generation, PromptStream
@@ -98,7 +98,7 @@ def preflight(cfg: PPOConfig) -> None:
     checks = (lambda: check_registered_names(cfg), lambda: check_algorithm_settings(cfg),
               lambda: validate_ppo_config(cfg, model_max_len=model_context_length(
                   model.path, model.trust_remote_code, dict(model.override_config))),
-              lambda: check_user_data_classes(cfg.data))
+              lambda: check_user_data_classes(cfg.data), lambda: check_rollout_model(cfg))
     problems = []
     for check in checks:
         try:

