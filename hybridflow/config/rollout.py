@@ -248,8 +248,10 @@ def check_rollout(problems: list[str], cfg: Any, model_max_len: int | None) -> N
     if not rollout.repetition_penalty > 0:
         problems.append(f"actor_rollout_ref.rollout.repetition_penalty={rollout.repetition_penalty} must be > 0 "
                         "(1.0 = off)")
-    if rollout.temperature < 0:
-        problems.append(f"actor_rollout_ref.rollout.temperature={rollout.temperature} must be >= 0")
+    if rollout.temperature <= 0:  # the log-probs divide the logits by it: at 0 every update is NaN (verl's too)
+        problems.append(f"actor_rollout_ref.rollout.temperature={rollout.temperature}: training rollouts are scored by "
+                        "softmax(logits / temperature), undefined at 0; sample with a temperature > 0 (verl's default "
+                        "1.0) and validate greedily with rollout.val_kwargs.temperature=0 (do_sample=False)")
     if not 0 < rollout.top_p <= 1:
         problems.append(f"actor_rollout_ref.rollout.top_p={rollout.top_p} must be in (0, 1]")
     check_positive(problems, "actor_rollout_ref.rollout.val_kwargs.n", rollout.val_kwargs.n)

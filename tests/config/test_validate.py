@@ -100,6 +100,16 @@ def test_enumerations_and_ranges(files):
     assert "trainer.resume_mode='sometimes' is not one of auto, disable, resume_path" in lines
 
 
+@pytest.mark.parametrize("temperature", ["0", "-0.5"])
+def test_training_rollouts_at_temperature_zero_are_refused(files, temperature):
+    """The trainer scores each sampled token by softmax(logits / temperature): at 0 every loss was NaN and every
+    update skipped, with a warning a step and nothing else; greedy sampling belongs to validation."""
+    (line,) = problems(ppo(files, f"actor_rollout_ref.rollout.temperature={temperature}"))
+    assert line.startswith(f"actor_rollout_ref.rollout.temperature={float(temperature)}: training rollouts are scored")
+    assert "val_kwargs.temperature=0" in line
+    validate_ppo_config(ppo(files, "actor_rollout_ref.rollout.val_kwargs.temperature=0"))
+
+
 def test_resume_path_needs_a_path(files):
     (line,) = problems(ppo(files, "trainer.resume_mode=resume_path"))
     assert line == "trainer.resume_mode=resume_path needs trainer.resume_from_path=.../global_step_N"

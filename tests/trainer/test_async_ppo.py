@@ -218,16 +218,17 @@ def test_partial_rollout_pauses_at_a_sync_and_trains_every_prompt_once(tmp_path,
     from hybridflow.rollout.streaming import StreamingSession
 
     cfg = load_config(PPOConfig, base_overrides(tmp_path, tiny_model_dir, steps=4) + [
-        "async_training.staleness_threshold=1", "async_training.partial_rollout=True",
-        "actor_rollout_ref.rollout.temperature=0"])
+        "async_training.staleness_threshold=1", "async_training.partial_rollout=True"])
     trainer, trained, spans = build_async(cfg), [], []
     n = cfg.actor_rollout_ref.rollout.n
-    step, steps_taken = StreamingSession.step, {}
+    step = StreamingSession.step
     handover = trainer.w.rollout.backend.worker.rollout.handover  # the engine's, in its (local) rank
 
     def held_step(session):
-        steps_taken[id(session)] = steps_taken.get(id(session), 0) + 1
-        if trainer.parts.source.generated == 1 and steps_taken[id(session)] == 2:  # batch 2, mid-generation
+        # counted on the session itself: an id() is reused once batch 1's session is freed, and batch 2's would
+        # then never reach step 2 (the flake this test had: the sync then landed after batch 2, not inside it)
+        session.steps_taken = getattr(session, "steps_taken", 0) + 1
+        if trainer.parts.source.generated == 1 and session.steps_taken == 2:  # batch 2, mid-generation
             with handover.cond:
                 assert handover.cond.wait_for(handover.requested, timeout=60)
         return step(session)
@@ -246,6 +247,7 @@ def test_partial_rollout_pauses_at_a_sync_and_trains_every_prompt_once(tmp_path,
     assert set(first) == {0} and 1 in last_versions
     assert all(f <= l for f, l in zip(*spans[1]))
     assert last["fully_async/count/current_param_version"] == 4
+    assert torch.isfinite(torch.tensor(last["actor/pg_loss"]))  # it trained (at temperature 0 every loss was NaN)
 
 
 def test_partial_rollout_where_it_cannot_act_is_refused_before_loading(tmp_path, tiny_model_dir, monkeypatch):
