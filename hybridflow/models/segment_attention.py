@@ -146,7 +146,13 @@ def split_units(tensor: torch.Tensor, bounds: list[tuple[int, int]]) -> list[tor
             end == following for (_, end), following in zip(bounds, starts[1:])):
         sizes = [end - start for start, end in bounds]
         rest = length - bounds[-1][1]
-        pieces = torch.split(tensor, sizes + [rest] if rest else sizes, dim=-2)
+        sizes = sizes + [rest] if rest else sizes
+        if tensor.dim() >= 3 and tensor.transpose(-3, -2).is_contiguous():
+            # [.., N, H, D] in memory (HF's projections, transposed): split that view so the backward cats whole
+            # rows of memory, not a strided copy (SDPA's gradients come back in the same layout)
+            pieces = [piece.transpose(-3, -2) for piece in torch.split(tensor.transpose(-3, -2), sizes, dim=-3)]
+        else:
+            pieces = torch.split(tensor, sizes, dim=-2)
         return list(pieces[:len(bounds)])
     return [tensor[..., start:end, :] for start, end in bounds]
 

@@ -206,3 +206,17 @@ def test_split_units_are_the_units_and_their_gradient_lands_in_place():
     assert row.grad[0, 0, :, 0].tolist() == [2.0, 2.0, 2.0, 3.0, 3.0, 0.0, 0.0]
     gapped = split_units(row, [(0, 2), (4, 6)])  # not contiguous: slices
     assert gapped[1][0, 1, :, 0].tolist() == [11.0, 12.0]
+
+
+def test_split_units_of_a_row_laid_out_token_major_are_the_same_units():
+    """A ``[1, H, N, D]`` view of ``[1, N, H, D]`` memory (HF's transposed projections) is split in that memory:
+    same values, same gradient as the plain slices."""
+    from hybridflow.models.segment_attention import split_units
+
+    memory = torch.arange(1 * 5 * 2 * 3, dtype=torch.float32).reshape(1, 5, 2, 3).requires_grad_()
+    row = memory.transpose(1, 2)  # [1, H=2, N=5, D=3]
+    units = split_units(row, [(0, 2), (2, 4)])
+    assert [u.shape for u in units] == [torch.Size([1, 2, 2, 3])] * 2
+    assert torch.equal(units[1], row[:, :, 2:4])
+    (units[0].sum() + 5 * units[1].sum()).backward()
+    assert memory.grad[0, :, 0, 0].tolist() == [1.0, 1.0, 5.0, 5.0, 0.0]
