@@ -111,8 +111,10 @@ def _segment_attention(module, query, key, value, attention_mask, dropout: float
     outputs = []
     on_cuda = query.device.type == "cuda"
     branched = query.device.type in BRANCHED_SHARED_PROMPTS_DEVICES and window is None and not eager
-    for index, ((start, end), mask) in enumerate(zip(layout.bounds, layout.masks)):
-        unit = (query[:, :, start:end], key[:, :, start:end], value[:, :, start:end])
+    # Cast once for the whole row (not per unit by autocast) and split it: the backward of a split is one cat,
+    # where per-unit slices each build a zero tensor of the whole row and add into it.
+    units = zip(*(split_units(tensor, layout.bounds) for tensor in same_dtype(query, key, value)))
+    for index, (((start, end), mask), unit) in enumerate(zip(zip(layout.bounds, layout.masks), units)):
         branches = layout.branches[index] if layout.branches is not None else None
         if window is not None:
             mask = windowed(mask, _unit_positions(positions, start, end, branches), window)
@@ -133,6 +135,26 @@ def _segment_attention(module, query, key, value, attention_mask, dropout: float
                                                       is_causal=mask is None, scale=scaling, dropout_p=dropout,
                                                       enable_gqa=gqa))
     return torch.cat(outputs, dim=2).transpose(1, 2).contiguous(), None
+
+
+def split_units(tensor: torch.Tensor, bounds: list[tuple[int, int]]) -> list[torch.Tensor]:
+    """``tensor [..., N, D]``'s units along dim -2, one per ``(start, end)``: views of one ``split`` where the
+    bounds tile ``[0, N)`` in order (its backward is one cat), else slices."""
+    length = tensor.shape[-2]
+    starts = [start for start, _ in bounds]
+    if starts and starts[0] == 0 and bounds[-1][1] <= length and all(
+            end == following for (_, end), following in zip(bounds, starts[1:])):
+        sizes = [end - start for start, end in bounds]
+        rest = length - bounds[-1][1]
+        sizes = sizes + [rest] if rest else sizes
+        if tensor.dim() >= 3 and tensor.transpose(-3, -2).is_contiguous():
+            # [.., N, H, D] in memory (HF's projections, transposed): split that view so the backward cats whole
+            # rows of memory, not a strided copy (SDPA's gradients come back in the same layout)
+            pieces = [piece.transpose(-3, -2) for piece in torch.split(tensor.transpose(-3, -2), sizes, dim=-3)]
+        else:
+            pieces = torch.split(tensor, sizes, dim=-2)
+        return list(pieces[:len(bounds)])
+    return [tensor[..., start:end, :] for start, end in bounds]
 
 
 def _row_positions(layout: SegmentLayout, position_ids: torch.Tensor | None, length: int) -> torch.Tensor | None:

@@ -191,3 +191,32 @@ def test_branched_shared_prompt_forward_equals_padded_under_autocast(tiny_tokeni
         scale = expected[name].abs().max().item() if precision == "bf16" else 1.0
         torch.testing.assert_close(got[name] / scale, expected[name] / scale,
                                    **(dict(rtol=1e-4, atol=2e-5) if precision == "fp32" else tolerance), msg=name)
+
+
+def test_split_units_are_the_units_and_their_gradient_lands_in_place():
+    """One split for bounds that tile the row (a trailing padding unit left out), slices otherwise; each unit's
+    gradient reaches its own columns only."""
+    from hybridflow.models.segment_attention import split_units
+
+    row = torch.arange(2 * 7 * 1, dtype=torch.float32).reshape(1, 2, 7, 1).requires_grad_()
+    units = split_units(row, [(0, 3), (3, 5)])  # tiles [0, 5); columns 5, 6 are padding
+    assert [u.shape[-2] for u in units] == [3, 2]
+    assert units[1][0, 0, :, 0].tolist() == [3.0, 4.0]
+    (units[0].sum() * 2 + units[1].sum() * 3).backward()
+    assert row.grad[0, 0, :, 0].tolist() == [2.0, 2.0, 2.0, 3.0, 3.0, 0.0, 0.0]
+    gapped = split_units(row, [(0, 2), (4, 6)])  # not contiguous: slices
+    assert gapped[1][0, 1, :, 0].tolist() == [11.0, 12.0]
+
+
+def test_split_units_of_a_row_laid_out_token_major_are_the_same_units():
+    """A ``[1, H, N, D]`` view of ``[1, N, H, D]`` memory (HF's transposed projections) is split in that memory:
+    same values, same gradient as the plain slices."""
+    from hybridflow.models.segment_attention import split_units
+
+    memory = torch.arange(1 * 5 * 2 * 3, dtype=torch.float32).reshape(1, 5, 2, 3).requires_grad_()
+    row = memory.transpose(1, 2)  # [1, H=2, N=5, D=3]
+    units = split_units(row, [(0, 2), (2, 4)])
+    assert [u.shape for u in units] == [torch.Size([1, 2, 2, 3])] * 2
+    assert torch.equal(units[1], row[:, :, 2:4])
+    (units[0].sum() + 5 * units[1].sum()).backward()
+    assert memory.grad[0, :, 0, 0].tolist() == [1.0, 1.0, 5.0, 5.0, 0.0]
