@@ -51,15 +51,19 @@ def read_bandwidth(megabytes: int = 512) -> float:
 
 
 class KernelClock:
-    """Seconds spent inside each C kernel (the engine calls them through ctypes, which the profiler cannot see)."""
+    """Seconds spent inside each C kernel (the engine calls them through ctypes, which the profiler cannot see);
+    a context manager: the kernels' modules get their own ``library`` back on exit (a test runs this in-process)."""
 
     def __init__(self):
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.saved: dict = {}
+
+    def __enter__(self) -> "KernelClock":
         from hybridflow.rollout import cpu_attention, cpu_fused, cpu_kernels
 
-        self.seconds: dict[str, float] = defaultdict(float)
         real = cpu_kernels.library()
         if real is None:
-            return
+            return self
         clock = self
 
         class Timed:
@@ -75,7 +79,14 @@ class KernelClock:
                 return timed
 
         proxy = Timed()
-        cpu_attention.library = cpu_fused.library = lambda: proxy
+        self.saved = {module: module.library for module in (cpu_attention, cpu_fused)}
+        for module in self.saved:
+            module.library = lambda: proxy
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for module, library in self.saved.items():
+            module.library = library
 
 
 def step_floor(model, *, rows: int, context: float, peak: float, bandwidth: float) -> dict[str, float]:
@@ -107,8 +118,7 @@ def engine_step(model, *, rows: int, prompt_len: int, max_tokens: int, profile: 
     per_step = steps[len(steps) // 2]  # the median: robust to another process taking the cores for a while
     if not profile:
         return per_step, None
-    clock = KernelClock()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+    with KernelClock() as clock, torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         start = time.perf_counter()
         engine.generate(prompts, params)
         wall = time.perf_counter() - start

@@ -30,3 +30,14 @@ def test_a_tiny_profiled_engine_step(bench):
     per_step, split = bench.engine_step(model, rows=2, prompt_len=4, max_tokens=4, profile=True)
     assert per_step > 0 and split["profiled wall s"] > 0
     assert any(key.startswith("matmuls") for key in split)
+
+
+def test_the_kernel_clock_gives_the_modules_their_library_back(bench):
+    """The profiled run patches the kernels' modules in this process; a later test (test_cpu_kernels) clears
+    ``cpu_kernels.library`` and must see the modules follow it."""
+    from hybridflow.rollout import cpu_attention, cpu_fused
+
+    before = (cpu_attention.library, cpu_fused.library)
+    with bench.KernelClock():
+        pass
+    assert (cpu_attention.library, cpu_fused.library) == before
