@@ -17,7 +17,6 @@ the host does the previous one's bookkeeping. Sampling runs on the device, seede
 
 from __future__ import annotations
 
-import math
 import weakref
 from collections import deque
 
@@ -39,7 +38,8 @@ from hybridflow.rollout.mla import MLADecoder
 from hybridflow.rollout.model_runner import ModelRunner
 from hybridflow.rollout.request_queue import RequestQueue
 from hybridflow.rollout.scheduler import (admission_wave, blocks_for_next_writes, check_token_budget, chunk_end,
-                                         held_prefill, plan_prefill, schedule_writes, share_prefills)
+                                         head_waits, held_prefill, plan_prefill, prefill_allowance, schedule_writes,
+                                         share_prefills)
 from hybridflow.rollout.types import Completion, SamplingParams, validate_prompts
 from hybridflow.rollout.vision_prefill import Encoded, PromptImages, encode_prompt_images
 
@@ -299,15 +299,14 @@ class NativeEngine:
             run.land_in_flight()
         while run.waiting and len(run.live) < run.max_num_seqs:
             if not run.waiting[0].ready:  # also when samples that stopped at once freed more room
-                # What the step has left: its budget less a decode token a row (those that joined so far included).
-                allowance = self.token_budget - len(run.live) - run.step_prefill if self.chunked_prefill else math.inf
+                allowance = prefill_allowance(run, token_budget=self.token_budget, chunked=self.chunked_prefill)
                 if allowance <= 0:
                     return  # the step's budget is spent: the head's next chunk comes at the next step
                 self._prefill_admissible(run, allowance)
             wave = admission_wave(run)
             if not wave:
-                if run.live or run.waiting[0].blocks is not None:
-                    return  # the head waits for blocks running sequences free, or for its next chunk
+                if head_waits(run):
+                    return
                 held = held_prefill(run)
                 if held is None:
                     raise RolloutError(f"no KV block is left for a prompt of {len(run.waiting[0].token_ids)} tokens "

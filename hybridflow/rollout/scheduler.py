@@ -10,6 +10,7 @@ through the run (reservations, :meth:`GenerationRun.prepare_write`, :meth:`Gener
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from hybridflow.errors import RolloutError
@@ -164,6 +165,18 @@ def make_room(run: GenerationRun, writer: Sequence) -> None:
         held.drop_prefill()
     else:
         run.preempt(writer)
+
+
+def prefill_allowance(run: GenerationRun, *, token_budget: int, chunked: bool) -> float:
+    """What the step has left for prefill: its token budget less one decode token a live row (those that joined in
+    this step included) and the prefill it already spent; unbounded without chunked prefill."""
+    return token_budget - len(run.live) - run.step_prefill if chunked else math.inf
+
+
+def head_waits(run: GenerationRun) -> bool:
+    """The head of the queue, with no wave to admit, waits: running sequences will free blocks, or its prefill goes
+    on in a later chunk. Otherwise (nothing running, no prefill begun) a held prefill must give its blocks back."""
+    return bool(run.live) or run.waiting[0].blocks is not None
 
 
 def held_prefill(run: GenerationRun) -> PendingPrompt | None:

@@ -1,5 +1,6 @@
 """The block allocator and the scheduler's block decisions on hand-made schedules (blocks of 4 positions)."""
 
+import math
 from collections import deque
 
 import pytest
@@ -9,7 +10,7 @@ from hybridflow.rollout import SamplingParams
 from hybridflow.rollout.block_manager import BlockAllocator, OutOfBlocks, SequenceBlocks
 from hybridflow.rollout.kv_cache import PagedKVCache
 from hybridflow.rollout.native import GenerationRun, HostBlockTables, PendingPrompt, Sequence
-from hybridflow.rollout.scheduler import schedule_writes
+from hybridflow.rollout.scheduler import head_waits, prefill_allowance, schedule_writes
 
 
 def allocator(blocks: int, *, cached: int = 0) -> BlockAllocator:
@@ -166,3 +167,16 @@ def test_a_shared_block_is_copied_before_its_write():
     sibling = only.blocks.fork()  # another sample holds the same block
     assert schedule_writes(run) == [(1, 2)] and only.blocks.blocks == [2] and sibling.blocks == [1]
     assert run.tables.gather([only.row], 1).tolist() == [[2]]
+
+
+def test_the_step_budget_left_for_prefill_and_when_the_head_waits():
+    pool = allocator(8)
+    run = schedule(pool, [([1, 2, 3, 4], [5]), ([6, 7], [8])])  # two live rows: two decode tokens of the budget
+    run.step_prefill = 5
+    assert prefill_allowance(run, token_budget=16, chunked=True) == 16 - 2 - 5
+    assert prefill_allowance(run, token_budget=16, chunked=False) == math.inf
+    waiting_prompt(pool, run, [9, 10, 11])
+    assert head_waits(run)  # rows are running: they free blocks
+    idle = schedule(allocator(8), [])
+    idle.waiting.append(PendingPrompt(0, [1, 2], remaining=1, params=SamplingParams()))
+    assert not head_waits(idle)  # nothing running and no prefill begun: a held prefill must give way
