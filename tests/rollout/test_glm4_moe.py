@@ -10,7 +10,7 @@ from tests.models.non_native import build_non_native
 from tests.rollout.conftest import chat_prompts, randomise_norms
 from tests.rollout.test_chunked_prefill import mixed_prompts
 from tests.rollout.test_native import hf_greedy
-from tests.rollout.test_paged_engine import expected_logprobs, tight_blocks
+from tests.rollout.test_paged_engine import assert_greedy_as_hf, tight_blocks
 
 VARIANTS = {
     "default": {},  # partial_rotary_factor 0.5, one group, no q / k norms, no biases
@@ -39,13 +39,7 @@ def test_greedy_and_logprobs_equal_hf_under_chunking_preemption_and_prefix_shari
     engine = NativeEngine(model, tokenizer, max_num_seqs=5, max_num_batched_tokens=17, enable_chunked_prefill=True,
                           prefix_cache_tokens=4096, num_kv_blocks=tight_blocks(prompts, 24, spare=3))
     assert engine.decoder.rotary_dim == 8 and engine.decoder.head_dim == 16
-    completions = engine.generate(prompts, params)
-    assert engine.preemptions > 0 and len(completions) == 8
-    for completion in completions:
-        prompt = prompts[completion.prompt_index]
-        assert completion.token_ids == hf_greedy(model, prompt, max_new_tokens=24, eos=eos)
-        expected = expected_logprobs(model, prompt, completion, params)
-        torch.testing.assert_close(torch.tensor(completion.logprobs), expected, atol=1e-5, rtol=0)
+    assert_greedy_as_hf(engine, model, prompts, params, eos=eos)
 
 
 def test_full_rotary_decodes_fused_and_an_owning_engine_takes_new_weights():

@@ -12,7 +12,7 @@ from tests.models.non_native import build_non_native
 from tests.rollout.conftest import chat_prompts, randomise_norms
 from tests.rollout.test_chunked_prefill import mixed_prompts
 from tests.rollout.test_native import hf_greedy
-from tests.rollout.test_paged_engine import expected_logprobs, tight_blocks
+from tests.rollout.test_paged_engine import assert_greedy_as_hf, tight_blocks
 
 YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 256,
         "mscale": 1.0, "mscale_all_dim": 1.0, "beta_fast": 32.0, "beta_slow": 1.0}
@@ -55,13 +55,7 @@ def test_greedy_and_logprobs_equal_hf_under_chunking_preemption_and_prefix_shari
     assert isinstance(engine.decoder, MLADecoder)
     assert engine.decoder.paged_kernel == (variant == "q_lora+interleaved" and cpu_attention.supports(
         dtype=torch.float32, heads=4, kv_heads=1, head_dim=32))
-    completions = engine.generate(prompts, params)
-    assert engine.preemptions > 0 and len(completions) == 8
-    for completion in completions:
-        prompt = prompts[completion.prompt_index]
-        assert completion.token_ids == hf_greedy(model, prompt, max_new_tokens=24, eos=eos)
-        expected = expected_logprobs(model, prompt, completion, params)
-        torch.testing.assert_close(torch.tensor(completion.logprobs), expected, atol=1e-5, rtol=0)
+    assert_greedy_as_hf(engine, model, prompts, params, eos=eos)
     assert engine.allocator.available == engine.allocator.num_blocks - 1  # every block came back (or is cached)
 
 

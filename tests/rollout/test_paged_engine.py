@@ -39,6 +39,18 @@ def expected_logprobs(model, prompt, completion, params: SamplingParams) -> torc
     return z.log_softmax(-1).gather(-1, torch.tensor(completion.token_ids)[:, None]).squeeze(-1)
 
 
+def assert_greedy_as_hf(engine: NativeEngine, model, prompts, params: SamplingParams, *, eos: int) -> None:
+    """Generate ``prompts`` with ``engine`` (which must preempt): each completion HF's greedy tokens, its log-probs
+    within 1e-5 of HF's forward."""
+    completions = engine.generate(prompts, params)
+    assert engine.preemptions > 0 and len(completions) == len(prompts) * params.n
+    for completion in completions:
+        prompt = prompts[completion.prompt_index]
+        assert completion.token_ids == hf_greedy(model, prompt, max_new_tokens=params.max_tokens, eos=eos)
+        expected = expected_logprobs(model, prompt, completion, params)
+        torch.testing.assert_close(torch.tensor(completion.logprobs), expected, atol=1e-5, rtol=0)
+
+
 def test_mixed_per_row_sampling_under_preemption_keeps_every_rows_distribution(tiny_llama):
     model, tokenizer = tiny_llama
     prompts, eos = chat_prompts(tokenizer), tokenizer.eos_token_id
