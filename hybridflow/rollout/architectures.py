@@ -81,6 +81,9 @@ class Architecture:
     casts first); the same in fp32."""
     attention_sinks: bool = False
     """gpt-oss: one learned logit per head (``self_attn.sinks``) joins every query's softmax and is dropped after."""
+    half_rope_tables: bool = False
+    """gpt-oss: the rotary module's tables cover half a head (its rotation pairs the two halves); the decoder repeats
+    them into the rotate-half form."""
 
 
 GEMMA = Architecture(qk_norm=False, gemma_norms=True)
@@ -109,7 +112,8 @@ ARCHITECTURES: dict[str, Architecture] = {
     # issue 58: OLMo 2 / 3 (post-norm, whole-projection q / k norms; OLMo 3: sliding layers) and gpt-oss.
     "olmo2": Architecture(pre_norms=False, qk_norm_whole=True, norm_scale_fp32=True),
     "olmo3": Architecture(pre_norms=False, qk_norm_whole=True, norm_scale_fp32=True, rope_per_layer_type=True),
-    "gpt_oss": Architecture(norm_scale_fp32=True, attention_sinks=True, moe_renormalize="top_k_logits"),
+    "gpt_oss": Architecture(norm_scale_fp32=True, attention_sinks=True, half_rope_tables=True,
+                            moe_renormalize="top_k_logits"),
 }
 
 

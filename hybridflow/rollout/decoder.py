@@ -78,7 +78,7 @@ class LlamaFamilyDecoder:
             self.windows)
         """The key of each layer's rotary table (Gemma 3: its layer type; else one table for all)."""
         self.rotary = RotaryTables(self.text_model.rotary_emb, self.rope_kinds, like=lambda: self.embed,
-                                   head_dim=None if self.architecture.partial_rotary else self.head_dim)
+                                   half_tables=self.architecture.half_rope_tables)
         scale = getattr(self.text_model.embed_tokens, "embed_scale", None)
         self.embed_scale = None if scale is None else scale.to(self.text_model.embed_tokens.weight.dtype)
         """Gemma: the embeddings' ``sqrt(hidden)`` scale in their dtype; a constant, built once (CUDA graphs read it)."""

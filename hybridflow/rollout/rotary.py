@@ -16,14 +16,13 @@ class RotaryTables:
         rotary_emb: the HF model's rotary module.
         kinds: each layer's key (Gemma 3: its layer type; else None for all).
         like: returns a tensor of the device and dtype the tables are built in (the decoder's embeddings).
-        head_dim: where the module returns tables of half the head size (gpt-oss rotates ``x1 cos - x2 sin`` and
-            ``x2 cos + x1 sin`` over the two halves), each is repeated twice: the rotate-half form, the same numbers (None: the tables are used as they come, as
-            partial rotary's narrower ones are, GLM-4.5).
+        half_tables: the module returns tables of half the head size (gpt-oss rotates ``x1 cos - x2 sin`` and
+            ``x2 cos + x1 sin`` over the two halves): each is repeated twice, the rotate-half form, the same numbers.
     """
 
     def __init__(self, rotary_emb, kinds: list[str | None], *, like: Callable[[], torch.Tensor],
-                 head_dim: int | None = None):
-        self.rotary_emb, self.kinds, self.like, self.head_dim = rotary_emb, kinds, like, head_dim
+                 half_tables: bool = False):
+        self.rotary_emb, self.kinds, self.like, self.half_tables = rotary_emb, kinds, like, half_tables
         self.tables: dict[str | None, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def table(self, max_len: int, kind: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -43,7 +42,7 @@ class RotaryTables:
         probe = torch.zeros(1, dtype=like.dtype, device=like.device)
         extra = {} if kind is None else {"layer_type": kind}
         cos, sin = self.rotary_emb(probe, positions, **extra)
-        if self.head_dim is not None and 2 * cos.shape[-1] == self.head_dim:  # issue 58: gpt-oss's half tables
+        if self.half_tables:
             cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
         return cos[0], sin[0]
 
