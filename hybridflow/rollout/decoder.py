@@ -85,9 +85,8 @@ class LlamaFamilyDecoder:
         self.rotary_dim = rotary_dim(self.text_model.rotary_emb, self.head_dim, self.architecture.partial_rotary)
         """The dimensions of a head the rotary embedding turns (GLM-4.5: a part; the rest pass as they are)."""
         self.sinks = self.architecture.attention_sinks
-        """gpt-oss: attention sinks, which the C decode kernel adds and the Triton ones do not (CUDA: torch ops)."""
-        self.triton_kernels = (triton_kernels_available(model, self.head_dim) and self.rotary_dim == self.head_dim
-                               and not self.sinks)
+        """gpt-oss: attention sinks (the C and Triton decode kernels add them; prefill: the eager form)."""
+        self.triton_kernels = triton_kernels_available(model, self.head_dim) and self.rotary_dim == self.head_dim
         """Whether the graph-safe decode step runs as Triton kernels (CUDA; :meth:`_decode_fused`) rather than
         torch ops and SDPA."""
         weight = next(model.parameters())
@@ -333,7 +332,7 @@ class LlamaFamilyDecoder:
             q = ops.qkv_rope_write(qkv=qkv, positions=positions, cos=cos, sin=sin,
                                    qk_norm=layer.qk_norm, keys=keys, values=values, heads=self.num_heads, eps=self.eps,
                                    block_tables=block_tables, rope_positions=rope_positions, unit_offset=gemma)
-            sinks = {} if layer.sinks is None else {"sinks": layer.sinks}  # gpt-oss (the C kernel; never Triton)
+            sinks = {} if layer.sinks is None else {"sinks": layer.sinks}  # gpt-oss
             attn = ops.attention(q=q, keys=keys, values=values, lengths=lengths, scale=self.scale,
                                  block_tables=block_tables, window=layer.window, softcap=self.attn_softcap, **sinks)
             normed, hidden = norm(x=_sub_block_out(layer.o_proj(attn.view(count, -1)), layer.attn_out_norm, norm),

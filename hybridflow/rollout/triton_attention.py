@@ -204,12 +204,12 @@ def _attend_tile(q, k_base, v_base, table, tile, end, first, scale, softcap, run
 
 
 @triton.jit
-def _split_kernel(Q, K, V, Lengths, Tables, PartOut, PartLse, Out, scale, window, softcap,
+def _split_kernel(Q, K, V, Lengths, Tables, PartOut, PartLse, Out, Sinks, scale, window, softcap,
                   stride_qn, stride_qh, stride_kb, stride_kh, stride_kt, stride_vb, stride_vh, stride_vt,
                   stride_tn, stride_pn, stride_ph, stride_ps, stride_ln, stride_lh, stride_on, stride_oh,
                   GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
                   SPLIT_LEN: tl.constexpr, PAGE: tl.constexpr, PRECISION: tl.constexpr, SOFTCAP: tl.constexpr,
-                  NUM_STAGES: tl.constexpr, KV_TOGETHER: tl.constexpr, UNROLLED: tl.constexpr,
+                  SINKS: tl.constexpr, NUM_STAGES: tl.constexpr, KV_TOGETHER: tl.constexpr, UNROLLED: tl.constexpr,
                   DIRECT: tl.constexpr, INTERPRETED: tl.constexpr):
     row, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     length = tl.load(Lengths + row).to(tl.int32)
@@ -252,8 +252,11 @@ def _split_kernel(Q, K, V, Lengths, Tables, PartOut, PartLse, Out, scale, window
                     stride_kb, stride_kt, stride_vb, stride_vt, BLOCK_N, PAGE, PRECISION, SOFTCAP, KV_TOGETHER,
                     UNROLLED, INTERPRETED)
     if DIRECT:  # the whole row in this program: its output, no partials
+        out = acc / running_sum[:, None]
+        if SINKS:
+            out = out * _sink_share(running_max + tl.log(running_sum), tl.load(Sinks + heads, mask=in_group, other=0.0))[:, None]
         out_ptr = Out + row * stride_on + heads[:, None] * stride_oh + dims[None, :]
-        tl.store(out_ptr, (acc / running_sum[:, None]).to(Out.dtype.element_ty), mask=in_group[:, None])
+        tl.store(out_ptr, out.to(Out.dtype.element_ty), mask=in_group[:, None])
     else:
         out_ptr = PartOut + row * stride_pn + heads[:, None] * stride_ph + split * stride_ps + dims[None, :]
         tl.store(out_ptr, acc / running_sum[:, None], mask=in_group[:, None])
@@ -262,8 +265,16 @@ def _split_kernel(Q, K, V, Lengths, Tables, PartOut, PartLse, Out, scale, window
 
 
 @triton.jit
-def _combine_kernel(PartOut, PartLse, Out, Lengths, window, stride_pn, stride_ph, stride_ps, stride_ln, stride_lh,
-                    stride_on, stride_oh, HEAD_DIM: tl.constexpr, SPLITS: tl.constexpr, SPLIT_LEN: tl.constexpr):
+def _sink_share(lse, sink):
+    """The keys' share of a softmax whose denominator also holds ``exp(sink)`` (gpt-oss's attention sinks: one learned
+    logit a head, dropped after): ``e^lse / (e^lse + e^sink) = sigmoid(lse - sink)`` for keys' log-sum-exp ``lse``."""
+    return tl.sigmoid(lse - sink.to(tl.float32))
+
+
+@triton.jit
+def _combine_kernel(PartOut, PartLse, Out, Lengths, Sinks, window, stride_pn, stride_ph, stride_ps, stride_ln,
+                    stride_lh, stride_on, stride_oh, HEAD_DIM: tl.constexpr, SPLITS: tl.constexpr,
+                    SPLIT_LEN: tl.constexpr, SINKS: tl.constexpr):
     row, head = tl.program_id(0), tl.program_id(1)
     length = tl.load(Lengths + row).to(tl.int32)
     splits = tl.arange(0, SPLITS)
@@ -272,10 +283,13 @@ def _combine_kernel(PartOut, PartLse, Out, Lengths, window, stride_pn, stride_ph
     used = (splits * SPLIT_LEN < length) & ((splits + 1) * SPLIT_LEN > first)  # never read a split not written
     lse = tl.load(PartLse + row * stride_ln + head * stride_lh + splits, mask=used, other=float("-inf"))
     weights = tl.exp(lse - tl.max(lse, 0))
-    weights = weights / tl.sum(weights, 0)
+    total = tl.sum(weights, 0)
+    weights = weights / total
     parts = tl.load(PartOut + row * stride_pn + head * stride_ph + splits[:, None] * stride_ps + dims[None, :],
                     mask=used[:, None], other=0.0)
     out = tl.sum(parts * weights[:, None], 0)
+    if SINKS:
+        out = out * _sink_share(tl.max(lse, 0) + tl.log(total), tl.load(Sinks + head))
     tl.store(Out + row * stride_on + head * stride_oh + dims, out.to(Out.dtype.element_ty))
 
 
@@ -286,15 +300,19 @@ def supported(*, head_dim: int, device: torch.device) -> bool:
 
 def paged_decode_attention(*, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor,
                            scale: float, block_tables: torch.Tensor, window: int | None = None,
-                           softcap: float | None = None, config: DecodeConfig | None = None) -> torch.Tensor:
+                           softcap: float | None = None, sinks: torch.Tensor | None = None,
+                           config: DecodeConfig | None = None) -> torch.Tensor:
     """``softmax(cap(scale q k^T)) v``: attention of ``q`` ``[N, H, D]`` over the first ``lengths[n]`` positions of
     row ``n``'s blocks (``block_tables`` ``[N, W]``, ``keys`` / ``values`` ``[KV, blocks, B, D]``; with a sliding
     ``window``, only the last ``window`` of them: splits wholly before the window are skipped), ``cap(s) = c tanh(s /
-    c)`` with a ``softcap`` ``c`` (Gemma 2), else ``s``; returns ``[N, H, D]``.
+    c)`` with a ``softcap`` ``c`` (Gemma 2), else ``s``; ``sinks`` ``[H]`` (gpt-oss): each head's logit joins its
+    softmax's denominator and has no value; returns ``[N, H, D]``.
     Launches a fixed grid (graph-safe): ``config`` (default :func:`choose_config` of the static shapes)."""
     if softcap is not None and softcap <= 0:
         raise ValueError(f"softcap must be > 0 (or None for no cap), got {softcap}")
     rows, heads, head_dim = q.shape
+    if sinks is not None and tuple(sinks.shape) != (heads,):
+        raise ValueError(f"paged decode attention: sinks of shape {tuple(sinks.shape)}, expected ({heads},)")
     kv_heads, page = keys.shape[0], keys.shape[2]
     group = heads // kv_heads
     span = block_tables.shape[1] * page
@@ -310,20 +328,23 @@ def paged_decode_attention(*, q: torch.Tensor, keys: torch.Tensor, values: torch
     part_lse = out if direct else torch.empty(rows, heads, splits, dtype=torch.float32, device=q.device)
     precision = "ieee" if q.dtype == torch.float32 else "tf32"  # tf32 applies to fp32 operands only
     _split_kernel[(rows, kv_heads, splits)](
-        q, keys, values, lengths, block_tables, part_out, part_lse, out, scale, window or NO_WINDOW, softcap or 1.0,
+        q, keys, values, lengths, block_tables, part_out, part_lse, out, q if sinks is None else sinks, scale,
+        window or NO_WINDOW, softcap or 1.0,
         q.stride(0), q.stride(1), keys.stride(1), keys.stride(0), keys.stride(2),
         values.stride(1), values.stride(0), values.stride(2), block_tables.stride(0),
         part_out.stride(0), part_out.stride(1), part_out.stride(2) if not direct else 0, part_lse.stride(0),
         part_lse.stride(1), out.stride(0), out.stride(1),
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, BLOCK_N=config.block_n,
         SPLIT_LEN=config.split_len, PAGE=page, PRECISION=precision, SOFTCAP=softcap is not None,
-        NUM_STAGES=config.num_stages, KV_TOGETHER=config.kv_together, UNROLLED=config.unrolled, DIRECT=direct,
+        SINKS=sinks is not None, NUM_STAGES=config.num_stages, KV_TOGETHER=config.kv_together,
+        UNROLLED=config.unrolled, DIRECT=direct,
         INTERPRETED=_INTERPRETED, num_warps=config.num_warps, num_stages=config.num_stages,
     )
     if not direct:
         _combine_kernel[(rows, heads)](
-            part_out, part_lse, out, lengths, window or NO_WINDOW, part_out.stride(0), part_out.stride(1),
-            part_out.stride(2), part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, SPLITS=triton.next_power_of_2(splits), SPLIT_LEN=config.split_len,
+            part_out, part_lse, out, lengths, q if sinks is None else sinks, window or NO_WINDOW, part_out.stride(0),
+            part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1), out.stride(0),
+            out.stride(1), HEAD_DIM=head_dim, SPLITS=triton.next_power_of_2(splits), SPLIT_LEN=config.split_len,
+            SINKS=sinks is not None,
         )
     return out

@@ -29,10 +29,11 @@ def compile_split_kernel(config: DecodeConfig, *, group: int, head_dim: int, spa
     params = list(kernel.arg_names)
     direct = config.splits(span) == 1
     pointers = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "Lengths": "*i64", "Tables": "*i32", "Out": "*bf16",
+                "Sinks": "*fp32",
                 "PartOut": "*bf16" if direct else "*fp32", "PartLse": "*bf16" if direct else "*fp32"}
     constexprs = dict(GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
                       BLOCK_N=config.block_n, SPLIT_LEN=config.split_len, PAGE=16, PRECISION="tf32", SOFTCAP=False,
-                      NUM_STAGES=config.num_stages, KV_TOGETHER=config.kv_together, UNROLLED=config.unrolled,
+                      SINKS=False, NUM_STAGES=config.num_stages, KV_TOGETHER=config.kv_together, UNROLLED=config.unrolled,
                       DIRECT=direct, INTERPRETED=False)
     signature = {name: "constexpr" if name in constexprs else pointers.get(name, "fp32" if name in ("scale", "softcap")
                                                                                else "i32") for name in params}
