@@ -67,8 +67,9 @@ def qkv_rope_write(*, qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Ten
     the heads of ``qkv``
     ``[N, (H + 2 KV) * D]``; write k and v into the paged ``keys`` / ``values`` ``[KV, blocks, B, D]`` at
     ``positions`` ``[N]`` (block ``block_tables[n, p // B]`` ``[N, W]`` int32, offset ``p % B``); return q
-    ``[N, H, D]``. ``cos`` / ``sin``: ``[T, D]`` tables indexed by ``rope_positions`` ``[N]`` (each at most its
-    row's position; ``None``: ``positions``). A position past the table or the rotary table, a rotation past its
+    ``[N, H, D]``. ``cos`` / ``sin``: ``[T, R]`` tables indexed by ``rope_positions`` ``[N]`` (each at most its
+    row's position; ``None``: ``positions``), turning a head's first ``R`` dimensions (``R < D``: GLM-4.5's partial
+    rotary; the rest pass as they are). A position past the table or the rotary table, a rotation past its
     row's position, or a block id outside the pool, is refused before anything is written."""
     qkv, cos, sin = (_contiguous_f32(t, name) for t, name in ((qkv, "qkv"), (cos, "cos"), (sin, "sin")))
     qk_norm = None if qk_norm is None else _contiguous_f32(qk_norm, "qk_norm")
@@ -82,17 +83,20 @@ def qkv_rope_write(*, qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Ten
     kv_heads, blocks, block_size, head_dim = keys.shape
     _check_shapes("qkv_rope_write", qkv=(qkv.shape, (rows, (heads + 2 * kv_heads) * head_dim)),
                   values=(values.shape, keys.shape), positions=(positions.shape, (rows,)),
-                  cos=(cos.shape, (-1, head_dim)), sin=(sin.shape, cos.shape),
+                  cos=(cos.shape, (-1, -1)), sin=(sin.shape, cos.shape),
                   qk_norm=((heads + kv_heads, head_dim) if qk_norm is None else qk_norm.shape,
                            (heads + kv_heads, head_dim)),
                   block_tables=(block_tables.shape[:1], (rows,)),
                   rope_positions=((rows,) if rope_positions is None else rope_positions.shape, (rows,)))
+    if cos.shape[1] % 2 or cos.shape[1] > head_dim:
+        raise ValueError(f"qkv_rope_write: rotary tables {cos.shape[1]} wide, expected an even width up to the head "
+                         f"dim {head_dim}")
     q = torch.empty(rows, heads, head_dim, dtype=qkv.dtype)
     max_length = min(cos.shape[0], block_tables.shape[1] * block_size)
     failed = library().qkv_rope_write_f32(
         qkv.data_ptr(), positions.data_ptr(), _pointer(rope_positions), cos.data_ptr(), sin.data_ptr(), _pointer(qk_norm), q.data_ptr(),
         keys.data_ptr(), values.data_ptr(), rows, heads, block_tables.data_ptr(), block_tables.stride(0), kv_heads,
-        head_dim, blocks, block_size, max_length, eps, unit_offset)
+        head_dim, cos.shape[1], blocks, block_size, max_length, eps, unit_offset)
     if failed:
         raise RuntimeError(f"qkv_rope_write refused its inputs (head dim {head_dim}, positions up to "
                            f"{int(positions.max())} of {max_length}, or a block id outside the pool of {blocks})")

@@ -54,7 +54,7 @@ SIGNATURES = {
     "paged_decode_attention_f32": [_POINTER] * 4 + [_SIZE] + [_POINTER] * 2 + [_SIZE] * 7
     + [ctypes.c_float] * 2 + [_POINTER, _SIZE, ctypes.c_int],
     "add_rms_norm_f32": [_POINTER] * 5 + [_SIZE] * 2 + [ctypes.c_float, ctypes.c_int],
-    "qkv_rope_write_f32": [_POINTER] * 9 + [_SIZE] * 2 + [_POINTER] + [_SIZE] * 6 + [ctypes.c_float, ctypes.c_int],
+    "qkv_rope_write_f32": [_POINTER] * 9 + [_SIZE] * 2 + [_POINTER] + [_SIZE] * 7 + [ctypes.c_float, ctypes.c_int],
     "silu_mul_f32": [_POINTER] * 2 + [_SIZE] * 2,
     "gelu_tanh_mul_f32": [_POINTER] * 2 + [_SIZE] * 2,
     "sample_rows_f32": [_POINTER] * 6 + [_SIZE] * 2 + [ctypes.c_int],

@@ -86,7 +86,7 @@ class LlamaFamilyDecoder:
         """The dimensions of a head the rotary embedding turns (GLM-4.5: a part; the rest pass as they are)."""
         self.sinks = self.architecture.attention_sinks
         """gpt-oss: attention sinks (the C and Triton decode kernels add them; prefill: the eager form)."""
-        self.triton_kernels = triton_kernels_available(model, self.head_dim) and self.rotary_dim == self.head_dim
+        self.triton_kernels = triton_kernels_available(model, self.head_dim)
         """Whether the graph-safe decode step runs as Triton kernels (CUDA; :meth:`_decode_fused`) rather than
         torch ops and SDPA."""
         weight = next(model.parameters())
@@ -97,9 +97,9 @@ class LlamaFamilyDecoder:
         self.paged_cpu_attention = weight.device.type == "cpu" and cpu_attention.supports(
             dtype=weight.dtype, heads=self.num_heads, kv_heads=self.kv_heads, head_dim=self.head_dim)
         """Whether a CPU decode step's attention reads the pool through the block tables (:mod:`~.cpu_attention`)."""
-        self.fused_cpu_decode = self.paged_cpu_attention and self.rotary_dim == self.head_dim
-        """Whether a CPU decode step runs fused (:meth:`_decode_fused`, :mod:`hybridflow.rollout.cpu_fused`'s C kernels)
-        wherever :attr:`paged_cpu_attention` does."""
+        self.fused_cpu_decode = self.paged_cpu_attention
+        """Whether a CPU decode step runs fused (:meth:`_decode_fused`, :mod:`hybridflow.rollout.cpu_fused`'s C kernels;
+        GLM-4.5's partial rotary in them too) wherever :attr:`paged_cpu_attention` does."""
         self.vision_language = is_vision_language(model.config)
         """Prompts may carry images (:mod:`hybridflow.rollout.vision_prefill`); its rows rotate at their own positions."""
         suppressed = vision_token_ids(model.config)

@@ -9,7 +9,7 @@ kernels, and
 
 - :func:`add_rms_norm`: the residual add and the next RMSNorm (Zhang & Sennrich 2019), one pass;
 - :func:`qkv_rope_write`: per head of the fused q|k|v projection, Qwen3's q/k RMSNorm, the rotary
-  embedding (Su et al. 2021, HF's rotate-half layout) and, for k and v, the write into the paged
+  embedding (Su et al. 2021, HF's rotate-half layout; on the head's first dimensions only for GLM-4.5) and, for k and v, the write into the paged
   cache at the row's position; q comes out ``[N, H, D]`` for attention;
 - :func:`silu_mul`: SwiGLU's ``silu(gate) * up`` (Shazeer 2020); :func:`gelu_tanh_mul`: GeGLU's
   ``gelu_tanh(gate) * up`` (Gemma).
@@ -74,7 +74,8 @@ def _qkv_rope_write_kernel(QKV, Positions, RopePositions, Cos, Sin, NormWeight, 
                            eps, stride_qkv, stride_qo_n, stride_qo_h, stride_cos,
                            stride_kb, stride_kh, stride_kt, stride_vb, stride_vh, stride_vt, stride_tn,
                            HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                           PAGE: tl.constexpr, HAS_NORM: tl.constexpr, UNIT_OFFSET: tl.constexpr):
+                           ROTARY_DIM: tl.constexpr, PAGE: tl.constexpr, HAS_NORM: tl.constexpr,
+                           UNIT_OFFSET: tl.constexpr):
     row, head = tl.program_id(0), tl.program_id(1)
     position = tl.load(Positions + row)
     block = tl.load(Tables + row * stride_tn + position // PAGE).to(tl.int64)
@@ -86,38 +87,36 @@ def _qkv_rope_write_kernel(QKV, Positions, RopePositions, Cos, Sin, NormWeight, 
         target = Values + block * stride_vb + value_head * stride_vh + offset * stride_vt
         tl.store(target + dims, tl.load(source + dims))
         return
-    half = tl.arange(0, HEAD_DIM // 2)
-    first = tl.load(source + half)
-    dtype = first.dtype
-    first = first.to(tl.float32)
-    second = tl.load(source + HEAD_DIM // 2 + half).to(tl.float32)
+    # Each value beside its rotate-half partner (i + R/2 for the first half of the rotary part, i - R/2 for the
+    # second; itself past the rotary part: GLM-4.5's partial rotary, where cos 1 and sin 0 leave it as it is).
+    dims = tl.arange(0, HEAD_DIM)
+    turned = dims < ROTARY_DIM
+    partners = tl.where(dims < ROTARY_DIM // 2, dims + ROTARY_DIM // 2, tl.where(turned, dims - ROTARY_DIM // 2, dims))
+    x = tl.load(source + dims)
+    dtype = x.dtype
+    x = x.to(tl.float32)
+    partner = tl.load(source + partners).to(tl.float32)
     if HAS_NORM:  # Qwen3: RMSNorm over the head, weight * normed.to(dtype); Gemma 3: normed * (1 + weight), cast
-        inverse_rms = 1.0 / tl.sqrt((tl.sum(first * first, 0) + tl.sum(second * second, 0)) / HEAD_DIM + eps)
+        inverse_rms = 1.0 / tl.sqrt(tl.sum(x * x, 0) / HEAD_DIM + eps)
         weights = NormWeight + head * HEAD_DIM
-        first_weight = tl.load(weights + half).to(tl.float32)
-        second_weight = tl.load(weights + HEAD_DIM // 2 + half).to(tl.float32)
+        weight = tl.load(weights + dims).to(tl.float32)
+        partner_weight = tl.load(weights + partners).to(tl.float32)
         if UNIT_OFFSET:
-            first = first * inverse_rms * (1.0 + first_weight)
-            second = second * inverse_rms * (1.0 + second_weight)
+            x = x * inverse_rms * (1.0 + weight)
+            partner = partner * inverse_rms * (1.0 + partner_weight)
         else:
-            first = first_weight * (first * inverse_rms).to(dtype).to(tl.float32)
-            second = second_weight * (second * inverse_rms).to(dtype).to(tl.float32)
-        first, second = first.to(dtype).to(tl.float32), second.to(dtype).to(tl.float32)
+            x = weight * (x * inverse_rms).to(dtype).to(tl.float32)
+            partner = partner_weight * (partner * inverse_rms).to(dtype).to(tl.float32)
+        x, partner = x.to(dtype).to(tl.float32), partner.to(dtype).to(tl.float32)
     rope_position = tl.load(RopePositions + row)  # a vision-language row rotates at position + delta
-    cos = Cos + rope_position * stride_cos
-    sin = Sin + rope_position * stride_cos
-    cos_first = tl.load(cos + half).to(tl.float32)
-    cos_second = tl.load(cos + HEAD_DIM // 2 + half).to(tl.float32)
-    sin_first = tl.load(sin + half).to(tl.float32)
-    sin_second = tl.load(sin + HEAD_DIM // 2 + half).to(tl.float32)
-    rotated_first = (first * cos_first - second * sin_first).to(dtype)
-    rotated_second = (second * cos_second + first * sin_second).to(dtype)
+    cos = tl.load(Cos + rope_position * stride_cos + dims, mask=turned, other=1.0).to(tl.float32)
+    sin = tl.load(Sin + rope_position * stride_cos + dims, mask=turned, other=0.0).to(tl.float32)
+    rotated = (x * cos + tl.where(dims < ROTARY_DIM // 2, -partner, partner) * sin).to(dtype)
     if head < HEADS:
         target = QOut + row * stride_qo_n + head * stride_qo_h
     else:
         target = Keys + block * stride_kb + (head - HEADS) * stride_kh + offset * stride_kt
-    tl.store(target + half, rotated_first)
-    tl.store(target + HEAD_DIM // 2 + half, rotated_second)
+    tl.store(target + dims, rotated)
 
 
 def qkv_rope_write(*, qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -128,17 +127,20 @@ def qkv_rope_write(*, qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Ten
     the heads of ``qkv``
     ``[N, (H + 2 KV) * D]``; write k and v into the paged ``keys`` / ``values`` ``[KV, blocks, B, D]`` at
     ``positions`` ``[N]`` (block ``block_tables[n, p // B]`` ``[N, W]``, offset ``p % B``); return q
-    ``[N, H, D]``. ``cos`` / ``sin``: ``[T, D]`` tables indexed by ``rope_positions`` ``[N]`` (``None``:
-    ``positions``)."""
+    ``[N, H, D]``. ``cos`` / ``sin``: ``[T, R]`` tables indexed by ``rope_positions`` ``[N]`` (``None``:
+    ``positions``), turning a head's first ``R`` dimensions (``R < D``: GLM-4.5's partial rotary)."""
     rows = qkv.shape[0]
     kv_heads, page, head_dim = keys.shape[0], keys.shape[2], keys.shape[3]
+    if cos.shape[1] % 2 or cos.shape[1] > head_dim or cos.stride(1) != 1 or sin.stride() != cos.stride():
+        raise ValueError(f"qkv_rope_write: rotary tables {tuple(cos.shape)} (strides {cos.stride()}, "
+                         f"{sin.stride()}), expected an even width up to the head dim {head_dim}, rows contiguous")
     q = torch.empty(rows, heads, head_dim, dtype=qkv.dtype, device=qkv.device)
     _qkv_rope_write_kernel[(rows, heads + 2 * kv_heads)](
         qkv, positions, positions if rope_positions is None else rope_positions, cos, sin, qk_norm if qk_norm is not None else cos, q, keys, values, block_tables, eps,
         qkv.stride(0), q.stride(0), q.stride(1), cos.stride(0),
         keys.stride(1), keys.stride(0), keys.stride(2), values.stride(1), values.stride(0), values.stride(2),
         block_tables.stride(0),
-        HEADS=heads, KV_HEADS=kv_heads, HEAD_DIM=head_dim, PAGE=page, HAS_NORM=qk_norm is not None,
+        HEADS=heads, KV_HEADS=kv_heads, HEAD_DIM=head_dim, ROTARY_DIM=cos.shape[1], PAGE=page, HAS_NORM=qk_norm is not None,
         UNIT_OFFSET=unit_offset,
     )
     return q

@@ -291,7 +291,7 @@ def test_the_fused_decode_step_matches_the_eager_one(tiny):
     torch.testing.assert_close(results[0][1], results[1][1], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("bad", ["norm weight", "qkv width", "cos width", "qk norm", "positions", "odd gate|up",
+@pytest.mark.parametrize("bad", ["norm weight", "qkv width", "cos width", "rotary wider than the head", "qk norm", "positions", "odd gate|up",
                                  "odd gelu gate|up",
                                  "temperatures", "empty vocabulary"])
 def test_a_shape_the_kernel_cannot_take_is_refused_before_it_runs(bad):
@@ -303,6 +303,8 @@ def test_a_shape_the_kernel_cannot_take_is_refused_before_it_runs(bad):
         "norm weight": lambda: cpu_fused.add_rms_norm(x=torch.ones(2, 8), residual=None, weight=torch.ones(4), eps=0.0),
         "qkv width": lambda: cpu_fused.qkv_rope_write(qkv=torch.ones(1, 40), **rope),
         "cos width": lambda: cpu_fused.qkv_rope_write(qkv=torch.ones(1, 48), **{**rope, "cos": torch.ones(4, 8)}),
+        "rotary wider than the head": lambda: cpu_fused.qkv_rope_write(
+            qkv=torch.ones(1, 48), **{**rope, "cos": torch.ones(4, 18), "sin": torch.zeros(4, 18)}),
         "qk norm": lambda: cpu_fused.qkv_rope_write(qkv=torch.ones(1, 48), **{**rope, "qk_norm": torch.ones(1, 16)}),
         "positions": lambda: cpu_fused.qkv_rope_write(qkv=torch.ones(1, 48), **{**rope, "positions": torch.tensor([1, 2])}),
         "odd gate|up": lambda: cpu_fused.silu_mul(torch.ones(2, 7)),

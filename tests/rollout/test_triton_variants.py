@@ -89,3 +89,54 @@ def test_gpt_oss_fused_decode_step_equals_the_torch_step(tiny_tokenizer):
     model, tokenizer = build_tiny_model("gpt_oss", seed=1, tokenizer=tiny_tokenizer)
     decoder = fused_equals_torch_step(model, tokenizer)
     assert decoder.layers[0].sinks is not None and decoder.layers[0].window == 8
+
+
+@pytest.mark.parametrize("kernels", ["triton", "c"])
+@pytest.mark.parametrize("with_norm", [False, True])
+def test_qkv_rope_write_turns_only_the_rotary_part_of_each_head(kernels, with_norm):
+    """GLM-4.5's partial rotary: tables 8 wide on heads of 32 turn dimensions 0..7 (pairs i, i + 4) and leave 8..31
+    as they are (normalised first where the head has a norm), for the Triton kernel and the C one alike."""
+    if kernels == "c":
+        from hybridflow.rollout import cpu_fused, cpu_kernels
+
+        if cpu_kernels.library() is None:
+            pytest.skip("no C compiler: the kernels are not built")
+        write, device = cpu_fused.qkv_rope_write, "cpu"
+    else:
+        write, device = qkv_rope_write, DEVICE
+    torch.manual_seed(2)
+    rows, heads, kv_heads, head_dim, rotary, block_size = 3, 4, 2, 32, 8, 4
+    qkv = torch.randn(rows, (heads + 2 * kv_heads) * head_dim)
+    positions = torch.tensor([0, 5, 9])
+    tables = torch.tensor([[3, 0, 0], [1, 4, 0], [5, 2, 6]], dtype=torch.int32)  # 9 -> block 6, offset 1
+    angles = torch.arange(12)[:, None] * torch.rand(rotary // 2)[None]
+    cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
+    norm = torch.rand(heads + kv_heads, head_dim) + 0.5 if with_norm else None
+    keys, values = torch.zeros(2, kv_heads, 7, block_size, head_dim)
+    moved = [t.to(device) for t in (qkv, positions, cos, sin, keys, values, tables)]
+    q = write(qkv=moved[0], positions=moved[1], cos=moved[2], sin=moved[3], keys=moved[4], values=moved[5],
+              qk_norm=None if norm is None else norm.to(device), heads=heads, eps=1e-6, block_tables=moved[6])
+    qk = qkv[:, : (heads + kv_heads) * head_dim].view(rows, heads + kv_heads, head_dim)
+    if with_norm:
+        qk = norm * (qk * torch.rsqrt(qk.pow(2).mean(-1, keepdim=True) + 1e-6))
+    expected = qk.clone()
+    c, s = cos[positions][:, None], sin[positions][:, None]  # the rotation by hand: (x0, x4), (x1, x5), ..
+    expected[..., :4] = qk[..., :4] * c[..., :4] - qk[..., 4:8] * s[..., :4]
+    expected[..., 4:8] = qk[..., 4:8] * c[..., 4:] + qk[..., :4] * s[..., 4:]
+    torch.testing.assert_close(expected, _apply_rope(qk, c, s))  # the torch step's rope, the same numbers
+    torch.testing.assert_close(q.cpu(), expected[:, :heads], rtol=1e-5, atol=1e-5)
+    if not with_norm:
+        assert torch.equal(q.cpu()[..., rotary:], qk[:, :heads, rotary:])  # passed through untouched
+    for n, (block, offset) in enumerate([(3, 0), (4, 1), (6, 1)]):
+        torch.testing.assert_close(moved[4].cpu()[:, block, offset], expected[n, heads:], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("variant", [{}, dict(use_qk_norm=True, attention_bias=True)])
+def test_glm4_moe_fused_decode_step_equals_the_torch_step(variant):
+    """GLM-4.5 (rotary on 8 of 16 dimensions; q / k norms and biases in the second variant; grouped experts in the
+    graph-safe path) through the Triton step."""
+    from tests.rollout.test_glm4_moe import glm
+
+    model, tokenizer = glm(seed=1, **variant)
+    decoder = fused_equals_torch_step(model, tokenizer)
+    assert decoder.rotary_dim == 8 and decoder.head_dim == 16

@@ -9,8 +9,9 @@
  *   add_rms_norm:   h = x + residual (or x alone);  normed = w * (h / sqrt(mean(h^2) + eps))   (Zhang & Sennrich 2019)
  *                   (unit_offset: Gemma's (1 + w) in place of w)
  *   qkv_rope_write: per head of the fused q|k|v row: Qwen3's / Gemma 3's RMSNorm of q and k heads, the rotary
- *                   embedding (Su et al. 2021, HF's rotate-half layout: x cos + rotate_half(x) sin), q out as
- *                   [N, H, D], k and v written into the paged pool at the row's position
+ *                   embedding (Su et al. 2021, HF's rotate-half layout: x cos + rotate_half(x) sin) on the first
+ *                   rotary_dim values of a head (GLM-4.5's partial rotary; the rest pass), q out as [N, H, D], k and
+ *                   v written into the paged pool at the row's position
  *   silu_mul:       silu(gate) * up = gate / (1 + exp(-gate)) * up                             (Shazeer 2020)
  *   gelu_tanh_mul:  gelu_tanh(gate) * up, GeGLU (Gemma); gelu_tanh(x) = x / 2 (1 + tanh(y)) = x / (1 + exp(-2 y)),
  *                   y = sqrt(2 / pi) (x + 0.044715 x^3)                       (Shazeer 2020; Hendrycks & Gimpel 2016)
@@ -61,9 +62,9 @@ static int positions_valid(const int64_t *positions, const int32_t *tables, int6
 }
 
 /* One q or k head: optional RMSNorm over its D values (weight: that head's row of the norm, plus norm_offset),
- * then the rotation by the position's cos / sin rows, into target. */
+ * then the rotation of its first rotary_dim values by the position's cos / sin rows, into target. */
 static inline void rotate_head(const float *source, const float *norm_weight, float norm_offset, const float *cos,
-                               const float *sin, int64_t d, float eps, float *target) {
+                               const float *sin, int64_t d, int64_t rotary_dim, float eps, float *target) {
     float x[MAX_HEAD_DIM];
     memcpy(x, source, sizeof(float) * d);
     if (norm_weight != NULL) {
@@ -72,25 +73,27 @@ static inline void rotate_head(const float *source, const float *norm_weight, fl
         float inverse_rms = 1.0f / sqrtf(squares / (float)d + eps);
         for (int64_t i = 0; i < d; i++) x[i] = (norm_offset + norm_weight[i]) * (x[i] * inverse_rms);
     }
-    int64_t half = d / 2;
+    int64_t half = rotary_dim / 2;
     for (int64_t i = 0; i < half; i++) {
         target[i] = x[i] * cos[i] + (-x[i + half]) * sin[i];
         target[i + half] = x[i + half] * cos[i + half] + x[i] * sin[i + half];
     }
+    for (int64_t i = rotary_dim; i < d; i++) target[i] = x[i];
 }
 
 /* Shapes: qkv [rows, (heads + 2 kv_heads) * d] contiguous (q heads, then k, then v); positions [rows] int64;
- * cos, sin [>= max_length, d]; norm_weight [heads + kv_heads, d] or NULL (unit_offset 1: scale by 1 + w, Gemma 3);
+ * cos, sin [>= max_length, rotary_dim]; norm_weight [heads + kv_heads, d] or NULL (unit_offset 1: scale by 1 + w,
+ * Gemma 3);
  * q_out [rows, heads, d]; keys, values
  * [kv_heads, blocks, block_size, d] (one layer of the pool); tables [rows, table_stride] int32, position p of row n
  * in block tables[n][p / block_size] at offset p % block_size. Returns -1 (writing nothing) for a position at or
- * past max_length, a block id outside the pool, an odd or too large head dim. */
+ * past max_length, a block id outside the pool, an odd or too large head dim, an odd rotary_dim or one past d. */
 int qkv_rope_write_f32(const float *qkv, const int64_t *positions, const int64_t *rope_positions, const float *cos,
                        const float *sin, const float *norm_weight, float *q_out, float *keys, float *values,
                        int64_t rows, int64_t heads, const int32_t *tables, int64_t table_stride, int64_t kv_heads,
-                       int64_t d, int64_t blocks, int64_t block_size, int64_t max_length, float eps,
-                       int unit_offset) {
-    if (d % 2 != 0 || d > MAX_HEAD_DIM) return -1;
+                       int64_t d, int64_t rotary_dim, int64_t blocks, int64_t block_size, int64_t max_length,
+                       float eps, int unit_offset) {
+    if (d % 2 != 0 || d > MAX_HEAD_DIM || rotary_dim % 2 != 0 || rotary_dim <= 0 || rotary_dim > d) return -1;
     if (!positions_valid(positions, tables, table_stride, rows, blocks, block_size, max_length)) return -1;
     if (rope_positions == NULL) rope_positions = positions;
     for (int64_t n = 0; n < rows; n++)  /* a rotation at or before the row's own position: inside the table */
@@ -99,11 +102,11 @@ int qkv_rope_write_f32(const float *qkv, const int64_t *positions, const int64_t
     for (int64_t n = 0; n < rows; n++) {
         int64_t p = positions[n], r = rope_positions[n];
         int64_t slot = (int64_t)tables[n * table_stride + p / block_size] * block_size + p % block_size;
-        const float *row = qkv + n * width, *cos_p = cos + r * d, *sin_p = sin + r * d;
+        const float *row = qkv + n * width, *cos_p = cos + r * rotary_dim, *sin_p = sin + r * rotary_dim;
         for (int64_t j = 0; j < heads + kv_heads; j++) {
             const float *norm = norm_weight == NULL ? NULL : norm_weight + j * d;
             float *target = j < heads ? q_out + (n * heads + j) * d : keys + ((j - heads) * blocks * block_size + slot) * d;
-            rotate_head(row + j * d, norm, unit_offset ? 1.0f : 0.0f, cos_p, sin_p, d, eps, target);
+            rotate_head(row + j * d, norm, unit_offset ? 1.0f : 0.0f, cos_p, sin_p, d, rotary_dim, eps, target);
         }
         for (int64_t h = 0; h < kv_heads; h++)
             memcpy(values + (h * blocks * block_size + slot) * d, row + (heads + kv_heads + h) * d, sizeof(float) * d);
