@@ -172,7 +172,8 @@ def test_no_import_circle_even_through_annotations():
 ROLLOUT_LAYERS = [
     # records, kernels and the pieces the engines are built of
     {"types", "optional", "host_copy", "sleep", "lanes", "weights", "architectures", "block_manager", "cuda_graphs",
-     "triton_attention", "triton_fused", "triton_moe", "triton_sampling", "cpu_kernels", "cpu_attention", "cpu_fused",
+     "triton_attention", "triton_mla", "triton_fused", "triton_moe", "triton_sampling", "cpu_kernels", "cpu_attention",
+     "cpu_fused",
      "attention_variants", "packed_linear", "moe", "grouped_moe", "vision_prefill", "stopping", "kv_cache", "sampler",
      "config",
      "vllm_worker", "vllm_process", "vllm_venv"},  # and vLLM's worker extension, host process, side venv

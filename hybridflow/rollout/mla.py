@@ -13,7 +13,10 @@ latent space once, attention runs over ``[c | k_pe]`` as one key head shared by 
 and the ``H`` outputs leave through ``W_UV_h`` before ``o_proj``. The same form serves prefill. On CPU in fp32 a
 decode step's attention reads each row's latents straight from the pool through its block table with the C kernel of
 :mod:`hybridflow.rollout.cpu_attention` (values: the latents themselves, of which the first ``kv_lora_rank`` outputs
-are kept), in groups of at most its 16 query heads per key head; elsewhere the rows' blocks are gathered for SDPA.
+are kept), in groups of at most its 16 query heads per key head; on CUDA with Triton it runs as
+:mod:`hybridflow.rollout.triton_mla`'s kernels, reading the pool in place too, in a graph-safe step (static shapes, no
+host reads: CUDA graphs replay it, the sparse layers' experts gathered); elsewhere the rows' blocks are gathered for
+SDPA.
 
 The rest is HF's ``DeepseekV3`` layer op for op: queries through ``q_a_proj -> q_a_layernorm -> q_b_proj`` (or
 ``q_proj`` when ``q_lora_rank`` is None), rotary on the rope part only, in DeepSeek's interleaved pair layout when
@@ -32,6 +35,7 @@ from hybridflow.rollout import cpu_attention
 from hybridflow.rollout.attention_variants import decode_mask, prefill_mask
 from hybridflow.rollout.grouped_moe import grouped_moe_mlp, grouped_moe_weights, is_grouped_moe
 from hybridflow.rollout.kv_cache import CachedPrefix, PagedKVCache
+from hybridflow.rollout.optional import package_installed
 from hybridflow.rollout.rotary import RotaryTables
 from hybridflow.rollout.weights import copy_named_tensors
 
@@ -43,7 +47,6 @@ class MLADecoder:
     kv_parts = 1
     """The paged cache holds one part, the latent ``[c | k_pe]`` (no values)."""
     kv_heads = 1
-    triton_kernels = False  # torch ops on every device; no CUDA graphs
     varlen_prefill = False
     vision_language = False
     fused_cpu_decode = False
@@ -68,7 +71,10 @@ class MLADecoder:
         self.paged_kernel = self.embed.device.type == "cpu" and cpu_attention.supports(
             dtype=self.embed.dtype, heads=self.head_group, kv_heads=1, head_dim=self.head_dim)
         """Whether a decode step's attention runs as the CPU kernel over the pool (fp32, latent width in 16s)."""
+        self.triton_kernels = self.embed.device.type == "cuda" and package_installed("triton")
+        """Whether a graph-safe decode step (``context=None``: CUDA graphs) runs attention as the Triton MLA kernel."""
         self.weights_epoch = 0
+        """The graphs read the module's tensors, which a weight sync copies into in place: never bumped."""
         self.refresh()
 
     @property
@@ -137,11 +143,13 @@ class MLADecoder:
         w_uv = attn.kv_b_proj.weight.view(self.num_heads, self.nope_dim + self.v_dim, self.rank)[:, self.nope_dim:]
         return attn.o_proj(torch.einsum("nhr,hvr->nhv", out_latent, w_uv).reshape(out_latent.shape[0], -1))
 
-    def _mlp_block(self, hidden: torch.Tensor, index: int) -> torch.Tensor:
+    def _mlp_block(self, hidden: torch.Tensor, index: int, *, graph_safe: bool = False) -> torch.Tensor:
         layer = self.text_model.layers[index]
         normed = layer.post_attention_layernorm(hidden)
         moe = self.experts[index]
-        return hidden + (layer.mlp(normed) if moe is None else grouped_moe_mlp(normed, moe, layer.mlp.experts.act_fn))
+        if moe is None:
+            return hidden + layer.mlp(normed)
+        return hidden + grouped_moe_mlp(normed, moe, layer.mlp.experts.act_fn, graph_safe=graph_safe)
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.model.lm_head(self.text_model.norm(hidden))
@@ -191,21 +199,27 @@ class MLADecoder:
     def decode(self, *, token_ids: torch.Tensor, positions: torch.Tensor, cache: PagedKVCache,
                block_tables: torch.Tensor, context: int | None = None,
                rope_positions: torch.Tensor | None = None) -> torch.Tensor:
-        """One step for ``N`` rows of the latent paged cache (the arguments of ``LlamaFamilyDecoder.decode``):
-        ``[N, V]`` next-token logits."""
+        """One step for ``N`` rows of the latent paged cache (the arguments of ``LlamaFamilyDecoder.decode``; ``context``
+        None: graph-safe, attention by the Triton kernel where :attr:`triton_kernels`): ``[N, V]`` next-token logits."""
+        graph_safe = context is None
         context = cache.max_len if context is None else context
         cos, sin = self.rotary.rows(positions, context)[None]
         rows = cache.write_rows(positions, block_tables)
         block_tables = block_tables[:, : -(-context // cache.block_size)]
-        attend = self._paged_attend if self.paged_kernel else self._gathered_attend
-        mask = None if self.paged_kernel else decode_mask(positions, block_tables.shape[1] * cache.block_size, None,
-                                                          self.embed.dtype)  # [N, 1, 1, span]
+        mask = None  # the kernels read each row's own length
+        if graph_safe and self.triton_kernels:
+            attend = self._triton_attend
+        elif self.paged_kernel:
+            attend = self._paged_attend
+        else:
+            attend = self._gathered_attend
+            mask = decode_mask(positions, block_tables.shape[1] * cache.block_size, None, self.embed.dtype)
         hidden = self.text_model.embed_tokens(token_ids)
         for index, layer in enumerate(self.text_model.layers):
             query, latent = self._latent_qkv(layer.input_layernorm(hidden), index, cos, sin)
             cache.write(layer=index, rows=rows, keys=latent, values=None)
             out = attend(query, cache, index, block_tables, positions=positions, mask=mask)
-            hidden = self._mlp_block(hidden + self._attention_out(out, index), index)
+            hidden = self._mlp_block(hidden + self._attention_out(out, index), index, graph_safe=graph_safe)
         return self._logits(hidden)
 
     def _gathered_attend(self, query: torch.Tensor, cache: PagedKVCache, index: int, block_tables: torch.Tensor, *,
@@ -227,3 +241,11 @@ class MLADecoder:
             block_tables=block_tables.repeat_interleave(chunks, dim=0),
             lengths=(positions + 1).repeat_interleave(chunks), scale=self.scale, window=None)
         return out.view(count, self.num_heads, self.head_dim)[..., : self.rank]
+
+    def _triton_attend(self, query: torch.Tensor, cache: PagedKVCache, index: int, block_tables: torch.Tensor, *,
+                       positions: torch.Tensor, mask=None) -> torch.Tensor:
+        """The same through the Triton kernel over the pool in place (every head in one launch): ``[N, H, rank]``."""
+        from hybridflow.rollout.triton_mla import mla_decode_attention  # Triton only where it runs
+
+        return mla_decode_attention(q=query, latents=cache.data[index, 0, 0], lengths=positions + 1,
+                                    block_tables=block_tables, scale=self.scale, rank=self.rank)
