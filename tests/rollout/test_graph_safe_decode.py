@@ -49,3 +49,29 @@ def test_static_step_compiles_as_one_graph(arch, tiny_tokenizer, monkeypatch):
 ])
 def test_capture_buckets_cover_every_batch_size(max_rows, sizes, expected):
     assert bucket_sizes(max_rows, sizes) == expected
+
+
+def test_gpt_oss_static_step_compiles_as_one_graph(tiny_tokenizer, monkeypatch):
+    """gpt-oss's graph-safe step (sinks, alternating windows, its experts gathered) traces without a graph break."""
+    test_static_step_compiles_as_one_graph("gpt_oss", tiny_tokenizer, monkeypatch)
+
+
+def test_mla_static_step_compiles_as_one_graph(monkeypatch):
+    """DeepSeek-V3's graph-safe step (latent cache write, rotary rows, group-limited routing with the experts gathered,
+    attention over the gathered latents) traces without a graph break: nothing in it reads a value on the host."""
+    from hybridflow.rollout.mla import MLADecoder
+    from hybridflow.rollout.packed_linear import PORTABLE_KERNELS_ENV
+    from tests.rollout.test_mla import deepseek
+
+    monkeypatch.setenv(PORTABLE_KERNELS_ENV, "1")
+    model, tokenizer = deepseek(kv_lora_rank=24)
+    decoder = MLADecoder(model)
+    decoder.paged_kernel = False  # the C kernel is a host call (the CUDA step's Triton kernel: test_triton_mla.py)
+    prompts = [torch.tensor(p) for p in chat_prompts(tokenizer)[:3]]
+    cache, tables, positions = prefilled_paged_cache(decoder, prompts)
+    tokens = torch.tensor([5, 6, 7])
+    eager = decoder.decode(token_ids=tokens, positions=positions, cache=cache, block_tables=tables, context=None)
+    torch._dynamo.reset()
+    step = torch.compile(decoder.decode, fullgraph=True, backend="eager")  # a graph break raises here
+    compiled = step(token_ids=tokens, positions=positions, cache=cache, block_tables=tables, context=None)
+    torch.testing.assert_close(compiled, eager)
