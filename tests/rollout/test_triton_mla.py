@@ -100,3 +100,31 @@ def test_the_engine_decodes_deepseek_through_the_triton_step_as_hf():
     engine.decoder._triton_attend = lambda *a, **k: calls.append(1) or step(*a, **k)
     assert_greedy_as_hf(engine, model, prompts, params, eos=eos)
     assert calls  # the Triton kernel ran
+
+
+def test_the_chosen_mla_kernel_compiles_for_sm90():
+    """Compiled for an H100 / H200 on this machine (Triton's own ptxas; no GPU) at DeepSeek-V3's shape (128 heads,
+    latents of 512 + 64, bf16, 64 rows over 2,048 positions): it builds, and two programs fit an SM (registers and
+    shared memory)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import triton
+
+    from hybridflow.rollout.triton_mla import mla_config
+
+    if not (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump").exists():
+        pytest.skip("this Triton has no NVIDIA toolchain")
+    chosen = mla_config(rows=64, heads=128, entry=576, page=16, width=128, dtype=torch.bfloat16, device="cpu")
+    spec = ",".join(str(int(v)) for v in (chosen.split_len, chosen.block_n, chosen.num_warps, chosen.num_stages,
+                                          chosen.kv_together, chosen.unrolled))
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"PYTHONPATH": str(root)}
+    done = subprocess.run([sys.executable, str(root / "tests" / "rollout" / "sm90_compile.py"), "mla", "128", "512",
+                           "64", spec], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    compiled = json.loads(done.stdout.splitlines()[-1])
+    assert compiled["registers"] <= 65536 // (2 * 32 * chosen.num_warps) and 2 * compiled["shared"] <= 228 * 1024
