@@ -47,13 +47,15 @@ stage env 20 bash -c 'nvidia-smi --query-gpu=name,memory.total,driver_version,cl
   python3 -c "import sys, torch, transformers, triton; print(sys.version.split()[0], torch.__version__, transformers.__version__, triton.__version__)"
   python3 -c "import importlib.util as u; print(\"missing for TRL:\", [m for m in (\"pandas\", \"pyarrow\", \"accelerate\", \"trl\", \"datasets\") if u.find_spec(m) is None])"
   python3 -c "import importlib.util as u; print(\"missing for vl-rollout (the image processor):\", [m for m in (\"PIL\",) if u.find_spec(m) is None])"'
-# make test-gpu's selection: the CUDA end-to-end files first (engine graphs, the loop on cuda, FlexAttention's backward,
-# the VL engine), then the Triton kernels (compiled here; many configurations) and the rest (pytest collects a file
-# once); a stage cut by its limit still reports what ran;
+# make test-gpu's selection: the CUDA end-to-end files first (engine graphs, issue 58's architectures' graphs and
+# kernels: gpt-oss's sinks, GLM-4.5's partial rotary, MLA's latent-cache kernel; the loop on cuda, FlexAttention's
+# backward, the VL engine), then the Triton kernels (compiled here; many configurations) and the rest (pytest collects
+# a file once); a stage cut by its limit still reports what ran;
 # a module whose optional package the image lacks is reported and the rest still run (issue 46: one such import stopped
 # the whole collection, and 0 CUDA tests ran).
 stage tests 120 python3 -m pytest -q -p no:cacheprovider -m "gpu or triton" -rs --continue-on-collection-errors \
   --deselect tests/trainer/test_ppo_learning.py::test_grpo_learns_to_emit_digits_on_cuda tests/rollout/test_cuda_engine.py \
+  tests/rollout/test_cuda_new_architectures.py tests/rollout/test_triton_mla.py tests/rollout/test_triton_variants.py \
   tests/trainer/test_cuda_e2e.py tests/models/test_flex_segments.py tests/vision/test_native_vl_engine.py tests/rollout tests
 # Decode attention (issue 46): one layer's paged split-K kernel at the engine's shapes, a sweep of ~40 tile and launch
 # configurations (each checked against torch first) against the first kernel's, SDPA and flash_attn (one line if it
