@@ -52,7 +52,10 @@ def _mla_tile(q_nope, q_pe, table, tile, end, scale, running_max, running_sum, a
     rescale = tl.exp(running_max - new_max)
     weights = tl.exp(scores - new_max[:, None])
     running_sum = running_sum * rescale + tl.sum(weights, 1)
-    acc = acc * rescale[:, None] + _dot(weights.to(c_t.dtype), tl.trans(c_t), PRECISION, INTERPRETED)
+    # The latents again as ``[BLOCK_N, R]`` (the values: an operand as loaded, L1 / L2 hits): sm_90's pipeliner then
+    # keeps both tiles in shared memory a stage ahead (a tl.trans of c_t stays in registers: nothing in flight).
+    c = tl.load(entries[:, None] + ranks[None, :], mask=live[:, None] & in_rank[None, :], other=0.0)
+    acc = acc * rescale[:, None] + _dot(weights.to(c.dtype), c, PRECISION, INTERPRETED)
     return new_max, running_sum, acc
 
 

@@ -104,8 +104,9 @@ def test_the_engine_decodes_deepseek_through_the_triton_step_as_hf():
 
 def test_the_chosen_mla_kernel_compiles_for_sm90():
     """Compiled for an H100 / H200 on this machine (Triton's own ptxas; no GPU) at DeepSeek-V3's shape (128 heads,
-    latents of 512 + 64, bf16, 64 rows over 2,048 positions): it builds, and two programs fit an SM (registers and
-    shared memory)."""
+    latents of 512 + 64, bf16, 64 rows over 2,048 positions): it builds, the software pipeliner keeps the tile of
+    latents (both as keys ``[512, n]`` and as values ``[n, 512]``) in shared memory a stage ahead, and two programs fit
+    an SM (registers and shared memory)."""
     import json
     import os
     import subprocess
@@ -127,4 +128,6 @@ def test_the_chosen_mla_kernel_compiles_for_sm90():
                            "64", spec], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     compiled = json.loads(done.stdout.splitlines()[-1])
+    n = chosen.block_n
+    assert {f"1x512x{n}xbf16", f"1x{n}x512xbf16"} <= set(compiled["buffers"]), compiled
     assert compiled["registers"] <= 65536 // (2 * 32 * chosen.num_warps) and 2 * compiled["shared"] <= 228 * 1024
