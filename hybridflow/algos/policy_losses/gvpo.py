@@ -79,7 +79,8 @@ def group_rows(index, *, rollout_n: int | None) -> tuple[torch.Tensor, int]:
     split = next((u for u, size in sizes.items() if size != k), None)
     if split is not None:
         raise AlgorithmError(f"loss_mode=gvpo: group {split!r} has {sizes[split]} of its {k} responses in this "
-                             f"micro-batch; make actor.ppo_micro_batch_size_per_gpu a multiple of rollout.n={k}")
+                             f"micro-batch; make actor.ppo_micro_batch_size_per_gpu a multiple of rollout.n={k} and "
+                             "actor.ppo_mini_batch_size a multiple of the data-parallel size")
     if k < 2:
         raise AlgorithmError("loss_mode=gvpo needs at least 2 responses per prompt (rollout.n >= 2)")
     order = {u: g for g, u in enumerate(sizes)}
