@@ -373,7 +373,7 @@ def print_table(rows: list[dict]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    # issue 60: the distillation losses (benchmarks/verl_diff_distillation.py), the GVPO recipe's loss (verl_diff_gvpo.py)
+    # issue 60: the distillation losses (verl_diff_distillation.py) and the GVPO recipe's loss (verl_diff_gvpo.py)
     names = [*CASES, "distillation", "gvpo"]
     parser.add_argument("--cases", default=",".join(names), help="comma-separated, from: " + ", ".join(names))
     parser.add_argument("--workdir", default=None, help="keep the inputs and both sides' results here")

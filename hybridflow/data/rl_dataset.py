@@ -100,7 +100,8 @@ class RLDataset(torch.utils.data.Dataset):
         self.filter_overlong_prompts = filter_overlong_prompts
         kept = list(range(len(row_ids)))
         if filter_overlong_prompts:
-            counted = [self._filter_length(rows[i], ids, vision, row_index=i) for i, (ids, vision) in zip(row_ids, prompts)]
+            counted = [self._filter_length(rows[i], ids, vision, row_index=i)
+                       for i, (ids, vision) in zip(row_ids, prompts)]
             kept = self._drop_overlong(row_ids, counted)
         self.num_filtered = len(row_ids) - len(kept)
         if not kept:
