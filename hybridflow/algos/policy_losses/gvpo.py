@@ -48,20 +48,20 @@ class GVPOConfig:
 def gvpo_problems(setting) -> list[str]:
     """Settings the recipe's loss cannot run with, found before any model loads (one line each)."""
     problems = []
-    beta, n = setting(f"{ACTOR}.gvpo_beta"), setting("actor_rollout_ref.rollout.n")
-    micro = setting(f"{ACTOR}.ppo_micro_batch_size_per_gpu")
+    beta, n = setting("actor_rollout_ref.actor.gvpo_beta"), setting("actor_rollout_ref.rollout.n")
+    micro = setting("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu")
     if beta is None or beta <= 0:
         problems.append(f"loss_mode=gvpo needs {ACTOR}.gvpo_beta > 0 (the recipe's 0.1), got {beta}")
     if n < 2:
         problems.append(f"loss_mode=gvpo compares the responses of one prompt: set actor_rollout_ref.rollout.n >= 2 "
                         f"(got {n})")
-    if setting(f"{ACTOR}.use_dynamic_bsz"):
+    if setting("actor_rollout_ref.actor.use_dynamic_bsz"):
         problems.append(f"loss_mode=gvpo keeps each prompt's rollout.n responses in one micro-batch, which a token "
                         f"budget does not: set {ACTOR}.use_dynamic_bsz=False (as the recipe asserts)")
     elif micro is not None and micro % n:
         problems.append(f"loss_mode=gvpo needs each prompt's rollout.n={n} responses in one micro-batch: make "
                         f"{ACTOR}.ppo_micro_batch_size_per_gpu={micro} a multiple of {n}")
-    if setting(f"{ACTOR}.shuffle"):
+    if setting("actor_rollout_ref.actor.shuffle"):
         problems.append(f"loss_mode=gvpo keeps each prompt's responses together: set {ACTOR}.shuffle=False")
     if setting("algorithm.rollout_correction.rollout_is"):
         problems.append("loss_mode=gvpo has no importance ratio to weight (the recipe ignores rollout IS weights): "
@@ -88,7 +88,7 @@ def group_rows(index, *, rollout_n: int | None) -> tuple[torch.Tensor, int]:
 
 
 @register_policy_loss("gvpo", config=GVPOConfig, check=gvpo_problems, whole_groups=True,
-                      knobs={"gvpo_beta": f"{ACTOR}.gvpo_beta", "rollout_n": "actor_rollout_ref.rollout.n"})
+                      knobs={"gvpo_beta": "actor_rollout_ref.actor.gvpo_beta", "rollout_n": "actor_rollout_ref.rollout.n"})
 def gvpo_policy_loss(inputs: PolicyLossInputs, config: GVPOConfig,
                      agg: LossAggregation) -> tuple[torch.Tensor, dict[str, float]]:
     """GVPO loss over ``[B, T]`` inputs and the rows' group ids ``inputs.index``; see the module docstring."""
