@@ -88,7 +88,8 @@ def group_rows(index, *, rollout_n: int | None) -> tuple[torch.Tensor, int]:
 
 
 @register_policy_loss("gvpo", config=GVPOConfig, check=gvpo_problems, whole_groups=True,
-                      knobs={"gvpo_beta": "actor_rollout_ref.actor.gvpo_beta", "rollout_n": "actor_rollout_ref.rollout.n"})
+                      knobs={"gvpo_beta": "actor_rollout_ref.actor.gvpo_beta",
+                             "rollout_n": "actor_rollout_ref.rollout.n"})
 def gvpo_policy_loss(inputs: PolicyLossInputs, config: GVPOConfig,
                      agg: LossAggregation) -> tuple[torch.Tensor, dict[str, float]]:
     """GVPO loss over ``[B, T]`` inputs and the rows' group ids ``inputs.index``; see the module docstring."""
