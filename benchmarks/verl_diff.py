@@ -373,7 +373,8 @@ def print_table(rows: list[dict]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    names = [*CASES, "distillation"]  # issue 60: the distillation losses (benchmarks/verl_diff_distillation.py)
+    # issue 60: the distillation losses (verl_diff_distillation.py) and the GVPO recipe's loss (verl_diff_gvpo.py)
+    names = [*CASES, "distillation", "gvpo"]
     parser.add_argument("--cases", default=",".join(names), help="comma-separated, from: " + ", ".join(names))
     parser.add_argument("--workdir", default=None, help="keep the inputs and both sides' results here")
     parser.add_argument("--side", choices=["hybridflow"], help=argparse.SUPPRESS)
@@ -392,8 +393,13 @@ def main(argv: list[str] | None = None) -> int:
 
         cases.remove("distillation")
         distillation_failed = distillation_diff(verl_python)
-        if not cases:
-            return distillation_failed
+    if "gvpo" in cases:
+        from benchmarks.verl_diff_gvpo import main as gvpo_diff
+
+        cases.remove("gvpo")
+        distillation_failed |= gvpo_diff(verl_python)
+    if not cases:
+        return distillation_failed
     workdir = args.workdir or tempfile.mkdtemp(prefix="verl_diff_")
     os.makedirs(workdir, exist_ok=True)
     import hybridflow

@@ -36,8 +36,8 @@ where the run config keeps those the actor does not pass to every loss::
 and the registry hands out the flat keyword call the actor makes::
 
     loss_fn(*, old_log_prob [B, T], log_prob [B, T], advantages [B, T], response_mask [B, T],
-            rollout_is_weights=None [B, T], loss_agg_mode="token-mean", global_num_tokens=None,
-            global_num_seqs=None, max_response_length=None, **knobs) -> (loss, metrics)
+            rollout_is_weights=None [B, T], index=None (group id of each row, len B), loss_agg_mode="token-mean",
+            global_num_tokens=None, global_num_seqs=None, max_response_length=None, **knobs) -> (loss, metrics)
 
 (keywords that are no field of the loss's config are ignored, so one call site serves every loss).
 """
@@ -138,6 +138,9 @@ class PolicyLossSpec:
     """Knob -> run-config key, for the knobs the actor does not pass to every loss (the clip ratios it does)."""
     check: Check = _no_problems
     """Problems of the run config for this loss, found before any model loads."""
+    whole_groups: bool = False
+    """The loss reads whole prompt groups (GVPO's group means, from the rows' ``index``): the rows of one prompt
+    stay in one data shard when the batch is balanced (``trainer.balance_batch``) and in one micro-batch."""
 
     def knob_values(self, setting: Setting) -> dict[str, Any]:
         return {name: setting(key) for name, key in self.knobs.items()}
@@ -182,7 +185,7 @@ def list_advantages() -> list[str]:
 
 
 def register_policy_loss(name: str, *, config: type | None = None, knobs: Mapping[str, str] | None = None,
-                         check: Check = _no_problems) -> Callable[[Callable], Callable]:
+                         check: Check = _no_problems, whole_groups: bool = False) -> Callable[[Callable], Callable]:
     """Decorator: make ``fn(inputs, config, agg) -> (loss, metrics)`` available as ``actor.policy_loss.loss_mode=name``;
     ``config`` is the dataclass of its knobs (none: ``NoKnobs``). The registered (and returned) function takes the
     flat keyword call of the module docstring (``policy_losses/common.py: keyword_policy_loss``)."""
@@ -190,7 +193,7 @@ def register_policy_loss(name: str, *, config: type | None = None, knobs: Mappin
     from hybridflow.algos.policy_losses.common import NoKnobs, keyword_policy_loss
 
     register = POLICY_LOSSES.register(name)
-    built = PolicyLossSpec(config=config or NoKnobs, knobs=dict(knobs or {}), check=check)
+    built = PolicyLossSpec(config=config or NoKnobs, knobs=dict(knobs or {}), check=check, whole_groups=whole_groups)
 
     def decorator(fn: Callable) -> Callable:
         loss = register(keyword_policy_loss(fn, built.config))

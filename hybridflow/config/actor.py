@@ -21,8 +21,8 @@ class PolicyLossConfig:
     """Which policy loss the actor uses and its mode-specific knobs."""
 
     loss_mode: str = "vanilla"
-    """Registered policy loss: vanilla, gspo, gpg, clip_cov, kl_cov, cispo, geo_mean, sapo, dppo_tv, dppo_kl, dro
-    (``hybridflow.algos.list_policy_losses()``). ``algorithm.rollout_correction.bypass_mode`` replaces it by
+    """Registered policy loss: vanilla, gspo, gpg, clip_cov, kl_cov, cispo, geo_mean, sapo, dppo_tv, dppo_kl, dro,
+    gvpo (``hybridflow.algos.list_policy_losses()``). ``algorithm.rollout_correction.bypass_mode`` replaces it by
     bypass_mode."""
     clip_cov_ratio: float = 0.0002
     """clip_cov: fraction of tokens whose gradient is detached."""
@@ -122,6 +122,10 @@ class ActorConfig:
     """FSDP2 settings."""
     profiler: Dict[str, Any] = field(default_factory=dict)
     """Compatibility-only (compat.py); in verl: this role's nsys / torch profiler settings."""
+    # issue 60: verl-recipe's GVPO recipe (its actor config adds this key)
+    gvpo_beta: float = 0.1
+    """gvpo (``policy_loss.loss_mode=gvpo``, verl-recipe's gvpo): the KL weight beta of GVPO's objective, the scale
+    of its implicit reward beta * log(pi_theta / pi_old)."""
 
 
 @dataclass

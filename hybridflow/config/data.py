@@ -112,6 +112,15 @@ class DataConfig:
     images in ``image_key``)."""
     return_multi_modal_inputs: bool = True
     """Compatibility-only (compat.py); in verl: keep the processor's vision inputs in the batch."""
+    # issue 60: verl 0.9.1's multimodal processing keys
+    image_patch_size: Optional[int] = 14
+    """The overlong-prompt filter (``filter_overlong_prompts``) counts an image prompt on its images first resized to
+    multiples of 2 x this (qwen_vl_utils' ``fetch_image``, as verl's RL dataset does; ``data/patch_resize.py``);
+    null = the processor's patch size. Rollout and training use the processor's own patch size, as verl's agent
+    loop does."""
+    mm_processor_kwargs: Dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments of every call of a vision-language policy's processor (prompt images and a tool's),
+    e.g. ``{max_pixels: 200704}`` for fewer image tokens, as verl passes them."""
 
 
 TRUNCATION_MODES = ("error", "left", "right", "middle")
@@ -141,6 +150,23 @@ def _check_prime_filter(problems: list[str], cfg: Any) -> None:
     if data.gen_batch_size is not None and data.gen_batch_size != data.train_batch_size:
         problems.append(f"data.gen_batch_size={data.gen_batch_size} with PRIME's filter: the generation batch is "
                         "train_batch_size x data.oversample_factor; drop data.gen_batch_size")
+
+
+MM_RESERVED = ("text", "images", "videos", "return_tensors")
+"""Processor arguments hybridflow sets itself: not for ``data.mm_processor_kwargs``."""
+
+
+def check_multimodal(problems: list[str], cfg: Any) -> None:
+    """``data.image_patch_size`` is a positive size or null; ``data.mm_processor_kwargs`` a mapping of the processor's
+    own options (issue 60)."""
+    data = cfg.data
+    if data.image_patch_size is not None and data.image_patch_size <= 0:
+        problems.append(f"data.image_patch_size={data.image_patch_size} must be a positive patch size (e.g. 14) or "
+                        "null (the processor's)")
+    taken = sorted(set(data.mm_processor_kwargs or {}) & set(MM_RESERVED))
+    if taken:
+        problems.append(f"data.mm_processor_kwargs sets {', '.join(taken)}, which the data pipeline passes itself; "
+                        "keep only the processor's options (e.g. max_pixels, min_pixels)")
 
 
 def check_generation_batch(problems: list[str], cfg: Any) -> None:

@@ -18,7 +18,7 @@ from hybridflow.config.algorithm import algorithm_problems, critic_enabled, impl
 from hybridflow.config.algorithm import estimator_spec, reference_enabled  # noqa: F401 - re-exported
 from hybridflow.config.checks import check_choice, check_output_folder, check_sp_size, check_strategies
 from hybridflow.config.common import LR_SCHEDULES, optim_problems
-from hybridflow.config.data import TRUNCATION_MODES, check_generation_batch
+from hybridflow.config.data import TRUNCATION_MODES, check_generation_batch, check_multimodal
 from hybridflow.config.data import generation_batch_size, prime_filtering  # noqa: F401 - re-exported
 from hybridflow.config.distillation import distillation_problems
 from hybridflow.config.reward import SANDBOX_MIN_MEMORY_MB, sandbox_problems  # noqa: F401 - re-exported
@@ -97,6 +97,7 @@ def validate_ppo_config(cfg: Any, *, model_max_len: int | None = None, check_pat
     check_ppo_batches(problems, cfg, ppo_world_size(cfg))
     problems += algorithm_problems(cfg)
     check_generation_batch(problems, cfg)
+    check_multimodal(problems, cfg)
     check_clip_ratios(problems, cfg.actor_rollout_ref.actor)
     check_sequence_parallel(problems, cfg)
     check_rollout(problems, cfg, model_max_len)

@@ -79,7 +79,7 @@ REFUSED: list[tuple[str, tuple[str, str]]] = [
     ("reward.reward_manager.*", USER_CLASS), ("reward_model.reward_loop_*", USER_CLASS),
     ("trainer.checkpoint_callback_class", USER_CLASS),
     ("*tool_path", TOOLS), ("data.tool_config_path", TOOLS),
-    ("data.mm_processor_kwargs", MULTIMODAL), ("data.image_patch_size", MULTIMODAL), ("data.audio_key", MULTIMODAL),
+    ("data.audio_key", MULTIMODAL),
     ("actor_rollout_ref.rollout.logprobs_mode", SERVER_OPTION),
     ("actor_rollout_ref.rollout.data_parallel_size", SERVING), ("actor_rollout_ref.rollout.expert_parallel_size",
                                                                SERVING),

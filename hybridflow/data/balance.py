@@ -94,21 +94,36 @@ def balanced_order(lengths: Sequence[int], k: int) -> tuple[list[int], list[list
     return [i for part in parts for i in part], parts
 
 
-def balance_batch(batch, *, dp_size: int) -> dict[str, float]:
+def balance_batch(batch, *, dp_size: int, groups: Sequence | None = None) -> dict[str, float]:
     """Reorder ``batch`` rows in place of its columns so ``batch.chunk(dp_size)`` is token-balanced.
 
-    Token count = ``attention_mask.sum(-1)`` (prompt + response). Returns detached
-    metrics: the max/min tokens per rank before and after.
+    Token count = ``attention_mask.sum(-1)`` (prompt + response). With ``groups`` (a group id per row, e.g. the
+    prompt's ``uid``) whole groups are balanced instead, their rows kept together and in order (GVPO's recipe
+    balances prompt groups the same way). Returns detached metrics: the max/min tokens per rank before and after.
     """
     lengths = batch["attention_mask"].sum(-1).tolist()
     before = [sum(chunk) for chunk in _equal_chunks(lengths, dp_size)]
-    order, parts = balanced_order(lengths, dp_size)
+    order, parts = balanced_order(lengths, dp_size) if groups is None else _group_order(lengths, groups, dp_size)
     reordered = batch.index_select(torch.tensor(order))
     for key in reordered.keys():
         batch[key] = reordered[key]
     after = [sum(lengths[i] for i in part) for part in parts]
     return {"balance/tokens_max_over_min_before": max(before) / max(min(before), 1),
             "balance/tokens_max_over_min_after": max(after) / max(min(after), 1)}
+
+
+def _group_order(lengths: list[int], groups: Sequence, k: int) -> tuple[list[int], list[list[int]]]:
+    """:func:`balanced_order` over whole groups: each part holds whole groups, the rows of a group adjacent."""
+    members: dict = {}
+    for row, group in enumerate(groups):
+        members.setdefault(group, []).append(row)
+    rows = list(members.values())
+    if len(rows) % k:
+        raise ConfigError(f"cannot balance {len(rows)} prompt groups into {k} data shards of whole groups; "
+                          f"make data.train_batch_size a multiple of {k}")
+    parts = balance_partitions([sum(lengths[i] for i in group) for group in rows], k, equal_size=True)
+    row_parts = [[i for g in part for i in rows[g]] for part in parts]
+    return [i for part in row_parts for i in part], row_parts
 
 
 def _equal_chunks(values: list[int], k: int) -> list[list[int]]:

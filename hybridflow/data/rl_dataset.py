@@ -27,7 +27,8 @@ from hybridflow.data.chat import encode, render, validate_messages
 from hybridflow.data.files import no_rows_message, read_rows, require_columns
 from hybridflow.data.padding import pad_sequences, pad_token_id_of, position_ids_from_mask
 from hybridflow.data.truncation import check_truncation, truncate
-from hybridflow.data.vision import process_image_prompt, refuse_videos, require_processor_for_images
+from hybridflow.data.patch_resize import resize_to_patches
+from hybridflow.data.vision import load_image, process_image_prompt, refuse_videos, require_processor_for_images
 from hybridflow.errors import DataError
 
 logger = logging.getLogger(__name__)
@@ -73,6 +74,7 @@ class RLDataset(torch.utils.data.Dataset):
         image_key: str = "images",
         video_key: str = "videos",
         reward_fn_key: str = "data_source",
+        image_patch_size: int | None = None,
     ):
         check_truncation(truncation, allowed=RL_TRUNCATIONS, config_key="data.truncation")
         self.tokenizer = tokenizer
@@ -83,6 +85,9 @@ class RLDataset(torch.utils.data.Dataset):
         self.template_kwargs = dict(apply_chat_template_kwargs or {})
         self.pad_token_id = pad_token_id_of(tokenizer)
         self.processor, self.image_key = processor, image_key
+        # verl's data.image_patch_size: null = the processor's own
+        self.image_patch_size = image_patch_size or getattr(getattr(processor, "image_processor", None), "patch_size",
+                                                            14)
         rows = read_rows(files)
         require_columns(rows, {prompt_key: "data.prompt_key"}, source=f"data file(s) {files!r}")
         self.reward_fn_key = reward_fn_key
@@ -92,7 +97,12 @@ class RLDataset(torch.utils.data.Dataset):
         row_ids = subsample(len(rows), max_samples=max_samples, shuffle=shuffle, seed=seed)
         prompts = [self._tokenize_prompt(rows[i], row_index=i) for i in row_ids]
         prompt_ids = [ids for ids, _ in prompts]
-        kept = self._drop_overlong(row_ids, prompt_ids) if filter_overlong_prompts else list(range(len(row_ids)))
+        self.filter_overlong_prompts = filter_overlong_prompts
+        kept = list(range(len(row_ids)))
+        if filter_overlong_prompts:
+            counted = [self._filter_length(rows[i], ids, vision, row_index=i)
+                       for i, (ids, vision) in zip(row_ids, prompts)]
+            kept = self._drop_overlong(row_ids, counted)
         self.num_filtered = len(row_ids) - len(kept)
         if not kept:
             raise DataError(self._empty_message(num_rows=len(row_ids), files=files))
@@ -120,10 +130,28 @@ class RLDataset(torch.utils.data.Dataset):
             render(self.tokenizer, messages, add_generation_prompt=True, template_kwargs=self.template_kwargs),
         ), None
 
-    def _drop_overlong(self, row_ids: list[int], prompt_ids: list[list[int]]) -> list[int]:
-        return [k for k in range(len(row_ids)) if len(prompt_ids[k]) <= self.max_prompt_length]
+    def _filter_length(self, row: dict[str, Any], ids: list[int], vision: dict | None, *, row_index: int) -> int:
+        """The prompt length the overlong filter compares, as verl's RL dataset counts it: an image prompt on its
+        images pre-resized by ``data.image_patch_size`` (``data/patch_resize.py``), any other its token count."""
+        if vision is None:
+            return len(ids)
+        images = [resize_to_patches(load_image(image, row_index=row_index, position=k),
+                                    image_patch_size=self.image_patch_size)
+                  for k, image in enumerate(row[self.image_key])]
+        messages = validate_messages(row[self.prompt_key], row_index=row_index, config_key="data.prompt_key")
+        counted, _ = process_image_prompt(self.processor, messages, images, row_index=row_index,
+                                          image_key=self.image_key, template_kwargs=self.template_kwargs)
+        return len(counted)
+
+    def _drop_overlong(self, row_ids: list[int], lengths: list[int]) -> list[int]:
+        return [k for k in range(len(row_ids)) if lengths[k] <= self.max_prompt_length]
 
     def _fit(self, ids: list[int], *, row_index: int, has_images: bool = False) -> list[int]:
+        if has_images and len(ids) > self.max_prompt_length and self.filter_overlong_prompts:
+            raise DataError(f"row {row_index}: the overlong filter kept the prompt (its images counted at "
+                            f"data.image_patch_size={self.image_patch_size}), but with the processor's own patch size "
+                            f"it is {len(ids)} tokens, longer than data.max_prompt_length={self.max_prompt_length}; "
+                            "set data.image_patch_size=null (the processor's) or raise max_prompt_length")
         if has_images and len(ids) > self.max_prompt_length:  # a cut would drop image tokens the pixels need
             raise DataError(f"row {row_index}: the prompt with its image tokens is {len(ids)} tokens, longer than "
                             f"data.max_prompt_length={self.max_prompt_length}; raise it or set "

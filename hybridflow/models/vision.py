@@ -156,12 +156,13 @@ def _processor_class_name(folder: str) -> str:
     return "Qwen2_5_VLProcessor"
 
 
-def load_processor(path: str, *, tokenizer, trust_remote_code: bool = False):
+def load_processor(path: str, *, tokenizer, trust_remote_code: bool = False, call_kwargs: dict | None = None):
     """The model's processor around ``tokenizer`` (the policy's, with its chat template), or None when the
     folder has no image processor (a text model).
 
     Built for images only (:func:`image_only_processor`) from the folder's image processor and its
     ``processor_class``; the chat template is the tokenizer's (a Qwen-VL folder ships the same one).
+    ``call_kwargs`` (verl's ``data.mm_processor_kwargs``) join every call: :class:`ProcessorWithCallKwargs`.
     """
     from transformers import AutoImageProcessor
 
@@ -169,5 +170,27 @@ def load_processor(path: str, *, tokenizer, trust_remote_code: bool = False):
     if not os.path.isdir(folder) or not has_processor(folder):
         return None
     image_processor = AutoImageProcessor.from_pretrained(folder, trust_remote_code=trust_remote_code)
-    return image_only_processor(_processor_class_name(folder), image_processor=image_processor, tokenizer=tokenizer,
-                                chat_template=tokenizer.chat_template)
+    processor = image_only_processor(_processor_class_name(folder), image_processor=image_processor,
+                                     tokenizer=tokenizer, chat_template=tokenizer.chat_template)
+    return ProcessorWithCallKwargs(processor, call_kwargs) if call_kwargs else processor
+
+
+class ProcessorWithCallKwargs:
+    """A processor whose every call, and every call of its image processor (a tool's images go through that alone),
+    gets ``call_kwargs`` (verl's ``data.mm_processor_kwargs``, e.g. ``{"max_pixels": 200704}``) under the call's own
+    arguments, as verl passes them to its processor; everything else is the wrapped processor's."""
+
+    def __init__(self, processor, call_kwargs: dict):
+        self.wrapped, self.call_kwargs = processor, dict(call_kwargs)
+
+    def __call__(self, *args, **kwargs):
+        return self.wrapped(*args, **{**self.call_kwargs, **kwargs})
+
+    @property
+    def image_processor(self):
+        return ProcessorWithCallKwargs(self.wrapped.image_processor, self.call_kwargs)
+
+    def __getattr__(self, name: str):
+        if name in ("wrapped", "call_kwargs"):  # not set yet (unpickling): no recursion through wrapped
+            raise AttributeError(name)
+        return getattr(self.wrapped, name)

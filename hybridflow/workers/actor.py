@@ -169,7 +169,7 @@ class ActorWorker:
             clip_ratio_c=obj.clip_ratio_c, global_num_tokens=counts["tokens"], global_num_seqs=counts["seqs"],
             max_response_length=obj.norm_length,
             rollout_is_weights=micro["rollout_is_weights"] if "rollout_is_weights" in micro else None,
-            **obj.knobs,
+            index=micro["uid"] if "uid" in micro else None, **obj.knobs,
         )
         loss = pg_loss
         shares = {"pg_loss": pg_loss.item()}

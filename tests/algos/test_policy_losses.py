@@ -197,7 +197,7 @@ def test_all_masked_batch_gives_zero_loss_and_zero_grad(name):
 def test_every_registered_loss_returns_float_metrics_with_the_verl_keys():
     for name in list_policy_losses():
         _, metrics = get_policy_loss(name)(old_log_prob=OLD, log_prob=_log_prob(), advantages=ADV, response_mask=MASK,
-                                           **KNOBS)
+                                           index=["p", "p"], **KNOBS)  # one prompt's two responses (gvpo's groups)
         assert {"pg_clipfrac", "pg_clipfrac_lower", "ppo_kl"} <= set(metrics), name
         assert all(isinstance(v, float) for v in metrics.values()), name
 

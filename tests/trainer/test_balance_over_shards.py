@@ -56,3 +56,19 @@ def test_rows_are_balanced_for_the_data_shards(world, sp, shards):
 def test_a_plain_worker_is_one_shard():
     batch = _batch()
     assert balance_over_shards(batch, group=object()) == {} and batch["row"].tolist() == list(range(8))
+
+
+def test_a_loss_over_prompt_groups_keeps_each_group_in_one_shard():
+    """GVPO (PolicyLossSpec.whole_groups): groups of 2 rows (uid) are balanced as units, their rows adjacent."""
+    group = WorkerGroup(worker_cls=HybridEngineWorker, backend=_Ranks(2), ranks_per_shard=1)
+    batch = _batch()
+    # groups: p0 = rows 0, 4 (11 tokens), p1 = 1, 5 (11), p2 = 2, 3 (20), p3 = 6, 7 (2)
+    batch["uid"] = ["p0", "p1", "p2", "p2", "p0", "p1", "p3", "p3"]
+    metrics = balance_over_shards(batch, group=group, whole_groups=True)
+    shards = batch.chunk(2)
+    assert sorted(_tokens_per_shard(batch, 2)) == [22, 22]  # {p0, p1} and {p2, p3}
+    for shard in shards:
+        uids = list(shard["uid"])
+        assert all(uids[i] == uids[i + 1] for i in range(0, 4, 2))  # each group's two rows adjacent
+    assert {tuple(sorted(set(shard["uid"]))) for shard in shards} == {("p0", "p1"), ("p2", "p3")}
+    assert metrics["balance/tokens_max_over_min_after"] == 1.0

@@ -128,6 +128,8 @@ SCRIPTS = [
     # engine=fsdp optim=fsdp; SP_SIZE=2 and PAD_MODE=no_padding by default) and multi-turn VL GRPO with the geo3k tool
     ("verl", "examples/sft/vlm/run_qwen3_vl_2b.sh"),
     ("verl", "examples/sglang_multiturn/geo3k/run_qwen2.5-3b_geo3k_multiturn.sh"),
+    # issue 60: the GVPO recipe (python -m recipe.gvpo.gvpo_main_ppo): loss_mode=gvpo with actor.gvpo_beta
+    ("recipe", "gvpo/run_qwen2-7b_math_gvpo.sh"),
     # Megatron: refused in one line that says so (test_verl_commands.EXPECTED_ERRORS)
     ("verl", "examples/grpo_trainer/run_qwen2-7b_math_megatron.sh"),
     ("verl", "verl/experimental/one_step_off_policy/shell/dapo_7b_math_megatron_4_12.sh"),
@@ -136,6 +138,7 @@ RECIPE_CONFIGS = {
     "recipe.dapo.main_dapo": "dapo/config/dapo_trainer.yaml",
     "recipe.entropy.main_entropy": "entropy/config/entropy_trainer.yaml",
     "recipe.prime.main_prime": "prime/config/prime_trainer.yaml",
+    "recipe.gvpo.gvpo_main_ppo": "gvpo/config/gvpo_trainer.yaml",
 }
 """Recipe module -> the YAML its ``@hydra.main(config_name=...)`` loads (in verl-recipe)."""
 VERL_CONFIGS = {

@@ -38,6 +38,7 @@ MODULES = {  # verl module -> (hybridflow module, trainer); a recipe module also
     "recipe.dapo.main_dapo": ("hybridflow.trainer.main_dapo", "dapo"),
     "recipe.prime.main_prime": ("hybridflow.trainer.main_prime", "prime"),
     "recipe.entropy.main_entropy": ("hybridflow.trainer.main_ppo", "ppo"),
+    "recipe.gvpo.gvpo_main_ppo": ("hybridflow.trainer.main_ppo", "ppo"),
     "verl.experimental.one_step_off_policy.main_ppo": ("hybridflow.trainer.main_one_step_off", "one_step_off"),
     "verl.experimental.fully_async_policy.fully_async_main": ("hybridflow.trainer.main_fully_async", "fully_async"),
 }

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -114,14 +115,17 @@ class PolicyLossInputs:
     response_mask: torch.Tensor
     rollout_is_weights: torch.Tensor | None = None
     """Rollout-correction IS weights (detached inside ``LossAggregation``); None = 1."""
+    index: Any = None
+    """The group id of each row (len B: the prompt's ``uid``), for a loss over whole groups (GVPO); None = unknown."""
 
     @classmethod
     def valid(cls, *, old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor,
-              response_mask: torch.Tensor, rollout_is_weights: torch.Tensor | None = None) -> "PolicyLossInputs":
+              response_mask: torch.Tensor, rollout_is_weights: torch.Tensor | None = None,
+              index: Any = None) -> "PolicyLossInputs":
         log_prob, old_log_prob = select_valid(log_prob=log_prob, old_log_prob=old_log_prob,
                                               response_mask=response_mask)
         return cls(old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages, response_mask=response_mask,
-                   rollout_is_weights=rollout_is_weights)
+                   rollout_is_weights=rollout_is_weights, index=index)
 
 
 @dataclass(frozen=True)

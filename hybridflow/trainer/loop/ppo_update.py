@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from hybridflow.algos import (advantage_spec, agg_loss, apply_kl_penalty, build_kl_controller, get_advantage,
-                             seq_norm_length)
+                             policy_loss_spec, seq_norm_length)
 from hybridflow.algos.errors import AlgorithmError
 from hybridflow.algos.pf_ppo import pf_ppo_resample
 from hybridflow.algos.prime import dense_prm_rewards, dpo_accuracy
@@ -62,13 +62,16 @@ def kl_controller(kl_ctrl_cfg):
                                horizon=kl_ctrl_cfg.horizon)
 
 
-def balance_over_shards(batch: Batch, *, group) -> dict[str, float]:
+def balance_over_shards(batch: Batch, *, group, whole_groups: bool = False) -> dict[str, float]:
     """Reorder ``batch`` so each data shard of the actor ``group`` gets an equal token count (verl's
     ``balance_batch``). Shards, not ranks: the ranks of a sequence-parallel group share one shard, and
     balancing for the rank count would move the rows of a dp = 1 run into other mini-batches than sp = 1
-    trains on. A plain worker (no group) is one shard: nothing to balance."""
+    trains on. A plain worker (no group) is one shard: nothing to balance. ``whole_groups`` (a policy loss over
+    prompt groups, GVPO) keeps the rows of one ``uid`` in one shard."""
     dp_size = getattr(group, "data_parallel_size", 1)
-    return balance_batch(batch, dp_size=dp_size) if dp_size > 1 else {}
+    if dp_size == 1:
+        return {}
+    return balance_batch(batch, dp_size=dp_size, groups=list(batch["uid"]) if whole_groups else None)
 
 
 def prm_stage(prm, batch: Batch, *, cfg, temperature: float, step: int) -> dict[str, float]:
@@ -107,6 +110,7 @@ class PPOUpdate:
         self.rollout_cfg = run.cfg.actor_rollout_ref.rollout
         self.kl_ctrl = kl_controller(run.cfg.algorithm.kl_ctrl)
         self.behaviour_as_old = behaviour_as_old
+        self.whole_groups = policy_loss_spec(run.cfg.actor_rollout_ref.actor.policy_loss.loss_mode).whole_groups
 
     def train(self, rollout: Rollout, *, step: int, timer: Timer, metrics: dict) -> tuple[Batch, bool]:
         """Everything after the rollout: log-probs, advantages, updates; returns the batch as trained (PF-PPO may
@@ -114,7 +118,7 @@ class PPOUpdate:
         batch = rollout.batch
         temperature = self.rollout_cfg.temperature
         if self.cfg.trainer.balance_batch:
-            metrics.update(balance_over_shards(batch, group=self.w.actor))
+            metrics.update(balance_over_shards(batch, group=self.w.actor, whole_groups=self.whole_groups))
         with timer("old_log_prob"):
             metrics.update(self.old_log_probs(batch, temperature=temperature))
         if self.w.reference is not None:

@@ -37,7 +37,8 @@ def build_datasets(cfg: PPOConfig, tokenizer):
                          processor=processor, image_key=data.image_key, video_key=data.video_key,
                          filter_overlong_prompts=data.filter_overlong_prompts, truncation=data.truncation,
                          max_samples=max_samples, apply_chat_template_kwargs=dict(data.apply_chat_template_kwargs),
-                         reward_fn_key=data.reward_fn_key, return_raw_chat=data.return_raw_chat or cfg.reward_model.enable
+                         reward_fn_key=data.reward_fn_key, image_patch_size=data.image_patch_size,
+                         return_raw_chat=data.return_raw_chat or cfg.reward_model.enable
                          or cfg.actor_rollout_ref.rollout.multi_turn.enable)
 
     max_train = data.train_max_samples if data.train_max_samples > 0 else data.max_samples

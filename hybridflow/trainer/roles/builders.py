@@ -104,9 +104,11 @@ def check_policy_vocab(cfg, tokenizer) -> None:
 
 
 def policy_processor(cfg, tokenizer):
-    """A vision-language policy's processor around ``tokenizer`` (None for a text model)."""
+    """A vision-language policy's processor around ``tokenizer`` (None for a text model); every call of it gets
+    ``data.mm_processor_kwargs``."""
     model = cfg.actor_rollout_ref.model
-    return load_processor(model.path, tokenizer=tokenizer, trust_remote_code=model.trust_remote_code)
+    return load_processor(model.path, tokenizer=tokenizer, trust_remote_code=model.trust_remote_code,
+                          call_kwargs=dict(cfg.data.mm_processor_kwargs))
 
 
 def model_layout(model_cfg, model: torch.nn.Module, *, key: str, chunked_head: bool = False) -> str:
