@@ -91,7 +91,7 @@ class ExecutionResult:
     stderr: str
     timed_out: bool
     truncated: bool = False
-    memory_exceeded: bool = False  # the whole tree passed memory_mb of resident memory and was killed
+    memory_exceeded: bool = False  # the whole tree passed (or, in a cgroup, reached) memory_mb: killed, or refused memory
     stdout_truncated: bool = False  # stdout alone was longer than the limit: judging it would judge a part
 
     @property
@@ -352,27 +352,49 @@ def _supervise(process: subprocess.Popen, reader: _CappedReader, timeout_s: floa
     (the kernel's, or the polled tree's resident memory). Returns why it was killed: "time", "memory" or None."""
     deadline = time.monotonic() + timeout_s
     stopped = None
-    if memory.events_fd is not None:
-        reader.selector.register(memory.events_fd, selectors.EVENT_READ, data=None)
+    exited = _exit_event(process)  # wakes us when it exits (not 20 ms later)
+    for fd in (memory.events_fd, exited):
+        if fd is not None:
+            reader.selector.register(fd, selectors.EVENT_READ, data=None)
     while process.poll() is None or reader.open:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             stopped = "time" if process.poll() is None or reader.open else None
             break
-        # with the pipes closed only the process's exit is left to wait for: no descriptor says it, so look often
-        reader.pump(min(remaining, memory.poll_interval_s if reader.open else sandbox_limits.WATCH_INTERVAL_S))
+        if exited is not None and process.returncode is not None:  # a child holds the pipes: its exit stays readable
+            reader.selector.unregister(exited)
+            _close(exited)
+            exited = None
+        # with the pipes closed and no pidfd, only a look at the process says it ended: look often
+        woken = reader.open or exited is not None
+        reader.pump(min(remaining, memory.poll_interval_s if woken else sandbox_limits.WATCH_INTERVAL_S))
         if memory.exceeded():
             stopped = "memory"
             break
-    if memory.events_fd is not None:
-        reader.selector.unregister(memory.events_fd)
+    for fd in (memory.events_fd, exited):
+        if fd is not None:
+            reader.selector.unregister(fd)
+    _close(exited)
     _kill_tree(process)  # what is left: the program, or a child that kept the pipes
     memory.kill()
     drain_until = time.monotonic() + _DRAIN_AFTER_KILL_S
     while reader.open and time.monotonic() < drain_until:
         reader.pump(0.05)
     process.wait()
-    return "memory" if stopped != "time" and memory.exceeded() else stopped
+    return "memory" if stopped != "time" and memory.reached() else stopped
+
+
+def _exit_event(process: subprocess.Popen) -> int | None:
+    """A pidfd of ``process`` (readable once it has exited), or None where the kernel has none (Linux < 5.3)."""
+    try:
+        return os.pidfd_open(process.pid)
+    except (AttributeError, OSError):
+        return None
+
+
+def _close(fd: int | None) -> None:
+    if fd is not None:
+        os.close(fd)
 
 
 class _MemoryBound:
@@ -405,6 +427,10 @@ class _MemoryBound:
             elif self.root_pid is not None:
                 self._exceeded = sandbox_limits.tree_rss_bytes(self.root_pid) > self.memory_bytes
         return self._exceeded
+
+    def reached(self) -> bool:
+        """At the end: :meth:`exceeded`, or the kernel refused the sample memory at its bound (its output may be cut)."""
+        return self.exceeded() or (self.cgroup is not None and self.cgroup.reached_bound())
 
     def kill(self) -> None:
         if self.cgroup is not None:
@@ -535,20 +561,19 @@ def run_asserts(code: str, asserts: list[str], *, timeout_s: float | None = 5.0,
                      kind="serve", passed_fds=(requests_read, replies_write))  # fmt: skip
     sandbox_leftovers.reap()
     memory = _MemoryBound(memory_mb, sandbox_available())
+    started: list[subprocess.Popen] = []
+
+    def start_sandbox() -> None:  # while the judge server forks the judge
+        started.append(_start(launch, host_dir, subprocess.DEVNULL, subprocess.DEVNULL, memory))
+
     with sandbox_leftovers.host_folder() as host_dir:
         try:
-            process = _start(launch, host_dir, subprocess.DEVNULL, subprocess.DEVNULL, memory)
-        except BaseException:
-            for fd in (requests_write, replies_read):
-                os.close(fd)
-            memory.close()
-            raise
-        try:
             bounds = judge_process.Bounds(timeout_s, launch.timeout_s, memory_mb, memory.poll_interval_s)
-            return judge_process.run(code, entries, (requests_write, replies_read), bounds, memory)
+            return judge_process.run(code, entries, (requests_write, replies_read), bounds, memory, start_sandbox)
         finally:
-            _kill_tree(process)
-            sandbox_leftovers.reap_later(process)  # it dies (its namespaces torn down) while the next sample runs
+            for process in started:
+                _kill_tree(process)
+                sandbox_leftovers.reap_later(process)  # it dies (its namespaces torn down) while the next sample runs
             memory.close()
 
 

@@ -10,8 +10,11 @@ sources, the bounds and the channel's descriptors (``SCM_RIGHTS``); the server f
 pidfd of it, with which the reward process SIGKILLs it at the sample's clock, as before. The server
 reaps its judges; it ends when the reward process's end of the socket closes.
 
-Where it cannot start (no ``pidfd_open``: Linux < 5.3), :func:`fork_judge` returns None and the
-caller forks the judge itself.
+The request is sent before the sample's sandbox starts and its answer read after (:class:`JudgeRequest`),
+so the server forks the judge while the reward process starts the sandbox. Where it cannot start (no
+``pidfd_open``: Linux < 5.3), :func:`request_judge` returns None and the caller forks the judge itself; a
+server that fails a request (killed, stopped past ``_ANSWER_S``) is replaced and asked again once, and
+if that fails too the caller forks the judge itself: counted (``FAILURES``) and said in one warning line.
 """
 
 from __future__ import annotations
@@ -25,9 +28,10 @@ import struct
 import subprocess
 import sys
 import threading
+import warnings
 
 _HEADER = struct.Struct("!Q")
-_ANSWER_S = 30.0  # a server that does not answer a fork in this long is replaced (it forks, nothing more)
+_ANSWER_S = 10.0  # a server that does not answer a fork in this long is replaced (it forks, nothing more)
 _BOOT = ("import sys; from hybridflow.rewards import judge_process, judge_server; "
          "judge_server.serve(int(sys.argv[1]), judge_process.judge_main, judge_process.import_pure_modules)")
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -72,14 +76,30 @@ class _Server:
         ours.settimeout(_ANSWER_S)
         self.sock, self.pid, self.lock = ours, os.getpid(), threading.Lock()
 
-    def fork(self, request: tuple, fds: list[int]) -> int:
-        with self.lock:
-            try:
-                _send(self.sock, pickle.dumps(request), fds)
-                answer, pidfds = _receive(self.sock, 1)
-            except BaseException:
-                self.stop()  # the conversation is lost mid-way: the next sample starts a new server
-                raise
+    @property
+    def alive(self) -> bool:
+        return self.pid == os.getpid() and self.process.poll() is None and self.sock.fileno() >= 0
+
+    def send(self, request: tuple, fds: list[int]) -> None:
+        """Ask for a fork; the lock stays held until :meth:`answer` (one conversation at a time)."""
+        if not self.lock.acquire(timeout=2 * _ANSWER_S):  # another thread's conversation never ended
+            raise OSError("the judge server stayed busy")
+        try:
+            _send(self.sock, pickle.dumps(request), fds)
+        except BaseException:
+            self.stop()  # the conversation is lost mid-way: the next sample starts a new server
+            self.lock.release()
+            raise
+
+    def answer(self) -> int:
+        """The pidfd of the judge asked for by :meth:`send`."""
+        try:
+            answer, pidfds = _receive(self.sock, 1)
+        except BaseException:
+            self.stop()
+            raise
+        finally:
+            self.lock.release()
         if answer != b"ok" or len(pidfds) != 1:
             for fd in pidfds:
                 os.close(fd)
@@ -93,26 +113,65 @@ class _Server:
 
 
 _SERVERS: list[_Server] = []
+FAILURES = [0]
+"""How many times this process's judge server failed a request (each time replaced; see :func:`_failed`)."""
 
 
-def fork_judge(program: str, entries: list, fds: list[int], bounds, start: float) -> int | None:
-    """A pidfd of a fresh judge forked by the server with ``fds`` (the channel's two ends, then the
-    results pipe's write end), or None where the server cannot run here (the caller forks it)."""
+def _failed(error: BaseException) -> None:
+    """Count and say a failed server: it is replaced, and the sample goes on (its judge forked by the new server,
+    or by the reward process where that fails too)."""
+    FAILURES[0] += 1
+    warnings.warn(f"code reward: the judge server failed ({error!r}); it is replaced, and this sample's judge is "
+                  f"forked by a new one or, failing that, by the reward process ({FAILURES[0]} failures so far)",
+                  RuntimeWarning, stacklevel=3)  # fmt: skip
+
+
+def _server() -> _Server:
+    """This process's live server, started where there is none (or it died)."""
+    server = next((s for s in _SERVERS if s.alive), None)
+    if server is None:
+        server = _Server()
+        _SERVERS[:] = [server]
+    return server
+
+
+class JudgeRequest:
+    """A judge asked of the server (:func:`request_judge`), forked there while the caller starts the sandbox."""
+
+    def __init__(self, request: tuple, fds: list[int]):
+        self.request, self.fds = request, fds
+        self.server: _Server | None = _server()
+        try:
+            self.server.send(request, fds)
+        except (OSError, EOFError) as error:
+            self.server = None  # asked again of a fresh server in pidfd()
+            _failed(error)
+
+    def pidfd(self) -> int | None:
+        """The judge's pidfd; a failed server is replaced and asked again once, else None (the caller forks
+        the judge itself; the failure is counted and said). Call once; ``fds`` must still be open."""
+        for _ in range(2):
+            try:
+                if self.server is None:
+                    self.server = _server()
+                    self.server.send(self.request, self.fds)
+                return self.server.answer()
+            except (OSError, EOFError) as error:
+                self.server = None
+                _failed(error)
+        return None
+
+
+def request_judge(program: str, entries: list, fds: list[int], bounds, start: float) -> JudgeRequest | None:
+    """Ask the server to fork a fresh judge with ``fds`` (the channel's two ends, then the results pipe's write
+    end); its pidfd comes from :meth:`JudgeRequest.pidfd`. None where no server can run here (the caller forks)."""
     if not hasattr(os, "pidfd_open"):
         return None
-    server = next((s for s in _SERVERS if s.pid == os.getpid() and s.process.poll() is None and s.sock.fileno() >= 0),
-                  None)  # fmt: skip
-    for attempt in range(2):  # a server that died (killed from outside) is started again, once
-        if server is None:
-            _SERVERS[:] = [_Server()]
-            server = _SERVERS[0]
-        try:
-            return server.fork((program, [entry.source for entry in entries], bounds, start), fds)
-        except (OSError, EOFError):
-            if attempt:
-                raise
-            server = None
-    return None
+    try:
+        return JudgeRequest((program, [entry.source for entry in entries], bounds, start), fds)
+    except OSError as error:  # the server could not even start
+        _failed(error)
+        return None
 
 
 def serve(fd: int, judge_main, warm) -> None:

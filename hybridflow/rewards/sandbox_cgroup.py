@@ -98,8 +98,8 @@ def _write(path: str, value: str) -> None:
 class SampleCgroup:
     """One sample's memory cgroup: made, joined by the sandbox's first process, removed after."""
 
-    def __init__(self, path: str, version: str):
-        self.path, self.version = path, version
+    def __init__(self, path: str, version: str, memory_bytes: int | None = None):
+        self.path, self.version, self.memory_bytes = path, version, memory_bytes
         self._fds: list[int] = []
 
     @classmethod
@@ -109,7 +109,7 @@ class SampleCgroup:
             os.mkdir(path)
         except OSError:
             return None
-        group = cls(path, version)
+        group = cls(path, version, memory_bytes)
         limits = (("memory.max", memory_bytes), ("memory.swap.max", 0)) if version == "v2" else (
             ("memory.limit_in_bytes", memory_bytes), ("memory.memsw.limit_in_bytes", memory_bytes))
         try:
@@ -179,6 +179,20 @@ class SampleCgroup:
         except OSError:
             return False
         return int(fields.get("oom_kill", 0)) > 0 or int(fields.get("under_oom", 0)) > 0
+
+    def reached_bound(self) -> bool:
+        """Whether the sample's memory reached its bound: the kernel refused it memory there (a refused kernel
+        allocation, e.g. a message queue or the pipe buffer of its output, is an error in the program, no OOM kill).
+        v1: the peak usage is the limit (``memory.failcnt`` is not kept by every kernel); v2: ``max`` events."""
+        try:
+            if self.version == "v2":
+                with open(os.path.join(self.path, "memory.events")) as handle:
+                    fields = dict(line.split() for line in handle if len(line.split()) == 2)
+                return int(fields.get("max", 0)) > 0
+            with open(os.path.join(self.path, "memory.max_usage_in_bytes")) as handle:
+                return self.memory_bytes is not None and int(handle.read()) >= self.memory_bytes
+        except (OSError, ValueError):
+            return False
 
     def kill(self) -> None:
         """SIGKILL every process in the cgroup."""

@@ -67,7 +67,7 @@ def test_judges_are_forked_by_the_server_and_here_without_one(monkeypatch):
     assert run_asserts(RIGHT, ["assert add(2, 3) == 5"]) == [True]
     server = next(s for s in judge_server._SERVERS if s.pid == os.getpid())
     assert _judge_parent_is(server.process.pid)  # not a fork of this (maybe torch-sized) process
-    monkeypatch.setattr(judge_server, "fork_judge", lambda *args: None)  # no server here: forked by us
+    monkeypatch.setattr(judge_server, "request_judge", lambda *args: None)  # no server here: forked by us
     assert _judge_parent_is(os.getpid())
 
 
@@ -79,6 +79,33 @@ def test_a_killed_server_is_started_again():
     assert run_asserts(RIGHT, ["assert add(2, 3) == 5", "assert add(2, 2) == 5"]) == [True, False]
     again = next(s for s in judge_server._SERVERS if s.pid == os.getpid())
     assert again is not server and again.process.poll() is None
+
+
+def test_a_stopped_server_is_replaced_counted_and_said(monkeypatch):
+    # a server that never answers (SIGSTOPped) costs the sample its answer time-out, not the run: it is killed,
+    # replaced, and the failure counted and said in one line
+    assert run_asserts(RIGHT, ["assert add(2, 3) == 5"]) == [True]
+    server = next(s for s in judge_server._SERVERS if s.pid == os.getpid())
+    server.sock.settimeout(1.0)
+    os.kill(server.process.pid, signal.SIGSTOP)
+    failures = judge_server.FAILURES[0]
+    with pytest.warns(RuntimeWarning, match="judge server failed"):
+        assert run_asserts(RIGHT, ["assert add(2, 3) == 5", "assert add(2, 2) == 5"]) == [True, False]
+    assert judge_server.FAILURES[0] == failures + 1
+    assert server.process.poll() is not None  # the stopped one was killed
+    again = next(s for s in judge_server._SERVERS if s.pid == os.getpid())
+    assert again is not server and _judge_parent_is(again.process.pid)
+
+
+def test_a_server_that_always_fails_leaves_the_judge_to_this_process(monkeypatch):
+    def broken(sock, max_fds):
+        raise ConnectionResetError("no answer")
+
+    monkeypatch.setattr(judge_server, "_receive", broken)  # our side of every conversation, so every server fails
+    failures = judge_server.FAILURES[0]
+    with pytest.warns(RuntimeWarning, match="judge server failed") as said:
+        assert _judge_parent_is(os.getpid())  # judged all the same, by a judge forked here
+    assert judge_server.FAILURES[0] == failures + 2 and len(said) == 2  # the first server, then its replacement
 
 
 ENDLESS_JUDGE = """
