@@ -25,6 +25,7 @@ copy their pages).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import importlib
@@ -61,11 +62,12 @@ def import_pure_modules() -> None:
 
 
 def run(program: str, entries: list, channel_fds: tuple[int, int], bounds: Bounds, memory,
-        start_sandbox: Callable[[], object]) -> list[bool]:  # fmt: skip
+        start_sandbox: Callable[[], object], served: bool = True) -> list[bool]:  # fmt: skip
     """Whether the program passes each entry, judged in a fresh judge process (forked by the judge
-    server, :mod:`judge_server`, else here).
+    server, :mod:`judge_server`, where ``served`` and it can run, else here).
 
-    ``start_sandbox()`` starts the program's sandbox while the server forks the judge. ``channel_fds``
+    ``start_sandbox()`` starts the program's sandbox while the server forks the judge; a server that fails
+    raises :class:`judge_server.ServerFailed` (its judges died with it; the caller judges afresh). ``channel_fds``
     (the request pipe's write end, the reply pipe's read end) go to the judge and are closed here;
     ``memory`` is the sandbox's bound (``exceeded()``, ``reached()``, ``events_fd``).
     """
@@ -74,11 +76,12 @@ def run(program: str, entries: list, channel_fds: tuple[int, int], bounds: Bound
     start = time.monotonic()
     fds = [*channel_fds, results_write]
     try:
-        request = judge_server.request_judge(program, entries, fds, bounds, start)
+        request = judge_server.request_judge(program, entries, fds, bounds, start) if served else None
         try:
             start_sandbox()
         except BaseException:
-            _kill_requested(request)
+            with contextlib.suppress(judge_server.ServerFailed):
+                _kill_requested(request)
             raise
         kill = _start_judge(request, program, entries, channel_fds, results_write, bounds, start)
     except BaseException:
@@ -96,9 +99,8 @@ def run(program: str, entries: list, channel_fds: tuple[int, int], bounds: Bound
 
 def _kill_requested(request: judge_server.JudgeRequest | None) -> None:
     """The sandbox did not start: SIGKILL the judge the server forked for it."""
-    pidfd = None if request is None else request.pidfd()
-    if pidfd is not None:
-        _served_killer(pidfd)()
+    if request is not None:
+        _served_killer(request.pidfd())()
 
 
 def _served_killer(pidfd: int) -> Callable[[], None]:
@@ -117,9 +119,8 @@ def _start_judge(request: judge_server.JudgeRequest | None, program: str, entrie
                  channel_fds: tuple[int, int], results_fd: int, bounds: Bounds,
                  start: float) -> Callable[[], None]:  # fmt: skip
     """The sample's judge, forked by the server (``request``) or, where it has none, here; returns what SIGKILLs it."""
-    pidfd = None if request is None else request.pidfd()
-    if pidfd is not None:
-        return _served_killer(pidfd)
+    if request is not None:
+        return _served_killer(request.pidfd())
     pid = os.fork()
     if pid == 0:  # the judge: never returns
         judge_main(program, entries, channel_fds, results_fd, bounds, start)

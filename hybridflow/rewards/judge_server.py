@@ -20,6 +20,7 @@ if that fails too the caller forks the judge itself: counted (``FAILURES``) and 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import pickle
 import signal
@@ -31,6 +32,7 @@ import threading
 import warnings
 
 _HEADER = struct.Struct("!Q")
+_PR_SET_PDEATHSIG = 1
 _ANSWER_S = 10.0  # a server that does not answer a fork in this long is replaced (it forks, nothing more)
 _BOOT = ("import sys; from hybridflow.rewards import judge_process, judge_server; "
          "judge_server.serve(int(sys.argv[1]), judge_process.judge_main, judge_process.import_pure_modules)")
@@ -107,6 +109,7 @@ class _Server:
         return pidfds[0]
 
     def stop(self) -> None:
+        """Kill the server (and so its judges: :func:`_die_with`) and reap it."""
         self.sock.close()
         self.process.kill()
         self.process.wait()
@@ -118,11 +121,10 @@ FAILURES = [0]
 
 
 def _failed(error: BaseException) -> None:
-    """Count and say a failed server: it is replaced, and the sample goes on (its judge forked by the new server,
-    or by the reward process where that fails too)."""
+    """Count and say a failed server: the next sample starts a new one, and this one is judged afresh here."""
     FAILURES[0] += 1
-    warnings.warn(f"code reward: the judge server failed ({error!r}); it is replaced, and this sample's judge is "
-                  f"forked by a new one or, failing that, by the reward process ({FAILURES[0]} failures so far)",
+    warnings.warn(f"code reward: the judge server failed ({error!r}); this sample is judged again by a judge the "
+                  f"reward process forks, and the next one starts a new server ({FAILURES[0]} failures so far)",
                   RuntimeWarning, stacklevel=3)  # fmt: skip
 
 
@@ -135,31 +137,32 @@ def _server() -> _Server:
     return server
 
 
+class ServerFailed(OSError):
+    """The server failed a request it may have forked a judge for (its judges die with it): the sample's
+    channel may have been read by that judge, so the caller judges the sample afresh."""
+
+
 class JudgeRequest:
     """A judge asked of the server (:func:`request_judge`), forked there while the caller starts the sandbox."""
 
     def __init__(self, request: tuple, fds: list[int]):
-        self.request, self.fds = request, fds
-        self.server: _Server | None = _server()
+        self.server, self.error = _server(), None
         try:
             self.server.send(request, fds)
         except (OSError, EOFError) as error:
-            self.server = None  # asked again of a fresh server in pidfd()
-            _failed(error)
+            self.error = error
 
-    def pidfd(self) -> int | None:
-        """The judge's pidfd; a failed server is replaced and asked again once, else None (the caller forks
-        the judge itself; the failure is counted and said). Call once; ``fds`` must still be open."""
-        for _ in range(2):
+    def pidfd(self) -> int:
+        """The judge's pidfd. Raises :class:`ServerFailed` (counted and said; the server is replaced at the next
+        request) where the server failed. Call once."""
+        if self.error is None:
             try:
-                if self.server is None:
-                    self.server = _server()
-                    self.server.send(self.request, self.fds)
                 return self.server.answer()
             except (OSError, EOFError) as error:
-                self.server = None
-                _failed(error)
-        return None
+                self.error = error
+        self.server.stop()  # and its judges with it (_die_with)
+        _failed(self.error)
+        raise ServerFailed(f"the judge server failed: {self.error!r}") from self.error
 
 
 def request_judge(program: str, entries: list, fds: list[int], bounds, start: float) -> JudgeRequest | None:
@@ -209,9 +212,11 @@ def _fork_one(sock: socket.socket, payload: bytes, fds: list[int], judges: set[i
     try:
         program, sources, bounds, start = pickle.loads(payload)
         entries = sandbox_judge.parse_assert_tests(sources)
+        server = os.getpid()
         pid = os.fork()
         if pid == 0:
             sock.close()
+            _die_with(server)
             judge_main(program, entries, (fds[0], fds[1]), fds[2], bounds, start)
     finally:
         for descriptor in fds:
@@ -222,6 +227,13 @@ def _fork_one(sock: socket.socket, payload: bytes, fds: list[int], judges: set[i
     except OSError:
         os.kill(pid, signal.SIGKILL)  # a judge the reward process could not kill must not run
         raise
+
+
+def _die_with(server: int) -> None:
+    """In a judge: SIGKILLed when its server dies (killed by a reward process that lost its answer), so no judge of
+    a replaced server judges on beside the one that replaces it."""
+    if ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL) != 0 or os.getppid() != server:
+        os._exit(1)  # no such guard here, or the server died before it was set
 
 
 def _reaped() -> set[int]:
