@@ -91,7 +91,7 @@ class ExecutionResult:
     stderr: str
     timed_out: bool
     truncated: bool = False
-    memory_exceeded: bool = False  # the whole tree passed (or, in a cgroup, reached) memory_mb: killed, or refused memory
+    memory_exceeded: bool = False  # the tree passed (in a cgroup: reached) memory_mb: killed, or refused memory
     stdout_truncated: bool = False  # stdout alone was longer than the limit: judging it would judge a part
 
     @property
@@ -365,7 +365,8 @@ class _CappedReader:
         return self.kept[name].decode("utf-8", errors="replace")
 
 
-def _supervise(process: subprocess.Popen, reader: _CappedReader, timeout_s: float, memory: "_MemoryBound") -> str | None:
+def _supervise(process: subprocess.Popen, reader: _CappedReader, timeout_s: float,
+              memory: sandbox_cgroup.MemoryBound) -> str | None:  # fmt: skip
     """Pump output until the process ends; kill the tree at ``timeout_s`` or past the memory bound
     (the kernel's, or the polled tree's resident memory). Returns why it was killed: "time", "memory" or None."""
     deadline = time.monotonic() + timeout_s
@@ -415,48 +416,9 @@ def _close(fd: int | None) -> None:
         os.close(fd)
 
 
-class _MemoryBound:
-    """A sample's memory bound: its cgroup's (the kernel's, kernel memory included), else the
-    polled resident memory of its process tree (:func:`sandbox_limits.tree_rss_bytes`)."""
-
-    def __init__(self, memory_mb: int, isolated: bool):
-        self.memory_bytes = memory_mb * 2**20
-        joiner = int(_NOBODY) if isolated and _drop_to_nobody() else None
-        self.cgroup = sandbox_cgroup.SampleCgroup.create(self.memory_bytes, joiner)
-        self.events_fd = None if self.cgroup is None else self.cgroup.oom_events()
-        self.root_pid: int | None = None
-        self._exceeded = False
-
-    @property
-    def poll_interval_s(self) -> float:
-        return 3600.0 if self.cgroup is not None else sandbox_limits.WATCH_INTERVAL_S
-
-    def prefix(self) -> list[str]:
-        return [] if self.cgroup is None else self.cgroup.join_prefix()
-
-    @property
-    def procs(self) -> str | None:
-        return None if self.cgroup is None else self.cgroup.procs
-
-    def exceeded(self) -> bool:
-        if not self._exceeded:
-            if self.cgroup is not None:
-                self._exceeded = self.cgroup.oom_killed()
-            elif self.root_pid is not None:
-                self._exceeded = sandbox_limits.tree_rss_bytes(self.root_pid) > self.memory_bytes
-        return self._exceeded
-
-    def reached(self) -> bool:
-        """At the end: :meth:`exceeded`, or the kernel refused the sample memory at its bound (its output may be cut)."""
-        return self.exceeded() or (self.cgroup is not None and self.cgroup.reached_bound())
-
-    def kill(self) -> None:
-        if self.cgroup is not None:
-            self.cgroup.kill()
-
-    def close(self) -> None:
-        if self.cgroup is not None:
-            self.cgroup.remove()
+def _memory_bound(memory_mb: int, isolated: bool) -> sandbox_cgroup.MemoryBound:
+    """The sample's memory bound; its cgroup is joined by user nobody where the sandbox starts as nobody."""
+    return sandbox_cgroup.MemoryBound(memory_mb, int(_NOBODY) if isolated and _drop_to_nobody() else None)
 
 
 def _pass_file(folder: str, name: str, data: bytes) -> int:
@@ -482,7 +444,7 @@ class _Launch:
     output_limit: int = OUTPUT_LIMIT_BYTES  # bytes kept of stdout and of stderr
 
 
-def _start(launch: _Launch, host_dir: str, stdin_file, output, memory: _MemoryBound) -> subprocess.Popen:
+def _start(launch: _Launch, host_dir: str, stdin_file, output, memory: sandbox_cgroup.MemoryBound) -> subprocess.Popen:
     """Start the sandbox in ``memory``'s cgroup; ``output`` is where its stdout and stderr go (PIPE or DEVNULL)."""
     program_path = _host_dirs(host_dir, launch.code)
     isolated = sandbox_available()
@@ -518,7 +480,7 @@ def _run(launch: _Launch) -> ExecutionResult:
     """Run one program with stdin; its capped output and why it stopped."""
     check_sandbox()
     sandbox_leftovers.reap()
-    memory = _MemoryBound(launch.memory_mb, sandbox_available())
+    memory = _memory_bound(launch.memory_mb, sandbox_available())
     with sandbox_leftovers.host_folder() as host_dir:
         stdin_path = _write_readable(host_dir, "stdin.txt", launch.stdin)
         try:
@@ -587,7 +549,7 @@ def _judged(code: str, entries: list, timeout_s: float, memory_mb: int, served: 
     launch = _Launch(code=code, stdin="", timeout_s=timeout_s * (len(entries) + 1), memory_mb=memory_mb,
                      kind="serve", passed_fds=(requests_read, replies_write))  # fmt: skip
     sandbox_leftovers.reap()
-    memory = _MemoryBound(memory_mb, sandbox_available())
+    memory = _memory_bound(memory_mb, sandbox_available())
     started: list[subprocess.Popen] = []
 
     def start_sandbox() -> None:  # while the judge server forks the judge

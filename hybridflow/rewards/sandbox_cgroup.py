@@ -22,6 +22,8 @@ import os
 import signal
 import time
 
+from hybridflow.rewards import sandbox_limits
+
 CGROUP_ENV = "HYBRIDFLOW_SANDBOX_CGROUP"
 PREFIX = "hybridflow-sandbox-"
 _COUNTER = itertools.count()
@@ -225,6 +227,49 @@ class SampleCgroup:
         except OSError:
             return False
         return True
+
+
+class MemoryBound:
+    """A sample's memory bound: its cgroup's (the kernel's, kernel memory included), else the
+    polled resident memory of its process tree (:func:`sandbox_limits.tree_rss_bytes`)."""
+
+    def __init__(self, memory_mb: int, joiner_uid: int | None):
+        self.memory_bytes = memory_mb * 2**20
+        self.cgroup = SampleCgroup.create(self.memory_bytes, joiner_uid)
+        self.events_fd = None if self.cgroup is None else self.cgroup.oom_events()
+        self.root_pid: int | None = None
+        self._exceeded = False
+
+    @property
+    def poll_interval_s(self) -> float:
+        return 3600.0 if self.cgroup is not None else sandbox_limits.WATCH_INTERVAL_S
+
+    def prefix(self) -> list[str]:
+        return [] if self.cgroup is None else self.cgroup.join_prefix()
+
+    @property
+    def procs(self) -> str | None:
+        return None if self.cgroup is None else self.cgroup.procs
+
+    def exceeded(self) -> bool:
+        if not self._exceeded:
+            if self.cgroup is not None:
+                self._exceeded = self.cgroup.oom_killed()
+            elif self.root_pid is not None:
+                self._exceeded = sandbox_limits.tree_rss_bytes(self.root_pid) > self.memory_bytes
+        return self._exceeded
+
+    def reached(self) -> bool:
+        """At the end: :meth:`exceeded`, or the kernel refused the sample memory at its bound (its output maybe cut)."""
+        return self.exceeded() or (self.cgroup is not None and self.cgroup.reached_bound())
+
+    def kill(self) -> None:
+        if self.cgroup is not None:
+            self.cgroup.kill()
+
+    def close(self) -> None:
+        if self.cgroup is not None:
+            self.cgroup.remove()
 
 
 _PENDING: list[SampleCgroup] = []

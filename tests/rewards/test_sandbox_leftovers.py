@@ -108,7 +108,7 @@ def test_a_server_that_always_fails_leaves_the_judge_to_this_process(monkeypatch
         lost.extend(receive(sock, max_fds)[1])
         raise ConnectionResetError("answer lost")
 
-    monkeypatch.setattr(judge_server, "_receive", answer_lost)  # our side of every conversation: every server fails
+    monkeypatch.setattr(judge_server, "_receive", answer_lost)  # our side of every conversation: all servers fail
     failures = judge_server.FAILURES[0]
     for sample in range(2):
         with pytest.warns(RuntimeWarning, match="judge server failed") as said:
