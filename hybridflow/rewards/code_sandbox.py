@@ -55,8 +55,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hybridflow.errors import ConfigError
-from hybridflow.rewards import (judge_process, sandbox_cgroup, sandbox_harness, sandbox_judge, sandbox_leftovers,
-                                sandbox_limits)
+from hybridflow.rewards import (judge_process, judge_server, sandbox_cgroup, sandbox_harness, sandbox_judge,
+                                sandbox_leftovers, sandbox_limits)
 
 ALLOW_UNSANDBOXED_ENV = "HYBRIDFLOW_ALLOW_UNSANDBOXED_CODE"
 TIMEOUT_ENV = "HYBRIDFLOW_SANDBOX_TIMEOUT_S"
@@ -91,7 +91,7 @@ class ExecutionResult:
     stderr: str
     timed_out: bool
     truncated: bool = False
-    memory_exceeded: bool = False  # the whole tree passed memory_mb of resident memory and was killed
+    memory_exceeded: bool = False  # the tree passed (in a cgroup: reached) memory_mb: killed, or refused memory
     stdout_truncated: bool = False  # stdout alone was longer than the limit: judging it would judge a part
 
     @property
@@ -135,6 +135,25 @@ def _drop_to_nobody() -> dict:
     if os.geteuid() != 0 or not _reachable_by_others(executable):
         return {}
     return {"user": int(_NOBODY), "group": int(_NOBODY), "extra_groups": []}
+
+
+@functools.cache
+def _setpriv() -> str | None:
+    return shutil.which("setpriv")
+
+
+def _as_nobody() -> tuple[list[str], dict]:
+    """(argv prefix, Popen arguments) that start bwrap as nobody where :func:`_drop_to_nobody` says to.
+
+    util-linux ``setpriv`` (real, effective and saved uid and gid nobody, no supplementary groups) first in
+    the argv, so that Popen changes no user and can ``vfork``: a Popen that changes user forks the reward
+    process, copying its page tables (14 ms of CPU for a torch-sized one) per sandbox. Popen's own user
+    change where setpriv is missing.
+    """
+    drop = _drop_to_nobody()
+    if not drop or _setpriv() is None:
+        return [], drop
+    return [_setpriv(), "--reuid", _NOBODY, "--regid", _NOBODY, "--clear-groups", "--"], {}
 
 
 _TMPFS = (("sandbox", "/sandbox", _SCRATCH_BYTES), ("tmp", "/tmp", _SCRATCH_BYTES),
@@ -194,10 +213,9 @@ def _probe(capped: bool) -> str | None:
     with tempfile.TemporaryDirectory(prefix="hybridflow-sandbox-probe-") as folder:
         _host_dirs(folder, "pass\n")
         command = _bwrap_command(folder, _harness_args(1024, 5.0, "bwrap", "program"), None, capped=capped)
+        prefix, drop = _as_nobody()
         try:
-            done = subprocess.run(
-                command, capture_output=True, timeout=30, stdin=subprocess.DEVNULL, **_drop_to_nobody()
-            )
+            done = subprocess.run(prefix + command, capture_output=True, timeout=30, stdin=subprocess.DEVNULL, **drop)
         except (OSError, subprocess.TimeoutExpired) as error:
             return f"bwrap failed to start: {error}"
     if done.returncode != 0:
@@ -347,72 +365,60 @@ class _CappedReader:
         return self.kept[name].decode("utf-8", errors="replace")
 
 
-def _supervise(process: subprocess.Popen, reader: _CappedReader, timeout_s: float, memory: "_MemoryBound") -> str | None:
+def _supervise(process: subprocess.Popen, reader: _CappedReader, timeout_s: float,
+              memory: sandbox_cgroup.MemoryBound) -> str | None:  # fmt: skip
     """Pump output until the process ends; kill the tree at ``timeout_s`` or past the memory bound
     (the kernel's, or the polled tree's resident memory). Returns why it was killed: "time", "memory" or None."""
     deadline = time.monotonic() + timeout_s
     stopped = None
-    if memory.events_fd is not None:
-        reader.selector.register(memory.events_fd, selectors.EVENT_READ, data=None)
+    exited = _exit_event(process)  # wakes us when it exits (not 20 ms later)
+    for fd in (memory.events_fd, exited):
+        if fd is not None:
+            reader.selector.register(fd, selectors.EVENT_READ, data=None)
     while process.poll() is None or reader.open:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             stopped = "time" if process.poll() is None or reader.open else None
             break
-        # with the pipes closed only the process's exit is left to wait for: no descriptor says it, so look often
-        reader.pump(min(remaining, memory.poll_interval_s if reader.open else sandbox_limits.WATCH_INTERVAL_S))
+        if exited is not None and process.returncode is not None:  # a child holds the pipes: its exit stays readable
+            reader.selector.unregister(exited)
+            _close(exited)
+            exited = None
+        # with the pipes closed and no pidfd, only a look at the process says it ended: look often
+        woken = reader.open or exited is not None
+        reader.pump(min(remaining, memory.poll_interval_s if woken else sandbox_limits.WATCH_INTERVAL_S))
         if memory.exceeded():
             stopped = "memory"
             break
-    if memory.events_fd is not None:
-        reader.selector.unregister(memory.events_fd)
+    for fd in (memory.events_fd, exited):
+        if fd is not None:
+            reader.selector.unregister(fd)
+    _close(exited)
     _kill_tree(process)  # what is left: the program, or a child that kept the pipes
     memory.kill()
     drain_until = time.monotonic() + _DRAIN_AFTER_KILL_S
     while reader.open and time.monotonic() < drain_until:
         reader.pump(0.05)
     process.wait()
-    return "memory" if stopped != "time" and memory.exceeded() else stopped
+    return "memory" if stopped != "time" and memory.reached() else stopped
 
 
-class _MemoryBound:
-    """A sample's memory bound: its cgroup's (the kernel's, kernel memory included), else the
-    polled resident memory of its process tree (:func:`sandbox_limits.tree_rss_bytes`)."""
+def _exit_event(process: subprocess.Popen) -> int | None:
+    """A pidfd of ``process`` (readable once it has exited), or None where the kernel has none (Linux < 5.3)."""
+    try:
+        return os.pidfd_open(process.pid)
+    except (AttributeError, OSError):
+        return None
 
-    def __init__(self, memory_mb: int, isolated: bool):
-        self.memory_bytes = memory_mb * 2**20
-        joiner = int(_NOBODY) if isolated and _drop_to_nobody() else None
-        self.cgroup = sandbox_cgroup.SampleCgroup.create(self.memory_bytes, joiner)
-        self.events_fd = None if self.cgroup is None else self.cgroup.oom_events()
-        self.root_pid: int | None = None
-        self._exceeded = False
 
-    @property
-    def poll_interval_s(self) -> float:
-        return 3600.0 if self.cgroup is not None else sandbox_limits.WATCH_INTERVAL_S
+def _close(fd: int | None) -> None:
+    if fd is not None:
+        os.close(fd)
 
-    def prefix(self) -> list[str]:
-        return [] if self.cgroup is None else self.cgroup.join_prefix()
 
-    @property
-    def procs(self) -> str | None:
-        return None if self.cgroup is None else self.cgroup.procs
-
-    def exceeded(self) -> bool:
-        if not self._exceeded:
-            if self.cgroup is not None:
-                self._exceeded = self.cgroup.oom_killed()
-            elif self.root_pid is not None:
-                self._exceeded = sandbox_limits.tree_rss_bytes(self.root_pid) > self.memory_bytes
-        return self._exceeded
-
-    def kill(self) -> None:
-        if self.cgroup is not None:
-            self.cgroup.kill()
-
-    def close(self) -> None:
-        if self.cgroup is not None:
-            self.cgroup.remove()
+def _memory_bound(memory_mb: int, isolated: bool) -> sandbox_cgroup.MemoryBound:
+    """The sample's memory bound; its cgroup is joined by user nobody where the sandbox starts as nobody."""
+    return sandbox_cgroup.MemoryBound(memory_mb, int(_NOBODY) if isolated and _drop_to_nobody() else None)
 
 
 def _pass_file(folder: str, name: str, data: bytes) -> int:
@@ -438,7 +444,7 @@ class _Launch:
     output_limit: int = OUTPUT_LIMIT_BYTES  # bytes kept of stdout and of stderr
 
 
-def _start(launch: _Launch, host_dir: str, stdin_file, output, memory: _MemoryBound) -> subprocess.Popen:
+def _start(launch: _Launch, host_dir: str, stdin_file, output, memory: sandbox_cgroup.MemoryBound) -> subprocess.Popen:
     """Start the sandbox in ``memory``'s cgroup; ``output`` is where its stdout and stderr go (PIPE or DEVNULL)."""
     program_path = _host_dirs(host_dir, launch.code)
     isolated = sandbox_available()
@@ -453,10 +459,11 @@ def _start(launch: _Launch, host_dir: str, stdin_file, output, memory: _MemoryBo
     else:
         command = memory.prefix() + (_bwrap_command(host_dir, args, seccomp_fd, False) if isolated else weak_command)
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1"}
+    prefix, drop = _as_nobody() if isolated else ([], {})
     try:
         process = subprocess.Popen(
-            command, cwd=os.path.dirname(program_path), env=env, stdin=stdin_file, stdout=output, stderr=output,
-            start_new_session=True, pass_fds=passed, **(_drop_to_nobody() if isolated else {}),
+            prefix + command, cwd=os.path.dirname(program_path), env=env, stdin=stdin_file, stdout=output,
+            stderr=output, start_new_session=True, pass_fds=passed, **drop,
         )  # fmt: skip
         memory.root_pid = process.pid
         return process
@@ -473,7 +480,7 @@ def _run(launch: _Launch) -> ExecutionResult:
     """Run one program with stdin; its capped output and why it stopped."""
     check_sandbox()
     sandbox_leftovers.reap()
-    memory = _MemoryBound(launch.memory_mb, sandbox_available())
+    memory = _memory_bound(launch.memory_mb, sandbox_available())
     with sandbox_leftovers.host_folder() as host_dir:
         stdin_path = _write_readable(host_dir, "stdin.txt", launch.stdin)
         try:
@@ -529,26 +536,34 @@ def run_asserts(code: str, asserts: list[str], *, timeout_s: float | None = 5.0,
     entries = sandbox_judge.parse_assert_tests(asserts)  # a bad row fails here, in one line
     timeout_s = _time_limit(timeout_s)
     check_sandbox()
+    try:
+        return _judged(code, entries, timeout_s, memory_mb, served=True)
+    except judge_server.ServerFailed:  # counted and said; its judges died with it: judge afresh, forked here
+        return _judged(code, entries, timeout_s, memory_mb, served=False)
+
+
+def _judged(code: str, entries: list, timeout_s: float, memory_mb: int, served: bool) -> list[bool]:
+    """One sandbox of :func:`run_asserts`, its judge forked by the judge server (``served``) or here."""
     requests_read, requests_write = os.pipe()
     replies_read, replies_write = os.pipe()
-    launch = _Launch(code=code, stdin="", timeout_s=timeout_s * (len(asserts) + 1), memory_mb=memory_mb,
+    launch = _Launch(code=code, stdin="", timeout_s=timeout_s * (len(entries) + 1), memory_mb=memory_mb,
                      kind="serve", passed_fds=(requests_read, replies_write))  # fmt: skip
     sandbox_leftovers.reap()
-    memory = _MemoryBound(memory_mb, sandbox_available())
+    memory = _memory_bound(memory_mb, sandbox_available())
+    started: list[subprocess.Popen] = []
+
+    def start_sandbox() -> None:  # while the judge server forks the judge
+        started.append(_start(launch, host_dir, subprocess.DEVNULL, subprocess.DEVNULL, memory))
+
     with sandbox_leftovers.host_folder() as host_dir:
         try:
-            process = _start(launch, host_dir, subprocess.DEVNULL, subprocess.DEVNULL, memory)
-        except BaseException:
-            for fd in (requests_write, replies_read):
-                os.close(fd)
-            memory.close()
-            raise
-        try:
             bounds = judge_process.Bounds(timeout_s, launch.timeout_s, memory_mb, memory.poll_interval_s)
-            return judge_process.run(code, entries, (requests_write, replies_read), bounds, memory)
+            channel = (requests_write, replies_read)
+            return judge_process.run(code, entries, channel, bounds, memory, start_sandbox, served)
         finally:
-            _kill_tree(process)
-            sandbox_leftovers.reap_later(process)  # it dies (its namespaces torn down) while the next sample runs
+            for process in started:
+                _kill_tree(process)
+                sandbox_leftovers.reap_later(process)  # it dies (its namespaces torn down) while the next sample runs
             memory.close()
 
 

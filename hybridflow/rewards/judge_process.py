@@ -25,6 +25,7 @@ copy their pages).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import importlib
@@ -60,23 +61,34 @@ def import_pure_modules() -> None:
             pass
 
 
-def run(program: str, entries: list, channel_fds: tuple[int, int], bounds: Bounds, memory) -> list[bool]:
+def run(program: str, entries: list, channel_fds: tuple[int, int], bounds: Bounds, memory,
+        start_sandbox: Callable[[], object], served: bool = True) -> list[bool]:  # fmt: skip
     """Whether the program passes each entry, judged in a fresh judge process (forked by the judge
-    server, :mod:`judge_server`, else here).
+    server, :mod:`judge_server`, where ``served`` and it can run, else here).
 
-    ``channel_fds`` (the request pipe's write end, the reply pipe's read end) go to the judge and are
-    closed here; ``memory`` is the sandbox's bound (``exceeded()``, ``events_fd``).
+    ``start_sandbox()`` starts the program's sandbox while the server forks the judge; a server that fails
+    raises :class:`judge_server.ServerFailed` (its judges died with it; the caller judges afresh). ``channel_fds``
+    (the request pipe's write end, the reply pipe's read end) go to the judge and are closed here;
+    ``memory`` is the sandbox's bound (``exceeded()``, ``reached()``, ``events_fd``).
     """
     import_pure_modules()
     results_read, results_write = os.pipe()
     start = time.monotonic()
+    fds = [*channel_fds, results_write]
     try:
-        kill = _start_judge(program, entries, channel_fds, results_write, bounds, start)
+        request = judge_server.request_judge(program, entries, fds, bounds, start) if served else None
+        try:
+            start_sandbox()
+        except BaseException:
+            with contextlib.suppress(judge_server.ServerFailed):
+                _kill_requested(request)
+            raise
+        kill = _start_judge(request, program, entries, channel_fds, results_write, bounds, start)
     except BaseException:
         os.close(results_read)
         raise
     finally:
-        for fd in (results_write, *channel_fds):
+        for fd in fds:
             os.close(fd)  # the judge holds them: when it dies, the sandbox reads EOF and ends
     try:
         return _collect(results_read, len(entries), bounds, memory, start)
@@ -85,23 +97,30 @@ def run(program: str, entries: list, channel_fds: tuple[int, int], bounds: Bound
         os.close(results_read)
 
 
-def _start_judge(program: str, entries: list, channel_fds: tuple[int, int], results_fd: int, bounds: Bounds,
-                 start: float) -> Callable[[], None]:  # fmt: skip
-    """Start the sample's judge; returns what SIGKILLs it."""
-    try:
-        pidfd = judge_server.fork_judge(program, entries, [*channel_fds, results_fd], bounds, start)
-    except (OSError, EOFError):
-        pidfd = None  # no server here: fork it ourselves
-    if pidfd is not None:
-        def kill_served() -> None:
-            try:
-                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-            except OSError:
-                pass  # it has ended and the server reaped it
-            finally:
-                os.close(pidfd)
+def _kill_requested(request: judge_server.JudgeRequest | None) -> None:
+    """The sandbox did not start: SIGKILL the judge the server forked for it."""
+    if request is not None:
+        _served_killer(request.pidfd())()
 
-        return kill_served
+
+def _served_killer(pidfd: int) -> Callable[[], None]:
+    def kill_served() -> None:
+        try:
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        except OSError:
+            pass  # it has ended and the server reaped it
+        finally:
+            os.close(pidfd)
+
+    return kill_served
+
+
+def _start_judge(request: judge_server.JudgeRequest | None, program: str, entries: list,
+                 channel_fds: tuple[int, int], results_fd: int, bounds: Bounds,
+                 start: float) -> Callable[[], None]:  # fmt: skip
+    """The sample's judge, forked by the server (``request``) or, where it has none, here; returns what SIGKILLs it."""
+    if request is not None:
+        return _served_killer(request.pidfd())
     pid = os.fork()
     if pid == 0:  # the judge: never returns
         judge_main(program, entries, channel_fds, results_fd, bounds, start)
@@ -134,7 +153,7 @@ def _collect(results_fd: int, count: int, bounds: Bounds, memory, start: float) 
                 break  # the judge ended (crashed, or the program stopped and it said all)
             passed += [byte == ord("1") for byte in chunk if byte != ord("r")]
             entry_deadline = time.monotonic() + bounds.entry_s
-    if memory.exceeded():
+    if memory.reached():
         return [False] * count
     return (passed + [False] * count)[:count]
 

@@ -10,13 +10,17 @@ sources, the bounds and the channel's descriptors (``SCM_RIGHTS``); the server f
 pidfd of it, with which the reward process SIGKILLs it at the sample's clock, as before. The server
 reaps its judges; it ends when the reward process's end of the socket closes.
 
-Where it cannot start (no ``pidfd_open``: Linux < 5.3), :func:`fork_judge` returns None and the
-caller forks the judge itself.
+The request is sent before the sample's sandbox starts and its answer read after (:class:`JudgeRequest`),
+so the server forks the judge while the reward process starts the sandbox. Where it cannot start (no
+``pidfd_open``: Linux < 5.3), :func:`request_judge` returns None and the caller forks the judge itself; a
+server that fails a request (killed, stopped past ``_ANSWER_S``) is replaced and asked again once, and
+if that fails too the caller forks the judge itself: counted (``FAILURES``) and said in one warning line.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import pickle
 import signal
@@ -25,9 +29,11 @@ import struct
 import subprocess
 import sys
 import threading
+import warnings
 
 _HEADER = struct.Struct("!Q")
-_ANSWER_S = 30.0  # a server that does not answer a fork in this long is replaced (it forks, nothing more)
+_PR_SET_PDEATHSIG = 1
+_ANSWER_S = 10.0  # a server that does not answer a fork in this long is replaced (it forks, nothing more)
 _BOOT = ("import sys; from hybridflow.rewards import judge_process, judge_server; "
          "judge_server.serve(int(sys.argv[1]), judge_process.judge_main, judge_process.import_pure_modules)")
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -72,14 +78,30 @@ class _Server:
         ours.settimeout(_ANSWER_S)
         self.sock, self.pid, self.lock = ours, os.getpid(), threading.Lock()
 
-    def fork(self, request: tuple, fds: list[int]) -> int:
-        with self.lock:
-            try:
-                _send(self.sock, pickle.dumps(request), fds)
-                answer, pidfds = _receive(self.sock, 1)
-            except BaseException:
-                self.stop()  # the conversation is lost mid-way: the next sample starts a new server
-                raise
+    @property
+    def alive(self) -> bool:
+        return self.pid == os.getpid() and self.process.poll() is None and self.sock.fileno() >= 0
+
+    def send(self, request: tuple, fds: list[int]) -> None:
+        """Ask for a fork; the lock stays held until :meth:`answer` (one conversation at a time)."""
+        if not self.lock.acquire(timeout=2 * _ANSWER_S):  # another thread's conversation never ended
+            raise OSError("the judge server stayed busy")
+        try:
+            _send(self.sock, pickle.dumps(request), fds)
+        except BaseException:
+            self.stop()  # the conversation is lost mid-way: the next sample starts a new server
+            self.lock.release()
+            raise
+
+    def answer(self) -> int:
+        """The pidfd of the judge asked for by :meth:`send`."""
+        try:
+            answer, pidfds = _receive(self.sock, 1)
+        except BaseException:
+            self.stop()
+            raise
+        finally:
+            self.lock.release()
         if answer != b"ok" or len(pidfds) != 1:
             for fd in pidfds:
                 os.close(fd)
@@ -87,32 +109,72 @@ class _Server:
         return pidfds[0]
 
     def stop(self) -> None:
+        """Kill the server (and so its judges: :func:`_die_with`) and reap it."""
         self.sock.close()
         self.process.kill()
         self.process.wait()
 
 
 _SERVERS: list[_Server] = []
+FAILURES = [0]
+"""How many times this process's judge server failed a request (each time replaced; see :func:`_failed`)."""
 
 
-def fork_judge(program: str, entries: list, fds: list[int], bounds, start: float) -> int | None:
-    """A pidfd of a fresh judge forked by the server with ``fds`` (the channel's two ends, then the
-    results pipe's write end), or None where the server cannot run here (the caller forks it)."""
+def _failed(error: BaseException) -> None:
+    """Count and say a failed server: the next sample starts a new one, and this one is judged afresh here."""
+    FAILURES[0] += 1
+    warnings.warn(f"code reward: the judge server failed ({error!r}); this sample is judged again by a judge the "
+                  f"reward process forks, and the next one starts a new server ({FAILURES[0]} failures so far)",
+                  RuntimeWarning, stacklevel=3)  # fmt: skip
+
+
+def _server() -> _Server:
+    """This process's live server, started where there is none (or it died)."""
+    server = next((s for s in _SERVERS if s.alive), None)
+    if server is None:
+        server = _Server()
+        _SERVERS[:] = [server]
+    return server
+
+
+class ServerFailed(OSError):
+    """The server failed a request it may have forked a judge for (its judges die with it): the sample's
+    channel may have been read by that judge, so the caller judges the sample afresh."""
+
+
+class JudgeRequest:
+    """A judge asked of the server (:func:`request_judge`), forked there while the caller starts the sandbox."""
+
+    def __init__(self, request: tuple, fds: list[int]):
+        self.server, self.error = _server(), None
+        try:
+            self.server.send(request, fds)
+        except (OSError, EOFError) as error:
+            self.error = error
+
+    def pidfd(self) -> int:
+        """The judge's pidfd. Raises :class:`ServerFailed` (counted and said; the server is replaced at the next
+        request) where the server failed. Call once."""
+        if self.error is None:
+            try:
+                return self.server.answer()
+            except (OSError, EOFError) as error:
+                self.error = error
+        self.server.stop()  # and its judges with it (_die_with)
+        _failed(self.error)
+        raise ServerFailed(f"the judge server failed: {self.error!r}") from self.error
+
+
+def request_judge(program: str, entries: list, fds: list[int], bounds, start: float) -> JudgeRequest | None:
+    """Ask the server to fork a fresh judge with ``fds`` (the channel's two ends, then the results pipe's write
+    end); its pidfd comes from :meth:`JudgeRequest.pidfd`. None where no server can run here (the caller forks)."""
     if not hasattr(os, "pidfd_open"):
         return None
-    server = next((s for s in _SERVERS if s.pid == os.getpid() and s.process.poll() is None and s.sock.fileno() >= 0),
-                  None)  # fmt: skip
-    for attempt in range(2):  # a server that died (killed from outside) is started again, once
-        if server is None:
-            _SERVERS[:] = [_Server()]
-            server = _SERVERS[0]
-        try:
-            return server.fork((program, [entry.source for entry in entries], bounds, start), fds)
-        except (OSError, EOFError):
-            if attempt:
-                raise
-            server = None
-    return None
+    try:
+        return JudgeRequest((program, [entry.source for entry in entries], bounds, start), fds)
+    except OSError as error:  # the server could not even start
+        _failed(error)
+        return None
 
 
 def serve(fd: int, judge_main, warm) -> None:
@@ -150,9 +212,11 @@ def _fork_one(sock: socket.socket, payload: bytes, fds: list[int], judges: set[i
     try:
         program, sources, bounds, start = pickle.loads(payload)
         entries = sandbox_judge.parse_assert_tests(sources)
+        server = os.getpid()
         pid = os.fork()
         if pid == 0:
             sock.close()
+            _die_with(server)
             judge_main(program, entries, (fds[0], fds[1]), fds[2], bounds, start)
     finally:
         for descriptor in fds:
@@ -163,6 +227,13 @@ def _fork_one(sock: socket.socket, payload: bytes, fds: list[int], judges: set[i
     except OSError:
         os.kill(pid, signal.SIGKILL)  # a judge the reward process could not kill must not run
         raise
+
+
+def _die_with(server: int) -> None:
+    """In a judge: SIGKILLed when its server dies (killed by a reward process that lost its answer), so no judge of
+    a replaced server judges on beside the one that replaces it."""
+    if ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL) != 0 or os.getppid() != server:
+        os._exit(1)  # no such guard here, or the server died before it was set
 
 
 def _reaped() -> set[int]:

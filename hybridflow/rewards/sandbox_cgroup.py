@@ -22,6 +22,8 @@ import os
 import signal
 import time
 
+from hybridflow.rewards import sandbox_limits
+
 CGROUP_ENV = "HYBRIDFLOW_SANDBOX_CGROUP"
 PREFIX = "hybridflow-sandbox-"
 _COUNTER = itertools.count()
@@ -98,8 +100,8 @@ def _write(path: str, value: str) -> None:
 class SampleCgroup:
     """One sample's memory cgroup: made, joined by the sandbox's first process, removed after."""
 
-    def __init__(self, path: str, version: str):
-        self.path, self.version = path, version
+    def __init__(self, path: str, version: str, memory_bytes: int | None = None):
+        self.path, self.version, self.memory_bytes = path, version, memory_bytes
         self._fds: list[int] = []
 
     @classmethod
@@ -109,7 +111,7 @@ class SampleCgroup:
             os.mkdir(path)
         except OSError:
             return None
-        group = cls(path, version)
+        group = cls(path, version, memory_bytes)
         limits = (("memory.max", memory_bytes), ("memory.swap.max", 0)) if version == "v2" else (
             ("memory.limit_in_bytes", memory_bytes), ("memory.memsw.limit_in_bytes", memory_bytes))
         try:
@@ -180,6 +182,20 @@ class SampleCgroup:
             return False
         return int(fields.get("oom_kill", 0)) > 0 or int(fields.get("under_oom", 0)) > 0
 
+    def reached_bound(self) -> bool:
+        """Whether the sample's memory reached its bound: the kernel refused it memory there (a refused kernel
+        allocation, e.g. a message queue or the pipe buffer of its output, is an error in the program, no OOM kill).
+        v1: the peak usage is the limit (``memory.failcnt`` is not kept by every kernel); v2: ``max`` events."""
+        try:
+            if self.version == "v2":
+                with open(os.path.join(self.path, "memory.events")) as handle:
+                    fields = dict(line.split() for line in handle if len(line.split()) == 2)
+                return int(fields.get("max", 0)) > 0
+            with open(os.path.join(self.path, "memory.max_usage_in_bytes")) as handle:
+                return self.memory_bytes is not None and int(handle.read()) >= self.memory_bytes
+        except (OSError, ValueError):
+            return False
+
     def kill(self) -> None:
         """SIGKILL every process in the cgroup."""
         try:
@@ -211,6 +227,49 @@ class SampleCgroup:
         except OSError:
             return False
         return True
+
+
+class MemoryBound:
+    """A sample's memory bound: its cgroup's (the kernel's, kernel memory included), else the
+    polled resident memory of its process tree (:func:`sandbox_limits.tree_rss_bytes`)."""
+
+    def __init__(self, memory_mb: int, joiner_uid: int | None):
+        self.memory_bytes = memory_mb * 2**20
+        self.cgroup = SampleCgroup.create(self.memory_bytes, joiner_uid)
+        self.events_fd = None if self.cgroup is None else self.cgroup.oom_events()
+        self.root_pid: int | None = None
+        self._exceeded = False
+
+    @property
+    def poll_interval_s(self) -> float:
+        return 3600.0 if self.cgroup is not None else sandbox_limits.WATCH_INTERVAL_S
+
+    def prefix(self) -> list[str]:
+        return [] if self.cgroup is None else self.cgroup.join_prefix()
+
+    @property
+    def procs(self) -> str | None:
+        return None if self.cgroup is None else self.cgroup.procs
+
+    def exceeded(self) -> bool:
+        if not self._exceeded:
+            if self.cgroup is not None:
+                self._exceeded = self.cgroup.oom_killed()
+            elif self.root_pid is not None:
+                self._exceeded = sandbox_limits.tree_rss_bytes(self.root_pid) > self.memory_bytes
+        return self._exceeded
+
+    def reached(self) -> bool:
+        """At the end: :meth:`exceeded`, or the kernel refused the sample memory at its bound (its output maybe cut)."""
+        return self.exceeded() or (self.cgroup is not None and self.cgroup.reached_bound())
+
+    def kill(self) -> None:
+        if self.cgroup is not None:
+            self.cgroup.kill()
+
+    def close(self) -> None:
+        if self.cgroup is not None:
+            self.cgroup.remove()
 
 
 _PENDING: list[SampleCgroup] = []

@@ -203,10 +203,7 @@ def test_kernel_memory_is_charged_to_the_sample(program, monkeypatch):
     # of message queues held, semaphore sets held for the whole time limit)
     monkeypatch.setattr(sandbox_limits, "_BLOCKED_NAMES", ("memfd_create",))
     run = run_python(program, memory_mb=256, timeout_s=10.0)
-    assert not run.timed_out, run
-    held = run.stdout.split()
-    # bounded three ways: killed at the bound, its allocations refused there (it says how much it held), or the
-    # interpreter itself out of memory once the queues filled the cgroup; an empty stdout was seen once on a loaded
-    # machine with its cause not shown (the old assertion raised IndexError first): this one shows the run
-    assert (run.memory_exceeded or (len(held) == 2 and int(held[1]) <= 256 * 2**20)
-            or "MemoryError" in run.stderr), run
+    # bounded, and said so: the kernel refused the sample memory at memory_mb (its allocations failed there, or it
+    # was killed there), which the sample's verdict reports whatever the program managed to print after (once
+    # the queues fill the cgroup, even the pipe buffer of its output can be refused: an empty stdout and rc 120)
+    assert run.memory_exceeded and not run.timed_out and not run.ok, run

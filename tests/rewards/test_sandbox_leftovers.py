@@ -7,6 +7,7 @@ standard modules a test may use are imported once in the reward process, not aga
 
 import glob
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -67,7 +68,7 @@ def test_judges_are_forked_by_the_server_and_here_without_one(monkeypatch):
     assert run_asserts(RIGHT, ["assert add(2, 3) == 5"]) == [True]
     server = next(s for s in judge_server._SERVERS if s.pid == os.getpid())
     assert _judge_parent_is(server.process.pid)  # not a fork of this (maybe torch-sized) process
-    monkeypatch.setattr(judge_server, "fork_judge", lambda *args: None)  # no server here: forked by us
+    monkeypatch.setattr(judge_server, "request_judge", lambda *args: None)  # no server here: forked by us
     assert _judge_parent_is(os.getpid())
 
 
@@ -81,14 +82,55 @@ def test_a_killed_server_is_started_again():
     assert again is not server and again.process.poll() is None
 
 
+def test_a_stopped_server_is_replaced_counted_and_said(monkeypatch):
+    # a server that never answers (SIGSTOPped) costs the sample its answer time-out, not the run: it is killed,
+    # replaced, and the failure counted and said in one line
+    assert run_asserts(RIGHT, ["assert add(2, 3) == 5"]) == [True]
+    server = next(s for s in judge_server._SERVERS if s.pid == os.getpid())
+    server.sock.settimeout(1.0)
+    os.kill(server.process.pid, signal.SIGSTOP)
+    failures = judge_server.FAILURES[0]
+    with pytest.warns(RuntimeWarning, match="judge server failed"):
+        assert run_asserts(RIGHT, ["assert add(2, 3) == 5", "assert add(2, 2) == 5"]) == [True, False]
+    assert judge_server.FAILURES[0] == failures + 1
+    assert server.process.poll() is not None  # the stopped one was killed
+    assert run_asserts(RIGHT, ["assert add(2, 3) == 5"]) == [True]  # the next sample starts a new server
+    again = next(s for s in judge_server._SERVERS if s.pid == os.getpid())
+    assert again is not server and _judge_parent_is(again.process.pid)
+
+
+def test_a_server_that_always_fails_leaves_the_judge_to_this_process(monkeypatch):
+    receive = judge_server._receive
+
+    lost: list[int] = []  # pidfds of the judges whose server's answer was lost
+
+    def answer_lost(sock, max_fds):  # the server forked a judge, and its answer is lost on the way
+        lost.extend(receive(sock, max_fds)[1])
+        raise ConnectionResetError("answer lost")
+
+    monkeypatch.setattr(judge_server, "_receive", answer_lost)  # our side of every conversation: all servers fail
+    failures = judge_server.FAILURES[0]
+    for sample in range(2):
+        with pytest.warns(RuntimeWarning, match="judge server failed") as said:
+            # judged all the same, afresh, by a judge forked here and by it alone: the judge the killed server
+            # forked died with it and judged nothing on this sample's new channel (it would fail the parent test)
+            assert _judge_parent_is(os.getpid())
+        assert judge_server.FAILURES[0] == failures + sample + 1 and len(said) == 1  # each sample: a new server
+    for pidfd in lost:  # the judges of the killed servers ended (with their server, or at their channel's end)
+        assert select.select([pidfd], [], [], 4.0)[0] == [pidfd]
+        os.close(pidfd)
+    assert len(lost) == 2
+
+
 ENDLESS_JUDGE = """
 from hybridflow.rewards.code_sandbox import run_asserts
 run_asserts("from math import factorial\\ndef n():\\n    return 10**8\\n", ["assert factorial(n()) > 0"], timeout_s=30.0)
 """  # factorial(10**8) in the judge: minutes of CPU, cut at the entry's 30 s by a reward process alive
 
 
-def _live_processes_in_group(pgid: int) -> list[int]:
-    found = []
+def _live_processes_in_group(pgid: int) -> dict[int, int]:
+    """{pid: parent pid} of the live processes of process group ``pgid``."""
+    found = {}
     for entry in os.listdir("/proc"):
         try:
             with open(f"/proc/{entry}/stat") as handle:
@@ -96,20 +138,26 @@ def _live_processes_in_group(pgid: int) -> list[int]:
         except (OSError, IndexError):
             continue
         if fields[0] != "Z" and int(fields[2]) == pgid:
-            found.append(int(entry))
+            found[int(entry)] = int(fields[1])
     return found
+
+
+def _judges(reward_pid: int) -> list[int]:
+    """The judges of ``reward_pid``: its group's grandchildren (forked by its judge server)."""
+    group = _live_processes_in_group(reward_pid)
+    return [pid for pid, parent in group.items() if parent in group and parent != reward_pid]
 
 
 def test_judges_die_with_a_killed_reward_process():
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     process = subprocess.Popen([sys.executable, "-c", ENDLESS_JUDGE], env=env, start_new_session=True)
     deadline = time.monotonic() + 60
-    while len(_live_processes_in_group(process.pid)) < 3 and time.monotonic() < deadline:
+    while not _judges(process.pid) and time.monotonic() < deadline:
         time.sleep(0.1)  # the reward process, its judge server and the judge (the sandbox has its own session)
-    assert len(_live_processes_in_group(process.pid)) >= 3
+    assert _judges(process.pid)
     os.kill(process.pid, signal.SIGKILL)
     process.wait()
     deadline = time.monotonic() + 20  # the judge's own CPU limit would end it only after ~60 s
     while _live_processes_in_group(process.pid) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert _live_processes_in_group(process.pid) == []
+    assert _live_processes_in_group(process.pid) == {}
