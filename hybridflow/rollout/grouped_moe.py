@@ -11,8 +11,8 @@ Routing, exactly as HF's ``DeepseekV3TopkRouter`` / ``Glm4MoeTopkRouter`` comput
     w = s[e] (/ sum_k s[e] + 1e-20 with ``norm_topk_prob``) * ``routed_scaling_factor``
     y = sum_k w_k * expert_e(x) + shared(x)
 
-The routed experts run grouped by expert (:func:`hybridflow.rollout.moe.grouped_experts`, packed for oneDNN on
-CPU); the shared experts and the dense first layers (``first_k_dense_replace``) are the HF module's own MLPs.
+The routed experts run grouped by expert (the C kernel of :mod:`hybridflow.rollout.cpu_moe` on CPU in fp32, else
+:func:`hybridflow.rollout.moe.grouped_experts`); the shared experts and the dense first layers (``first_k_dense_replace``) are the HF module's own MLPs.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from hybridflow.rollout.cpu_moe import routed_experts
 from hybridflow.rollout.moe import ExpertWeights, gathered_experts, grouped_experts
 
 
@@ -78,5 +79,7 @@ def grouped_moe_mlp(hidden: torch.Tensor, moe: GroupedMoE, activation, *, graph_
     """The sparse MLP of ``hidden`` ``[N, hidden]``: the routed experts' weighted sum plus the shared experts;
     ``graph_safe``: static shapes, no host values (each pair gathers its expert's weights)."""
     weights, ids = grouped_route(hidden, moe)
-    run = gathered_experts if graph_safe else grouped_experts
-    return run(hidden, weights, ids, moe.experts, activation) + moe.shared(hidden)
+    routed = routed_experts(hidden, weights, ids, moe.experts.cpu_kernel, activation)  # the C kernel on CPU
+    if routed is None:
+        routed = (gathered_experts if graph_safe else grouped_experts)(hidden, weights, ids, moe.experts, activation)
+    return routed + moe.shared(hidden)
