@@ -126,3 +126,36 @@ def test_an_expert_id_out_of_range_is_refused():
     with pytest.raises(ValueError, match="expert id outside"):
         routed_experts(torch.randn(2, 40), torch.ones(2, 2), torch.tensor([[0, 5], [1, 2]]), experts.cpu_kernel,
                        F.silu)
+
+
+@pytest.mark.parametrize("n_shared", [1, 2])
+def test_glm_sparse_mlp_with_its_shared_expert_in_the_same_call_equals_the_torch_path(n_shared):
+    """GLM-4.5's sparse MLP: with one shared expert the kernel runs it as expert E (weight 1) in the routed call;
+    with two (twice as wide as a routed expert) the shared MLP stays HF's module beside the kernel. Both equal the
+    torch path (routed experts grouped in torch plus the module) to fp32 rounding."""
+    import copy
+
+    from hybridflow.rollout.grouped_moe import grouped_moe_mlp, grouped_moe_weights
+    from tests.rollout.test_glm4_moe import glm
+
+    model, _ = glm(seed=2, n_shared_experts=n_shared)
+    moe = grouped_moe_weights(model.model.layers[1].mlp)
+    assert (moe.with_shared is not None) == (n_shared == 1)
+    torch_path = copy.copy(moe)
+    torch_path.with_shared, torch_path.experts = None, copy.copy(moe.experts)
+    torch_path.experts.cpu_kernel = None
+    hidden = torch.randn(7, model.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = grouped_moe_mlp(hidden.double(), double_moe(torch_path), F.silu)
+        torch.testing.assert_close(grouped_moe_mlp(hidden, moe, F.silu).double(), expected, rtol=1e-5, atol=1e-5)
+
+
+def double_moe(moe):
+    """The sparse MLP in fp64 (the torch path's reference)."""
+    import copy
+
+    copied = copy.copy(moe)
+    copied.router, copied.correction_bias = moe.router.double(), moe.correction_bias.double()
+    copied.experts = fp64(moe.experts)
+    copied.shared = copy.deepcopy(moe.shared).double()
+    return copied
