@@ -58,11 +58,14 @@ def load(args):
 
 
 def without_expert_kernel(engine):
-    """The engine's sparse layers on the torch path (:func:`hybridflow.rollout.moe.grouped_experts`)."""
+    """The engine's sparse layers on the torch path (:func:`hybridflow.rollout.moe.grouped_experts`, and GLM's /
+    DeepSeek-V3's shared MLP as HF's module)."""
     for layer in engine.decoder.layers:
         for experts in (layer.experts, getattr(layer.grouped_moe, "experts", None)):
             if experts is not None:
                 experts.cpu_kernel = None
+        if layer.grouped_moe is not None:
+            layer.grouped_moe.with_shared = None
     return engine
 
 
