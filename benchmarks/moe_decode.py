@@ -60,12 +60,14 @@ def load(args):
 def without_expert_kernel(engine):
     """The engine's sparse layers on the torch path (:func:`hybridflow.rollout.moe.grouped_experts`, and GLM's /
     DeepSeek-V3's shared MLP as HF's module)."""
-    for layer in engine.decoder.layers:
-        for experts in (layer.experts, getattr(layer.grouped_moe, "experts", None)):
-            if experts is not None:
-                experts.cpu_kernel = None
-        if layer.grouped_moe is not None:
-            layer.grouped_moe.with_shared = None
+    decoder = engine.decoder
+    sparse = [getattr(layer, name, None) for layer in getattr(decoder, "layers", []) for name in ("experts",
+                                                                                                "grouped_moe")]
+    for moe in [m for m in sparse + list(getattr(decoder, "experts", [])) if m is not None]:  # MLA's: .experts
+        inner = getattr(moe, "experts", moe)  # a GroupedMoE holds its routed ExpertWeights
+        inner.cpu_kernel = None
+        if inner is not moe:
+            moe.with_shared = None
     return engine
 
 
