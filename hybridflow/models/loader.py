@@ -19,6 +19,8 @@ import torch
 from hybridflow.errors import ConfigError, ModelError
 from hybridflow.models.config_checks import check_model_shapes
 
+logger = logging.getLogger(__name__)
+
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32, "fp32": torch.float32,
     "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -194,12 +196,34 @@ def load_checked_weights(auto_class, path: str, *, new_heads: tuple[str, ...] = 
     ``ignore_mismatched_sizes`` only lets transformers report shape mismatches instead of raising
     a RuntimeError; :func:`check_loading_info` then refuses them.
     """
+    kwargs = {**dequantize_at_load(kwargs.get("config"), path), **kwargs}
     with _held_back_load_report() as report:
         model, info = _from_pretrained(auto_class, path, output_loading_info=True, ignore_mismatched_sizes=True,
                                        **kwargs)
     check_loading_info(model, info, path, new_heads=new_heads)
     report.release()
     return model
+
+
+def dequantize_at_load(config, path: str) -> dict:
+    """``from_pretrained`` arguments that load a checkpoint shipped quantized in the training dtype (issue 58).
+
+    gpt-oss ships its experts in MXFP4 (``quantization_config.quant_method: mxfp4``; ``*_blocks`` / ``*_scales``
+    tensors: 32-value blocks of fp4 e2m1 with one e8m0 scale): transformers' ``Mxfp4Config(dequantize=True)``
+    expands them into ``gate_up_proj`` / ``down_proj`` of the requested dtype, as TRL does for training (the
+    quantized experts have no gradient and the native engine reads plain weights). Without it transformers keeps
+    them quantized wherever its MXFP4 kernels are installed (a GPU with ``kernels`` and Triton). Other methods load
+    as transformers decides."""
+    quantization = getattr(config, "quantization_config", None) if config is not None else None
+    method = quantization.get("quant_method") if isinstance(quantization, dict) else getattr(quantization,
+                                                                                             "quant_method", None)
+    if str(method).lower() != "mxfp4":
+        return {}
+    from transformers import Mxfp4Config
+
+    logger.info("%s: MXFP4 experts dequantized at load (Mxfp4Config(dequantize=True)), trained and sampled in "
+                "the model dtype", path)
+    return {"quantization_config": Mxfp4Config(dequantize=True)}
 
 
 class _HeldBackRecords(logging.Filter):

@@ -1,7 +1,8 @@
 """The CPU decode kernels: the C sources of ``csrc/``, compiled on this machine at first use into one library.
 
 What is in it: decode attention over the paged pool (:mod:`hybridflow.rollout.cpu_attention`), the decode step's
-small ops fused per layer and the one-pass sampler (:mod:`hybridflow.rollout.cpu_fused`). Each exists because the
+small ops fused per layer and the one-pass sampler (:mod:`hybridflow.rollout.cpu_fused`), a mixture-of-experts
+layer's routed experts (:mod:`hybridflow.rollout.cpu_moe`). Each exists because the
 torch ops it replaces cost several times what the machine needs for the same bytes (docs/benchmarks.md).
 
 Build: ``gcc -O3 -march=native`` (the instruction set of the machine it runs on: AVX2 or AVX-512 alike, no
@@ -58,6 +59,8 @@ SIGNATURES = {
     "silu_mul_f32": [_POINTER] * 2 + [_SIZE] * 2,
     "gelu_tanh_mul_f32": [_POINTER] * 2 + [_SIZE] * 2,
     "sample_rows_f32": [_POINTER] * 6 + [_SIZE] * 2 + [ctypes.c_int],
+    "moe_experts_f32": [_POINTER] * 3 + [_SIZE] * 2 + [_POINTER] * 4 + [_SIZE] * 3 + [ctypes.c_int]
+    + [ctypes.c_float] * 2 + [_POINTER, ctypes.c_int],
 }
 """Each exported function's argument types (every one returns an ``int``: 0, or -1 for inputs it refuses)."""
 

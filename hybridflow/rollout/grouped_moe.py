@@ -11,8 +11,8 @@ Routing, exactly as HF's ``DeepseekV3TopkRouter`` / ``Glm4MoeTopkRouter`` comput
     w = s[e] (/ sum_k s[e] + 1e-20 with ``norm_topk_prob``) * ``routed_scaling_factor``
     y = sum_k w_k * expert_e(x) + shared(x)
 
-The routed experts run grouped by expert (:func:`hybridflow.rollout.moe.grouped_experts`, packed for oneDNN on
-CPU); the shared experts and the dense first layers (``first_k_dense_replace``) are the HF module's own MLPs.
+The routed experts run grouped by expert (the C kernel of :mod:`hybridflow.rollout.cpu_moe` on CPU in fp32, else
+:func:`hybridflow.rollout.moe.grouped_experts`); the shared experts and the dense first layers (``first_k_dense_replace``) are the HF module's own MLPs.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from hybridflow.rollout.cpu_moe import KernelExperts, kernel_experts, routed_experts
 from hybridflow.rollout.moe import ExpertWeights, gathered_experts, grouped_experts
 
 
@@ -40,6 +41,10 @@ class GroupedMoE:
     scaling: float
     experts: ExpertWeights
     shared: torch.nn.Module
+    with_shared: KernelExperts | None = None
+    """The C kernel's layout of the routed experts plus the shared MLP as one more expert (index ``E``, weight 1 for
+    every token): one call for the whole sparse MLP on CPU (:func:`shared_as_expert`); ``None`` where it does not
+    apply."""
 
 
 def is_grouped_moe(mlp) -> bool:
@@ -55,7 +60,22 @@ def grouped_moe_weights(mlp) -> GroupedMoE:
                             top_k=gate.top_k, renormalize=False, weights_in_activation_dtype=False)
     return GroupedMoE(router=gate.weight, correction_bias=gate.e_score_correction_bias, groups=gate.num_group,
                       topk_group=gate.topk_group, top_k=gate.top_k, norm_topk_prob=bool(gate.norm_topk_prob),
-                      scaling=float(gate.routed_scaling_factor), experts=experts, shared=mlp.shared_experts)
+                      scaling=float(gate.routed_scaling_factor), experts=experts, shared=mlp.shared_experts,
+                      with_shared=shared_as_expert(experts, mlp.shared_experts))
+
+
+def shared_as_expert(experts: ExpertWeights, shared) -> KernelExperts | None:
+    """The routed experts ``[E, 2 I, hidden]`` / ``[E, hidden, I]`` and the shared MLP (``gate_proj`` / ``up_proj`` /
+    ``down_proj`` without biases, the same activation as HF's experts, ``n_shared_experts * I`` wide) stacked as
+    ``E + 1`` experts in the kernel's layout, where the kernel runs and the widths agree (one shared expert)."""
+    if experts.cpu_kernel is None or not all(hasattr(shared, name) for name in ("gate_proj", "up_proj", "down_proj")):
+        return None
+    projections = (shared.gate_proj, shared.up_proj, shared.down_proj)
+    if any(p.bias is not None for p in projections) or shared.down_proj.weight.shape != experts.down.shape[1:]:
+        return None
+    gate_up = torch.cat([shared.gate_proj.weight, shared.up_proj.weight]).detach()
+    return kernel_experts(torch.cat([experts.gate_up.detach(), gate_up[None]]),
+                          torch.cat([experts.down.detach(), shared.down_proj.weight.detach()[None]]), None, None, None)
 
 
 def grouped_route(hidden: torch.Tensor, moe: GroupedMoE) -> tuple[torch.Tensor, torch.Tensor]:
@@ -78,5 +98,13 @@ def grouped_moe_mlp(hidden: torch.Tensor, moe: GroupedMoE, activation, *, graph_
     """The sparse MLP of ``hidden`` ``[N, hidden]``: the routed experts' weighted sum plus the shared experts;
     ``graph_safe``: static shapes, no host values (each pair gathers its expert's weights)."""
     weights, ids = grouped_route(hidden, moe)
-    run = gathered_experts if graph_safe else grouped_experts
-    return run(hidden, weights, ids, moe.experts, activation) + moe.shared(hidden)
+    if moe.with_shared is not None:  # the C kernel on CPU: the shared MLP as expert E, weight 1
+        shared = torch.full_like(ids[:, :1], moe.experts.gate_up.shape[0])
+        everything = routed_experts(hidden, torch.cat([weights, torch.ones_like(weights[:, :1])], dim=1),
+                                    torch.cat([ids, shared], dim=1), moe.with_shared, activation)
+        if everything is not None:
+            return everything
+    routed = routed_experts(hidden, weights, ids, moe.experts.cpu_kernel, activation)
+    if routed is None:
+        routed = (gathered_experts if graph_safe else grouped_experts)(hidden, weights, ids, moe.experts, activation)
+    return routed + moe.shared(hidden)

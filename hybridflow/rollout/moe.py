@@ -12,7 +12,8 @@ weighted expert output. gpt-oss (OpenAI 2025, "gpt-oss-120b & gpt-oss-20b model 
 logits of a router with a bias, ``w = softmax(topk(x W_r^T + b_r))`` in the activations' dtype, and its experts
 have biases and a clamped SwiGLU over interleaved gate / up columns (:func:`clamped_swiglu`).
 
-The experts run grouped, never one token at a time: the ``N * k`` (token, expert) pairs are sorted by
+The experts run grouped, never one token at a time. On CPU in fp32 one C call does it all
+(:mod:`hybridflow.rollout.cpu_moe`); otherwise the ``N * k`` (token, expert) pairs are sorted by
 expert and each expert multiplies one contiguous slice of rows (:func:`grouped_experts`: one host sync
 for the slice sizes), by its weights packed for oneDNN on a CPU (:class:`PackedLinear`: 1.7x faster than
 ``F.linear`` at 4 rows of Mixtral-tiny's ``[1408, 256]``, one packed copy of the experts as the cost; elsewhere
@@ -31,6 +32,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from hybridflow.rollout.cpu_moe import KernelExperts, kernel_experts, routed_experts
 from hybridflow.rollout.optional import package_installed
 from hybridflow.rollout.packed_linear import PackedLinear
 
@@ -61,18 +63,28 @@ class ExpertWeights:
     gated: Callable[[torch.Tensor], torch.Tensor] | None = None
     """``[rows, 2 I]`` -> ``[rows, I]`` in place of ``act(gate) * up`` over the two halves (gpt-oss:
     :func:`clamped_swiglu`)."""
-    gate_up_linears: list[PackedLinear] = field(init=False)
-    down_linears: list[PackedLinear] = field(init=False)
-    """Each expert's projections as :class:`PackedLinear` (what :func:`grouped_experts` multiplies by)."""
+    clamp: tuple[float, float] | None = None
+    """gpt-oss's ``(alpha, limit)`` of :func:`clamped_swiglu`, for the C kernel (issue 58)."""
+    cpu_kernel: KernelExperts | None = field(init=False)
+    """The experts in the C kernel's layout (fp32 on CPU with the kernels built, :mod:`hybridflow.rollout.cpu_moe`):
+    what :func:`moe_mlp` runs there; ``None`` elsewhere."""
     triton_grouped: bool = field(init=False)
     """Whether the graph-safe path runs the Triton grouped GEMMs (:mod:`hybridflow.rollout.triton_moe`): weights on
     CUDA with Triton installed. Tests set it on CPU to run the kernels through Triton's interpreter."""
 
     def __post_init__(self):
-        self.gate_up_linears = [PackedLinear(weight, _row(self.gate_up_bias, e))
-                                for e, weight in enumerate(self.gate_up)]
-        self.down_linears = [PackedLinear(weight, _row(self.down_bias, e)) for e, weight in enumerate(self.down)]
         self.triton_grouped = self.gate_up.device.type == "cuda" and package_installed("triton")
+        self.cpu_kernel = kernel_experts(self.gate_up, self.down, self.gate_up_bias, self.down_bias, self.clamp)
+
+    @functools.cached_property
+    def gate_up_linears(self) -> list[PackedLinear]:
+        """Each expert's gate / up projection as :class:`PackedLinear` (what :func:`grouped_experts` multiplies by;
+        packed at first use, so a layer the C kernel runs keeps one copy of its experts)."""
+        return [PackedLinear(weight, _row(self.gate_up_bias, e)) for e, weight in enumerate(self.gate_up)]
+
+    @functools.cached_property
+    def down_linears(self) -> list[PackedLinear]:
+        return [PackedLinear(weight, _row(self.down_bias, e)) for e, weight in enumerate(self.down)]
 
 
 def _row(tensor: torch.Tensor | None, index: int) -> torch.Tensor | None:
@@ -99,7 +111,7 @@ def gpt_oss_expert_weights(mlp) -> ExpertWeights:
                          down=experts.down_proj.transpose(1, 2), top_k=router.top_k, renormalize=False,
                          weights_in_activation_dtype=True, router_bias=router.bias,
                          gate_up_bias=experts.gate_up_proj_bias, down_bias=experts.down_proj_bias,
-                         softmax_over_top_k=True,
+                         softmax_over_top_k=True, clamp=(experts.alpha, experts.limit),
                          gated=functools.partial(clamped_swiglu, alpha=experts.alpha, limit=experts.limit))
 
 
@@ -129,8 +141,12 @@ def route(hidden: torch.Tensor, experts: ExpertWeights) -> tuple[torch.Tensor, t
 def moe_mlp(hidden: torch.Tensor, experts: ExpertWeights, activation: Callable, *, graph_safe: bool = False
             ) -> torch.Tensor:
     """The routed MLP of ``hidden`` ``[N, hidden]`` -> ``[N, hidden]``; ``graph_safe``: static shapes, no host
-    values (the Triton grouped GEMMs for SwiGLU experts where :attr:`ExpertWeights.triton_grouped`)."""
+    values (the Triton grouped GEMMs for SwiGLU experts where :attr:`ExpertWeights.triton_grouped`). On CPU the C
+    kernel where it applies (:func:`routed_experts`)."""
     weights, ids = route(hidden, experts)
+    fused = routed_experts(hidden, weights, ids, experts.cpu_kernel, activation)
+    if fused is not None:
+        return fused
     plain_swiglu = activation is F.silu and experts.gated is None and experts.gate_up_bias is None
     if graph_safe and experts.triton_grouped and plain_swiglu:
         from hybridflow.rollout.triton_moe import grouped_swiglu_experts  # Triton only where it runs

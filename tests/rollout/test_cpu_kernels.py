@@ -7,7 +7,7 @@ import torch
 from hybridflow.cpu import cpu_flags
 from hybridflow.rollout import cpu_attention, cpu_fused, cpu_kernels
 from hybridflow.rollout.decoder import LlamaFamilyDecoder
-from tests.rollout import test_cpu_fused
+from tests.rollout import test_cpu_fused, test_cpu_moe
 from tests.rollout.test_cpu_attention import reference
 
 pytestmark = pytest.mark.skipif(cpu_kernels.library() is None, reason="no C compiler: the kernels are not built")
@@ -69,3 +69,4 @@ def test_the_library_built_for_avx2_matches_the_torch_ops_too(monkeypatch, tmp_p
     test_cpu_fused.test_norm_and_silu_match_the_eager_ops()
     test_cpu_fused.test_qkv_rope_write_matches_the_eager_ops(qk_norm=True)
     test_cpu_fused.test_sample_rows_draws_what_the_torch_ops_draw(threads=2)
+    test_cpu_moe.test_the_kernel_equals_the_torch_experts(clamp=(1.702, 0.7), biases=True, count=5)  # issue 58
