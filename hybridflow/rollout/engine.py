@@ -163,7 +163,7 @@ NATIVE = EngineCapabilities(pauses=True, vision=True, sleeps=True, params_per_pr
                             sizing_keys=("prefix_cache_tokens", "max_num_batched_tokens"))
 HF = EngineCapabilities(vision=True)
 SERVER = EngineCapabilities(server=True, sleeps=True)
-VLLM = EngineCapabilities(server=True, sleeps=True, params_per_prompt=True)
+VLLM = EngineCapabilities(server=True, sleeps=True, params_per_prompt=True, pauses=True)
 ENGINE_CLASS_CAPABILITIES = {"NativeEngine": NATIVE, "HFEngine": HF, "VLLMEngine": VLLM, "SGLangEngine": SERVER}
 """A built engine's capabilities by its class (``build_engine('native', ...)`` may return an HF engine)."""
 
