@@ -198,13 +198,6 @@ class NativeEngine:
             return_freed_memory()
         return True
 
-    def partial_session(self, params: SamplingParams, *, max_prompt_length: int, weight_version: int = 0):
-        """A generation a weight sync may pause between two decode steps (verl's partial rollout: a
-        :class:`~hybridflow.rollout.streaming.StreamingSession`)."""
-        from hybridflow.rollout.streaming import StreamingSession
-
-        return StreamingSession(self, params, max_prompt_length=max_prompt_length, weight_version=weight_version)
-
     def close_run(self, run: GenerationRun) -> None:
         """``run`` no longer uses the KV cache (its queue or session closed): :meth:`release_kv_cache` may free it."""
         self.open_runs.discard(run)

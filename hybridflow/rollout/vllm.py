@@ -154,13 +154,10 @@ class VLLMEngine:
                            index)
                 for (index, wants_logprobs), outs in zip(owners, samples) for tokens, logprobs, finish in outs]
 
-    def partial_session(self, params: SamplingParams, *, max_prompt_length: int, weight_version: int = 0):
-        """A generation a weight sync may pause between two vLLM steps (verl's partial rollout:
-        :mod:`hybridflow.rollout.vllm_partial`); ``max_prompt_length`` is the native session's, unused here."""
-        from hybridflow.rollout.vllm_partial import VLLMPartialSession
-
+    def call(self, method: str, *args):
+        """``VLLMHost.<method>(*args)`` wherever the host runs (a partial rollout steps vLLM through it)."""
         self.memory.resume("weights", "kv_cache")
-        return VLLMPartialSession(self._call, params, max_model_len=self.max_model_len, weight_version=weight_version)
+        return self._call(method, *args)
 
     def close(self) -> None:
         """Stop vLLM (its processes end) and remove a model folder saved for it."""

@@ -19,7 +19,9 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 from hybridflow.errors import RolloutError
+from hybridflow.rollout.streaming import StreamedCompletion
 from hybridflow.rollout.types import SamplingParams, validate_prompts
+from hybridflow.rollout.vllm import VLLMEngine, vllm_sampling_kwargs
 
 _SESSIONS = itertools.count()
 _GOLDEN = 0x9E3779B97F4A7C15  # spreads (seed, prefix length) over the seed space
@@ -42,11 +44,11 @@ class _Sample:
 class VLLMPartialSession:
     """A stepped generation on a :class:`~hybridflow.rollout.vllm.VLLMEngine` that a weight sync may pause."""
 
-    def __init__(self, call, params: SamplingParams, *, max_model_len: int, weight_version: int = 0):
+    def __init__(self, engine: VLLMEngine, params: SamplingParams, *, weight_version: int = 0):
         if not params.logprobs:
             raise RolloutError("a partial rollout records behaviour log-probs; pass SamplingParams(logprobs=True)")
-        self.call, self.params, self.weight_version = call, params, weight_version
-        self.max_model_len = max_model_len
+        self.call, self.params, self.weight_version = engine.call, params, weight_version
+        self.max_model_len = engine.max_model_len
         self.live: dict[str, _Sample] = {}
         """vLLM request id -> the sample it serves."""
         self.prefix = f"hybridflow-partial-{next(_SESSIONS)}"
@@ -68,8 +70,6 @@ class VLLMPartialSession:
 
     def step(self):
         """One vLLM step; the completions that ended in it (each token with the version that sampled it)."""
-        from hybridflow.rollout.streaming import StreamedCompletion
-
         ended = []
         for vllm_id, tokens, logprobs, finish in self.call("stream_step"):
             sample = self.live.pop(vllm_id)
@@ -105,8 +105,6 @@ class VLLMPartialSession:
             self.live.clear()
 
     def _send(self, samples: list[_Sample]) -> None:
-        from hybridflow.rollout.vllm import vllm_sampling_kwargs
-
         requests = []
         for sample in samples:
             done = len(sample.token_ids)

@@ -32,7 +32,7 @@ from hybridflow.data.batch import Batch
 from hybridflow.data.padding import pad_sequences, position_ids_from_mask
 from hybridflow.errors import RolloutError
 from hybridflow.rollout import Completion, SamplingParams
-from hybridflow.rollout.engine import capabilities_of
+from hybridflow.rollout.engine import capabilities_of, partial_session
 
 logger = logging.getLogger(__name__)
 
@@ -166,8 +166,8 @@ class RolloutWorker:
             raise RolloutError("async_training.partial_rollout=True with a vision-language policy: a paused sequence "
                                "does not keep its prompt's images; set async_training.partial_rollout=False")
         prompt_ids = [list(ids) for ids in prompts["raw_prompt_ids"]]
-        session = self.engine.partial_session(params, max_prompt_length=max(map(len, prompt_ids)),
-                                              weight_version=handover.version)
+        session = partial_session(self.engine, params, max_prompt_length=max(map(len, prompt_ids)),
+                                  weight_version=handover.version)
         done = []
         try:
             for index, ids in enumerate(prompt_ids):

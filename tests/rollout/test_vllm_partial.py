@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from hybridflow.rollout import SamplingParams
+from hybridflow.rollout.engine import partial_session
 from tests.rollout.test_vllm_real import LOGPROB_TOL, engine, prompts, saved, wide_tiny_model  # noqa: F401
 
 pytestmark = pytest.mark.vllm
@@ -22,7 +23,7 @@ def sampled(tokenizer) -> SamplingParams:
 
 def run_session(engine, tokenizer, *, pause_after: int | None = None, new_weights=None):
     """Submit the prompts, step; after ``pause_after`` steps pause, load ``new_weights`` (version 1), resume."""
-    session = engine.partial_session(sampled(tokenizer), max_prompt_length=64)
+    session = partial_session(engine, sampled(tokenizer), max_prompt_length=64)
     for index, ids in enumerate(prompts(tokenizer)):
         session.submit(index, ids)
     done, steps, paused = [], 0, []
