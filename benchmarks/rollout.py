@@ -72,6 +72,8 @@ class EngineRun:
     """Each response's useful tokens (up to and including its EOS)."""
     prompt_lengths: list[int]
     avg_context: float
+    ttft: float = float("nan")
+    """Time to first token: the same call with ``max_tokens=1`` (every prompt prefilled, its first token sampled)."""
 
     @property
     def tokens(self) -> int:
@@ -331,10 +333,9 @@ def warm_up(engine, prompts, params) -> None:
                                                 stop_token_ids=params.stop_token_ids))
 
 
-def run_engine(name, engine, prompts, params, batch, chunk: int | None = None) -> EngineRun:
-    """One timed ``generate`` call (after :func:`warm_up`), or one per ``chunk`` prompts."""
+def timed_generate(engine, prompts, params, chunk: int) -> tuple[float, list]:
+    """Seconds of ``generate`` over ``prompts``, ``chunk`` at a time, and the completions."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    chunk = chunk or len(prompts)
     synchronize(device)
     start = time.perf_counter()
     completions = []
@@ -342,10 +343,18 @@ def run_engine(name, engine, prompts, params, batch, chunk: int | None = None) -
         part = engine.generate(prompts[first : first + chunk], params)
         completions += [replace(c, prompt_index=c.prompt_index + first) for c in part]
     synchronize(device)
-    seconds = time.perf_counter() - start
+    return time.perf_counter() - start, completions
+
+
+def run_engine(name, engine, prompts, params, batch, chunk: int | None = None) -> EngineRun:
+    """One timed ``generate`` call (after :func:`warm_up`), or one per ``chunk`` prompts; then the time to first
+    token, the same call cut at one token (the batch's prefill and first sampled token: the last row's TTFT)."""
+    chunk = chunk or len(prompts)
+    seconds, completions = timed_generate(engine, prompts, params, chunk)
+    ttft, _ = timed_generate(engine, prompts, replace(params, max_tokens=1), chunk)
     lengths = [len(c.token_ids) for c in completions]
     positions = [len(prompts[c.prompt_index]) + t for c in completions for t in range(len(c.token_ids))]
-    return EngineRun(name, batch, seconds, lengths, [len(p) for p in prompts], sum(positions) / len(positions))
+    return EngineRun(name, batch, seconds, lengths, [len(p) for p in prompts], sum(positions) / len(positions), ttft)
 
 
 def build_engines(names, model, tokenizer, model_path):
@@ -489,7 +498,7 @@ def main() -> None:
 def report_runs(batch: int, runs: dict[str, EngineRun]) -> None:
     for run in runs.values():
         print(f"batch {batch:4d} {run.engine:>6}: {run.tokens:6d} tokens in {run.seconds:7.1f} s = "
-              f"{run.tokens_per_s:8.1f} tok/s (mean response {run.mean_length:.0f} tokens, "
+              f"{run.tokens_per_s:8.1f} tok/s, TTFT {1e3 * run.ttft:.0f} ms (mean response {run.mean_length:.0f} tokens, "
               f"{len(decode_rows_per_step(run.lengths))} decode steps)")
     native = runs.get("native")
     for name, run in runs.items():
@@ -523,13 +532,14 @@ def report_floors(batch: int, native: EngineRun, floors: Floors) -> None:
 
 def print_table(rows, floors: dict[int, Floors]) -> None:
     names = list(rows[0][1])
-    print("\n| batch | " + " | ".join(f"{n} tok/s" for n in names)
+    print("\n| batch | " + " | ".join(f"{n} tok/s" for n in names) + " | " + " | ".join(f"{n} TTFT ms" for n in names)
           + " | native / hf | flat floor tok/s | native % | step floor tok/s | native % |")
-    print("|---" * (len(names) + 6) + "|")
+    print("|---" * (2 * len(names) + 6) + "|")
     for batch, runs in rows:
         native = runs.get("native")
         ratio = native.tokens_per_s / runs["hf"].tokens_per_s if native and "hf" in runs else float("nan")
-        cells = [f"{runs[n].tokens_per_s:.1f}" for n in names] + [f"{ratio:.2f}x"]
+        cells = [f"{runs[n].tokens_per_s:.1f}" for n in names] + [f"{1e3 * runs[n].ttft:.0f}" for n in names]
+        cells += [f"{ratio:.2f}x"]
         if batch in floors:
             f = floors[batch]
             cells += [f"{f.flat:.1f} ({f.flat_gflops:.0f} GFLOP/s)", f"{100 * native.tokens_per_s / f.flat:.0f} %",

@@ -182,7 +182,7 @@ ROLLOUT_LAYERS = [
     {"model_runner", "kv_pool", "request_queue", "vllm_host"},  # executing a plan, its KV memory; requests over an
     # engine; vLLM's LLM behind the VLLMEngine (in this process or in its side venv)
     {"native", "hf", "vllm", "sglang"},  # the engines
-    {"streaming", "engine"},           # sessions over an engine; the registry of engines
+    {"streaming", "engine", "vllm_partial"},  # sessions over an engine; the registry of engines
 ]
 TRAINER_LAYERS = [
     {"tracking"},

@@ -136,8 +136,8 @@ class AsyncTrainingConfig:
     """Prompt batches (data.train_batch_size prompts each) the trainer takes from the queue per step."""
     partial_rollout: bool = False
     """Pause in-flight sequences at a weight sync and continue them with the new weights (each token keeps the
-    behaviour log-prob it was sampled with). Native engine, single-turn; trainer.backend=local, or ray with split
-    placement (rollout.n_gpus_per_node > 0)."""
+    behaviour log-prob it was sampled with). Native or vLLM engine, single-turn; trainer.backend=local, or ray with
+    split placement (rollout.n_gpus_per_node > 0)."""
     use_rollout_log_probs: bool = True
     """Use the engine's per-token behaviour log-probs as the old policy when compute_prox_log_prob is False."""
     compute_prox_log_prob: bool = True

@@ -114,6 +114,22 @@ def capabilities_of(engine) -> EngineCapabilities:
     return EngineCapabilities()
 
 
+def partial_session(engine, params: SamplingParams, *, max_prompt_length: int, weight_version: int = 0):
+    """A generation on ``engine`` that a weight sync may pause between two steps (verl's partial rollout), for an
+    engine that declares ``pauses``: the native engine's ``StreamingSession``, vLLM's ``VLLMPartialSession``."""
+    names = {klass.__name__ for klass in type(engine).__mro__}
+    if "NativeEngine" in names:
+        from hybridflow.rollout.streaming import StreamingSession
+
+        return StreamingSession(engine, params, max_prompt_length=max_prompt_length, weight_version=weight_version)
+    if "VLLMEngine" in names:
+        from hybridflow.rollout.vllm_partial import VLLMPartialSession
+
+        return VLLMPartialSession(engine, params, weight_version=weight_version)
+    raise RolloutError(f"{type(engine).__name__} cannot pause a generation; partial rollouts need the native or vLLM "
+                       "engine (rollout.name=native or vllm)")
+
+
 def engine_unavailable(name: str) -> str | None:
     """Why backend ``name`` cannot run here (one line naming the fix), or None when it can."""
     if name not in ENGINES:
@@ -163,7 +179,7 @@ NATIVE = EngineCapabilities(pauses=True, vision=True, sleeps=True, params_per_pr
                             sizing_keys=("prefix_cache_tokens", "max_num_batched_tokens"))
 HF = EngineCapabilities(vision=True)
 SERVER = EngineCapabilities(server=True, sleeps=True)
-VLLM = EngineCapabilities(server=True, sleeps=True, params_per_prompt=True)
+VLLM = EngineCapabilities(server=True, sleeps=True, params_per_prompt=True, pauses=True)
 ENGINE_CLASS_CAPABILITIES = {"NativeEngine": NATIVE, "HFEngine": HF, "VLLMEngine": VLLM, "SGLangEngine": SERVER}
 """A built engine's capabilities by its class (``build_engine('native', ...)`` may return an HF engine)."""
 

@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 
 from hybridflow.errors import RolloutError
 from hybridflow.rollout.generation_run import GenerationRun, PendingPrompt, Sequence
-from hybridflow.rollout.native import NativeEngine
 from hybridflow.rollout.request_queue import RequestQueue
 from hybridflow.rollout.types import SamplingParams, validate_prompts
 
@@ -77,7 +76,7 @@ class StreamingSession:
         weight_version: the version of the weights loaded now.
     """
 
-    def __init__(self, engine: NativeEngine, params: SamplingParams, *, max_prompt_length: int,
+    def __init__(self, engine, params: SamplingParams, *, max_prompt_length: int,
                  weight_version: int = 0):
         if not params.logprobs:
             raise RolloutError("a streaming session records behaviour log-probs; pass SamplingParams(logprobs=True)")

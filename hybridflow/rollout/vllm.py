@@ -154,6 +154,11 @@ class VLLMEngine:
                            index)
                 for (index, wants_logprobs), outs in zip(owners, samples) for tokens, logprobs, finish in outs]
 
+    def call(self, method: str, *args):
+        """``VLLMHost.<method>(*args)`` wherever the host runs (a partial rollout steps vLLM through it)."""
+        self.memory.resume("weights", "kv_cache")
+        return self._call(method, *args)
+
     def close(self) -> None:
         """Stop vLLM (its processes end) and remove a model folder saved for it."""
         self._finalizer()

@@ -23,6 +23,8 @@ class VLLMHost:
         import vllm
 
         self.llm = vllm.LLM(model=model_path, worker_extension_cls=WORKER_EXTENSION, **settings)
+        self.streams: dict[str, tuple[list[int], list[float]]] = {}
+        """Stepped requests (a partial rollout's): request id -> tokens and log-probs received so far."""
 
     def max_model_len(self) -> int:
         return int(self.llm.llm_engine.model_config.max_model_len)
@@ -35,6 +37,43 @@ class VLLMHost:
         prompts = [{"prompt_token_ids": list(p)} for p in prompt_token_ids]
         outputs = self.llm.generate(prompts, [vllm.SamplingParams(**p) for p in params], use_tqdm=False)
         return [[_sample(s) for s in out.outputs] for out in outputs]
+
+    # ------------------------------------------------------------------ stepped requests (partial rollouts)
+    def stream_add(self, requests: list[tuple[str, list[int], dict]]) -> None:
+        """Queue ``(request id, prompt ids, vllm.SamplingParams keywords with n=1)`` to be stepped by ``stream_step``."""
+        import vllm
+        from vllm.sampling_params import RequestOutputKind
+
+        for request_id, prompt, params in requests:
+            sampling = vllm.SamplingParams(**params, output_kind=RequestOutputKind.DELTA)
+            self.llm.llm_engine.add_request(request_id, {"prompt_token_ids": list(prompt)}, sampling)
+            self.streams[request_id] = ([], [])
+
+    def stream_step(self) -> list[tuple]:
+        """One engine step: ``(request id, token ids, logprobs, finish_reason)`` of each request that ended in it
+        (every token it sampled); the others keep what they received for ``stream_abort``."""
+        ended = []
+        for output in self.llm.llm_engine.step() if self.streams else []:
+            if output.request_id not in self.streams:
+                continue  # an aborted request's last output
+            tokens, logprobs = self.streams[output.request_id]
+            sample = output.outputs[0]
+            new_tokens, new_logprobs, _ = _sample(sample)
+            tokens += new_tokens
+            logprobs += new_logprobs or []
+            if output.finished:
+                del self.streams[output.request_id]
+                ended.append((output.request_id, tokens, logprobs, str(sample.finish_reason)))
+        return ended
+
+    def stream_abort(self) -> list[tuple]:
+        """Abort every stepped request: ``(request id, token ids, logprobs)`` received before the abort (tokens the
+        engine sampled after the last ``stream_step`` are dropped with the request)."""
+        aborted = [(request_id, tokens, logprobs) for request_id, (tokens, logprobs) in self.streams.items()]
+        if self.streams:
+            self.llm.llm_engine.abort_request(list(self.streams))
+        self.streams.clear()
+        return aborted
 
     def load_weights(self, path: str, layout: list) -> int:
         loaded = self.llm.collective_rpc("hybridflow_load_weights", args=(path, layout))

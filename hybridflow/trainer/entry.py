@@ -106,13 +106,13 @@ def partial_rollout_problems(cfg: Any) -> list[str]:
     blocker = partial_rollout_blocker(cfg) if cfg.async_training.partial_rollout else None
     if blocker is None or engine_capabilities(cfg.actor_rollout_ref.rollout.name).server:
         return []
-    return [f"async_training.partial_rollout=True cannot act here ({blocker}): use rollout.name=native single-turn "
-            "(on Ray with rollout.n_gpus_per_node > 0), or set async_training.partial_rollout=False"]
+    return [f"async_training.partial_rollout=True cannot act here ({blocker}): use rollout.name=native or vllm "
+            "single-turn (on Ray with rollout.n_gpus_per_node > 0), or set async_training.partial_rollout=False"]
 
 
 def partial_rollouts(cfg: Any) -> bool:
-    """``async_training.partial_rollout`` where it can act: the native engine pauses single-turn sequences at a
-    weight sync. With a server engine it warns once and in-flight sequences finish with the weights they started
+    """``async_training.partial_rollout`` where it can act: the native and vLLM engines pause single-turn sequences at
+    a weight sync. With a server engine that cannot (SGLang; vLLM in multi-turn) it warns once and in-flight sequences finish with the weights they started
     with; elsewhere :func:`partial_rollout_problems` refused it before loading."""
     if not cfg.async_training.partial_rollout:
         return False
@@ -122,8 +122,8 @@ def partial_rollouts(cfg: Any) -> bool:
     if reason not in _PARTIAL_WARNED:
         _PARTIAL_WARNED.add(reason)
         logger.warning("hybridflow: warning: async_training.partial_rollout=True has no effect here (%s): sequences in "
-                       "flight at a weight sync finish with the weights they started with (native single-turn "
-                       "engine needed)", reason)
+                       "flight at a weight sync finish with the weights they started with (the native or vLLM "
+                       "engine, single-turn, needed)", reason)
     return False
 
 

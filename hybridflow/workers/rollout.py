@@ -32,8 +32,7 @@ from hybridflow.data.batch import Batch
 from hybridflow.data.padding import pad_sequences, position_ids_from_mask
 from hybridflow.errors import RolloutError
 from hybridflow.rollout import Completion, SamplingParams
-from hybridflow.rollout.engine import capabilities_of
-from hybridflow.rollout.streaming import StreamingSession
+from hybridflow.rollout.engine import capabilities_of, partial_session
 
 logger = logging.getLogger(__name__)
 
@@ -161,14 +160,14 @@ class RolloutWorker:
         behaviour log-prob, whichever weights sampled it; ``rollout_first_version`` / ``rollout_last_version``
         ``[B]`` are the weight versions of a response's first and last token."""
         if not capabilities_of(self.engine).pauses:
-            raise RolloutError(f"partial rollouts need the native engine (rollout.name=native), not "
+            raise RolloutError(f"partial rollouts need the native or vLLM engine (rollout.name=native or vllm), not "
                                f"{type(self.engine).__name__}")
         if "multi_modal_inputs" in prompts and any(prompts["multi_modal_inputs"]):
             raise RolloutError("async_training.partial_rollout=True with a vision-language policy: a paused sequence "
                                "does not keep its prompt's images; set async_training.partial_rollout=False")
         prompt_ids = [list(ids) for ids in prompts["raw_prompt_ids"]]
-        session = StreamingSession(self.engine, params, max_prompt_length=max(map(len, prompt_ids)),
-                                   weight_version=handover.version)
+        session = partial_session(self.engine, params, max_prompt_length=max(map(len, prompt_ids)),
+                                  weight_version=handover.version)
         done = []
         try:
             for index, ids in enumerate(prompt_ids):

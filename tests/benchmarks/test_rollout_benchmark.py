@@ -53,6 +53,9 @@ def test_script_runs_end_to_end_on_a_tiny_model(bench, tiny_model_dir, monkeypat
     assert "batch    8 native-nolanes step times: 8-15 rows:" in out
     table = [line for line in out.splitlines() if line.startswith("| 8 |")]
     assert len(table) == 1 and table[0].count("%") == 2
+    assert "| native TTFT ms | native-nolanes TTFT ms | hf TTFT ms |" in out  # issue 56: time to first token
+    ttft = [float(line.split("TTFT ")[1].split(" ms")[0]) for line in out.splitlines() if ", TTFT " in line]
+    assert len(ttft) == 6 and all(t > 0 for t in ttft)
 
 
 def test_continuous_batching_run_keeps_the_slots_and_chunks_hf(bench, tiny_model_dir, monkeypatch, capsys):

@@ -90,14 +90,20 @@ def test_split_placement_picks_the_ray_backend_from_verl_s_keys():
 
 
 def test_partial_rollout_with_a_server_engine_warns_and_is_off(caplog, monkeypatch):
+    """SGLang, and vLLM in multi-turn, cannot pause: verl's fully async YAML turns partial_rollout on with them, so it
+    is off with a warning; vLLM and the native engine single-turn pause (issue 56: tests/rollout/test_vllm_partial)."""
     from hybridflow.trainer import entry as validate
 
     monkeypatch.setattr(validate, "_PARTIAL_WARNED", set())  # said once per process
-    cfg = ppo("async_training.partial_rollout=True", "actor_rollout_ref.rollout.name=vllm")
     with caplog.at_level(logging.WARNING):
-        assert partial_rollouts(cfg) is False
-    assert "partial_rollout=True has no effect here (the vllm engine cannot pause)" in caplog.text
+        assert partial_rollouts(ppo("async_training.partial_rollout=True", "actor_rollout_ref.rollout.name=sglang")) \
+            is False
+        assert partial_rollouts(ppo("async_training.partial_rollout=True", "actor_rollout_ref.rollout.name=vllm",
+                                    "actor_rollout_ref.rollout.multi_turn.enable=True")) is False
+    assert "partial_rollout=True has no effect here (the sglang engine cannot pause)" in caplog.text
+    assert "partial_rollout=True has no effect here (the vllm engine in multi-turn cannot pause)" in caplog.text
     assert partial_rollouts(ppo("async_training.partial_rollout=True")) is True
+    assert partial_rollouts(ppo("async_training.partial_rollout=True", "actor_rollout_ref.rollout.name=vllm")) is True
 
 
 def test_gdpo_reward_manager_name_builds():

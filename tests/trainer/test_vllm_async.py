@@ -55,16 +55,19 @@ class VersionRecorder:
     def snapshot(self) -> dict[str, torch.Tensor]:
         return {name: tensor.detach().float().clone() for name, tensor in self.model.state_dict().items()}
 
-    def largest_logprob_gap(self, version: int, batch) -> float:
-        """max |vLLM's log-prob - an fp32 forward's with version ``version``'s weights| over the response tokens."""
+    def logprob_gaps(self, version: int, batch) -> torch.Tensor:
+        """|vLLM's log-prob - an fp32 forward's with version ``version``'s weights| ``[B, T]`` (0 off the response)."""
         model = copy.deepcopy(self.model).float()
         model.load_state_dict(self.weights[version])
         with torch.no_grad():
             ours = compute_log_probs(model, input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                                      position_ids=batch["position_ids"],
                                      response_length=batch["responses"].shape[1])[0]
-        mask = batch["response_mask"].bool()
-        return (ours - batch["rollout_log_probs"]).abs()[mask].max().item()
+        return (ours - batch["rollout_log_probs"]).abs() * batch["response_mask"]
+
+    def largest_logprob_gap(self, version: int, batch) -> float:
+        """max |vLLM's log-prob - an fp32 forward's with version ``version``'s weights| over the response tokens."""
+        return self.logprob_gaps(version, batch).max().item()
 
 
 @pytest.mark.parametrize("mode", [
@@ -114,3 +117,58 @@ def test_one_step_off_killed_after_step_2_resumes_bitwise_on_vllm(tmp_path, wide
 
     assert [step for step, _ in scores(resumed)] == [1, 2, 3, 4]
     assert scores(straight) == scores(resumed)
+
+
+def switch_points(first: torch.Tensor, last: torch.Tensor, length: int) -> range:
+    """The tokens ``k`` where a row's log-probs may switch from its first version's (tokens < k, gaps ``first``) to
+    its last version's (tokens >= k, gaps ``last``) within the tolerance; empty if there is none."""
+    good_first, good_last = (first[:length] < LOGPROB_TOL).tolist(), (last[:length] < LOGPROB_TOL).tolist()
+    k0 = next((i for i, ok in enumerate(good_first) if not ok), length)  # the first version's prefix ends by k0
+    k1 = length - next((i for i, ok in enumerate(reversed(good_last)) if not ok), length)  # the last's from k1
+    return range(k1, k0 + 1)
+
+
+def test_fully_async_partial_rollout_on_vllm_continues_paused_rows_with_the_new_weights(tmp_path, wide_model_dir,
+                                                                                        monkeypatch):
+    """async_training.partial_rollout=True on vLLM (staleness 1, a sync every step). Batch 2's generate is held after
+    2 vLLM steps until the sync asks for the engine, so the sync lands inside it: its rows still running are aborted
+    and resubmitted with their tokens so far. Every prompt is trained once, and each row's vLLM log-probs are those
+    of an fp32 HF forward of its first version's weights up to a token and of its last version's from there (within
+    1e-4), the rows that spanned the sync switching after at least one token."""
+    from hybridflow.rollout.vllm_partial import VLLMPartialSession
+
+    cfg = load_config(PPOConfig, base_overrides(tmp_path, wide_model_dir, steps=4) + ON_VLLM + [
+        "async_training.staleness_threshold=1", "async_training.partial_rollout=True",
+        "actor_rollout_ref.actor.fsdp_config.mixed_precision=fp32", "actor_rollout_ref.actor.optim.lr=3e-3"])
+    loop = build_loop(cfg, parts=async_parts, count_steps=async_training_steps)
+    recorder = VersionRecorder(loop)
+    handover, step = loop.w.rollout.backend.worker.rollout.handover, VLLMPartialSession.step
+
+    def held_step(session):
+        session.steps_taken = getattr(session, "steps_taken", 0) + 1
+        if loop.parts.source.generated == 1 and session.steps_taken == 2:  # batch 2, mid-generation
+            with handover.cond:
+                assert handover.cond.wait_for(handover.requested, timeout=600)
+        return step(session)
+
+    monkeypatch.setattr(VLLMPartialSession, "step", held_step)
+    try:
+        loop.fit()
+    finally:
+        loop.close()
+    n = cfg.actor_rollout_ref.rollout.n
+    trained = sorted(row["index"] for _, _, batch in recorder.trained for row in batch["extra_info"][::n])
+    assert trained == list(range(len(trained))) and len(recorder.trained) == 4
+    switched = []
+    for _, _, batch in recorder.trained:
+        first, last = batch["rollout_first_version"], batch["rollout_last_version"]
+        gaps = {v: recorder.logprob_gaps(v, batch) for v in set(first.tolist()) | set(last.tolist())}
+        for row, length in enumerate(batch["response_mask"].sum(-1).tolist()):
+            a, b = int(first[row]), int(last[row])
+            ks = switch_points(gaps[a][row], gaps[b][row], length)
+            assert len(ks), (row, a, b, gaps[a][row][:length], gaps[b][row][:length])
+            if a != b:  # spanned a sync: at least one token of each version
+                switched.append(ks)
+                assert b == a + 1 and ks.start < length and ks.stop > 1, (ks, length, a, b)
+    print("switch points of the rows that spanned a sync:", switched)
+    assert switched  # the sync landed inside batch 2

@@ -79,6 +79,7 @@ def test_multi_turn_tool_grpo_on_vllm(tmp_path):
     assert row["multi_turn/tokenization_mismatch/mean"] == 0
 
 
+@pytest.mark.slow  # three vLLM starts (straight, killed, resumed): minutes on 2 cores
 def test_run_killed_after_step_2_resumes_on_vllm(tmp_path, wide_model_dir):
     """SIGKILL once step 2's checkpoint is published (vLLM's process ends with its trainer), then resumed: the
     resumed run's vLLM starts from the checkpoint's weights (a sync before its first rollout), and step 4's

@@ -32,9 +32,9 @@ seeds. So no prompt is lost or trained twice, and with a sync every step (``s = 
 checkpoint's weights in the engine, one sync early: not bitwise. With ``partial_rollout`` a sync does
 not wait for the generate, whose sequences then mix versions: also not bitwise.
 
-Partial rollouts (``partial_rollout``, native engine; local backend, or Ray with split placement): a
+Partial rollouts (``partial_rollout``, native or vLLM engine; local backend, or Ray with split placement): a
 weight sync does not wait for a running generate to finish. The generate pauses its in-flight sequences
-between two decode steps, hands the engine over (``workers/rollout.py:EngineHandover``, kept by the rank
+between two decode steps (vLLM: aborts its requests, to resubmit them with their tokens so far), hands the engine over (``workers/rollout.py:EngineHandover``, kept by the rank
 that holds the engine, so a Ray rollout actor runs the generate and the sync in two threads), and
 continues each sequence from its exact next token with the new weights; every token keeps the behaviour
 log-prob it was sampled with, so the proximal recompute and the rollout-correction weights see a per-token
