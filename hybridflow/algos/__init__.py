@@ -13,7 +13,7 @@ from hybridflow.algos.errors import AlgorithmError, UnknownAlgorithmError
 from hybridflow.algos.kl import kl_penalty, list_kl_penalties
 from hybridflow.algos.kl_controllers import AdaptiveKLController, FixedKLController, build_kl_controller
 from hybridflow.algos.kl_reward import apply_kl_penalty
-from hybridflow.algos.logprob import entropy_from_logits, logprobs_from_logits
+from hybridflow.algos.logprob import entropy_from_logits, logprob_and_entropy, logprobs_from_logits
 from hybridflow.algos.overlong import overlong_penalty
 from hybridflow.algos.preference import dpo_loss, ipo_loss, sppo_loss
 from hybridflow.algos.registry import (
@@ -49,6 +49,7 @@ __all__ = [
     "list_loss_agg_modes",
     "seq_norm_length",
     "list_policy_losses",
+    "logprob_and_entropy",
     "logprobs_from_logits",
     "masked_mean",
     "masked_sum",

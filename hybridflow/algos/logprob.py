@@ -87,3 +87,60 @@ def sum_pi_squared_from_logits(*, logits: torch.Tensor, chunk_size: int = 1024) 
     """
     out = _chunked(_sum_squared_probs, logits.reshape(-1, logits.shape[-1]), chunk_size=chunk_size)
     return out.reshape(logits.shape[:-1])
+
+
+def logprob_and_entropy(*, logits: torch.Tensor, labels: torch.Tensor, calculate_entropy: bool,
+                        chunk_size: int = 1024) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(log p(label), entropy or None) of ``logits [..., V]`` in one pass, with a closed-form backward.
+
+    Same values as :func:`logprobs_from_logits` and :func:`entropy_from_logits` (the same fp32 ops per chunk of
+    rows); the backward recomputes each chunk's softmax from the kept logits (in their own dtype: bf16 logits keep
+    no fp32 copy) and writes ``dz = g_lp (onehot - p) - g_H p (log p + H)`` directly, instead of differentiating
+    through the fp32 casts, log-sum-exp and softmax of two checkpointed passes. Returns fp32 ``[...]`` tensors.
+    """
+    if chunk_size <= 0:
+        raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+    flat = logits.reshape(-1, logits.shape[-1])
+    log_probs, entropy = _LogprobEntropy.apply(flat, labels.reshape(-1).long(), calculate_entropy, chunk_size)
+    return log_probs.reshape(labels.shape), entropy.reshape(labels.shape) if calculate_entropy else None
+
+
+class _LogprobEntropy(torch.autograd.Function):
+    """``rows [K, V]``, ``labels [K]`` -> (log p ``[K]``, entropy ``[K]``; zeros when not asked), fp32."""
+
+    @staticmethod
+    def forward(ctx, rows: torch.Tensor, labels: torch.Tensor, calculate_entropy: bool, chunk_size: int):
+        log_probs = rows.new_empty(rows.shape[0], dtype=torch.float32)
+        lse = torch.empty_like(log_probs)
+        entropy = torch.zeros_like(log_probs)
+        for start in range(0, rows.shape[0], chunk_size):
+            part = slice(start, start + chunk_size)
+            chunk = rows[part].float()
+            lse[part] = torch.logsumexp(chunk, dim=-1)
+            log_probs[part] = chunk.gather(-1, labels[part, None]).squeeze(-1) - lse[part]
+            if calculate_entropy:
+                entropy[part] = lse[part] - (torch.softmax(chunk, dim=-1) * chunk).sum(-1)
+        ctx.save_for_backward(rows, labels, lse, entropy)
+        ctx.chunk_size = chunk_size
+        ctx.calculate_entropy = calculate_entropy
+        ctx.mark_non_differentiable(lse)
+        return log_probs, entropy
+
+    @staticmethod
+    def backward(ctx, grad_log_probs: torch.Tensor | None, grad_entropy: torch.Tensor | None):
+        rows, labels, lse, entropy = ctx.saved_tensors
+        grad_rows = torch.empty_like(rows)
+        with_entropy = ctx.calculate_entropy and grad_entropy is not None
+        for start in range(0, rows.shape[0], ctx.chunk_size):
+            part = slice(start, start + ctx.chunk_size)
+            log_p = rows[part].to(torch.float32, copy=True).sub_(lse[part, None])
+            probs = log_p.exp()
+            if with_entropy:  # dH/dz_j = -p_j (log p_j + H), in log_p's storage
+                grad = log_p.add_(entropy[part, None]).mul_(probs).mul_(-grad_entropy[part, None])
+            else:
+                grad = log_p.zero_()
+            if grad_log_probs is not None:  # d log p_y / dz_j = [j = y] - p_j
+                grad.addcmul_(probs, grad_log_probs[part, None], value=-1.0)
+                grad.scatter_add_(-1, labels[part, None].long(), grad_log_probs[part, None].float())
+            grad_rows[part] = grad
+        return grad_rows, None, None, None

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from hybridflow.algos import entropy_from_logits, logprobs_from_logits
+from hybridflow.algos import entropy_from_logits, logprob_and_entropy, logprobs_from_logits
 from hybridflow.algos.linear_logprob import linear_log_probs
 from hybridflow.algos.logprob import sum_pi_squared_from_logits
 from hybridflow.data.packing import PackedResponses
@@ -133,6 +133,11 @@ def _token_outputs(logits: torch.Tensor, labels: torch.Tensor, *, temperature: f
     switches: see :func:`compute_log_probs`)."""
     if temperature != 1.0:
         logits = logits / temperature
+    if not use_torch_compile:  # one pass, a closed-form backward; keeps no softmax (entropy_checkpointing's aim)
+        log_probs, entropy = logprob_and_entropy(logits=logits, labels=labels, calculate_entropy=calculate_entropy)
+        if calculate_sum_pi_squared:
+            return log_probs, entropy, sum_pi_squared_from_logits(logits=logits.detach())
+        return log_probs, entropy
     logprob_fn = _compiled(logprobs_from_logits) if use_torch_compile else logprobs_from_logits
     entropy_fn = _compiled(entropy_from_logits) if use_torch_compile else entropy_from_logits
     log_probs = logprob_fn(logits=logits, labels=labels)
