@@ -299,15 +299,10 @@ def test_qkv_rope_write_rotates_q_and_k_and_fills_the_cache_through_the_table(wi
     torch.testing.assert_close(moved[5].cpu(), expected_values)
 
 
-# mistral: a window of 8 shorter than the prompts; gemma3_text: 1 + w norms, four a layer and q / k norms, a scaled
-# embedding, GeGLU, a rotary table per layer type; mixtral / qwen3_moe: routed experts (gathered: graph-safe).
-@pytest.mark.parametrize("arch", ["llama", "qwen3", "mistral", "gemma2", "gemma3_text", "mixtral", "qwen3_moe"])
-def test_fused_decode_step_equals_the_torch_step(tiny_tokenizer, arch):
-    from hybridflow.models.tiny import build_tiny_model
-    from tests.rollout.conftest import randomise_norms
-
-    model, tokenizer = build_tiny_model(arch, seed=1, tokenizer=tiny_tokenizer)
-    model = randomise_norms(model).to(DEVICE)
+def fused_equals_torch_step(model, tokenizer):
+    """One decode step of three prefilled prompts through the fused Triton step and through torch ops: logits and the
+    cache written (keys and values) agree."""
+    model = model.to(DEVICE)
     decoder = LlamaFamilyDecoder(model)
     prompts = [torch.tensor(p, device=DEVICE) for p in chat_prompts(tokenizer)[:3]]
     (torch_cache, tables, positions), (fused_cache, _, _) = (prefilled_paged_cache(decoder, prompts, device=DEVICE)
@@ -319,7 +314,19 @@ def test_fused_decode_step_equals_the_torch_step(tiny_tokenizer, arch):
     decoder.triton_kernels = True
     fused = decoder.decode(token_ids=tokens, positions=positions, cache=fused_cache, block_tables=tables, context=None)
     torch.testing.assert_close(fused, expected, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(fused_cache.data, torch_cache.data, rtol=1e-5, atol=1e-5)  # same keys and values
+    torch.testing.assert_close(fused_cache.data, torch_cache.data, rtol=1e-5, atol=1e-5)
+    return decoder
+
+
+# mistral: a window of 8 shorter than the prompts; gemma3_text: 1 + w norms, four a layer and q / k norms, a scaled
+# embedding, GeGLU, a rotary table per layer type; mixtral / qwen3_moe: routed experts (gathered: graph-safe).
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "mistral", "gemma2", "gemma3_text", "mixtral", "qwen3_moe"])
+def test_fused_decode_step_equals_the_torch_step(tiny_tokenizer, arch):
+    from hybridflow.models.tiny import build_tiny_model
+    from tests.rollout.conftest import randomise_norms
+
+    model, tokenizer = build_tiny_model(arch, seed=1, tokenizer=tiny_tokenizer)
+    fused_equals_torch_step(randomise_norms(model), tokenizer)
 
 
 @pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen3_vl"])

@@ -8,11 +8,10 @@ import torch
 pytest.importorskip("triton")
 pytestmark = pytest.mark.triton
 
-from hybridflow.rollout.decoder import LlamaFamilyDecoder, _apply_rope  # noqa: E402
+from hybridflow.rollout.decoder import _apply_rope  # noqa: E402
 from hybridflow.rollout.triton_attention import DecodeConfig, paged_decode_attention  # noqa: E402
 from hybridflow.rollout.triton_fused import qkv_rope_write  # noqa: E402
-from tests.rollout.conftest import chat_prompts, prefilled_paged_cache  # noqa: E402
-from tests.rollout.test_triton_kernels import scattered_tables  # noqa: E402
+from tests.rollout.test_triton_kernels import fused_equals_torch_step, scattered_tables  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -61,25 +60,6 @@ def test_sinks_join_each_heads_softmax_once_across_splits_and_windows(config, wi
         paged_decode_attention(q=q.to(DEVICE), keys=keys.to(DEVICE), values=values.to(DEVICE),
                                lengths=torch.tensor(lengths, device=DEVICE), scale=1.0,
                                block_tables=tables.to(DEVICE), sinks=sinks[:2].to(DEVICE))
-
-
-def fused_equals_torch_step(model, tokenizer, *, rope_positions=None):
-    """One decode step of three prefilled prompts through the fused Triton step and through torch ops: logits and the
-    cache written (keys and values) agree."""
-    model = model.to(DEVICE)
-    decoder = LlamaFamilyDecoder(model)
-    prompts = [torch.tensor(p, device=DEVICE) for p in chat_prompts(tokenizer)[:3]]
-    (torch_cache, tables, positions), (fused_cache, _, _) = (prefilled_paged_cache(decoder, prompts, device=DEVICE)
-                                                             for _ in range(2))
-    tokens = torch.tensor([5, 6, 7], device=DEVICE)
-    decoder.triton_kernels = decoder.fused_cpu_decode = False  # the reference: torch ops (not the C kernels either)
-    expected = decoder.decode(token_ids=tokens, positions=positions, cache=torch_cache, block_tables=tables,
-                              context=int(positions.max()) + 1)
-    decoder.triton_kernels = True
-    fused = decoder.decode(token_ids=tokens, positions=positions, cache=fused_cache, block_tables=tables, context=None)
-    torch.testing.assert_close(fused, expected, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(fused_cache.data, torch_cache.data, rtol=1e-5, atol=1e-5)
-    return decoder
 
 
 def test_gpt_oss_fused_decode_step_equals_the_torch_step(tiny_tokenizer):
