@@ -141,10 +141,10 @@ def route(hidden: torch.Tensor, experts: ExpertWeights) -> tuple[torch.Tensor, t
 def moe_mlp(hidden: torch.Tensor, experts: ExpertWeights, activation: Callable, *, graph_safe: bool = False
             ) -> torch.Tensor:
     """The routed MLP of ``hidden`` ``[N, hidden]`` -> ``[N, hidden]``; ``graph_safe``: static shapes, no host
-    values (the Triton grouped GEMMs for SwiGLU experts where :attr:`ExpertWeights.triton_grouped`). On CPU the C
-    kernel where it applies (:func:`routed_experts`)."""
+    values (the Triton grouped GEMMs for SwiGLU experts where :attr:`ExpertWeights.triton_grouped`). Otherwise on CPU
+    the C kernel where it applies (:func:`routed_experts`; an opaque host call, so never in the traceable step)."""
     weights, ids = route(hidden, experts)
-    fused = routed_experts(hidden, weights, ids, experts.cpu_kernel, activation)
+    fused = None if graph_safe else routed_experts(hidden, weights, ids, experts.cpu_kernel, activation)
     if fused is not None:
         return fused
     plain_swiglu = activation is F.silu and experts.gated is None and experts.gate_up_bias is None
