@@ -17,10 +17,11 @@ from tests.rollout.conftest import chat_prompts, prefilled_paged_cache  # noqa: 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def reference_attention(q, keys, values, lengths, scale, tables, window=None, softcap=None):
+def reference_attention(q, keys, values, lengths, scale, tables, window=None, softcap=None, sinks=None):
     """fp64 softmax attention of each row over its first ``lengths[n]`` positions (the last ``window`` of them
     with a window), read through its block table row (``keys`` ``[KV, blocks, B, D]``), scores capped to
-    ``c tanh(s / c)`` with a ``softcap`` ``c``; ``[N, H, D]``."""
+    ``c tanh(s / c)`` with a ``softcap`` ``c``; ``sinks`` ``[H]``: each head's logit appended as one more column of
+    the softmax and dropped after (HF's gpt-oss ``eager_attention_forward``); ``[N, H, D]``."""
     group = q.shape[1] // keys.shape[0]
     out = []
     for n, length in enumerate(lengths):
@@ -32,7 +33,10 @@ def reference_attention(q, keys, values, lengths, scale, tables, window=None, so
         scores = torch.einsum("hd,hld->hl", q[n].double(), row(keys)) * scale
         if softcap is not None:
             scores = softcap * torch.tanh(scores / softcap)
-        weights = torch.softmax(scores, dim=-1)
+        if sinks is not None:
+            weights = torch.softmax(torch.cat([scores, sinks.double()[:, None]], dim=-1), dim=-1)[:, :-1]
+        else:
+            weights = torch.softmax(scores, dim=-1)
         out.append(torch.einsum("hl,hld->hd", weights, row(values)))
     return torch.stack(out)
 

@@ -11,27 +11,9 @@ pytestmark = pytest.mark.triton
 from hybridflow.rollout.decoder import _apply_rope  # noqa: E402
 from hybridflow.rollout.triton_attention import DecodeConfig, paged_decode_attention  # noqa: E402
 from hybridflow.rollout.triton_fused import qkv_rope_write  # noqa: E402
-from tests.rollout.test_triton_kernels import fused_equals_torch_step, scattered_tables  # noqa: E402
+from tests.rollout.test_triton_kernels import fused_equals_torch_step, reference_attention, scattered_tables  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def sink_reference(q, keys, values, lengths, scale, tables, sinks, window=None):
-    """fp64: each head's scores over its row's keys (the last ``window``), with the head's sink logit appended as one
-    more column of the softmax and dropped after (HF's gpt-oss ``eager_attention_forward``); ``[N, H, D]``."""
-    group = q.shape[1] // keys.shape[0]
-    out = []
-    for n, length in enumerate(lengths):
-        first = 0 if window is None else max(0, length - window)
-
-        def row(pool):  # [H, L, D]
-            return pool[:, tables[n]].flatten(1, 2)[:, first:length].double().repeat_interleave(group, 0)
-
-        scores = torch.einsum("hd,hld->hl", q[n].double(), row(keys)) * scale
-        with_sink = torch.cat([scores, sinks.double()[:, None]], dim=-1)
-        weights = torch.softmax(with_sink, dim=-1)[:, :-1]
-        out.append(torch.einsum("hl,hld->hd", weights, row(values)))
-    return torch.stack(out)
 
 
 @pytest.mark.parametrize("config", [None, DecodeConfig(split_len=64, block_n=32)])  # one split a row; several
@@ -50,7 +32,7 @@ def test_sinks_join_each_heads_softmax_once_across_splits_and_windows(config, wi
     got = paged_decode_attention(q=q.to(DEVICE), keys=keys.to(DEVICE), values=values.to(DEVICE),
                                  lengths=torch.tensor(lengths, device=DEVICE), scale=head_dim**-0.5,
                                  block_tables=tables.to(DEVICE), window=window, sinks=sinks.to(DEVICE), config=config)
-    expected = sink_reference(q, keys, values, lengths, head_dim**-0.5, tables.long(), sinks, window=window)
+    expected = reference_attention(q, keys, values, lengths, head_dim**-0.5, tables.long(), window=window, sinks=sinks)
     torch.testing.assert_close(got.cpu().double(), expected, rtol=1e-5, atol=1e-5)
     without = paged_decode_attention(q=q.to(DEVICE), keys=keys.to(DEVICE), values=values.to(DEVICE),
                                      lengths=torch.tensor(lengths, device=DEVICE), scale=head_dim**-0.5,
