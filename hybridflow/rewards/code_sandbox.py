@@ -526,7 +526,8 @@ def run_python(
 
 def run_asserts(code: str, asserts: list[str], *, timeout_s: float | None = 5.0, memory_mb: int = 1024) -> list[bool]:
     """Whether ``code`` passes each entry of ``asserts``, judged by :mod:`sandbox_judge` in a judge
-    process of its own (:mod:`judge_process`), killed with the sandbox at the sample's clock.
+    process (:mod:`judge_process`), killed with the sandbox at the sample's clock (and reused for a
+    later sample only after judging this one whole within its bounds).
 
     The sandbox runs only the program's own functions on the arguments sent to it
     (:mod:`sandbox_harness`). ``timeout_s`` (None: :data:`DEFAULT_TIMEOUT_S`) bounds each entry,
@@ -538,12 +539,12 @@ def run_asserts(code: str, asserts: list[str], *, timeout_s: float | None = 5.0,
     check_sandbox()
     try:
         return _judged(code, entries, timeout_s, memory_mb, served=True)
-    except judge_server.ServerFailed:  # counted and said; its judges died with it: judge afresh, forked here
+    except judge_server.ServerFailed:  # counted and said; that judge is killed: judge afresh, forked here
         return _judged(code, entries, timeout_s, memory_mb, served=False)
 
 
 def _judged(code: str, entries: list, timeout_s: float, memory_mb: int, served: bool) -> list[bool]:
-    """One sandbox of :func:`run_asserts`, its judge forked by the judge server (``served``) or here."""
+    """One sandbox of :func:`run_asserts`, its judge one of the judge server's (``served``) or forked here."""
     requests_read, requests_write = os.pipe()
     replies_read, replies_write = os.pipe()
     launch = _Launch(code=code, stdin="", timeout_s=timeout_s * (len(entries) + 1), memory_mb=memory_mb,
@@ -552,7 +553,7 @@ def _judged(code: str, entries: list, timeout_s: float, memory_mb: int, served: 
     memory = _memory_bound(memory_mb, sandbox_available())
     started: list[subprocess.Popen] = []
 
-    def start_sandbox() -> None:  # while the judge server forks the judge
+    def start_sandbox() -> None:  # once the judge has the sample
         started.append(_start(launch, host_dir, subprocess.DEVNULL, subprocess.DEVNULL, memory))
 
     with sandbox_leftovers.host_folder() as host_dir:

@@ -1,28 +1,40 @@
-"""A fork server for judges: a small process that forks each sample's fresh judge .
+"""Persistent judges and the small server that forks them .
 
-Forking the judge from the reward process copies that process's page tables and then its pages on
-write, and tears them down at exit: 2.7-3.0 ms of CPU a sample for a 17 MB reward process with the
-scorers imported, against 0.8-1.0 ms from a process that imported only ``sandbox_judge`` (and far
-more from a trainer process holding torch). So the reward process starts one such server (``python
--S``, the standard library and this package), and per sample sends it the program, the entries'
-sources, the bounds and the channel's descriptors (``SCM_RIGHTS``); the server forks a fresh judge
-(``judge_process.judge_main``, the same code and bounds as a judge forked here) and answers a
-pidfd of it, with which the reward process SIGKILLs it at the sample's clock, as before. The server
-reaps its judges; it ends when the reward process's end of the socket closes.
+A sample's judge (``judge_process.judge_loop``) decodes the program's answers and runs the tests'
+comparisons. Forking a fresh one per sample cost ~8 ms of CPU a sample (the fork, the copy-on-write
+faults of a Python process touching its inherited objects, the exit), 20 % of an assert sample's
+throughput. So a judge now judges many samples, one at a time, and is thrown away (SIGKILLed) as
+soon as one sample was not clean:
 
-The request is sent before the sample's sandbox starts and its answer read after (:class:`JudgeRequest`),
-so the server forks the judge while the reward process starts the sandbox. Where it cannot start (no
-``pidfd_open``: Linux < 5.3), :func:`request_judge` returns None and the caller forks the judge itself; a
-server that fails a request (killed, stopped past ``_ANSWER_S``) is replaced and asked again once, and
-if that fails too the caller forks the judge itself: counted (``FAILURES``) and said in one warning line.
+- the reward process keeps it only when it reported every entry of the sample within the sample's
+  clocks and memory bound (``judge_process.run``); any other end (a clock passed, the memory bound
+  passed, the judge died or misbehaved) kills it, and the next sample gets another;
+- between two samples it holds nothing of the earlier one: the sample's descriptors are closed, the
+  program's answers (fresh plain data) lived only in each entry's namespace, its garbage is
+  collected before it says ``r`` (ready), and the program never runs code in it;
+- it says ready only while its memory is within :data:`judge_process.GROWTH_MB` of what it had when
+  forked, and ends after :data:`judge_process.MAX_SAMPLES` samples; each sample gets its own
+  ``RLIMIT_AS`` (what it had when forked + ``memory_mb``) and ``RLIMIT_CPU`` (its CPU so far + the
+  sample's clock).
+
+The judges are forked by a *judge server*: a small process (``python -S``, the standard library and
+this package) the reward process starts, so a judge is not a fork of a torch-sized reward process.
+Per new judge the server forks it with one end of a socket pair and answers the other end and a
+pidfd (``SCM_RIGHTS``), with which the reward process SIGKILLs the judge. The server reaps its judges;
+it ends, and its judges with it (``PR_SET_PDEATHSIG``), when the reward process's end of its socket
+closes. Where it cannot start (no ``pidfd_open``: Linux < 5.3) or fails (killed, stopped past
+``_ANSWER_S``), :func:`acquire` returns None and the caller forks the judge itself; a failure is
+counted (``FAILURES``) and said in one warning line, and the next sample starts a new server.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import os
 import pickle
+import select
 import signal
 import socket
 import struct
@@ -34,8 +46,10 @@ import warnings
 _HEADER = struct.Struct("!Q")
 _PR_SET_PDEATHSIG = 1
 _ANSWER_S = 10.0  # a server that does not answer a fork in this long is replaced (it forks, nothing more)
+_READY_S = 1.0  # an idle judge that has not said ready in this long (it owes one byte) is killed, not waited for
+_IDLE_MAX = 4  # idle judges kept per reward process (one per thread judging at once)
 _BOOT = ("import sys; from hybridflow.rewards import judge_process, judge_server; "
-         "judge_server.serve(int(sys.argv[1]), judge_process.judge_main, judge_process.import_pure_modules)")
+         "judge_server.serve(int(sys.argv[1]), judge_process.judge_loop, judge_process.import_pure_modules)")
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -82,31 +96,25 @@ class _Server:
     def alive(self) -> bool:
         return self.pid == os.getpid() and self.process.poll() is None and self.sock.fileno() >= 0
 
-    def send(self, request: tuple, fds: list[int]) -> None:
-        """Ask for a fork; the lock stays held until :meth:`answer` (one conversation at a time)."""
+    def fork_judge(self) -> tuple[socket.socket, int]:
+        """A new judge: our end of its socket and its pidfd. A server that fails the conversation is killed."""
         if not self.lock.acquire(timeout=2 * _ANSWER_S):  # another thread's conversation never ended
             raise OSError("the judge server stayed busy")
         try:
-            _send(self.sock, pickle.dumps(request), fds)
+            _send(self.sock, b"judge", [])
+            answer, fds = _receive(self.sock, 2)
         except BaseException:
             self.stop()  # the conversation is lost mid-way: the next sample starts a new server
-            self.lock.release()
-            raise
-
-    def answer(self) -> int:
-        """The pidfd of the judge asked for by :meth:`send`."""
-        try:
-            answer, pidfds = _receive(self.sock, 1)
-        except BaseException:
-            self.stop()
             raise
         finally:
             self.lock.release()
-        if answer != b"ok" or len(pidfds) != 1:
-            for fd in pidfds:
+        if answer != b"ok" or len(fds) != 2:
+            for fd in fds:
                 os.close(fd)
             raise OSError(f"the judge server could not fork a judge: {answer[:200]!r}")
-        return pidfds[0]
+        for fd in fds:
+            os.set_inheritable(fd, False)
+        return socket.socket(fileno=fds[0]), fds[1]
 
     def stop(self) -> None:
         """Kill the server (and so its judges: :func:`_die_with`) and reap it."""
@@ -117,14 +125,14 @@ class _Server:
 
 _SERVERS: list[_Server] = []
 FAILURES = [0]
-"""How many times this process's judge server failed a request (each time replaced; see :func:`_failed`)."""
+"""How many times this process's judge server (or a judge of it) failed a request (each time replaced)."""
 
 
 def _failed(error: BaseException) -> None:
-    """Count and say a failed server: the next sample starts a new one, and this one is judged afresh here."""
+    """Count and say a failure: this sample is judged by a judge the reward process forks, the next one by a new one."""
     FAILURES[0] += 1
-    warnings.warn(f"code reward: the judge server failed ({error!r}); this sample is judged again by a judge the "
-                  f"reward process forks, and the next one starts a new server ({FAILURES[0]} failures so far)",
+    warnings.warn(f"code reward: the judge server failed ({error!r}); this sample is judged by a judge the "
+                  f"reward process forks, and the next one by a new judge ({FAILURES[0]} failures so far)",
                   RuntimeWarning, stacklevel=3)  # fmt: skip
 
 
@@ -138,48 +146,106 @@ def _server() -> _Server:
 
 
 class ServerFailed(OSError):
-    """The server failed a request it may have forked a judge for (its judges die with it): the sample's
-    channel may have been read by that judge, so the caller judges the sample afresh."""
+    """A judge failed the request of a sample before that sample started (it is killed): the sample's channel may
+    have been read by it, so the caller judges the sample afresh."""
 
 
-class JudgeRequest:
-    """A judge asked of the server (:func:`request_judge`), forked there while the caller starts the sandbox."""
+class Judge:
+    """The reward process's handle on one persistent judge (forked by the server): its socket and pidfd.
 
-    def __init__(self, request: tuple, fds: list[int]):
-        self.server, self.error = _server(), None
-        try:
-            self.server.send(request, fds)
-        except (OSError, EOFError) as error:
-            self.error = error
+    It judges one sample per request and then says ``r`` (ready: the sample's descriptors closed, its garbage
+    collected, its memory back under the judge's bound), or ends instead (retired, :data:`judge_process.MAX_SAMPLES`
+    reached). ``owes_ready`` is set while that answer has not been read."""
 
-    def pidfd(self) -> int:
-        """The judge's pidfd. Raises :class:`ServerFailed` (counted and said; the server is replaced at the next
-        request) where the server failed. Call once."""
-        if self.error is None:
+    def __init__(self, sock: socket.socket, pidfd: int):
+        self.sock, self.pidfd, self.owes_ready = sock, pidfd, False
+
+    def ready(self, timeout_s: float) -> bool:
+        """Whether it said it is ready within ``timeout_s`` (a new judge is) and has not ended since."""
+        if self.owes_ready:
+            poller = select.poll()
+            poller.register(self.sock.fileno(), select.POLLIN)
+            if not poller.poll(1000 * timeout_s):
+                return False
             try:
-                return self.server.answer()
-            except (OSError, EOFError) as error:
-                self.error = error
-        self.server.stop()  # and its judges with it (_die_with)
-        _failed(self.error)
-        raise ServerFailed(f"the judge server failed: {self.error!r}") from self.error
+                self.owes_ready = self.sock.recv(1, socket.MSG_DONTWAIT) != b"r"
+            except OSError:
+                return False
+        ended = select.poll()
+        ended.register(self.pidfd, select.POLLIN)  # a pidfd is readable once its process has ended
+        return not self.owes_ready and not ended.poll(0)
+
+    def send(self, request: tuple, fds: list[int]) -> None:
+        """Give it a sample: ``request`` and the sample's descriptors. Raises :class:`ServerFailed` (it is killed)."""
+        self.owes_ready = True
+        try:
+            _send(self.sock, pickle.dumps(request), fds)
+        except OSError as error:
+            self.kill()
+            _failed(error)
+            raise ServerFailed(f"a judge failed its request: {error!r}") from error
+
+    def kill(self) -> None:
+        """SIGKILL it (its server reaps it) and drop the handle."""
+        with contextlib.suppress(OSError):
+            signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)  # it may have ended already: the pidfd says so
+        os.close(self.pidfd)
+        self.sock.close()
 
 
-def request_judge(program: str, entries: list, fds: list[int], bounds, start: float) -> JudgeRequest | None:
-    """Ask the server to fork a fresh judge with ``fds`` (the channel's two ends, then the results pipe's write
-    end); its pidfd comes from :meth:`JudgeRequest.pidfd`. None where no server can run here (the caller forks)."""
+_IDLE: list[Judge] = []
+_IDLE_OWNER = [os.getpid()]  # a forked child does not use (nor kill) its parent's judges
+_IDLE_LOCK = threading.Lock()
+
+
+def acquire() -> Judge | None:
+    """A judge ready for a sample: an idle one that said it is ready (one that did not within ``_READY_S`` is
+    killed), else a new one forked by this process's server. None where no server can run here (no
+    ``pidfd_open``: Linux < 5.3) or the server failed (counted and said): the caller forks the judge itself."""
     if not hasattr(os, "pidfd_open"):
         return None
+    while (judge := _take_idle()) is not None:
+        if judge.ready(_READY_S):
+            return judge
+        judge.kill()
     try:
-        return JudgeRequest((program, [entry.source for entry in entries], bounds, start), fds)
-    except OSError as error:  # the server could not even start
+        sock, pidfd = _server().fork_judge()
+    except (OSError, EOFError) as error:
         _failed(error)
         return None
+    return Judge(sock, pidfd)
 
 
-def serve(fd: int, judge_main, warm) -> None:
-    """The server's loop: per request, fork a judge running ``judge_main`` and answer its pidfd; reap the
-    judges that ended. ``warm()`` first imports what every judge would (the pure standard modules)."""
+def release(judge: Judge) -> None:
+    """``judge`` reported every entry of its sample within the sample's bounds: keep it for a later sample."""
+    with _IDLE_LOCK:
+        if _IDLE_OWNER[0] == os.getpid() and len(_IDLE) < _IDLE_MAX:
+            _IDLE.append(judge)
+            return
+    judge.kill()
+
+
+def retire_all() -> None:
+    """Kill this process's idle judges: the next sample gets a new one from the server."""
+    while (judge := _take_idle()) is not None:
+        judge.kill()
+
+
+atexit.register(retire_all)
+
+
+def _take_idle() -> Judge | None:
+    with _IDLE_LOCK:
+        if _IDLE_OWNER[0] != os.getpid():  # a fork of the process that holds them: they are not ours
+            _IDLE.clear()
+            _IDLE_OWNER[0] = os.getpid()
+        return _IDLE.pop() if _IDLE else None
+
+
+def serve(fd: int, judge_loop, warm) -> None:
+    """The server's loop: per request, fork a judge running ``judge_loop`` on one end of a new socket pair and
+    answer the other end and the judge's pidfd; reap the judges that ended. ``warm()`` first imports what every
+    judge would (the pure standard modules)."""
     try:
         os.close(os.pidfd_open(os.getpid()))
     except OSError:
@@ -189,43 +255,42 @@ def serve(fd: int, judge_main, warm) -> None:
     judges: set[int] = set()
     while True:
         try:
-            payload, fds = _receive(sock, 3)
+            _, fds = _receive(sock, 1)
         except (EOFError, ConnectionError):
             for pid in judges:  # the reward process has gone (killed): so do the judges it cannot kill now
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
             os._exit(0)
+        for descriptor in fds:
+            os.close(descriptor)  # a request carries none
         judges -= _reaped()
         try:
-            pidfd = _fork_one(sock, payload, fds, judges, judge_main)
+            ours, pidfd = _fork_one(sock, judges, judge_loop)
         except BaseException as error:  # noqa: BLE001 - the request fails, the server goes on
             _send(sock, f"error: {error!r}".encode(), [])
             continue
-        _send(sock, b"ok", [pidfd])
+        _send(sock, b"ok", [ours.fileno(), pidfd])
+        ours.close()
         os.close(pidfd)
 
 
-def _fork_one(sock: socket.socket, payload: bytes, fds: list[int], judges: set[int], judge_main) -> int:
-    """Fork the judge of one request (it never returns); a pidfd of it. The request's descriptors are the judge's."""
-    from hybridflow.rewards import sandbox_judge
-
-    try:
-        program, sources, bounds, start = pickle.loads(payload)
-        entries = sandbox_judge.parse_assert_tests(sources)
-        server = os.getpid()
-        pid = os.fork()
-        if pid == 0:
-            sock.close()
-            _die_with(server)
-            judge_main(program, entries, (fds[0], fds[1]), fds[2], bounds, start)
-    finally:
-        for descriptor in fds:
-            os.close(descriptor)  # in the server: the judge holds its own copies
+def _fork_one(sock: socket.socket, judges: set[int], judge_loop) -> tuple[socket.socket, int]:
+    """Fork a judge (it never returns) on one end of a socket pair; the other end and a pidfd of it."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    server = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        sock.close()
+        ours.close()
+        _die_with(server)
+        judge_loop(theirs)
+    theirs.close()
     judges.add(pid)
     try:
-        return os.pidfd_open(pid)
+        return ours, os.pidfd_open(pid)
     except OSError:
         os.kill(pid, signal.SIGKILL)  # a judge the reward process could not kill must not run
+        ours.close()
         raise
 
 

@@ -1,7 +1,7 @@
 """What a finished sample leaves is cleaned off its critical path, and nothing is left at exit (issue 61).
 
-The host folders of sandboxes go to a remover thread, the killed sandbox and judge of an assert sample
-are reaped at the next sample's start; ``sandbox_leftovers.finish`` (run at exit) ends both. The pure
+The host folders of sandboxes go to a remover thread, the killed sandbox (and a killed judge) of an assert
+sample are reaped at the next sample's start; ``sandbox_leftovers.finish`` (run at exit) ends both. The pure
 standard modules a test may use are imported once in the reward process, not again in each judge.
 """
 
@@ -68,7 +68,7 @@ def test_judges_are_forked_by_the_server_and_here_without_one(monkeypatch):
     assert run_asserts(RIGHT, ["assert add(2, 3) == 5"]) == [True]
     server = next(s for s in judge_server._SERVERS if s.pid == os.getpid())
     assert _judge_parent_is(server.process.pid)  # not a fork of this (maybe torch-sized) process
-    monkeypatch.setattr(judge_server, "request_judge", lambda *args: None)  # no server here: forked by us
+    monkeypatch.setattr(judge_server, "acquire", lambda: None)  # no server here: forked by us
     assert _judge_parent_is(os.getpid())
 
 
@@ -84,8 +84,9 @@ def test_a_killed_server_is_started_again():
 
 def test_a_stopped_server_is_replaced_counted_and_said(monkeypatch):
     # a server that never answers (SIGSTOPped) costs the sample its answer time-out, not the run: it is killed,
-    # replaced, and the failure counted and said in one line
+    # replaced, and the failure counted and said in one line (asked only for a new judge: the idle ones retired)
     assert run_asserts(RIGHT, ["assert add(2, 3) == 5"]) == [True]
+    judge_server.retire_all()
     server = next(s for s in judge_server._SERVERS if s.pid == os.getpid())
     server.sock.settimeout(1.0)
     os.kill(server.process.pid, signal.SIGSTOP)
@@ -102,24 +103,25 @@ def test_a_stopped_server_is_replaced_counted_and_said(monkeypatch):
 def test_a_server_that_always_fails_leaves_the_judge_to_this_process(monkeypatch):
     receive = judge_server._receive
 
-    lost: list[int] = []  # pidfds of the judges whose server's answer was lost
+    lost: list[int] = []  # the socket ends and pidfds of the judges whose server's answer was lost
 
     def answer_lost(sock, max_fds):  # the server forked a judge, and its answer is lost on the way
         lost.extend(receive(sock, max_fds)[1])
         raise ConnectionResetError("answer lost")
 
+    judge_server.retire_all()  # every sample asks the server for a new judge
     monkeypatch.setattr(judge_server, "_receive", answer_lost)  # our side of every conversation: all servers fail
     failures = judge_server.FAILURES[0]
     for sample in range(2):
         with pytest.warns(RuntimeWarning, match="judge server failed") as said:
-            # judged all the same, afresh, by a judge forked here and by it alone: the judge the killed server
-            # forked died with it and judged nothing on this sample's new channel (it would fail the parent test)
+            # judged all the same by a judge forked here and by it alone: the judge the killed server forked died
+            # with it and never had this sample (it would fail the parent test)
             assert _judge_parent_is(os.getpid())
         assert judge_server.FAILURES[0] == failures + sample + 1 and len(said) == 1  # each sample: a new server
-    for pidfd in lost:  # the judges of the killed servers ended (with their server, or at their channel's end)
-        assert select.select([pidfd], [], [], 4.0)[0] == [pidfd]
-        os.close(pidfd)
-    assert len(lost) == 2
+    for fd in lost:  # the judges of the killed servers ended with their server (their socket and pidfd say so)
+        assert select.select([fd], [], [], 4.0)[0] == [fd]
+        os.close(fd)
+    assert len(lost) == 4
 
 
 ENDLESS_JUDGE = """
