@@ -62,7 +62,8 @@ def test_a_judge_past_a_bound_is_killed_and_the_next_sample_is_judged_by_another
     # 70k integers sharing one hash: the test's set(...) is quadratic in the judge (31-54 s), cut at the 1 s entry
     colliding = "def add(a, b):\n    return [k * (2**61 - 1) + 1 for k in range(70000)]\n"
     assert run_asserts(colliding, ["assert set(add(1, 2)) == {1}"], timeout_s=1.0) == [False]
-    assert _ended(judges[0][1])  # killed at the bound, not left decoding (nor kept for the next sample)
+    assert judges[0][0] not in [_pid(judge) for judge in judge_server._IDLE]  # never kept for another sample
+    assert _ended(judges[0][1])  # killed at the bound (its own RLIMIT_CPU would end it too, later)
     failures = judge_server.FAILURES[0]
     assert run_asserts(RIGHT, TESTS) == [True, False]
     assert judges[1][0] != judges[0][0] and judge_server.FAILURES[0] == failures
