@@ -236,7 +236,10 @@ atexit.register(retire_all)
 
 def _take_idle() -> Judge | None:
     with _IDLE_LOCK:
-        if _IDLE_OWNER[0] != os.getpid():  # a fork of the process that holds them: they are not ours
+        if _IDLE_OWNER[0] != os.getpid():  # a fork of the process that holds them: not ours to use or kill
+            for judge in _IDLE:
+                judge.sock.close()
+                os.close(judge.pidfd)
             _IDLE.clear()
             _IDLE_OWNER[0] = os.getpid()
         return _IDLE.pop() if _IDLE else None
