@@ -209,12 +209,6 @@ def judge_main(program: str, entries: list, channel_fds: tuple[int, int], result
         os._exit(status)
 
 
-@functools.lru_cache(maxsize=64)
-def _parsed(sources: tuple[str, ...]) -> list:
-    """A row's entries compiled once per judge (a group's samples share their tests; code objects are immutable)."""
-    return sandbox_judge.parse_assert_tests(list(sources))
-
-
 def judge_loop(sock) -> None:
     """A persistent judge (forked by the judge server): per request on ``sock``, a sample and its three
     descriptors, judged like :func:`judge_main`'s, then ``r`` (ready) once the sample's descriptors are closed
@@ -233,7 +227,8 @@ def judge_loop(sock) -> None:
             program, sources, bounds, start = pickle.loads(payload)
             try:
                 _limit(bounds.memory_mb, bounds.sample_s, base[0], final=False)
-                _judge_sample(program, _parsed(tuple(sources)), (fds[0], fds[1]), fds[2], bounds, start)
+                entries = sandbox_judge.parse_assert_tests(sources)  # compiled once per row in this judge
+                _judge_sample(program, entries, (fds[0], fds[1]), fds[2], bounds, start)
             finally:
                 for fd in fds:
                     os.close(fd)

@@ -157,11 +157,14 @@ class Judge:
     collected, its memory back under the judge's bound), or ends instead (retired, :data:`judge_process.MAX_SAMPLES`
     reached). ``owes_ready`` is set while that answer has not been read."""
 
-    def __init__(self, sock: socket.socket, pidfd: int):
-        self.sock, self.pidfd, self.owes_ready = sock, pidfd, False
+    def __init__(self, sock: socket.socket, pidfd: int, server: _Server):
+        self.sock, self.pidfd, self.server, self.owes_ready = sock, pidfd, server, False
 
     def ready(self, timeout_s: float) -> bool:
-        """Whether it said it is ready within ``timeout_s`` (a new judge is) and has not ended since."""
+        """Whether it said it is ready within ``timeout_s`` (a new judge is) and has not ended since, nor its server
+        (whose end SIGKILLs it, maybe a moment later)."""
+        if not self.server.alive:
+            return False
         if self.owes_ready:
             poller = select.poll()
             poller.register(self.sock.fileno(), select.POLLIN)
@@ -209,11 +212,12 @@ def acquire() -> Judge | None:
             return judge
         judge.kill()
     try:
-        sock, pidfd = _server().fork_judge()
+        server = _server()
+        sock, pidfd = server.fork_judge()
     except (OSError, EOFError) as error:
         _failed(error)
         return None
-    return Judge(sock, pidfd)
+    return Judge(sock, pidfd, server)
 
 
 def release(judge: Judge) -> None:

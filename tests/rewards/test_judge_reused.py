@@ -102,3 +102,18 @@ def test_a_judge_that_died_idle_is_replaced_without_a_failure(judges):
         warnings.simplefilter("error", RuntimeWarning)  # not a failure: no warning
         assert run_asserts(RIGHT, TESTS) == [True, False]
     assert judges[1][0] != judges[0][0] and judge_server.FAILURES[0] == failures
+
+
+def test_the_judges_of_a_lost_server_are_not_used(judges):
+    # a server this process lost ends, and its judges with it, whenever it next runs: none of them gets a sample
+    assert run_asserts(RIGHT, TESTS) == [True, False]
+    server = next(s for s in judge_server._SERVERS if s.pid == os.getpid())
+    os.kill(server.process.pid, signal.SIGSTOP)  # not running yet: its judges are still alive
+    server.sock.close()
+    try:
+        assert run_asserts(RIGHT, TESTS) == [True, False]  # judged by a new judge of a new server
+        assert judges[1][0] != judges[0][0]
+    finally:
+        server.process.kill()
+        server.process.wait()
+    assert _ended(judges[0][1])
