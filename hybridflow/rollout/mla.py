@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from hybridflow.rollout import cpu_attention
+from hybridflow.rollout.architectures import hidden_activation
 from hybridflow.rollout.attention_variants import decode_mask, prefill_mask
 from hybridflow.rollout.grouped_moe import grouped_moe_mlp, grouped_moe_weights, is_grouped_moe
 from hybridflow.rollout.kv_cache import CachedPrefix, PagedKVCache
@@ -73,6 +74,9 @@ class MLADecoder:
         """Whether a decode step's attention runs as the CPU kernel over the pool (fp32, latent width in 16s)."""
         self.triton_kernels = self.embed.device.type == "cuda" and package_installed("triton")
         """Whether a graph-safe decode step (``context=None``: CUDA graphs) runs attention as the Triton MLA kernel."""
+        self.silu = hidden_activation(config) == "silu"
+        """The experts' gate is SiLU: passed as ``F.silu`` itself (HF's ``act_fn`` is a module, which the C experts
+        kernel and the Triton grouped GEMMs would not recognise, leaving the sparse layers on the torch path)."""
         self.weights_epoch = 0
         """The graphs read the module's tensors, which a weight sync copies into in place: never bumped."""
         self.refresh()
@@ -149,7 +153,8 @@ class MLADecoder:
         moe = self.experts[index]
         if moe is None:
             return hidden + layer.mlp(normed)
-        return hidden + grouped_moe_mlp(normed, moe, layer.mlp.experts.act_fn, graph_safe=graph_safe)
+        activation = F.silu if self.silu else layer.mlp.experts.act_fn
+        return hidden + grouped_moe_mlp(normed, moe, activation, graph_safe=graph_safe)
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.model.lm_head(self.text_model.norm(hidden))
