@@ -32,8 +32,8 @@ import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from model_shapes import random_model  # noqa: E402
-from rollout import (StepTimer, copy_bandwidth, kv_bytes_per_token, matmul_seconds, median_seconds,  # noqa: E402
-                     weight_bytes, weight_matrices)
+from rollout import (StepTimer, add_fixed_workload_args, copy_bandwidth, kv_bytes_per_token,  # noqa: E402
+                     matmul_seconds, median_seconds, weight_bytes, weight_matrices)
 
 MATMUL_OPS = ("mkldnn::_linear_pointwise", "aten::mm", "aten::addmm", "aten::linear", "aten::matmul", "aten::bmm",
               "mkldnn_linear", "aten::mkldnn_linear")
@@ -140,11 +140,8 @@ def engine_step(model, *, rows: int, prompt_len: int, max_tokens: int, profile: 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--shape", default="smollm2-135m")
-    parser.add_argument("--batches", default="16,64")
     parser.add_argument("--dtypes", default="float32,bfloat16")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--prompt-len", type=int, default=64)
-    parser.add_argument("--max-tokens", type=int, default=128)
+    add_fixed_workload_args(parser, max_tokens=128)
     parser.add_argument("--no-profile", action="store_true")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)

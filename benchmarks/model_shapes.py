@@ -92,6 +92,25 @@ SHAPES.update({  # issue 58: OLMo 2 / 3 and gpt-oss (windows of 32, as above; gp
                          sliding_window=32, layer_types=["sliding_attention", "full_attention"] * 2,
                          tie_word_embeddings=False, **{**_TINY, "max_position_embeddings": 131072}),
 })
+SHAPES.update({  # issue 58: DeepSeek-V3 (MLA: latent 64 + rope 32, the CPU kernel's 16s) and GLM-4.5 (half rotary);
+    # 8 routed experts in 2 groups (1 kept), top 2, one shared, the first layer dense
+    "tiny-deepseek-v3": dict(model_type="deepseek_v3", num_key_value_heads=8, q_lora_rank=96, kv_lora_rank=64,
+                             qk_rope_head_dim=32, qk_nope_head_dim=32, v_head_dim=32, n_routed_experts=8,
+                             num_experts_per_tok=2, n_shared_experts=1, n_group=2, topk_group=1,
+                             moe_intermediate_size=352, first_k_dense_replace=1, tie_word_embeddings=False,
+                             **{k: v for k, v in _TINY.items() if k != "num_key_value_heads"}),
+    "tiny-glm4-moe": dict(model_type="glm4_moe", head_dim=32, partial_rotary_factor=0.5, attention_bias=True,
+                          n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1, n_group=2, topk_group=1,
+                          moe_intermediate_size=352, first_k_dense_replace=1, tie_word_embeddings=False, **_TINY),
+    # SmolLM2-135M's width, depth, heads and vocabulary as a DeepSeek-V3 (MLA latent 128 + rope 64; 8 experts of
+    # 192, top 2, one shared: 3 x 192 active, about SmolLM2's MLP of 1536 in FLOPs): 155M parameters
+    "smollm2-deepseek-v3": dict(model_type="deepseek_v3", hidden_size=576, intermediate_size=1536,
+                                num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=9, q_lora_rank=None,
+                                kv_lora_rank=128, qk_rope_head_dim=64, qk_nope_head_dim=64, v_head_dim=64,
+                                n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1, n_group=2,
+                                topk_group=1, moe_intermediate_size=192, first_k_dense_replace=1, vocab_size=49152,
+                                tie_word_embeddings=True, max_position_embeddings=8192, rms_norm_eps=1e-5),
+})
 
 
 def random_model(shape: str, *, dtype: str = "bfloat16", device: str = "cuda", seed: int = 0):

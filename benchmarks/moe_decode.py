@@ -1,5 +1,6 @@
 """A mixture-of-experts model's rollout on CPU: the native engine with the C expert kernel, the same engine with its
-experts as torch ops (the path before the kernel), and HF ``generate``, interleaved round by round (issue 58).
+experts as torch ops (the path before the kernel), and HF ``generate``, interleaved round by round (issue 58); with
+``--engines native,hf`` any model of the table (OLMo 2 / 3 too): the native engine against the HF fallback.
 
 The fixed workload of ``benchmarks/rollout.py`` (``--batches`` rows of ``--prompt-len`` random tokens, exactly
 ``--max-tokens`` new tokens each, temperature 1), run ``--rounds`` times; each round runs the three engines in a
@@ -9,6 +10,7 @@ medians over the rounds of both.
 
     python benchmarks/moe_decode.py --shape tiny-gpt-oss --batches 16,64 --rounds 3
     python benchmarks/moe_decode.py --model-path /tmp/glm --batches 16,64   # a saved model (mla_cache.py writes one)
+    python benchmarks/moe_decode.py --shape tiny-olmo2 --engines native,hf
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from rollout import run_hf, run_native, synthetic_requests  # noqa: E402
+from rollout import add_fixed_workload_args, run_hf, run_native, synthetic_requests  # noqa: E402
 
 ENGINES = ("native", "native-torch-experts", "hf")
 
@@ -36,14 +38,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--shape", help="a shape of benchmarks/model_shapes.py (random weights)")
     source.add_argument("--model-path", help="a saved HF folder")
-    parser.add_argument("--batches", default="16,64")
-    parser.add_argument("--prompt-len", type=int, default=64)
-    parser.add_argument("--max-tokens", type=int, default=64)
+    add_fixed_workload_args(parser, max_tokens=64)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--engines", default=",".join(ENGINES), help=f"some of {', '.join(ENGINES)}, hf last")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     args.workload = "fixed"
+    args.engines = tuple(args.engines.split(","))
+    if set(args.engines) - set(ENGINES) or args.engines[-1] != "hf":
+        parser.error(f"--engines takes some of {', '.join(ENGINES)}, ending with hf (the ratios are against it)")
     return args
 
 
@@ -94,18 +97,19 @@ def main(argv=None) -> int:
     for batch in [int(b) for b in args.batches.split(",")]:
         requests = synthetic_requests(args, batch=batch, vocab_size=model.config.vocab_size)
         tokens = sum(r.max_tokens for r in requests)
-        runs = {name: [] for name in ENGINES}
+        engines = args.engines
+        runs = {name: [] for name in engines}
         for round_ in range(args.rounds):
-            for name in ENGINES[round_ % 3:] + ENGINES[:round_ % 3]:
+            turn = round_ % len(engines)
+            for name in engines[turn:] + engines[:turn]:
                 wall, cpu = one_run(name, model, requests)
                 runs[name].append((wall, cpu))
                 print(f"batch {batch} round {round_} {name}: {tokens / wall:.0f} tok/s wall, {tokens / cpu:.0f} "
                       f"tok/CPU-s (load {os.getloadavg()[0]:.1f})", flush=True)
         wall = {n: statistics.median(w for w, _ in r) for n, r in runs.items()}
         cpu = {n: statistics.median(c for _, c in r) for n, r in runs.items()}
-        print(f"| {batch} | " + " | ".join(f"{tokens / wall[n]:.0f} / {tokens / cpu[n]:.0f}" for n in ENGINES)
-              + f" | {wall['hf'] / wall['native']:.2f}x / {cpu['hf'] / cpu['native']:.2f}x"
-              + f" | {wall['hf'] / wall['native-torch-experts']:.2f}x / {cpu['hf'] / cpu['native-torch-experts']:.2f}x |")
+        print(f"| {batch} | " + " | ".join(f"{tokens / wall[n]:.0f} / {tokens / cpu[n]:.0f}" for n in engines)
+              + "".join(f" | {wall['hf'] / wall[n]:.2f}x / {cpu['hf'] / cpu[n]:.2f}x" for n in engines[:-1]) + " |")
     return 0
 
 

@@ -557,6 +557,15 @@ class Request:
     max_tokens: int
 
 
+def add_fixed_workload_args(parser: argparse.ArgumentParser, *, max_tokens: int) -> None:
+    """The fixed workload's flags (rows, prompt and output lengths, threads) of the decode benchmarks built on this
+    one (decode_floor.py, moe_decode.py)."""
+    parser.add_argument("--batches", default="16,64", help="rows per generate call")
+    parser.add_argument("--prompt-len", type=int, default=64, help="random prompt tokens per row")
+    parser.add_argument("--max-tokens", type=int, default=max_tokens, help="new tokens per row (EOS ignored)")
+    parser.add_argument("--threads", type=int, default=2)
+
+
 def synthetic_requests(args, *, batch: int, vocab_size: int) -> list[Request]:
     """The workload's requests: random prompt tokens, exact output lengths (EOS ignored)."""
     if args.workload == "nano-vllm":  # nano-vllm's bench.py: seed(0), 256 x randint(100, 1024) in and out
@@ -570,6 +579,9 @@ def synthetic_requests(args, *, batch: int, vocab_size: int) -> list[Request]:
 
 def kv_bytes_per_token(model) -> int:
     config = model.config.get_text_config()  # a vision-language model's language model
+    if getattr(config, "kv_lora_rank", None):  # MLA (DeepSeek-V3): the latent and the rotated key, one part (issue 58)
+        element = next(model.parameters()).element_size()
+        return config.num_hidden_layers * (config.kv_lora_rank + config.qk_rope_head_dim) * element
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     element = next(model.parameters()).element_size()
     return config.num_hidden_layers * 2 * config.num_key_value_heads * head_dim * element

@@ -11,8 +11,9 @@ Routing, exactly as HF's ``DeepseekV3TopkRouter`` / ``Glm4MoeTopkRouter`` comput
     w = s[e] (/ sum_k s[e] + 1e-20 with ``norm_topk_prob``) * ``routed_scaling_factor``
     y = sum_k w_k * expert_e(x) + shared(x)
 
-The routed experts run grouped by expert (the C kernel of :mod:`hybridflow.rollout.cpu_moe` on CPU in fp32, else
-:func:`hybridflow.rollout.moe.grouped_experts`); the shared experts and the dense first layers (``first_k_dense_replace``) are the HF module's own MLPs.
+The routed experts run grouped by expert (:func:`hybridflow.rollout.moe.run_experts`: the C kernel of
+:mod:`hybridflow.rollout.cpu_moe` on CPU in fp32, Triton's grouped GEMMs in a graph-safe CUDA step, else torch ops); the
+shared experts and the dense first layers (``first_k_dense_replace``) are the HF module's own MLPs.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from hybridflow.rollout.cpu_moe import KernelExperts, kernel_experts, routed_experts
-from hybridflow.rollout.moe import ExpertWeights, gathered_experts, grouped_experts
+from hybridflow.rollout.moe import ExpertWeights, run_experts
 
 
 @dataclass
@@ -98,13 +99,10 @@ def grouped_moe_mlp(hidden: torch.Tensor, moe: GroupedMoE, activation, *, graph_
     """The sparse MLP of ``hidden`` ``[N, hidden]``: the routed experts' weighted sum plus the shared experts;
     ``graph_safe``: static shapes, no host values (each pair gathers its expert's weights)."""
     weights, ids = grouped_route(hidden, moe)
-    if moe.with_shared is not None:  # the C kernel on CPU: the shared MLP as expert E, weight 1
+    if moe.with_shared is not None and not graph_safe:  # the C kernel on CPU: the shared MLP as expert E, weight 1
         shared = torch.full_like(ids[:, :1], moe.experts.gate_up.shape[0])
         everything = routed_experts(hidden, torch.cat([weights, torch.ones_like(weights[:, :1])], dim=1),
                                     torch.cat([ids, shared], dim=1), moe.with_shared, activation)
         if everything is not None:
             return everything
-    routed = routed_experts(hidden, weights, ids, moe.experts.cpu_kernel, activation)
-    if routed is None:
-        routed = (gathered_experts if graph_safe else grouped_experts)(hidden, weights, ids, moe.experts, activation)
-    return routed + moe.shared(hidden)
+    return run_experts(hidden, weights, ids, moe.experts, activation, graph_safe=graph_safe) + moe.shared(hidden)

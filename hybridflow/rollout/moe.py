@@ -143,7 +143,12 @@ def moe_mlp(hidden: torch.Tensor, experts: ExpertWeights, activation: Callable, 
     """The routed MLP of ``hidden`` ``[N, hidden]`` -> ``[N, hidden]``; ``graph_safe``: static shapes, no host
     values (the Triton grouped GEMMs for SwiGLU experts where :attr:`ExpertWeights.triton_grouped`). Otherwise on CPU
     the C kernel where it applies (:func:`routed_experts`; an opaque host call, so never in the traceable step)."""
-    weights, ids = route(hidden, experts)
+    return run_experts(hidden, *route(hidden, experts), experts, activation, graph_safe=graph_safe)
+
+
+def run_experts(hidden: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, experts: ExpertWeights,
+                activation: Callable, *, graph_safe: bool = False) -> torch.Tensor:
+    """``sum_k weights[n, k] * expert_{ids[n, k]}(hidden[n])`` by the fastest path that applies (:func:`moe_mlp`)."""
     fused = None if graph_safe else routed_experts(hidden, weights, ids, experts.cpu_kernel, activation)
     if fused is not None:
         return fused

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from hybridflow.rollout import SamplingParams, cpu_fused, cpu_kernels, sampler
 from hybridflow.rollout.decoder import LlamaFamilyDecoder, _apply_rope
 from hybridflow.rollout.sampler import RowSampling
-from tests.rollout.conftest import prefilled_paged_cache
+from tests.rollout.conftest import assert_fused_step_equals_eager
 
 pytestmark = pytest.mark.skipif(cpu_kernels.library() is None, reason="no C compiler: the kernels are not built")
 
@@ -277,18 +277,7 @@ def test_the_fused_decode_step_matches_the_eager_one(tiny):
     model, _ = tiny
     decoder = LlamaFamilyDecoder(model)
     assert decoder.fused_cpu_decode
-    generator = torch.Generator().manual_seed(6)
-    prompts = [torch.randint(0, decoder.vocab_size, (length,), generator=generator) for length in (3, 17, 9)]
-    results = []
-    for fused in (True, False):
-        decoder.fused_cpu_decode = fused
-        cache, tables, positions = prefilled_paged_cache(decoder, prompts, block_size=4, max_len=32)
-        decoder.rope_table(cache.max_len)
-        logits = decoder.decode(token_ids=torch.tensor([5, 6, 7]), positions=positions, cache=cache,
-                                block_tables=tables, context=int(positions.max()) + 1)
-        results.append((logits, cache.data.clone()))
-    torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(results[0][1], results[1][1], rtol=1e-5, atol=1e-5)
+    assert_fused_step_equals_eager(decoder)
 
 
 @pytest.mark.parametrize("bad", ["norm weight", "qkv width", "cos width", "rotary wider than the head", "qk norm", "positions", "odd gate|up",

@@ -64,21 +64,11 @@ def test_partial_rotary_decodes_through_the_fused_c_step_as_the_eager_one():
     values written equal (q / k norms and biases on)."""
     from hybridflow.rollout import cpu_kernels
     from hybridflow.rollout.decoder import LlamaFamilyDecoder
-    from tests.rollout.conftest import prefilled_paged_cache
+    from tests.rollout.conftest import assert_fused_step_equals_eager
 
     if cpu_kernels.library() is None:
         pytest.skip("no C compiler: the kernels are not built")
     model, _ = glm(**VARIANTS["qk_norm+bias+groups"])
     decoder = LlamaFamilyDecoder(model)
     assert decoder.fused_cpu_decode and decoder.rotary_dim == 8
-    generator = torch.Generator().manual_seed(6)
-    prompts = [torch.randint(0, decoder.vocab_size, (length,), generator=generator) for length in (3, 17, 9)]
-    results = []
-    for fused in (True, False):
-        decoder.fused_cpu_decode = fused
-        cache, tables, positions = prefilled_paged_cache(decoder, prompts, block_size=4, max_len=32)
-        logits = decoder.decode(token_ids=torch.tensor([5, 6, 7]), positions=positions, cache=cache,
-                                block_tables=tables, context=int(positions.max()) + 1)
-        results.append((logits, cache.data.clone()))
-    torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(results[0][1], results[1][1], rtol=1e-5, atol=1e-5)
+    assert_fused_step_equals_eager(decoder)

@@ -128,3 +128,30 @@ def test_new_weights_switch_the_policy_experts_included():
     engine.load_weights(list(other.state_dict().items()))
     after = [c.token_ids for c in engine.generate(prompts, params)]
     assert after == [hf_greedy(other, p, max_new_tokens=12, eos=eos) for p in prompts] and after != before
+
+
+def test_the_sparse_layers_run_the_c_experts_kernel(monkeypatch, kernel_path):
+    """HF's experts carry SiLU as a module (``act_fn``): the decoder passes ``F.silu`` so that every sparse layer's
+    routed and shared experts run as the one C call on CPU (fp32), and greedy decoding is still HF's (the projections
+    oneDNN-packed, and ``F.linear`` as on a CPU without the packing)."""
+    from hybridflow.rollout import cpu_kernels, grouped_moe
+    from hybridflow.rollout.packed_linear import onednn_packing_available
+
+    if cpu_kernels.library() is None:
+        pytest.skip("no C compiler: the kernels are not built")
+    real, ran = grouped_moe.routed_experts, []
+
+    def counted(*args, **kwargs):
+        out = real(*args, **kwargs)
+        ran.append(out is not None)
+        return out
+
+    monkeypatch.setattr(grouped_moe, "routed_experts", counted)
+    model, tokenizer = deepseek()
+    prompts, eos = chat_prompts(tokenizer), tokenizer.eos_token_id
+    engine = NativeEngine(model, tokenizer)
+    packing = kernel_path != "portable-kernels" and onednn_packing_available(model.lm_head.weight)
+    assert engine.decoder.lm_head.packed == engine.decoder.projections[1].o.packed == packing
+    completions = engine.generate(prompts, SamplingParams(temperature=0, max_tokens=12, stop_token_ids=[eos]))
+    assert ran and all(ran)
+    assert [c.token_ids for c in completions] == [hf_greedy(model, p, max_new_tokens=12, eos=eos) for p in prompts]

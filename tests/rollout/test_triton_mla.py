@@ -56,9 +56,11 @@ def test_a_query_not_as_wide_as_the_cache_is_refused():
 
 
 @pytest.mark.parametrize("variant", ["q_lora+interleaved", "q_proj+rotate_half"])
-def test_the_graph_safe_triton_step_equals_the_torch_step(variant):
+def test_the_graph_safe_triton_step_equals_the_torch_step(variant, monkeypatch):
     """One graph-safe decode step of a tiny DeepSeek-V3 (``context=None``: the Triton kernel over the pool, the sparse
-    layer's experts gathered) against the torch step over the same prefilled latents: logits and the cache."""
+    layer's routed experts Triton's grouped GEMMs) against the torch step over the same prefilled latents: logits and
+    the cache."""
+    from hybridflow.rollout import triton_moe
     from hybridflow.rollout.mla import MLADecoder
     from tests.rollout.conftest import chat_prompts, prefilled_paged_cache
     from tests.rollout.test_mla import VARIANTS, deepseek
@@ -73,7 +75,13 @@ def test_the_graph_safe_triton_step_equals_the_torch_step(variant):
     expected = decoder.decode(token_ids=tokens, positions=positions, cache=torch_cache, block_tables=tables,
                               context=int(positions.max()) + 1)
     decoder.triton_kernels = True
+    sparse = [moe.experts for moe in decoder.experts if moe is not None]
+    for experts in sparse:
+        experts.triton_grouped = True  # as on CUDA
+    grouped, calls = triton_moe.grouped_swiglu_experts, []
+    monkeypatch.setattr(triton_moe, "grouped_swiglu_experts", lambda *a, **k: calls.append(1) or grouped(*a, **k))
     got = decoder.decode(token_ids=tokens, positions=positions, cache=triton_cache, block_tables=tables, context=None)
+    assert sparse and len(calls) == len(sparse)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(triton_cache.data, torch_cache.data, rtol=1e-5, atol=1e-5)
 
