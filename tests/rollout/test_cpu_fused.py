@@ -326,22 +326,14 @@ def test_the_fused_decode_step_matches_the_eager_one(tiny):
     model, _ = tiny
     decoder = LlamaFamilyDecoder(model)
     assert decoder.fused_cpu_decode
-    generator = torch.Generator().manual_seed(6)
-    prompts = [torch.randint(0, decoder.vocab_size, (length,), generator=generator) for length in (3, 17, 9)]
-    results = []
-    for fused in (True, False):
-        decoder.fused_cpu_decode = fused
-        cache, tables, positions = prefilled_paged_cache(decoder, prompts, block_size=4, max_len=32)
-        decoder.rope_table(cache.max_len)
-        logits = decoder.decode(token_ids=torch.tensor([5, 6, 7]), positions=positions, cache=cache,
-                                block_tables=tables, context=int(positions.max()) + 1)
-        results.append((logits, cache.data.clone()))
-    torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(results[0][1], results[1][1], rtol=1e-5, atol=1e-5)
+    steps = fused_and_eager_steps(decoder)
+    torch.testing.assert_close(steps[True][0], steps[False][0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(steps[True][1], steps[False][1], rtol=1e-5, atol=1e-5)
 
 
-def fused_and_eager_steps(decoder: LlamaFamilyDecoder) -> dict[bool, torch.Tensor]:
-    """The log-probs ``[3, V]`` of one decode step, fused (C kernels) and eager (torch ops), over the same prefill."""
+def fused_and_eager_steps(decoder: LlamaFamilyDecoder) -> dict[bool, tuple[torch.Tensor, torch.Tensor]]:
+    """``{fused: (logits [3, V], the pool after the step)}`` of one decode step, fused (C kernels) and eager (torch
+    ops), over the same prefill: rows at different positions in scattered blocks."""
     generator = torch.Generator().manual_seed(6)
     prompts = [torch.randint(0, decoder.vocab_size, (length,), generator=generator) for length in (3, 17, 9)]
     steps = {}
@@ -351,7 +343,7 @@ def fused_and_eager_steps(decoder: LlamaFamilyDecoder) -> dict[bool, torch.Tenso
         decoder.rope_table(cache.max_len)
         logits = decoder.decode(token_ids=torch.tensor([5, 6, 7]), positions=positions, cache=cache,
                                 block_tables=tables, context=int(positions.max()) + 1)
-        steps[fused] = logits.float().log_softmax(-1)
+        steps[fused] = (logits, cache.data.clone())
     return steps
 
 
@@ -364,8 +356,8 @@ def test_the_bf16_fused_decode_step_is_as_close_to_fp32_as_the_eager_bf16_one(ti
     bf16 = copy.deepcopy(model).bfloat16()
     decoder = LlamaFamilyDecoder(bf16)
     assert decoder.fused_cpu_decode and decoder.paged_cpu_attention
-    steps = fused_and_eager_steps(decoder)
-    reference = fused_and_eager_steps(LlamaFamilyDecoder(copy.deepcopy(bf16).float()))[True]
+    steps = {kind: logits.float().log_softmax(-1) for kind, (logits, _) in fused_and_eager_steps(decoder).items()}
+    reference = fused_and_eager_steps(LlamaFamilyDecoder(copy.deepcopy(bf16).float()))[True][0].log_softmax(-1)
     fused, eager = ((steps[kind] - reference).abs().max().item() for kind in (True, False))
     assert fused <= 1.25 * eager + 1e-3 and fused < 0.05, (fused, eager)
 
