@@ -9,8 +9,10 @@ blocks gathered every layer, or a slot-layout mirror kept beside the pool, twice
 from the pool: the same contract as the CUDA kernels of :mod:`hybridflow.rollout.triton_attention`.
 
 Built with the other CPU kernels (:mod:`hybridflow.rollout.cpu_kernels`): where they are not (no compiler, or
-``HYBRIDFLOW_CPU_KERNELS=torch``), and for bf16 and head dims not a multiple of 16, the engine runs SDPA over a slot
-mirror instead (same outputs to fp32 rounding, slower; the tests run both paths on every machine).
+``HYBRIDFLOW_CPU_KERNELS=torch``), and for head dims not a multiple of 16, the engine runs SDPA over a slot mirror
+instead (same outputs to fp32 rounding, slower; the tests run both paths on every machine). A bf16 pool (the engine's
+dtype on a CPU with bf16 units) is read by the kernel's bf16 twin: half the bytes, widened to fp32 in cache, the same
+fp32 math.
 """
 
 from __future__ import annotations
@@ -23,12 +25,14 @@ LANES = 16
 """The kernel reads head dims 16 floats at a time: ``head_dim`` must be a multiple (64, 128, 256 are)."""
 MAX_GROUP = 16
 """Most query heads per KV head the kernel takes."""
+KERNEL_DTYPES = {torch.float32: "paged_decode_attention_f32", torch.bfloat16: "paged_decode_attention_bf16"}
+"""The kernel for each dtype of the pool (q and the output share it; issue 56: bf16 beside fp32)."""
 
 
 def supports(*, dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int) -> bool:
-    """Whether decode attention for this model can run as the kernel (fp32, head dims in 16s, at most 16 query
-    heads per KV head) and the kernel is built."""
-    shaped = dtype == torch.float32 and head_dim % LANES == 0 and heads // kv_heads <= MAX_GROUP
+    """Whether decode attention for this model can run as the kernel (fp32 or bf16, head dims in 16s, at most 16
+    query heads per KV head) and the kernel is built."""
+    shaped = dtype in KERNEL_DTYPES and head_dim % LANES == 0 and heads // kv_heads <= MAX_GROUP
     return shaped and library() is not None
 
 
@@ -40,8 +44,8 @@ def paged_decode_attention(*, q: torch.Tensor, keys: torch.Tensor, values: torch
     (gpt-oss): one more logit per head in the softmax, dropped after it.
 
     Args:
-        q: ``[N, H, D]`` fp32 queries.
-        keys, values: ``[KV, blocks, B, D]``, one layer of the pool (:meth:`PagedKVCache.layer`).
+        q: ``[N, H, D]`` queries, fp32 or bf16.
+        keys, values: ``[KV, blocks, B, D]``, one layer of the pool (:meth:`PagedKVCache.layer`), in ``q``'s dtype.
         block_tables: ``[N, W]`` int32; a view with unit column stride (a slice of the engine's table).
         lengths: ``[N]`` int64, each row's cached positions (its position + 1).
 
@@ -50,6 +54,9 @@ def paged_decode_attention(*, q: torch.Tensor, keys: torch.Tensor, values: torch
     """
     rows, heads, head_dim = q.shape
     kv_heads, blocks, block_size, _ = keys.shape
+    if q.dtype not in KERNEL_DTYPES or keys.dtype != q.dtype or values.dtype != q.dtype:
+        raise ValueError(f"paged decode attention: q {q.dtype}, keys {keys.dtype}, values {values.dtype}: the kernel "
+                         "takes them all fp32 or all bf16")
     q, keys, values, lengths = q.contiguous(), keys.contiguous(), values.contiguous(), lengths.contiguous()
     if block_tables.stride(1) != 1 or block_tables.dtype != torch.int32:
         block_tables = block_tables.to(torch.int32).contiguous()
@@ -58,7 +65,7 @@ def paged_decode_attention(*, q: torch.Tensor, keys: torch.Tensor, values: torch
         sinks = sinks.to(torch.float32).contiguous()
         if sinks.shape != (heads,):
             raise ValueError(f"paged decode attention: sinks of shape {tuple(sinks.shape)}, expected ({heads},)")
-    failed = library().paged_decode_attention_f32(
+    failed = getattr(library(), KERNEL_DTYPES[q.dtype])(
         q.data_ptr(), keys.data_ptr(), values.data_ptr(), block_tables.data_ptr(), block_tables.stride(0),
         lengths.data_ptr(), out.data_ptr(), rows, heads, kv_heads, head_dim, blocks, block_size,
         block_tables.shape[1] * block_size, scale, softcap or 0.0, None if sinks is None else sinks.data_ptr(),

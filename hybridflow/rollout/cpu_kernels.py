@@ -10,7 +10,9 @@ intrinsics; ``HYBRIDFLOW_KERNEL_MARCH`` picks another), cached under ``$HYBRIDFL
 ``~/.cache/hybridflow/kernels``) by a hash of the sources, the flags, the compiler and the CPU's flags, written
 atomically. Where no compiler is found or the build fails, :func:`library` returns ``None`` after saying why once,
 and the engine runs torch ops instead: SDPA over a slot mirror for attention, the eager layer and sampler for the
-rest (same outputs to fp32 rounding, slower), as it does for bf16 and head dims not a multiple of 16.
+rest (same outputs to fp32 rounding, slower), as it does for head dims not a multiple of 16. The decode step's
+kernels take fp32 or bf16 tensors (``_f32`` / ``_bf16``: a bf16 twin computes in fp32 and rounds once on the way out);
+the sampler takes fp32 logits.
 ``HYBRIDFLOW_CPU_KERNELS=torch`` forces that fallback (the tests run both paths on every machine).
 """
 
@@ -59,6 +61,13 @@ SIGNATURES = {
     "silu_mul_f32": [_POINTER] * 2 + [_SIZE] * 2,
     "gelu_tanh_mul_f32": [_POINTER] * 2 + [_SIZE] * 2,
     "sample_rows_f32": [_POINTER] * 6 + [_SIZE] * 2 + [ctypes.c_int],
+    # issue 56: the bf16 twins of the decode step's kernels (same arguments)
+    "paged_decode_attention_bf16": [_POINTER] * 4 + [_SIZE] + [_POINTER] * 2 + [_SIZE] * 7
+    + [ctypes.c_float] * 2 + [_POINTER, _SIZE, ctypes.c_int],
+    "add_rms_norm_bf16": [_POINTER] * 5 + [_SIZE] * 2 + [ctypes.c_float, ctypes.c_int],
+    "qkv_rope_write_bf16": [_POINTER] * 9 + [_SIZE] * 2 + [_POINTER] + [_SIZE] * 7 + [ctypes.c_float] + [ctypes.c_int] * 2,
+    "silu_mul_bf16": [_POINTER] * 2 + [_SIZE] * 2,
+    "gelu_tanh_mul_bf16": [_POINTER] * 2 + [_SIZE] * 2,
     "moe_experts_f32": [_POINTER] * 3 + [_SIZE] * 2 + [_POINTER] * 4 + [_SIZE] * 3 + [ctypes.c_int]
     + [ctypes.c_float] * 2 + [_POINTER, ctypes.c_int],
 }

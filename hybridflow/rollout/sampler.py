@@ -188,6 +188,8 @@ def filter_top_p(*, logits: torch.Tensor, top_p: float) -> torch.Tensor:
 
 def processed_logits(*, logits: torch.Tensor, params: SamplingParams | RowSampling) -> torch.Tensor:
     """``[N, V]`` fp32 logits of the sampling distribution (temperature, then min-p, top-k, top-p)."""
+    if logits.device.type == "cpu" and logits.dtype in (torch.bfloat16, torch.float16):
+        logits = logits.float()  # a bf16 engine's logits: the CPU sampler runs in fp32 (its kernel takes fp32)
     rows = params if isinstance(params, RowSampling) else RowSampling.uniform(
         params, rows=logits.shape[0], vocab_size=logits.shape[-1], device=logits.device)
     scaled = logits.float()
@@ -218,6 +220,8 @@ def sample_tokens(
     Returns:
         ``(tokens [N] int64, logprobs [N] float32)``, both on the logits' device.
     """
+    if logits.device.type == "cpu" and logits.dtype in (torch.bfloat16, torch.float16):
+        logits = logits.float()  # a bf16 engine's logits: the CPU sampler runs in fp32 (its kernel takes fp32)
     rows = params if isinstance(params, RowSampling) else RowSampling.uniform(
         params, rows=logits.shape[0], vocab_size=logits.shape[-1], device=logits.device)
     if rows.groups:
@@ -273,8 +277,8 @@ disagrees with the torch ops (it is checked once per process, like a kernel that
 
 def _fused_sampling_applies(logits: torch.Tensor, rows: RowSampling) -> bool:
     """The one-pass sampler serves rows without top-k, top-p or min-p: on CUDA where Triton is installed
-    (:mod:`hybridflow.rollout.triton_sampling`), on CPU for fp32 logits where the C kernels are built
-    (:mod:`hybridflow.rollout.cpu_fused`)."""
+    (:mod:`hybridflow.rollout.triton_sampling`), on CPU for fp32 logits (:func:`sample_tokens` casts a bf16 engine's)
+    where the C kernels are built (:mod:`hybridflow.rollout.cpu_fused`)."""
     state = _FUSED_SAMPLING.get(logits.device.type)
     if state is None or not state["enabled"] or rows.needs_top_k or rows.needs_top_p or rows.needs_min_p:
         return False

@@ -9,6 +9,7 @@ fails with the host's traceback, and a host that dies fails the call with the ta
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import shutil
@@ -19,6 +20,8 @@ import time
 from multiprocessing.connection import Listener
 
 from hybridflow.errors import RolloutError
+
+logger = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 600.0
 """Longest wait for the host to connect back (the import of vLLM; the model loads in ``init``)."""
@@ -37,6 +40,8 @@ class VLLMProcess:
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen([python, "-m", "hybridflow.rollout.vllm_host", address], env=child_env,
                                          stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self.failed: str | None = None
+        """The first call that failed (vLLM's error, or the host's death): its log is kept past :meth:`close`."""
         self.conn = self._accept()
 
     def _accept(self):
@@ -54,14 +59,17 @@ class VLLMProcess:
     def call(self, method: str, *args):
         """Run ``VLLMHost.<method>(*args)`` in the child and return its result."""
         if self.proc.poll() is not None:
+            self.failed = self.failed or method
             raise RolloutError(f"the vLLM process has exited (code {self.proc.returncode}): {self._log_tail()}")
         self.conn.send((method, args))
         while not self.conn.poll(0.5):
             if self.proc.poll() is not None:
+                self.failed = self.failed or method
                 raise RolloutError(f"the vLLM process died during {method} (code {self.proc.returncode}): "
                                    f"{self._log_tail()}")
         status, result = self.conn.recv()
         if status == "error":
+            self.failed = self.failed or method
             raise RolloutError(f"vLLM failed in {method}: {result.strip().splitlines()[0]} (full traceback and "
                                f"vLLM's log: {self.log_path})\n{result}")
         return result
@@ -76,7 +84,8 @@ class VLLMProcess:
 
     def close(self) -> None:
         """Ask the host to stop (its engine processes end with it); kill it if it does not within 30 s. The folder
-        with vLLM's log stays when the host did not stop cleanly."""
+        with vLLM's log stays when the host did not stop cleanly or a call failed (an engine core that died, e.g.
+        ``EngineDeadError``, leaves the host alive: its reason is in the log), and its path is said once."""
         if self.proc.poll() is None:
             try:
                 self.conn.send(("close", ()))  # AttributeError before the host connected: kill it
@@ -85,5 +94,8 @@ class VLLMProcess:
                 self.proc.kill()
                 self.proc.wait()
         self.listener.close()
-        if self.proc.returncode == 0:  # a clean stop: nothing in the log to read
+        if self.proc.returncode == 0 and self.failed is None:  # a clean run: nothing in the log to read
             shutil.rmtree(self.workdir, ignore_errors=True)
+        else:
+            logger.warning("vLLM's log kept at %s (%s)", self.log_path, f"the call {self.failed} failed"
+                           if self.failed else f"the host exited with code {self.proc.returncode}")

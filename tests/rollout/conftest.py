@@ -62,20 +62,28 @@ def prefilled_paged_cache(decoder, prompts, *, device="cpu", block_size: int = 4
     return cache, torch.tensor(tables, dtype=torch.int32, device=device), positions
 
 
-def assert_fused_step_equals_eager(decoder) -> None:
-    """One decode step of three rows at different positions in scattered blocks, through the C kernels' fused step
-    and the torch step: the logits and the keys and values written agree to fp32 rounding."""
+def fused_and_eager_steps(decoder) -> dict:
+    """``{fused: (logits [3, V], the pool after the step)}`` of one decode step, fused (C kernels) and eager (torch
+    ops), over the same prefill: three rows at different positions in scattered blocks."""
     import torch
 
     generator = torch.Generator().manual_seed(6)
     prompts = [torch.randint(0, decoder.vocab_size, (length,), generator=generator) for length in (3, 17, 9)]
-    results = []
+    steps = {}
     for fused in (True, False):
         decoder.fused_cpu_decode = fused
         cache, tables, positions = prefilled_paged_cache(decoder, prompts, block_size=4, max_len=32)
         decoder.rope_table(cache.max_len)
         logits = decoder.decode(token_ids=torch.tensor([5, 6, 7]), positions=positions, cache=cache,
                                 block_tables=tables, context=int(positions.max()) + 1)
-        results.append((logits, cache.data.clone()))
-    torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(results[0][1], results[1][1], rtol=1e-5, atol=1e-5)
+        steps[fused] = (logits, cache.data.clone())
+    return steps
+
+
+def assert_fused_step_equals_eager(decoder) -> None:
+    """The fused step's logits and the keys and values it wrote agree with the torch step's to fp32 rounding."""
+    import torch
+
+    steps = fused_and_eager_steps(decoder)
+    torch.testing.assert_close(steps[True][0], steps[False][0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(steps[True][1], steps[False][1], rtol=1e-5, atol=1e-5)

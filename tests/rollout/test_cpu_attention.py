@@ -109,8 +109,63 @@ def test_rows_read_only_their_own_positions():
     torch.testing.assert_close(out, torch.full((1, 2, 16), 2.0))
 
 
+BF16_ULP = 2.0**-8
+"""bf16's relative rounding step: a bf16 kernel's output is its fp32 math on the widened inputs, rounded once."""
+
+
+@pytest.mark.parametrize("heads,kv_heads,dim", [(9, 3, 64), (6, 2, 32), (12, 1, 128)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_bf16_kernel_is_the_fp32_math_on_the_widened_pool_rounded_once(heads, kv_heads, dim, threads):
+    """Issue 56: a bf16 pool, q and output (the engine's dtype on a CPU with bf16 units), rows in scattered blocks,
+    with windows, soft caps and sinks: the reference (SDPA, and fp64 with sinks) over the same bf16 values widened."""
+    generator = torch.Generator().manual_seed(heads + dim)
+    rows, block, width = 5, 4, 9
+    keys, values = (torch.randn(kv_heads, rows * width + 1, block, dim, generator=generator).bfloat16()
+                    for _ in range(2))
+    tables = (torch.randperm(rows * width, generator=generator) + 1).view(rows, width).to(torch.int32)
+    lengths = torch.tensor([1, 5, 17, 36, 30])
+    q = torch.randn(rows, heads, dim, generator=generator).bfloat16()
+    outer = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for window, softcap in ((None, None), (3, None), (16, 2.0)):
+            out = cpu_attention.paged_decode_attention(q=q, keys=keys, values=values, block_tables=tables,
+                                                       lengths=lengths, scale=dim**-0.5, window=window, softcap=softcap)
+            assert out.dtype == torch.bfloat16
+            expected = reference(q.float(), keys.float(), values.float(), tables, lengths, dim**-0.5, window, softcap)
+            torch.testing.assert_close(out.float(), expected, rtol=BF16_ULP, atol=1e-5)
+        sinks = torch.randn(heads, generator=generator)
+        with_sinks = cpu_attention.paged_decode_attention(q=q, keys=keys, values=values, block_tables=tables,
+                                                          lengths=lengths, scale=dim**-0.5, window=None, sinks=sinks)
+        fp32 = cpu_attention.paged_decode_attention(q=q.float(), keys=keys.float(), values=values.float(),
+                                                    block_tables=tables, lengths=lengths, scale=dim**-0.5, window=None,
+                                                    sinks=sinks)
+        torch.testing.assert_close(with_sinks.float(), fp32, rtol=BF16_ULP, atol=1e-5)
+    finally:
+        torch.set_num_threads(outer)
+
+
+def test_the_bf16_kernel_reads_only_its_rows_positions():
+    """The bf16 twin widens whole blocks: NaN past a row's length is widened, never read into the output."""
+    keys = torch.full((1, 4, 4, 16), float("nan"), dtype=torch.bfloat16)
+    values = keys.clone()
+    keys[0, 1, :3], values[0, 1, :3] = 0.5, 2.0
+    out = cpu_attention.paged_decode_attention(q=torch.ones(1, 2, 16, dtype=torch.bfloat16), keys=keys, values=values,
+                                               block_tables=torch.tensor([[1, 2]], dtype=torch.int32),
+                                               lengths=torch.tensor([3]), scale=1.0, window=None)
+    torch.testing.assert_close(out.float(), torch.full((1, 2, 16), 2.0))
+
+
+def test_a_pool_and_queries_of_different_dtypes_are_refused():
+    q, keys = torch.ones(1, 2, 16, dtype=torch.bfloat16), torch.zeros(1, 4, 4, 16)
+    with pytest.raises(ValueError, match="all fp32 or all bf16"):
+        cpu_attention.paged_decode_attention(q=q, keys=keys, values=keys, lengths=torch.tensor([2]), scale=1.0,
+                                             block_tables=torch.tensor([[1]], dtype=torch.int32), window=None)
+
+
 def test_shapes_it_cannot_take_run_sdpa_instead():
-    assert not cpu_attention.supports(dtype=torch.bfloat16, heads=4, kv_heads=2, head_dim=64)
+    assert not cpu_attention.supports(dtype=torch.float16, heads=4, kv_heads=2, head_dim=64)
+    assert cpu_attention.supports(dtype=torch.bfloat16, heads=4, kv_heads=2, head_dim=64)
     assert not cpu_attention.supports(dtype=torch.float32, heads=4, kv_heads=2, head_dim=24)
     assert not cpu_attention.supports(dtype=torch.float32, heads=34, kv_heads=2, head_dim=64)  # 17 per KV head
     assert cpu_attention.supports(dtype=torch.float32, heads=4, kv_heads=2, head_dim=64)

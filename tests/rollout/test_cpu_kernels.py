@@ -7,7 +7,7 @@ import torch
 from hybridflow.cpu import cpu_flags
 from hybridflow.rollout import cpu_attention, cpu_fused, cpu_kernels
 from hybridflow.rollout.decoder import LlamaFamilyDecoder
-from tests.rollout import test_cpu_fused, test_cpu_moe
+from tests.rollout import test_cpu_attention, test_cpu_fused, test_cpu_moe
 from tests.rollout.test_cpu_attention import reference
 
 pytestmark = pytest.mark.skipif(cpu_kernels.library() is None, reason="no C compiler: the kernels are not built")
@@ -67,6 +67,8 @@ def test_the_library_built_for_avx2_matches_the_torch_ops_too(monkeypatch, tmp_p
         torch.testing.assert_close(out, reference(q, keys, values, tables, lengths, 0.125, window, softcap),
                                    rtol=1e-5, atol=1e-5)
     test_cpu_fused.test_norm_and_silu_match_the_eager_ops()
+    test_cpu_fused.test_the_bf16_small_ops_are_the_fp32_ones_on_the_widened_inputs_rounded_once()  # issue 56
+    test_cpu_attention.test_the_bf16_kernel_is_the_fp32_math_on_the_widened_pool_rounded_once(9, 3, 64, threads=2)
     test_cpu_fused.test_qkv_rope_write_matches_the_eager_ops(qk_norm=True)
     test_cpu_fused.test_sample_rows_draws_what_the_torch_ops_draw(threads=2)
     test_cpu_moe.test_the_kernel_equals_the_torch_experts(clamp=(1.702, 0.7), biases=True, count=5)  # issue 58

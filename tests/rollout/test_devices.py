@@ -4,11 +4,13 @@ CPU bf16 is kept for correctness, not speed (bf16 matmul is far slower than fp32
 CPUs); the CUDA tests are the greedy-parity and log-prob checks of ``test_native.py`` on the GPU.
 """
 
+import copy
+
 import pytest
 import torch
 
 from hybridflow.models.tiny import build_tiny_model
-from hybridflow.rollout import SamplingParams
+from hybridflow.rollout import SamplingParams, cpu_fused
 from hybridflow.rollout.native import NativeEngine
 from tests.rollout.conftest import chat_prompts, randomise_norms
 from tests.rollout.test_native import hf_greedy, teacher_forced_logits
@@ -46,6 +48,23 @@ def test_bf16_engine_on_cpu_agrees_with_a_bf16_forward(tiny_bf16, kernel_path):
     model, tokenizer = tiny_bf16
     errors = sampled_logprob_errors(model, tokenizer)
     assert errors.mean() < 5e-3 and errors.max() < 5e-2, (errors.mean(), errors.max())
+
+
+def test_bf16_engine_on_cpu_samples_log_probs_near_an_fp32_forward(tiny_bf16):
+    """Issue 56: the bf16 engine's decode step runs the bf16 C kernels (where built) and its sampler in fp32; its
+    log-probs against an fp32 teacher-forced forward of the same (bf16) weights: the error of bf16 activations
+    alone, measured mean 7e-4, max 3.1e-3 on the tiny Llama (the torch ops: the same); the bounds leave 10x."""
+    model, tokenizer = tiny_bf16
+    prompts = chat_prompts(tokenizer)
+    engine = NativeEngine(model, tokenizer)
+    assert engine.decoder.fused_cpu_decode == cpu_fused.available()
+    reference = copy.deepcopy(model).float()
+    errors = []
+    for c in engine.generate(prompts, SamplingParams(n=2, temperature=1.0, max_tokens=12, seed=0)):
+        expected = teacher_forced_logprobs(reference, prompts[c.prompt_index], c.token_ids)
+        errors.append((torch.tensor(c.logprobs) - expected).abs())
+    errors = torch.cat(errors)
+    assert errors.mean() < 7e-3 and errors.max() < 3e-2, (errors.mean(), errors.max())
 
 
 @pytest.fixture

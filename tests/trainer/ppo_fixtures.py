@@ -66,3 +66,20 @@ def base_overrides(tmp_path, model_dir: str, *, estimator: str = "grpo", steps: 
         "trainer.test_freq=-1",
         f"trainer.default_local_dir={tmp_path / 'ckpt'}",
     ]
+
+
+def hold_batch_2_until_the_sync(monkeypatch, session_class, loop, *, timeout: float) -> None:
+    """Hold batch 2's generate after its second ``session_class.step`` until the weight sync asks for the engine (the
+    rollout's handover), so that the sync lands inside it (a partial rollout's pause). Counted on the session itself:
+    an id() is reused once batch 1's session is freed, and batch 2's would then never reach step 2 (a flake this had:
+    the sync then landed after batch 2, not inside it)."""
+    handover, step = loop.w.rollout.backend.worker.rollout.handover, session_class.step  # the engine's, local rank
+
+    def held_step(session):
+        session.steps_taken = getattr(session, "steps_taken", 0) + 1
+        if loop.parts.source.generated == 1 and session.steps_taken == 2:  # batch 2, mid-generation
+            with handover.cond:
+                assert handover.cond.wait_for(handover.requested, timeout=timeout)
+        return step(session)
+
+    monkeypatch.setattr(session_class, "step", held_step)

@@ -14,7 +14,7 @@ from hybridflow.trainer.main_fully_async import async_parts
 from hybridflow.trainer.main_ppo import ppo_parts
 from hybridflow.trainer.roles.assembly import build_loop
 from hybridflow.trainer.main_one_step_off import main as one_step_off_main
-from tests.trainer.ppo_fixtures import base_overrides
+from tests.trainer.ppo_fixtures import base_overrides, hold_batch_2_until_the_sync
 from tests.trainer.test_ppo_e2e import SLOW_REWARD, kill_after_step_2_and_resume
 
 
@@ -221,19 +221,7 @@ def test_partial_rollout_pauses_at_a_sync_and_trains_every_prompt_once(tmp_path,
         "async_training.staleness_threshold=1", "async_training.partial_rollout=True"])
     trainer, trained, spans = build_async(cfg), [], []
     n = cfg.actor_rollout_ref.rollout.n
-    step = StreamingSession.step
-    handover = trainer.w.rollout.backend.worker.rollout.handover  # the engine's, in its (local) rank
-
-    def held_step(session):
-        # counted on the session itself: an id() is reused once batch 1's session is freed, and batch 2's would
-        # then never reach step 2 (the flake this test had: the sync then landed after batch 2, not inside it)
-        session.steps_taken = getattr(session, "steps_taken", 0) + 1
-        if trainer.parts.source.generated == 1 and session.steps_taken == 2:  # batch 2, mid-generation
-            with handover.cond:
-                assert handover.cond.wait_for(handover.requested, timeout=60)
-        return step(session)
-
-    monkeypatch.setattr(StreamingSession, "step", held_step)
+    hold_batch_2_until_the_sync(monkeypatch, StreamingSession, trainer, timeout=60)
 
     def record(batch):
         trained.extend(row["index"] for row in batch["extra_info"][::n])

@@ -19,7 +19,7 @@ from hybridflow.models.logprob import compute_log_probs
 from hybridflow.trainer.loop.async_source import async_training_steps
 from hybridflow.trainer.main_fully_async import async_parts
 from hybridflow.trainer.roles.assembly import build_loop
-from tests.trainer.ppo_fixtures import base_overrides
+from tests.trainer.ppo_fixtures import base_overrides, hold_batch_2_until_the_sync
 from tests.trainer.test_vllm_ppo import ON_VLLM, wide_model_dir  # noqa: F401 (the fixture)
 
 pytestmark = pytest.mark.vllm
@@ -142,16 +142,7 @@ def test_fully_async_partial_rollout_on_vllm_continues_paused_rows_with_the_new_
         "actor_rollout_ref.actor.fsdp_config.mixed_precision=fp32", "actor_rollout_ref.actor.optim.lr=3e-3"])
     loop = build_loop(cfg, parts=async_parts, count_steps=async_training_steps)
     recorder = VersionRecorder(loop)
-    handover, step = loop.w.rollout.backend.worker.rollout.handover, VLLMPartialSession.step
-
-    def held_step(session):
-        session.steps_taken = getattr(session, "steps_taken", 0) + 1
-        if loop.parts.source.generated == 1 and session.steps_taken == 2:  # batch 2, mid-generation
-            with handover.cond:
-                assert handover.cond.wait_for(handover.requested, timeout=600)
-        return step(session)
-
-    monkeypatch.setattr(VLLMPartialSession, "step", held_step)
+    hold_batch_2_until_the_sync(monkeypatch, VLLMPartialSession, loop, timeout=600)
     try:
         loop.fit()
     finally:

@@ -17,6 +17,10 @@
  * with first = max(0, length - window) for a sliding window (window = 0: none). With attention sinks (gpt-oss,
  * sinks [H], NULL: none) each head's sink logit joins the softmax and is dropped: m[g] = max(m, sink[g]) and
  * sum_t p[g][t] + exp(sink[g] - m[g]) divides.
+ *
+ * paged_decode_attention_bf16 takes a bf16 pool, q and out (sinks stay fp32): a task first widens its row's blocks
+ * of the pool (read once from memory, half the fp32 bytes) into a per-thread fp32 scratch laid out as blocks
+ * 0, 1, ... (a few tens of KB at decode lengths: it stays in cache), then runs the same fp32 task over it.
  */
 #include <math.h>
 #include <stdint.h>
@@ -144,6 +148,27 @@ static inline int64_t window_start(int64_t length, int64_t window) {
     return window > 0 && length > window ? length - window : 0;
 }
 
+/* One (row, KV head) task: a copy of attend_one per common group size (H / KV of the models in use), with the
+ * group's loops unrolled. */
+static void attend_task(const float *q, const float *keys, const float *values, const int32_t *table, int64_t first,
+                        int64_t length, int64_t head_offset, int64_t block_size, int64_t d, int64_t group,
+                        float scale, float softcap, const float *sinks, float *scores, float *out) {
+#define ATTEND(G) attend_one(q, keys, values, table, first, length, head_offset, block_size, d, G, scale, softcap, \
+                             sinks, scores, out)
+    switch (group) {
+        case 1: ATTEND(1); break;
+        case 2: ATTEND(2); break;
+        case 3: ATTEND(3); break;
+        case 4: ATTEND(4); break;
+        case 5: ATTEND(5); break;
+        case 6: ATTEND(6); break;
+        case 7: ATTEND(7); break;
+        case 8: ATTEND(8); break;
+        default: ATTEND(group);
+    }
+#undef ATTEND
+}
+
 /* Returns 0, or -1 for inputs it refuses: a group it cannot take, a row longer than its table (max_length), or a
  * block id outside the pool. */
 int paged_decode_attention_f32(const float *q, const float *keys, const float *values, const int32_t *tables,
@@ -170,28 +195,66 @@ int paged_decode_attention_f32(const float *q, const float *keys, const float *v
                                (next_length + block_size - 1) / block_size,
                                (task + 1) % kv_heads * blocks * block_size, block_size, head_dim);
             }
-            const float *q_n = q + (n * heads + h * group) * head_dim;
-            const int32_t *table = tables + n * table_stride;
-            float *out_n = out + (n * heads + h * group) * head_dim;
-            int64_t offset = h * blocks * block_size;
-            /* A copy per common group size (H / KV of the models in use), with the group's loops unrolled. */
-            const float *sinks_h = sinks != NULL ? sinks + h * group : NULL;
-#define ATTEND(G) attend_one(q_n, keys, values, table, first, length, offset, block_size, head_dim, G, scale, \
-                             softcap, sinks_h, scores, out_n)
-            switch (group) {
-                case 1: ATTEND(1); break;
-                case 2: ATTEND(2); break;
-                case 3: ATTEND(3); break;
-                case 4: ATTEND(4); break;
-                case 5: ATTEND(5); break;
-                case 6: ATTEND(6); break;
-                case 7: ATTEND(7); break;
-                case 8: ATTEND(8); break;
-                default: ATTEND(group);
-            }
-#undef ATTEND
+            attend_task(q + (n * heads + h * group) * head_dim, keys, values, tables + n * table_stride, first,
+                        length, h * blocks * block_size, block_size, head_dim, group, scale, softcap,
+                        sinks != NULL ? sinks + h * group : NULL, scores, out + (n * heads + h * group) * head_dim);
         }
         free(scores);
+    }
+    return failed ? -1 : 0;
+}
+
+/* Blocks first / B .. of a row's table, of one KV head (at head_offset in the bf16 pool), widened into scratch at
+ * block index * B (the scratch's own table is 0, 1, ...). */
+static void widen_blocks(const uint16_t *pool, const int32_t *table, int64_t first, int64_t length,
+                         int64_t head_offset, int64_t block_size, int64_t d, float *scratch) {
+    int64_t blocks = (length + block_size - 1) / block_size;
+    for (int64_t index = first / block_size; index < blocks; index++) {
+        if (index + 1 < blocks)
+            for (int64_t byte = 0; byte < (int64_t)sizeof(uint16_t) * block_size * d; byte += 64)
+                __builtin_prefetch((const char *)(pool + (head_offset + (int64_t)table[index + 1] * block_size) * d)
+                                   + byte, 0, 0);
+        widen_bf16(pool + (head_offset + (int64_t)table[index] * block_size) * d, scratch + index * block_size * d,
+                   block_size * d);
+    }
+}
+
+/* paged_decode_attention_f32 over a bf16 pool, q and out (the header comment). */
+int paged_decode_attention_bf16(const uint16_t *q, const uint16_t *keys, const uint16_t *values,
+                                const int32_t *tables, int64_t table_stride, const int64_t *lengths, uint16_t *out,
+                                int64_t rows, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t blocks,
+                                int64_t block_size, int64_t max_length, float scale, float softcap,
+                                const float *sinks, int64_t window, int threads) {
+    int64_t group = heads / kv_heads;
+    if (group > MAX_GROUP || group * kv_heads != heads || head_dim % LANES != 0) return -1;
+    if (!tables_valid(tables, table_stride, lengths, rows, block_size, blocks, max_length)) return -1;
+    int64_t table_blocks = (max_length + block_size - 1) / block_size, span = table_blocks * block_size * head_dim;
+    int failed = 0;
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+        float *scores = malloc(sizeof(float) * group * (max_length > 0 ? max_length : 1));
+        /* keys, values, q and out of one task, in fp32 */
+        float *wide = malloc(sizeof(float) * (2 * span + 2 * group * head_dim));
+        int32_t *identity = malloc(sizeof(int32_t) * (table_blocks > 0 ? table_blocks : 1));
+        if (scores == NULL || wide == NULL || identity == NULL) failed = 1;
+        for (int64_t index = 0; identity != NULL && index < table_blocks; index++) identity[index] = (int32_t)index;
+#pragma omp for schedule(static)
+        for (int64_t task = 0; task < rows * kv_heads; task++) {
+            if (scores == NULL || wide == NULL || identity == NULL) continue;
+            int64_t n = task / kv_heads, h = task % kv_heads, length = lengths[n];
+            int64_t first = window_start(length, window), offset = h * blocks * block_size;
+            float *wide_keys = wide, *wide_values = wide + span, *wide_q = wide + 2 * span;
+            float *wide_out = wide_q + group * head_dim;
+            widen_blocks(keys, tables + n * table_stride, first, length, offset, block_size, head_dim, wide_keys);
+            widen_blocks(values, tables + n * table_stride, first, length, offset, block_size, head_dim, wide_values);
+            widen_bf16(q + (n * heads + h * group) * head_dim, wide_q, group * head_dim);
+            attend_task(wide_q, wide_keys, wide_values, identity, first, length, 0, block_size, head_dim, group, scale,
+                        softcap, sinks != NULL ? sinks + h * group : NULL, scores, wide_out);
+            narrow_to_bf16(wide_out, out + (n * heads + h * group) * head_dim, group * head_dim);
+        }
+        free(scores);
+        free(wide);
+        free(identity);
     }
     return failed ? -1 : 0;
 }
