@@ -35,6 +35,8 @@ class RotateHalf(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
         ctx.save_for_backward(cos, sin)
         ctx.x_dtype = x.dtype
+        # one upcast of x (a mixed-dtype op on a CPU casts its input into a temporary on every call)
+        x = x.to(torch.promote_types(x.dtype, cos.dtype))
         (x1, x2), (c1, c2), (s1, s2) = halves(x), halves(cos), halves(sin)
         out = torch.empty_like(x, dtype=out_dtype)
         with torch.autocast(x.device.type, enabled=False):
@@ -45,9 +47,10 @@ class RotateHalf(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         cos, sin = ctx.saved_tensors
-        (g1, g2), (c1, c2), (s1, s2) = halves(grad), halves(cos), halves(sin)
         dtype = ctx.x_dtype
         dx = torch.empty_like(grad, dtype=dtype)
+        grad = grad.to(torch.promote_types(dtype, cos.dtype))  # HF's output gradient: in the promoted dtype
+        (g1, g2), (c1, c2), (s1, s2) = halves(grad), halves(cos), halves(sin)
         with torch.autocast(grad.device.type, enabled=False):
             torch.add(rounded(g1 * c1, dtype), rounded(g2 * s2, dtype), out=dx[..., :g1.shape[-1]])
             torch.sub(rounded(g2 * c2, dtype), rounded(g1 * s1, dtype), out=dx[..., g1.shape[-1]:])
