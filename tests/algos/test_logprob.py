@@ -107,3 +107,24 @@ def test_fused_logprob_and_entropy_equal_the_separate_functions(dtype, chunk_siz
         assert grad.dtype == dtype
         tolerance = 1e-5 if dtype == torch.float32 else 1e-2
         torch.testing.assert_close(grad.double(), ref_grad.to(dtype).double(), atol=tolerance, rtol=tolerance)
+
+
+def test_the_fused_default_chunking_gives_the_bits_of_one_chunk():
+    """The default rows per chunk (a cache-sized chunk, issue 62) against all rows in one chunk, on more rows than a
+    chunk and a ragged last one: log-probs, entropies and the logits' gradient equal bit for bit."""
+    from hybridflow.algos import logprob_and_entropy
+    from hybridflow.algos.logprob import FUSED_CHUNK_ROWS
+
+    rows = 2 * FUSED_CHUNK_ROWS + 5
+    gen = torch.Generator().manual_seed(3)
+    logits = (4 * torch.randn(rows, 97, generator=gen)).to(torch.bfloat16)
+    labels = torch.randint(0, 97, (rows,), generator=gen)
+    upstream = torch.randn(2, rows, generator=gen)
+    results = []
+    for chunk_size in (FUSED_CHUNK_ROWS, rows):
+        leaf = logits.clone().requires_grad_(True)
+        kwargs = {} if chunk_size == FUSED_CHUNK_ROWS else {"chunk_size": chunk_size}
+        logp, entropy = logprob_and_entropy(logits=leaf, labels=labels, calculate_entropy=True, **kwargs)
+        torch.autograd.backward([logp, entropy], list(upstream))
+        results.append((logp, entropy, leaf.grad))
+    assert all(torch.equal(a, b) for a, b in zip(*results))
