@@ -15,9 +15,12 @@ BF16 = torch.bfloat16
 
 @pytest.fixture
 def restore_rotary():
-    """fuse_rotary changes a modeling module's global: put every original back after the test."""
+    """fuse_rotary changes a modeling module's global: start from HF's originals (an earlier test's training step may
+    have installed the fused one in this process) and put back what was there after the test."""
     saved = {name: module.apply_rotary_pos_emb for name, module in list(sys.modules.items())
              if name.startswith("transformers.models.") and hasattr(module, "apply_rotary_pos_emb")}
+    for name, function in saved.items():
+        sys.modules[name].apply_rotary_pos_emb = getattr(function, "hybridflow_original", function)
     yield
     for name, function in saved.items():
         sys.modules[name].apply_rotary_pos_emb = function
