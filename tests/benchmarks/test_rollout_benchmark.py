@@ -89,7 +89,7 @@ def test_roofline_bytes_count_weights_per_step_and_each_rows_cache(bench, monkey
         def parameters(self):
             return iter([bench.torch.zeros(1)])
 
-    monkeypatch.setattr(bench, "weight_bytes", lambda model: 1000)
+    monkeypatch.setattr(sys.modules["rollout_floor"], "weight_bytes", lambda model: 1000)  # where roofline_bytes looks
     requests = [bench.Request([0] * 10, 3), bench.Request([0] * 5, 2)]
     # 2 decode steps (tokens 1 and 2 of the longest row); row 0 reads 11 then 12 cached tokens, row 1 reads 6.
     assert bench.roofline_bytes(Model(), requests) == 2 * 1000 + (11 + 12 + 6) * 64
