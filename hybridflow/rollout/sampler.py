@@ -188,8 +188,6 @@ def filter_top_p(*, logits: torch.Tensor, top_p: float) -> torch.Tensor:
 
 def processed_logits(*, logits: torch.Tensor, params: SamplingParams | RowSampling) -> torch.Tensor:
     """``[N, V]`` fp32 logits of the sampling distribution (temperature, then min-p, top-k, top-p)."""
-    if logits.device.type == "cpu" and logits.dtype in (torch.bfloat16, torch.float16):
-        logits = logits.float()  # a bf16 engine's logits: the CPU sampler runs in fp32 (its kernel takes fp32)
     rows = params if isinstance(params, RowSampling) else RowSampling.uniform(
         params, rows=logits.shape[0], vocab_size=logits.shape[-1], device=logits.device)
     scaled = logits.float()
