@@ -225,21 +225,73 @@ static inline vec16 widen16(const uint16_t *p) {
     return (vec16)w;
 }
 
-/* The lanes of <q, k> over D: fp32 products of the widened key, and with AVX-512-BF16 (built where the CPU has it)
- * vdpbf16ps on 32 dims at a time, whose bf16 x bf16 products are exact in fp32; the last 16 dims (D % 32) widened. */
-static inline vec16 dot_lanes(const float *q, const uint16_t *q_bf16, const uint16_t *k, int64_t d) {
-    vec16 acc = {0};
+/* 32 bf16 as two fp32 vectors: the even dims 0, 2, .., 30 (the low half of each 32-bit pair, shifted up) and the odd
+ * ones (the high half, masked): one shift and one and, where widening 16 in order takes a zero-extension and a shift. */
+static inline void split32(const uint16_t *p, vec16 *even, vec16 *odd) {
+    word16 w;
+    memcpy(&w, p, sizeof w);
+    *even = (vec16)(w << 16);
+    *odd = (vec16)(w & 0xffff0000u);
+}
+
+/* The kernel's fp32 layout of a D-vector ("split"): each whole 32 dims as their 16 even dims then their 16 odd ones,
+ * a last 16 (D % 32) in order. q is widened into it, the output's sums are kept in it. */
+static inline void widen_split(const uint16_t *source, float *target, int64_t d) {
     int64_t c = 0;
-#ifdef __AVX512BF16__
-    __m512 pairs = _mm512_setzero_ps();
+    for (; c + 32 <= d; c += 32) {
+        vec16 even, odd;
+        split32(source + c, &even, &odd);
+        memcpy(target + c, &even, sizeof even);
+        memcpy(target + c + 16, &odd, sizeof odd);
+    }
+    for (; c < d; c++) target[c] = bf16_to_f32(source[c]);
+}
+
+static inline void narrow_split(const float *source, uint16_t *target, float norm, int64_t d) {
+    int64_t c = 0;
     for (; c + 32 <= d; c += 32)
-        pairs = _mm512_dpbf16_ps(pairs, (__m512bh)_mm512_loadu_si512(q_bf16 + c), (__m512bh)_mm512_loadu_si512(k + c));
-    acc = (vec16)pairs;
+        for (int64_t i = 0; i < 16; i++) {
+            target[c + 2 * i] = f32_to_bf16(source[c + i] * norm);
+            target[c + 2 * i + 1] = f32_to_bf16(source[c + 16 + i] * norm);
+        }
+    for (; c < d; c++) target[c] = f32_to_bf16(source[c] * norm);
+}
+
+/* lanes[g][j] = the lanes of <q_g, k_j> over D for the tile's `count` keys (rows of D bf16 from k; zero past count:
+ * those keys are not read), each key read once for the group: fp32 products of the widened key, and with AVX-512-BF16
+ * (built where the CPU has it) vdpbf16ps on 32 dims at a time, whose bf16 x bf16 products are exact in fp32; q in
+ * the split layout. */
+static inline __attribute__((always_inline)) void tile_lanes(const float *q, const uint16_t *q_bf16, const uint16_t *k,
+                                                             int64_t count, int64_t d, int64_t group,
+                                                             vec16 lanes[][TILE]) {
+    for (int64_t j = 0; j < TILE; j++) {
+        vec16 acc[MAX_GROUP];
+        for (int64_t g = 0; g < group; g++) acc[g] = (vec16){0};
+        if (j < count) {
+            const uint16_t *key = k + j * d;
+            int64_t c = 0;
+#ifdef __AVX512BF16__
+            for (; c + 32 <= d; c += 32) {
+                __m512bh pairs = (__m512bh)_mm512_loadu_si512(key + c);
+                for (int64_t g = 0; g < group; g++)
+                    acc[g] = (vec16)_mm512_dpbf16_ps((__m512)acc[g], (__m512bh)_mm512_loadu_si512(q_bf16 + g * d + c), pairs);
+            }
 #else
-    (void)q_bf16;
+            (void)q_bf16;
+            for (; c + 32 <= d; c += 32) {
+                vec16 even, odd;
+                split32(key + c, &even, &odd);
+                for (int64_t g = 0; g < group; g++)
+                    acc[g] += load16(q + g * d + c) * even + load16(q + g * d + c + 16) * odd;
+            }
 #endif
-    for (; c < d; c += LANES) acc += load16(q + c) * widen16(k + c);
-    return acc;
+            for (; c < d; c += LANES) {
+                vec16 x = widen16(key + c);
+                for (int64_t g = 0; g < group; g++) acc[g] += load16(q + g * d + c) * x;
+            }
+        }
+        for (int64_t g = 0; g < group; g++) lanes[g][j] = acc[g];
+    }
 }
 
 /* r[j] = the sum of v[j]'s 16 lanes, in a tree of in-lane, then 128-bit-lane shuffles: 45 shuffles and adds for the
@@ -259,19 +311,32 @@ static inline vec16 sum_lanes16(const vec16 v[TILE]) {
          + __builtin_shufflevector(eight[0], eight[1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
 }
 
-/* The scores <q, k_j> of the tile's `count` keys (rows of D bf16 from k), zero past count (those keys are not read). */
-static inline vec16 tile_scores(const float *q, const uint16_t *q_bf16, const uint16_t *k, int64_t count, int64_t d) {
-    vec16 lanes[TILE];
-    for (int64_t j = 0; j < TILE; j++) lanes[j] = j < count ? dot_lanes(q, q_bf16, k + j * d, d) : (vec16){0};
-    return sum_lanes16(lanes);
-}
-
-/* acc[g] = alpha[g] acc[g] + sum_j p[g][j] v_j over the tile's `count` values, 16 dims at a time with the group's sums
- * in registers. */
+/* acc[g] = alpha[g] acc[g] + sum_j p[g][j] v_j over the tile's `count` values (acc in the split layout), 32 dims at a
+ * time with the group's sums in registers. */
 static inline __attribute__((always_inline)) void accumulate_values(float *acc, const float *alpha, const float *p,
                                                                     const uint16_t *v, int64_t count, int64_t d,
                                                                     int64_t group) {
-    for (int64_t c = 0; c < d; c += LANES) {
+    int64_t c = 0;
+    for (; c + 32 <= d; c += 32) {
+        vec16 even[MAX_GROUP], odd[MAX_GROUP];
+        for (int64_t g = 0; g < group; g++) {
+            even[g] = load16(acc + g * d + c) * alpha[g];
+            odd[g] = load16(acc + g * d + c + 16) * alpha[g];
+        }
+        for (int64_t j = 0; j < count; j++) {
+            vec16 x_even, x_odd;
+            split32(v + j * d + c, &x_even, &x_odd);
+            for (int64_t g = 0; g < group; g++) {
+                even[g] += p[g * TILE + j] * x_even;
+                odd[g] += p[g * TILE + j] * x_odd;
+            }
+        }
+        for (int64_t g = 0; g < group; g++) {
+            memcpy(acc + g * d + c, &even[g], sizeof even[g]);
+            memcpy(acc + g * d + c + 16, &odd[g], sizeof odd[g]);
+        }
+    }
+    if (c < d) { /* the last 16 dims, in order */
         vec16 sums[MAX_GROUP];
         for (int64_t g = 0; g < group; g++) sums[g] = load16(acc + g * d + c) * alpha[g];
         for (int64_t j = 0; j < count; j++) {
@@ -282,10 +347,26 @@ static inline __attribute__((always_inline)) void accumulate_values(float *acc, 
     }
 }
 
+#define AHEAD 2    /* blocks */
+#define LOCALITY 2 /* into L2 (prefetcht1): 1.4x faster than into L1 at 64 rows, where L1's miss queue overflowed */
+/* Ask for the keys and values of block `index` of the table (if the row has it) AHEAD blocks before they are read:
+ * consecutive blocks lie anywhere in the pool, where the hardware prefetcher does not follow. */
+static inline void prefetch_bf16_block(const uint16_t *keys, const uint16_t *values, const int32_t *table,
+                                       int64_t index, int64_t blocks, int64_t head_offset, int64_t block_elements,
+                                       int64_t d) {
+    if (index >= blocks) return;
+    const char *k = (const char *)(keys + head_offset * d + (int64_t)table[index] * block_elements);
+    const char *v = (const char *)(values + head_offset * d + (int64_t)table[index] * block_elements);
+    for (int64_t byte = 0; byte < (int64_t)sizeof(uint16_t) * block_elements; byte += 64) {
+        __builtin_prefetch(k + byte, 0, LOCALITY);
+        __builtin_prefetch(v + byte, 0, LOCALITY);
+    }
+}
+
 /* One (row, KV head) task in one pass over its positions, TILE at a time, with an online softmax: per query head the
  * running maximum m and sum l of exp(s - m), the output's running sum acc; a tile with maximum m' > m rescales l and
- * acc by exp(m - m'). Sinks start m at the sink logit and join l at the end (as in the fp32 kernel). q: fp32 (widened)
- * and bf16; acc: group x D floats of scratch. */
+ * acc by exp(m - m'). Sinks start m at the sink logit and join l at the end (as in the fp32 kernel). q: fp32 (widened,
+ * split layout) and bf16; acc: group x D floats of scratch. */
 static inline __attribute__((always_inline)) void attend_one_bf16(
         const float *q, const uint16_t *q_bf16, const uint16_t *keys, const uint16_t *values, const int32_t *table,
         int64_t first, int64_t length, int64_t head_offset, int64_t block_size, int64_t d, int64_t group, float scale,
@@ -295,20 +376,18 @@ static inline __attribute__((always_inline)) void attend_one_bf16(
     memset(acc, 0, sizeof(float) * group * d);
     int64_t blocks = (length + block_size - 1) / block_size, block_elements = block_size * d;
     for (int64_t index = first / block_size; index < blocks; index++) {
-        if (index + 1 < blocks)
-            for (int64_t byte = 0; byte < (int64_t)sizeof(uint16_t) * block_elements; byte += 64) {
-                __builtin_prefetch((const char *)(keys + head_offset * d + (int64_t)table[index + 1] * block_elements) + byte, 0, 3);
-                __builtin_prefetch((const char *)(values + head_offset * d + (int64_t)table[index + 1] * block_elements) + byte, 0, 3);
-            }
+        prefetch_bf16_block(keys, values, table, index + AHEAD, blocks, head_offset, block_elements, d);
         int64_t start = index * block_size, lo = first > start ? first : start;
         int64_t hi = length < start + block_size ? length : start + block_size;
         const uint16_t *block_keys = keys + head_offset * d + (int64_t)table[index] * block_elements;
         const uint16_t *block_values = values + head_offset * d + (int64_t)table[index] * block_elements;
         for (int64_t t = lo; t < hi; t += TILE) {
             int64_t count = hi - t < TILE ? hi - t : TILE;
+            vec16 lanes[MAX_GROUP][TILE];
+            tile_lanes(q, q_bf16, block_keys + (t - start) * d, count, d, group, lanes);
             for (int64_t g = 0; g < group; g++) {
                 float s[TILE];
-                vec16 scores = tile_scores(q + g * d, q_bf16 + g * d, block_keys + (t - start) * d, count, d) * scale;
+                vec16 scores = sum_lanes16(lanes[g]) * scale;
                 memcpy(s, &scores, sizeof s);
                 if (softcap > 0.0f) /* Gemma 2: c tanh(s / c) */
                     for (int64_t j = 0; j < count; j++) s[j] = softcap * tanhf(s[j] / softcap);
@@ -327,7 +406,7 @@ static inline __attribute__((always_inline)) void attend_one_bf16(
     }
     for (int64_t g = 0; g < group; g++) {
         float norm = 1.0f / (total[g] + (sinks != NULL ? exp_clamped(sinks[g] - maximum[g]) : 0.0f));
-        for (int64_t i = 0; i < d; i++) out[g * d + i] = f32_to_bf16(acc[g * d + i] * norm);
+        narrow_split(acc + g * d, out + g * d, norm, d);
     }
 }
 
@@ -379,7 +458,15 @@ int paged_decode_attention_bf16(const uint16_t *q, const uint16_t *keys, const u
             if (wide_q == NULL) continue;
             int64_t n = task / kv_heads, h = task % kv_heads, length = lengths[n];
             const uint16_t *task_q = q + (n * heads + h * group) * head_dim;
-            widen_bf16(task_q, wide_q, group * head_dim);
+            if (task + 1 < rows * kv_heads) { /* the next task's first blocks, before this one's AHEAD-th is asked for */
+                int64_t next_n = (task + 1) / kv_heads, next_length = lengths[next_n];
+                int64_t next_first = window_start(next_length, window) / block_size;
+                for (int64_t index = next_first; index < next_first + AHEAD; index++)
+                    prefetch_bf16_block(keys, values, tables + next_n * table_stride, index,
+                                        (next_length + block_size - 1) / block_size,
+                                        (task + 1) % kv_heads * blocks * block_size, block_size * head_dim, head_dim);
+            }
+            for (int64_t g = 0; g < group; g++) widen_split(task_q + g * head_dim, wide_q + g * head_dim, head_dim);
             attend_task_bf16(wide_q, task_q, keys, values, tables + n * table_stride, window_start(length, window),
                              length, h * blocks * block_size, block_size, head_dim, group, scale, softcap,
                              sinks != NULL ? sinks + h * group : NULL, acc, out + (n * heads + h * group) * head_dim);
