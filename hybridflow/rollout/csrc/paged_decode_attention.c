@@ -84,7 +84,7 @@ static inline void prefetch_block(const float *pool, const int32_t *table, int64
     if (index >= blocks) return;
     const char *start = (const char *)(pool + (head_offset + (int64_t)table[index] * block_size) * d);
     for (int64_t byte = 0; byte < (int64_t)sizeof(float) * block_size * d; byte += 64)
-        __builtin_prefetch(start + byte, 0, 3);
+        __builtin_prefetch(start + byte, 0, 2); /* into L2: 1.4-1.5x faster than into L1 (issue 56, benchmarks.md) */
 }
 
 static inline __attribute__((always_inline)) void attend_one(const float *q, const float *keys, const float *values, const int32_t *table,
