@@ -11,8 +11,8 @@ from the pool: the same contract as the CUDA kernels of :mod:`hybridflow.rollout
 Built with the other CPU kernels (:mod:`hybridflow.rollout.cpu_kernels`): where they are not (no compiler, or
 ``HYBRIDFLOW_CPU_KERNELS=torch``), and for head dims not a multiple of 16, the engine runs SDPA over a slot mirror
 instead (same outputs to fp32 rounding, slower; the tests run both paths on every machine). A bf16 pool (the engine's
-dtype on a CPU with bf16 units) is read by the kernel's bf16 twin: half the bytes, widened to fp32 in cache, the same
-fp32 math.
+dtype on a CPU with bf16 units) is read in place by the kernel's bf16 twin: half the bytes, each key and value widened to
+fp32 in registers (scores by AVX-512-BF16's vdpbf16ps where the build has it), fp32 sums and an online softmax.
 """
 
 from __future__ import annotations

@@ -5,8 +5,9 @@ small ops fused per layer and the one-pass sampler (:mod:`hybridflow.rollout.cpu
 layer's routed experts (:mod:`hybridflow.rollout.cpu_moe`). Each exists because the
 torch ops it replaces cost several times what the machine needs for the same bytes (docs/benchmarks.md).
 
-Build: ``gcc -O3 -march=native`` (the instruction set of the machine it runs on: AVX2 or AVX-512 alike, no
-intrinsics; ``HYBRIDFLOW_KERNEL_MARCH`` picks another), cached under ``$HYBRIDFLOW_CACHE/kernels`` (default
+Build: ``gcc -O3 -march=native`` (the instruction set of the machine it runs on: AVX2 or AVX-512 alike, written as
+gcc vectors, no intrinsics but one: the bf16 attention's vdpbf16ps, compiled only where ``-march`` has AVX-512-BF16;
+``HYBRIDFLOW_KERNEL_MARCH`` picks another), cached under ``$HYBRIDFLOW_CACHE/kernels`` (default
 ``~/.cache/hybridflow/kernels``) by a hash of the sources, the flags, the compiler and the CPU's flags, written
 atomically. Where no compiler is found or the build fails, :func:`library` returns ``None`` after saying why once,
 and the engine runs torch ops instead: SDPA over a slot mirror for attention, the eager layer and sampler for the
@@ -68,6 +69,7 @@ SIGNATURES = {
     "qkv_rope_write_bf16": [_POINTER] * 9 + [_SIZE] * 2 + [_POINTER] + [_SIZE] * 7 + [ctypes.c_float] + [ctypes.c_int] * 2,
     "silu_mul_bf16": [_POINTER] * 2 + [_SIZE] * 2,
     "gelu_tanh_mul_bf16": [_POINTER] * 2 + [_SIZE] * 2,
+    "paged_decode_attention_bf16_dot_units": [],  # issue 56: 1 where the build scores with vdpbf16ps
     "moe_experts_f32": [_POINTER] * 3 + [_SIZE] * 2 + [_POINTER] * 4 + [_SIZE] * 3 + [ctypes.c_int]
     + [ctypes.c_float] * 2 + [_POINTER, ctypes.c_int],
 }

@@ -145,6 +145,61 @@ def test_the_bf16_kernel_is_the_fp32_math_on_the_widened_pool_rounded_once(heads
         torch.set_num_threads(outer)
 
 
+def fp64_reference(q, keys, values, tables, lengths, scale, window=None, softcap=None, sinks=None):
+    """The formula in float64, one row and query head at a time, over the positions its table points to: the
+    ``window`` newest, the capped scores ``c tanh(s / c)``, a sink logit per head joining the softmax."""
+    rows, heads, dim = q.shape
+    kv_heads, _, block, _ = keys.shape
+    out = torch.empty(rows, heads, dim, dtype=torch.float64)
+    for n in range(rows):
+        length = int(lengths[n])
+        positions = torch.arange(max(0, length - window) if window else 0, length)
+        slots = tables[n].long()[positions // block], positions % block
+        for h in range(heads):
+            kv = h // (heads // kv_heads)
+            key, value = keys[kv][slots].double(), values[kv][slots].double()
+            s = scale * key @ q[n, h].double()
+            s = softcap * torch.tanh(s / softcap) if softcap else s
+            logits = s if sinks is None else torch.cat([s, sinks[h : h + 1].double()])
+            out[n, h] = torch.softmax(logits, 0)[: len(positions)] @ value
+    return out
+
+
+@pytest.mark.parametrize("heads,kv_heads,dim", [(9, 3, 64), (5, 5, 16), (10, 2, 48), (16, 1, 128), (12, 4, 32)])
+def test_the_bf16_kernel_against_fp64_over_the_engines_blocks(heads, kv_heads, dim):
+    """Issue 56: the bf16 kernel reads the pool in place, 16 positions at a time, with an online softmax. Blocks of 16
+    (the engine's), ragged rows on each side of a block and tile boundary, grouped queries (5: the loop not unrolled),
+    head dims with and without a 32-dim part (the vdpbf16ps path's), scores spread wide (the running maximum moves
+    between tiles), windows starting mid-tile, soft caps, sinks; against float64 over the same bf16 values.
+    Tolerance: the bf16 output is fp32 math rounded once, so within bf16's relative step (2**-8) of the exact value,
+    plus 1e-5 for fp32 sums."""
+    generator = torch.Generator().manual_seed(heads * dim + kv_heads)
+    lengths = torch.tensor([1, 15, 16, 17, 32, 33, 70, 47])
+    rows, block, width = len(lengths), 16, 5
+    keys, values = (3 * torch.randn(kv_heads, rows * width + 1, block, dim, generator=generator) for _ in range(2))
+    keys[:, :, :, 0] += torch.linspace(-8, 8, rows * width + 1)[None, :, None]  # maxima in early and late tiles
+    keys, values = keys.bfloat16(), values.bfloat16()
+    tables = (torch.randperm(rows * width, generator=generator) + 1).view(rows, width).to(torch.int32)
+    q = torch.randn(rows, heads, dim, generator=generator).bfloat16()
+    sinks = torch.randn(heads, generator=generator)
+    for window, softcap, sink in ((None, None, None), (20, None, None), (None, 5.0, None), (None, None, sinks),
+                                  (7, 5.0, sinks)):
+        out = cpu_attention.paged_decode_attention(q=q, keys=keys, values=values, block_tables=tables, lengths=lengths,
+                                                   scale=dim**-0.5, window=window, softcap=softcap, sinks=sink)
+        expected = fp64_reference(q, keys, values, tables, lengths, dim**-0.5, window, softcap, sink)
+        torch.testing.assert_close(out.double(), expected, rtol=BF16_ULP, atol=1e-5)
+
+
+def test_this_build_scores_bf16_with_the_cpus_bf16_units_where_it_has_them():
+    """The default build (``-march=native``) takes vdpbf16ps where the CPU has AVX-512-BF16; test_cpu_kernels builds
+    the widening path (AVX-512 and AVX2) and runs the tests above on it."""
+    from hybridflow.cpu import cpu_flags
+
+    if cpu_kernels.build_flags()[0] != "-march=native":
+        pytest.skip("a build for another -march")
+    assert cpu_kernels.library().paged_decode_attention_bf16_dot_units() == ("avx512_bf16" in cpu_flags())
+
+
 def test_the_bf16_kernel_reads_only_its_rows_positions():
     """The bf16 twin widens whole blocks: NaN past a row's length is widened, never read into the output."""
     keys = torch.full((1, 4, 4, 16), float("nan"), dtype=torch.bfloat16)
@@ -154,6 +209,35 @@ def test_the_bf16_kernel_reads_only_its_rows_positions():
                                                block_tables=torch.tensor([[1, 2]], dtype=torch.int32),
                                                lengths=torch.tensor([3]), scale=1.0, window=None)
     torch.testing.assert_close(out.float(), torch.full((1, 2, 16), 2.0))
+
+
+def guarded_bf16(shape):
+    """A bf16 tensor of ``shape`` (one page of bytes) that ends where an unreadable page starts: a read past its last
+    element faults (the test process dies, the test fails)."""
+    import ctypes
+    import mmap
+
+    page = mmap.PAGESIZE
+    assert math.prod(shape) * 2 == page
+    region = mmap.mmap(-1, 2 * page)
+    start = ctypes.addressof(ctypes.c_char.from_buffer(region))
+    no_access = 0  # PROT_NONE
+    assert ctypes.CDLL(None).mprotect(ctypes.c_void_p(start + page), ctypes.c_size_t(page), no_access) == 0
+    return torch.frombuffer(region, dtype=torch.bfloat16, count=page // 2).view(shape)
+
+
+def test_the_bf16_kernel_reads_no_key_past_a_rows_last_position():
+    """Issue 56: a tile of 16 positions in blocks of 4 reads only the row's 3 positions of its last block, the pool's
+    last 3 x 32 bytes before an unreadable page (keys and values alike)."""
+    import mmap
+
+    blocks = mmap.PAGESIZE // (4 * 16 * 2)
+    keys, values = guarded_bf16((1, blocks, 4, 16)), guarded_bf16((1, blocks, 4, 16))
+    keys.fill_(0.5), values.fill_(2.0)
+    table = torch.tensor([[0, blocks - 1]], dtype=torch.int32)
+    out = cpu_attention.paged_decode_attention(q=torch.ones(1, 1, 16, dtype=torch.bfloat16), keys=keys, values=values,
+                                               block_tables=table, lengths=torch.tensor([7]), scale=1.0, window=None)
+    torch.testing.assert_close(out.float(), torch.full((1, 1, 16), 2.0))
 
 
 def test_a_pool_and_queries_of_different_dtypes_are_refused():

@@ -69,6 +69,23 @@ def test_the_library_built_for_avx2_matches_the_torch_ops_too(monkeypatch, tmp_p
     test_cpu_fused.test_norm_and_silu_match_the_eager_ops()
     test_cpu_fused.test_the_bf16_small_ops_are_the_fp32_ones_on_the_widened_inputs_rounded_once()  # issue 56
     test_cpu_attention.test_the_bf16_kernel_is_the_fp32_math_on_the_widened_pool_rounded_once(9, 3, 64, threads=2)
+    test_cpu_attention.test_the_bf16_kernel_against_fp64_over_the_engines_blocks(10, 2, 48)
+    assert cpu_kernels.library().paged_decode_attention_bf16_dot_units() == 0
     test_cpu_fused.test_qkv_rope_write_matches_the_eager_ops(qk_norm=True)
     test_cpu_fused.test_sample_rows_draws_what_the_torch_ops_draw(threads=2)
     test_cpu_moe.test_the_kernel_equals_the_torch_experts(clamp=(1.702, 0.7), biases=True, count=5)  # issue 58
+
+
+@pytest.mark.skipif(not {"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512cd"} <= set(cpu_flags()),
+                    reason="this CPU cannot run code built for skylake-avx512")
+def test_the_bf16_attention_built_for_avx512_without_bf16_units_matches_fp64(monkeypatch, tmp_path, fresh_library):
+    """Issue 56: an AVX-512 CPU without AVX-512-BF16 (``-march=skylake-avx512``) scores by widening the bf16 keys, not
+    with vdpbf16ps; pinned here on any AVX-512 machine, with bf16 units or not."""
+    monkeypatch.setenv("HYBRIDFLOW_KERNEL_MARCH", "skylake-avx512")
+    monkeypatch.setenv("HYBRIDFLOW_CACHE", str(tmp_path))
+    assert cpu_kernels.library().paged_decode_attention_bf16_dot_units() == 0
+    for shape in ((9, 3, 64), (10, 2, 48), (5, 5, 16)):
+        test_cpu_attention.test_the_bf16_kernel_against_fp64_over_the_engines_blocks(*shape)
+    test_cpu_attention.test_the_bf16_kernel_is_the_fp32_math_on_the_widened_pool_rounded_once(9, 3, 64, threads=2)
+    test_cpu_attention.test_the_bf16_kernel_reads_only_its_rows_positions()
+    test_cpu_attention.test_the_bf16_kernel_reads_no_key_past_a_rows_last_position()

@@ -18,9 +18,11 @@
  * sinks [H], NULL: none) each head's sink logit joins the softmax and is dropped: m[g] = max(m, sink[g]) and
  * sum_t p[g][t] + exp(sink[g] - m[g]) divides.
  *
- * paged_decode_attention_bf16 takes a bf16 pool, q and out (sinks stay fp32): a task first widens its row's blocks
- * of the pool (read once from memory, half the fp32 bytes) into a per-thread fp32 scratch laid out as blocks
- * 0, 1, ... (a few tens of KB at decode lengths: it stays in cache), then runs the same fp32 task over it.
+ * paged_decode_attention_bf16 takes a bf16 pool, q and out (sinks stay fp32) and reads the pool in place (half the
+ * fp32 bytes, no fp32 copy of it): one pass over a row's positions, 16 at a time, each key and value widened to fp32 in
+ * registers (or, for the scores, multiplied as bf16 pairs by AVX-512-BF16's vdpbf16ps where the build has it), fp32
+ * sums, an online softmax, the output rounded to bf16 once. An earlier twin widened the row's blocks into an fp32
+ * scratch first: at 64 rows that copy cost more than the halved bytes saved (docs/benchmarks.md).
  */
 #include <math.h>
 #include <stdint.h>
@@ -28,6 +30,10 @@
 #include <string.h>
 
 #include "vector_math.h"
+
+#ifdef __AVX512BF16__
+#include <immintrin.h>
+#endif
 
 #define LANES 16
 #define MAX_GROUP 16
@@ -78,7 +84,7 @@ static inline void prefetch_block(const float *pool, const int32_t *table, int64
     if (index >= blocks) return;
     const char *start = (const char *)(pool + (head_offset + (int64_t)table[index] * block_size) * d);
     for (int64_t byte = 0; byte < (int64_t)sizeof(float) * block_size * d; byte += 64)
-        __builtin_prefetch(start + byte, 0, 3);
+        __builtin_prefetch(start + byte, 0, 2); /* into L2: 1.4-1.5x faster than into L1 (issue 56, benchmarks.md) */
 }
 
 static inline __attribute__((always_inline)) void attend_one(const float *q, const float *keys, const float *values, const int32_t *table,
@@ -204,22 +210,236 @@ int paged_decode_attention_f32(const float *q, const float *keys, const float *v
     return failed ? -1 : 0;
 }
 
-/* Blocks first / B .. of a row's table, of one KV head (at head_offset in the bf16 pool), widened into scratch at
- * block index * B (the scratch's own table is 0, 1, ...). */
-static void widen_blocks(const uint16_t *pool, const int32_t *table, int64_t first, int64_t length,
-                         int64_t head_offset, int64_t block_size, int64_t d, float *scratch) {
-    int64_t blocks = (length + block_size - 1) / block_size;
-    for (int64_t index = first / block_size; index < blocks; index++) {
-        if (index + 1 < blocks)
-            for (int64_t byte = 0; byte < (int64_t)sizeof(uint16_t) * block_size * d; byte += 64)
-                __builtin_prefetch((const char *)(pool + (head_offset + (int64_t)table[index + 1] * block_size) * d)
-                                   + byte, 0, 0);
-        widen_bf16(pool + (head_offset + (int64_t)table[index] * block_size) * d, scratch + index * block_size * d,
-                   block_size * d);
+/* ---- bf16: the pool read in place, each key and value widened to fp32 in registers (issue 56) ---- */
+
+#define TILE 16 /* positions whose scores are computed together (one vector of 16 scores per query head) */
+
+typedef uint16_t half16 __attribute__((vector_size(32)));
+typedef uint32_t word16 __attribute__((vector_size(64)));
+
+/* 16 bf16 as fp32: a bf16 is the top half of an fp32, so widening is a zero-extension and a shift. */
+static inline vec16 widen16(const uint16_t *p) {
+    half16 h;
+    memcpy(&h, p, sizeof h);
+    word16 w = __builtin_convertvector(h, word16) << 16;
+    return (vec16)w;
+}
+
+/* 32 bf16 as two fp32 vectors: the even dims 0, 2, .., 30 (the low half of each 32-bit pair, shifted up) and the odd
+ * ones (the high half, masked): one shift and one and, where widening 16 in order takes a zero-extension and a shift. */
+static inline void split32(const uint16_t *p, vec16 *even, vec16 *odd) {
+    word16 w;
+    memcpy(&w, p, sizeof w);
+    *even = (vec16)(w << 16);
+    *odd = (vec16)(w & 0xffff0000u);
+}
+
+/* The kernel's fp32 layout of a D-vector ("split"): each whole 32 dims as their 16 even dims then their 16 odd ones,
+ * a last 16 (D % 32) in order. q is widened into it, the output's sums are kept in it. */
+static inline void widen_split(const uint16_t *source, float *target, int64_t d) {
+    int64_t c = 0;
+    for (; c + 32 <= d; c += 32) {
+        vec16 even, odd;
+        split32(source + c, &even, &odd);
+        memcpy(target + c, &even, sizeof even);
+        memcpy(target + c + 16, &odd, sizeof odd);
+    }
+    for (; c < d; c++) target[c] = bf16_to_f32(source[c]);
+}
+
+static inline void narrow_split(const float *source, uint16_t *target, float norm, int64_t d) {
+    int64_t c = 0;
+    for (; c + 32 <= d; c += 32)
+        for (int64_t i = 0; i < 16; i++) {
+            target[c + 2 * i] = f32_to_bf16(source[c + i] * norm);
+            target[c + 2 * i + 1] = f32_to_bf16(source[c + 16 + i] * norm);
+        }
+    for (; c < d; c++) target[c] = f32_to_bf16(source[c] * norm);
+}
+
+/* lanes[g][j] = the lanes of <q_g, k_j> over D for the tile's `count` keys (rows of D bf16 from k; zero past count:
+ * those keys are not read), each key read once for the group: fp32 products of the widened key, and with AVX-512-BF16
+ * (built where the CPU has it) vdpbf16ps on 32 dims at a time, whose bf16 x bf16 products are exact in fp32; q in
+ * the split layout. */
+static inline __attribute__((always_inline)) void tile_lanes(const float *q, const uint16_t *q_bf16, const uint16_t *k,
+                                                             int64_t count, int64_t d, int64_t group,
+                                                             vec16 lanes[][TILE]) {
+    for (int64_t j = 0; j < TILE; j++) {
+        vec16 acc[MAX_GROUP];
+        for (int64_t g = 0; g < group; g++) acc[g] = (vec16){0};
+        if (j < count) {
+            const uint16_t *key = k + j * d;
+            int64_t c = 0;
+#ifdef __AVX512BF16__
+            for (; c + 32 <= d; c += 32) {
+                __m512bh pairs = (__m512bh)_mm512_loadu_si512(key + c);
+                for (int64_t g = 0; g < group; g++)
+                    acc[g] = (vec16)_mm512_dpbf16_ps((__m512)acc[g], (__m512bh)_mm512_loadu_si512(q_bf16 + g * d + c), pairs);
+            }
+#else
+            (void)q_bf16;
+            for (; c + 32 <= d; c += 32) {
+                vec16 even, odd;
+                split32(key + c, &even, &odd);
+                for (int64_t g = 0; g < group; g++)
+                    acc[g] += load16(q + g * d + c) * even + load16(q + g * d + c + 16) * odd;
+            }
+#endif
+            for (; c < d; c += LANES) {
+                vec16 x = widen16(key + c);
+                for (int64_t g = 0; g < group; g++) acc[g] += load16(q + g * d + c) * x;
+            }
+        }
+        for (int64_t g = 0; g < group; g++) lanes[g][j] = acc[g];
     }
 }
 
-/* paged_decode_attention_f32 over a bf16 pool, q and out (the header comment). */
+/* r[j] = the sum of v[j]'s 16 lanes, in a tree of in-lane, then 128-bit-lane shuffles: 45 shuffles and adds for the
+ * 16 sums against ~8 a sum one by one. Level by level the vectors hold 2, 4, 8 and 16 positions' partial sums. */
+static inline vec16 sum_lanes16(const vec16 v[TILE]) {
+    vec16 two[8], four[4], eight[2];
+    for (int i = 0; i < 8; i++)
+        two[i] = __builtin_shufflevector(v[2 * i], v[2 * i + 1], 0, 16, 1, 17, 4, 20, 5, 21, 8, 24, 9, 25, 12, 28, 13, 29)
+               + __builtin_shufflevector(v[2 * i], v[2 * i + 1], 2, 18, 3, 19, 6, 22, 7, 23, 10, 26, 11, 27, 14, 30, 15, 31);
+    for (int i = 0; i < 4; i++)
+        four[i] = __builtin_shufflevector(two[2 * i], two[2 * i + 1], 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29)
+                + __builtin_shufflevector(two[2 * i], two[2 * i + 1], 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
+    for (int i = 0; i < 2; i++)
+        eight[i] = __builtin_shufflevector(four[2 * i], four[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27)
+                 + __builtin_shufflevector(four[2 * i], four[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+    return __builtin_shufflevector(eight[0], eight[1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27)
+         + __builtin_shufflevector(eight[0], eight[1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+}
+
+/* acc[g] = alpha[g] acc[g] + sum_j p[g][j] v_j over the tile's `count` values (acc in the split layout), 32 dims at a
+ * time with the group's sums in registers. */
+static inline __attribute__((always_inline)) void accumulate_values(float *acc, const float *alpha, const float *p,
+                                                                    const uint16_t *v, int64_t count, int64_t d,
+                                                                    int64_t group) {
+    int64_t c = 0;
+    for (; c + 32 <= d; c += 32) {
+        vec16 even[MAX_GROUP], odd[MAX_GROUP];
+        for (int64_t g = 0; g < group; g++) {
+            even[g] = load16(acc + g * d + c) * alpha[g];
+            odd[g] = load16(acc + g * d + c + 16) * alpha[g];
+        }
+        for (int64_t j = 0; j < count; j++) {
+            vec16 x_even, x_odd;
+            split32(v + j * d + c, &x_even, &x_odd);
+            for (int64_t g = 0; g < group; g++) {
+                even[g] += p[g * TILE + j] * x_even;
+                odd[g] += p[g * TILE + j] * x_odd;
+            }
+        }
+        for (int64_t g = 0; g < group; g++) {
+            memcpy(acc + g * d + c, &even[g], sizeof even[g]);
+            memcpy(acc + g * d + c + 16, &odd[g], sizeof odd[g]);
+        }
+    }
+    if (c < d) { /* the last 16 dims, in order */
+        vec16 sums[MAX_GROUP];
+        for (int64_t g = 0; g < group; g++) sums[g] = load16(acc + g * d + c) * alpha[g];
+        for (int64_t j = 0; j < count; j++) {
+            vec16 x = widen16(v + j * d + c);
+            for (int64_t g = 0; g < group; g++) sums[g] += p[g * TILE + j] * x;
+        }
+        for (int64_t g = 0; g < group; g++) memcpy(acc + g * d + c, &sums[g], sizeof sums[g]);
+    }
+}
+
+#define AHEAD 2    /* blocks */
+#define LOCALITY 2 /* into L2 (prefetcht1): 1.4x faster than into L1 at 64 rows, where L1's miss queue overflowed */
+/* Ask for the keys and values of block `index` of the table (if the row has it) AHEAD blocks before they are read:
+ * consecutive blocks lie anywhere in the pool, where the hardware prefetcher does not follow. */
+static inline void prefetch_bf16_block(const uint16_t *keys, const uint16_t *values, const int32_t *table,
+                                       int64_t index, int64_t blocks, int64_t head_offset, int64_t block_elements,
+                                       int64_t d) {
+    if (index >= blocks) return;
+    const char *k = (const char *)(keys + head_offset * d + (int64_t)table[index] * block_elements);
+    const char *v = (const char *)(values + head_offset * d + (int64_t)table[index] * block_elements);
+    for (int64_t byte = 0; byte < (int64_t)sizeof(uint16_t) * block_elements; byte += 64) {
+        __builtin_prefetch(k + byte, 0, LOCALITY);
+        __builtin_prefetch(v + byte, 0, LOCALITY);
+    }
+}
+
+/* One (row, KV head) task in one pass over its positions, TILE at a time, with an online softmax: per query head the
+ * running maximum m and sum l of exp(s - m), the output's running sum acc; a tile with maximum m' > m rescales l and
+ * acc by exp(m - m'). Sinks start m at the sink logit and join l at the end (as in the fp32 kernel). q: fp32 (widened,
+ * split layout) and bf16; acc: group x D floats of scratch. */
+static inline __attribute__((always_inline)) void attend_one_bf16(
+        const float *q, const uint16_t *q_bf16, const uint16_t *keys, const uint16_t *values, const int32_t *table,
+        int64_t first, int64_t length, int64_t head_offset, int64_t block_size, int64_t d, int64_t group, float scale,
+        float softcap, const float *sinks, float *acc, uint16_t *out) {
+    float maximum[MAX_GROUP], total[MAX_GROUP], alpha[MAX_GROUP], p[MAX_GROUP * TILE];
+    for (int64_t g = 0; g < group; g++) maximum[g] = sinks != NULL ? sinks[g] : -INFINITY, total[g] = 0.0f;
+    memset(acc, 0, sizeof(float) * group * d);
+    int64_t blocks = (length + block_size - 1) / block_size, block_elements = block_size * d;
+    for (int64_t index = first / block_size; index < blocks; index++) {
+        prefetch_bf16_block(keys, values, table, index + AHEAD, blocks, head_offset, block_elements, d);
+        int64_t start = index * block_size, lo = first > start ? first : start;
+        int64_t hi = length < start + block_size ? length : start + block_size;
+        const uint16_t *block_keys = keys + head_offset * d + (int64_t)table[index] * block_elements;
+        const uint16_t *block_values = values + head_offset * d + (int64_t)table[index] * block_elements;
+        for (int64_t t = lo; t < hi; t += TILE) {
+            int64_t count = hi - t < TILE ? hi - t : TILE;
+            vec16 lanes[MAX_GROUP][TILE];
+            tile_lanes(q, q_bf16, block_keys + (t - start) * d, count, d, group, lanes);
+            for (int64_t g = 0; g < group; g++) {
+                float s[TILE];
+                vec16 scores = sum_lanes16(lanes[g]) * scale;
+                memcpy(s, &scores, sizeof s);
+                if (softcap > 0.0f) /* Gemma 2: c tanh(s / c) */
+                    for (int64_t j = 0; j < count; j++) s[j] = softcap * tanhf(s[j] / softcap);
+                float m = maximum[g], sum = 0.0f;
+                for (int64_t j = 0; j < count; j++) m = s[j] > m ? s[j] : m;
+                for (int64_t j = 0; j < TILE; j++) {
+                    p[g * TILE + j] = j < count ? exp_clamped(s[j] - m) : 0.0f;
+                    sum += p[g * TILE + j];
+                }
+                alpha[g] = exp_clamped(maximum[g] - m); /* ~1e-38 on the first tile, where acc and total are 0 */
+                total[g] = total[g] * alpha[g] + sum;
+                maximum[g] = m;
+            }
+            accumulate_values(acc, alpha, p, block_values + (t - start) * d, count, d, group);
+        }
+    }
+    for (int64_t g = 0; g < group; g++) {
+        float norm = 1.0f / (total[g] + (sinks != NULL ? exp_clamped(sinks[g] - maximum[g]) : 0.0f));
+        narrow_split(acc + g * d, out + g * d, norm, d);
+    }
+}
+
+/* attend_one_bf16 with the group's loops unrolled for the common group sizes (as attend_task). */
+static void attend_task_bf16(const float *q, const uint16_t *q_bf16, const uint16_t *keys, const uint16_t *values,
+                             const int32_t *table, int64_t first, int64_t length, int64_t head_offset,
+                             int64_t block_size, int64_t d, int64_t group, float scale, float softcap,
+                             const float *sinks, float *acc, uint16_t *out) {
+#define ATTEND(G) attend_one_bf16(q, q_bf16, keys, values, table, first, length, head_offset, block_size, d, G, scale, \
+                                  softcap, sinks, acc, out)
+    switch (group) {
+        case 1: ATTEND(1); break;
+        case 2: ATTEND(2); break;
+        case 3: ATTEND(3); break;
+        case 4: ATTEND(4); break;
+        case 6: ATTEND(6); break;
+        case 8: ATTEND(8); break;
+        default: ATTEND(group);
+    }
+#undef ATTEND
+}
+
+/* Whether this build scores with AVX-512-BF16's vdpbf16ps (1) or widens keys to fp32 (0): tests check which path they
+ * pinned. */
+int paged_decode_attention_bf16_dot_units(void) {
+#ifdef __AVX512BF16__
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* paged_decode_attention_f32 over a bf16 pool, q and out (the header comment): one pass, fp32 math, out rounded once. */
 int paged_decode_attention_bf16(const uint16_t *q, const uint16_t *keys, const uint16_t *values,
                                 const int32_t *tables, int64_t table_stride, const int64_t *lengths, uint16_t *out,
                                 int64_t rows, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t blocks,
@@ -228,33 +448,30 @@ int paged_decode_attention_bf16(const uint16_t *q, const uint16_t *keys, const u
     int64_t group = heads / kv_heads;
     if (group > MAX_GROUP || group * kv_heads != heads || head_dim % LANES != 0) return -1;
     if (!tables_valid(tables, table_stride, lengths, rows, block_size, blocks, max_length)) return -1;
-    int64_t table_blocks = (max_length + block_size - 1) / block_size, span = table_blocks * block_size * head_dim;
     int failed = 0;
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
-        float *scores = malloc(sizeof(float) * group * (max_length > 0 ? max_length : 1));
-        /* keys, values, q and out of one task, in fp32 */
-        float *wide = malloc(sizeof(float) * (2 * span + 2 * group * head_dim));
-        int32_t *identity = malloc(sizeof(int32_t) * (table_blocks > 0 ? table_blocks : 1));
-        if (scores == NULL || wide == NULL || identity == NULL) failed = 1;
-        for (int64_t index = 0; identity != NULL && index < table_blocks; index++) identity[index] = (int32_t)index;
+        float *wide_q = malloc(sizeof(float) * 2 * group * head_dim), *acc = wide_q + group * head_dim;
+        if (wide_q == NULL) failed = 1;
 #pragma omp for schedule(static)
         for (int64_t task = 0; task < rows * kv_heads; task++) {
-            if (scores == NULL || wide == NULL || identity == NULL) continue;
+            if (wide_q == NULL) continue;
             int64_t n = task / kv_heads, h = task % kv_heads, length = lengths[n];
-            int64_t first = window_start(length, window), offset = h * blocks * block_size;
-            float *wide_keys = wide, *wide_values = wide + span, *wide_q = wide + 2 * span;
-            float *wide_out = wide_q + group * head_dim;
-            widen_blocks(keys, tables + n * table_stride, first, length, offset, block_size, head_dim, wide_keys);
-            widen_blocks(values, tables + n * table_stride, first, length, offset, block_size, head_dim, wide_values);
-            widen_bf16(q + (n * heads + h * group) * head_dim, wide_q, group * head_dim);
-            attend_task(wide_q, wide_keys, wide_values, identity, first, length, 0, block_size, head_dim, group, scale,
-                        softcap, sinks != NULL ? sinks + h * group : NULL, scores, wide_out);
-            narrow_to_bf16(wide_out, out + (n * heads + h * group) * head_dim, group * head_dim);
+            const uint16_t *task_q = q + (n * heads + h * group) * head_dim;
+            if (task + 1 < rows * kv_heads) { /* the next task's first blocks, before this one's AHEAD-th is asked for */
+                int64_t next_n = (task + 1) / kv_heads, next_length = lengths[next_n];
+                int64_t next_first = window_start(next_length, window) / block_size;
+                for (int64_t index = next_first; index < next_first + AHEAD; index++)
+                    prefetch_bf16_block(keys, values, tables + next_n * table_stride, index,
+                                        (next_length + block_size - 1) / block_size,
+                                        (task + 1) % kv_heads * blocks * block_size, block_size * head_dim, head_dim);
+            }
+            for (int64_t g = 0; g < group; g++) widen_split(task_q + g * head_dim, wide_q + g * head_dim, head_dim);
+            attend_task_bf16(wide_q, task_q, keys, values, tables + n * table_stride, window_start(length, window),
+                             length, h * blocks * block_size, block_size, head_dim, group, scale, softcap,
+                             sinks != NULL ? sinks + h * group : NULL, acc, out + (n * heads + h * group) * head_dim);
         }
-        free(scores);
-        free(wide);
-        free(identity);
+        free(wide_q);
     }
     return failed ? -1 : 0;
 }
