@@ -12,7 +12,7 @@ sends that line (:meth:`Spare.start`), and the script execs bwrap; the sample's 
 Nothing is shared between samples: each has its own cgroup, folder, namespaces and tmpfs, all made
 before any of its code exists. A prepared sandbox is used by one sample only, of the same kind and
 settings (:func:`take` matches its key); it is kept per process (a fork does not use its parent's),
-at most one per key and :data:`_MAX_SPARES` in all, and discarded at exit (the closed pipe ends its
+at most one per key and :data:`_MAX_SPARES` in all (the settings used longest ago make room), and discarded at exit (the closed pipe ends its
 script, which is also SIGKILLed; its cgroup and folder are removed like a sample's).
 """
 
@@ -103,10 +103,12 @@ def refill(key: tuple, prepare: Callable[[], Spare]) -> None:
     spare = prepare()
     with _LOCK:
         _forget_parents()
-        if key not in _SPARES and len(_SPARES) < _MAX_SPARES:
-            _SPARES[key] = spare
-            return
-    spare.discard()
+        unused = [_SPARES.pop(key)] if key in _SPARES else []
+        _SPARES[key] = spare
+        while len(_SPARES) > _MAX_SPARES:  # the settings used longest ago make room
+            unused.append(_SPARES.pop(next(iter(_SPARES))))
+    for spare in unused:
+        spare.discard()
 
 
 def discard_all() -> None:
