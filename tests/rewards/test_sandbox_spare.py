@@ -134,12 +134,16 @@ def test_a_killed_reward_process_leaves_no_waiting_sandbox():
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     reward = subprocess.Popen([sys.executable, "-c", KILLED_AFTER_A_SAMPLE], env=env, stdout=subprocess.PIPE, text=True)
     spare = int(reward.communicate()[0])
-    assert reward.returncode == -signal.SIGKILL
-    deadline = time.monotonic() + 20
-    while _alive(spare) and time.monotonic() < deadline:
-        time.sleep(0.05)  # its pipe closed with the reward process: the script reads no line and ends
-    assert not _alive(spare)
-    code_sandbox.remove_leftovers(reward.pid)  # what the worker pool does for a killed worker: its folders, cgroups
+    try:
+        assert reward.returncode == -signal.SIGKILL
+        deadline = time.monotonic() + 20
+        while _alive(spare) and time.monotonic() < deadline:
+            time.sleep(0.05)  # its pipe closed with the reward process: the script reads no line and ends
+        assert not _alive(spare)
+    finally:
+        if _alive(spare):
+            os.kill(spare, signal.SIGKILL)
+        code_sandbox.remove_leftovers(reward.pid)  # what the worker pool does for a killed worker: folders, cgroups
 
 
 def _alive(pid: int) -> bool:
