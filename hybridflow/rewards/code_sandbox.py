@@ -43,9 +43,7 @@ from __future__ import annotations
 
 import functools
 import os
-import selectors
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -56,7 +54,7 @@ from pathlib import Path
 
 from hybridflow.errors import ConfigError
 from hybridflow.rewards import (judge_process, judge_server, sandbox_cgroup, sandbox_harness, sandbox_judge,
-                                sandbox_leftovers, sandbox_limits)
+                                sandbox_leftovers, sandbox_limits, sandbox_spare, sandbox_supervisor)
 
 ALLOW_UNSANDBOXED_ENV = "HYBRIDFLOW_ALLOW_UNSANDBOXED_CODE"
 TIMEOUT_ENV = "HYBRIDFLOW_SANDBOX_TIMEOUT_S"
@@ -69,7 +67,6 @@ _SCRATCH_BYTES = 64 * 2**20
 _MAX_PROCESSES = 32  # threads count too; with RLIMIT_AS the hard memory bound between watchdog polls
 _MAX_OPEN_FILES = 64
 _NOBODY = "65534"
-_DRAIN_AFTER_KILL_S = 2.0
 
 _HARNESS_SOURCE = Path(sandbox_harness.__file__).read_text(encoding="utf-8")
 
@@ -174,12 +171,13 @@ def _host_dirs(host_dir: str, code: str) -> str:
 
 
 def _bwrap_command(host_dir: str, harness_args: list[str], seccomp_fd: int | None, capped: bool,
-                   join_cgroup: str | None = None) -> list[str]:  # fmt: skip
+                   join_cgroup: str | None = None, wait_stdin: str | None = None) -> list[str]:  # fmt: skip
     """The sandbox's argv: :func:`sandbox_limits.tmpfs_mount_prefix` joins ``join_cgroup`` and mounts the capped
-    tmpfs, and bwrap binds them (``capped``), or bwrap's own tmpfs, of the same sizes but no inode cap."""
+    tmpfs, and bwrap binds them (``capped``), or bwrap's own tmpfs, of the same sizes but no inode cap.
+    ``wait_stdin``: prepared ahead, the mount script waits for the harness's arguments (not in ``harness_args``)."""
     executable, prefix = _interpreter()
     fstab = os.path.join(host_dir, "fstab")
-    mount_prefix = sandbox_limits.tmpfs_mount_prefix(fstab, join_cgroup) if capped else []
+    mount_prefix = sandbox_limits.tmpfs_mount_prefix(fstab, join_cgroup, wait_stdin) if capped else []
     command = [
         *mount_prefix, "bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
         "--uid", _NOBODY, "--gid", _NOBODY, "--cap-drop", "ALL", "--hostname", "sandbox",
@@ -318,104 +316,6 @@ def _harness_args(memory_mb: int, timeout_s: float, mode: str, kind: str) -> lis
     return [*(str(value) for value in limits), mode, kind]
 
 
-def _kill_tree(process: subprocess.Popen) -> None:
-    """SIGKILL the process group; under bwrap that kills its PID namespace, so everything in it."""
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-class _CappedReader:
-    """Reads the named pipes (stdout, stderr) as they come, keeping the first ``limit`` bytes of each;
-    ``truncated`` names those that had more. A descriptor registered with ``data=None`` only wakes it."""
-
-    def __init__(self, streams: dict[str, int], limit: int):
-        self.limit = limit
-        self.kept = {name: bytearray() for name in streams}
-        self.truncated: set[str] = set()
-        self.selector = selectors.DefaultSelector()
-        for name, fd in streams.items():
-            os.set_blocking(fd, False)
-            self.selector.register(fd, selectors.EVENT_READ, data=name)
-
-    @property
-    def open(self) -> bool:
-        return any(key.data is not None for key in self.selector.get_map().values())
-
-    def pump(self, timeout_s: float) -> None:
-        """Read whatever is ready within ``timeout_s``; closed pipes are unregistered."""
-        for key, _ in self.selector.select(timeout=max(timeout_s, 0.0)):
-            if key.data is None:
-                continue  # the memory bound's event: the supervisor looks at it
-            try:
-                chunk = os.read(key.fd, 1 << 16)
-            except BlockingIOError:
-                continue
-            if not chunk:
-                self.selector.unregister(key.fd)
-                continue
-            buffer = self.kept[key.data]
-            room = self.limit - len(buffer)
-            buffer += chunk[: max(room, 0)]
-            if len(chunk) > room:
-                self.truncated.add(key.data)
-
-    def text(self, name: str) -> str:
-        return self.kept[name].decode("utf-8", errors="replace")
-
-
-def _supervise(process: subprocess.Popen, reader: _CappedReader, timeout_s: float,
-              memory: sandbox_cgroup.MemoryBound) -> str | None:  # fmt: skip
-    """Pump output until the process ends; kill the tree at ``timeout_s`` or past the memory bound
-    (the kernel's, or the polled tree's resident memory). Returns why it was killed: "time", "memory" or None."""
-    deadline = time.monotonic() + timeout_s
-    stopped = None
-    exited = _exit_event(process)  # wakes us when it exits (not 20 ms later)
-    for fd in (memory.events_fd, exited):
-        if fd is not None:
-            reader.selector.register(fd, selectors.EVENT_READ, data=None)
-    while process.poll() is None or reader.open:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            stopped = "time" if process.poll() is None or reader.open else None
-            break
-        if exited is not None and process.returncode is not None:  # a child holds the pipes: its exit stays readable
-            reader.selector.unregister(exited)
-            _close(exited)
-            exited = None
-        # with the pipes closed and no pidfd, only a look at the process says it ended: look often
-        woken = reader.open or exited is not None
-        reader.pump(min(remaining, memory.poll_interval_s if woken else sandbox_limits.WATCH_INTERVAL_S))
-        if memory.exceeded():
-            stopped = "memory"
-            break
-    for fd in (memory.events_fd, exited):
-        if fd is not None:
-            reader.selector.unregister(fd)
-    _close(exited)
-    _kill_tree(process)  # what is left: the program, or a child that kept the pipes
-    memory.kill()
-    drain_until = time.monotonic() + _DRAIN_AFTER_KILL_S
-    while reader.open and time.monotonic() < drain_until:
-        reader.pump(0.05)
-    process.wait()
-    return "memory" if stopped != "time" and memory.reached() else stopped
-
-
-def _exit_event(process: subprocess.Popen) -> int | None:
-    """A pidfd of ``process`` (readable once it has exited), or None where the kernel has none (Linux < 5.3)."""
-    try:
-        return os.pidfd_open(process.pid)
-    except (AttributeError, OSError):
-        return None
-
-
-def _close(fd: int | None) -> None:
-    if fd is not None:
-        os.close(fd)
-
-
 def _memory_bound(memory_mb: int, isolated: bool) -> sandbox_cgroup.MemoryBound:
     """The sample's memory bound; its cgroup is joined by user nobody where the sandbox starts as nobody."""
     return sandbox_cgroup.MemoryBound(memory_mb, int(_NOBODY) if isolated and _drop_to_nobody() else None)
@@ -444,8 +344,10 @@ class _Launch:
     output_limit: int = OUTPUT_LIMIT_BYTES  # bytes kept of stdout and of stderr
 
 
-def _start(launch: _Launch, host_dir: str, stdin_file, output, memory: sandbox_cgroup.MemoryBound) -> subprocess.Popen:
-    """Start the sandbox in ``memory``'s cgroup; ``output`` is where its stdout and stderr go (PIPE or DEVNULL)."""
+def _start(launch: _Launch, host_dir: str, stdin_file, output, memory: sandbox_cgroup.MemoryBound,
+           wait_stdin: str | None = None) -> subprocess.Popen:  # fmt: skip
+    """Start the sandbox in ``memory``'s cgroup; ``output`` is where its stdout and stderr go (PIPE or DEVNULL).
+    ``wait_stdin``: prepared ahead (:func:`_prepare`), it waits for its harness's arguments on ``stdin_file``."""
     program_path = _host_dirs(host_dir, launch.code)
     isolated = sandbox_available()
     args = _harness_args(launch.memory_mb, launch.timeout_s, "bwrap" if isolated else "weak", launch.kind)
@@ -455,7 +357,7 @@ def _start(launch: _Launch, host_dir: str, stdin_file, output, memory: sandbox_c
     passed = [*launch.passed_fds, *([] if seccomp_fd is None else [seccomp_fd])]
     weak_command = [sys.executable, "-I", "-S", "-c", _HARNESS_SOURCE, *args]
     if isolated and inode_caps_work():  # the mount script joins the cgroup: no shell of its own
-        command = _bwrap_command(host_dir, args, seccomp_fd, True, memory.procs)
+        command = _bwrap_command(host_dir, [] if wait_stdin else args, seccomp_fd, True, memory.procs, wait_stdin)
     else:
         command = memory.prefix() + (_bwrap_command(host_dir, args, seccomp_fd, False) if isolated else weak_command)
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1"}
@@ -476,10 +378,85 @@ def _time_limit(timeout_s: float | None) -> float:
     return DEFAULT_TIMEOUT_S if timeout_s is None else float(timeout_s)
 
 
+def _ahead() -> bool:
+    """Whether sandboxes are prepared one sample ahead (:mod:`sandbox_spare`): where the mount script starts them."""
+    return sandbox_available() and inode_caps_work()
+
+
+def _spare_key(kind: str, memory_mb: int) -> tuple:
+    """Every setting a prepared sandbox was started with: one prepared under other settings is not used."""
+    return kind, memory_mb, sandbox_cgroup.available(), sandbox_limits.seccomp_filter(), tempfile.gettempdir()
+
+
+def _prepare(kind: str, memory_mb: int) -> sandbox_spare.Spare:
+    """A sandbox of ``kind`` started ahead: its fresh cgroup joined and tmpfs mounted, then waiting for its sample."""
+    memory = _memory_bound(memory_mb, True)
+    host_dir = sandbox_leftovers.new()
+    go_read, go_write = -1, -1
+    channel = passed = None
+    try:
+        stdin = _write_readable(host_dir, "stdin.txt", "") if kind == "program" else os.devnull
+        go_read, go_write = os.pipe()
+        if kind == "serve":
+            (requests_read, requests_write), (replies_read, replies_write) = os.pipe(), os.pipe()
+            channel, passed = (requests_write, replies_read), (requests_read, replies_write)
+        launch = _Launch(code="", stdin="", timeout_s=0.0, memory_mb=memory_mb, kind=kind, passed_fds=passed or ())
+        output = subprocess.PIPE if kind == "program" else subprocess.DEVNULL
+        process = _start(launch, host_dir, go_read, output, memory, wait_stdin=stdin)  # closes passed
+    except BaseException:
+        for fd in (go_write, *(channel or ())):
+            if fd >= 0:
+                os.close(fd)
+        memory.close()
+        sandbox_leftovers.release(host_dir)
+        raise
+    finally:
+        if go_read >= 0:
+            os.close(go_read)
+    return sandbox_spare.Spare(host_dir, memory, process, go_write, channel, passed)
+
+
+def _go(spare: sandbox_spare.Spare, launch: _Launch) -> subprocess.Popen:
+    """Give a prepared sandbox its sample: its program (and stdin) written, then the harness's arguments sent."""
+    _write_readable(os.path.join(spare.host_dir, "program"), "main.py", launch.code)
+    if launch.kind == "program":
+        _write_readable(spare.host_dir, "stdin.txt", launch.stdin)
+    args = _harness_args(launch.memory_mb, launch.timeout_s, "bwrap", launch.kind)
+    return spare.start(args + [str(fd) for fd in spare.passed or ()])
+
+
+def _run_ahead(launch: _Launch) -> ExecutionResult:
+    """:func:`_run` in a sandbox prepared ahead; the next sample's is prepared while this one runs."""
+    key, prepare = _spare_key("program", launch.memory_mb), functools.partial(_prepare, "program", launch.memory_mb)
+    spare = sandbox_spare.take(key, prepare)
+    try:
+        process = _go(spare, launch)
+    except BaseException:
+        spare.discard()
+        raise
+    started = time.monotonic()
+    try:
+        streams = {"stdout": process.stdout.fileno(), "stderr": process.stderr.fileno()}
+        reader = sandbox_supervisor.CappedReader(streams, launch.output_limit)
+        try:
+            sandbox_spare.refill(key, prepare)
+            stopped = sandbox_supervisor.supervise(process, reader, launch.timeout_s, spare.memory, started)
+        finally:
+            sandbox_supervisor.kill_tree(process)
+            process.stdout.close()
+            process.stderr.close()
+    finally:
+        spare.memory.close()
+        sandbox_leftovers.release(spare.host_dir)
+    return _result(process, reader, stopped)
+
+
 def _run(launch: _Launch) -> ExecutionResult:
     """Run one program with stdin; its capped output and why it stopped."""
     check_sandbox()
     sandbox_leftovers.reap()
+    if _ahead():
+        return _run_ahead(launch)
     memory = _memory_bound(launch.memory_mb, sandbox_available())
     with sandbox_leftovers.host_folder() as host_dir:
         stdin_path = _write_readable(host_dir, "stdin.txt", launch.stdin)
@@ -487,15 +464,19 @@ def _run(launch: _Launch) -> ExecutionResult:
             with open(stdin_path, "rb") as stdin_file:
                 process = _start(launch, host_dir, stdin_file, subprocess.PIPE, memory)
                 streams = {"stdout": process.stdout.fileno(), "stderr": process.stderr.fileno()}
-                reader = _CappedReader(streams, launch.output_limit)
+                reader = sandbox_supervisor.CappedReader(streams, launch.output_limit)
                 try:
-                    stopped = _supervise(process, reader, launch.timeout_s, memory)
+                    stopped = sandbox_supervisor.supervise(process, reader, launch.timeout_s, memory)
                 finally:
-                    _kill_tree(process)
+                    sandbox_supervisor.kill_tree(process)
                     process.stdout.close()
                     process.stderr.close()
         finally:
             memory.close()
+    return _result(process, reader, stopped)
+
+
+def _result(process: subprocess.Popen, reader: sandbox_supervisor.CappedReader, stopped: str | None) -> ExecutionResult:
     return ExecutionResult(
         returncode=None if stopped == "time" else process.returncode,
         stdout=reader.text("stdout"),
@@ -544,28 +525,42 @@ def run_asserts(code: str, asserts: list[str], *, timeout_s: float | None = 5.0,
 
 
 def _judged(code: str, entries: list, timeout_s: float, memory_mb: int, served: bool) -> list[bool]:
-    """One sandbox of :func:`run_asserts`, its judge one of the judge server's (``served``) or forked here."""
-    requests_read, requests_write = os.pipe()
-    replies_read, replies_write = os.pipe()
+    """One sandbox of :func:`run_asserts` (prepared ahead where it can be), its judge one of the judge server's
+    (``served``) or forked here."""
     launch = _Launch(code=code, stdin="", timeout_s=timeout_s * (len(entries) + 1), memory_mb=memory_mb,
-                     kind="serve", passed_fds=(requests_read, replies_write))  # fmt: skip
+                     kind="serve")  # fmt: skip
     sandbox_leftovers.reap()
-    memory = _memory_bound(memory_mb, sandbox_available())
+    key, prepare = _spare_key("serve", memory_mb), functools.partial(_prepare, "serve", memory_mb)
+    spare = sandbox_spare.take(key, prepare) if _ahead() else None
+    if spare is not None:
+        memory, host_dir, channel = spare.memory, spare.host_dir, spare.channel
+        spare.channel = None  # judge_process.run closes them
+    else:
+        (requests_read, requests_write), (replies_read, replies_write) = os.pipe(), os.pipe()
+        launch.passed_fds = (requests_read, replies_write)
+        memory, host_dir = _memory_bound(memory_mb, sandbox_available()), sandbox_leftovers.new()
+        channel = (requests_write, replies_read)
     started: list[subprocess.Popen] = []
 
     def start_sandbox() -> None:  # once the judge has the sample
-        started.append(_start(launch, host_dir, subprocess.DEVNULL, subprocess.DEVNULL, memory))
+        if spare is None:
+            started.append(_start(launch, host_dir, subprocess.DEVNULL, subprocess.DEVNULL, memory))
+            return
+        started.append(_go(spare, launch))
+        sandbox_spare.refill(key, prepare)  # the next sample's, while this one runs
 
-    with sandbox_leftovers.host_folder() as host_dir:
-        try:
-            bounds = judge_process.Bounds(timeout_s, launch.timeout_s, memory_mb, memory.poll_interval_s)
-            channel = (requests_write, replies_read)
-            return judge_process.run(code, entries, channel, bounds, memory, start_sandbox, served)
-        finally:
+    try:
+        bounds = judge_process.Bounds(timeout_s, launch.timeout_s, memory_mb, memory.poll_interval_s)
+        return judge_process.run(code, entries, channel, bounds, memory, start_sandbox, served)
+    finally:
+        if spare is not None and not started:
+            spare.discard()  # never given its sample
+        else:
             for process in started:
-                _kill_tree(process)
+                sandbox_supervisor.kill_tree(process)
                 sandbox_leftovers.reap_later(process)  # it dies (its namespaces torn down) while the next sample runs
             memory.close()
+            sandbox_leftovers.release(host_dir)
 
 
 def remove_leftovers(pid: int) -> None:

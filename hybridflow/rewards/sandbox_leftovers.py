@@ -25,11 +25,13 @@ import shutil
 import subprocess
 import tempfile
 import threading
+from collections.abc import Callable
 
 PREFIX = "hybridflow-sandbox-"
 _PENDING: queue.Queue[str] = queue.Queue()
 _REMOVER: list[threading.Thread] = []  # started at the first release, per process (a fork has none)
 _KILLED: list[subprocess.Popen | int] = []  # killed, not yet reaped: sandboxes (Popen) and judges (pid)
+_BEFORE_FINISH: list[Callable[[], None]] = []  # what hands its leftovers here at exit (the spare sandboxes)
 
 
 def new() -> str:
@@ -84,9 +86,16 @@ def reap(block: bool = False) -> None:
     _KILLED[:] = [process for process in _KILLED if not _reaped(process, block)]
 
 
+def before_finish(discard: Callable[[], None]) -> None:
+    """Have :func:`finish` call ``discard`` first (it kills and releases what it holds)."""
+    _BEFORE_FINISH.append(discard)
+
+
 def finish() -> None:
     """At exit: reap every killed process, remove the folders not removed yet here, and wait for the one
     the remover thread may be removing."""
+    for discard in _BEFORE_FINISH:
+        discard()
     reap(block=True)
     while True:
         try:

@@ -102,7 +102,7 @@ def tmpfs_fstab(mounts: list[tuple[str, int]]) -> str:
     return "".join(lines)
 
 
-def tmpfs_mount_prefix(fstab_path: str, join_cgroup: str | None = None) -> list[str]:
+def tmpfs_mount_prefix(fstab_path: str, join_cgroup: str | None = None, wait_stdin: str | None = None) -> list[str]:
     """The argv to put before bwrap's: a new user and mount namespace of its own (util-linux
     ``unshare``; the caller's uid is root in there, nobody else's) that mounts the tmpfs of
     ``fstab_path`` (:func:`tmpfs_fstab`, one ``mount`` for all), then execs bwrap, which binds them
@@ -110,10 +110,14 @@ def tmpfs_mount_prefix(fstab_path: str, join_cgroup: str | None = None) -> list[
     namespace: the host sees none, and they vanish with the sandbox. ~7 ms a sandbox.
 
     ``join_cgroup``: the ``cgroup.procs`` the shell writes its pid into first (the sample's memory cgroup).
+    ``wait_stdin``: a sandbox prepared ahead (``sandbox_spare``): once mounted, the shell reads one line of
+    words from its stdin and execs bwrap with them appended (the harness's arguments), its stdin this path.
 
     A separate program, not a ``preexec_fn``: forked from a process with OpenMP threads (torch),
     the child is no longer single-threaded and ``unshare(CLONE_NEWUSER)`` refuses it.
     """
     join = f"echo $$ > {shlex.quote(join_cgroup)} && " if join_cgroup else ""  # first, before anything forks
     script = f'{join}mount -n -a -T {shlex.quote(fstab_path)} && exec "$@"'
+    if wait_stdin is not None:  # no globbing of the words; without a line (the pipe closed) it ends here
+        script = script.replace('exec "$@"', f'set -f && read -r args && exec "$@" $args < {shlex.quote(wait_stdin)}')
     return ["unshare", "--user", "--map-root-user", "--mount", "--", "sh", "-c", script, "sh"]

@@ -163,3 +163,4 @@ def test_judges_die_with_a_killed_reward_process():
     while _live_processes_in_group(process.pid) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert _live_processes_in_group(process.pid) == {}
+    code_sandbox.remove_leftovers(process.pid)  # as the worker pool does: the killed process's folders and cgroups
