@@ -1,0 +1,95 @@
+"""A bf16 decode step's projections: oneDNN's packed matmul against the AVX-512-BF16 kernel, in one run (issue 56).
+
+For a model shape (default SmolLM2-135M, random bf16 weights: the time does not depend on their values) the matrices
+the native engine multiplies in one decode step, fused as it fuses them (q|k|v, o, gate|up, down per layer, and the
+LM head), each multiplied once by ``[M, in]`` rows: weights streamed from memory as a step streams them. Per row
+count, the two paths alternate ``--repeats`` times (median of each), beside the floor of that step on this machine:
+max(weight bytes / read bandwidth, FLOPs / peak bf16 matmul rate), both measured in this run.
+
+    nice python benchmarks/bf16_decode_matmul.py --rows 1,8,16,32,64,128,256 --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # spinning threads on shared cores
+
+import torch  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from decode_floor import peak_matmul_flops, read_bandwidth  # noqa: E402
+from model_shapes import SHAPES  # noqa: E402
+from rollout_floor import median_seconds  # noqa: E402
+
+from hybridflow.rollout import bf16_linear  # noqa: E402
+from hybridflow.rollout.packed_linear import _PACKING_BATCH_HINT  # noqa: E402
+
+
+def fused_shapes(shape: str) -> list[tuple[int, int]]:
+    """``(out, in)`` of every matrix one decode step multiplies by, fused as the native engine fuses them."""
+    config = SHAPES[shape]
+    hidden, inter, layers = config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"]
+    heads, kv = config["num_attention_heads"], config["num_key_value_heads"]
+    head_dim = config.get("head_dim", hidden // heads)
+    layer = [((heads + 2 * kv) * head_dim, hidden), (hidden, heads * head_dim), (2 * inter, hidden), (hidden, inter)]
+    return layer * layers + [(config["vocab_size"], hidden)]
+
+
+def step_runners(shapes: list[tuple[int, int]], rows: int):
+    """``{path: one decode step's matmuls}`` over freshly made random weights (each path its own packed copies)."""
+    generator = torch.Generator().manual_seed(0)
+    weights = [torch.randn(n, k, generator=generator).bfloat16() for n, k in shapes]
+    inputs = {k: torch.randn(rows, k, generator=generator).bfloat16() for _, k in shapes}
+    onednn = [torch.ops.mkldnn._reorder_linear_weight(w, _PACKING_BATCH_HINT) for w in weights]
+    kernel = [bf16_linear.pack(w) for w in weights]
+    del weights
+
+    def run_onednn():
+        for (_, k), w in zip(shapes, onednn):
+            torch.ops.mkldnn._linear_pointwise(inputs[k], w, None, "none", [], "")
+
+    def run_kernel():
+        for (_, k), w in zip(shapes, kernel):
+            bf16_linear.linear(inputs[k], w)
+
+    return {"oneDNN": run_onednn, "kernel": run_kernel}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", default="smollm2-135m", choices=sorted(SHAPES))
+    parser.add_argument("--rows", default="1,8,16,32,64,128,256")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    reason = bf16_linear.unavailable_reason()
+    if reason is not None:
+        raise SystemExit(f"the bf16 kernel does not run here: {reason}")
+    shapes = fused_shapes(args.shape)
+    params = sum(n * k for n, k in shapes)
+    peak, bandwidth = peak_matmul_flops(torch.bfloat16), read_bandwidth()
+    print(f"{args.shape}: {params / 1e6:.1f} M matmul params ({2 * params / 1e6:.0f} MB bf16), {args.threads} "
+          f"threads; bf16 peak {peak / 1e9:.0f} GFLOP/s ([2048]^2 mm), read bandwidth {bandwidth / 1e9:.1f} GB/s")
+    print("rows | floor ms | oneDNN ms  GFLOP/s  GB/s | kernel ms  GFLOP/s  GB/s | oneDNN / kernel")
+    with torch.no_grad():
+        for rows in (int(r) for r in args.rows.split(",")):
+            runners = step_runners(shapes, rows)
+            times = {name: [] for name in runners}
+            for _ in range(args.repeats):  # interleaved: the machine's load hits both alike
+                for name, run in runners.items():
+                    times[name].append(median_seconds(run, device="cpu", repeats=1))
+            flops, floor = 2 * params * rows, max(2 * params / bandwidth, 2 * params * rows / peak)
+            cells = []
+            for name in runners:
+                seconds = sorted(times[name])[len(times[name]) // 2]
+                cells.append(f"{seconds * 1e3:9.1f} {flops / seconds / 1e9:8.0f} {2 * params / seconds / 1e9:5.1f}")
+            a, b = (sorted(t)[len(t) // 2] for t in times.values())
+            print(f"{rows:4d} | {floor * 1e3:8.1f} | {cells[0]} | {cells[1]} | {a / b:.2f}x", flush=True)
+
+
+if __name__ == "__main__":
+    main()
