@@ -24,14 +24,23 @@ PANEL = 48
 """Output columns of one packed panel (three 16-lane fp32 accumulators a row; matches ``PANEL`` in the C source)."""
 
 
-@functools.cache
-def unavailable_reason() -> str | None:
-    """``None`` where the kernel runs on this CPU, else one line saying why not (probed once)."""
+def missing_build_reason() -> str | None:
+    """``None`` where the library holds the kernel, else why not (no library, or a build without AVX-512-BF16)."""
     library = cpu_kernels.library()
     if library is None:
         return "the CPU decode kernels are not built"
     if not library.bf16_linear_supported():
         return "no AVX-512-BF16 in this CPU's kernel build"
+    return None
+
+
+@functools.cache
+def unavailable_reason() -> str | None:
+    """``None`` where the kernel runs on this CPU, else one line saying why not (built, and a probe multiply is
+    right; probed once)."""
+    missing = missing_build_reason()
+    if missing is not None:
+        return missing
     generator = torch.Generator().manual_seed(0)
     weight = torch.randint(-4, 5, (50, 7), generator=generator).bfloat16()  # small integers: every sum exact
     x = torch.randint(-4, 5, (9, 7), generator=generator).bfloat16()
