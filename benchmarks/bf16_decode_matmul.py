@@ -6,7 +6,11 @@ LM head), each multiplied once by ``[M, in]`` rows: weights streamed from memory
 count, the two paths alternate ``--repeats`` times (median of each), beside the floor of that step on this machine:
 max(weight bytes / read bandwidth, FLOPs / peak bf16 matmul rate), both measured in this run.
 
-    nice python benchmarks/bf16_decode_matmul.py --rows 1,8,16,32,64,128,256 --threads 2
+``--engine-batches``: then the native engine on that random model, its projections on the kernel and on oneDNN (the
+kernel turned off while that engine is built), ``--prompt-len`` random prompt tokens and exactly ``--max-tokens`` new
+ones a row, the two engines' ``generate`` calls alternating ``--repeats`` times (median tok/s).
+
+    nice python benchmarks/bf16_decode_matmul.py --rows 1,8,16,32,64,128,256 --threads 2 --engine-batches 16,64
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from decode_floor import peak_matmul_flops, read_bandwidth  # noqa: E402
-from model_shapes import SHAPES  # noqa: E402
+from model_shapes import SHAPES, random_model  # noqa: E402
 from rollout_floor import median_seconds  # noqa: E402
 
 from hybridflow.rollout import bf16_linear  # noqa: E402
@@ -58,12 +62,39 @@ def step_runners(shapes: list[tuple[int, int]], rows: int):
     return {"oneDNN": run_onednn, "kernel": run_kernel}
 
 
+def engine_tokens_per_second(shape: str, *, batch: int, prompt_len: int, max_tokens: int, repeats: int):
+    """``{path: median tok/s}`` of the native engine's ``generate`` with the projections on the kernel and on oneDNN."""
+    from unittest import mock
+
+    from hybridflow.rollout import SamplingParams
+    from hybridflow.rollout.native import NativeEngine
+
+    model = random_model(shape, dtype="bfloat16", device="cpu")
+    engines = {"kernel": NativeEngine(model, max_num_seqs=batch, max_model_len=prompt_len + max_tokens)}
+    with mock.patch.object(bf16_linear, "unavailable_reason", lambda: "off for the A/B"):
+        engines["oneDNN"] = NativeEngine(model, max_num_seqs=batch, max_model_len=prompt_len + max_tokens)
+    assert engines["oneDNN"].decoder.lm_head.path == "oneDNN-packed", engines["oneDNN"].decoder.lm_head.path
+    prompts = torch.randint(model.config.vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(0))
+    params = SamplingParams(n=1, temperature=1.0, max_tokens=max_tokens, ignore_eos=True, seed=0, logprobs=True)
+    seconds = {name: [] for name in engines}
+    for name, engine in engines.items():  # warm-up
+        engine.generate(prompts[:2].tolist(), SamplingParams(n=1, max_tokens=4, ignore_eos=True, seed=0))
+    for _ in range(repeats):
+        for name, engine in engines.items():
+            seconds[name].append(median_seconds(lambda: engine.generate(prompts.tolist(), params), device="cpu",
+                                                repeats=1))
+    return {name: batch * max_tokens / sorted(t)[len(t) // 2] for name, t in seconds.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", default="smollm2-135m", choices=sorted(SHAPES))
     parser.add_argument("--rows", default="1,8,16,32,64,128,256")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--engine-batches", default="", help="also the native engine A/B at these batches")
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--max-tokens", type=int, default=128)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     reason = bf16_linear.unavailable_reason()
@@ -89,6 +120,12 @@ def main() -> None:
                 cells.append(f"{seconds * 1e3:9.1f} {flops / seconds / 1e9:8.0f} {2 * params / seconds / 1e9:5.1f}")
             a, b = (sorted(t)[len(t) // 2] for t in times.values())
             print(f"{rows:4d} | {floor * 1e3:8.1f} | {cells[0]} | {cells[1]} | {a / b:.2f}x", flush=True)
+    for batch in (int(b) for b in args.engine_batches.split(",") if b):
+        rates = engine_tokens_per_second(args.shape, batch=batch, prompt_len=args.prompt_len,
+                                         max_tokens=args.max_tokens, repeats=args.repeats)
+        print(f"native engine, batch {batch}, {args.prompt_len} + {args.max_tokens} tokens: kernel "
+              f"{rates['kernel']:.1f} tok/s, oneDNN {rates['oneDNN']:.1f} tok/s, {rates['kernel'] / rates['oneDNN']:.2f}x",
+              flush=True)
 
 
 if __name__ == "__main__":
