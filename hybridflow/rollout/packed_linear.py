@@ -38,9 +38,9 @@ logger = logging.getLogger(__name__)
 # The row count oneDNN picks the packed layout for; one packing serves every row count.
 # 64 measured faster than 1 at every row count from 1 to 100 on SmolLM2-135M's shapes.
 _PACKING_BATCH_HINT = 64
-_KERNEL_MAX_ROWS: int | None = 128
-"""The most rows the bf16 kernel multiplies (``None``: every count); above, oneDNN's packed copy (measured
-crossover, docs/benchmarks.md)."""
+_KERNEL_MAX_ROWS = 128
+"""The most rows the bf16 kernel multiplies; above (prefill), oneDNN's packed copy (about level from 128-256 rows,
+docs/benchmarks.md)."""
 _PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
 PORTABLE_KERNELS_ENV = "HYBRIDFLOW_PORTABLE_KERNELS"
 """Set to 1 to force the portable ``F.linear`` path everywhere (tests use it to cover the fallback)."""
@@ -102,20 +102,27 @@ class PackedLinear:
         self.path = kernel_path(weight.dtype, weight.device)
         self.packed = not self.path.startswith("F.linear")
         """Whether a packed copy is held (oneDNN's and / or the bf16 kernel's): a weight change needs a rebuild."""
-        self.kernel_weight = self.kernel_bias = None  # the bf16 kernel's copies (its path only)
-        self.onednn = self.path == "oneDNN-packed" or (self.path == DPBF16_PATH and _KERNEL_MAX_ROWS is not None
+        self.kernel_weight = None  # the bf16 kernel's packed copy (its path only)
+        self.onednn = self.path == "oneDNN-packed" or (self.path == DPBF16_PATH
                                                        and _onednn_packing_probe(weight.dtype) is None)
         with torch.no_grad():
             if self.path == DPBF16_PATH:
                 self.kernel_weight = bf16_linear.pack(weight)
-                self.kernel_bias = None if bias is None else bias.detach().float()
             if self.onednn:
                 self.weight = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), _PACKING_BATCH_HINT)
-            elif self.kernel_weight is None or _KERNEL_MAX_ROWS is not None:
+            else:
                 self.weight = weight.detach()
-            else:  # the kernel runs every row count: no second copy
-                self.weight = None
-            self.bias = None if bias is None else bias.detach()
+        self.bias = bias
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        return self._bias
+
+    @bias.setter
+    def bias(self, bias: torch.Tensor | None) -> None:
+        """A new bias (the weight kept): the kernel's fp32 copy follows."""
+        self._bias = None if bias is None else bias.detach()
+        self.kernel_bias = None if bias is None or self.kernel_weight is None else self._bias.float()
 
     def assign(self, weight: torch.Tensor | None, bias: torch.Tensor | None) -> bool:
         """Copy a new ``weight`` (``None``: keep it) and ``bias`` into this layer's own tensors, in place, and
@@ -134,8 +141,7 @@ class PackedLinear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """``[N, in]`` -> ``[N, out]``."""
-        if self.kernel_weight is not None and x.dtype == torch.bfloat16 and (
-                _KERNEL_MAX_ROWS is None or x.numel() <= _KERNEL_MAX_ROWS * x.shape[-1]):
+        if self.kernel_weight is not None and x.dtype == torch.bfloat16 and x.numel() <= _KERNEL_MAX_ROWS * x.shape[-1]:
             return bf16_linear.linear(x, self.kernel_weight, self.kernel_bias)
         if self.onednn:
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")

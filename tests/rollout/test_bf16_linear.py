@@ -10,7 +10,7 @@ from hybridflow.rollout.packed_linear import DPBF16_PATH, PackedLinear, kernel_p
 
 needs_kernel = pytest.mark.skipif(bf16_linear.missing_build_reason() is not None,
                                   reason=f"bf16 kernel not built here: {bf16_linear.missing_build_reason()}")
-MAX_ROWS = packed_linear._KERNEL_MAX_ROWS or 256
+MAX_ROWS = packed_linear._KERNEL_MAX_ROWS
 
 
 def integers(shape, generator, low=-8, high=9) -> torch.Tensor:
@@ -103,6 +103,9 @@ def test_packed_linear_takes_the_kernel_for_decode_rows_and_onednn_above(monkeyp
         torch.testing.assert_close(layer(x).float(), expected, rtol=1e-2, atol=3e-2)
     assert calls == [1, MAX_ROWS]  # above the crossover: oneDNN's packed copy
     assert not layer.assign(weight * 2, bias)  # a weight change rebuilds (repacks)
+    layer.bias = bias * 0  # a bias-only change keeps the packed weight (WeightPacker._linear): the kernel follows
+    x = torch.randn(3, 64, generator=generator).bfloat16()
+    torch.testing.assert_close(layer(x).float(), (x.double() @ weight.double().T).float(), rtol=1e-2, atol=3e-2)
     assert PackedLinear(torch.randn(4, 4)).path != DPBF16_PATH  # fp32 keeps oneDNN / F.linear
 
 
