@@ -3,8 +3,9 @@
 For a model shape (default SmolLM2-135M, random bf16 weights: the time does not depend on their values) the matrices
 the native engine multiplies in one decode step, fused as it fuses them (q|k|v, o, gate|up, down per layer, and the
 LM head), each multiplied once by ``[M, in]`` rows: weights streamed from memory as a step streams them. Per row
-count, the two paths alternate ``--repeats`` times (median of each), beside the floor of that step on this machine:
-max(weight bytes / read bandwidth, FLOPs / peak bf16 matmul rate), both measured in this run.
+count, the two paths alternate ``--repeats`` times (median of each, wall and process CPU time), beside the floor
+of that step on this machine: max(weight bytes / read bandwidth, FLOPs / peak bf16 matmul rate), both measured in
+this run.
 
 ``--engine-batches``: then the native engine on that random model, its projections on the kernel and on oneDNN (the
 kernel turned off while that engine is built), ``--prompt-len`` random prompt tokens and exactly ``--max-tokens`` new
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # spinning threads on shared cores
 
@@ -86,6 +88,18 @@ def engine_tokens_per_second(shape: str, *, batch: int, prompt_len: int, max_tok
     return {name: batch * max_tokens / sorted(t)[len(t) // 2] for name, t in seconds.items()}
 
 
+def clocked(work) -> tuple[float, float]:
+    """(wall, process CPU) seconds of one ``work()``: CPU time leaves out the time another process held the cores
+    (it counts memory stalls), the steadier A/B on a shared machine."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    work()
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
+def median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", default="smollm2-135m", choices=sorted(SHAPES))
@@ -105,26 +119,28 @@ def main() -> None:
     peak, bandwidth = peak_matmul_flops(torch.bfloat16), read_bandwidth()
     print(f"{args.shape}: {params / 1e6:.1f} M matmul params ({2 * params / 1e6:.0f} MB bf16), {args.threads} "
           f"threads; bf16 peak {peak / 1e9:.0f} GFLOP/s ([2048]^2 mm), read bandwidth {bandwidth / 1e9:.1f} GB/s")
-    print("rows | floor ms | oneDNN ms  GFLOP/s  GB/s | kernel ms  GFLOP/s  GB/s | oneDNN / kernel")
+    print("rows | floor ms | oneDNN ms  GFLOP/s  GB/s  cpu ms | kernel ms  GFLOP/s  GB/s  cpu ms | oneDNN / kernel "
+          "(wall, cpu)")
     with torch.no_grad():
         for rows in (int(r) for r in args.rows.split(",")):
             runners = step_runners(shapes, rows)
-            times = {name: [] for name in runners}
+            wall, cpu = ({name: [] for name in runners} for _ in range(2))
             for _ in range(args.repeats):  # interleaved: the machine's load hits both alike
                 for name, run in runners.items():
-                    times[name].append(median_seconds(run, device="cpu", repeats=1))
+                    seconds = clocked(run)
+                    wall[name].append(seconds[0]), cpu[name].append(seconds[1])
             flops, floor = 2 * params * rows, max(2 * params / bandwidth, 2 * params * rows / peak)
-            cells = []
-            for name in runners:
-                seconds = sorted(times[name])[len(times[name]) // 2]
-                cells.append(f"{seconds * 1e3:9.1f} {flops / seconds / 1e9:8.0f} {2 * params / seconds / 1e9:5.1f}")
-            a, b = (sorted(t)[len(t) // 2] for t in times.values())
-            print(f"{rows:4d} | {floor * 1e3:8.1f} | {cells[0]} | {cells[1]} | {a / b:.2f}x", flush=True)
+            wall, cpu = ({name: median(t) for name, t in d.items()} for d in (wall, cpu))
+            cells = [f"{wall[n] * 1e3:9.1f} {flops / wall[n] / 1e9:8.0f} {2 * params / wall[n] / 1e9:5.1f} "
+                     f"{cpu[n] * 1e3:7.1f}" for n in runners]
+            print(f"{rows:4d} | {floor * 1e3:8.1f} | {cells[0]} | {cells[1]} | {wall['oneDNN'] / wall['kernel']:.2f}x, "
+                  f"{cpu['oneDNN'] / cpu['kernel']:.2f}x", flush=True)
     for batch in (int(b) for b in args.engine_batches.split(",") if b):
         rates = engine_tokens_per_second(args.shape, batch=batch, prompt_len=args.prompt_len,
                                          max_tokens=args.max_tokens, repeats=args.repeats)
         print(f"native engine, batch {batch}, {args.prompt_len} + {args.max_tokens} tokens: kernel "
-              f"{rates['kernel']:.1f} tok/s, oneDNN {rates['oneDNN']:.1f} tok/s, {rates['kernel'] / rates['oneDNN']:.2f}x",
+              f"{rates['kernel']:.1f} tok/s, oneDNN {rates['oneDNN']:.1f} tok/s, "
+              f"{rates['kernel'] / rates['oneDNN']:.2f}x",
               flush=True)
 
 

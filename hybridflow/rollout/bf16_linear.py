@@ -83,9 +83,9 @@ def linear(x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None = No
         rows = rows.contiguous()
     y = torch.empty(rows.shape[0], n, dtype=out_dtype)
     bias_pointer = None if bias is None else bias.data_ptr()
-    status = cpu_kernels.library().bf16_linear(rows.data_ptr(), rows.shape[0], k, rows.stride(0), packed.panels.data_ptr(),
-                                               n, bias_pointer, y.data_ptr(), n, int(out_dtype == torch.float32),
-                                               torch.get_num_threads())
+    status = cpu_kernels.library().bf16_linear(rows.data_ptr(), rows.shape[0], k, rows.stride(0),
+                                               packed.panels.data_ptr(), n, bias_pointer, y.data_ptr(), n,
+                                               int(out_dtype == torch.float32), torch.get_num_threads())
     if status != 0:
         raise RuntimeError(f"bf16_linear refused [{rows.shape[0]}, {k}] x [{n}, {k}] (no AVX-512-BF16 in the build?)")
     return y.view(*x.shape[:-1], n)

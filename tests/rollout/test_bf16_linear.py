@@ -64,7 +64,8 @@ def test_the_probe_passes_where_the_kernel_is_built():
 @needs_kernel
 def test_threads_split_columns_only_so_results_do_not_depend_on_them():
     generator = torch.Generator().manual_seed(1)
-    weight, x = torch.randn(49152, 576, generator=generator).bfloat16(), torch.randn(16, 576, generator=generator).bfloat16()
+    weight = torch.randn(49152, 576, generator=generator).bfloat16()
+    x = torch.randn(16, 576, generator=generator).bfloat16()
     packed = bf16_linear.pack(weight)  # the LM head of SmolLM2-135M
     threads = torch.get_num_threads()
     try:
