@@ -2,7 +2,8 @@
 
 What is in it: decode attention over the paged pool (:mod:`hybridflow.rollout.cpu_attention`), the decode step's
 small ops fused per layer and the one-pass sampler (:mod:`hybridflow.rollout.cpu_fused`), a mixture-of-experts
-layer's routed experts (:mod:`hybridflow.rollout.cpu_moe`). Each exists because the
+layer's routed experts (:mod:`hybridflow.rollout.cpu_moe`), bf16 projections at decode row counts
+(:mod:`hybridflow.rollout.bf16_linear`, AVX-512-BF16 builds only). Each exists because the
 torch ops it replaces cost several times what the machine needs for the same bytes (docs/benchmarks.md).
 
 Build: ``gcc -O3 -march=native`` (the instruction set of the machine it runs on: AVX2 or AVX-512 alike, written as
@@ -72,6 +73,10 @@ SIGNATURES = {
     "paged_decode_attention_bf16_dot_units": [],  # issue 56: 1 where the build scores with vdpbf16ps
     "moe_experts_f32": [_POINTER] * 3 + [_SIZE] * 2 + [_POINTER] * 4 + [_SIZE] * 3 + [ctypes.c_int]
     + [ctypes.c_float] * 2 + [_POINTER, ctypes.c_int],
+    # issue 56 (decode matmul): bf16 projections at decode row counts (hybridflow/rollout/bf16_linear.py)
+    "bf16_linear_supported": [],
+    "bf16_linear": [_POINTER, _SIZE, _SIZE, _SIZE, _POINTER, _SIZE, _POINTER, _POINTER, _SIZE, ctypes.c_int,
+                    ctypes.c_int],
 }
 """Each exported function's argument types (every one returns an ``int``: 0, or -1 for inputs it refuses)."""
 

@@ -10,6 +10,10 @@ weight once per step: 1.6x faster at 64 rows and 2.7x at 8 rows than ``F.linear`
 
 Shapes: ``x`` ``[N, in]``, ``weight`` ``[out, in]``, ``bias`` ``[out]`` -> ``[N, out]``.
 
+bf16 weights on a CPU with AVX-512-BF16 (issue 56) take a third path, the C kernel of
+:mod:`hybridflow.rollout.bf16_linear` ("bf16 dpbf16 kernel"), which at decode row counts reads the weights
+several times faster than oneDNN's bf16 matmul (docs/benchmarks.md); it holds its own packed copy instead.
+
 Which path runs is decided once per dtype by a probe that packs a tiny weight and
 multiplies by it: oneDNN's bf16 packing needs AVX-512 (bw/vl/dq) or AVX-NE-CONVERT and
 raises on an AVX2-only CPU, so "the build has oneDNN" is not enough. Anywhere packing
@@ -27,14 +31,21 @@ import os
 import torch
 import torch.nn.functional as F
 
+from hybridflow.rollout import bf16_linear
+
 logger = logging.getLogger(__name__)
 
 # The row count oneDNN picks the packed layout for; one packing serves every row count.
 # 64 measured faster than 1 at every row count from 1 to 100 on SmolLM2-135M's shapes.
 _PACKING_BATCH_HINT = 64
+_KERNEL_MAX_ROWS = 128
+"""The most rows the bf16 kernel multiplies; above (prefill), oneDNN's packed copy (about level from 128-256 rows,
+docs/benchmarks.md)."""
 _PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
 PORTABLE_KERNELS_ENV = "HYBRIDFLOW_PORTABLE_KERNELS"
 """Set to 1 to force the portable ``F.linear`` path everywhere (tests use it to cover the fallback)."""
+DPBF16_PATH = "bf16 dpbf16 kernel"
+"""The path name of bf16 weights multiplied by :mod:`hybridflow.rollout.bf16_linear` (issue 56)."""
 
 
 def portable_kernels_forced() -> bool:
@@ -66,13 +77,16 @@ def kernel_path(dtype: torch.dtype, device: torch.device | str = "cpu") -> str:
         return f"F.linear (oneDNN packing does not cover {dtype})"
     if portable_kernels_forced():
         return f"F.linear ({PORTABLE_KERNELS_ENV}=1)"
+    if dtype == torch.bfloat16 and bf16_linear.unavailable_reason() is None:
+        return DPBF16_PATH
     reason = _onednn_packing_probe(dtype)
     return "oneDNN-packed" if reason is None else f"F.linear (portable fallback: {reason})"
 
 
 def onednn_packing_available(weight: torch.Tensor) -> bool:
-    """Whether ``weight`` can be packed for oneDNN on this CPU (probed once per dtype)."""
-    return kernel_path(weight.dtype, weight.device) == "oneDNN-packed"
+    """Whether :class:`PackedLinear` packs ``weight`` on this CPU, for oneDNN or the bf16 kernel (probed once per
+    dtype)."""
+    return not kernel_path(weight.dtype, weight.device).startswith("F.linear")
 
 
 class PackedLinear:
@@ -86,13 +100,29 @@ class PackedLinear:
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
         self.out_features = weight.shape[0]
         self.path = kernel_path(weight.dtype, weight.device)
-        self.packed = self.path == "oneDNN-packed"
+        self.packed = not self.path.startswith("F.linear")
+        """Whether a packed copy is held (oneDNN's and / or the bf16 kernel's): a weight change needs a rebuild."""
+        self.kernel_weight = None  # the bf16 kernel's packed copy (its path only)
+        self.onednn = self.path == "oneDNN-packed" or (self.path == DPBF16_PATH
+                                                       and _onednn_packing_probe(weight.dtype) is None)
         with torch.no_grad():
-            if self.packed:
+            if self.path == DPBF16_PATH:
+                self.kernel_weight = bf16_linear.pack(weight)
+            if self.onednn:
                 self.weight = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), _PACKING_BATCH_HINT)
             else:
                 self.weight = weight.detach()
-            self.bias = None if bias is None else bias.detach()
+        self.bias = bias
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        return self._bias
+
+    @bias.setter
+    def bias(self, bias: torch.Tensor | None) -> None:
+        """A new bias (the weight kept): the kernel's fp32 copy follows."""
+        self._bias = None if bias is None else bias.detach()
+        self.kernel_bias = None if bias is None or self.kernel_weight is None else self._bias.float()
 
     def assign(self, weight: torch.Tensor | None, bias: torch.Tensor | None) -> bool:
         """Copy a new ``weight`` (``None``: keep it) and ``bias`` into this layer's own tensors, in place, and
@@ -111,7 +141,9 @@ class PackedLinear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """``[N, in]`` -> ``[N, out]``."""
-        if self.packed:
+        if self.kernel_weight is not None and x.dtype == torch.bfloat16 and x.numel() <= _KERNEL_MAX_ROWS * x.shape[-1]:
+            return bf16_linear.linear(x, self.kernel_weight, self.kernel_bias)
+        if self.onednn:
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
 

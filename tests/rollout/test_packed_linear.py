@@ -4,7 +4,7 @@ both equal ``x W^T + b`` at every row count; the fallback is forced so both run 
 import pytest
 import torch
 
-from hybridflow.rollout import packed_linear
+from hybridflow.rollout import bf16_linear, packed_linear
 from hybridflow.rollout.packed_linear import PackedLinear, kernel_path as path_for, onednn_packing_available
 
 
@@ -42,13 +42,15 @@ def test_forcing_the_portable_path_disables_packing_for_every_dtype(monkeypatch)
 
 
 def test_a_cpu_without_the_isa_falls_back_with_the_reason(monkeypatch):
-    """What an AVX2-only CPU does with bf16: oneDNN raises while packing, the probe catches it once."""
+    """What an AVX2-only CPU does with bf16: oneDNN raises while packing, the probe catches it once (and the bf16
+    kernel, which needs AVX-512-BF16, is not built there)."""
     def no_bf16_isa(weight, hint):
         raise RuntimeError("mkldnn_reorder_linear_weight: bf16 path needs the cpu support avx_ne_convert "
                            "or avx512bw, avx512vl and avx512dq\nmore detail")
 
     monkeypatch.delenv(packed_linear.PORTABLE_KERNELS_ENV, raising=False)
     monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", no_bf16_isa)
+    monkeypatch.setattr(bf16_linear, "unavailable_reason", lambda: "no AVX-512-BF16 in this CPU's kernel build")
     packed_linear._onednn_packing_probe.cache_clear()
     try:
         layer = PackedLinear(torch.randn(16, 32).bfloat16())
