@@ -1,10 +1,9 @@
 """A masked unit's attention on a CPU in bf16 as one autograd function (issue 62): fp32 scores, bf16 probabilities.
 
 A shared-prompt unit (one prompt and its ``n`` responses, :mod:`hybridflow.models.segment_attention`) attends under
-an ``[L, L]`` mask, and a masked SDPA call on a CPU runs the flash kernel tile by tile with the mask added to every
-tile, forward and backward (its backward parallel over heads only). At the GRPO benchmark's units (150-260 tokens,
-9 query heads over 3 KV heads) that kernel took 75-90 ms a layer for forward + backward at one thread; this function
-took 54-57 ms for the same unit set (docs/benchmarks.md, "The masked unit attention"). Per unit:
+an ``[L, L]`` mask; a masked SDPA call on a CPU runs the flash kernel tile by tile with the mask added to every tile,
+which at a few hundred tokens a unit is slower than these few matmuls (docs/benchmarks.md, "The masked unit
+attention"). Per unit:
 
     forward:   S = scale (q k^T)  in fp32 (q, k cast up: the scores keep fp32 as flash's do),  P = softmax(S + mask)
                o = P_bf16 v        (bf16 matmul, fp32 accumulation; flash also multiplies bf16 P into v)
@@ -12,10 +11,9 @@ took 54-57 ms for the same unit set (docs/benchmarks.md, "The masked unit attent
 
 with the query heads of one KV head stacked as rows (``[H_kv, g L, D]``): no repeated K / V, and the KV gradients
 summed over the group by the matmul itself. Kept for backward: the unit's bf16 ``P`` (``H L^2`` x 2 bytes), which
-is why only units up to :data:`MAX_UNIT_TOKENS` take this path. Against fp64 on those units the output and
-gradients are as close as the flash kernel's (relative error 2.2e-3 / 3.3e-3 against flash's 2.0e-3 / 2.5-4.6e-3;
-tests/models/test_unit_attention.py bounds it). Not bit for bit the flash kernel's: a bf16 behaviour pin recorded
-before this needs re-recording.
+is why only units up to :data:`MAX_UNIT_TOKENS` take this path. As close to fp64 as the flash kernel
+(tests/models/test_unit_attention.py bounds it), not bit for bit the same: a bf16 behaviour pin recorded before this
+needs re-recording.
 """
 
 from __future__ import annotations
@@ -25,12 +23,13 @@ import torch
 MAX_UNIT_TOKENS = 512
 """Longest unit that runs here: its kept bf16 probabilities (``H x L^2 x 2`` bytes, 4.7 MiB for 9 heads at 512) stay
 within about half of the unit's other kept activations; longer units take SDPA's flash kernel (no ``L^2`` state)."""
-REDUCED_DTYPES = (torch.bfloat16, torch.float16)
+REDUCED_DTYPES = (torch.bfloat16,)
+"""Dtypes that take this path: bf16, the CPU's mixed precision (measured); fp16 and fp32 keep SDPA."""
 
 
 def takes_unit_attention(query: torch.Tensor, mask: torch.Tensor | None, dropout: float) -> bool:
     """Whether a unit (``query [1, H, L, D]`` in the dtype attention runs in) runs :func:`masked_unit_attention`: a
-    masked unit on a CPU in a reduced dtype, no dropout, at most :data:`MAX_UNIT_TOKENS` tokens."""
+    masked unit on a CPU in bf16, no dropout, at most :data:`MAX_UNIT_TOKENS` tokens."""
     return (mask is not None and query.device.type == "cpu" and query.dtype in REDUCED_DTYPES and not dropout
             and query.shape[0] == 1 and query.shape[-2] <= MAX_UNIT_TOKENS)
 
