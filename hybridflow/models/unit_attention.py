@@ -5,8 +5,8 @@ an ``[L, L]`` mask; a masked SDPA call on a CPU runs the flash kernel tile by ti
 which at a few hundred tokens a unit is slower than these few matmuls (docs/benchmarks.md, "The masked unit
 attention"). Per unit:
 
-    forward:   S = scale (q k^T)  in fp32 (q, k cast up: the scores keep fp32 as flash's do),  P = softmax(S + mask)
-               o = P_bf16 v        (bf16 matmul, fp32 accumulation; flash also multiplies bf16 P into v)
+    forward:   S = scale (q k^T)  in fp32 (q, k cast up: no bf16 rounding of the scores),  P = softmax(S + mask)
+               o = P_bf16 v        (bf16 matmul, fp32 accumulation)
     backward:  dv = P^T do,   dP = do v^T,   dS = P (dP - rowsum(dP P)) scale,   dq = dS k,   dk = dS^T q
 
 with the query heads of one KV head stacked as rows (``[H_kv, g L, D]``): no repeated K / V, and the KV gradients
@@ -29,9 +29,10 @@ REDUCED_DTYPES = (torch.bfloat16,)
 
 def takes_unit_attention(query: torch.Tensor, mask: torch.Tensor | None, dropout: float) -> bool:
     """Whether a unit (``query [1, H, L, D]`` in the dtype attention runs in) runs :func:`masked_unit_attention`: a
-    masked unit on a CPU in bf16, no dropout, at most :data:`MAX_UNIT_TOKENS` tokens."""
-    return (mask is not None and query.device.type == "cpu" and query.dtype in REDUCED_DTYPES and not dropout
-            and query.shape[0] == 1 and query.shape[-2] <= MAX_UNIT_TOKENS)
+    unit with a bool mask on a CPU in bf16, no dropout, at most :data:`MAX_UNIT_TOKENS` tokens."""
+    return (mask is not None and mask.dtype == torch.bool and query.device.type == "cpu"
+            and query.dtype in REDUCED_DTYPES and not dropout and query.shape[0] == 1
+            and query.shape[-2] <= MAX_UNIT_TOKENS)
 
 
 def masked_unit_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,

@@ -66,6 +66,7 @@ def test_which_units_take_it():
     assert takes_unit_attention(bf16, mask, 0.0)
     assert not takes_unit_attention(bf16.float(), mask, 0.0)  # fp32: SDPA, the bits fp32 pins hold
     assert not takes_unit_attention(bf16.half(), mask, 0.0)  # fp16: not measured here
+    assert not takes_unit_attention(bf16, torch.zeros(4, 4), 0.0)  # an additive mask: SDPA
     assert not takes_unit_attention(bf16, None, 0.0)  # a causal unit: SDPA's causal kernel skips the masked tiles
     assert not takes_unit_attention(bf16, mask, 0.1)
     long = torch.zeros(1, 2, unit_attention.MAX_UNIT_TOKENS + 1, 8, dtype=torch.bfloat16)
