@@ -51,7 +51,8 @@ class _MaskedUnitAttention(torch.autograd.Function):
         rows = query[0].reshape(kv_heads, group * length, dim)  # query head h reads KV head h // group
         wide = torch.promote_types(query.dtype, torch.float32)  # the scores' dtype: fp32 (fp64 stays fp64)
         with torch.autocast(query.device.type, enabled=False):
-            scores = torch.matmul(rows.to(wide), key[0].to(wide).transpose(-1, -2)).view(kv_heads, group, length, length)
+            scores = torch.matmul(rows.to(wide), key[0].to(wide).transpose(-1, -2))
+            scores = scores.view(kv_heads, group, length, length)
             # the dtype's minimum, not -inf: a fully masked row stays finite (as capped_attention's)
             scores.mul_(scale).masked_fill_(~mask, torch.finfo(scores.dtype).min)
             probs = torch.softmax(scores, dim=-1).to(query.dtype).view(kv_heads, group * length, length)
