@@ -130,6 +130,8 @@ class _LogprobEntropy(torch.autograd.Function):
         ctx.chunk_size = chunk_size
         ctx.calculate_entropy = calculate_entropy
         ctx.mark_non_differentiable(lse)
+        # An entropy only logged (entropy_coeff 0) gets None, not zeros to run three [K, V] passes over (issue 62).
+        ctx.set_materialize_grads(False)
         return log_probs, entropy
 
     @staticmethod

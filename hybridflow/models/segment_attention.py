@@ -40,6 +40,7 @@ import torch.nn.functional as F
 
 from hybridflow.models import flex_segments
 from hybridflow.models.segment_layout import SegmentLayout
+from hybridflow.models.unit_attention import masked_unit_attention, takes_unit_attention
 
 IMPLEMENTATION = "hybridflow_segments"
 BRANCHED_SHARED_PROMPTS_DEVICES: tuple[str, ...] = ()
@@ -126,6 +127,9 @@ def _segment_attention(module, query, key, value, attention_mask, dropout: float
             # A masked SDPA call has no flash kernel; the unit's branches run the fused causal ones.
             outputs.append(shared_prompt_attention(*unit, lengths=branches, scale=scaling, dropout=dropout,
                                                    repeat_kv=True))
+            continue
+        if takes_unit_attention(unit[0], mask, dropout):  # a CPU's masked flash call is slow at these sizes
+            outputs.append(masked_unit_attention(*unit, mask, scaling))
             continue
         # On CUDA, SDPA's fused kernels other than flash (memory-efficient, cuDNN) do not take enable_gqa, and
         # SDPA falls back to the math kernel and its [H, L, L] fp32 scores where flash does not apply (a mask,

@@ -128,3 +128,35 @@ def test_the_fused_default_chunking_gives_the_bits_of_one_chunk():
         torch.autograd.backward([logp, entropy], list(upstream))
         results.append((logp, entropy, leaf.grad))
     assert all(torch.equal(a, b) for a, b in zip(*results))
+
+
+def test_an_entropy_only_logged_costs_its_backward_nothing():
+    """With the entropy computed but not in the loss (entropy_coeff 0: logged only), the backward runs the ops of a
+    log-prob-only call, not three more passes over each chunk's logits with a zero gradient (issue 62); the same
+    gradient."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from hybridflow.algos import logprob_and_entropy
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    gen = torch.Generator().manual_seed(4)
+    logits = (3 * torch.randn(6, 41, generator=gen)).to(torch.bfloat16)
+    labels = torch.randint(0, 41, (6,), generator=gen)
+    upstream = torch.randn(6, generator=gen)
+    runs = []
+    for with_entropy in (False, True):
+        leaf = logits.clone().requires_grad_(True)
+        logp, _ = logprob_and_entropy(logits=leaf, labels=labels, calculate_entropy=with_entropy, chunk_size=4)
+        with Ops() as ops:
+            logp.backward(upstream)
+        runs.append((ops.names, leaf.grad))
+    assert runs[1][0] == runs[0][0]
+    assert torch.equal(runs[1][1], runs[0][1])
