@@ -107,7 +107,7 @@ def test_packed_linear_takes_the_kernel_for_decode_rows_and_onednn_above(monkeyp
     layer.bias = bias * 0  # a bias-only change keeps the packed weight (WeightPacker._linear): the kernel follows
     x = torch.randn(3, 64, generator=generator).bfloat16()
     torch.testing.assert_close(layer(x).float(), (x.double() @ weight.double().T).float(), rtol=1e-2, atol=3e-2)
-    assert PackedLinear(torch.randn(4, 4)).path != DPBF16_PATH  # fp32 keeps oneDNN / F.linear
+    assert PackedLinear(torch.randn(4, 4)).path != DPBF16_PATH  # fp32: its own kernel or oneDNN / F.linear
 
 
 def test_without_the_kernel_bf16_falls_back_to_onednn_or_f_linear(monkeypatch):
