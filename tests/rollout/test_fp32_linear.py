@@ -110,11 +110,16 @@ def test_packed_linear_takes_the_kernel_for_decode_rows_and_onednn_above(monkeyp
 
 
 def test_without_the_library_fp32_falls_back_to_onednn_or_f_linear(monkeypatch):
+    assert_falls_back(monkeypatch, None, "the CPU decode kernels are not built")
+
+
+def assert_falls_back(monkeypatch, library, reason: str) -> None:
+    """With ``library`` as the kernels' build: the probe says ``reason`` and PackedLinear keeps oneDNN / F.linear."""
     monkeypatch.delenv(packed_linear.PORTABLE_KERNELS_ENV, raising=False)
-    monkeypatch.setattr(cpu_kernels, "library", lambda: None)
+    monkeypatch.setattr(cpu_kernels, "library", lambda: library)
     fp32_linear.unavailable_reason.cache_clear()
     try:
-        assert fp32_linear.unavailable_reason() == "the CPU decode kernels are not built"
+        assert fp32_linear.unavailable_reason() == reason
         layer = PackedLinear(torch.ones(8, 4))
         assert layer.path != FP32_KERNEL_PATH and layer.kernel_weight is None
         torch.testing.assert_close(layer(torch.ones(3, 4)), torch.full((3, 8), 4.0))
@@ -136,16 +141,7 @@ def test_an_avx2_build_refuses_and_packed_linear_keeps_onednn(tmp_path, monkeypa
     packed = bf16_linear.pack(torch.ones(8, 4), torch.float32)
     assert avx2.fp32_linear_supported() == 0
     assert avx2.fp32_linear(x.data_ptr(), 2, 4, 4, packed.panels.data_ptr(), 8, None, y.data_ptr(), 8, 1, 1) == -1
-    monkeypatch.delenv(packed_linear.PORTABLE_KERNELS_ENV, raising=False)
-    monkeypatch.setattr(cpu_kernels, "library", lambda: avx2)
-    fp32_linear.unavailable_reason.cache_clear()
-    try:
-        assert fp32_linear.unavailable_reason() == "no AVX-512F in this CPU's kernel build"
-        layer = PackedLinear(torch.ones(8, 4))
-        assert layer.path != FP32_KERNEL_PATH and layer.kernel_weight is None
-        torch.testing.assert_close(layer(x), torch.full((2, 8), 4.0))
-    finally:
-        fp32_linear.unavailable_reason.cache_clear()
+    assert_falls_back(monkeypatch, avx2, "no AVX-512F in this CPU's kernel build")
 
 
 def test_forcing_the_portable_path_skips_the_kernel(monkeypatch):
@@ -160,23 +156,7 @@ def test_an_fp32_engine_decodes_the_same_tokens_as_on_onednn(tiny_tokenizer, mon
     turning the kernel off): the sums differ only in order, so the tokens are equal and the log-probs agree to fp32
     summation error."""
     from hybridflow.models.tiny import build_tiny_model
-    from hybridflow.rollout import SamplingParams
-    from hybridflow.rollout.native import NativeEngine
-    from tests.rollout.conftest import chat_prompts
+    from tests.rollout.conftest import assert_kernel_decodes_as_onednn
 
-    monkeypatch.delenv(packed_linear.PORTABLE_KERNELS_ENV, raising=False)
     model, tokenizer = build_tiny_model("llama", seed=1, tokenizer=tiny_tokenizer)
-    prompts = chat_prompts(tokenizer)
-    params = [SamplingParams(n=1, temperature=0.0, max_tokens=16),
-              SamplingParams(n=2, temperature=1.0, max_tokens=16, seed=0)]
-    runs = {}
-    for path in ("kernel", "oneDNN"):
-        if path == "oneDNN":
-            monkeypatch.setattr(fp32_linear, "unavailable_reason", lambda: "turned off by the test")
-        engine = NativeEngine(model, tokenizer)
-        assert (engine.decoder.lm_head.path == FP32_KERNEL_PATH) == (path == "kernel")
-        assert (engine.decoder.layers[0].qkv.kernel_weight is not None) == (path == "kernel")
-        runs[path] = [c for p in params for c in engine.generate(prompts, p)]
-    for kernel, onednn in zip(runs["kernel"], runs["oneDNN"], strict=True):
-        assert kernel.token_ids == onednn.token_ids
-        torch.testing.assert_close(torch.tensor(kernel.logprobs), torch.tensor(onednn.logprobs), rtol=0, atol=1e-4)
+    assert_kernel_decodes_as_onednn(model, tokenizer, fp32_linear, FP32_KERNEL_PATH, monkeypatch, atol=1e-4)
