@@ -127,8 +127,9 @@ def main() -> None:
     params = sum(n * k for n, k in shapes)
     size = getattr(torch, args.dtype).itemsize
     peak, bandwidth = peak_matmul_flops(getattr(torch, args.dtype)), read_bandwidth()
-    print(f"{args.shape}: {params / 1e6:.1f} M matmul params ({size * params / 1e6:.0f} MB {args.dtype}), {args.threads} "
-          f"threads; {args.dtype} peak {peak / 1e9:.0f} GFLOP/s ([2048]^2 mm), read bandwidth {bandwidth / 1e9:.1f} GB/s")
+    print(f"{args.shape}: {params / 1e6:.1f} M matmul params ({size * params / 1e6:.0f} MB {args.dtype}), "
+          f"{args.threads} threads; {args.dtype} peak {peak / 1e9:.0f} GFLOP/s ([2048]^2 mm), read bandwidth "
+          f"{bandwidth / 1e9:.1f} GB/s")
     print("rows | floor ms | oneDNN ms  GFLOP/s  GB/s  cpu ms | kernel ms  GFLOP/s  GB/s  cpu ms | oneDNN / kernel "
           "(wall, cpu)")
     with torch.no_grad():

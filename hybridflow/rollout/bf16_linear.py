@@ -6,6 +6,8 @@ bf16 with ``vdpbf16ps`` into fp32 sums and rounding once on the way out (to near
 
 :func:`pack` lays a ``[N, K]`` weight out once (after every weight change) as panels of :data:`PANEL` columns,
 ``[K2, PANEL, 2]`` each (``K2 = ceil(K / 2)``, zeros past ``N`` and ``K``); :func:`linear` multiplies by it.
+The fp32 twin (``csrc/fp32_linear.c``, :mod:`hybridflow.rollout.fp32_linear`) shares :func:`pack` (``dtype``),
+:func:`probe_reason` and :func:`linear`, which dispatch on the packed weight's dtype.
 :func:`unavailable_reason` says why the kernel cannot run here (``None``: it can): the library is not built, the
 build has no AVX-512-BF16 (``-march`` of a CPU without it: the C functions refuse), or a probe multiply is wrong.
 """
