@@ -174,7 +174,7 @@ ROLLOUT_LAYERS = [
     {"types", "optional", "host_copy", "sleep", "lanes", "weights", "architectures", "block_manager", "cuda_graphs",
      "triton_attention", "triton_mla", "triton_fused", "triton_moe", "triton_sampling", "cpu_kernels", "cpu_attention",
      "cpu_fused", "cpu_moe",  # issue 58: the routed experts as one C call
-     "bf16_linear",  # issue 56: bf16 projections at decode row counts as one C call
+     "bf16_linear", "fp32_linear",  # issue 56: bf16 / fp32 projections at decode row counts as one C call
      "attention_variants", "packed_linear", "moe", "grouped_moe", "vision_prefill", "stopping", "kv_cache", "sampler",
      "config",
      "vllm_worker", "vllm_process", "vllm_venv"},  # and vLLM's worker extension, host process, side venv

@@ -6,6 +6,8 @@ bf16 with ``vdpbf16ps`` into fp32 sums and rounding once on the way out (to near
 
 :func:`pack` lays a ``[N, K]`` weight out once (after every weight change) as panels of :data:`PANEL` columns,
 ``[K2, PANEL, 2]`` each (``K2 = ceil(K / 2)``, zeros past ``N`` and ``K``); :func:`linear` multiplies by it.
+The fp32 twin (``csrc/fp32_linear.c``, :mod:`hybridflow.rollout.fp32_linear`) shares :func:`pack` (``dtype``),
+:func:`probe_reason` and :func:`linear`, which dispatch on the packed weight's dtype.
 :func:`unavailable_reason` says why the kernel cannot run here (``None``: it can): the library is not built, the
 build has no AVX-512-BF16 (``-march`` of a CPU without it: the C functions refuse), or a probe multiply is wrong.
 """
@@ -38,54 +40,70 @@ def missing_build_reason() -> str | None:
 def unavailable_reason() -> str | None:
     """``None`` where the kernel runs on this CPU, else one line saying why not (built, and a probe multiply is
     right; probed once)."""
-    missing = missing_build_reason()
-    if missing is not None:
-        return missing
+    return missing_build_reason() or probe_reason(torch.bfloat16)
+
+
+def probe_reason(dtype: torch.dtype) -> str | None:
+    """``None`` where the ``dtype`` kernel multiplies a small integer probe exactly (K and N tails, bias), else why."""
     generator = torch.Generator().manual_seed(0)
-    weight = torch.randint(-4, 5, (50, 7), generator=generator).bfloat16()  # small integers: every sum exact
-    x = torch.randint(-4, 5, (9, 7), generator=generator).bfloat16()
+    weight = torch.randint(-4, 5, (50, 7), generator=generator).to(dtype)  # small integers: every sum exact
+    x = torch.randint(-4, 5, (9, 7), generator=generator).to(dtype)
     bias = torch.arange(50, dtype=torch.float32)
     expected = x.double() @ weight.double().T + bias.double()
-    if not torch.equal(linear(x, pack(weight), bias, out_dtype=torch.float32).double(), expected):
-        return "the bf16 kernel gave a wrong result on the probe"
+    if not torch.equal(linear(x, pack(weight, dtype), bias, out_dtype=torch.float32).double(), expected):
+        return f"the {_FORMATS[dtype].name} kernel gave a wrong result on the probe"
     return None
 
 
 @dataclass(frozen=True)
 class PackedWeight:
-    """A ``[N, K]`` weight as the kernel reads it: ``panels`` ``[ceil(N / PANEL), ceil(K / 2), PANEL, 2]`` bf16."""
+    """A ``[N, K]`` weight as the kernel reads it: ``panels`` ``[ceil(N / PANEL), ceil(K / 2), PANEL, 2]`` bf16
+    (fp32: ``[ceil(N / PANEL), K, PANEL, 1]``)."""
 
     panels: torch.Tensor
     n: int
     k: int
 
 
-def pack(weight: torch.Tensor) -> PackedWeight:
-    """``[N, K]`` -> the kernel's panels (a new bf16 tensor: later changes to ``weight`` need a new pack)."""
+@dataclass(frozen=True)
+class _Format:
+    name: str  # in messages
+    group: int  # k per 32-bit lane of a panel
+    function: str  # the C function
+
+
+_FORMATS = {torch.bfloat16: _Format("bf16", 2, "bf16_linear"),
+            torch.float32: _Format("fp32", 1, "fp32_linear")}  # fp32: csrc/fp32_linear.c (AVX-512F builds)
+
+
+def pack(weight: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> PackedWeight:
+    """``[N, K]`` -> the ``dtype`` kernel's panels (a new tensor: later changes to ``weight`` need a new pack)."""
     n, k = weight.shape
+    group = _FORMATS[dtype].group
     with torch.no_grad():
-        padded = F.pad(weight.detach().to(torch.bfloat16), (0, k % 2, 0, -n % PANEL))
-        panels = padded.view(-1, PANEL, (k + 1) // 2, 2).permute(0, 2, 1, 3).contiguous()
+        padded = F.pad(weight.detach().to(dtype), (0, -k % group, 0, -n % PANEL))
+        panels = padded.view(-1, PANEL, -(-k // group), group).permute(0, 2, 1, 3).contiguous()
     return PackedWeight(panels, n, k)
 
 
 def linear(x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None = None, *,
            out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    """``[..., K]`` bf16 times the packed ``[N, K]`` weight (+ ``bias``, fp32 ``[N]``) -> ``[..., N]`` in
-    ``out_dtype`` (bf16, rounded once, or fp32), on ``torch.get_num_threads()`` threads."""
-    n, k = packed.n, packed.k
-    if x.dtype != torch.bfloat16 or x.shape[-1] != k:
-        raise ValueError(f"bf16_linear takes bf16 inputs [..., {k}], got {x.dtype} {tuple(x.shape)}")
-    if out_dtype not in (torch.bfloat16, torch.float32):
-        raise ValueError(f"bf16_linear writes bf16 or float32, not {out_dtype}")
+    """``[..., K]`` times the packed ``[N, K]`` weight, of its dtype (+ ``bias``, fp32 ``[N]``) -> ``[..., N]`` in
+    ``out_dtype`` (bf16 weights: bf16, rounded once, or fp32; fp32 weights: fp32), on ``torch.get_num_threads()``
+    threads."""
+    n, k, form = packed.n, packed.k, _FORMATS[packed.panels.dtype]
+    if x.dtype != packed.panels.dtype or x.shape[-1] != k:
+        raise ValueError(f"{form.function} takes {form.name} inputs [..., {k}], got {x.dtype} {tuple(x.shape)}")
+    if out_dtype not in (x.dtype, torch.float32):
+        raise ValueError(f"{form.function} writes {form.name} or float32, not {out_dtype}")
     rows = x.reshape(-1, k)
     if rows.stride(1) != 1:
         rows = rows.contiguous()
     y = torch.empty(rows.shape[0], n, dtype=out_dtype)
     bias_pointer = None if bias is None else bias.data_ptr()
-    status = cpu_kernels.library().bf16_linear(rows.data_ptr(), rows.shape[0], k, rows.stride(0),
+    status = getattr(cpu_kernels.library(), form.function)(rows.data_ptr(), rows.shape[0], k, rows.stride(0),
                                                packed.panels.data_ptr(), n, bias_pointer, y.data_ptr(), n,
                                                int(out_dtype == torch.float32), torch.get_num_threads())
     if status != 0:
-        raise RuntimeError(f"bf16_linear refused [{rows.shape[0]}, {k}] x [{n}, {k}] (no AVX-512-BF16 in the build?)")
+        raise RuntimeError(f"{form.function} refused [{rows.shape[0]}, {k}] x [{n}, {k}] (no kernel in the build?)")
     return y.view(*x.shape[:-1], n)

@@ -3,7 +3,8 @@
 What is in it: decode attention over the paged pool (:mod:`hybridflow.rollout.cpu_attention`), the decode step's
 small ops fused per layer and the one-pass sampler (:mod:`hybridflow.rollout.cpu_fused`), a mixture-of-experts
 layer's routed experts (:mod:`hybridflow.rollout.cpu_moe`), bf16 projections at decode row counts
-(:mod:`hybridflow.rollout.bf16_linear`, AVX-512-BF16 builds only). Each exists because the
+(:mod:`hybridflow.rollout.bf16_linear`, AVX-512-BF16 builds only) and fp32 ones
+(:mod:`hybridflow.rollout.fp32_linear`, AVX-512F builds only). Each exists because the
 torch ops it replaces cost several times what the machine needs for the same bytes (docs/benchmarks.md).
 
 Build: ``gcc -O3 -march=native`` (the instruction set of the machine it runs on: AVX2 or AVX-512 alike, written as
@@ -76,6 +77,10 @@ SIGNATURES = {
     # issue 56 (decode matmul): bf16 projections at decode row counts (hybridflow/rollout/bf16_linear.py)
     "bf16_linear_supported": [],
     "bf16_linear": [_POINTER, _SIZE, _SIZE, _SIZE, _POINTER, _SIZE, _POINTER, _POINTER, _SIZE, ctypes.c_int,
+                    ctypes.c_int],
+    # issue 56 (fp32 decode matmul): its fp32 twin, AVX-512F builds (hybridflow/rollout/fp32_linear.py)
+    "fp32_linear_supported": [],
+    "fp32_linear": [_POINTER, _SIZE, _SIZE, _SIZE, _POINTER, _SIZE, _POINTER, _POINTER, _SIZE, ctypes.c_int,
                     ctypes.c_int],
 }
 """Each exported function's argument types (every one returns an ``int``: 0, or -1 for inputs it refuses)."""

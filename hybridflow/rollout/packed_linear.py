@@ -13,6 +13,8 @@ Shapes: ``x`` ``[N, in]``, ``weight`` ``[out, in]``, ``bias`` ``[out]`` -> ``[N,
 bf16 weights on a CPU with AVX-512-BF16 (issue 56) take a third path, the C kernel of
 :mod:`hybridflow.rollout.bf16_linear` ("bf16 dpbf16 kernel"), which at decode row counts reads the weights
 several times faster than oneDNN's bf16 matmul (docs/benchmarks.md); it holds its own packed copy instead.
+fp32 weights on a CPU with AVX-512F take its fp32 twin (:mod:`hybridflow.rollout.fp32_linear`, "fp32 avx512
+kernel") at decode row counts, where it measured ahead of oneDNN's packed fp32 matmul.
 
 Which path runs is decided once per dtype by a probe that packs a tiny weight and
 multiplies by it: oneDNN's bf16 packing needs AVX-512 (bw/vl/dq) or AVX-NE-CONVERT and
@@ -31,7 +33,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from hybridflow.rollout import bf16_linear
+from hybridflow.rollout import bf16_linear, fp32_linear
 
 logger = logging.getLogger(__name__)
 
@@ -39,13 +41,17 @@ logger = logging.getLogger(__name__)
 # 64 measured faster than 1 at every row count from 1 to 100 on SmolLM2-135M's shapes.
 _PACKING_BATCH_HINT = 64
 _KERNEL_MAX_ROWS = 128
-"""The most rows the bf16 kernel multiplies; above (prefill), oneDNN's packed copy (about level from 128-256 rows,
-docs/benchmarks.md)."""
+"""The most rows the bf16 and fp32 kernels multiply; above (prefill), oneDNN's packed copy (bf16: about level from
+128-256 rows; fp32: 1.05x ahead at 128 rows, 1.6x at 1-8; docs/benchmarks.md)."""
 _PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
 PORTABLE_KERNELS_ENV = "HYBRIDFLOW_PORTABLE_KERNELS"
 """Set to 1 to force the portable ``F.linear`` path everywhere (tests use it to cover the fallback)."""
 DPBF16_PATH = "bf16 dpbf16 kernel"
 """The path name of bf16 weights multiplied by :mod:`hybridflow.rollout.bf16_linear` (issue 56)."""
+FP32_KERNEL_PATH = "fp32 avx512 kernel"
+"""The path name of fp32 weights multiplied by :mod:`hybridflow.rollout.fp32_linear` (issue 56)."""
+_KERNELS = {DPBF16_PATH: bf16_linear, FP32_KERNEL_PATH: fp32_linear}
+"""Path -> the kernel's module (``pack``): decode rows go to it, prefill rows to oneDNN's packed copy."""
 
 
 def portable_kernels_forced() -> bool:
@@ -79,6 +85,8 @@ def kernel_path(dtype: torch.dtype, device: torch.device | str = "cpu") -> str:
         return f"F.linear ({PORTABLE_KERNELS_ENV}=1)"
     if dtype == torch.bfloat16 and bf16_linear.unavailable_reason() is None:
         return DPBF16_PATH
+    if dtype == torch.float32 and fp32_linear.unavailable_reason() is None:
+        return FP32_KERNEL_PATH
     reason = _onednn_packing_probe(dtype)
     return "oneDNN-packed" if reason is None else f"F.linear (portable fallback: {reason})"
 
@@ -101,13 +109,13 @@ class PackedLinear:
         self.out_features = weight.shape[0]
         self.path = kernel_path(weight.dtype, weight.device)
         self.packed = not self.path.startswith("F.linear")
-        """Whether a packed copy is held (oneDNN's and / or the bf16 kernel's): a weight change needs a rebuild."""
-        self.kernel_weight = None  # the bf16 kernel's packed copy (its path only)
-        self.onednn = self.path == "oneDNN-packed" or (self.path == DPBF16_PATH
+        """Whether a packed copy is held (oneDNN's and / or a kernel's): a weight change needs a rebuild."""
+        self.kernel_weight = None  # the bf16 / fp32 kernel's packed copy (their paths only)
+        self.onednn = self.path == "oneDNN-packed" or (self.path in _KERNELS
                                                        and _onednn_packing_probe(weight.dtype) is None)
         with torch.no_grad():
-            if self.path == DPBF16_PATH:
-                self.kernel_weight = bf16_linear.pack(weight)
+            if self.path in _KERNELS:
+                self.kernel_weight = _KERNELS[self.path].pack(weight)
             if self.onednn:
                 self.weight = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), _PACKING_BATCH_HINT)
             else:
@@ -141,8 +149,9 @@ class PackedLinear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """``[N, in]`` -> ``[N, out]``."""
-        if self.kernel_weight is not None and x.dtype == torch.bfloat16 and x.numel() <= _KERNEL_MAX_ROWS * x.shape[-1]:
-            return bf16_linear.linear(x, self.kernel_weight, self.kernel_bias)
+        kernel = self.kernel_weight
+        if kernel is not None and x.dtype == kernel.panels.dtype and x.numel() <= _KERNEL_MAX_ROWS * x.shape[-1]:
+            return bf16_linear.linear(x, kernel, self.kernel_bias, out_dtype=x.dtype)  # either kernel
         if self.onednn:
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)

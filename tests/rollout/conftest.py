@@ -1,6 +1,7 @@
 """Tiny models and chat prompts shared by the rollout tests."""
 
 import pytest
+import torch
 
 from hybridflow.models.tiny import TINY_ARCHITECTURES, build_tiny_model
 
@@ -87,3 +88,29 @@ def assert_fused_step_equals_eager(decoder) -> None:
     steps = fused_and_eager_steps(decoder)
     torch.testing.assert_close(steps[True][0], steps[False][0], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(steps[True][1], steps[False][1], rtol=1e-5, atol=1e-5)
+
+
+def assert_kernel_decodes_as_onednn(model, tokenizer, kernel_module, kernel_path_name: str, monkeypatch, *,
+                                    atol: float) -> None:
+    """The native engine on ``model``, greedy and sampled (seeded), with its projections on ``kernel_module``'s
+    decode matmul kernel and on oneDNN's packed matmul (the kernel turned off): equal tokens, log-probs within
+    ``atol`` (issue 56's bf16 and fp32 kernels)."""
+    from hybridflow.rollout import SamplingParams
+    from hybridflow.rollout.native import NativeEngine
+    from hybridflow.rollout.packed_linear import PORTABLE_KERNELS_ENV
+
+    monkeypatch.delenv(PORTABLE_KERNELS_ENV, raising=False)
+    prompts = chat_prompts(tokenizer)
+    params = [SamplingParams(n=1, temperature=0.0, max_tokens=16),
+              SamplingParams(n=2, temperature=1.0, max_tokens=16, seed=0)]
+    runs = {}
+    for path in ("kernel", "oneDNN"):
+        if path == "oneDNN":
+            monkeypatch.setattr(kernel_module, "unavailable_reason", lambda: "turned off by the test")
+        engine = NativeEngine(model, tokenizer)
+        assert (engine.decoder.lm_head.path == kernel_path_name) == (path == "kernel")
+        assert (engine.decoder.layers[0].qkv.kernel_weight is not None) == (path == "kernel")
+        runs[path] = [c for p in params for c in engine.generate(prompts, p)]
+    for kernel, onednn in zip(runs["kernel"], runs["oneDNN"], strict=True):
+        assert kernel.token_ids == onednn.token_ids
+        torch.testing.assert_close(torch.tensor(kernel.logprobs), torch.tensor(onednn.logprobs), rtol=0, atol=atol)

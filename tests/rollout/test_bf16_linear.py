@@ -107,7 +107,7 @@ def test_packed_linear_takes_the_kernel_for_decode_rows_and_onednn_above(monkeyp
     layer.bias = bias * 0  # a bias-only change keeps the packed weight (WeightPacker._linear): the kernel follows
     x = torch.randn(3, 64, generator=generator).bfloat16()
     torch.testing.assert_close(layer(x).float(), (x.double() @ weight.double().T).float(), rtol=1e-2, atol=3e-2)
-    assert PackedLinear(torch.randn(4, 4)).path != DPBF16_PATH  # fp32 keeps oneDNN / F.linear
+    assert PackedLinear(torch.randn(4, 4)).path != DPBF16_PATH  # fp32: its own kernel or oneDNN / F.linear
 
 
 def test_without_the_kernel_bf16_falls_back_to_onednn_or_f_linear(monkeypatch):
@@ -137,24 +137,8 @@ def test_a_bf16_engine_decodes_the_same_tokens_as_on_onednn(tiny_tokenizer, monk
     turning the kernel off): both sum bf16 products in fp32 and round once, so the tokens are equal and the log-probs
     agree to bf16 rounding (measured max difference 0.0 here; the kernel rounding by truncation instead: 4e-3)."""
     from hybridflow.models.tiny import build_tiny_model
-    from hybridflow.rollout import SamplingParams
-    from hybridflow.rollout.native import NativeEngine
-    from tests.rollout.conftest import chat_prompts
+    from tests.rollout.conftest import assert_kernel_decodes_as_onednn
 
-    monkeypatch.delenv(packed_linear.PORTABLE_KERNELS_ENV, raising=False)
     model, tokenizer = build_tiny_model("llama", seed=1, tokenizer=tiny_tokenizer)
     model = model.to(torch.bfloat16)
-    prompts = chat_prompts(tokenizer)
-    params = [SamplingParams(n=1, temperature=0.0, max_tokens=16),
-              SamplingParams(n=2, temperature=1.0, max_tokens=16, seed=0)]
-    runs = {}
-    for path in ("kernel", "oneDNN"):
-        if path == "oneDNN":
-            monkeypatch.setattr(bf16_linear, "unavailable_reason", lambda: "turned off by the test")
-        engine = NativeEngine(model, tokenizer)
-        assert (engine.decoder.lm_head.path == DPBF16_PATH) == (path == "kernel")
-        assert (engine.decoder.layers[0].qkv.kernel_weight is not None) == (path == "kernel")
-        runs[path] = [c for p in params for c in engine.generate(prompts, p)]
-    for kernel, onednn in zip(runs["kernel"], runs["oneDNN"], strict=True):
-        assert kernel.token_ids == onednn.token_ids
-        torch.testing.assert_close(torch.tensor(kernel.logprobs), torch.tensor(onednn.logprobs), rtol=0, atol=1e-3)
+    assert_kernel_decodes_as_onednn(model, tokenizer, bf16_linear, DPBF16_PATH, monkeypatch, atol=1e-3)
