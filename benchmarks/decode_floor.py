@@ -37,6 +37,7 @@ from rollout import (StepTimer, add_fixed_workload_args, copy_bandwidth, kv_byte
 
 MATMUL_OPS = ("mkldnn::_linear_pointwise", "aten::mm", "aten::addmm", "aten::linear", "aten::matmul", "aten::bmm",
               "mkldnn_linear", "aten::mkldnn_linear")
+C_MATMULS = ("bf16_linear", "fp32_linear")  # the decode projections' C kernels (PackedLinear up to 128 rows)
 ATTENTION_OPS = ("scaled_dot_product", "_flash_attention", "attention")
 
 
@@ -79,7 +80,8 @@ class KernelClock:
                 return timed
 
         proxy = Timed()
-        self.saved = {module: module.library for module in (cpu_attention, cpu_fused)}
+        # cpu_kernels itself too: the decode matmul kernels (bf16_linear / fp32_linear) look the library up there
+        self.saved = {module: module.library for module in (cpu_attention, cpu_fused, cpu_kernels)}
         for module in self.saved:
             module.library = lambda: proxy
         return self
@@ -132,7 +134,7 @@ def engine_step(model, *, rows: int, prompt_len: int, max_tokens: int, profile: 
         elif name.startswith("aten::") or name.startswith("mkldnn") or name.startswith("onednn"):
             split["other torch ops"] += seconds
     for name, seconds in clock.seconds.items():
-        split[f"C {name}"] += seconds
+        split[f"matmuls (C {name})" if name in C_MATMULS else f"C {name}"] += seconds
     split["Python and the rest"] = wall - sum(split.values())
     return per_step, {key: value / wall for key, value in split.items()} | {"profiled wall s": wall}
 

@@ -35,9 +35,9 @@ def test_a_tiny_profiled_engine_step(bench):
 def test_the_kernel_clock_gives_the_modules_their_library_back(bench):
     """The profiled run patches the kernels' modules in this process; a later test (test_cpu_kernels) clears
     ``cpu_kernels.library`` and must see the modules follow it."""
-    from hybridflow.rollout import cpu_attention, cpu_fused
+    from hybridflow.rollout import cpu_attention, cpu_fused, cpu_kernels
 
-    before = (cpu_attention.library, cpu_fused.library)
+    before = (cpu_attention.library, cpu_fused.library, cpu_kernels.library)
     with bench.KernelClock():
         pass
-    assert (cpu_attention.library, cpu_fused.library) == before
+    assert (cpu_attention.library, cpu_fused.library, cpu_kernels.library) == before
