@@ -26,13 +26,15 @@ PANEL = 48
 """Output columns of one packed panel (three 16-lane fp32 accumulators a row; matches ``PANEL`` in the C source)."""
 
 
-def missing_build_reason() -> str | None:
-    """``None`` where the library holds the kernel, else why not (no library, or a build without AVX-512-BF16)."""
+def missing_build_reason(dtype: torch.dtype = torch.bfloat16) -> str | None:
+    """``None`` where the library holds the ``dtype`` kernel, else why not (no library, or a build without its ISA:
+    AVX-512-BF16 for bf16, AVX-512F for fp32)."""
     library = cpu_kernels.library()
     if library is None:
         return "the CPU decode kernels are not built"
-    if not library.bf16_linear_supported():
-        return "no AVX-512-BF16 in this CPU's kernel build"
+    form = _FORMATS[dtype]
+    if not getattr(library, f"{form.function}_supported")():
+        return f"no {form.isa} in this CPU's kernel build"
     return None
 
 
@@ -69,11 +71,12 @@ class PackedWeight:
 class _Format:
     name: str  # in messages
     group: int  # k per 32-bit lane of a panel
-    function: str  # the C function
+    function: str  # the C function (and ``<function>_supported``, whether the build has it)
+    isa: str  # what the build needs, in messages
 
 
-_FORMATS = {torch.bfloat16: _Format("bf16", 2, "bf16_linear"),
-            torch.float32: _Format("fp32", 1, "fp32_linear")}  # fp32: csrc/fp32_linear.c (AVX-512F builds)
+_FORMATS = {torch.bfloat16: _Format("bf16", 2, "bf16_linear", "AVX-512-BF16"),
+            torch.float32: _Format("fp32", 1, "fp32_linear", "AVX-512F")}  # fp32: csrc/fp32_linear.c (AVX-512F builds)
 
 
 def pack(weight: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> PackedWeight:

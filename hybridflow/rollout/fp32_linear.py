@@ -13,18 +13,13 @@ import functools
 
 import torch
 
-from hybridflow.rollout import bf16_linear, cpu_kernels
+from hybridflow.rollout import bf16_linear
 from hybridflow.rollout.bf16_linear import PackedWeight
 
 
 def missing_build_reason() -> str | None:
     """``None`` where the library holds the kernel, else why not (no library, or a build without AVX-512F)."""
-    library = cpu_kernels.library()
-    if library is None:
-        return "the CPU decode kernels are not built"
-    if not library.fp32_linear_supported():
-        return "no AVX-512F in this CPU's kernel build"
-    return None
+    return bf16_linear.missing_build_reason(torch.float32)
 
 
 @functools.cache
