@@ -49,24 +49,72 @@ def describe_cpu() -> str:
     return f"{cpu_model()}, ISA {flags}, torch capability {capability}"
 
 
+HEAP_ENV = "HYBRIDFLOW_CPU_HEAP"
+"""``keep`` (the default of a CPU training process: :func:`keep_freed_heap`) or ``trim`` (glibc's own policy, and
+:func:`return_freed_memory` trims after each weight sync: a smaller resident set between steps, slower steps)."""
+_HEAP_POLICIES = ("keep", "trim")
+_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_MAX = -1, -2, -4  # glibc's mallopt parameters (malloc.h)
+_heap_kept = False
+
+
+def _libc():
+    """glibc through ctypes, or None (not Linux, musl and other C libraries: no mallopt / malloc_trim)."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if platform.system() != "Linux" or name is None:
+        return None
+    try:
+        libc = ctypes.CDLL(name)
+        return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
+    except OSError:
+        return None
+
+
+def heap_policy() -> str:
+    """``HYBRIDFLOW_CPU_HEAP``, checked: ``keep`` unless set to ``trim``."""
+    policy = os.environ.get(HEAP_ENV, "keep").strip().lower() or "keep"
+    if policy not in _HEAP_POLICIES:
+        raise ConfigError(f"{HEAP_ENV}={os.environ[HEAP_ENV]!r} is not a heap policy: use keep (fast steps) or trim "
+                          "(a smaller resident set between steps)")
+    return policy
+
+
+def keep_freed_heap() -> bool:
+    """Serve every block from glibc's heap and keep freed pages resident, for the rest of this process; returns
+    whether it took effect (``HYBRIDFLOW_CPU_HEAP=trim`` or no glibc: ``False``, nothing changed).
+
+    Why: glibc serves blocks over its mmap threshold (at most 32 MiB) with a fresh ``mmap`` and gives them back on
+    free, and trims the heap's free top, so each training step touches its logits, gradients and activations as new
+    pages: ~500k first-touch page faults an update on SmolLM2-135M, at ~3.5 us each in a VM
+    (docs/benchmarks.md). With mmap off and no trimming, a step reuses the pages the step before it freed; the
+    resident set stays at the process's peak (the page cache of jemalloc / tcmalloc, without preloading either).
+    """
+    global _heap_kept
+    if _heap_kept:
+        return True
+    libc = _libc() if heap_policy() == "keep" else None
+    if libc is None:
+        return False
+    _heap_kept = bool(libc.mallopt(_M_MMAP_MAX, 0) and libc.mallopt(_M_TRIM_THRESHOLD, 1 << 62)
+                      and libc.mallopt(_M_TOP_PAD, 64 << 20))
+    return _heap_kept
+
+
 def return_freed_memory() -> bool:
-    """Give the heap's free pages back to the OS (glibc ``malloc_trim``); ``False`` where there is no glibc.
+    """Give the heap's free pages back to the OS (glibc ``malloc_trim``); ``False`` where there is no glibc, or
+    where :func:`keep_freed_heap` keeps them for the next step instead.
 
     glibc raises its mmap threshold each time a large block is freed, so later temporaries of that size
     come from the heap, and freed heap pages stay resident. A weight sync frees ~0.4 GB of such
     temporaries on SmolLM2-135M (the fused q|k|v and gate|up concatenations before packing); without a
     trim they stay in the resident set between steps.
     """
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    if platform.system() != "Linux" or name is None:
+    libc = None if _heap_kept else _libc()
+    if libc is None:
         return False
-    try:
-        ctypes.CDLL(name).malloc_trim(0)
-    except (OSError, AttributeError):  # musl and other C libraries have no malloc_trim
-        return False
+    libc.malloc_trim(0)
     return True
 
 

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from hybridflow.config.validate import as_list, split_placement
+from hybridflow.cpu import keep_freed_heap
 from hybridflow.errors import ConfigError
 from hybridflow.models.hub import ensure_hub_reachable
 from hybridflow.models.loader import check_routing
@@ -25,6 +26,7 @@ logger = logging.getLogger(__name__)
 def resolve_device(name: str) -> torch.device:
     """``trainer.device`` (``cpu`` / ``cuda`` / ``auto``); on GPU each torchrun process takes ``cuda:LOCAL_RANK``."""
     if name == "cpu" or (name == "auto" and not torch.cuda.is_available()):
+        keep_freed_heap()  # a CPU step reuses the pages the step before it freed (hybridflow/cpu.py)
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise ConfigError(f"trainer.device={name} but no CUDA device is available: use trainer.device=cpu or auto")
