@@ -24,6 +24,9 @@ from hybridflow.rollout import cpu_kernels
 
 PANEL = 48
 """Output columns of one packed panel (three 16-lane fp32 accumulators a row; matches ``PANEL`` in the C source)."""
+CHUNK_ROWS = 128
+"""Rows per kernel call: more rows (prefill) are multiplied a chunk at a time, so that one chunk of ``x`` stays in
+cache while every panel streams past it (unchunked, each panel re-reads all of ``x``: 3-7% slower at 2048 rows)."""
 
 
 def missing_build_reason(dtype: torch.dtype = torch.bfloat16) -> str | None:
@@ -84,8 +87,11 @@ def pack(weight: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> PackedWei
     n, k = weight.shape
     group = _FORMATS[dtype].group
     with torch.no_grad():
-        padded = F.pad(weight.detach().to(dtype), (0, -k % group, 0, -n % PANEL))
-        panels = padded.view(-1, PANEL, -(-k // group), group).permute(0, 2, 1, 3).contiguous()
+        source = weight.detach()
+        if n % PANEL or k % group:  # SmolLM2's shapes need no padding: one copy (and cast) of the weight, not two
+            source = F.pad(source, (0, -k % group, 0, -n % PANEL))
+        panels = torch.empty(-(-n // PANEL), -(-k // group), PANEL, group, dtype=dtype)
+        panels.permute(0, 2, 1, 3).copy_(source.reshape(panels.shape[0], PANEL, panels.shape[1], group))
     return PackedWeight(panels, n, k)
 
 
@@ -103,10 +109,13 @@ def linear(x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None = No
     if rows.stride(1) != 1:
         rows = rows.contiguous()
     y = torch.empty(rows.shape[0], n, dtype=out_dtype)
+    function, threads = getattr(cpu_kernels.library(), form.function), torch.get_num_threads()
     bias_pointer = None if bias is None else bias.data_ptr()
-    status = getattr(cpu_kernels.library(), form.function)(rows.data_ptr(), rows.shape[0], k, rows.stride(0),
-                                               packed.panels.data_ptr(), n, bias_pointer, y.data_ptr(), n,
-                                               int(out_dtype == torch.float32), torch.get_num_threads())
-    if status != 0:
-        raise RuntimeError(f"{form.function} refused [{rows.shape[0]}, {k}] x [{n}, {k}] (no kernel in the build?)")
+    for start in range(0, max(rows.shape[0], 1), CHUNK_ROWS):
+        count = min(CHUNK_ROWS, rows.shape[0] - start)
+        status = function(rows.data_ptr() + start * rows.stride(0) * rows.element_size(), count, k, rows.stride(0),
+                          packed.panels.data_ptr(), n, bias_pointer, y.data_ptr() + start * n * y.element_size(), n,
+                          int(out_dtype == torch.float32), threads)
+        if status != 0:
+            raise RuntimeError(f"{form.function} refused [{count}, {k}] x [{n}, {k}] (no kernel in the build?)")
     return y.view(*x.shape[:-1], n)
