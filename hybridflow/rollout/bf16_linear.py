@@ -82,17 +82,26 @@ _FORMATS = {torch.bfloat16: _Format("bf16", 2, "bf16_linear", "AVX-512-BF16"),
             torch.float32: _Format("fp32", 1, "fp32_linear", "AVX-512F")}  # fp32: csrc/fp32_linear.c (AVX-512F builds)
 
 
-def pack(weight: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> PackedWeight:
-    """``[N, K]`` -> the ``dtype`` kernel's panels (a new tensor: later changes to ``weight`` need a new pack)."""
+def pack(weight: torch.Tensor, dtype: torch.dtype = torch.bfloat16, *, into: PackedWeight | None = None) -> PackedWeight:
+    """``[N, K]`` -> the ``dtype`` kernel's panels (a new tensor: later changes to ``weight`` need a new pack), or
+    written over ``into``'s panels (same ``N``, ``K`` and dtype: no fresh memory to fault in) and ``into`` returned."""
     n, k = weight.shape
     group = _FORMATS[dtype].group
     with torch.no_grad():
-        source = weight.detach()
-        if n % PANEL or k % group:  # SmolLM2's shapes need no padding: one copy (and cast) of the weight, not two
+        source = weight.detach().to(dtype)
+        if n % PANEL or k % group:  # SmolLM2's shapes need no padding: no copy here
             source = F.pad(source, (0, -k % group, 0, -n % PANEL))
-        panels = torch.empty(-(-n // PANEL), -(-k // group), PANEL, group, dtype=dtype)
-        panels.permute(0, 2, 1, 3).copy_(source.reshape(panels.shape[0], PANEL, panels.shape[1], group))
-    return PackedWeight(panels, n, k)
+        if into is None:
+            panels = torch.empty(-(-n // PANEL), -(-k // group), PANEL, group, dtype=dtype)
+        elif (into.n, into.k, into.panels.dtype) != (n, k, dtype):
+            raise ValueError(f"cannot repack a [{n}, {k}] {dtype} weight into [{into.n}, {into.k}] {into.panels.dtype}")
+        else:
+            panels = into.panels
+        # A k group (a bf16 pair, an fp32 value) is one 32-bit word: moving words transposes at ~11 GB/s, moving the
+        # group's elements ~1.4 GB/s (torch's strided copy, SmolLM2's gate_up in bf16, one thread).
+        words = panels.view(torch.int32).view(panels.shape[:3])
+        words.permute(0, 2, 1).copy_(source.contiguous().view(torch.int32).view(words.shape[0], PANEL, words.shape[1]))
+    return PackedWeight(panels, n, k) if into is None else into
 
 
 def linear(x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None = None, *,

@@ -134,17 +134,39 @@ class PackedLinear:
 
     def assign(self, weight: torch.Tensor | None, bias: torch.Tensor | None) -> bool:
         """Copy a new ``weight`` (``None``: keep it) and ``bias`` into this layer's own tensors, in place, and
-        return True; False, changing nothing, where a rebuild is needed (a packed weight, another shape,
-        dtype or device, a bias appearing or going). In place, kernels captured in a CUDA graph keep reading
-        the right memory."""
+        return True; False, changing nothing, where a rebuild is needed (a oneDNN-packed weight, another shape,
+        dtype or device, a bias appearing or going). A kernel's packed weight is repacked in place. In place,
+        kernels captured in a CUDA graph keep reading the right memory."""
+        if self.kernel_weight is not None:
+            return self._repack(weight, bias)
         if self.packed or not same_layout(weight, self.weight, allow_none=True):
             return False
-        if (bias is None) != (self.bias is None) or (bias is not None and not same_layout(bias, self.bias)):
+        if not self._takes_bias(bias):
             return False
         with torch.no_grad():
             for new, own in ((weight, self.weight), (bias, self.bias)):
                 if new is not None and new.data_ptr() != own.data_ptr():
                     own.copy_(new)
+        return True
+
+    def _takes_bias(self, bias: torch.Tensor | None) -> bool:
+        return (bias is None) == (self.bias is None) and (bias is None or same_layout(bias, self.bias))
+
+    def _repack(self, weight: torch.Tensor | None, bias: torch.Tensor | None) -> bool:
+        """A kernel's path: the new weight packed over the old panels (a weight sync faults in no fresh memory:
+        issue 62), the bias copied in place and the kernel's fp32 copy of it refreshed."""
+        packed = self.kernel_weight
+        if not self._takes_bias(bias):
+            return False
+        if weight is not None and (tuple(weight.shape), weight.dtype, weight.device.type) != (
+                (packed.n, packed.k), packed.panels.dtype, "cpu"):
+            return False
+        with torch.no_grad():
+            if weight is not None:
+                _KERNELS[self.path].pack(weight, into=packed)
+            if bias is not None and bias.data_ptr() != self.bias.data_ptr():
+                self.bias.copy_(bias)
+            self.bias = self.bias  # the kernel's fp32 copy follows
         return True
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

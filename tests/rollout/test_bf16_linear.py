@@ -99,12 +99,21 @@ def test_packed_linear_takes_the_kernel_at_every_row_count_and_keeps_no_onednn_c
     layer = PackedLinear(weight, bias)
     assert layer.path == DPBF16_PATH == kernel_path(torch.bfloat16) and layer.packed
     assert layer.weight is None and not layer.onednn  # issue 62: the kernel's copy only, prefill too
+    calls.clear()  # (the kernel's probe, where its cache was cleared)
     for rows in (1, MAX_ROWS - 1, MAX_ROWS, MAX_ROWS + 1, 2 * MAX_ROWS + 1):  # chunk boundaries
         x = torch.randn(rows, 64, generator=generator).bfloat16()
         expected = (x.double() @ weight.double().T + bias.double()).float()
         torch.testing.assert_close(layer(x).float(), expected, rtol=1e-2, atol=3e-2)
     assert calls == [1, MAX_ROWS - 1, MAX_ROWS, MAX_ROWS + 1, 2 * MAX_ROWS + 1]
-    assert not layer.assign(weight * 2, bias)  # a weight change rebuilds (repacks)
+    panels = layer.kernel_weight.panels.data_ptr()
+    new_weight, new_bias = weight * 2, bias * 3  # (the bias is copied into the layer's, which is ``bias``)
+    assert layer.assign(new_weight, new_bias)  # issue 62: a weight sync repacks over the same panels
+    assert layer.kernel_weight.panels.data_ptr() == panels
+    x = torch.randn(5, 64, generator=generator).bfloat16()
+    expected = (x.double() @ new_weight.double().T + new_bias.double()).float()
+    torch.testing.assert_close(layer(x).float(), expected, rtol=1e-2, atol=6e-2)
+    assert not layer.assign(weight[:48], bias[:48]) and not layer.assign(weight.double(), bias)  # shape, dtype
+    assert layer.assign(weight, layer.bias)  # back to the first weight
     layer.bias = bias * 0  # a bias-only change keeps the packed weight (WeightPacker._linear): the kernel follows
     x = torch.randn(3, 64, generator=generator).bfloat16()
     torch.testing.assert_close(layer(x).float(), (x.double() @ weight.double().T).float(), rtol=1e-2, atol=3e-2)
