@@ -28,9 +28,10 @@ def unavailable_reason() -> str | None:
     return missing_build_reason() or bf16_linear.probe_reason(torch.float32)
 
 
-def pack(weight: torch.Tensor) -> PackedWeight:
-    """``[N, K]`` -> fp32 panels ``[ceil(N / 48), K, 48, 1]`` (a new tensor: repack after a weight change)."""
-    return bf16_linear.pack(weight, torch.float32)
+def pack(weight: torch.Tensor, *, into: PackedWeight | None = None) -> PackedWeight:
+    """``[N, K]`` -> fp32 panels ``[ceil(N / 48), K, 48, 1]`` (a new tensor, or over ``into``'s: repack after a weight
+    change)."""
+    return bf16_linear.pack(weight, torch.float32, into=into)
 
 
 def linear(x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:

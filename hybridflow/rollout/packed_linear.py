@@ -14,7 +14,8 @@ bf16 weights on a CPU with AVX-512-BF16 (issue 56) take a third path, the C kern
 :mod:`hybridflow.rollout.bf16_linear` ("bf16 dpbf16 kernel"), which at decode row counts reads the weights
 several times faster than oneDNN's bf16 matmul (docs/benchmarks.md); it holds its own packed copy instead.
 fp32 weights on a CPU with AVX-512F take its fp32 twin (:mod:`hybridflow.rollout.fp32_linear`, "fp32 avx512
-kernel") at decode row counts, where it measured ahead of oneDNN's packed fp32 matmul.
+kernel"), which measured ahead of oneDNN's packed fp32 matmul. Both serve prefill too (level with oneDNN there),
+so a weight on a kernel's path is packed once, for the kernel only.
 
 Which path runs is decided once per dtype by a probe that packs a tiny weight and
 multiplies by it: oneDNN's bf16 packing needs AVX-512 (bw/vl/dq) or AVX-NE-CONVERT and
@@ -40,9 +41,6 @@ logger = logging.getLogger(__name__)
 # The row count oneDNN picks the packed layout for; one packing serves every row count.
 # 64 measured faster than 1 at every row count from 1 to 100 on SmolLM2-135M's shapes.
 _PACKING_BATCH_HINT = 64
-_KERNEL_MAX_ROWS = 128
-"""The most rows the bf16 and fp32 kernels multiply; above (prefill), oneDNN's packed copy (bf16: about level from
-128-256 rows; fp32: 1.05x ahead at 128 rows, 1.6x at 1-8; docs/benchmarks.md)."""
 _PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
 PORTABLE_KERNELS_ENV = "HYBRIDFLOW_PORTABLE_KERNELS"
 """Set to 1 to force the portable ``F.linear`` path everywhere (tests use it to cover the fallback)."""
@@ -51,7 +49,9 @@ DPBF16_PATH = "bf16 dpbf16 kernel"
 FP32_KERNEL_PATH = "fp32 avx512 kernel"
 """The path name of fp32 weights multiplied by :mod:`hybridflow.rollout.fp32_linear` (issue 56)."""
 _KERNELS = {DPBF16_PATH: bf16_linear, FP32_KERNEL_PATH: fp32_linear}
-"""Path -> the kernel's module (``pack``): decode rows go to it, prefill rows to oneDNN's packed copy."""
+"""Path -> the kernel's module (``pack``): it multiplies every row count, prefill too (in chunks of
+``bf16_linear.CHUNK_ROWS`` rows, level with or ahead of oneDNN's packed matmul at 33-2048 rows, docs/benchmarks.md),
+so no oneDNN copy is kept beside its own (issue 62: one packing per weight sync, not two)."""
 
 
 def portable_kernels_forced() -> bool:
@@ -111,12 +111,12 @@ class PackedLinear:
         self.packed = not self.path.startswith("F.linear")
         """Whether a packed copy is held (oneDNN's and / or a kernel's): a weight change needs a rebuild."""
         self.kernel_weight = None  # the bf16 / fp32 kernel's packed copy (their paths only)
-        self.onednn = self.path == "oneDNN-packed" or (self.path in _KERNELS
-                                                       and _onednn_packing_probe(weight.dtype) is None)
+        self.onednn = self.path == "oneDNN-packed"
+        self.weight = None  # the kernel's path holds only its own copy (not even a reference to ``weight``)
         with torch.no_grad():
             if self.path in _KERNELS:
                 self.kernel_weight = _KERNELS[self.path].pack(weight)
-            if self.onednn:
+            elif self.onednn:
                 self.weight = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), _PACKING_BATCH_HINT)
             else:
                 self.weight = weight.detach()
@@ -134,12 +134,14 @@ class PackedLinear:
 
     def assign(self, weight: torch.Tensor | None, bias: torch.Tensor | None) -> bool:
         """Copy a new ``weight`` (``None``: keep it) and ``bias`` into this layer's own tensors, in place, and
-        return True; False, changing nothing, where a rebuild is needed (a packed weight, another shape,
-        dtype or device, a bias appearing or going). In place, kernels captured in a CUDA graph keep reading
-        the right memory."""
+        return True; False, changing nothing, where a rebuild is needed (a oneDNN-packed weight, another shape,
+        dtype or device, a bias appearing or going). A kernel's packed weight is repacked in place. In place,
+        kernels captured in a CUDA graph keep reading the right memory."""
+        if self.kernel_weight is not None:
+            return self._repack(weight, bias)
         if self.packed or not same_layout(weight, self.weight, allow_none=True):
             return False
-        if (bias is None) != (self.bias is None) or (bias is not None and not same_layout(bias, self.bias)):
+        if not self._takes_bias(bias):
             return False
         with torch.no_grad():
             for new, own in ((weight, self.weight), (bias, self.bias)):
@@ -147,11 +149,30 @@ class PackedLinear:
                     own.copy_(new)
         return True
 
+    def _takes_bias(self, bias: torch.Tensor | None) -> bool:
+        return (bias is None) == (self.bias is None) and (bias is None or same_layout(bias, self.bias))
+
+    def _repack(self, weight: torch.Tensor | None, bias: torch.Tensor | None) -> bool:
+        """A kernel's path: the new weight packed over the old panels (a weight sync faults in no fresh memory:
+        issue 62), the bias copied in place and the kernel's fp32 copy of it refreshed."""
+        packed = self.kernel_weight
+        if not self._takes_bias(bias):
+            return False
+        if weight is not None and (tuple(weight.shape), weight.dtype, weight.device.type) != (
+                (packed.n, packed.k), packed.panels.dtype, "cpu"):
+            return False
+        with torch.no_grad():
+            if weight is not None:
+                _KERNELS[self.path].pack(weight, into=packed)
+            if bias is not None and bias.data_ptr() != self.bias.data_ptr():
+                self.bias.copy_(bias)
+            self.bias = self.bias  # the kernel's fp32 copy follows
+        return True
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """``[N, in]`` -> ``[N, out]``."""
-        kernel = self.kernel_weight
-        if kernel is not None and x.dtype == kernel.panels.dtype and x.numel() <= _KERNEL_MAX_ROWS * x.shape[-1]:
-            return bf16_linear.linear(x, kernel, self.kernel_bias, out_dtype=x.dtype)  # either kernel
+        if self.kernel_weight is not None:  # either kernel, at every row count
+            return bf16_linear.linear(x, self.kernel_weight, self.kernel_bias, out_dtype=x.dtype)
         if self.onednn:
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)

@@ -90,26 +90,44 @@ def assert_fused_step_equals_eager(decoder) -> None:
     torch.testing.assert_close(steps[True][1], steps[False][1], rtol=1e-5, atol=1e-5)
 
 
+def halved(model):
+    """A copy of ``model`` with every weight halved: an engine built on it, then synced to ``model``."""
+    import copy
+
+    import torch
+
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        for parameter in other.parameters():
+            parameter.mul_(0.5)
+    return other
+
+
 def assert_kernel_decodes_as_onednn(model, tokenizer, kernel_module, kernel_path_name: str, monkeypatch, *,
                                     atol: float) -> None:
     """The native engine on ``model``, greedy and sampled (seeded), with its projections on ``kernel_module``'s
     decode matmul kernel and on oneDNN's packed matmul (the kernel turned off): equal tokens, log-probs within
-    ``atol`` (issue 56's bf16 and fp32 kernels)."""
+    ``atol`` (issue 56's bf16 and fp32 kernels). Issue 62: prefill runs on the kernel too (prompts of 129 and 257
+    tokens cross its 128-row chunks), no oneDNN copy is kept beside the kernel's, and both engines are built on halved
+    weights and synced to ``model``'s (the kernel's panels repacked in place)."""
     from hybridflow.rollout import SamplingParams
     from hybridflow.rollout.native import NativeEngine
     from hybridflow.rollout.packed_linear import PORTABLE_KERNELS_ENV
 
     monkeypatch.delenv(PORTABLE_KERNELS_ENV, raising=False)
     prompts = chat_prompts(tokenizer)
+    prompts += [(prompts[0] * 40)[:129], (prompts[2] * 40)[:257]]
     params = [SamplingParams(n=1, temperature=0.0, max_tokens=16),
               SamplingParams(n=2, temperature=1.0, max_tokens=16, seed=0)]
     runs = {}
     for path in ("kernel", "oneDNN"):
         if path == "oneDNN":
             monkeypatch.setattr(kernel_module, "unavailable_reason", lambda: "turned off by the test")
-        engine = NativeEngine(model, tokenizer)
+        engine = NativeEngine(halved(model), tokenizer)
+        engine.load_weights(model.state_dict().items())  # a weight sync: the kernel repacks in place
         assert (engine.decoder.lm_head.path == kernel_path_name) == (path == "kernel")
         assert (engine.decoder.layers[0].qkv.kernel_weight is not None) == (path == "kernel")
+        assert (engine.decoder.layers[0].qkv.weight is None) == (path == "kernel")  # no oneDNN copy beside it
         runs[path] = [c for p in params for c in engine.generate(prompts, p)]
     for kernel, onednn in zip(runs["kernel"], runs["oneDNN"], strict=True):
         assert kernel.token_ids == onednn.token_ids

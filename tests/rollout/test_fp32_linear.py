@@ -15,7 +15,7 @@ from hybridflow.rollout.packed_linear import FP32_KERNEL_PATH, PackedLinear, ker
 
 needs_kernel = pytest.mark.skipif(fp32_linear.missing_build_reason() is not None,
                                   reason=f"fp32 kernel not built here: {fp32_linear.missing_build_reason()}")
-MAX_ROWS = packed_linear._KERNEL_MAX_ROWS
+MAX_ROWS = bf16_linear.CHUNK_ROWS  # rows per kernel call
 
 
 def integers(shape, generator, low=-8, high=9) -> torch.Tensor:
@@ -31,8 +31,8 @@ def test_integer_sums_are_exact_at_every_row_count(n, k):
     packed = fp32_linear.pack(weight)
     assert packed.panels.shape == (-(-n // 48), k, 48, 1)
     bias = torch.arange(n, dtype=torch.float32) - n / 2
-    x = integers((MAX_ROWS, k), generator)
-    for rows in range(1, MAX_ROWS + 1):
+    x = integers((2 * MAX_ROWS + 1, k), generator)
+    for rows in [*range(1, MAX_ROWS + 1), MAX_ROWS + 1, 2 * MAX_ROWS, 2 * MAX_ROWS + 1]:  # prefill: chunks
         expected = x[:rows].double() @ weight.double().T + bias.double()
         assert torch.equal(fp32_linear.linear(x[:rows], packed, bias).double(), expected), rows
     assert torch.equal(fp32_linear.linear(x[:5], packed).double(), x[:5].double() @ weight.double().T)
@@ -88,7 +88,7 @@ def test_bad_inputs_say_what_to_fix():
 
 
 @needs_kernel
-def test_packed_linear_takes_the_kernel_for_decode_rows_and_onednn_above(monkeypatch):
+def test_packed_linear_takes_the_kernel_at_every_row_count_and_keeps_no_onednn_copy(monkeypatch):
     monkeypatch.delenv(packed_linear.PORTABLE_KERNELS_ENV, raising=False)
     calls = []
     original = bf16_linear.linear
@@ -97,12 +97,22 @@ def test_packed_linear_takes_the_kernel_for_decode_rows_and_onednn_above(monkeyp
     weight, bias = torch.randn(96, 64, generator=generator), torch.randn(96, generator=generator)
     layer = PackedLinear(weight, bias)
     assert layer.path == FP32_KERNEL_PATH == kernel_path(torch.float32) and layer.packed
-    for rows in (1, MAX_ROWS, MAX_ROWS + 1):
+    assert layer.weight is None and not layer.onednn  # issue 62: the kernel's copy only, prefill too
+    calls.clear()  # (the kernel's probe, where its cache was cleared)
+    for rows in (1, MAX_ROWS - 1, MAX_ROWS, MAX_ROWS + 1, 2 * MAX_ROWS + 1):  # chunk boundaries
         x = torch.randn(rows, 64, generator=generator)
         expected = (x.double() @ weight.double().T + bias.double()).float()
         torch.testing.assert_close(layer(x), expected, rtol=1e-5, atol=1e-5)
-    assert calls == [1, MAX_ROWS]  # above the crossover: oneDNN's packed copy
-    assert not layer.assign(weight * 2, bias)  # a weight change rebuilds (repacks)
+    assert calls == [1, MAX_ROWS - 1, MAX_ROWS, MAX_ROWS + 1, 2 * MAX_ROWS + 1]
+    panels = layer.kernel_weight.panels.data_ptr()
+    new_weight, new_bias = weight * 2, bias * 3  # (the bias is copied into the layer's, which is ``bias``)
+    assert layer.assign(new_weight, new_bias)  # issue 62: a weight sync repacks over the same panels
+    assert layer.kernel_weight.panels.data_ptr() == panels
+    x = torch.randn(5, 64, generator=generator)
+    expected = (x.double() @ new_weight.double().T + new_bias.double()).float()
+    torch.testing.assert_close(layer(x).float(), expected, rtol=1e-5, atol=1e-5)
+    assert not layer.assign(weight[:48], bias[:48]) and not layer.assign(weight.double(), bias)  # shape, dtype
+    assert layer.assign(weight, layer.bias)  # back to the first weight
     layer.bias = bias * 0  # a bias-only change keeps the packed weight: the kernel follows
     x = torch.randn(3, 64, generator=generator)
     torch.testing.assert_close(layer(x), (x.double() @ weight.double().T).float(), rtol=1e-5, atol=1e-5)

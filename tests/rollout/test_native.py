@@ -323,14 +323,25 @@ def test_weight_sync_copies_into_the_decoders_own_tensors(tiny_tokenizer, arch, 
     assert [c.token_ids for c in engine.generate(prompts, params)] == [c.token_ids for c in fresh.generate(prompts, params)]
 
 
-def test_packed_weights_are_rebuilt_and_say_so(tiny_llama):
+@pytest.mark.parametrize("path", ["kernel", "oneDNN"])
+def test_packed_weights_are_rebuilt_and_say_so(tiny_llama, path, monkeypatch):
+    """oneDNN's packed copies are rebuilt (the epoch says so); the fp32 kernel's panels are repacked in place (issue
+    62: the same tensors, the epoch kept)."""
+    from hybridflow.rollout import fp32_linear
+
+    if path == "oneDNN":
+        monkeypatch.setattr(fp32_linear, "unavailable_reason", lambda: "turned off by the test")
     model, tokenizer = tiny_llama
     engine = NativeEngine(model, tokenizer)
-    if not engine.decoder.layers[0].qkv.packed:
-        pytest.skip("oneDNN packing is not available on this CPU")
+    qkv = engine.decoder.layers[0].qkv
+    if not qkv.packed or (path == "kernel") != (qkv.kernel_weight is not None):
+        pytest.skip(f"no {path} packing on this CPU")
     epoch = engine.decoder.weights_epoch
     engine.load_weights(model.state_dict().items())
-    assert engine.decoder.weights_epoch > epoch
+    if path == "kernel":
+        assert engine.decoder.layers[0].qkv is qkv and engine.decoder.weights_epoch == epoch
+    else:
+        assert engine.decoder.weights_epoch > epoch
 
 
 def test_a_varlen_prefill_that_disagrees_on_first_use_is_switched_off(tiny_llama, monkeypatch, caplog):
