@@ -23,15 +23,12 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import logging
 import os
-import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
-from hybridflow.cpu import cpu_flags
+from hybridflow.cpu import build_c_library, c_compiler
 from hybridflow.models.default_model import cache_root
 
 logger = logging.getLogger(__name__)
@@ -92,20 +89,7 @@ def build_flags() -> tuple[str, ...]:
 
 def _build(compiler: str) -> Path:
     """The shared library for these sources, flags, compiler and CPU: built unless already cached."""
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout
-    flags = build_flags()
-    texts = [path.read_text() for path in sorted(CSRC.glob("*.[ch]"))]
-    key = hashlib.sha256("\0".join([*texts, " ".join(flags), version, " ".join(cpu_flags())]).encode())
-    target = cache_root() / "kernels" / f"hybridflow_cpu-{key.hexdigest()[:16]}.so"
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
-        built = Path(scratch) / target.name
-        subprocess.run([compiler, *flags, "-o", str(built), *map(str, SOURCES), "-lm"], capture_output=True,
-                       text=True, check=True)
-        os.replace(built, target)  # atomic: a concurrent process sees the old state or the whole library
-    return target
+    return build_c_library(CSRC, "hybridflow_cpu", build_flags(), compiler, cache_root() / "kernels")
 
 
 @functools.cache
@@ -113,7 +97,7 @@ def library() -> ctypes.CDLL | None:
     """The loaded kernels, or ``None`` (forced off, no compiler, or the build failed: said once)."""
     if os.environ.get(FORCE_FALLBACK, "").lower() == "torch":
         return None
-    compiler = shutil.which(os.environ.get("CC", "gcc")) or shutil.which("cc")
+    compiler = c_compiler()
     if compiler is None:
         logger.warning("no C compiler (gcc or $CC) found: the CPU decode step runs torch ops (slower; attention "
                        "then reads a slot mirror, twice the KV memory); install gcc to build the kernels")
