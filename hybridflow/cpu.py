@@ -47,6 +47,15 @@ def cpu_isa_flags() -> list[str]:
     return [flag for flag in _ISA_FLAGS if flag in flags]
 
 
+KERNEL_MARCH_ENV = "HYBRIDFLOW_KERNEL_MARCH"
+"""``-march`` of the C kernels' builds: ``native`` (default, the machine it runs on), or e.g. ``haswell`` to build the
+AVX2 code an AVX2-only machine gets (tests build that one too)."""
+
+
+def kernel_march_flag() -> str:
+    return f"-march={os.environ.get(KERNEL_MARCH_ENV) or 'native'}"
+
+
 def c_compiler() -> str | None:
     """``$CC`` (default gcc), else ``cc``; ``None`` where neither is found."""
     return shutil.which(os.environ.get("CC", "gcc")) or shutil.which("cc")

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from hybridflow.algos import logprob_and_entropy as torch_logprob_and_entropy
-from hybridflow.cpu import build_c_library, c_compiler
+from hybridflow.cpu import build_c_library, c_compiler, kernel_march_flag
 from hybridflow.models.default_model import cache_root
 
 logger = logging.getLogger(__name__)
@@ -33,7 +33,7 @@ CSRC = Path(__file__).with_name("csrc")
 FORCE_FALLBACK = "HYBRIDFLOW_CPU_KERNELS"
 """``torch`` forces the torch path (the same switch as the rollout's CPU kernels, read at the first call)."""
 FLAGS = ("-O3", "-fno-trapping-math", "-fopenmp", "-Wno-psabi", "-shared", "-fPIC")
-"""Beside ``-march=native``: ``-fno-trapping-math`` lets the float <-> int conversions of the exp run in vector
+"""Beside ``-march`` (``native``, or ``$HYBRIDFLOW_KERNEL_MARCH``: hybridflow.cpu.kernel_march_flag): ``-fno-trapping-math`` lets the float <-> int conversions of the exp run in vector
 lanes; ``-fopenmp`` links the OpenMP runtime torch already loaded. The sums' order is written out in the source (16
 lanes, fp64 block totals), so no ``-fassociative-math``."""
 KERNEL_DTYPES = (torch.bfloat16,)
@@ -59,7 +59,7 @@ def library() -> ctypes.CDLL | None:
         logger.warning("no C compiler (gcc or $CC): the log-prob head runs torch ops (slower)")
         return None
     try:
-        path = build_c_library(CSRC, "hybridflow_logprob", ("-march=native", *FLAGS), compiler,
+        path = build_c_library(CSRC, "hybridflow_logprob", (kernel_march_flag(), *FLAGS), compiler,
                                cache_root() / "kernels")
         loaded = ctypes.CDLL(str(path))
     except (OSError, subprocess.CalledProcessError) as err:

@@ -28,7 +28,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from hybridflow.cpu import build_c_library, c_compiler
+from hybridflow.cpu import KERNEL_MARCH_ENV, build_c_library, c_compiler, kernel_march_flag
 from hybridflow.models.default_model import cache_root
 
 logger = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ lanes, reduced in registers: the order of an fp32 sum changes, as SDPA's own blo
 ``-ffinite-math-only``); ``-fopenmp`` links the OpenMP runtime torch already loaded (one thread pool);
 ``-Wno-psabi``: on AVX2 gcc notes that a 16-float vector passes differently without AVX-512, which concerns no
 call outside these files."""
-MARCH = "HYBRIDFLOW_KERNEL_MARCH"
+MARCH = KERNEL_MARCH_ENV
 """``-march`` of the build: ``native`` (default, the machine it runs on), or e.g. ``haswell`` to build the AVX2 code
 an AVX2-only machine gets (a test builds that one too; benchmarks emulate an AVX2 machine with it, beside
 ``ATEN_CPU_CAPABILITY=avx2`` and ``ONEDNN_MAX_CPU_ISA=AVX2``)."""
@@ -84,7 +84,7 @@ SIGNATURES = {
 
 
 def build_flags() -> tuple[str, ...]:
-    return (f"-march={os.environ.get(MARCH) or 'native'}", *FLAGS)
+    return (kernel_march_flag(), *FLAGS)
 
 
 def _build(compiler: str) -> Path:

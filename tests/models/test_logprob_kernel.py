@@ -2,11 +2,13 @@
 path it replaces, itself at other thread counts, and its fallback."""
 
 import math
+import os
 
 import pytest
 import torch
 
 from hybridflow.algos import logprob_and_entropy as torch_head
+from hybridflow.cpu import c_compiler, cpu_flags
 from hybridflow.models import logprob_kernel
 from hybridflow.models.logprob_kernel import kernel_logprob_and_entropy
 
@@ -204,3 +206,47 @@ def test_forced_fallback_runs_the_torch_path(monkeypatch):
         monkeypatch.delenv(logprob_kernel.FORCE_FALLBACK)
         logprob_kernel.library.cache_clear()
         logprob_kernel.unavailable_reason.cache_clear()
+
+
+@needs_kernel
+@pytest.mark.parametrize("march", ["haswell", "x86-64"])
+def test_the_builds_for_avx2_and_plain_x86_64_are_right_too(march, monkeypatch, tmp_path):
+    """What an AVX2-only machine builds (haswell: the 16-float vectors as two ymm) and a plain x86-64 one (SSE2),
+    run here, against the fp64 reference: the one source must be right for every instruction set gcc targets."""
+    if march == "haswell" and not {"avx2", "fma", "bmi2"} <= set(cpu_flags()):
+        pytest.skip("this CPU cannot run code built for haswell")
+    monkeypatch.setenv("HYBRIDFLOW_KERNEL_MARCH", march)
+    monkeypatch.setenv("HYBRIDFLOW_CACHE", str(tmp_path))
+    logprob_kernel.library.cache_clear()
+    logprob_kernel.unavailable_reason.cache_clear()
+    try:
+        assert logprob_kernel.unavailable_reason() is None and list(tmp_path.glob("kernels/*.so"))
+        for dtype in DTYPES:
+            logits, labels, g_lp, g_h = _case(3, 1000, dtype, seed=9)
+            logits[1, 500:] = float("-inf")
+            _assert_within_bounds(logits, labels % 500, g_lp, g_h, _kernel(logits, labels % 500, g_lp, g_h))
+    finally:
+        monkeypatch.undo()
+        logprob_kernel.library.cache_clear()
+        logprob_kernel.unavailable_reason.cache_clear()
+
+
+def test_the_kernel_builds_and_passes_its_probe_where_a_compiler_is():
+    """A kernel that builds but computes wrong values must fail here, not skip the tests above."""
+    if c_compiler() is None or os.environ.get(logprob_kernel.FORCE_FALLBACK, "").lower() == "torch":
+        pytest.skip("no C compiler, or the torch path forced")
+    assert logprob_kernel.unavailable_reason() is None
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_nan_logit_gives_nans_in_its_row_only(dtype):
+    """As the torch path: a NaN logit makes its row's log p, entropy and gradient NaN; the other rows keep their
+    values."""
+    logits, labels, g_lp, g_h = _case(3, 50, dtype, seed=10)
+    clean = _kernel(logits, labels, g_lp, g_h)
+    logits[1, 7] = float("nan")
+    log_p, entropy, grad = _kernel(logits, labels, g_lp, g_h)
+    assert log_p[1].isnan() and entropy[1].isnan() and grad[1].isnan().all()
+    for row in (0, 2):
+        assert log_p[row] == clean[0][row] and entropy[row] == clean[1][row] and torch.equal(grad[row], clean[2][row])

@@ -78,17 +78,15 @@ static inline vf load(const void *z, int64_t i, int64_t count, int bf16) {
     return x;
 }
 
-/* The first count lanes of g into out[i:], bf16 rounded to nearest even (a NaN stays a NaN), or fp32. */
+/* The first count lanes of g into out[i:], bf16 rounded to nearest even, or fp32. A NaN stays a NaN: the NaNs here
+ * are the default one or a bf16 input's, quiet, whose low 16 bits are 0, so the rounding carries into no other bit. */
 static inline void store(void *out, int64_t i, int64_t count, int bf16, vf g) {
     if (!bf16) {
         memcpy((float *)out + i, &g, sizeof(float) * (count < LANES ? count : LANES));
         return;
     }
     vu bits = (vu)g;
-    vu rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
-    vu nan = (bits >> 16) | 0x40u;
-    vi is_nan = (vi)(bits & 0x7fffffffu) > 0x7f800000;
-    vh h = __builtin_convertvector((vu)(((vi)nan & is_nan) | ((vi)rounded & ~is_nan)), vh);
+    vh h = __builtin_convertvector((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16, vh);
     memcpy((uint16_t *)out + i, &h, sizeof(uint16_t) * (count < LANES ? count : LANES));
 }
 
