@@ -34,8 +34,9 @@ FORCE_FALLBACK = "HYBRIDFLOW_CPU_KERNELS"
 """``torch`` forces the torch path (the same switch as the rollout's CPU kernels, read at the first call)."""
 FLAGS = ("-O3", "-fno-trapping-math", "-fopenmp", "-Wno-psabi", "-shared", "-fPIC")
 """Beside ``-march`` (``native``, or ``$HYBRIDFLOW_KERNEL_MARCH``: hybridflow.cpu.kernel_march_flag): ``-fno-trapping-math`` lets the float <-> int conversions of the exp run in vector
-lanes; ``-fopenmp`` links the OpenMP runtime torch already loaded. The sums' order is written out in the source (16
-lanes, fp64 block totals), so no ``-fassociative-math``."""
+lanes; ``-fopenmp`` links the OpenMP runtime torch already loaded. No ``-fassociative-math``: the sums' order is written out
+in the source (16 lanes, fp64 block totals), and the exp rounds with ``(y + 1.5 * 2^23) - 1.5 * 2^23``, which that
+flag would fold to ``y``."""
 KERNEL_DTYPES = (torch.bfloat16,)
 """Dtypes routed through the kernel. fp32 works as well (the tests run it) but its values move in the last bits,
 which would move the fp32 trainer behaviour pins (tests/trainer/test_behaviour_pin.py), recorded on the torch path;
