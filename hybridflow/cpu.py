@@ -7,7 +7,9 @@ benchmark names the ISA it ran on.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
+import logging
 import os
 import platform
 import shutil
@@ -81,6 +83,26 @@ def build_c_library(csrc: Path, stem: str, flags: tuple[str, ...], compiler: str
                        capture_output=True, text=True, check=True)
         os.replace(built, target)
     return target
+
+
+def load_c_library(csrc: Path, stem: str, flags: tuple[str, ...], cache: Path, signatures: dict[str, list], *,
+                   logger: logging.Logger, no_compiler: str, failed: str) -> ctypes.CDLL | None:
+    """:func:`build_c_library`'s library loaded, each of ``signatures``' functions typed (returning ``int``); or
+    ``None`` after logging ``no_compiler`` (no compiler found) or ``failed`` (``%s``: the build's last error line)."""
+    compiler = c_compiler()
+    if compiler is None:
+        logger.warning(no_compiler)
+        return None
+    try:
+        loaded = ctypes.CDLL(str(build_c_library(csrc, stem, flags, compiler, cache)))
+    except (OSError, subprocess.CalledProcessError) as err:
+        detail = (getattr(err, "stderr", "") or str(err)).strip()
+        logger.warning(failed, detail.splitlines()[-1] if detail else err)
+        return None
+    for name, argtypes in signatures.items():
+        function = getattr(loaded, name)
+        function.argtypes, function.restype = argtypes, ctypes.c_int
+    return loaded
 
 
 def describe_cpu() -> str:

@@ -18,13 +18,12 @@ import ctypes
 import functools
 import logging
 import os
-import subprocess
 from pathlib import Path
 
 import torch
 
 from hybridflow.algos import logprob_and_entropy as torch_logprob_and_entropy
-from hybridflow.cpu import build_c_library, c_compiler, kernel_march_flag
+from hybridflow.cpu import kernel_march_flag, load_c_library
 from hybridflow.models.default_model import cache_root
 
 logger = logging.getLogger(__name__)
@@ -55,23 +54,10 @@ def library() -> ctypes.CDLL | None:
     """The loaded kernel, or ``None`` (forced off, no compiler, or the build failed: said once)."""
     if os.environ.get(FORCE_FALLBACK, "").lower() == "torch":
         return None
-    compiler = c_compiler()
-    if compiler is None:
-        logger.warning("no C compiler (gcc or $CC): the log-prob head runs torch ops (slower)")
-        return None
-    try:
-        path = build_c_library(CSRC, "hybridflow_logprob", (kernel_march_flag(), *FLAGS), compiler,
-                               cache_root() / "kernels")
-        loaded = ctypes.CDLL(str(path))
-    except (OSError, subprocess.CalledProcessError) as err:
-        detail = (getattr(err, "stderr", "") or str(err)).strip()
-        logger.warning("the log-prob head kernel did not build (%s): torch ops instead (slower)",
-                       detail.splitlines()[-1] if detail else err)
-        return None
-    for name, argtypes in _SIGNATURES.items():
-        function = getattr(loaded, name)
-        function.argtypes, function.restype = argtypes, ctypes.c_int
-    return loaded
+    return load_c_library(CSRC, "hybridflow_logprob", (kernel_march_flag(), *FLAGS), cache_root() / "kernels",
+                          _SIGNATURES, logger=logger,
+                          no_compiler="no C compiler (gcc or $CC): the log-prob head runs torch ops (slower)",
+                          failed="the log-prob head kernel did not build (%s): torch ops instead (slower)")
 
 
 @functools.cache

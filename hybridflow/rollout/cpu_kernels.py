@@ -25,10 +25,9 @@ import ctypes
 import functools
 import logging
 import os
-import subprocess
 from pathlib import Path
 
-from hybridflow.cpu import KERNEL_MARCH_ENV, build_c_library, c_compiler, kernel_march_flag
+from hybridflow.cpu import KERNEL_MARCH_ENV, kernel_march_flag, load_c_library
 from hybridflow.models.default_model import cache_root
 
 logger = logging.getLogger(__name__)
@@ -87,29 +86,14 @@ def build_flags() -> tuple[str, ...]:
     return (kernel_march_flag(), *FLAGS)
 
 
-def _build(compiler: str) -> Path:
-    """The shared library for these sources, flags, compiler and CPU: built unless already cached."""
-    return build_c_library(CSRC, "hybridflow_cpu", build_flags(), compiler, cache_root() / "kernels")
-
-
 @functools.cache
 def library() -> ctypes.CDLL | None:
     """The loaded kernels, or ``None`` (forced off, no compiler, or the build failed: said once)."""
     if os.environ.get(FORCE_FALLBACK, "").lower() == "torch":
         return None
-    compiler = c_compiler()
-    if compiler is None:
-        logger.warning("no C compiler (gcc or $CC) found: the CPU decode step runs torch ops (slower; attention "
-                       "then reads a slot mirror, twice the KV memory); install gcc to build the kernels")
-        return None
-    try:
-        loaded = ctypes.CDLL(str(_build(compiler)))
-    except (OSError, subprocess.CalledProcessError) as err:
-        detail = getattr(err, "stderr", "") or str(err)
-        logger.warning("the CPU decode kernels did not build (%s): the decode step runs torch ops instead (slower; "
-                       "attention over a slot mirror)", detail.strip().splitlines()[-1] if detail.strip() else err)
-        return None
-    for name, argtypes in SIGNATURES.items():
-        function = getattr(loaded, name)
-        function.argtypes, function.restype = argtypes, ctypes.c_int
-    return loaded
+    return load_c_library(
+        CSRC, "hybridflow_cpu", build_flags(), cache_root() / "kernels", SIGNATURES, logger=logger,
+        no_compiler="no C compiler (gcc or $CC) found: the CPU decode step runs torch ops (slower; attention then "
+        "reads a slot mirror, twice the KV memory); install gcc to build the kernels",
+        failed="the CPU decode kernels did not build (%s): the decode step runs torch ops instead (slower; attention "
+        "over a slot mirror)")
