@@ -191,17 +191,21 @@ def test_a_label_outside_the_vocabulary_is_refused():
 @needs_kernel
 def test_bf16_cpu_logits_take_the_kernel_and_fp32_keeps_the_torch_path():
     """The dispatch of logprob_kernel.logprob_and_entropy: bf16 logits the kernel's bits, fp32 the torch path's
-    (the fp32 behaviour pins' bits), a non-contiguous view the bits of its contiguous copy."""
+    (the fp32 behaviour pins' bits), non-contiguous views the bits of their contiguous copies."""
     for dtype, expected_path in ((torch.bfloat16, kernel_logprob_and_entropy), (torch.float32, torch_head)):
         logits, labels, _, _ = _case(5, 64, dtype, seed=6)
         got = logprob_kernel.logprob_and_entropy(logits=logits, labels=labels, calculate_entropy=True)
         want = expected_path(logits=logits, labels=labels, calculate_entropy=True)
         assert all(torch.equal(a, b) for a, b in zip(got, want))
-    wide, labels, _, _ = _case(5, 128, torch.bfloat16, seed=7)
-    view = wide[:, ::2]
-    got = logprob_kernel.logprob_and_entropy(logits=view, labels=labels % 64, calculate_entropy=True)
-    want = kernel_logprob_and_entropy(logits=view.contiguous(), labels=labels % 64, calculate_entropy=True)
-    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    wide, labels, g_lp, g_h = _case(5, 128, torch.bfloat16, seed=7)
+    for view in (wide[:, ::2], wide[:, 32:96]):  # copied (stride 2 along V); read in place (rows 128 apart)
+        runs = []
+        for logits in (view, view.contiguous()):
+            leaf = logits.detach().requires_grad_(True)
+            log_p, entropy = logprob_kernel.logprob_and_entropy(logits=leaf, labels=labels % 64, calculate_entropy=True)
+            ((log_p * g_lp).sum() + (entropy * g_h).sum()).backward()
+            runs.append((log_p, entropy, leaf.grad))
+        assert all(torch.equal(a, b) for a, b in zip(*runs))
 
 
 def test_forced_fallback_runs_the_torch_path(monkeypatch):
