@@ -35,10 +35,11 @@ CSRC = Path(__file__).with_name("csrc")
 FORCE_FALLBACK = "HYBRIDFLOW_CPU_KERNELS"
 """``torch`` forces the torch path (the same switch as the rollout's CPU kernels, read at the first call)."""
 FLAGS = ("-O3", "-fno-trapping-math", "-fopenmp", "-Wno-psabi", "-shared", "-fPIC")
-"""Beside ``-march`` (``native``, or ``$HYBRIDFLOW_KERNEL_MARCH``: hybridflow.cpu.kernel_march_flag): ``-fno-trapping-math`` lets the float <-> int conversions of the exp run in vector
-lanes; ``-fopenmp`` links the OpenMP runtime torch already loaded. No ``-fassociative-math``: the sums' order is written out
-in the source (16 lanes, fp64 block totals), and the exp rounds with ``(y + 1.5 * 2^23) - 1.5 * 2^23``, which that
-flag would fold to ``y``."""
+"""Beside ``-march`` (``native``, or ``$HYBRIDFLOW_KERNEL_MARCH``: :func:`hybridflow.cpu.kernel_march_flag`):
+``-fno-trapping-math`` (nothing here traps) lets gcc keep the selects and conversions in vector lanes; ``-fopenmp``
+links the OpenMP runtime torch already loaded. No ``-fassociative-math``: the sums' order is written out in the
+source (16 lanes, fp64 block totals), and the exp rounds with ``(y + 1.5 * 2^23) - 1.5 * 2^23``, which that flag
+would fold to ``y``."""
 KERNEL_DTYPES = (torch.bfloat16,)
 """Dtypes routed through the kernel. fp32 works as well (the tests run it) but its values move in the last bits,
 which would move the fp32 trainer behaviour pins (tests/trainer/test_behaviour_pin.py), recorded on the torch path;
