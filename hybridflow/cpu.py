@@ -7,8 +7,15 @@ benchmark names the ISA it ran on.
 
 from __future__ import annotations
 
+import ctypes
+import hashlib
+import logging
 import os
 import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
 
 import torch
 
@@ -40,6 +47,62 @@ def cpu_isa_flags() -> list[str]:
     """Which of the extensions that matter here this CPU reports (empty where /proc/cpuinfo is absent)."""
     flags = cpu_flags()
     return [flag for flag in _ISA_FLAGS if flag in flags]
+
+
+KERNEL_MARCH_ENV = "HYBRIDFLOW_KERNEL_MARCH"
+"""``-march`` of the C kernels' builds: ``native`` (default, the machine it runs on), or e.g. ``haswell`` to build the
+AVX2 code an AVX2-only machine gets (tests build that one too)."""
+
+
+def kernel_march_flag() -> str:
+    return f"-march={os.environ.get(KERNEL_MARCH_ENV) or 'native'}"
+
+
+def c_compiler() -> str | None:
+    """``$CC`` (default gcc), else ``cc``; ``None`` where neither is found."""
+    return shutil.which(os.environ.get("CC", "gcc")) or shutil.which("cc")
+
+
+def build_c_library(csrc: Path, stem: str, flags: tuple[str, ...], compiler: str, cache: Path) -> Path:
+    """The shared library of ``csrc/*.c`` built with ``flags``: ``cache/<stem>-<key>.so``, built unless there.
+
+    The key hashes the sources and headers of ``csrc``, the flags, the compiler's version and this CPU's flags
+    (``-march=native`` builds differ between CPUs); the file is written atomically (a concurrent process sees the
+    old state or the whole library). Raises ``subprocess.CalledProcessError`` where the build fails.
+    """
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout
+    texts = [path.read_text() for path in sorted(csrc.glob("*.[ch]"))]
+    key = hashlib.sha256("\0".join([*texts, " ".join(flags), version, " ".join(cpu_flags())]).encode())
+    target = cache / f"{stem}-{key.hexdigest()[:16]}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+        built = Path(scratch) / target.name
+        subprocess.run([compiler, *flags, "-o", str(built), *map(str, sorted(csrc.glob("*.c"))), "-lm"],
+                       capture_output=True, text=True, check=True)
+        os.replace(built, target)
+    return target
+
+
+def load_c_library(csrc: Path, stem: str, flags: tuple[str, ...], cache: Path, signatures: dict[str, list], *,
+                   logger: logging.Logger, no_compiler: str, failed: str) -> ctypes.CDLL | None:
+    """:func:`build_c_library`'s library loaded, each of ``signatures``' functions typed (returning ``int``); or
+    ``None`` after logging ``no_compiler`` (no compiler found) or ``failed`` (``%s``: the build's last error line)."""
+    compiler = c_compiler()
+    if compiler is None:
+        logger.warning(no_compiler)
+        return None
+    try:
+        loaded = ctypes.CDLL(str(build_c_library(csrc, stem, flags, compiler, cache)))
+    except (OSError, subprocess.CalledProcessError) as err:
+        detail = (getattr(err, "stderr", "") or str(err)).strip()
+        logger.warning(failed, detail.splitlines()[-1] if detail else err)
+        return None
+    for name, argtypes in signatures.items():
+        function = getattr(loaded, name)
+        function.argtypes, function.restype = argtypes, ctypes.c_int
+    return loaded
 
 
 def describe_cpu() -> str:

@@ -15,10 +15,11 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from hybridflow.algos import entropy_from_logits, logprob_and_entropy, logprobs_from_logits
+from hybridflow.algos import entropy_from_logits, logprobs_from_logits
 from hybridflow.algos.linear_logprob import linear_log_probs
 from hybridflow.algos.logprob import sum_pi_squared_from_logits
 from hybridflow.data.packing import PackedResponses
+from hybridflow.models.logprob_kernel import logprob_and_entropy as logprob_head
 from hybridflow.models.router_aux import router_forward_kwargs
 from hybridflow.models.segment_attention import SegmentLayout, packed_row_mask, use_segment_attention
 from hybridflow.models.ulysses import SequenceShard, sequence_parallel_of
@@ -134,7 +135,7 @@ def _token_outputs(logits: torch.Tensor, labels: torch.Tensor, *, temperature: f
     if temperature != 1.0:
         logits = logits / temperature
     if not use_torch_compile:  # one pass, a closed-form backward; keeps no softmax (entropy_checkpointing's aim)
-        log_probs, entropy = logprob_and_entropy(logits=logits, labels=labels, calculate_entropy=calculate_entropy)
+        log_probs, entropy = logprob_head(logits=logits, labels=labels, calculate_entropy=calculate_entropy)
         if calculate_sum_pi_squared:
             return log_probs, entropy, sum_pi_squared_from_logits(logits=logits.detach())
         return log_probs, entropy

@@ -23,15 +23,11 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import logging
 import os
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
-from hybridflow.cpu import cpu_flags
+from hybridflow.cpu import KERNEL_MARCH_ENV, kernel_march_flag, load_c_library
 from hybridflow.models.default_model import cache_root
 
 logger = logging.getLogger(__name__)
@@ -48,7 +44,7 @@ lanes, reduced in registers: the order of an fp32 sum changes, as SDPA's own blo
 ``-ffinite-math-only``); ``-fopenmp`` links the OpenMP runtime torch already loaded (one thread pool);
 ``-Wno-psabi``: on AVX2 gcc notes that a 16-float vector passes differently without AVX-512, which concerns no
 call outside these files."""
-MARCH = "HYBRIDFLOW_KERNEL_MARCH"
+MARCH = KERNEL_MARCH_ENV
 """``-march`` of the build: ``native`` (default, the machine it runs on), or e.g. ``haswell`` to build the AVX2 code
 an AVX2-only machine gets (a test builds that one too; benchmarks emulate an AVX2 machine with it, beside
 ``ATEN_CPU_CAPABILITY=avx2`` and ``ONEDNN_MAX_CPU_ISA=AVX2``)."""
@@ -87,25 +83,7 @@ SIGNATURES = {
 
 
 def build_flags() -> tuple[str, ...]:
-    return (f"-march={os.environ.get(MARCH) or 'native'}", *FLAGS)
-
-
-def _build(compiler: str) -> Path:
-    """The shared library for these sources, flags, compiler and CPU: built unless already cached."""
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout
-    flags = build_flags()
-    texts = [path.read_text() for path in sorted(CSRC.glob("*.[ch]"))]
-    key = hashlib.sha256("\0".join([*texts, " ".join(flags), version, " ".join(cpu_flags())]).encode())
-    target = cache_root() / "kernels" / f"hybridflow_cpu-{key.hexdigest()[:16]}.so"
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
-        built = Path(scratch) / target.name
-        subprocess.run([compiler, *flags, "-o", str(built), *map(str, SOURCES), "-lm"], capture_output=True,
-                       text=True, check=True)
-        os.replace(built, target)  # atomic: a concurrent process sees the old state or the whole library
-    return target
+    return (kernel_march_flag(), *FLAGS)
 
 
 @functools.cache
@@ -113,19 +91,9 @@ def library() -> ctypes.CDLL | None:
     """The loaded kernels, or ``None`` (forced off, no compiler, or the build failed: said once)."""
     if os.environ.get(FORCE_FALLBACK, "").lower() == "torch":
         return None
-    compiler = shutil.which(os.environ.get("CC", "gcc")) or shutil.which("cc")
-    if compiler is None:
-        logger.warning("no C compiler (gcc or $CC) found: the CPU decode step runs torch ops (slower; attention "
-                       "then reads a slot mirror, twice the KV memory); install gcc to build the kernels")
-        return None
-    try:
-        loaded = ctypes.CDLL(str(_build(compiler)))
-    except (OSError, subprocess.CalledProcessError) as err:
-        detail = getattr(err, "stderr", "") or str(err)
-        logger.warning("the CPU decode kernels did not build (%s): the decode step runs torch ops instead (slower; "
-                       "attention over a slot mirror)", detail.strip().splitlines()[-1] if detail.strip() else err)
-        return None
-    for name, argtypes in SIGNATURES.items():
-        function = getattr(loaded, name)
-        function.argtypes, function.restype = argtypes, ctypes.c_int
-    return loaded
+    return load_c_library(
+        CSRC, "hybridflow_cpu", build_flags(), cache_root() / "kernels", SIGNATURES, logger=logger,
+        no_compiler="no C compiler (gcc or $CC) found: the CPU decode step runs torch ops (slower; attention then "
+        "reads a slot mirror, twice the KV memory); install gcc to build the kernels",
+        failed="the CPU decode kernels did not build (%s): the decode step runs torch ops instead (slower; attention "
+        "over a slot mirror)")

@@ -1,6 +1,8 @@
 """Building the CPU kernels' library: once per source, flags, compiler and CPU; off, saying why once, where it
 cannot be built; and the AVX2 build (what an AVX2-only machine compiles) right on this machine too."""
 
+import shutil
+
 import pytest
 import torch
 
@@ -28,7 +30,7 @@ def test_without_a_working_compiler_the_kernels_are_off_and_say_why_once(compile
     over the slot mirror and the layer as torch ops (test_cpu_attention's engine test covers that path)."""
     monkeypatch.setenv("CC", compiler)
     monkeypatch.setenv("HYBRIDFLOW_CACHE", str(tmp_path))  # no cached build to find
-    monkeypatch.setattr(cpu_kernels.shutil, "which", lambda name: None if name != "false" else "/bin/false")
+    monkeypatch.setattr(shutil, "which", lambda name: None if name != "false" else "/bin/false")
     with caplog.at_level("WARNING", logger="hybridflow.rollout.cpu_kernels"):
         assert cpu_kernels.library() is None
         assert cpu_kernels.library() is None
