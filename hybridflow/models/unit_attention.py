@@ -10,10 +10,13 @@ attention"). Per unit:
     backward:  dv = P^T do,   dP = do v^T,   dS = P (dP - rowsum(dP P)) scale,   dq = dS k,   dk = dS^T q
 
 with the query heads of one KV head stacked as rows (``[H_kv, g L, D]``): no repeated K / V, and the KV gradients
-summed over the group by the matmul itself. Kept for backward: the unit's bf16 ``P`` (``H L^2`` x 2 bytes), which
-is why only units up to :data:`MAX_UNIT_TOKENS` take this path. As close to fp64 as the flash kernel
-(tests/models/test_unit_attention.py bounds it), not bit for bit the same: a bf16 behaviour pin recorded before this
-needs re-recording.
+summed over the group by the matmul itself. Given the unit's structure ``[P, R_1, ..., R_n]`` (the segment layout's
+``branches``, where no sliding window narrowed the mask) only the blocks the mask opens are computed
+(:class:`_SharedPromptUnitAttention`: about half the scores of a GRPO unit with ragged responses, a third with equal
+ones); any other mask computes all ``L^2`` (:class:`_MaskedUnitAttention`). Kept for backward: the bf16 ``P`` (``H``
+x the kept scores x 2 bytes), which is why only units keeping up to :data:`MAX_KEPT_SCORES` a head take this path.
+As close to fp64 as the flash kernel (tests/models/test_unit_attention.py bounds it), not bit for bit the same: a bf16
+behaviour pin recorded before this needs re-recording.
 """
 
 from __future__ import annotations
