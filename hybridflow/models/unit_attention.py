@@ -153,8 +153,11 @@ class _Blocks:
     """``[n, 1, R, P + R]`` masked where a response slot may not look: its own later tokens and the padding."""
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=64)
 def _block_indices(blocks: tuple[int, ...], dtype: torch.dtype) -> _Blocks:
+    """A unit's :class:`_Blocks`, built once for every layer of a forward and its backward. At most 64 kept: a bias
+    is ``4 n R (P + R)`` bytes, up to 1 MiB under :data:`MAX_KEPT_SCORES` (a micro-batch with more units rebuilds
+    them each layer: a few small ops)."""
     wide = torch.promote_types(dtype, torch.float32)
     prompt, lengths = blocks[0], torch.tensor(blocks[1:])
     count, widest = len(blocks) - 1, max(blocks[1:])
