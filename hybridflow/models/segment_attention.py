@@ -128,8 +128,11 @@ def _segment_attention(module, query, key, value, attention_mask, dropout: float
             outputs.append(shared_prompt_attention(*unit, lengths=branches, scale=scaling, dropout=dropout,
                                                    repeat_kv=True))
             continue
-        if takes_unit_attention(unit[0], mask, dropout):  # a CPU's masked flash call is slow at these sizes
-            outputs.append(masked_unit_attention(*unit, mask, scaling))
+        # a CPU's masked flash call is slow at these sizes; a shared-prompt unit's structure (unless a window
+        # narrowed its mask) lets it compute only the blocks its mask opens
+        structure = branches if window is None else None
+        if takes_unit_attention(unit[0], mask, dropout, structure):
+            outputs.append(masked_unit_attention(*unit, mask, scaling, structure))
             continue
         # On CUDA, SDPA's fused kernels other than flash (memory-efficient, cuDNN) do not take enable_gqa, and
         # SDPA falls back to the math kernel and its [H, L, L] fp32 scores where flash does not apply (a mask,
