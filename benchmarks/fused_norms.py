@@ -43,7 +43,8 @@ def layer_modules(hidden: int, intermediate: int):
     from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 
-    config = LlamaConfig(hidden_size=hidden, intermediate_size=intermediate, rms_norm_eps=1e-5)
+    config = LlamaConfig(hidden_size=hidden, intermediate_size=intermediate, rms_norm_eps=1e-5, num_attention_heads=1,
+                         num_key_value_heads=1)  # heads: unused, but the config checks them
     holder = torch.nn.ModuleDict({"norm": LlamaRMSNorm(hidden, eps=1e-5), "mlp": LlamaMLP(config)})
     with torch.no_grad():
         holder["norm"].weight.uniform_(0.5, 1.5)
