@@ -118,7 +118,7 @@ def autocast_forward(model: torch.nn.Module, *, device_type: str, dtype: torch.d
     """Run ``model``'s forward under autocast to ``dtype`` (mixed precision of an unsharded model:
     the weights stay in their dtype, matmuls run in ``dtype``; q / k / v and gate / up each one matmul,
     hybridflow.models.fused_projections; the rotary embedding one autograd function, hybridflow.models.fused_rotary;
-    on a CPU, RMSNorms and SwiGLU products with closed-form backwards, hybridflow.models.fused_norms); no-op for None."""
+    on a CPU, RMSNorms and SwiGLU products as autograd functions, hybridflow.models.fused_norms); no-op for None."""
     if dtype is not None:
         fuse_sibling_projections(model)
         fuse_rotary(model)
