@@ -33,6 +33,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 
 from hybridflow.cpu import cpu_has_bf16, cpu_precision_reason
 from hybridflow.errors import ConfigError
+from hybridflow.models.fused_norms import fuse_norms_and_swiglu
 from hybridflow.models.fused_projections import fuse_sibling_projections
 from hybridflow.models.fused_rotary import fuse_rotary
 
@@ -116,11 +117,13 @@ def _note_buffer_dtype(name: str) -> None:
 def autocast_forward(model: torch.nn.Module, *, device_type: str, dtype: torch.dtype | None) -> torch.nn.Module:
     """Run ``model``'s forward under autocast to ``dtype`` (mixed precision of an unsharded model:
     the weights stay in their dtype, matmuls run in ``dtype``; q / k / v and gate / up each one matmul,
-    hybridflow.models.fused_projections; the rotary embedding one autograd function, hybridflow.models.fused_rotary);
-    no-op for None."""
+    hybridflow.models.fused_projections; the rotary embedding one autograd function, hybridflow.models.fused_rotary;
+    on a CPU, RMSNorms and SwiGLU products as autograd functions, hybridflow.models.fused_norms); no-op for None."""
     if dtype is not None:
         fuse_sibling_projections(model)
         fuse_rotary(model)
+        if device_type == "cpu":
+            fuse_norms_and_swiglu(model, dtype=dtype)
         model.forward = torch.autocast(device_type=device_type, dtype=dtype)(model.forward)
     return model
 
