@@ -117,6 +117,7 @@ HEAP_ENV = "HYBRIDFLOW_CPU_HEAP"
 :func:`return_freed_memory` trims after each weight sync: a smaller resident set between steps, slower steps)."""
 _HEAP_POLICIES = ("keep", "trim")
 _M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_MAX = -1, -2, -4  # glibc's mallopt parameters (malloc.h)
+_INT_MAX = 2**31 - 1  # mallopt takes a C int: a larger Python int would be cut to its low 32 bits (1 << 40 -> 0)
 _heap_kept = False
 
 
@@ -160,7 +161,7 @@ def keep_freed_heap() -> bool:
     libc = _libc() if heap_policy() == "keep" else None
     if libc is None:
         return False
-    _heap_kept = bool(libc.mallopt(_M_MMAP_MAX, 0) and libc.mallopt(_M_TRIM_THRESHOLD, 1 << 62)
+    _heap_kept = bool(libc.mallopt(_M_MMAP_MAX, 0) and libc.mallopt(_M_TRIM_THRESHOLD, _INT_MAX)
                       and libc.mallopt(_M_TOP_PAD, 64 << 20))
     return _heap_kept
 

@@ -28,7 +28,7 @@ from hybridflow.trainer.entry import resolve_device
 
 kept = resolve_device(sys.argv[1]).type == "cpu" and cpu._heap_kept
 faults = []
-for _ in range(4):  # allocate, touch every page, free: once the heap has grown, later rounds reuse its pages
+for _ in range(6):  # allocate, touch every page, free: once the heap has grown, later rounds reuse its pages
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     block = torch.ones(16 << 20)  # 64 MiB, over glibc's largest mmap threshold (32 MiB)
     faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
@@ -50,9 +50,9 @@ def test_a_cpu_process_reuses_the_pages_a_freed_block_had():
     seen = _probe()
     assert seen["kept"] and not seen["trimmed"]
     # 64 MiB is 16,384 pages: the first block faults them in; the heap may grow once more (a small object can
-    # land where the block was), then each round finds its pages resident
+    # land where the block was; seen once in rounds 2-3), then each round finds its pages resident
     assert seen["faults"][0] > 10_000
-    assert max(seen["faults"][2:]) < 1_000, seen
+    assert max(seen["faults"][3:]) < 1_000, seen
 
 
 def test_trim_leaves_glibc_as_it_is():
