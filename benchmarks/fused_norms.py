@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import ctypes
 import os
 import sys
 import time
@@ -29,14 +28,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from hybridflow.models.fsdp import autocast_forward  # noqa: E402
+from hybridflow.cpu import keep_freed_heap  # noqa: E402
 from hybridflow.models.fused_norms import FusedMLPForward, FusedRMSNormForward, fuse_norms_and_swiglu  # noqa: E402
 from hybridflow.models.fused_projections import fuse_sibling_projections  # noqa: E402
-
-
-def keep_freed_memory() -> None:
-    libc = ctypes.CDLL("libc.so.6")
-    libc.mallopt(-4, 0)        # M_MMAP_MAX: no mmap'd blocks
-    libc.mallopt(-1, 1 << 40)  # M_TRIM_THRESHOLD: never return the heap's top to the OS
 
 
 def layer_modules(hidden: int, intermediate: int):
@@ -108,7 +102,7 @@ def main(argv=None) -> None:
     parser.add_argument("--model", action="store_true", help="the whole model's forward + backward")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
-    keep_freed_memory()
+    keep_freed_heap()  # the trainer's heap policy: no first-touch faults in the timings
     torch.set_num_threads(args.threads)
     if args.model:
         return main_model(args)

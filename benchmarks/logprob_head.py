@@ -12,20 +12,13 @@ effectively does, so each run does not pay first-touch page faults on a fresh [r
 from __future__ import annotations
 
 import argparse
-import ctypes
 import time
 
 import torch
 
 from hybridflow.algos import logprob_and_entropy as torch_head
+from hybridflow.cpu import keep_freed_heap
 from hybridflow.models import logprob_kernel
-
-
-def keep_freed_memory() -> None:
-    """mallopt(M_MMAP_MAX, 0) and mallopt(M_TRIM_THRESHOLD, 2^40): large blocks stay in the heap once freed."""
-    libc = ctypes.CDLL("libc.so.6")
-    libc.mallopt(-4, 0)
-    libc.mallopt(-1, 1 << 40)
 
 
 def one_step(head, logits, labels, upstream, entropy_grad: bool) -> None:
@@ -62,7 +55,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if logprob_kernel.unavailable_reason() is not None:
         raise SystemExit(f"no kernel to measure: {logprob_kernel.unavailable_reason()}")
-    keep_freed_memory()
+    keep_freed_heap()  # the trainer's heap policy: no first-touch faults in the timings
     for threads in map(int, args.threads.split(",")):
         for entropy_grad in (False, True):
             best = measure(args.rows, args.vocab, threads, args.repeats, entropy_grad)

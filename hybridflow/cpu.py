@@ -8,6 +8,7 @@ benchmark names the ISA it ran on.
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import logging
 import os
@@ -121,9 +122,10 @@ _INT_MAX = 2**31 - 1  # mallopt takes a C int: a larger Python int would be cut 
 _heap_kept = False
 
 
+@functools.cache
 def _libc():
-    """glibc through ctypes, or None (not Linux, musl and other C libraries: no mallopt / malloc_trim)."""
-    import ctypes
+    """glibc through ctypes, or None (not Linux, musl and other C libraries: no mallopt / malloc_trim); looked up
+    once (``find_library`` runs ``ldconfig``), not at every weight sync."""
     import ctypes.util
 
     name = ctypes.util.find_library("c")

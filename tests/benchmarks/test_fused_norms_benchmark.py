@@ -9,7 +9,7 @@ def test_a_tiny_run_times_hfs_and_the_fused_pieces(capsys, monkeypatch):
     threads = torch.get_num_threads()
     try:
         with loaded_benchmark("fused_norms") as module:
-            monkeypatch.setattr(module, "keep_freed_memory", lambda: None)  # leave the test process's heap alone
+            monkeypatch.setattr(module, "keep_freed_heap", lambda: None)  # leave the test process's heap alone
             module.main(["--tokens", "5", "--hidden", "16", "--intermediate", "24", "--repeats", "2"])
     finally:
         torch.set_num_threads(threads)
