@@ -18,7 +18,9 @@ the same generations give the same norms where two runs compute the same gradien
 Printed: seconds per step (median over the measured steps of all rounds), generated
 tokens per second, ``timing_s/update_actor`` and ``timing_s/gen`` for hybridflow, the peak
 resident memory of each process (``perf/max_memory_rss_gb``), and the
-ratio TRL / hybridflow, with the CPU (model name, ISA) named. The floor of the update
+ratio TRL / hybridflow, with the CPU (model name, ISA) named. ``--frameworks trl-tuned`` adds TRL with the
+CPU allocator settings hybridflow gives itself (huge-page buffers, glibc keeping freed memory: environment
+variables any TRL user can set); the ratio is against the faster TRL run. The floor of the update
 (6 x parameters x tokens the update needs / the measured fp32 matmul rate) is printed
 beside the update time.
 
@@ -59,7 +61,8 @@ def parse_args(argv=None):
     parser.add_argument("--steps", type=int, default=4, help="steps per process (the first is a warm-up)")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--layouts", default="padded,shared", help="hybridflow forward layouts to run")
-    parser.add_argument("--frameworks", default="hybridflow,trl")
+    parser.add_argument("--frameworks", default="hybridflow,trl",
+                        help="of hybridflow, trl, trl-tuned (TRL with hybridflow's CPU allocator settings as env vars)")
     parser.add_argument("--precisions", default="fp32",
                         help="comma-separated fp32 / bf16 (issue 62): hybridflow's fsdp_config.mixed_precision and "
                              "rollout.dtype, TRL's bf16 switch (autocast over fp32 weights on a CPU)")
@@ -187,7 +190,15 @@ def trl_worker(spec_path: str) -> None:
         json.dump([dict(row, rss_gb=peak) for row in times.rows], fh)
 
 
-def run_trl(*, model: str, train: str, length: int, steps: int, out: str, precision: str = "fp32") -> list[dict]:
+TUNED_ENV = {"THP_MEM_ALLOC_ENABLE": "1", "MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "2147483647",
+             "MALLOC_TOP_PAD_": str(64 << 20)}
+PLAIN_ENV = {"THP_MEM_ALLOC_ENABLE": "0"}  # this process imported hybridflow, which defaults it to 1
+"""``trl-tuned``: TRL's process with the allocator settings hybridflow applies to itself on a CPU (torch's
+huge-page allocations, glibc keeping freed memory), set the way any TRL user could: environment variables."""
+
+
+def run_trl(*, model: str, train: str, length: int, steps: int, out: str, precision: str = "fp32",
+            tuned: bool = False) -> list[dict]:
     spec = {"model": model, "train": train, "length": length, "steps": steps, "out": out, "precision": precision,
             "result": os.path.join(out, "steps.json")}
     os.makedirs(out, exist_ok=True)
@@ -196,7 +207,7 @@ def run_trl(*, model: str, train: str, length: int, steps: int, out: str, precis
         json.dump(spec, fh)
     with open(os.path.join(out, "run.log"), "w") as log:
         subprocess.run([sys.executable, os.path.abspath(__file__), "--trl-worker", spec_path], check=True,
-                       stdout=log, stderr=subprocess.STDOUT)
+                       stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(TUNED_ENV if tuned else PLAIN_ENV)})
     with open(spec["result"]) as fh:
         return json.load(fh)[1:]
 
@@ -249,7 +260,8 @@ def main(argv=None) -> int:
     for length in map(int, args.lengths.split(",")):
         results: dict[str, list[dict]] = {}
         for round_index in range(args.rounds):
-            runs = [(f"trl/{p}", None, p) for p in precisions] if "trl" in frameworks else []
+            runs = [(f"{trl}/{p}", None, p) for trl in ("trl", "trl-tuned") if trl in frameworks
+                    for p in precisions]
             runs += [(f"hybridflow/{layout}/{p}", layout, p) for layout in layouts for p in precisions
                      ] if "hybridflow" in frameworks else []
             for name, layout, precision in (runs if round_index % 2 == 0 else runs[::-1]):
@@ -257,7 +269,7 @@ def main(argv=None) -> int:
                 started = time.perf_counter()
                 if layout is None:
                     steps = run_trl(model=model, train=train, length=length, steps=args.steps, out=folder,
-                                    precision=precision)
+                                    precision=precision, tuned=name.startswith("trl-tuned"))
                 else:
                     steps = hybridflow_steps(run_hybridflow(model=model, train=train, length=length,
                                                             steps=args.steps, layout=layout, out=folder,

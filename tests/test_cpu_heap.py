@@ -38,7 +38,7 @@ print(json.dumps({"kept": kept, "faults": faults, "trimmed": cpu.return_freed_me
 
 
 def _probe(device: str = "cpu", policy: str | None = None) -> dict:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "THP_MEM_ALLOC_ENABLE": "0"}  # count 4 KiB faults: glibc's policy
     env.pop(HEAP_ENV, None)
     if policy is not None:
         env[HEAP_ENV] = policy
@@ -67,3 +67,32 @@ def test_a_bad_policy_is_refused_with_the_two_choices(monkeypatch):
         heap_policy()
     monkeypatch.setenv(HEAP_ENV, " Trim ")
     assert heap_policy() == "trim"
+
+
+THP_PROBE = r"""
+import json, os, sys
+import hybridflow
+import torch
+block = torch.ones(16 << 20)  # 64 MiB: torch's allocator madvises buffers of 2 MiB or more when the switch is on
+huge = next(int(line.split()[1]) for line in open("/proc/self/smaps_rollup") if line.startswith("AnonHugePages"))
+print(json.dumps({"env": os.environ.get("THP_MEM_ALLOC_ENABLE"), "huge_kb": huge}))
+"""
+
+
+def _thp_probe(setting: str | None) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("THP_MEM_ALLOC_ENABLE", None)
+    if setting is not None:
+        env["THP_MEM_ALLOC_ENABLE"] = setting
+    out = subprocess.run([sys.executable, "-c", THP_PROBE], env=env, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_large_cpu_buffers_go_on_huge_pages_unless_the_user_says_no():
+    mode = open("/sys/kernel/mm/transparent_hugepage/enabled").read() if os.path.exists(
+        "/sys/kernel/mm/transparent_hugepage/enabled") else ""
+    default, refused = _thp_probe(None), _thp_probe("0")
+    assert default["env"] == "1" and refused["env"] == "0"  # a default, never over the user's own value
+    assert refused["huge_kb"] == 0 or "[always]" in mode  # "always" gives huge pages whatever torch asks
+    if "[madvise]" in mode or "[always]" in mode:  # the kernel may still find no free 2 MiB page: most, not all
+        assert default["huge_kb"] >= 32 << 10, default
