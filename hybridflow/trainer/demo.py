@@ -26,6 +26,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+import torch
+
 from hybridflow.config import PPOConfig, load_config
 from hybridflow.data.preprocess import reasoning_gym
 from hybridflow.data.preprocess.common import write_splits
@@ -77,7 +79,6 @@ PRESETS: dict[str, DemoPreset] = {
             "actor_rollout_ref.actor.ppo_mini_batch_size=8",
             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
             "actor_rollout_ref.actor.optim.lr=2e-5",
-            "actor_rollout_ref.actor.use_rollout_log_probs=True",
             # the 4 samples of a prompt share one copy of it in the update (same gradients, ~2x fewer tokens)
             "actor_rollout_ref.model.use_shared_prompt=True",
             "trainer.total_training_steps=30",
@@ -212,9 +213,32 @@ def run_demo(preset_name: str, run_dir: str, extra_overrides: list[str]) -> dict
     model = prepare_model(preset, run_dir)
     train, test = prepare_data(preset, run_dir)
     start = time.time()
-    overrides = demo_overrides(preset, model=model, train=train, test=test, run_dir=run_dir) + extra_overrides
+    overrides = demo_overrides(preset, model=model, train=train, test=test, run_dir=run_dir)
+    overrides += old_log_prob_overrides(overrides + extra_overrides) + extra_overrides
     _, result = train_and_report(overrides, start=start)
     return {**result, "run_dir": run_dir}
+
+
+ENGINE_LOG_PROBS = "actor_rollout_ref.actor.use_rollout_log_probs=True"
+
+
+def old_log_prob_overrides(overrides: list[str]) -> list[str]:
+    """The engine's log-probs as the old policy (no recomputing forward) where the engine and the trainer both compute
+    in fp32 on a CPU, whose log-probs agree to ~1e-9; else verl's recompute. In bf16 the two differ (probabilities by
+    6e-3 on average, up to 0.08 on this model), and that noise in every PPO ratio cost held-out accuracy: after 30
+    steps 0.599 over eight seeds with the engine's against 0.648 in fp32; the recompute lifted seeds 3 and 6-8
+    (docs/benchmarks.md, "make demo in bf16")."""
+    from hybridflow.rollout.precision import cpu_engine_dtype
+    from hybridflow.trainer.roles.builders import training_precision
+
+    cfg = load_config(PPOConfig, overrides)
+    arr = cfg.actor_rollout_ref
+    if cfg.trainer.device == "cuda" or (cfg.trainer.device == "auto" and torch.cuda.is_available()):
+        return []
+    cpu = torch.device("cpu")
+    fp32 = (training_precision(arr.actor.fsdp_config, arr.model.dtype, device=cpu).param_dtype in (None, torch.float32)
+            and cpu_engine_dtype(arr.rollout.dtype) == torch.float32)
+    return [ENGINE_LOG_PROBS] if fp32 else []
 
 
 EXPERIMENTS = "python benchmarks/demo_presets.py --preset NAME"

@@ -74,3 +74,21 @@ def test_an_experiment_preset_names_where_it_runs(capsys):
     assert "--preset tools: hybridflow demo runs default or tiny" in err
     assert "python benchmarks/demo_presets.py --preset NAME" in err
 
+
+
+@pytest.mark.parametrize("bf16_cpu, extra, engine_log_probs", [
+    ("0", [], True),  # an AVX2-only CPU: fp32 engine and trainer agree to ~1e-9, no recomputing forward
+    ("1", [], False),  # bf16 both sides: the trainer recomputes the old log-probs (verl's default)
+    ("1", ["actor_rollout_ref.actor.fsdp_config.mixed_precision=fp32", "actor_rollout_ref.rollout.dtype=float32"], True),
+    ("1", ["actor_rollout_ref.actor.fsdp_config.mixed_precision=fp32"], False),  # bf16 engine, fp32 trainer
+    ("0", ["actor_rollout_ref.actor.fsdp_config.mixed_precision=bf16"], False),
+    ("0", ["trainer.device=cuda"], False),
+])
+def test_the_demo_takes_the_engines_log_probs_only_where_they_equal_the_trainers(tmp_path, monkeypatch, bf16_cpu,
+                                                                                 extra, engine_log_probs):
+    from hybridflow.trainer.demo import ENGINE_LOG_PROBS, demo_overrides, old_log_prob_overrides
+
+    monkeypatch.setenv("HYBRIDFLOW_CPU_BF16", bf16_cpu)
+    overrides = demo_overrides(PRESETS["default"], model="m", train="t.parquet", test="v.parquet",
+                               run_dir=str(tmp_path)) + extra
+    assert old_log_prob_overrides(overrides) == ([ENGINE_LOG_PROBS] if engine_log_probs else [])
