@@ -7,8 +7,9 @@ import os as _os
 # Only effective if set before torch initialises OpenMP, hence here, at package import.
 _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # torch's CPU allocator: buffers of 2 MiB or more on transparent huge pages (madvise), so that a
-# step's fresh activations fault in 2 MiB at a time instead of 4 KiB (the update's first steps took
-# 0.3-0.6 M page faults, seconds of system time; docs/benchmarks.md). Read at torch's first allocation.
+# step's fresh activations fault in 2 MiB at a time instead of 4 KiB: on a VM each fault is
+# microseconds, and an update's first steps fault in gigabytes (docs/benchmarks.md). Read at
+# torch's first allocation; THP_MEM_ALLOC_ENABLE=0 turns it off.
 _os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 __version__ = "0.1.0"

@@ -224,10 +224,8 @@ ENGINE_LOG_PROBS = "actor_rollout_ref.actor.use_rollout_log_probs=True"
 
 def old_log_prob_overrides(overrides: list[str]) -> list[str]:
     """The engine's log-probs as the old policy (no recomputing forward) where the engine and the trainer both compute
-    in fp32 on a CPU, whose log-probs agree to ~1e-9; else verl's recompute. In bf16 the two differ (probabilities by
-    6e-3 on average, up to 0.08 on this model), and that noise in every PPO ratio cost held-out accuracy: after 30
-    steps 0.599 over eight seeds with the engine's against 0.648 in fp32; the recompute lifted seeds 3 and 6-8
-    (docs/benchmarks.md, "make demo in bf16")."""
+    in fp32 on a CPU, whose log-probs agree to ~1e-9; else verl's recompute. In bf16 the two round differently, and
+    that noise in every PPO ratio cost the demo held-out accuracy (docs/benchmarks.md, "make demo in bf16")."""
     from hybridflow.rollout.precision import cpu_engine_dtype
     from hybridflow.trainer.roles.builders import training_precision
 

@@ -75,7 +75,6 @@ def test_an_experiment_preset_names_where_it_runs(capsys):
     assert "python benchmarks/demo_presets.py --preset NAME" in err
 
 
-
 @pytest.mark.parametrize("bf16_cpu, extra, engine_log_probs", [
     ("0", [], True),  # an AVX2-only CPU: fp32 engine and trainer agree to ~1e-9, no recomputing forward
     ("1", [], False),  # bf16 both sides: the trainer recomputes the old log-probs (verl's default)
