@@ -190,11 +190,15 @@ def trl_worker(spec_path: str) -> None:
         json.dump([dict(row, rss_gb=peak) for row in times.rows], fh)
 
 
-TUNED_ENV = {"THP_MEM_ALLOC_ENABLE": "1", "MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "2147483647",
-             "MALLOC_TOP_PAD_": str(64 << 20)}
 PLAIN_ENV = {"THP_MEM_ALLOC_ENABLE": "0"}  # this process imported hybridflow, which defaults it to 1
-"""``trl-tuned``: TRL's process with the allocator settings hybridflow applies to itself on a CPU (torch's
-huge-page allocations, glibc keeping freed memory), set the way any TRL user could: environment variables."""
+
+
+def tuned_env() -> dict[str, str]:
+    """``trl-tuned``: TRL's process with the allocator settings hybridflow applies to itself on a CPU (torch's
+    huge-page allocations, glibc keeping freed memory), set the way any TRL user could: environment variables."""
+    from hybridflow.cpu import kept_heap_environment
+
+    return {"THP_MEM_ALLOC_ENABLE": "1", **kept_heap_environment()}
 
 
 def run_trl(*, model: str, train: str, length: int, steps: int, out: str, precision: str = "fp32",
@@ -207,7 +211,7 @@ def run_trl(*, model: str, train: str, length: int, steps: int, out: str, precis
         json.dump(spec, fh)
     with open(os.path.join(out, "run.log"), "w") as log:
         subprocess.run([sys.executable, os.path.abspath(__file__), "--trl-worker", spec_path], check=True,
-                       stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(TUNED_ENV if tuned else PLAIN_ENV)})
+                       stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(tuned_env() if tuned else PLAIN_ENV)})
     with open(spec["result"]) as fh:
         return json.load(fh)[1:]
 

@@ -117,8 +117,9 @@ HEAP_ENV = "HYBRIDFLOW_CPU_HEAP"
 """``keep`` (the default of a CPU training process: :func:`keep_freed_heap`) or ``trim`` (glibc's own policy, and
 :func:`return_freed_memory` trims after each weight sync: a smaller resident set between steps, slower steps)."""
 _HEAP_POLICIES = ("keep", "trim")
-_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_MAX = -1, -2, -4  # glibc's mallopt parameters (malloc.h)
 _INT_MAX = 2**31 - 1  # mallopt takes a C int: a larger Python int would be cut to its low 32 bits (1 << 40 -> 0)
+_KEPT_HEAP = (("MMAP_MAX", -4, 0), ("TRIM_THRESHOLD", -1, _INT_MAX), ("TOP_PAD", -2, 64 << 20))
+""":func:`keep_freed_heap`'s policy: (glibc's name, its mallopt parameter from malloc.h, the value)."""
 _heap_kept = False
 
 
@@ -163,9 +164,14 @@ def keep_freed_heap() -> bool:
     libc = _libc() if heap_policy() == "keep" else None
     if libc is None:
         return False
-    _heap_kept = bool(libc.mallopt(_M_MMAP_MAX, 0) and libc.mallopt(_M_TRIM_THRESHOLD, _INT_MAX)
-                      and libc.mallopt(_M_TOP_PAD, 64 << 20))
+    _heap_kept = all(libc.mallopt(parameter, value) for _, parameter, value in _KEPT_HEAP)
     return _heap_kept
+
+
+def kept_heap_environment() -> dict[str, str]:
+    """:func:`keep_freed_heap`'s policy as the ``MALLOC_*_`` variables glibc reads when a process starts: for a
+    process that does not run hybridflow (a benchmark's baseline given the same heap)."""
+    return {f"MALLOC_{name}_": str(value) for name, _, value in _KEPT_HEAP}
 
 
 def return_freed_memory() -> bool:

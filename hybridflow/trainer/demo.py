@@ -227,11 +227,12 @@ def old_log_prob_overrides(overrides: list[str]) -> list[str]:
     in fp32 on a CPU, whose log-probs agree to ~1e-9; else verl's recompute. In bf16 the two round differently, and
     that noise in every PPO ratio cost the demo held-out accuracy (docs/benchmarks.md, "make demo in bf16")."""
     from hybridflow.rollout.precision import cpu_engine_dtype
+    from hybridflow.trainer.entry import runs_on_cpu
     from hybridflow.trainer.roles.builders import training_precision
 
     cfg = load_config(PPOConfig, overrides)
     arr = cfg.actor_rollout_ref
-    if cfg.trainer.device == "cuda" or (cfg.trainer.device == "auto" and torch.cuda.is_available()):
+    if not runs_on_cpu(cfg.trainer.device):
         return []
     cpu = torch.device("cpu")
     fp32 = (training_precision(arr.actor.fsdp_config, arr.model.dtype, device=cpu).param_dtype in (None, torch.float32)

@@ -23,9 +23,14 @@ from hybridflow.trainer.tracking.trackers import available_backends
 logger = logging.getLogger(__name__)
 
 
+def runs_on_cpu(name: str) -> bool:
+    """Whether ``trainer.device`` (``cpu`` / ``cuda`` / ``auto``) means the CPU here."""
+    return name == "cpu" or (name == "auto" and not torch.cuda.is_available())
+
+
 def resolve_device(name: str) -> torch.device:
     """``trainer.device`` (``cpu`` / ``cuda`` / ``auto``); on GPU each torchrun process takes ``cuda:LOCAL_RANK``."""
-    if name == "cpu" or (name == "auto" and not torch.cuda.is_available()):
+    if runs_on_cpu(name):
         keep_freed_heap()  # a CPU step reuses the pages the step before it freed (hybridflow/cpu.py)
         return torch.device("cpu")
     if not torch.cuda.is_available():
