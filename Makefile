@@ -5,8 +5,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
-# Two threads in total on the 2-core machines; passive OpenMP waiting (see docs/benchmarks.md).
-export OMP_WAIT_POLICY ?= PASSIVE
+# Two threads in total on the 2-core machines. OpenMP's wait policy: hybridflow picks it at import
+# (hybridflow/omp.py: spin on idle cores, sleep on busy ones); the tests sleep (tests/conftest.py).
 
 .PHONY: venv sandbox test test-slow test-gpu test-all test-vllm vllm-venv vllm-smoke verl-diff demo demo-tiny lock clean
 

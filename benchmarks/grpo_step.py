@@ -6,7 +6,7 @@ response limit, no KL, fp32, 2 threads. One optimizer step per generation on bot
 hybridflow with ``actor.use_rollout_log_probs=True`` (the engine's log-probs are the old
 policy's, no extra forward) and TRL with ``num_iterations=1`` (it skips the old log-prob
 pass in that case too). Each framework runs ``--steps`` steps in its own process per
-round; the first step of every process is a warm-up and is left out; the rounds
+round; the first ``--warmup`` steps of every process are left out; the rounds
 alternate which framework goes first, so both see the same machine load.
 
 hybridflow runs in each requested forward layout (``--layouts``: ``padded``, ``packed``
@@ -19,8 +19,9 @@ Printed: seconds per step (median over the measured steps of all rounds), genera
 tokens per second, ``timing_s/update_actor`` and ``timing_s/gen`` for hybridflow, the peak
 resident memory of each process (``perf/max_memory_rss_gb``), and the
 ratio TRL / hybridflow, with the CPU (model name, ISA) named. ``--frameworks trl-tuned`` adds TRL with the
-CPU allocator settings hybridflow gives itself (huge-page buffers, glibc keeping freed memory: environment
-variables any TRL user can set); the ratio is against the faster TRL run. The floor of the update
+CPU settings hybridflow gives itself (huge-page buffers, glibc keeping freed memory, the OpenMP wait policy
+:mod:`hybridflow.omp` picks at start-up: environment variables any TRL user can set); plain ``trl`` runs
+with the environment the script was launched with. The ratio is against the faster TRL run. The floor of the update
 (6 x parameters x tokens the update needs / the measured fp32 matmul rate) is printed
 beside the update time.
 
@@ -40,8 +41,10 @@ import sys
 import tempfile
 import time
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("OMP_NUM_THREADS", "2")
+# OpenMP's wait policy as the user launched this script (before `import hybridflow` chooses one for itself and
+# for the processes it starts): plain TRL runs with exactly this, libgomp's own default where it is empty.
+USER_OMP = {name: os.environ[name] for name in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT") if name in os.environ}
 
 BATCH_PROMPTS, SAMPLES, LEARNING_RATE = 8, 4, 2e-5
 LAYOUT_OVERRIDES = {
@@ -58,7 +61,9 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="default", help="'default' (SmolLM2-135M-Instruct), 'tiny', or a folder")
     parser.add_argument("--lengths", default="64,256", help="response limits (max new tokens), comma-separated")
-    parser.add_argument("--steps", type=int, default=4, help="steps per process (the first is a warm-up)")
+    parser.add_argument("--steps", type=int, default=4, help="steps per process, --warmup of them left out")
+    parser.add_argument("--warmup", type=int, default=1,
+                        help="first steps of every process left out (the heap and caches grow over the first few)")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--layouts", default="padded,shared", help="hybridflow forward layouts to run")
     parser.add_argument("--frameworks", default="hybridflow,trl",
@@ -125,14 +130,14 @@ def run_hybridflow(*, model: str, train: str, length: int, steps: int, layout: s
         return [json.loads(line) for line in fh]
 
 
-def hybridflow_steps(rows: list[dict]) -> list[dict]:
-    """Per measured step: seconds, generated tokens, update and generation seconds."""
+def hybridflow_steps(rows: list[dict], warmup: int = 1) -> list[dict]:
+    """Per measured step (after ``warmup``): seconds, generated tokens, update and generation seconds."""
     return [{"seconds": r["timing_s/step"], "gen_tokens": r["response_length/mean"] * BATCH_PROMPTS * SAMPLES,
              "update": r["timing_s/update_actor"], "grad_norm": r["actor/grad_norm"], "gen": r["timing_s/gen"], "rss_gb": r["perf/max_memory_rss_gb"],
              # tokens the update needs: every valid token, and with shared prompts each prompt once
              "update_tokens": r["perf/total_num_tokens"],
              "shared_tokens": r["perf/total_num_tokens"]
-             - r["prompt_length/mean"] * BATCH_PROMPTS * (SAMPLES - 1)} for r in rows[1:]]
+             - r["prompt_length/mean"] * BATCH_PROMPTS * (SAMPLES - 1)} for r in rows[warmup:]]
 
 
 # ------------------------------------------------------------------------------ TRL
@@ -190,19 +195,24 @@ def trl_worker(spec_path: str) -> None:
         json.dump([dict(row, rss_gb=peak) for row in times.rows], fh)
 
 
-PLAIN_ENV = {"THP_MEM_ALLOC_ENABLE": "0"}  # this process imported hybridflow, which defaults it to 1
+def plain_env() -> dict[str, str]:
+    """Plain TRL: the environment the user launched this script with; this process imported hybridflow, which
+    set torch's huge-page allocations and an OpenMP wait policy for itself (and so for its children)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    return {**env, **USER_OMP, "THP_MEM_ALLOC_ENABLE": "0"}
 
 
 def tuned_env() -> dict[str, str]:
-    """``trl-tuned``: TRL's process with the allocator settings hybridflow applies to itself on a CPU (torch's
-    huge-page allocations, glibc keeping freed memory), set the way any TRL user could: environment variables."""
+    """``trl-tuned``: TRL's process with the CPU settings hybridflow applies to itself (torch's huge-page
+    allocations, glibc keeping freed memory, the OpenMP wait policy it chose at start-up), set the way any TRL
+    user could: environment variables."""
     from hybridflow.cpu import kept_heap_environment
 
-    return {"THP_MEM_ALLOC_ENABLE": "1", **kept_heap_environment()}
+    return {**os.environ, "THP_MEM_ALLOC_ENABLE": "1", **kept_heap_environment()}
 
 
 def run_trl(*, model: str, train: str, length: int, steps: int, out: str, precision: str = "fp32",
-            tuned: bool = False) -> list[dict]:
+            tuned: bool = False, warmup: int = 1) -> list[dict]:
     spec = {"model": model, "train": train, "length": length, "steps": steps, "out": out, "precision": precision,
             "result": os.path.join(out, "steps.json")}
     os.makedirs(out, exist_ok=True)
@@ -211,9 +221,9 @@ def run_trl(*, model: str, train: str, length: int, steps: int, out: str, precis
         json.dump(spec, fh)
     with open(os.path.join(out, "run.log"), "w") as log:
         subprocess.run([sys.executable, os.path.abspath(__file__), "--trl-worker", spec_path], check=True,
-                       stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(tuned_env() if tuned else PLAIN_ENV)})
+                       stdout=log, stderr=subprocess.STDOUT, env=tuned_env() if tuned else plain_env())
     with open(spec["result"]) as fh:
-        return json.load(fh)[1:]
+        return json.load(fh)[warmup:]
 
 
 # ------------------------------------------------------------------------------ report
@@ -258,9 +268,16 @@ def main(argv=None) -> int:
     frameworks = args.frameworks.split(",")
     layouts = args.layouts.split(",")
     precisions = args.precisions.split(",")
-    print(f"cpu: {describe_cpu()}, {os.cpu_count()} cores, OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}")
+    from hybridflow import omp
+
+    if args.warmup >= args.steps:
+        raise SystemExit(f"--warmup {args.warmup} leaves no measured step of --steps {args.steps}: raise --steps")
+    print(f"cpu: {describe_cpu()}, {os.cpu_count()} cores, OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}, "
+          f"load average {os.getloadavg()[0]:.2f}")
+    print(f"OpenMP: hybridflow and trl-tuned: {omp.choice}; trl: "
+          + (", ".join(f"{k}={v}" for k, v in USER_OMP.items()) or "libgomp's default (spins ~300000 iterations)"))
     print(f"model {model}; {BATCH_PROMPTS} prompts x {SAMPLES} samples; {args.steps} steps per process "
-          f"(first dropped) x {args.rounds} rounds")
+          f"(first {args.warmup} dropped) x {args.rounds} rounds")
     for length in map(int, args.lengths.split(",")):
         results: dict[str, list[dict]] = {}
         for round_index in range(args.rounds):
@@ -273,11 +290,11 @@ def main(argv=None) -> int:
                 started = time.perf_counter()
                 if layout is None:
                     steps = run_trl(model=model, train=train, length=length, steps=args.steps, out=folder,
-                                    precision=precision, tuned=name.startswith("trl-tuned"))
+                                    precision=precision, tuned=name.startswith("trl-tuned"), warmup=args.warmup)
                 else:
                     steps = hybridflow_steps(run_hybridflow(model=model, train=train, length=length,
                                                             steps=args.steps, layout=layout, out=folder,
-                                                            precision=precision))
+                                                            precision=precision), args.warmup)
                 results.setdefault(name, []).extend(steps)
                 print(f"  [{length} tokens, round {round_index}] {name}: {time.perf_counter() - started:.0f} s "
                       f"for {args.steps} steps", flush=True)

@@ -2,10 +2,12 @@
 
 import os as _os
 
-# libgomp's default busy-waiting collapses throughput 10-25x when another process holds a
-# core (measured in docs/benchmarks.md); passive waiting costs nothing on an idle machine.
-# Only effective if set before torch initialises OpenMP, hence here, at package import.
-_os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+from hybridflow import omp as _omp
+
+# OpenMP workers spin ~1 ms between parallel regions where the cores are idle at start-up and sleep at
+# once where other processes hold them (hybridflow/omp.py says why). libgomp reads the choice once,
+# when torch loads it, hence here, at package import, before anything imports torch.
+_omp.apply()
 # torch's CPU allocator: buffers of 2 MiB or more on transparent huge pages (madvise), so that a
 # step's fresh activations fault in 2 MiB at a time instead of 4 KiB: on a VM each fault is
 # microseconds, and an update's first steps fault in gigabytes (docs/benchmarks.md). Read at

@@ -1,8 +1,8 @@
 """The package layering of DESIGN.md ("Layers"): each package imports only the layers listed under it.
 
 Every ``import hybridflow.X`` / ``from hybridflow.X import ...`` counts, also the ones inside functions
-(a lazy import is still a dependency). ``hybridflow/errors.py`` and ``hybridflow/cpu.py`` (thread and
-allocator settings) are the base every layer may use.
+(a lazy import is still a dependency). ``hybridflow/errors.py``, ``hybridflow/cpu.py`` (thread and
+allocator settings) and ``hybridflow/omp.py`` (OpenMP's wait policy) are the base every layer may use.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pathlib
 import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "hybridflow"
-BASE = {"errors", "cpu"}
+BASE = {"errors", "cpu", "omp"}
 BELOW_TRAINER = {"algos", "config", "data", "rewards", "tools", "models", "rollout", "agents", "workers", "controller"}
 ALLOWED = {
     "algos": set(),

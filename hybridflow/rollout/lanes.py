@@ -1,8 +1,9 @@
 """Decode lanes: on CPU, a wide decode step runs as several narrower ones at once.
 
 Why: every op that ATen or oneDNN parallelises opens an OpenMP parallel region, and with
-``OMP_WAIT_POLICY=PASSIVE`` (which hybridflow sets because spinning workers made decode
-10-25x slower on shared cores) each region first wakes sleeping worker threads. On the
+``OMP_WAIT_POLICY=PASSIVE`` (which hybridflow sets where other processes hold the cores, because
+spinning workers made decode 10-25x slower there; hybridflow/omp.py) each region first wakes
+sleeping worker threads. On the
 2-core VM this project is measured on a wake-up costs ~50 us: a ``[64, 576]`` add takes
 55 us on two threads and 4 us on one, and a decode step at 64 live sequences opens ~750
 regions. Lanes remove the wake-ups instead of the sleeping: the live slots are cut into

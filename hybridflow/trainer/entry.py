@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from hybridflow.config.validate import as_list, split_placement
+from hybridflow import omp
 from hybridflow.cpu import keep_freed_heap
 from hybridflow.errors import ConfigError
 from hybridflow.models.hub import ensure_hub_reachable
@@ -32,6 +33,7 @@ def resolve_device(name: str) -> torch.device:
     """``trainer.device`` (``cpu`` / ``cuda`` / ``auto``); on GPU each torchrun process takes ``cuda:LOCAL_RANK``."""
     if runs_on_cpu(name):
         keep_freed_heap()  # a CPU step reuses the pages the step before it freed (hybridflow/cpu.py)
+        omp.say()  # how OpenMP's workers wait, chosen at import (hybridflow/omp.py)
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise ConfigError(f"trainer.device={name} but no CUDA device is available: use trainer.device=cpu or auto")

@@ -17,3 +17,21 @@ def test_grpo_step_benchmark_runs_and_reports_the_layout(tmp_path):
         assert f"| hybridflow/{run} |" in out
         assert f"hybridflow/{run}: update " in out and "GFLOP/s over all" in out and "floor" in out
     assert "measured now: fp32 " in out and ", bf16 " in out
+    assert "OpenMP: hybridflow and trl-tuned: " in out
+
+
+def test_plain_trl_runs_as_launched_and_tuned_trl_gets_hybridflows_cpu_settings(monkeypatch):
+    """Plain TRL must not inherit the wait policy `import hybridflow` chose for the benchmark's own process."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import grpo_step
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    monkeypatch.setattr(grpo_step, "USER_OMP", {})
+    monkeypatch.setenv("GOMP_SPINCOUNT", "30000")  # as if hybridflow.omp chose to spin
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    plain, tuned = grpo_step.plain_env(), grpo_step.tuned_env()
+    assert "GOMP_SPINCOUNT" not in plain and "OMP_WAIT_POLICY" not in plain and plain["THP_MEM_ALLOC_ENABLE"] == "0"
+    assert tuned["GOMP_SPINCOUNT"] == "30000" and tuned["THP_MEM_ALLOC_ENABLE"] == "1"
+    monkeypatch.setattr(grpo_step, "USER_OMP", {"OMP_WAIT_POLICY": "PASSIVE"})  # the user's own choice: kept
+    assert grpo_step.plain_env()["OMP_WAIT_POLICY"] == "PASSIVE"

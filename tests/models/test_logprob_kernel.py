@@ -138,20 +138,24 @@ def test_masked_logits_add_nothing(dtype, masked):
 def test_the_kernel_matches_the_torch_path(dtype, vocab):
     """The kernel against hybridflow.algos.logprob_and_entropy (the path it replaces) on the same inputs: values
     within the fp32 bounds; bf16 gradients equal but for elements one bf16 step apart (the two fp32 values straddle
-    a rounding boundary)."""
+    a rounding boundary). Each bound also admits the torch path's own error against fp64, which depends on the CPU:
+    ATen's AVX2 exp / log build is the less exact (entropy 7.9e-6 off at H ~ 5 against the kernel's 3.4e-7)."""
     logits, labels, g_lp, g_h = _case(40, vocab, dtype, seed=3)
     got = _kernel(logits, labels, g_lp, g_h)
     leaf = logits.clone().requires_grad_(True)
     log_p, entropy = torch_head(logits=leaf, labels=labels, calculate_entropy=True)
     ((log_p * g_lp).sum() + (entropy * g_h).sum()).backward()
-    assert ((got[0] - log_p).abs() <= 2e-6 * (1 + log_p.abs())).all()
-    assert ((got[1] - entropy).abs() <= 4e-6 * (1 + entropy.abs())).all()
+    log_p, entropy = log_p.detach(), entropy.detach()
+    own = [(mine.double() - ref).abs() for mine, ref in zip((log_p, entropy, leaf.grad),
+                                                            _reference(logits, labels, g_lp, g_h))]
+    assert ((got[0] - log_p).abs() <= 2e-6 * (1 + log_p.abs()) + own[0]).all()
+    assert ((got[1] - entropy).abs() <= 4e-6 * (1 + entropy.abs()) + own[1]).all()
     difference = (got[2].double() - leaf.grad.double()).abs()
     if dtype == torch.bfloat16:
         step = 2.0 ** -7 * leaf.grad.double().abs()
-        assert (difference <= step).all() and (difference > 0).double().mean() < 0.01
+        assert (difference <= step + own[2]).all() and (difference > 0).double().mean() < 0.01
     else:
-        assert (difference <= 4e-6 * leaf.grad.abs().amax(-1, keepdim=True)).all()
+        assert (difference <= 4e-6 * leaf.grad.abs().amax(-1, keepdim=True) + own[2]).all()
 
 
 @needs_kernel

@@ -1,0 +1,71 @@
+"""The OpenMP wait policy hybridflow picks at import: spin on idle cores, sleep on busy ones, the user's choice kept."""
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from hybridflow import omp
+
+_CLEAN = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+
+
+@pytest.mark.parametrize(("environ", "cores", "elsewhere", "expected"), [
+    ({"OMP_NUM_THREADS": "2"}, 2, 0.0, {"GOMP_SPINCOUNT": "30000"}),        # idle 2 cores, 2 threads: spin
+    ({"OMP_NUM_THREADS": "2"}, 2, 0.25, {"GOMP_SPINCOUNT": "30000"}),       # a blip of load still fits
+    ({"OMP_NUM_THREADS": "2"}, 2, 1.0, {"OMP_WAIT_POLICY": "PASSIVE"}),     # one busy neighbour: sleep
+    ({"OMP_NUM_THREADS": "2"}, 16, 10.0, {"GOMP_SPINCOUNT": "30000"}),      # 16 cores, 10 busy: 2 still free
+    ({"OMP_NUM_THREADS": "8"}, 16, 10.0, {"OMP_WAIT_POLICY": "PASSIVE"}),   # 8 wanted, 6 free
+    ({}, 4, 2.0, {"OMP_WAIT_POLICY": "PASSIVE"}),                          # unset threads = all 4 cores
+    ({"OMP_NUM_THREADS": "1"}, 2, 0.0, {"OMP_WAIT_POLICY": "PASSIVE"}),     # one thread never waits
+    ({"OMP_NUM_THREADS": "2"}, 2, None, {"OMP_WAIT_POLICY": "PASSIVE"}),    # load unknown: the safe side
+    ({"OMP_NUM_THREADS": "2", "OMP_WAIT_POLICY": "ACTIVE"}, 2, 1.0, {}),   # the user's choice stays
+    ({"OMP_NUM_THREADS": "2", "GOMP_SPINCOUNT": "0"}, 2, 0.0, {}),
+])
+def test_decide(environ, cores, elsewhere, expected):
+    updates, reason = omp.decide(environ, cores=cores, elsewhere=elsewhere)
+    assert updates == expected
+    assert reason and "\n" not in reason
+
+
+def _busy_neighbour():
+    return subprocess.Popen([sys.executable, "-c", "while True: pass"])
+
+
+def test_runnable_elsewhere_sees_a_busy_process():
+    neighbour = _busy_neighbour()
+    try:
+        time.sleep(0.2)
+        assert omp.runnable_elsewhere(samples=20, interval_s=0.005) >= 0.9
+    finally:
+        neighbour.kill()
+        neighbour.wait()
+
+
+def _policy_after_import(environ) -> str:
+    code = ("import os, hybridflow, hybridflow.omp as o; "
+            "print(os.environ.get('OMP_WAIT_POLICY'), os.environ.get('GOMP_SPINCOUNT'), '|', o.choice)")
+    out = subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True, text=True, check=True)
+    return out.stdout.strip()
+
+
+def test_import_sleeps_beside_a_busy_process():
+    """A fresh interpreter with the policy unset: `import hybridflow` (before torch) picks PASSIVE when a
+    neighbour holds a core of the two its threads want."""
+    neighbour = _busy_neighbour()
+    try:
+        time.sleep(0.2)
+        env = {**_CLEAN, "OMP_NUM_THREADS": str(omp.usable_cores())}
+        assert _policy_after_import(env).startswith("PASSIVE None |")
+    finally:
+        neighbour.kill()
+        neighbour.wait()
+
+
+def test_import_keeps_the_users_policy():
+    env = {**_CLEAN, "OMP_NUM_THREADS": "2", "OMP_WAIT_POLICY": "ACTIVE"}
+    assert _policy_after_import(env).startswith("ACTIVE None | OpenMP waits as OMP_WAIT_POLICY=ACTIVE (set by the user)")
+    env = {**_CLEAN, "OMP_NUM_THREADS": "2", "GOMP_SPINCOUNT": "5000"}
+    assert _policy_after_import(env).startswith("None 5000 |")
