@@ -42,9 +42,11 @@ import tempfile
 import time
 
 os.environ.setdefault("OMP_NUM_THREADS", "2")
-# OpenMP's wait policy as the user launched this script (before `import hybridflow` chooses one for itself and
-# for the processes it starts): plain TRL runs with exactly this, libgomp's own default where it is empty.
-USER_OMP = {name: os.environ[name] for name in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT") if name in os.environ}
+# OpenMP's wait policy as the user launched this script, without what `import hybridflow` chose for itself and
+# marked as its own: plain TRL runs with exactly this, libgomp's own default where it is empty.
+from hybridflow import omp  # noqa: E402
+
+USER_OMP = omp.user_settings(os.environ)
 
 BATCH_PROMPTS, SAMPLES, LEARNING_RATE = 8, 4, 2e-5
 LAYOUT_OVERRIDES = {
@@ -198,7 +200,7 @@ def trl_worker(spec_path: str) -> None:
 def plain_env() -> dict[str, str]:
     """Plain TRL: the environment the user launched this script with; this process imported hybridflow, which
     set torch's huge-page allocations and an OpenMP wait policy for itself (and so for its children)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", omp.MARK)}
     return {**env, **USER_OMP, "THP_MEM_ALLOC_ENABLE": "0"}
 
 
@@ -268,8 +270,6 @@ def main(argv=None) -> int:
     frameworks = args.frameworks.split(",")
     layouts = args.layouts.split(",")
     precisions = args.precisions.split(",")
-    from hybridflow import omp
-
     if args.warmup >= args.steps:
         raise SystemExit(f"--warmup {args.warmup} leaves no measured step of --steps {args.steps}: raise --steps")
     print(f"cpu: {describe_cpu()}, {os.cpu_count()} cores, OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}, "

@@ -15,6 +15,8 @@ or ``GOMP_SPINCOUNT`` set by the user is left alone. libgomp reads both variable
 loads it, hence this runs at ``import hybridflow`` and imports nothing heavy. The policy itself
 stays unset when spinning, so libgomp still cuts its spin to 100 iterations whenever its own
 threads outnumber the CPUs (two OpenMP teams in one process: a rollout thread beside the update).
+The choice is marked in :data:`MARK`, so a process hybridflow starts (a worker, a vLLM server, a benchmark's
+child) decides again by the load it finds instead of taking its parent's choice for the user's.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ SPIN_COUNT = 30000
 project's 2-core VMs; libgomp's own default is 300000 (~8 ms), which on shared cores wastes the most."""
 
 _POLICY_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+MARK = "HYBRIDFLOW_OMP_CHOSEN"
+"""Environment variable naming what :func:`apply` set (``NAME=value``), inherited by child processes."""
 
 choice = "OMP_WAIT_POLICY / GOMP_SPINCOUNT not chosen by hybridflow"
 _said = False
@@ -88,13 +92,27 @@ def _omp_threads(environ, cores: int) -> int:
     return int(value) if value.isdigit() and int(value) > 0 else cores
 
 
+def user_settings(environ) -> dict[str, str]:
+    """The wait-policy variables the user set: those in ``environ`` unless exactly what a hybridflow parent
+    process chose (named in :data:`MARK`)."""
+    present = {name: environ[name] for name in _POLICY_VARS if name in environ}
+    marked = dict(item.split("=", 1) for item in environ.get(MARK, "").split(",") if "=" in item)
+    return {} if present and present == marked else present
+
+
 def apply(environ=os.environ) -> str:
     """Set the wait policy in ``environ`` (before torch loads libgomp) and return the reason line."""
     global choice
+    if not user_settings(environ):  # a parent's choice is not the user's: decide for this process's cores
+        for name in _POLICY_VARS:
+            environ.pop(name, None)
+    environ.pop(MARK, None)
     cores = usable_cores()
     sample = not any(name in environ for name in _POLICY_VARS) and _omp_threads(environ, cores) > 1
     updates, choice = decide(environ, cores=cores, elsewhere=runnable_elsewhere() if sample else None)
     environ.update(updates)
+    if updates:
+        environ[MARK] = ",".join(f"{name}={value}" for name, value in updates.items())
     return choice
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from hybridflow import omp
 
-_CLEAN = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+_CLEAN = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", omp.MARK)}
 
 
 @pytest.mark.parametrize(("environ", "cores", "elsewhere", "expected"), [
@@ -69,3 +69,39 @@ def test_import_keeps_the_users_policy():
     assert _policy_after_import(env).startswith("ACTIVE None | OpenMP waits as OMP_WAIT_POLICY=ACTIVE (set by the user)")
     env = {**_CLEAN, "OMP_NUM_THREADS": "2", "GOMP_SPINCOUNT": "5000"}
     assert _policy_after_import(env).startswith("None 5000 |")
+
+
+@pytest.mark.parametrize(("environ", "expected"), [
+    ({}, {}),
+    ({"OMP_WAIT_POLICY": "PASSIVE"}, {"OMP_WAIT_POLICY": "PASSIVE"}),                       # the user's
+    ({"GOMP_SPINCOUNT": "30000", omp.MARK: "GOMP_SPINCOUNT=30000"}, {}),                     # a parent's choice
+    ({"OMP_WAIT_POLICY": "PASSIVE", omp.MARK: "OMP_WAIT_POLICY=PASSIVE"}, {}),
+    ({"GOMP_SPINCOUNT": "5000", omp.MARK: "GOMP_SPINCOUNT=30000"}, {"GOMP_SPINCOUNT": "5000"}),  # changed since
+    ({"GOMP_SPINCOUNT": "30000", "OMP_WAIT_POLICY": "ACTIVE", omp.MARK: "GOMP_SPINCOUNT=30000"},
+     {"GOMP_SPINCOUNT": "30000", "OMP_WAIT_POLICY": "ACTIVE"}),                               # one added since
+])
+def test_user_settings_leave_out_a_parents_marked_choice(environ, expected):
+    assert omp.user_settings(environ) == expected
+
+
+def test_apply_marks_its_choice_and_decides_again_under_a_parents(monkeypatch):
+    """A child of a hybridflow process that spun on idle cores must not take that choice as the user's: beside a
+    busy parent it sleeps instead."""
+    monkeypatch.setattr(omp, "usable_cores", lambda: 2)
+    monkeypatch.setattr(omp, "runnable_elsewhere", lambda: 0.0)
+    environ = {"OMP_NUM_THREADS": "2"}
+    omp.apply(environ)
+    assert environ == {"OMP_NUM_THREADS": "2", "GOMP_SPINCOUNT": "30000", omp.MARK: "GOMP_SPINCOUNT=30000"}
+    monkeypatch.setattr(omp, "runnable_elsewhere", lambda: 1.0)  # the parent now runs beside the child
+    reason = omp.apply(environ)
+    assert environ == {"OMP_NUM_THREADS": "2", "OMP_WAIT_POLICY": "PASSIVE", omp.MARK: "OMP_WAIT_POLICY=PASSIVE"}
+    assert "set by the user" not in reason
+    environ = {"OMP_NUM_THREADS": "2", "GOMP_SPINCOUNT": "5000"}  # the user's own: kept, not marked
+    omp.apply(environ)
+    assert environ == {"OMP_NUM_THREADS": "2", "GOMP_SPINCOUNT": "5000"}
+
+
+def test_child_of_a_spinning_process_decides_again():
+    """End to end: a real interpreter started with the environment a spinning hybridflow parent leaves."""
+    env = {**_CLEAN, "OMP_NUM_THREADS": "1", "GOMP_SPINCOUNT": "30000", omp.MARK: "GOMP_SPINCOUNT=30000"}
+    assert _policy_after_import(env) == "PASSIVE None | OpenMP runs one thread per process: its workers never wait"
