@@ -42,11 +42,10 @@ import tempfile
 import time
 
 os.environ.setdefault("OMP_NUM_THREADS", "2")
-# OpenMP's wait policy as the user launched this script, without what `import hybridflow` chose for itself and
-# marked as its own: plain TRL runs with exactly this, libgomp's own default where it is empty.
-from hybridflow import omp  # noqa: E402
-
-USER_OMP = omp.user_settings(os.environ)
+# The environment as launched, before anything here imports hybridflow (whose import picks an OpenMP wait policy
+# for its process): plain TRL gets the user's wait policy from it (hybridflow.omp.user_settings). Nothing imports
+# hybridflow at module level: the TRL worker runs this file, and must load torch (so libgomp) first.
+LAUNCH_ENV = dict(os.environ)
 
 BATCH_PROMPTS, SAMPLES, LEARNING_RATE = 8, 4, 2e-5
 LAYOUT_OVERRIDES = {
@@ -146,7 +145,7 @@ def hybridflow_steps(rows: list[dict], warmup: int = 1) -> list[dict]:
 def trl_worker(spec_path: str) -> None:
     """Runs in its own process: TRL's GRPOTrainer for ``steps`` steps, step times to a JSON file."""
     import pandas as pd
-    import torch
+    import torch  # loads libgomp before `import hybridflow` below could pick its wait policy for this process
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -200,8 +199,10 @@ def trl_worker(spec_path: str) -> None:
 def plain_env() -> dict[str, str]:
     """Plain TRL: the environment the user launched this script with; this process imported hybridflow, which
     set torch's huge-page allocations and an OpenMP wait policy for itself (and so for its children)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", omp.MARK)}
-    return {**env, **USER_OMP, "THP_MEM_ALLOC_ENABLE": "0"}
+    from hybridflow import omp
+
+    env = {k: v for k, v in os.environ.items() if k not in (*omp.POLICY_VARS, omp.MARK)}
+    return {**env, **omp.user_settings(LAUNCH_ENV), "THP_MEM_ALLOC_ENABLE": "0"}
 
 
 def tuned_env() -> dict[str, str]:
@@ -263,6 +264,7 @@ def main(argv=None) -> int:
     if args.trl_worker:
         trl_worker(args.trl_worker)
         return 0
+    from hybridflow import omp
     from hybridflow.cpu import describe_cpu
 
     out = args.out or tempfile.mkdtemp(prefix="grpo-step-")
@@ -274,8 +276,9 @@ def main(argv=None) -> int:
         raise SystemExit(f"--warmup {args.warmup} leaves no measured step of --steps {args.steps}: raise --steps")
     print(f"cpu: {describe_cpu()}, {os.cpu_count()} cores, OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}, "
           f"load average {os.getloadavg()[0]:.2f}")
+    users = omp.user_settings(LAUNCH_ENV)
     print(f"OpenMP: hybridflow and trl-tuned: {omp.choice}; trl: "
-          + (", ".join(f"{k}={v}" for k, v in USER_OMP.items()) or "libgomp's default (spins ~300000 iterations)"))
+          + (", ".join(f"{k}={v}" for k, v in users.items()) or "libgomp's default (spins ~300000 iterations)"))
     print(f"model {model}; {BATCH_PROMPTS} prompts x {SAMPLES} samples; {args.steps} steps per process "
           f"(first {args.warmup} dropped) x {args.rounds} rounds")
     for length in map(int, args.lengths.split(",")):

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +32,7 @@ SPIN_COUNT = 30000
 """libgomp spin iterations before a worker sleeps: ~0.8 ms at the ~28 ns per iteration measured on the
 project's 2-core VMs; libgomp's own default is 300000 (~8 ms), which on shared cores wastes the most."""
 
-_POLICY_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+POLICY_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 MARK = "HYBRIDFLOW_OMP_CHOSEN"
 """Environment variable naming what :func:`apply` set (``NAME=value``), inherited by child processes."""
 
@@ -65,15 +66,17 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def decide(environ, *, cores: int, elsewhere: float | None) -> tuple[dict[str, str], str]:
-    """(variables to set, the reason in words) for an environment, the usable cores and the mean runnable
-    threads elsewhere; nothing to set where the user chose, or where OpenMP runs one thread (it never waits)."""
-    chosen = [name for name in _POLICY_VARS if name in environ]
+def decide(environ, *, cores: int, load: Callable[[], float | None]) -> tuple[dict[str, str], str]:
+    """(variables to set, the reason in words) for an environment, the usable cores and ``load()``, the mean
+    runnable threads elsewhere (called only where it matters); nothing to set where the user chose, or where
+    OpenMP runs one thread (it never waits)."""
+    chosen = [name for name in POLICY_VARS if name in environ]
     if chosen:
         return {}, f"OpenMP waits as {', '.join(f'{n}={environ[n]}' for n in chosen)} (set by the user)"
     threads = _omp_threads(environ, cores)
     if threads <= 1:
         return {"OMP_WAIT_POLICY": "PASSIVE"}, "OpenMP runs one thread per process: its workers never wait"
+    elsewhere = load()
     if elsewhere is None:
         return ({"OMP_WAIT_POLICY": "PASSIVE"},
                 "OpenMP workers sleep between regions (machine load unknown); GOMP_SPINCOUNT=30000 spins ~1 ms")
@@ -95,7 +98,7 @@ def _omp_threads(environ, cores: int) -> int:
 def user_settings(environ) -> dict[str, str]:
     """The wait-policy variables the user set: those in ``environ`` unless exactly what a hybridflow parent
     process chose (named in :data:`MARK`)."""
-    present = {name: environ[name] for name in _POLICY_VARS if name in environ}
+    present = {name: environ[name] for name in POLICY_VARS if name in environ}
     marked = dict(item.split("=", 1) for item in environ.get(MARK, "").split(",") if "=" in item)
     return {} if present and present == marked else present
 
@@ -104,12 +107,10 @@ def apply(environ=os.environ) -> str:
     """Set the wait policy in ``environ`` (before torch loads libgomp) and return the reason line."""
     global choice
     if not user_settings(environ):  # a parent's choice is not the user's: decide for this process's cores
-        for name in _POLICY_VARS:
+        for name in POLICY_VARS:
             environ.pop(name, None)
     environ.pop(MARK, None)
-    cores = usable_cores()
-    sample = not any(name in environ for name in _POLICY_VARS) and _omp_threads(environ, cores) > 1
-    updates, choice = decide(environ, cores=cores, elsewhere=runnable_elsewhere() if sample else None)
+    updates, choice = decide(environ, cores=usable_cores(), load=runnable_elsewhere)
     environ.update(updates)
     if updates:
         environ[MARK] = ",".join(f"{name}={value}" for name, value in updates.items())

@@ -9,7 +9,7 @@ import pytest
 
 from hybridflow import omp
 
-_CLEAN = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", omp.MARK)}
+_CLEAN = {k: v for k, v in os.environ.items() if k not in (*omp.POLICY_VARS, omp.MARK)}
 
 
 @pytest.mark.parametrize(("environ", "cores", "elsewhere", "expected"), [
@@ -25,9 +25,18 @@ _CLEAN = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "G
     ({"OMP_NUM_THREADS": "2", "GOMP_SPINCOUNT": "0"}, 2, 0.0, {}),
 ])
 def test_decide(environ, cores, elsewhere, expected):
-    updates, reason = omp.decide(environ, cores=cores, elsewhere=elsewhere)
+    updates, reason = omp.decide(environ, cores=cores, load=lambda: elsewhere)
     assert updates == expected
     assert reason and "\n" not in reason
+
+
+def test_decide_samples_the_load_only_where_it_decides():
+    """Sampling /proc/stat takes ~15 ms of every `import hybridflow`: not where the user chose or one thread runs."""
+    def unwanted():
+        raise AssertionError("load sampled")
+
+    assert omp.decide({"OMP_NUM_THREADS": "2", "OMP_WAIT_POLICY": "ACTIVE"}, cores=2, load=unwanted)[0] == {}
+    assert omp.decide({"OMP_NUM_THREADS": "1"}, cores=2, load=unwanted)[0] == {"OMP_WAIT_POLICY": "PASSIVE"}
 
 
 def _busy_neighbour():
