@@ -34,6 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from model_shapes import random_model  # noqa: E402
 from rollout import (StepTimer, add_fixed_workload_args, copy_bandwidth, kv_bytes_per_token,  # noqa: E402
                      matmul_seconds, median_seconds, weight_bytes, weight_matrices)
+from rollout_floor import steady_matmul_flops  # noqa: E402
 
 MATMUL_OPS = ("mkldnn::_linear_pointwise", "aten::mm", "aten::addmm", "aten::linear", "aten::matmul", "aten::bmm",
               "mkldnn_linear", "aten::mkldnn_linear")
@@ -42,8 +43,7 @@ ATTENTION_OPS = ("scaled_dot_product", "_flash_attention", "attention")
 
 
 def peak_matmul_flops(dtype: torch.dtype, size: int = 2048) -> float:
-    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
-    return 2 * size**3 / median_seconds(lambda: torch.mm(a, b), device="cpu", repeats=5)
+    return steady_matmul_flops(size, size, size, dtype=dtype)
 
 
 def read_bandwidth(megabytes: int = 512) -> float:

@@ -230,24 +230,17 @@ def run_trl(*, model: str, train: str, length: int, steps: int, out: str, precis
 
 
 # ------------------------------------------------------------------------------ report
-def matmul_rate_and_params(model_path: str) -> tuple[dict[str, float], int]:
-    """(this machine's matmul FLOP/s per precision on a 2048x576 by 576x1536 product, SmolLM2-135M's MLP shape,
-    the model's parameter count)."""
+def matmul_rate_and_params(model_path: str, precisions: list[str]) -> tuple[dict[str, float], int]:
+    """(this machine's steady matmul FLOP/s at each of ``precisions`` on a 2048x576 by 576x1536 product,
+    SmolLM2-135M's MLP shape; the model's parameter count)."""
     import torch
 
     from hybridflow.models import load_causal_lm
+    from rollout_floor import steady_matmul_flops
 
     params = sum(p.numel() for p in load_causal_lm(model_path, dtype="float32").parameters())
-    rates = {}
-    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-        a, b = torch.randn(2048, 576, dtype=dtype), torch.randn(576, 1536, dtype=dtype)
-        for _ in range(3):
-            a @ b
-        start, repeats = time.perf_counter(), 20
-        for _ in range(repeats):
-            a @ b
-        rates[name] = 2 * 2048 * 576 * 1536 * repeats / (time.perf_counter() - start)
-    return rates, params
+    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
+    return {name: steady_matmul_flops(2048, 576, 1536, dtype=dtypes[name]) for name in precisions}, params
 
 
 def summarise(name: str, steps: list[dict]) -> dict:
@@ -320,10 +313,10 @@ def report(length: int, rows: list[dict], model: str) -> None:
     hybrid = [r for r in rows if "update_tokens" in r]
     if not hybrid:
         return
-    rates, params = matmul_rate_and_params(model)
+    rates, params = matmul_rate_and_params(model, list(dict.fromkeys(r["name"].rsplit("/", 1)[-1] for r in hybrid)))
     print(f"\nupdate floor = 6 x {params / 1e6:.0f}M parameters x tokens / the matmul rate of the run's precision "
-          f"(2048x576 @ 576x1536, measured now: fp32 {rates['fp32'] / 1e9:.1f}, bf16 {rates['bf16'] / 1e9:.1f} "
-          "GFLOP/s)")
+          "(2048x576 @ 576x1536 at the steady clock, best of 5 after 1 s of warm-up, measured now: "
+          + ", ".join(f"{name} {rate / 1e9:.1f}" for name, rate in rates.items()) + " GFLOP/s)")
     for r in hybrid:
         rate = rates[r["name"].rsplit("/", 1)[-1]]
         full, shared = (6 * params * r[k] / rate for k in ("update_tokens", "shared_tokens"))

@@ -87,6 +87,26 @@ def median_seconds(work, *, device: str, repeats: int) -> float:
     return sorted(times[1:])[len(times[1:]) // 2]
 
 
+def steady_matmul_flops(m: int, k: int, n: int, *, dtype: torch.dtype, warmup_s: float = 1.0, blocks: int = 5,
+                        block_s: float = 0.1) -> float:
+    """This CPU's FLOP/s on an ``[m, k] @ [k, n]`` matmul at its steady clock: the best of ``blocks`` timed blocks
+    of at least ``block_s`` each, after ``warmup_s`` of untimed calls (the first fraction of a second runs slower
+    while the cores ramp their clock and OpenMP wakes its threads, so a short cold probe reads low)."""
+    a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
+    start, calls = time.perf_counter(), 0
+    while calls == 0 or time.perf_counter() - start < warmup_s:
+        torch.mm(a, b)
+        calls += 1
+    repeats = max(1, round(block_s * calls / (time.perf_counter() - start)))
+    best = float("inf")
+    for _ in range(blocks):
+        began = time.perf_counter()
+        for _ in range(repeats):
+            torch.mm(a, b)
+        best = min(best, (time.perf_counter() - began) / repeats)
+    return 2 * m * k * n / best
+
+
 def weight_bytes(model) -> int:
     """Bytes a decode step reads from the weight matrices."""
     return sum(w.numel() * w.element_size() for w in weight_matrices(model))

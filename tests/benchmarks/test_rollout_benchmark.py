@@ -93,3 +93,19 @@ def test_roofline_bytes_count_weights_per_step_and_each_rows_cache(bench, monkey
     requests = [bench.Request([0] * 10, 3), bench.Request([0] * 5, 2)]
     # 2 decode steps (tokens 1 and 2 of the longest row); row 0 reads 11 then 12 cached tokens, row 1 reads 6.
     assert bench.roofline_bytes(Model(), requests) == 2 * 1000 + (11 + 12 + 6) * 64
+
+
+def test_steady_matmul_rate_skips_the_cold_start_and_takes_the_best_block(bench, monkeypatch):
+    """On a fake clock: 5 cold calls of 50 ms, then 10 ms calls, one of them stalled 500 ms by a neighbour. The
+    warm-up second holds 5 + 75 calls, so a 0.1 s block is 8 calls; the rate is the 10 ms call's, 2*4*5*6 / 0.01."""
+    floor = sys.modules["rollout_floor"]
+    now, calls = [0.0], [0]
+
+    def mm(a, b):
+        calls[0] += 1
+        now[0] += 0.05 if calls[0] <= 5 else 0.5 if calls[0] == 117 else 0.01
+
+    monkeypatch.setattr(floor.torch, "mm", mm)
+    monkeypatch.setattr(floor, "time", type("Clock", (), {"perf_counter": staticmethod(lambda: now[0])}))
+    assert floor.steady_matmul_flops(4, 5, 6, dtype=floor.torch.float32) == pytest.approx(240 / 0.01, rel=1e-9)
+    assert calls[0] == 80 + 5 * 8
