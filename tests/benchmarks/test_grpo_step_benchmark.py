@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from hybridflow import omp
+
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "grpo_step.py"
 
 
@@ -41,7 +43,7 @@ def test_plain_trl_runs_as_launched_and_tuned_trl_gets_hybridflows_cpu_settings(
 def test_the_trl_worker_loads_the_script_without_choosing_a_wait_policy():
     """The TRL worker runs this file: importing it must leave OpenMP's variables as the process was started with,
     since its torch (libgomp) loads before anything imports hybridflow."""
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    env = {k: v for k, v in os.environ.items() if k not in (*omp.POLICY_VARS, omp.MARK)}
     code = (f"import os, sys; sys.path.insert(0, {str(SCRIPT.parent)!r}); import grpo_step; "
             "print(os.environ.get('OMP_WAIT_POLICY'), os.environ.get('GOMP_SPINCOUNT'), 'hybridflow' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
